@@ -1,0 +1,215 @@
+/* vramkit.h - the public C API of vramkit, a caching GPU memory allocator.
+ *
+ * This is the only header a user includes. Everything here is C11 and needs no CUDA
+ * toolkit: device pointers are plain `void *`, streams are the driver's `CUstream`
+ * passed as an opaque `vram_stream_t` (NULL is the legacy default stream).
+ *
+ * Conventions (see shared/DESIGN.md):
+ *  - every call returns a `vram_status`: 0 on success, a negative code on failure;
+ *  - the caller owns option structs and fills them with `vram_options_init`;
+ *  - a pool is per device and is safe to use from many threads (one lock per pool);
+ *  - `vram_pool_destroy` refuses to free under the user: live blocks give VRAM_EBUSY.
+ */
+#ifndef VRAMKIT_H
+#define VRAMKIT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define VRAM_API
+#else
+#define VRAM_API __attribute__((visibility("default")))
+#endif
+
+#define VRAMKIT_VERSION "0.1.0"
+
+/* ---------------------------------------------------------------------------------------
+ * Status codes. One X-macro list generates the enum, vram_strerror and vram_errname.
+ * ------------------------------------------------------------------------------------- */
+#define VRAM_STATUS_LIST(X)                                                                \
+  X(VRAM_OK, 0, "success")                                                                 \
+  X(VRAM_ENOMEM, -1, "out of device memory")                                               \
+  X(VRAM_EINVAL, -2, "invalid argument")                                                   \
+  X(VRAM_EDOUBLEFREE, -3, "pointer was already freed")                                     \
+  X(VRAM_EFOREIGN, -4, "pointer was not allocated by this pool")                           \
+  X(VRAM_ETOOBIG, -5, "size too large: rounding it would overflow")                        \
+  X(VRAM_EDEVICE, -6, "invalid device ordinal")                                            \
+  X(VRAM_ENODRIVER, -7, "CUDA driver not available")                                       \
+  X(VRAM_EDRIVER, -8, "CUDA driver call failed")                                           \
+  X(VRAM_EBUSY, -9, "pool still has live allocations")                                     \
+  X(VRAM_EENV, -10, "bad VRAMKIT_* environment variable")                                  \
+  X(VRAM_ETRACE, -11, "malformed trace line")                                              \
+  X(VRAM_EIO, -12, "input/output error")                                                   \
+  X(VRAM_EHOSTMEM, -13, "out of host memory for allocator metadata")                       \
+  X(VRAM_EUNSUPPORTED, -14, "operation not supported by this memory source")               \
+  X(VRAM_EFAULT, -15, "injected fault")
+
+typedef enum vram_status {
+#define VRAM_X_ENUM(name, value, text) name = value,
+  VRAM_STATUS_LIST(VRAM_X_ENUM)
+#undef VRAM_X_ENUM
+} vram_status;
+
+/* Human-readable message and symbolic name of a status code ("unknown status" if none). */
+VRAM_API const char *vram_strerror(int status);
+VRAM_API const char *vram_errname(int status);
+
+/* ---------------------------------------------------------------------------------------
+ * Options.
+ * ------------------------------------------------------------------------------------- */
+typedef void *vram_stream_t; /* a CUstream; NULL is the default stream */
+
+typedef enum vram_source_kind {
+  VRAM_SOURCE_AUTO = 0, /* best source available: a GPU source if a driver is found, else sim */
+  VRAM_SOURCE_SIM,      /* host-only model of cuMemAlloc's fixed segments ("sim", "sim:cuda") */
+  VRAM_SOURCE_SIM_VMM,  /* host-only model of the virtual-memory source ("sim:vmm") */
+  VRAM_SOURCE_CUDA,     /* cuMemAlloc / cuMemFree */
+  VRAM_SOURCE_VMM,      /* cuMemAddressReserve + cuMemCreate + cuMemMap, grows in place */
+  VRAM_SOURCE_MANAGED   /* cuMemAllocManaged with advice and prefetch */
+} vram_source_kind;
+
+/* Parse "sim", "sim:cuda", "sim:vmm", "cuda", "vmm", "managed", "auto". */
+VRAM_API int vram_source_parse(const char *text, vram_source_kind *out);
+VRAM_API const char *vram_source_name(vram_source_kind kind);
+
+typedef struct vram_options {
+  int device;                   /* device ordinal (default 0) */
+  vram_source_kind source;      /* where physical memory comes from */
+  /* Modes. Sizes are bytes; a fraction in (0, 1] is of the device's total memory and is
+   * used when the byte value is 0. */
+  size_t preallocate_bytes;     /* reserve this much up front (TensorFlow's default mode) */
+  double preallocate_fraction;
+  size_t limit_bytes;           /* hard limit on reserved memory; 0 = none */
+  double limit_fraction;
+  size_t release_threshold;     /* cached free memory kept when releasing; SIZE_MAX = keep all */
+  size_t sim_capacity;          /* capacity of the sim device (default 80 GiB) */
+  int sim_event_delay;          /* sim: queries before a recorded event completes (default 0) */
+  /* Fault injection (tests): the source call numbered fail_at (1-based) fails, and every
+   * fail_every-th call after it fails too when fail_every > 0. 0 disables. */
+  uint64_t fault_fail_at;
+  uint64_t fault_fail_every;
+  int managed_prefetch;         /* managed: prefetch new ranges to the device (default 1) */
+} vram_options_t;
+
+/* Fill defaults: device 0, AUTO source, grow on demand, no limit, keep all cache. */
+VRAM_API void vram_options_init(vram_options_t *opts);
+
+/* Overlay the VRAMKIT_* environment variables on opts: VRAMKIT_SOURCE, VRAMKIT_LIMIT,
+ * VRAMKIT_PREALLOCATE, VRAMKIT_RELEASE_THRESHOLD, VRAMKIT_SIM_CAPACITY (sizes take K/M/G/T
+ * suffixes; LIMIT and PREALLOCATE also take a percentage such as "50%"). A bad value
+ * returns VRAM_EENV, names the variable in *why (if non-NULL, a static string), and
+ * leaves opts unchanged. */
+VRAM_API int vram_options_from_env(vram_options_t *opts, const char **why);
+
+/* Parse a size such as "512", "64K", "1.5G", "2MiB". Returns VRAM_EINVAL on junk. With
+ * allow_percent, "30%" yields *fraction = 0.30 and *bytes = 0. */
+VRAM_API int vram_parse_size(const char *text, int allow_percent, size_t *bytes,
+                             double *fraction);
+
+/* ---------------------------------------------------------------------------------------
+ * Pools.
+ * ------------------------------------------------------------------------------------- */
+typedef struct vram_pool vram_pool_t;
+
+VRAM_API int vram_pool_create(vram_pool_t **out, const vram_options_t *opts);
+/* VRAM_EBUSY (and nothing freed) while blocks are live; vram_pool_destroy_force frees all. */
+VRAM_API int vram_pool_destroy(vram_pool_t *pool);
+VRAM_API int vram_pool_destroy_force(vram_pool_t *pool);
+
+/* The process-wide pool of a device, created on first use from VRAMKIT_* variables. */
+VRAM_API int vram_default_pool(int device, vram_pool_t **out);
+
+/* Allocate `size` bytes usable on `stream`. Blocks are 512-byte aligned. Size 0 succeeds
+ * with *out = NULL (as PyTorch does); vram_free(pool, NULL) is a no-op. On VRAM_ENOMEM the
+ * pool's last OOM report (vram_oom_report) explains why. */
+VRAM_API int vram_malloc(vram_pool_t *pool, size_t size, vram_stream_t stream, void **out);
+/* Free a block from this pool; no size needed. Work queued on the block's stream before the
+ * free may still be running: the block is reused on that stream at once, on other streams
+ * only once an event recorded at free time has completed. */
+VRAM_API int vram_free(vram_pool_t *pool, void *ptr);
+/* Mark that `ptr` is used on `stream` too: its free then waits for that stream's work. */
+VRAM_API int vram_record_stream(vram_pool_t *pool, void *ptr, vram_stream_t stream);
+/* Size the block was asked for, and the stream it belongs to. */
+VRAM_API int vram_block_info(vram_pool_t *pool, void *ptr, size_t *requested,
+                             vram_stream_t *stream);
+/* Return every fully free cached segment to the driver. */
+VRAM_API int vram_empty_cache(vram_pool_t *pool);
+/* Change the hard limit (0 = none); a fraction in (0,1] of total memory if bytes == 0. */
+VRAM_API int vram_set_limit(vram_pool_t *pool, size_t bytes, double fraction);
+VRAM_API int vram_pool_device(const vram_pool_t *pool);
+VRAM_API vram_source_kind vram_pool_source(const vram_pool_t *pool);
+
+/* ---------------------------------------------------------------------------------------
+ * Statistics. One X-macro list generates the struct, reset, the table and the JSON.
+ * Each "stat" has current, peak and total (total = sum of all increases).
+ * ------------------------------------------------------------------------------------- */
+#define VRAM_STAT_LIST(X)                                                                  \
+  X(allocated_bytes, "bytes handed out to callers (rounded block sizes)")                  \
+  X(requested_bytes, "bytes callers asked for")                                            \
+  X(reserved_bytes, "bytes held from the driver")                                          \
+  X(active_bytes, "bytes allocated or waiting on a stream event")                          \
+  X(allocation, "live blocks")                                                             \
+  X(segment, "segments held from the driver")                                              \
+  X(active, "blocks allocated or waiting on a stream event")
+
+#define VRAM_COUNTER_LIST(X)                                                               \
+  X(num_alloc_retries, "allocations that released cache and retried")                      \
+  X(num_ooms, "allocations that failed with out of memory")                                \
+  X(num_device_alloc, "source allocations (cuMemAlloc / map calls)")                       \
+  X(num_device_free, "source releases (cuMemFree / unmap calls)")                          \
+  X(num_sync_waits, "times the pool waited for a stream event")                            \
+  X(num_mallocs, "vram_malloc calls that succeeded")                                       \
+  X(num_frees, "vram_free calls that succeeded")
+
+typedef struct vram_stat {
+  int64_t current, peak, total;
+} vram_stat_t;
+
+typedef struct vram_stats {
+#define VRAM_X_STAT(name, doc) vram_stat_t name;
+  VRAM_STAT_LIST(VRAM_X_STAT)
+#undef VRAM_X_STAT
+#define VRAM_X_COUNTER(name, doc) uint64_t name;
+  VRAM_COUNTER_LIST(VRAM_X_COUNTER)
+#undef VRAM_X_COUNTER
+  size_t largest_free_block; /* largest block a request could get without growing */
+  double fragmentation;      /* 1 - largest_free_block / cached free bytes; 0 if none free */
+  size_t limit_bytes;        /* hard limit in force, 0 = none */
+} vram_stats_t;
+
+VRAM_API int vram_get_stats(vram_pool_t *pool, vram_stats_t *out);
+VRAM_API int vram_reset_peak_stats(vram_pool_t *pool);
+/* Free and total memory of the device as the source sees it (sim: its capacity). */
+VRAM_API int vram_mem_get_info(vram_pool_t *pool, size_t *free_bytes, size_t *total_bytes);
+/* A text table in the spirit of torch.cuda.memory_summary(). Writes at most cap bytes
+ * (NUL-terminated) and returns the length the full text needs, or a negative status. */
+VRAM_API int vram_summary(vram_pool_t *pool, char *buf, size_t cap);
+/* The same statistics as one JSON object. */
+VRAM_API int vram_stats_json(vram_pool_t *pool, char *buf, size_t cap);
+/* The report of the last OOM of this pool ("" if none), as vram_summary writes. */
+VRAM_API int vram_oom_report(vram_pool_t *pool, char *buf, size_t cap);
+
+/* Called (outside the pool lock) whenever a call on this pool fails, with the status and
+ * a message (for OOM, the full report). */
+typedef void (*vram_error_fn)(void *user, vram_pool_t *pool, int status, const char *message);
+VRAM_API int vram_set_error_callback(vram_pool_t *pool, vram_error_fn fn, void *user);
+
+/* Walk the live blocks (leak finding): fn is called under the pool lock for each; it must
+ * not call back into the pool. */
+typedef void (*vram_block_fn)(void *user, void *ptr, size_t requested, size_t size,
+                              vram_stream_t stream);
+VRAM_API int vram_for_each_block(vram_pool_t *pool, vram_block_fn fn, void *user);
+
+/* Number of devices the source kind can see (sim: 8). */
+VRAM_API int vram_device_count(vram_source_kind kind, int *count);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* VRAMKIT_H */

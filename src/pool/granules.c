@@ -1,0 +1,244 @@
+/* granules.c - physical backing of virtual-memory segments (vmm and sim:vmm sources).
+ *
+ * A virtual segment is a large reserved address range; blocks are carved from it as from
+ * any segment, but only the granules (2 MiB on current GPUs) that live blocks touch are
+ * mapped to physical memory. Per granule this file keeps the bytes of live or pending
+ * blocks on it, a mapped bit and an idle bit (mapped but unused: cached memory).
+ *
+ * Physical granules are interchangeable, which is what makes this layout tight: when a
+ * request needs new granules and the pool would otherwise pass its limit or its
+ * high-water mark, idle granules anywhere are unmapped first and their memory mapped where
+ * it is needed. So the pool's footprint follows the granules that live blocks touch, not
+ * the history of holes. Mapping is slow (tens of microseconds), so runs of granules are
+ * mapped with one call, and idle granules stay mapped until memory is actually needed. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "pool/internal.h"
+
+#define BITS 64
+
+static inline bool bit_get(const uint64_t *bits, size_t i) { return (bits[i / BITS] >> (i % BITS)) & 1; }
+static inline void bit_set(uint64_t *bits, size_t i) { bits[i / BITS] |= (uint64_t)1 << (i % BITS); }
+static inline void bit_clear(uint64_t *bits, size_t i) { bits[i / BITS] &= ~((uint64_t)1 << (i % BITS)); }
+
+int _vram_granules_init(vram_pool_t *pool, vram_segment *seg) {
+  size_t n = seg->size / pool->granularity;
+  size_t words = (n + BITS - 1) / BITS;
+  seg->gran_used = calloc(n, sizeof *seg->gran_used);
+  seg->gran_mapped = calloc(words, sizeof *seg->gran_mapped);
+  seg->gran_idle = calloc(words, sizeof *seg->gran_idle);
+  if (!seg->gran_used || !seg->gran_mapped || !seg->gran_idle) {
+    _vram_granules_destroy(seg);
+    return VRAM_EHOSTMEM;
+  }
+  seg->n_granules = n;
+  return VRAM_OK;
+}
+
+void _vram_granules_destroy(vram_segment *seg) {
+  free(seg->gran_used);
+  free(seg->gran_mapped);
+  free(seg->gran_idle);
+  seg->gran_used = NULL;
+  seg->gran_mapped = seg->gran_idle = NULL;
+}
+
+/* Mark granules [g0, g1) mapped (and idle: nothing uses them yet). */
+static void mark_mapped(vram_pool_t *pool, vram_segment *seg, size_t g0, size_t g1) {
+  for (size_t g = g0; g < g1; g++) {
+    bit_set(seg->gran_mapped, g);
+    bit_set(seg->gran_idle, g);
+  }
+  seg->mapped_granules += g1 - g0;
+  seg->idle_granules += g1 - g0;
+  if (g1 > seg->gran_hwm) seg->gran_hwm = g1;
+  _vram_stat_add(&pool->stats.reserved_bytes, (int64_t)((g1 - g0) * pool->granularity));
+  pool->stats.num_device_alloc++;
+}
+
+static void mark_unmapped(vram_pool_t *pool, vram_segment *seg, size_t g0, size_t g1) {
+  for (size_t g = g0; g < g1; g++) {
+    bit_clear(seg->gran_mapped, g);
+    bit_clear(seg->gran_idle, g);
+  }
+  seg->mapped_granules -= g1 - g0;
+  seg->idle_granules -= g1 - g0;
+  _vram_stat_add(&pool->stats.reserved_bytes, -(int64_t)((g1 - g0) * pool->granularity));
+  pool->stats.num_device_free++;
+}
+
+size_t _vram_granules_unmapped_in(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size) {
+  size_t g0 = (addr - seg->addr) / pool->granularity;
+  size_t g1 = (addr + size - 1 - seg->addr) / pool->granularity + 1;
+  size_t n = 0;
+  for (size_t g = g0; g < g1; g++) n += !bit_get(seg->gran_mapped, g);
+  return n;
+}
+
+size_t _vram_granules_idle_total(const vram_pool_t *pool) {
+  size_t n = 0;
+  for (vram_arena *a = pool->arenas; a; a = a->next)
+    for (vram_segment *s = a->segments; s; s = s->next) n += s->idle_granules;
+  return n;
+}
+
+/* Unmap idle granules, highest addresses first (the dense low end of a segment is the most
+ * likely to be reused), skipping [skip_g0, skip_g1) of skip_seg. Each arena's stream is
+ * waited for once before its first unmap: a block freed on it may still be in use by
+ * work queued there. Returns the granules unmapped. */
+static size_t trim(vram_pool_t *pool, size_t want, vram_segment *skip_seg, size_t skip_g0,
+                   size_t skip_g1) {
+  size_t done = 0;
+  size_t mapped_total = (size_t)pool->stats.reserved_bytes.current / pool->granularity;
+  for (vram_arena *a = pool->arenas; a && done < want; a = a->next) {
+    bool quiesced = false;
+    for (vram_segment *s = a->segments; s && done < want; s = s->next) {
+      size_t g = s->gran_hwm;
+      while (g > 0 && done < want && s->idle_granules && mapped_total > pool->keep_mapped) {
+        /* Find the next run of idle granules below g. */
+        size_t hi = g;
+        while (hi > 0 && !(bit_get(s->gran_idle, hi - 1) && !(s == skip_seg && hi - 1 >= skip_g0 && hi - 1 < skip_g1)))
+          hi--;
+        if (hi == 0) break;
+        size_t lo = hi - 1;
+        size_t limit = want - done;
+        if (mapped_total - pool->keep_mapped < limit) limit = mapped_total - pool->keep_mapped;
+        while (lo > 0 && hi - lo < limit && bit_get(s->gran_idle, lo - 1) &&
+               !(s == skip_seg && lo - 1 >= skip_g0 && lo - 1 < skip_g1))
+          lo--;
+        g = lo;
+        if (!quiesced) {
+          if (_vram_arena_quiesce(pool, a)) return done;
+          quiesced = true;
+        }
+        if (pool->src->xUnmap(pool->src_state, s->addr + lo * pool->granularity,
+                              (hi - lo) * pool->granularity))
+          continue; /* still mapped and idle: consistent, tried again later */
+        mark_unmapped(pool, s, lo, hi);
+        done += hi - lo;
+        mapped_total -= hi - lo;
+      }
+      while (s->gran_hwm > 0 && !bit_get(s->gran_mapped, s->gran_hwm - 1) && !s->gran_used[s->gran_hwm - 1])
+        s->gran_hwm--;
+    }
+  }
+  return done;
+}
+
+size_t _vram_granules_trim(vram_pool_t *pool, size_t want) { return trim(pool, want, NULL, 0, 0); }
+
+int _vram_granules_acquire(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size) {
+  size_t G = pool->granularity;
+  size_t g0 = (addr - seg->addr) / G;
+  size_t g1 = (addr + size - 1 - seg->addr) / G + 1;
+  size_t need = 0;
+  for (size_t g = g0; g < g1; g++) need += !bit_get(seg->gran_mapped, g);
+  if (need) {
+    size_t reserved = (size_t)pool->stats.reserved_bytes.current;
+    size_t bytes = need * G;
+    /* Under a limit, or where mapping would raise the high-water mark, idle granules
+     * elsewhere give their memory first. */
+    if (pool->limit && reserved + bytes > pool->limit) {
+      trim(pool, (reserved + bytes - pool->limit + G - 1) / G, seg, g0, g1);
+      reserved = (size_t)pool->stats.reserved_bytes.current;
+      if (reserved + bytes > pool->limit) return VRAM_ENOMEM;
+    }
+    size_t peak = (size_t)pool->stats.reserved_bytes.peak;
+    if (reserved + bytes > peak) {
+      size_t over = (reserved + bytes - peak) / G;
+      trim(pool, over, seg, g0, g1);
+    }
+    /* Map each run of unmapped granules with one call; undo this call's runs on failure. */
+    for (size_t g = g0; g < g1;) {
+      if (bit_get(seg->gran_mapped, g)) {
+        g++;
+        continue;
+      }
+      size_t run_end = g;
+      while (run_end < g1 && !bit_get(seg->gran_mapped, run_end)) run_end++;
+      int rc = pool->src->xMap(pool->src_state, seg->addr + g * G, (run_end - g) * G);
+      if (rc) {
+        /* Granules mapped by this call stay mapped but idle: valid cached memory that the
+         * next trim returns. Unmapping here could fail too and gains nothing. */
+        return rc;
+      }
+      mark_mapped(pool, seg, g, run_end);
+      g = run_end;
+    }
+  }
+  for (size_t g = g0; g < g1; g++) {
+    uintptr_t lo = seg->addr + g * G, hi = lo + G;
+    uintptr_t a = addr > lo ? addr : lo, b = addr + size < hi ? addr + size : hi;
+    if (!seg->gran_used[g]) {
+      bit_clear(seg->gran_idle, g);
+      seg->idle_granules--;
+    }
+    seg->gran_used[g] += (uint32_t)(b - a);
+  }
+  return VRAM_OK;
+}
+
+void _vram_granules_release(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size) {
+  size_t G = pool->granularity;
+  size_t g0 = (addr - seg->addr) / G;
+  size_t g1 = (addr + size - 1 - seg->addr) / G + 1;
+  for (size_t g = g0; g < g1; g++) {
+    uintptr_t lo = seg->addr + g * G, hi = lo + G;
+    uintptr_t a = addr > lo ? addr : lo, b = addr + size < hi ? addr + size : hi;
+    seg->gran_used[g] -= (uint32_t)(b - a);
+    if (!seg->gran_used[g]) {
+      bit_set(seg->gran_idle, g);
+      seg->idle_granules++;
+    }
+  }
+}
+
+void _vram_granules_unmap_all(vram_pool_t *pool, vram_segment *seg) {
+  for (size_t g = 0; g < seg->gran_hwm;) {
+    if (!bit_get(seg->gran_mapped, g)) {
+      g++;
+      continue;
+    }
+    size_t end = g;
+    while (end < seg->gran_hwm && bit_get(seg->gran_mapped, end)) end++;
+    pool->src->xUnmap(pool->src_state, seg->addr + g * pool->granularity, (end - g) * pool->granularity);
+    g = end;
+  }
+}
+
+/* Recount every granule of the segment from its blocks and compare. */
+bool _vram_granules_check(vram_pool_t *pool, vram_segment *seg) {
+  size_t G = pool->granularity;
+  size_t n = seg->gran_hwm;
+  if (n > seg->n_granules) return false;
+  uint32_t *expect = calloc(n ? n : 1, sizeof *expect);
+  if (!expect) return true; /* cannot check without memory; not a broken invariant */
+  bool ok = true;
+  for (vram_block *b = seg->first; b && ok; b = b->addr_next) {
+    if (b->state == VRAM_BLOCK_FREE) continue;
+    size_t g0 = (b->addr - seg->addr) / G, g1 = (b->addr + b->size - 1 - seg->addr) / G + 1;
+    if (g1 > n) { ok = false; break; }
+    for (size_t g = g0; g < g1; g++) {
+      uintptr_t lo = seg->addr + g * G, hi = lo + G;
+      uintptr_t a = b->addr > lo ? b->addr : lo, e = b->addr + b->size < hi ? b->addr + b->size : hi;
+      expect[g] += (uint32_t)(e - a);
+    }
+  }
+  size_t mapped = 0, idle = 0;
+  for (size_t g = 0; g < n && ok; g++) {
+    bool m = bit_get(seg->gran_mapped, g), i = bit_get(seg->gran_idle, g);
+    if (expect[g] != seg->gran_used[g]) ok = false;
+    if (seg->gran_used[g] && !m) ok = false;       /* a used granule is always mapped */
+    if (i != (m && !seg->gran_used[g])) ok = false; /* idle = mapped and unused */
+    mapped += m;
+    idle += i;
+  }
+  for (size_t w = n / BITS; ok && w < (seg->n_granules + BITS - 1) / BITS; w++) {
+    uint64_t m = seg->gran_mapped[w], i = seg->gran_idle[w];
+    if (w == n / BITS && n % BITS) { m >>= n % BITS; i >>= n % BITS; }
+    if (m || i) ok = false; /* nothing mapped at or above the high-water index */
+  }
+  free(expect);
+  return ok && mapped == seg->mapped_granules && idle == seg->idle_granules;
+}

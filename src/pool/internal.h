@@ -1,0 +1,214 @@
+/* internal.h - the engine's data structures, shared by the files of src/pool and src/obs.
+ *
+ * Picture: a pool (one per device) holds arenas, one per stream. An arena holds two kinds
+ * of segments kept apart: small (requests up to VRAM_SMALL_MAX, carved from 2 MiB
+ * segments) and large. A segment is a run of device addresses from the source, divided
+ * into blocks linked by address so that a freed block coalesces with its neighbours in
+ * O(1). Free blocks sit in a two-level segregated-fit index (tlsf.c) per arena and kind;
+ * live blocks are found from their pointer through an open-addressing hash (ptrmap.c).
+ *
+ * Virtual-memory sources (vmm, sim:vmm) use the same blocks over one large reserved
+ * address range per arena and kind; only the granules that live blocks touch are mapped
+ * (granules.c keeps a use count and a mapped bit per granule).
+ *
+ * All metadata lives on the host. Everything here is guarded by the pool's one lock.
+ */
+#ifndef VRAM_INTERNAL_H
+#define VRAM_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stddef.h>
+
+#include "vramkit.h"
+#include "pool/lock.h"
+#include "pool/pool.h"
+#include "source/source.h"
+
+#define VRAM_ALIGN ((size_t)512)               /* block alignment and size unit */
+#define VRAM_SMALL_MAX ((size_t)1 << 20)       /* requests up to this go to small segments */
+#define VRAM_SMALL_SEGMENT ((size_t)2 << 20)   /* size of one small segment */
+#define VRAM_MAX_REQUEST ((size_t)1 << 48)     /* larger requests are VRAM_ETOOBIG */
+
+/* Assertion levels (DESIGN.md, after mimalloc): 1 cheap, 2 more, 3 full check per op. */
+#if VRAM_DEBUG >= 1
+#include <assert.h>
+#define vram_assert(x) assert(x)
+#else
+#define vram_assert(x) ((void)0)
+#endif
+
+typedef struct vram_block vram_block;
+typedef struct vram_segment vram_segment;
+typedef struct vram_arena vram_arena;
+
+enum vram_block_state { VRAM_BLOCK_FREE = 0, VRAM_BLOCK_LIVE = 1, VRAM_BLOCK_PENDING = 2 };
+
+/* Extra streams a live block is used on (vram_record_stream). Rare, so kept apart. */
+typedef struct vram_stream_uses {
+  int count, capacity;
+  vram_stream_t streams[];
+} vram_stream_uses;
+
+struct vram_block {
+  uintptr_t addr;
+  size_t size;                       /* multiple of VRAM_ALIGN */
+  size_t requested;                  /* bytes asked for; 0 when free */
+  vram_block *addr_prev, *addr_next; /* address neighbours in the segment */
+  vram_block *free_prev, *free_next; /* free-index links (free blocks only) */
+  vram_segment *segment;
+  vram_stream_uses *uses;            /* other streams (record_stream), or NULL */
+  uint32_t state;                    /* enum vram_block_state */
+  uint32_t events_left;              /* pending: events still to complete */
+};
+
+/* Free-block index: two-level segregated fit over sizes in VRAM_ALIGN units. */
+#define VRAM_TLSF_SL_LOG2 4
+#define VRAM_TLSF_SL_COUNT (1 << VRAM_TLSF_SL_LOG2)
+#define VRAM_TLSF_FL_COUNT 48
+typedef struct vram_tlsf {
+  uint64_t fl_bitmap;
+  uint32_t sl_bitmap[VRAM_TLSF_FL_COUNT];
+  vram_block *heads[VRAM_TLSF_FL_COUNT][VRAM_TLSF_SL_COUNT];
+  size_t free_bytes;  /* sum of the sizes of the blocks in the index */
+  size_t free_blocks;
+} vram_tlsf;
+
+struct vram_segment {
+  uintptr_t addr;
+  size_t size;            /* fixed: bytes held from the source; vmm: bytes reserved */
+  size_t used_bytes;      /* bytes of live and pending blocks */
+  vram_arena *arena;
+  vram_segment *prev, *next;
+  vram_block *first;      /* lowest-address block */
+  bool is_small;
+  bool keep;              /* preallocated: empty_cache and the ladder leave it alone */
+  /* Virtual memory only (NULL otherwise): per granule, bytes of live/pending blocks on
+   * it, and bitmaps of mapped granules and of mapped granules no block uses. */
+  uint32_t *gran_used;
+  uint64_t *gran_mapped;
+  uint64_t *gran_idle;
+  size_t n_granules;
+  size_t gran_hwm;        /* granules at and above this index were never mapped */
+  size_t mapped_granules;
+  size_t idle_granules;
+};
+
+struct vram_arena {
+  vram_stream_t stream;
+  vram_tlsf free_small, free_large;
+  vram_segment *segments; /* doubly linked list, both kinds */
+  vram_arena *next;
+  void *release_event;    /* recorded on `stream` before memory of this arena is released */
+};
+
+/* Pointer -> live or pending block. Open addressing, linear probing, backward-shift
+ * deletion; never more than half full. */
+typedef struct vram_ptrmap {
+  uintptr_t *keys; /* 0 = empty slot */
+  vram_block **values;
+  size_t mask;     /* capacity - 1 */
+  size_t count;
+} vram_ptrmap;
+
+/* A cross-stream free waiting for an event (vram_record_stream). */
+typedef struct vram_pending {
+  vram_block *block;
+  void *event;
+  struct vram_pending *next;
+} vram_pending;
+
+/* Host structs come from slabs and go back to a free list: no malloc on the hot path. */
+typedef struct vram_block_cache {
+  vram_block *free_list;
+  void **slabs;
+  size_t n_slabs, slab_capacity;
+} vram_block_cache;
+
+struct vram_pool {
+  vram_lock lock;
+  vram_options_t opts;
+  const vram_source_methods *src;
+  void *src_state;
+  size_t granularity;     /* source's segment / mapping unit */
+  size_t device_total;    /* total device memory, for fractions */
+  size_t limit;           /* hard limit on reserved bytes; 0 = none */
+
+  vram_arena *arenas;
+  vram_arena *last_arena; /* one-entry cache for the common single-stream case */
+  vram_ptrmap ptrs;
+  vram_block_cache blocks;
+  vram_pending *pending_head, *pending_tail;
+  size_t pending_count;
+  void **spare_events;    /* created events ready to record again */
+  size_t n_spare_events, cap_spare_events;
+
+  vram_stats_t stats;
+  size_t vmm_reserve_size; /* virtual range reserved per vmm segment */
+  size_t keep_mapped;      /* vmm preallocation: granules never trimmed below this */
+  bool unified_index;      /* preallocate mode: small requests share the large index */
+
+  vram_error_fn on_error;
+  void *on_error_user;
+  char oom_report[2048];
+  bool in_destroy;
+};
+
+/* ---- tlsf.c */
+void _vram_tlsf_init(vram_tlsf *t);
+void _vram_tlsf_insert(vram_tlsf *t, vram_block *b);
+void _vram_tlsf_remove(vram_tlsf *t, vram_block *b);
+/* A free block of at least `size` bytes (best fit within the first bin that holds one),
+ * or NULL. The block stays in the index. */
+vram_block *_vram_tlsf_find(const vram_tlsf *t, size_t size);
+size_t _vram_tlsf_largest(const vram_tlsf *t);
+/* Walk every block of the index; returns false if visit returns false. */
+bool _vram_tlsf_check(const vram_tlsf *t, bool (*visit)(void *ctx, const vram_block *b, int fl, int sl),
+                      void *ctx);
+void _vram_tlsf_mapping(size_t size, int *fl, int *sl);
+
+/* ---- ptrmap.c */
+int _vram_ptrmap_init(vram_ptrmap *m, size_t capacity);
+void _vram_ptrmap_destroy(vram_ptrmap *m);
+int _vram_ptrmap_insert(vram_ptrmap *m, uintptr_t key, vram_block *value);
+vram_block *_vram_ptrmap_get(const vram_ptrmap *m, uintptr_t key);
+vram_block *_vram_ptrmap_remove(vram_ptrmap *m, uintptr_t key);
+
+/* ---- granules.c (virtual-memory segments) */
+int _vram_granules_init(vram_pool_t *pool, vram_segment *seg);
+void _vram_granules_destroy(vram_segment *seg);
+/* Count the granules of [addr, addr+size) that are not mapped yet. */
+size_t _vram_granules_unmapped_in(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size);
+/* Account a block becoming live or pending over [addr, addr+size), mapping what is needed. */
+int _vram_granules_acquire(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size);
+/* Account a block becoming free; granules nothing uses become idle (mapped, unused). */
+void _vram_granules_release(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size);
+/* Unmap up to `want` idle granules of the pool (all when want == SIZE_MAX), waiting for
+ * their arenas' streams first. Returns the number unmapped. */
+size_t _vram_granules_trim(vram_pool_t *pool, size_t want);
+size_t _vram_granules_idle_total(const vram_pool_t *pool);
+/* Unmap every mapped granule of a segment (pool teardown). */
+void _vram_granules_unmap_all(vram_pool_t *pool, vram_segment *seg);
+bool _vram_granules_check(vram_pool_t *pool, vram_segment *seg);
+
+/* ---- pool.c helpers used by granules.c and obs */
+void _vram_stat_add(vram_stat_t *s, int64_t delta);
+int _vram_arena_quiesce(vram_pool_t *pool, vram_arena *arena);
+size_t _vram_pool_largest_free(const vram_pool_t *pool);
+size_t _vram_pool_cached_free(const vram_pool_t *pool);
+int _vram_pool_preallocate(vram_pool_t *pool, size_t bytes);
+/* check.c: the invariant checker, with the lock already held. */
+bool _vram_pool_check_locked(vram_pool_t *pool);
+
+/* ---- obs/stats.c */
+int _vram_format_summary(vram_pool_t *pool, char *buf, size_t cap);
+int _vram_format_stats_json(const vram_stats_t *s, char *buf, size_t cap);
+void _vram_fill_derived_stats(vram_pool_t *pool, vram_stats_t *out);
+int _vram_format_oom_report(vram_pool_t *pool, size_t requested, vram_stream_t stream, char *buf,
+                            size_t cap);
+
+/* ---- options.c */
+int _vram_resolve_source(vram_source_kind kind, vram_source_kind *resolved);
+
+
+#endif /* VRAM_INTERNAL_H */

@@ -1,0 +1,908 @@
+/* pool.c - the allocator engine: malloc, free, streams, growth, release and the OOM ladder.
+ *
+ * internal.h draws the picture. The hot path of a cached size is: find the stream's arena
+ * (one-entry cache), find a free block in the arena's TLSF index, split it, record the
+ * pointer in the hash; free looks the pointer up, coalesces with free address neighbours
+ * and puts the result back in the index. No source call, no allocation of host memory
+ * (block structs come from a free list), one lock taken once per call.
+ *
+ * Misses go down a ladder: drain completed cross-stream frees; grow by a segment from the
+ * source (or, for virtual memory, map granules); release cached memory and retry; then
+ * fail with a report that says why and what to try.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pool/internal.h"
+
+#define BLOCK_SLAB 256 /* block structs per host allocation */
+
+/* ---------------------------------------------------------------------------------------
+ * Small helpers.
+ * ------------------------------------------------------------------------------------- */
+
+static inline size_t round_up(size_t n, size_t unit) { return (n + unit - 1) & ~(unit - 1); }
+
+void _vram_stat_add(vram_stat_t *s, int64_t delta) {
+  s->current += delta;
+  if (delta > 0) s->total += delta;
+  if (s->current > s->peak) s->peak = s->current;
+}
+
+static vram_block *block_new(vram_pool_t *pool) {
+  vram_block_cache *c = &pool->blocks;
+  if (!c->free_list) {
+    if (c->n_slabs == c->slab_capacity) {
+      size_t cap = c->slab_capacity ? c->slab_capacity * 2 : 16;
+      void **slabs = realloc(c->slabs, cap * sizeof *slabs);
+      if (!slabs) return NULL;
+      c->slabs = slabs;
+      c->slab_capacity = cap;
+    }
+    vram_block *slab = calloc(BLOCK_SLAB, sizeof *slab);
+    if (!slab) return NULL;
+    c->slabs[c->n_slabs++] = slab;
+    for (int i = BLOCK_SLAB - 1; i >= 0; i--) {
+      slab[i].free_next = c->free_list;
+      c->free_list = &slab[i];
+    }
+  }
+  vram_block *b = c->free_list;
+  c->free_list = b->free_next;
+  memset(b, 0, sizeof *b);
+  return b;
+}
+
+static void block_delete(vram_pool_t *pool, vram_block *b) {
+  free(b->uses);
+  b->uses = NULL;
+  b->free_next = pool->blocks.free_list;
+  pool->blocks.free_list = b;
+}
+
+static inline vram_tlsf *index_of(vram_segment *seg) {
+  return seg->is_small ? &seg->arena->free_small : &seg->arena->free_large;
+}
+
+static vram_arena *arena_get(vram_pool_t *pool, vram_stream_t stream) {
+  vram_arena *a = pool->last_arena;
+  if (a && a->stream == stream) return a;
+  for (a = pool->arenas; a; a = a->next) {
+    if (a->stream == stream) {
+      pool->last_arena = a;
+      return a;
+    }
+  }
+  a = calloc(1, sizeof *a);
+  if (!a) return NULL;
+  a->stream = stream;
+  _vram_tlsf_init(&a->free_small);
+  _vram_tlsf_init(&a->free_large);
+  a->next = pool->arenas;
+  pool->arenas = a;
+  pool->last_arena = a;
+  return a;
+}
+
+static void report_error(vram_pool_t *pool, int status, const char *message) {
+  if (pool->on_error) pool->on_error(pool->on_error_user, pool, status, message);
+}
+
+#if VRAM_DEBUG >= 3
+#define CHECK_POOL_LOCKED(pool)                                                            \
+  do {                                                                                     \
+    if (!_vram_pool_check_locked(pool)) {                                                  \
+      fprintf(stderr, "vramkit: pool invariant broken at %s:%d\n", __FILE__, __LINE__);    \
+      abort();                                                                             \
+    }                                                                                      \
+  } while (0)
+#else
+#define CHECK_POOL_LOCKED(pool) ((void)0)
+#endif
+
+/* ---------------------------------------------------------------------------------------
+ * Events: cross-stream frees and waiting before memory goes back to the source.
+ * ------------------------------------------------------------------------------------- */
+
+static int event_take(vram_pool_t *pool, void **event) {
+  if (pool->n_spare_events) {
+    *event = pool->spare_events[--pool->n_spare_events];
+    return VRAM_OK;
+  }
+  return pool->src->xEventCreate(pool->src_state, event);
+}
+
+static void event_give(vram_pool_t *pool, void *event) {
+  if (pool->n_spare_events == pool->cap_spare_events) {
+    size_t cap = pool->cap_spare_events ? pool->cap_spare_events * 2 : 16;
+    void **grown = realloc(pool->spare_events, cap * sizeof *grown);
+    if (!grown) {
+      pool->src->xEventDestroy(pool->src_state, event);
+      return;
+    }
+    pool->spare_events = grown;
+    pool->cap_spare_events = cap;
+  }
+  pool->spare_events[pool->n_spare_events++] = event;
+}
+
+/* Wait for the work queued so far on an arena's stream: memory of the arena may then go
+ * back to the source. A stream wait, never a device-wide one. */
+int _vram_arena_quiesce(vram_pool_t *pool, vram_arena *arena) {
+  int rc;
+  if (!arena->release_event) {
+    rc = pool->src->xEventCreate(pool->src_state, &arena->release_event);
+    if (rc) return rc;
+  }
+  rc = pool->src->xEventRecord(pool->src_state, arena->release_event, arena->stream);
+  if (!rc) rc = pool->src->xEventSynchronize(pool->src_state, arena->release_event);
+  if (!rc) pool->stats.num_sync_waits++;
+  return rc;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Blocks inside segments: take (split) and give back (coalesce).
+ * ------------------------------------------------------------------------------------- */
+
+/* Merge free block `b` with its free address neighbours, then index it. */
+static void block_make_free(vram_pool_t *pool, vram_block *b) {
+  vram_segment *seg = b->segment;
+  vram_tlsf *index = index_of(seg);
+  b->state = VRAM_BLOCK_FREE;
+  b->requested = 0;
+  seg->used_bytes -= b->size;
+  if (seg->gran_used) _vram_granules_release(pool, seg, b->addr, b->size);
+  vram_block *next = b->addr_next;
+  if (next && next->state == VRAM_BLOCK_FREE) {
+    _vram_tlsf_remove(index, next);
+    b->size += next->size;
+    b->addr_next = next->addr_next;
+    if (b->addr_next) b->addr_next->addr_prev = b;
+    block_delete(pool, next);
+  }
+  vram_block *prev = b->addr_prev;
+  if (prev && prev->state == VRAM_BLOCK_FREE) {
+    _vram_tlsf_remove(index, prev);
+    prev->size += b->size;
+    prev->addr_next = b->addr_next;
+    if (prev->addr_next) prev->addr_next->addr_prev = prev;
+    block_delete(pool, b);
+    b = prev;
+  }
+  _vram_tlsf_insert(index, b);
+}
+
+/* Turn the free block `b` (at least `rounded` bytes) into a live block of exactly that
+ * size. Every fallible step comes first, so a failure changes nothing. */
+static int block_take(vram_pool_t *pool, vram_block *b, size_t rounded, size_t requested,
+                      vram_block **out) {
+  vram_segment *seg = b->segment;
+  vram_block *rest = NULL;
+  if (b->size > rounded) {
+    rest = block_new(pool);
+    if (!rest) return VRAM_EHOSTMEM;
+  }
+  int rc = _vram_ptrmap_insert(&pool->ptrs, b->addr, b);
+  if (rc == VRAM_OK && seg->gran_used) {
+    rc = _vram_granules_acquire(pool, seg, b->addr, rounded);
+    if (rc) _vram_ptrmap_remove(&pool->ptrs, b->addr);
+  }
+  if (rc) {
+    if (rest) block_delete(pool, rest);
+    return rc;
+  }
+  vram_tlsf *index = index_of(seg);
+  _vram_tlsf_remove(index, b);
+  if (rest) {
+    rest->addr = b->addr + rounded;
+    rest->size = b->size - rounded;
+    rest->segment = seg;
+    rest->state = VRAM_BLOCK_FREE;
+    rest->addr_prev = b;
+    rest->addr_next = b->addr_next;
+    if (rest->addr_next) rest->addr_next->addr_prev = rest;
+    b->addr_next = rest;
+    b->size = rounded;
+    _vram_tlsf_insert(index, rest);
+  }
+  b->state = VRAM_BLOCK_LIVE;
+  b->requested = requested;
+  seg->used_bytes += b->size;
+  *out = b;
+  return VRAM_OK;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Segments: growth from the source and release back to it.
+ * ------------------------------------------------------------------------------------- */
+
+/* Fixed sources: the bytes of a new segment that must hold `rounded`. Small requests share
+ * 2 MiB segments; a large one gets a segment of its own size rounded to the source's
+ * granularity, so that no segment is bigger than the request that made it and the only
+ * waste is the granularity tail, which later requests can use. */
+static size_t fixed_segment_size(const vram_pool_t *pool, size_t rounded, bool small) {
+  if (small) return VRAM_SMALL_SEGMENT;
+  return round_up(rounded, pool->granularity);
+}
+
+static size_t fixed_cached_bytes(const vram_pool_t *pool) {
+  size_t bytes = 0;
+  for (vram_arena *a = pool->arenas; a; a = a->next)
+    for (vram_segment *s = a->segments; s; s = s->next)
+      if (!s->used_bytes && !s->keep) bytes += s->size;
+  return bytes;
+}
+
+static void segment_link(vram_arena *a, vram_segment *seg) {
+  seg->arena = a;
+  seg->prev = NULL;
+  seg->next = a->segments;
+  if (a->segments) a->segments->prev = seg;
+  a->segments = seg;
+}
+
+static void segment_unlink(vram_segment *seg) {
+  vram_arena *a = seg->arena;
+  if (seg->prev) seg->prev->next = seg->next;
+  else a->segments = seg->next;
+  if (seg->next) seg->next->prev = seg->prev;
+}
+
+/* Give one fully free segment back to the source; its arena must be quiesced. */
+static int segment_release(vram_pool_t *pool, vram_segment *seg) {
+  vram_assert(seg->used_bytes == 0 && seg->first && !seg->first->addr_next);
+  int rc;
+  if (pool->src->is_vmm) {
+    if (seg->mapped_granules) return VRAM_EBUSY; /* unmap first (granules.c) */
+    rc = pool->src->xUnreserve(pool->src_state, seg->addr, seg->size);
+  } else {
+    rc = pool->src->xFree(pool->src_state, seg->addr, seg->size);
+  }
+  if (rc) return rc;
+  if (!pool->src->is_vmm) _vram_stat_add(&pool->stats.reserved_bytes, -(int64_t)seg->size);
+  pool->stats.num_device_free++;
+  _vram_stat_add(&pool->stats.segment, -1);
+  _vram_tlsf_remove(index_of(seg), seg->first);
+  block_delete(pool, seg->first);
+  segment_unlink(seg);
+  _vram_granules_destroy(seg);
+  free(seg);
+  return VRAM_OK;
+}
+
+/* Release fully free segments (and, for virtual memory, idle granules) until at least
+ * `want` bytes went back or nothing is left; SIZE_MAX releases everything cached. */
+static size_t release_cached(vram_pool_t *pool, size_t want, int *first_error) {
+  size_t released = 0;
+  if (pool->src->is_vmm) {
+    size_t granules = want == SIZE_MAX ? SIZE_MAX : (want + pool->granularity - 1) / pool->granularity;
+    released = _vram_granules_trim(pool, granules) * pool->granularity;
+    if (want != SIZE_MAX) return released;
+  }
+  for (vram_arena *a = pool->arenas; a && released < want; a = a->next) {
+    bool quiesced = false;
+    vram_segment *next;
+    for (vram_segment *s = a->segments; s && released < want; s = next) {
+      next = s->next;
+      if (s->used_bytes || s->mapped_granules || s->keep) continue;
+      if (!quiesced) {
+        int rc = _vram_arena_quiesce(pool, a);
+        if (rc) {
+          if (first_error && !*first_error) *first_error = rc;
+          break;
+        }
+        quiesced = true;
+      }
+      size_t size = pool->src->is_vmm ? 0 : s->size;
+      int rc = segment_release(pool, s);
+      if (rc) {
+        if (first_error && !*first_error) *first_error = rc;
+        continue;
+      }
+      released += size;
+    }
+  }
+  return released;
+}
+
+static size_t vmm_reserve_size(const vram_pool_t *pool, size_t rounded) {
+  size_t size = pool->vmm_reserve_size;
+  if (size < 2 * rounded) size = round_up(2 * rounded, pool->granularity);
+  return size;
+}
+
+/* Add a segment able to hold `rounded` bytes to the arena. ENOMEM when the limit or the
+ * device says no; other codes are source failures. */
+static int segment_grow(vram_pool_t *pool, vram_arena *a, size_t rounded, bool small,
+                        vram_block **out_free) {
+  bool vmm = pool->src->is_vmm;
+  size_t size = vmm ? vmm_reserve_size(pool, rounded) : fixed_segment_size(pool, rounded, small);
+  if (!vmm && pool->limit && (size_t)pool->stats.reserved_bytes.current + size > pool->limit)
+    return VRAM_ENOMEM;
+  /* Do not raise the high-water mark while cached segments that cannot serve this request
+   * could go back instead: it keeps peak reserved near peak live at the cost of driver
+   * calls that happen only when the footprint would otherwise grow. */
+  if (!vmm && (size_t)pool->stats.reserved_bytes.current + size > (size_t)pool->stats.reserved_bytes.peak)
+    release_cached(pool, (size_t)pool->stats.reserved_bytes.current + size -
+                             (size_t)pool->stats.reserved_bytes.peak, NULL);
+  vram_segment *seg = calloc(1, sizeof *seg);
+  vram_block *b = block_new(pool);
+  if (!seg || !b) {
+    free(seg);
+    if (b) block_delete(pool, b);
+    return VRAM_EHOSTMEM;
+  }
+  uintptr_t addr = 0;
+  int rc = vmm ? pool->src->xReserve(pool->src_state, size, &addr)
+               : pool->src->xAlloc(pool->src_state, size, &addr);
+  if (rc) {
+    free(seg);
+    block_delete(pool, b);
+    return rc;
+  }
+  seg->addr = addr;
+  seg->size = size;
+  seg->is_small = small;
+  if (vmm) {
+    rc = _vram_granules_init(pool, seg);
+    if (rc) {
+      pool->src->xUnreserve(pool->src_state, addr, size);
+      free(seg);
+      block_delete(pool, b);
+      return rc;
+    }
+  }
+  segment_link(a, seg);
+  b->addr = addr;
+  b->size = size;
+  b->segment = seg;
+  b->state = VRAM_BLOCK_FREE;
+  seg->first = b;
+  _vram_tlsf_insert(index_of(seg), b);
+  if (!vmm) _vram_stat_add(&pool->stats.reserved_bytes, (int64_t)size);
+  _vram_stat_add(&pool->stats.segment, 1);
+  pool->stats.num_device_alloc += vmm ? 0 : 1;
+  *out_free = b;
+  return VRAM_OK;
+}
+
+/* Preallocate mode (TensorFlow's default): hold `bytes` from the start in the default
+ * stream's arena and serve every size from it, so a program that fits never calls the
+ * driver again. The memory stays held through empty_cache. */
+int _vram_pool_preallocate(vram_pool_t *pool, size_t bytes) {
+  vram_arena *a = arena_get(pool, NULL);
+  if (!a) return VRAM_EHOSTMEM;
+  pool->unified_index = true;
+  size_t rounded = round_up(bytes, pool->granularity);
+  vram_block *b = NULL;
+  if (pool->src->is_vmm) {
+    /* Reserve a range holding the preallocation and map it now. */
+    int rc = segment_grow(pool, a, rounded, false, &b);
+    if (rc) return rc;
+    rc = _vram_granules_acquire(pool, b->segment, b->addr, rounded);
+    if (rc) return rc;
+    _vram_granules_release(pool, b->segment, b->addr, rounded);
+    pool->keep_mapped = rounded / pool->granularity;
+    return VRAM_OK;
+  }
+  int rc = segment_grow(pool, a, rounded, false, &b);
+  if (rc) return rc;
+  b->segment->keep = true;
+  return VRAM_OK;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Cross-stream frees waiting for events.
+ * ------------------------------------------------------------------------------------- */
+
+static void pending_finish_block(vram_pool_t *pool, vram_block *b) {
+  _vram_ptrmap_remove(&pool->ptrs, b->addr);
+  _vram_stat_add(&pool->stats.active_bytes, -(int64_t)b->size);
+  _vram_stat_add(&pool->stats.active, -1);
+  free(b->uses);
+  b->uses = NULL;
+  block_make_free(pool, b);
+}
+
+/* Retire pending frees whose events completed; with `wait`, wait for all of them. */
+static void drain_pending(vram_pool_t *pool, bool wait) {
+  vram_pending **link = &pool->pending_head;
+  vram_pending *last = NULL;
+  while (*link) {
+    vram_pending *p = *link;
+    int done = wait ? (pool->src->xEventSynchronize(pool->src_state, p->event) == VRAM_OK)
+                    : (pool->src->xEventQuery(pool->src_state, p->event) == 1);
+    if (wait && done) pool->stats.num_sync_waits++;
+    if (!done) {
+      last = p;
+      link = &p->next;
+      continue;
+    }
+    *link = p->next;
+    pool->pending_count--;
+    event_give(pool, p->event);
+    vram_block *b = p->block;
+    free(p);
+    if (--b->events_left == 0) pending_finish_block(pool, b);
+  }
+  pool->pending_tail = last;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Allocation.
+ * ------------------------------------------------------------------------------------- */
+
+/* One attempt: reuse a cached block, else grow. */
+static int alloc_attempt(vram_pool_t *pool, vram_arena *a, size_t rounded, size_t requested,
+                         vram_block **out) {
+  bool small = rounded <= VRAM_SMALL_MAX && !pool->unified_index;
+  vram_tlsf *index = small ? &a->free_small : &a->free_large;
+  vram_block *b = _vram_tlsf_find(index, rounded);
+  if (!b && pool->pending_count) {
+    drain_pending(pool, false);
+    b = _vram_tlsf_find(index, rounded);
+  }
+  if (!b) {
+    int rc = segment_grow(pool, a, rounded, small, &b);
+    if (rc) return rc;
+  }
+  return block_take(pool, b, rounded, requested, out);
+}
+
+static int alloc_locked(vram_pool_t *pool, size_t rounded, size_t requested, vram_stream_t stream,
+                        vram_block **out) {
+  vram_arena *a = arena_get(pool, stream);
+  if (!a) return VRAM_EHOSTMEM;
+  int rc = alloc_attempt(pool, a, rounded, requested, out);
+  if (rc == VRAM_ENOMEM) {
+    /* The ladder: wait for every pending free, give back all cached memory, retry. */
+    pool->stats.num_alloc_retries++;
+    drain_pending(pool, true);
+    release_cached(pool, SIZE_MAX, NULL);
+    rc = alloc_attempt(pool, a, rounded, requested, out);
+  }
+  if (rc == VRAM_OK) {
+    vram_block *b = *out;
+    _vram_stat_add(&pool->stats.allocated_bytes, (int64_t)b->size);
+    _vram_stat_add(&pool->stats.requested_bytes, (int64_t)requested);
+    _vram_stat_add(&pool->stats.active_bytes, (int64_t)b->size);
+    _vram_stat_add(&pool->stats.allocation, 1);
+    _vram_stat_add(&pool->stats.active, 1);
+    pool->stats.num_mallocs++;
+  } else if (rc == VRAM_ENOMEM) {
+    pool->stats.num_ooms++;
+    _vram_format_oom_report(pool, requested, stream, pool->oom_report, sizeof pool->oom_report);
+  }
+  return rc;
+}
+
+int vram_malloc(vram_pool_t *pool, size_t size, vram_stream_t stream, void **out) {
+  if (!pool || !out) return VRAM_EINVAL;
+  *out = NULL;
+  if (size == 0) return VRAM_OK;
+  if (size > VRAM_MAX_REQUEST) return VRAM_ETOOBIG;
+  size_t rounded = round_up(size, VRAM_ALIGN);
+  vram_block *b = NULL;
+  vram_lock_acquire(&pool->lock);
+  int rc = alloc_locked(pool, rounded, size, stream, &b);
+  CHECK_POOL_LOCKED(pool);
+  vram_lock_release(&pool->lock);
+  if (rc) {
+    char msg[2048];
+    if (rc == VRAM_ENOMEM) {
+      vram_oom_report(pool, msg, sizeof msg);
+    } else {
+      snprintf(msg, sizeof msg, "vram_malloc(%zu): %s", size, vram_strerror(rc));
+    }
+    report_error(pool, rc, msg);
+    return rc;
+  }
+  *out = (void *)b->addr;
+  return VRAM_OK;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Free and record_stream.
+ * ------------------------------------------------------------------------------------- */
+
+/* Why a pointer that is not live is refused: a freed block of ours, or not ours at all. */
+static int classify_unknown_pointer(const vram_pool_t *pool, uintptr_t addr) {
+  for (vram_arena *a = pool->arenas; a; a = a->next)
+    for (vram_segment *s = a->segments; s; s = s->next) {
+      if (addr < s->addr || addr >= s->addr + s->size) continue;
+      for (vram_block *b = s->first; b; b = b->addr_next)
+        if (b->addr <= addr && addr < b->addr + b->size)
+          return (b->state == VRAM_BLOCK_FREE && b->addr == addr) ? VRAM_EDOUBLEFREE : VRAM_EFOREIGN;
+    }
+  return VRAM_EFOREIGN;
+}
+
+/* Record one event per extra stream; the block waits for all of them. On failure nothing
+ * changes and the block stays live. */
+static int free_after_events(vram_pool_t *pool, vram_block *b) {
+  int n = b->uses->count;
+  vram_pending *entries[n];
+  int rc = VRAM_OK, made = 0;
+  for (; made < n; made++) {
+    vram_pending *p = malloc(sizeof *p);
+    void *event = NULL;
+    if (!p) { rc = VRAM_EHOSTMEM; break; }
+    rc = event_take(pool, &event);
+    if (!rc) rc = pool->src->xEventRecord(pool->src_state, event, b->uses->streams[made]);
+    if (rc) {
+      if (event) event_give(pool, event);
+      free(p);
+      break;
+    }
+    p->block = b;
+    p->event = event;
+    p->next = NULL;
+    entries[made] = p;
+  }
+  if (rc) {
+    for (int i = 0; i < made; i++) {
+      event_give(pool, entries[i]->event);
+      free(entries[i]);
+    }
+    return rc;
+  }
+  for (int i = 0; i < n; i++) {
+    if (pool->pending_tail) pool->pending_tail->next = entries[i];
+    else pool->pending_head = entries[i];
+    pool->pending_tail = entries[i];
+  }
+  pool->pending_count += (size_t)n;
+  b->state = VRAM_BLOCK_PENDING;
+  b->events_left = (uint32_t)n;
+  return VRAM_OK;
+}
+
+static int free_locked(vram_pool_t *pool, uintptr_t addr) {
+  vram_block *b = _vram_ptrmap_get(&pool->ptrs, addr);
+  if (!b) return classify_unknown_pointer(pool, addr);
+  if (b->state == VRAM_BLOCK_PENDING) return VRAM_EDOUBLEFREE;
+  size_t size = b->size, requested = b->requested;
+  if (b->uses && b->uses->count) {
+    int rc = free_after_events(pool, b);
+    if (rc) return rc;
+  } else {
+    _vram_ptrmap_remove(&pool->ptrs, addr);
+    _vram_stat_add(&pool->stats.active_bytes, -(int64_t)size);
+    _vram_stat_add(&pool->stats.active, -1);
+    block_make_free(pool, b);
+  }
+  _vram_stat_add(&pool->stats.allocated_bytes, -(int64_t)size);
+  _vram_stat_add(&pool->stats.requested_bytes, -(int64_t)requested);
+  _vram_stat_add(&pool->stats.allocation, -1);
+  pool->stats.num_frees++;
+  /* Keep cached memory under the release threshold. */
+  if (pool->opts.release_threshold != SIZE_MAX) {
+    size_t cached = pool->src->is_vmm ? _vram_granules_idle_total(pool) * pool->granularity
+                                      : fixed_cached_bytes(pool);
+    if (cached > pool->opts.release_threshold)
+      release_cached(pool, cached - pool->opts.release_threshold, NULL);
+  }
+  return VRAM_OK;
+}
+
+int vram_free(vram_pool_t *pool, void *ptr) {
+  if (!pool) return VRAM_EINVAL;
+  if (!ptr) return VRAM_OK;
+  vram_lock_acquire(&pool->lock);
+  int rc = free_locked(pool, (uintptr_t)ptr);
+  CHECK_POOL_LOCKED(pool);
+  vram_lock_release(&pool->lock);
+  if (rc) {
+    char msg[128];
+    snprintf(msg, sizeof msg, "vram_free(%p): %s", ptr, vram_strerror(rc));
+    report_error(pool, rc, msg);
+  }
+  return rc;
+}
+
+int vram_record_stream(vram_pool_t *pool, void *ptr, vram_stream_t stream) {
+  if (!pool || !ptr) return VRAM_EINVAL;
+  int rc = VRAM_OK;
+  vram_lock_acquire(&pool->lock);
+  vram_block *b = _vram_ptrmap_get(&pool->ptrs, (uintptr_t)ptr);
+  if (!b) {
+    rc = classify_unknown_pointer(pool, (uintptr_t)ptr);
+  } else if (b->state != VRAM_BLOCK_LIVE) {
+    rc = VRAM_EDOUBLEFREE;
+  } else if (stream != b->segment->arena->stream) {
+    vram_stream_uses *u = b->uses;
+    bool known = false;
+    for (int i = 0; u && i < u->count; i++) known |= u->streams[i] == stream;
+    if (!known) {
+      if (!u || u->count == u->capacity) {
+        int cap = u ? u->capacity * 2 : 2;
+        vram_stream_uses *grown = realloc(u, sizeof *u + (size_t)cap * sizeof(vram_stream_t));
+        if (!grown) {
+          rc = VRAM_EHOSTMEM;
+        } else {
+          if (!u) grown->count = 0;
+          grown->capacity = cap;
+          b->uses = u = grown;
+        }
+      }
+      if (!rc) u->streams[u->count++] = stream;
+    }
+  }
+  CHECK_POOL_LOCKED(pool);
+  vram_lock_release(&pool->lock);
+  return rc;
+}
+
+int vram_block_info(vram_pool_t *pool, void *ptr, size_t *requested, vram_stream_t *stream) {
+  if (!pool || !ptr) return VRAM_EINVAL;
+  int rc = VRAM_OK;
+  vram_lock_acquire(&pool->lock);
+  vram_block *b = _vram_ptrmap_get(&pool->ptrs, (uintptr_t)ptr);
+  if (!b) rc = classify_unknown_pointer(pool, (uintptr_t)ptr);
+  else if (b->state != VRAM_BLOCK_LIVE) rc = VRAM_EDOUBLEFREE;
+  else {
+    if (requested) *requested = b->requested;
+    if (stream) *stream = b->segment->arena->stream;
+  }
+  vram_lock_release(&pool->lock);
+  return rc;
+}
+
+int vram_for_each_block(vram_pool_t *pool, vram_block_fn fn, void *user) {
+  if (!pool || !fn) return VRAM_EINVAL;
+  vram_lock_acquire(&pool->lock);
+  for (vram_arena *a = pool->arenas; a; a = a->next)
+    for (vram_segment *s = a->segments; s; s = s->next)
+      for (vram_block *b = s->first; b; b = b->addr_next)
+        if (b->state == VRAM_BLOCK_LIVE) fn(user, (void *)b->addr, b->requested, b->size, a->stream);
+  vram_lock_release(&pool->lock);
+  return VRAM_OK;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Cache, limit, statistics.
+ * ------------------------------------------------------------------------------------- */
+
+int vram_empty_cache(vram_pool_t *pool) {
+  if (!pool) return VRAM_EINVAL;
+  int first_error = VRAM_OK;
+  vram_lock_acquire(&pool->lock);
+  drain_pending(pool, true);
+  release_cached(pool, SIZE_MAX, &first_error);
+  CHECK_POOL_LOCKED(pool);
+  vram_lock_release(&pool->lock);
+  return first_error;
+}
+
+static int limit_from(const vram_pool_t *pool, size_t bytes, double fraction, size_t *out) {
+  if (bytes) {
+    *out = bytes;
+    return VRAM_OK;
+  }
+  if (fraction < 0 || fraction > 1 || fraction != fraction) return VRAM_EINVAL;
+  *out = fraction > 0 ? (size_t)(fraction * (double)pool->device_total) : 0;
+  return VRAM_OK;
+}
+
+int vram_set_limit(vram_pool_t *pool, size_t bytes, double fraction) {
+  if (!pool) return VRAM_EINVAL;
+  size_t limit;
+  int rc = limit_from(pool, bytes, fraction, &limit);
+  if (rc) return rc;
+  vram_lock_acquire(&pool->lock);
+  pool->limit = limit;
+  /* Above the new limit, cached memory goes back now rather than at the next miss. */
+  if (limit && (size_t)pool->stats.reserved_bytes.current > limit)
+    release_cached(pool, (size_t)pool->stats.reserved_bytes.current - limit, NULL);
+  CHECK_POOL_LOCKED(pool);
+  vram_lock_release(&pool->lock);
+  return VRAM_OK;
+}
+
+int vram_pool_device(const vram_pool_t *pool) { return pool ? pool->opts.device : VRAM_EINVAL; }
+
+vram_source_kind vram_pool_source(const vram_pool_t *pool) {
+  return pool ? pool->opts.source : VRAM_SOURCE_AUTO;
+}
+
+size_t _vram_pool_largest_free(const vram_pool_t *pool) {
+  size_t largest = 0;
+  for (vram_arena *a = pool->arenas; a; a = a->next) {
+    size_t s = _vram_tlsf_largest(&a->free_small), l = _vram_tlsf_largest(&a->free_large);
+    if (s > largest) largest = s;
+    if (l > largest) largest = l;
+  }
+  /* A virtual segment's free tail is unmapped address space: count only mapped bytes. */
+  if (pool->src->is_vmm) {
+    size_t idle = _vram_granules_idle_total(pool) * pool->granularity;
+    if (largest > idle) largest = idle;
+  }
+  return largest;
+}
+
+size_t _vram_pool_cached_free(const vram_pool_t *pool) {
+  if (pool->src->is_vmm)
+    return (size_t)pool->stats.reserved_bytes.current - (size_t)pool->stats.active_bytes.current;
+  size_t bytes = 0;
+  for (vram_arena *a = pool->arenas; a; a = a->next)
+    bytes += a->free_small.free_bytes + a->free_large.free_bytes;
+  return bytes;
+}
+
+int vram_get_stats(vram_pool_t *pool, vram_stats_t *out) {
+  if (!pool || !out) return VRAM_EINVAL;
+  vram_lock_acquire(&pool->lock);
+  *out = pool->stats;
+  _vram_fill_derived_stats(pool, out);
+  vram_lock_release(&pool->lock);
+  return VRAM_OK;
+}
+
+int vram_reset_peak_stats(vram_pool_t *pool) {
+  if (!pool) return VRAM_EINVAL;
+  vram_lock_acquire(&pool->lock);
+#define VRAM_X_RESET(name, doc) pool->stats.name.peak = pool->stats.name.current;
+  VRAM_STAT_LIST(VRAM_X_RESET)
+#undef VRAM_X_RESET
+  vram_lock_release(&pool->lock);
+  return VRAM_OK;
+}
+
+int vram_mem_get_info(vram_pool_t *pool, size_t *free_bytes, size_t *total_bytes) {
+  if (!pool || !free_bytes || !total_bytes) return VRAM_EINVAL;
+  vram_lock_acquire(&pool->lock);
+  int rc = pool->src->xMemInfo(pool->src_state, free_bytes, total_bytes);
+  vram_lock_release(&pool->lock);
+  return rc;
+}
+
+int vram_summary(vram_pool_t *pool, char *buf, size_t cap) {
+  if (!pool || (!buf && cap)) return VRAM_EINVAL;
+  vram_lock_acquire(&pool->lock);
+  int n = _vram_format_summary(pool, buf, cap);
+  vram_lock_release(&pool->lock);
+  return n;
+}
+
+int vram_stats_json(vram_pool_t *pool, char *buf, size_t cap) {
+  if (!pool || (!buf && cap)) return VRAM_EINVAL;
+  vram_stats_t s;
+  vram_get_stats(pool, &s);
+  return _vram_format_stats_json(&s, buf, cap);
+}
+
+int vram_oom_report(vram_pool_t *pool, char *buf, size_t cap) {
+  if (!pool || (!buf && cap)) return VRAM_EINVAL;
+  vram_lock_acquire(&pool->lock);
+  int n = snprintf(buf, cap, "%s", pool->oom_report);
+  vram_lock_release(&pool->lock);
+  return n;
+}
+
+int vram_set_error_callback(vram_pool_t *pool, vram_error_fn fn, void *user) {
+  if (!pool) return VRAM_EINVAL;
+  vram_lock_acquire(&pool->lock);
+  pool->on_error = fn;
+  pool->on_error_user = user;
+  vram_lock_release(&pool->lock);
+  return VRAM_OK;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Create and destroy.
+ * ------------------------------------------------------------------------------------- */
+
+static void pool_free_everything(vram_pool_t *pool) {
+  drain_pending(pool, true);
+  vram_pending *p = pool->pending_head;
+  while (p) { /* events that failed to synchronize: drop them */
+    vram_pending *next = p->next;
+    pool->src->xEventDestroy(pool->src_state, p->event);
+    free(p);
+    p = next;
+  }
+  for (vram_arena *a = pool->arenas, *an; a; a = an) {
+    an = a->next;
+    if (a->segments) _vram_arena_quiesce(pool, a);
+    for (vram_segment *s = a->segments, *sn; s; s = sn) {
+      sn = s->next;
+      if (pool->src->is_vmm) {
+        _vram_granules_unmap_all(pool, s);
+        pool->src->xUnreserve(pool->src_state, s->addr, s->size);
+      } else {
+        pool->src->xFree(pool->src_state, s->addr, s->size);
+      }
+      _vram_granules_destroy(s);
+      free(s);
+    }
+    if (a->release_event) pool->src->xEventDestroy(pool->src_state, a->release_event);
+    free(a);
+  }
+  for (size_t i = 0; i < pool->blocks.n_slabs; i++) {
+    vram_block *slab = pool->blocks.slabs[i];
+    for (int j = 0; j < BLOCK_SLAB; j++) free(slab[j].uses);
+    free(slab);
+  }
+  free(pool->blocks.slabs);
+  for (size_t i = 0; i < pool->n_spare_events; i++)
+    pool->src->xEventDestroy(pool->src_state, pool->spare_events[i]);
+  free(pool->spare_events);
+  _vram_ptrmap_destroy(&pool->ptrs);
+  pool->src->xClose(pool->src_state);
+  free(pool);
+}
+
+int vram_pool_create(vram_pool_t **out, const vram_options_t *opts) {
+  if (!out) return VRAM_EINVAL;
+  *out = NULL;
+  vram_options_t o;
+  if (opts) o = *opts;
+  else vram_options_init(&o);
+  if (o.device < 0) return VRAM_EDEVICE;
+  vram_source_kind kind;
+  int rc = _vram_resolve_source(o.source, &kind);
+  if (rc) return rc;
+  o.source = kind;
+  const vram_source_methods *methods = _vram_source_for(kind);
+  if (!methods) return VRAM_EINVAL;
+
+  vram_pool_t *pool = calloc(1, sizeof *pool);
+  if (!pool) return VRAM_EHOSTMEM;
+  vram_lock_init(&pool->lock);
+  pool->opts = o;
+  vram_source_config cfg = {.device = o.device,
+                            .sim_capacity = o.sim_capacity,
+                            .sim_event_delay = o.sim_event_delay,
+                            .managed_prefetch = o.managed_prefetch};
+  void *state = NULL;
+  rc = methods->xOpen(&cfg, &state);
+  if (rc) {
+    free(pool);
+    return rc;
+  }
+  pool->src = methods;
+  pool->src_state = state;
+  if (o.fault_fail_at) {
+    vram_fault_plan plan = {.fail_at = o.fault_fail_at, .fail_every = o.fault_fail_every};
+    rc = _vram_fault_wrap(methods, state, &plan, &pool->src, &pool->src_state);
+    if (rc) {
+      methods->xClose(state);
+      free(pool);
+      return rc;
+    }
+  }
+  pool->granularity = pool->src->xGranularity(pool->src_state);
+  size_t free_bytes = 0;
+  rc = pool->src->xMemInfo(pool->src_state, &free_bytes, &pool->device_total);
+  if (!rc) rc = _vram_ptrmap_init(&pool->ptrs, 1024);
+  if (!rc) rc = limit_from(pool, o.limit_bytes, o.limit_fraction, &pool->limit);
+  pool->vmm_reserve_size = round_up(pool->device_total + pool->device_total / 4, pool->granularity);
+  if (!rc) {
+    size_t pre = 0;
+    rc = limit_from(pool, o.preallocate_bytes, o.preallocate_fraction, &pre);
+    if (!rc && pre) rc = _vram_pool_preallocate(pool, pre);
+  }
+  if (rc) {
+    pool_free_everything(pool);
+    return rc;
+  }
+  *out = pool;
+  return VRAM_OK;
+}
+
+int vram_pool_destroy(vram_pool_t *pool) {
+  if (!pool) return VRAM_EINVAL;
+  vram_lock_acquire(&pool->lock);
+  bool busy = pool->stats.allocation.current != 0;
+  vram_lock_release(&pool->lock);
+  if (busy) return VRAM_EBUSY;
+  pool_free_everything(pool);
+  return VRAM_OK;
+}
+
+int vram_pool_destroy_force(vram_pool_t *pool) {
+  if (!pool) return VRAM_EINVAL;
+  pool_free_everything(pool);
+  return VRAM_OK;
+}

@@ -1,0 +1,14 @@
+/* pool.h - private interface of the allocator engine, for the library's own files and the
+ * white-box tests. Users include vramkit.h only. */
+#ifndef VRAM_POOL_H
+#define VRAM_POOL_H
+
+#include "vramkit.h"
+
+/* Full invariant check of a pool: every block, segment, free index, hash entry and
+ * statistic agrees with every other. Returns 1 if valid; otherwise prints the first
+ * broken invariant to stderr and returns 0. Takes the pool lock. At VRAM_DEBUG >= 3 the
+ * engine runs it after every public operation and aborts on failure. */
+int _vram_pool_is_valid(vram_pool_t *pool);
+
+#endif /* VRAM_POOL_H */

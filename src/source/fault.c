@@ -1,0 +1,120 @@
+/* fault.c - a source wrapper that makes chosen calls fail (SQLite's test VFS idea).
+ *
+ * Wraps any source table: every fallible call that changes device state (alloc, free,
+ * reserve, unreserve, map, unmap, event record) is numbered from 1; call number fail_at
+ * fails with VRAM_EFAULT without reaching the inner source, and after it every
+ * fail_every-th call fails too. The engine must come out of each failure valid with every
+ * live block intact; the tests sweep fail_at over every call of a scenario. */
+#include <stdbool.h>
+#include <stdlib.h>
+
+#include "source/source.h"
+
+typedef struct fault_state {
+  const vram_source_methods *inner;
+  void *inner_state;
+  vram_fault_plan plan;
+  uint64_t calls;
+  vram_source_methods table; /* the wrapper's own methods, with inner's optional holes */
+} fault_state;
+
+static bool fault_now(fault_state *f) {
+  uint64_t n = ++f->calls;
+  if (!f->plan.fail_at || n < f->plan.fail_at) return false;
+  if (n == f->plan.fail_at) return true;
+  return f->plan.fail_every && (n - f->plan.fail_at) % f->plan.fail_every == 0;
+}
+
+static void fault_close(void *state) {
+  fault_state *f = state;
+  f->inner->xClose(f->inner_state);
+  free(f);
+}
+static size_t fault_granularity(void *state) {
+  fault_state *f = state;
+  return f->inner->xGranularity(f->inner_state);
+}
+static int fault_mem_info(void *state, size_t *free_bytes, size_t *total_bytes) {
+  fault_state *f = state;
+  return f->inner->xMemInfo(f->inner_state, free_bytes, total_bytes);
+}
+static int fault_alloc(void *state, size_t size, uintptr_t *addr) {
+  fault_state *f = state;
+  return fault_now(f) ? VRAM_EFAULT : f->inner->xAlloc(f->inner_state, size, addr);
+}
+static int fault_free(void *state, uintptr_t addr, size_t size) {
+  fault_state *f = state;
+  return fault_now(f) ? VRAM_EFAULT : f->inner->xFree(f->inner_state, addr, size);
+}
+static int fault_reserve(void *state, size_t size, uintptr_t *addr) {
+  fault_state *f = state;
+  return fault_now(f) ? VRAM_EFAULT : f->inner->xReserve(f->inner_state, size, addr);
+}
+static int fault_unreserve(void *state, uintptr_t addr, size_t size) {
+  fault_state *f = state;
+  return fault_now(f) ? VRAM_EFAULT : f->inner->xUnreserve(f->inner_state, addr, size);
+}
+static int fault_map(void *state, uintptr_t addr, size_t size) {
+  fault_state *f = state;
+  return fault_now(f) ? VRAM_EFAULT : f->inner->xMap(f->inner_state, addr, size);
+}
+static int fault_unmap(void *state, uintptr_t addr, size_t size) {
+  fault_state *f = state;
+  return fault_now(f) ? VRAM_EFAULT : f->inner->xUnmap(f->inner_state, addr, size);
+}
+static int fault_enable_peer(void *state, int peer) {
+  fault_state *f = state;
+  return f->inner->xEnablePeer(f->inner_state, peer);
+}
+static int fault_event_create(void *state, void **event) {
+  fault_state *f = state;
+  return f->inner->xEventCreate(f->inner_state, event);
+}
+static void fault_event_destroy(void *state, void *event) {
+  fault_state *f = state;
+  f->inner->xEventDestroy(f->inner_state, event);
+}
+static int fault_event_record(void *state, void *event, vram_stream_t stream) {
+  fault_state *f = state;
+  return fault_now(f) ? VRAM_EFAULT : f->inner->xEventRecord(f->inner_state, event, stream);
+}
+static int fault_event_query(void *state, void *event) {
+  fault_state *f = state;
+  return f->inner->xEventQuery(f->inner_state, event);
+}
+static int fault_event_synchronize(void *state, void *event) {
+  fault_state *f = state;
+  return f->inner->xEventSynchronize(f->inner_state, event);
+}
+
+int _vram_fault_wrap(const vram_source_methods *inner, void *inner_state,
+                     const vram_fault_plan *plan, const vram_source_methods **out_methods,
+                     void **out_state) {
+  fault_state *f = calloc(1, sizeof *f);
+  if (!f) return VRAM_EHOSTMEM;
+  f->inner = inner;
+  f->inner_state = inner_state;
+  f->plan = *plan;
+  f->table = (vram_source_methods){
+      .zName = inner->zName,
+      .is_vmm = inner->is_vmm,
+      .xClose = fault_close,
+      .xGranularity = fault_granularity,
+      .xMemInfo = fault_mem_info,
+      .xAlloc = inner->xAlloc ? fault_alloc : NULL,
+      .xFree = inner->xFree ? fault_free : NULL,
+      .xReserve = inner->xReserve ? fault_reserve : NULL,
+      .xUnreserve = inner->xUnreserve ? fault_unreserve : NULL,
+      .xMap = inner->xMap ? fault_map : NULL,
+      .xUnmap = inner->xUnmap ? fault_unmap : NULL,
+      .xEnablePeer = inner->xEnablePeer ? fault_enable_peer : NULL,
+      .xEventCreate = fault_event_create,
+      .xEventDestroy = fault_event_destroy,
+      .xEventRecord = fault_event_record,
+      .xEventQuery = fault_event_query,
+      .xEventSynchronize = fault_event_synchronize,
+  };
+  *out_methods = &f->table;
+  *out_state = f;
+  return VRAM_OK;
+}

@@ -1,0 +1,32 @@
+/* registry.c - which source table serves each vram_source_kind, and device counts. */
+#include "prim/cuda_driver.h"
+#include "source/source.h"
+
+#define SIM_DEVICES 8 /* the sim models a machine of eight identical devices */
+
+const vram_source_methods *_vram_source_for(vram_source_kind kind) {
+  switch (kind) {
+    case VRAM_SOURCE_SIM: return &_vram_source_sim;
+    case VRAM_SOURCE_SIM_VMM: return &_vram_source_sim_vmm;
+    case VRAM_SOURCE_CUDA: return &_vram_source_cuda;
+    case VRAM_SOURCE_VMM: return &_vram_source_vmm;
+    case VRAM_SOURCE_MANAGED: return &_vram_source_managed;
+    default: return NULL;
+  }
+}
+
+int vram_device_count(vram_source_kind kind, int *count) {
+  if (!count) return VRAM_EINVAL;
+  *count = 0;
+  if (kind == VRAM_SOURCE_SIM || kind == VRAM_SOURCE_SIM_VMM) {
+    *count = SIM_DEVICES;
+    return VRAM_OK;
+  }
+  const vram_cuda_api *cu;
+  int rc = _vram_cuda_load(&cu, NULL);
+  if (rc) return rc;
+  int n = 0;
+  rc = _vram_cuda_status(cu->cuDeviceGetCount(&n), "cuDeviceGetCount");
+  if (!rc) *count = n;
+  return rc;
+}

@@ -1,0 +1,77 @@
+/* source.h - the table of functions behind which every physical memory source sits.
+ *
+ * The engine (src/pool/) never calls the driver: it asks a source. A source is a
+ * `static const vram_source_methods` table (SQLite's VFS style) plus an opaque state
+ * returned by xOpen. Two families exist:
+ *  - fixed segments (cuda, managed, sim): xAlloc/xFree hand out whole segments;
+ *  - virtual memory (vmm, sim:vmm): xReserve/xUnreserve manage address ranges and
+ *    xMap/xUnmap back granules of them with physical memory.
+ * A source fills what it supports and leaves the rest NULL; `granularity` tells the engine
+ * the rounding unit of segments or mappings. Events order reuse across streams.
+ *
+ * Every method returns a vram_status. A failing method must leave the source as it was
+ * (a half-done map is undone before returning), so the engine can always retry later.
+ */
+#ifndef VRAM_SOURCE_H
+#define VRAM_SOURCE_H
+
+#include "vramkit.h"
+
+typedef struct vram_source_config {
+  int device;
+  size_t sim_capacity;   /* sim: bytes of the simulated device */
+  int sim_event_delay;   /* sim: queries before an event completes */
+  int managed_prefetch;  /* managed: prefetch new segments to the device */
+} vram_source_config;
+
+typedef struct vram_source_methods {
+  const char *zName;
+  int is_vmm; /* 1: reserve/map family; 0: fixed segments */
+  int (*xOpen)(const vram_source_config *cfg, void **state);
+  void (*xClose)(void *state);
+  /* Rounding unit of segment sizes (fixed) or of mappings (vmm); a power of two. */
+  size_t (*xGranularity)(void *state);
+  int (*xMemInfo)(void *state, size_t *free_bytes, size_t *total_bytes);
+
+  /* Fixed segments. */
+  int (*xAlloc)(void *state, size_t size, uintptr_t *addr);
+  int (*xFree)(void *state, uintptr_t addr, size_t size);
+
+  /* Virtual memory: reserve an address range; map/unmap granule-aligned pieces of it. */
+  int (*xReserve)(void *state, size_t size, uintptr_t *addr);
+  int (*xUnreserve)(void *state, uintptr_t addr, size_t size);
+  int (*xMap)(void *state, uintptr_t addr, size_t size);
+  int (*xUnmap)(void *state, uintptr_t addr, size_t size);
+  /* Give another device access to every mapping made after this call (vmm only). */
+  int (*xEnablePeer)(void *state, int peer_device);
+
+  /* Events. An event handle is created once and recorded many times. */
+  int (*xEventCreate)(void *state, void **event);
+  void (*xEventDestroy)(void *state, void *event);
+  int (*xEventRecord)(void *state, void *event, vram_stream_t stream);
+  /* 1 when complete, 0 while pending, negative status on error. */
+  int (*xEventQuery)(void *state, void *event);
+  int (*xEventSynchronize)(void *state, void *event);
+} vram_source_methods;
+
+/* The sources compiled into the library. */
+extern const vram_source_methods _vram_source_sim;      /* fixed segments, host only */
+extern const vram_source_methods _vram_source_sim_vmm;  /* vmm model, host only */
+extern const vram_source_methods _vram_source_cuda;
+extern const vram_source_methods _vram_source_vmm;
+extern const vram_source_methods _vram_source_managed;
+
+/* The table of a kind (AUTO is resolved by the caller), NULL if unknown. */
+const vram_source_methods *_vram_source_for(vram_source_kind kind);
+
+/* Wrap a source so that chosen calls fail with VRAM_EFAULT (tests, fault injection).
+ * Counts every fallible call (alloc, free, reserve, map, unmap, event record). */
+typedef struct vram_fault_plan {
+  uint64_t fail_at;    /* 1-based call number that fails; 0 = never */
+  uint64_t fail_every; /* after fail_at, every n-th call fails too; 0 = only fail_at */
+} vram_fault_plan;
+int _vram_fault_wrap(const vram_source_methods *inner, void *inner_state,
+                     const vram_fault_plan *plan, const vram_source_methods **out_methods,
+                     void **out_state);
+
+#endif /* VRAM_SOURCE_H */
