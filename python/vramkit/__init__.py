@@ -1,0 +1,368 @@
+"""vramkit: a caching GPU memory allocator, in the vocabulary of PyTorch and TensorFlow.
+
+The pools are the C library's process-wide default pools, one per device, created on first
+use from the ``VRAMKIT_*`` environment variables (``VRAMKIT_SOURCE``, ``VRAMKIT_LIMIT``,
+``VRAMKIT_PREALLOCATE``, ``VRAMKIT_RELEASE_THRESHOLD``, ``VRAMKIT_SIM_CAPACITY``) or from
+:func:`configure` called before that first use.
+
+``import vramkit`` needs no GPU and imports no framework: the integrations live in
+``vramkit.torch``, ``vramkit.cupy`` and ``vramkit.numba`` and are imported on first access.
+"""
+
+from __future__ import annotations
+
+import importlib as _importlib
+import os as _os
+import re as _re
+import threading as _threading
+
+from . import _core
+from ._core import (
+    AllocatorError,
+    BusyError,
+    ConfigError,
+    DeviceBuffer,
+    DoubleFreeError,
+    DriverError,
+    ForeignPointerError,
+    HostMemoryError,
+    InvalidArgumentError,
+    InvalidDeviceError,
+    NoDriverError,
+    OutOfMemoryError,
+    UnsupportedError,
+    VramError,
+    empty,
+)
+
+__version__ = _core.VERSION
+
+__all__ = [
+    "AllocatorError", "BusyError", "ConfigError", "DeviceBuffer", "DoubleFreeError",
+    "DriverError", "ForeignPointerError", "HostMemoryError", "InvalidArgumentError",
+    "InvalidDeviceError", "NoDriverError", "OutOfMemoryError", "UnsupportedError",
+    "VramError", "configure", "device_count", "empty", "empty_cache", "get_memory_info",
+    "last_oom_report", "max_memory_allocated", "max_memory_reserved", "mem_get_info",
+    "memory_allocated", "memory_reserved", "memory_stats", "memory_stats_raw",
+    "memory_summary", "reset_memory_stats", "reset_peak_memory_stats",
+    "set_memory_growth", "set_memory_limit", "set_per_process_memory_fraction", "source",
+]
+
+_INTEGRATIONS = ("torch", "cupy", "numba")
+
+
+def __getattr__(name):
+    # vramkit.torch and friends import their framework: load them only when asked for.
+    if name in _INTEGRATIONS:
+        return _importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module 'vramkit' has no attribute {name!r}")
+
+
+# ---------------------------------------------------------------------------------------
+# Devices, named the ways the frameworks name them.
+# ---------------------------------------------------------------------------------------
+_DEVICE_RE = _re.compile(
+    r"^(?:/(?:physical_)?device:)?(?:(?:cuda|gpu)(?::(\d+))?)$", _re.IGNORECASE
+)
+
+
+def _device(device) -> int:
+    """Device ordinal of 0, "cuda", "cuda:1", "GPU:0", "/device:GPU:0", a torch.device or a
+    TensorFlow PhysicalDevice; None means device 0."""
+    if device is None:
+        return 0
+    if isinstance(device, bool):
+        raise TypeError("device must be an int or a device name, not bool")
+    if isinstance(device, int):
+        if device < 0:
+            raise InvalidDeviceError(f"device ordinal must be >= 0, got {device}")
+        return device
+    if isinstance(device, str):
+        m = _DEVICE_RE.match(device.strip())
+        if m is None:
+            raise InvalidDeviceError(
+                f"unknown device {device!r}: expected an ordinal, 'cuda:N', 'GPU:N' or "
+                f"'/device:GPU:N'"
+            )
+        return int(m.group(1) or 0)
+    # torch.device: .type == "cuda" and .index (None = current device, taken as 0 here).
+    dtype = getattr(device, "type", None)
+    if isinstance(dtype, str) and hasattr(device, "index"):
+        if dtype != "cuda":
+            raise InvalidDeviceError(f"not a CUDA device: {device!r}")
+        return device.index or 0
+    # tf.config.PhysicalDevice / LogicalDevice: .name == "/physical_device:GPU:0".
+    name = getattr(device, "name", None)
+    if isinstance(name, str):
+        return _device(name)
+    raise TypeError(f"device must be an int or a device name, not {type(device).__name__}")
+
+
+_core.set_device_resolver(_device)
+
+
+# ---------------------------------------------------------------------------------------
+# PyTorch's vocabulary.
+# ---------------------------------------------------------------------------------------
+
+def memory_stats_raw(device=None) -> dict:
+    """The engine's statistics as it keeps them: each stat a (current, peak, total) tuple,
+    each counter an int, plus largest_free_block, fragmentation and limit_bytes."""
+    return _core.stats(_device(device))
+
+
+def memory_stats(device=None) -> dict:
+    """A flat dict keyed as torch.cuda.memory_stats() is ("allocated_bytes.all.current",
+    "reserved_bytes.all.peak", "num_ooms", ...), plus vramkit's own keys
+    ("largest_free_block", "fragmentation", "limit_bytes", "num_mallocs", ...)."""
+    raw = _core.stats(_device(device))
+    out = {}
+    for name, value in raw.items():
+        if isinstance(value, tuple):
+            # A stat: PyTorch spells it "<name>.all.<current|peak|allocated|freed>", where
+            # "allocated" is the sum of increases and "freed" the sum of decreases.
+            current, peak, total = value
+            out[f"{name}.all.current"] = current
+            out[f"{name}.all.peak"] = peak
+            out[f"{name}.all.allocated"] = total
+            out[f"{name}.all.freed"] = total - current
+        else:
+            # Counters keep their names: num_alloc_retries, num_ooms, num_device_alloc and
+            # num_device_free are PyTorch's too; the rest are vramkit's own.
+            out[name] = value
+    return dict(sorted(out.items()))
+
+
+def memory_allocated(device=None) -> int:
+    """Bytes held by live blocks (rounded block sizes), as torch.cuda.memory_allocated()."""
+    return _core.stats(_device(device))["allocated_bytes"][0]
+
+
+def max_memory_allocated(device=None) -> int:
+    """Peak of memory_allocated() since start or the last reset_peak_memory_stats()."""
+    return _core.stats(_device(device))["allocated_bytes"][1]
+
+
+def memory_reserved(device=None) -> int:
+    """Bytes held from the driver, cached or in use, as torch.cuda.memory_reserved()."""
+    return _core.stats(_device(device))["reserved_bytes"][0]
+
+
+def max_memory_reserved(device=None) -> int:
+    """Peak of memory_reserved() since start or the last reset_peak_memory_stats()."""
+    return _core.stats(_device(device))["reserved_bytes"][1]
+
+
+def memory_summary(device=None, abbreviated: bool = False) -> str:
+    """A human-readable table of the device's statistics, as torch.cuda.memory_summary()."""
+    return _core.summary(_device(device))
+
+
+def empty_cache(device=None) -> None:
+    """Return every fully free cached segment to the driver. With no device, empty every
+    pool this process has used (torch.cuda.empty_cache() does so too)."""
+    if device is not None:
+        _core.empty_cache(_device(device))
+        return
+    for d in range(_TRACKED_DEVICES):
+        if _core.pool_touched(d):
+            _core.empty_cache(d)
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    """Set every peak statistic of the device to its current value."""
+    _core.reset_peak_stats(_device(device))
+
+
+def set_per_process_memory_fraction(fraction: float, device=None) -> None:
+    """Cap the memory the device's pool may reserve at fraction * total device memory,
+    as torch.cuda.set_per_process_memory_fraction()."""
+    if isinstance(fraction, bool) or not isinstance(fraction, (float, int)):
+        raise TypeError("fraction must be a float")
+    if not 0.0 <= fraction <= 1.0:
+        raise InvalidArgumentError(f"fraction must be within [0, 1], got {fraction}")
+    if fraction == 0.0:
+        # A zero cap would fail every allocation; PyTorch means the same by 0.
+        _core.set_limit(_device(device), 1, 0.0)
+    else:
+        _core.set_limit(_device(device), 0, float(fraction))
+
+
+def mem_get_info(device=None) -> tuple[int, int]:
+    """(free, total) bytes of the device, as torch.cuda.mem_get_info()."""
+    return _core.mem_get_info(_device(device))
+
+
+def last_oom_report(device=None) -> str:
+    """The report of the last out-of-memory failure ("" if none). With no device: the device
+    on which PyTorch's allocations (through vramkit.torch) last ran out, else device 0."""
+    if device is None:
+        hooks = _torch_hooks_if_loaded()
+        d = hooks.vramkit_torch_last_oom_device() if hooks is not None else -1
+        device = d if d >= 0 else 0
+    return _core.oom_report(_device(device))
+
+
+def source(device=None) -> str:
+    """Name of the memory source behind the device's pool ("sim", "cuda", "vmm", ...)."""
+    return _core.source(_device(device))
+
+
+def device_count(source: str = "auto") -> int:
+    """Number of devices the source can see (the sim source models 8)."""
+    return _core.device_count(source)
+
+
+# ---------------------------------------------------------------------------------------
+# TensorFlow's vocabulary.
+# ---------------------------------------------------------------------------------------
+
+
+def get_memory_info(device) -> dict:
+    """{"current": bytes in use, "peak": peak bytes in use}, as
+    tf.config.experimental.get_memory_info(); device may be "GPU:0" or "/device:GPU:0"."""
+    current, peak, _ = _core.stats(_device(device))["allocated_bytes"]
+    return {"current": current, "peak": peak}
+
+
+def reset_memory_stats(device) -> None:
+    """Reset the peak of get_memory_info() to the current value, as TensorFlow's."""
+    _core.reset_peak_stats(_device(device))
+
+
+# Options given by set_memory_growth() per device, waiting for the pool to be created.
+_modes: dict[int, bool] = {}
+_config_lock = _threading.Lock()
+_TRACKED_DEVICES = 64  # the extension tracks which pools it touched for this many devices
+
+
+def set_memory_growth(device, enabled: bool) -> None:
+    """enabled=True: grow on demand (vramkit's default). enabled=False: preallocate, as
+    TensorFlow does without memory growth: the pool reserves its limit (set_memory_limit or
+    VRAMKIT_LIMIT) or else 90% of the device when it is created. Like TensorFlow, this must
+    come before the device's pool is first used; afterwards it raises RuntimeError."""
+    if not isinstance(enabled, bool):
+        raise TypeError("enabled must be a bool")
+    d = _device(device)
+    with _config_lock:
+        if _core.pool_touched(d):
+            if _modes.get(d, True) == enabled:
+                return  # already so; TensorFlow accepts a repeat too
+            raise RuntimeError(
+                f"Physical devices cannot be modified after being initialized: the vramkit "
+                f"pool of device {d} is already in use; call set_memory_growth() first"
+            )
+        _modes[d] = enabled
+        if enabled:
+            _create_pool(d, {"VRAMKIT_PREALLOCATE": "0"})
+        else:
+            limit = _os.environ.get("VRAMKIT_LIMIT")
+            _create_pool(d, {"VRAMKIT_PREALLOCATE": limit or "90%"})
+
+
+def set_memory_limit(device, nbytes: int) -> None:
+    """Hard limit, in bytes, on the memory the device's pool reserves (TensorFlow's
+    memory_limit of a logical device). Allowed at any time; 0 removes the limit."""
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int):
+        raise TypeError("nbytes must be an int")
+    if nbytes < 0:
+        raise InvalidArgumentError(f"memory limit must be >= 0, got {nbytes}")
+    _core.set_limit(_device(device), nbytes, 0.0)
+
+
+# ---------------------------------------------------------------------------------------
+# Options before first use.
+# ---------------------------------------------------------------------------------------
+_SOURCES = ("auto", "sim", "sim:cuda", "sim:vmm", "cuda", "vmm", "managed")
+
+
+def _size_text(name: str, value, allow_percent: bool) -> str:
+    """A size option as the VRAMKIT_* variables spell it: 123, "64M", "30%" or a float
+    fraction of device memory such as 0.3. Checked here so a bad value names its option."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be a size, not bool")
+    if isinstance(value, int):
+        if value < 0:
+            raise InvalidArgumentError(f"{name} must be >= 0, got {value}")
+        return str(value)
+    if isinstance(value, float):
+        if not allow_percent:
+            raise TypeError(f"{name} must be a size in bytes or a string such as '64M'")
+        if not 0.0 < value <= 1.0:
+            raise InvalidArgumentError(f"{name} as a fraction must be within (0, 1]")
+        return f"{value * 100:.10g}%"
+    if isinstance(value, str):
+        try:
+            _core.parse_size(value, allow_percent)
+        except VramError:
+            raise InvalidArgumentError(f"{name}: cannot read {value!r} as a size") from None
+        return value
+    raise TypeError(f"{name} must be an int, float or str, not {type(value).__name__}")
+
+
+def configure(
+    device=0,
+    *,
+    source: str | None = None,
+    limit=None,
+    preallocate=None,
+    release_threshold=None,
+    sim_capacity=None,
+) -> None:
+    """Create the device's pool now with these options (each None: from VRAMKIT_*).
+
+    source: "auto", "sim", "sim:vmm", "cuda", "vmm" or "managed". limit, preallocate:
+    bytes (int), a size string ("8G"), a percentage ("50%") or a fraction (0.5) of device
+    memory. release_threshold, sim_capacity: bytes or a size string. Must come before the
+    device's pool is first used; afterwards it raises RuntimeError (use set_memory_limit or
+    set_per_process_memory_fraction to change the limit of a live pool).
+    """
+    d = _device(device)
+    env = {}
+    if source is not None:
+        if source not in _SOURCES:
+            raise InvalidArgumentError(f"source must be one of {', '.join(_SOURCES)}")
+        env["VRAMKIT_SOURCE"] = source
+    if limit is not None:
+        env["VRAMKIT_LIMIT"] = _size_text("limit", limit, True)
+    if preallocate is not None:
+        env["VRAMKIT_PREALLOCATE"] = _size_text("preallocate", preallocate, True)
+    if release_threshold is not None:
+        env["VRAMKIT_RELEASE_THRESHOLD"] = _size_text("release_threshold", release_threshold, False)
+    if sim_capacity is not None:
+        env["VRAMKIT_SIM_CAPACITY"] = _size_text("sim_capacity", sim_capacity, False)
+    with _config_lock:
+        if _core.pool_touched(d):
+            raise RuntimeError(
+                f"vramkit.configure(): the pool of device {d} is already in use; configure "
+                f"it before its first allocation or statistics call"
+            )
+        pre = env.get("VRAMKIT_PREALLOCATE", _os.environ.get("VRAMKIT_PREALLOCATE", "0"))
+        _modes[d] = pre in ("0", "")
+        _create_pool(d, env)
+
+
+def _create_pool(device: int, env: dict) -> None:
+    """Create the default pool of a device under the given VRAMKIT_* overrides.
+
+    The C library reads its options from the environment when a default pool is created;
+    setting the variables only around that one creation keeps the options to this device.
+    """
+    saved = {k: _os.environ.get(k) for k in env}
+    try:
+        _os.environ.update(env)
+        _core.init_pool(device)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                _os.environ.pop(k, None)
+            else:
+                _os.environ[k] = v
+
+
+def _torch_hooks_if_loaded():
+    """The ctypes handle of libvramkit_torch if vramkit.torch loaded it, else None."""
+    import sys
+
+    mod = sys.modules.get(f"{__name__}.torch")
+    return getattr(mod, "_hooks", None) if mod is not None else None

@@ -1,0 +1,792 @@
+/* _core.c - vramkit._core, the thin CPython layer over the public C API (vramkit.h).
+ *
+ * Everything here is wrapping: parse arguments, call one vram_ function, turn its status
+ * into an exception or its result into Python objects. Policy (device names, PyTorch key
+ * names, TensorFlow semantics) lives in the Python package above this module.
+ *
+ * Shape follows CPython's Modules/xxlimited.c: multi-phase init (PyModuleDef_Init with a
+ * Py_mod_exec slot), a module state holding the exception types and the DeviceBuffer
+ * type, parse formats ending in ":name", and ONE function, raise_status(), that maps a
+ * vram_status to an exception.
+ *
+ * The pools are the library's process-wide default pools (vram_default_pool). The
+ * extension links the shared libvramkit, not a static copy, so that PyTorch's hooks
+ * (libvramkit_torch, which links the same libvramkit) and this module see the very same
+ * pools: one set of statistics, one limit, one cache per device in the process.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <limits.h>
+#include <string.h>
+
+#include "vramkit.h"
+
+/* Devices whose default pool this process has touched through Python. The pools are
+ * process-wide, so this is process-wide too (not module state): it lets configure() and
+ * set_memory_growth() refuse, as TensorFlow does, to change a device already in use. */
+#define VRAMKIT_MAX_TRACKED 64
+static unsigned char pool_touched[VRAMKIT_MAX_TRACKED];
+
+/* ---------------------------------------------------------------------------------------
+ * Module state.
+ * ------------------------------------------------------------------------------------- */
+typedef struct {
+  PyObject *VramError;            /* base of every vramkit error */
+  PyObject *OutOfMemoryError;     /* VRAM_ENOMEM; also a MemoryError */
+  PyObject *HostMemoryError;      /* VRAM_EHOSTMEM; also a MemoryError */
+  PyObject *InvalidArgumentError; /* VRAM_EINVAL, VRAM_ETOOBIG, VRAM_ETRACE; ValueError */
+  PyObject *InvalidDeviceError;   /* VRAM_EDEVICE; ValueError */
+  PyObject *ConfigError;          /* VRAM_EENV; ValueError */
+  PyObject *AllocatorError;       /* pointer misuse and pool misuse; RuntimeError */
+  PyObject *DoubleFreeError;      /* VRAM_EDOUBLEFREE */
+  PyObject *ForeignPointerError;  /* VRAM_EFOREIGN */
+  PyObject *BusyError;            /* VRAM_EBUSY */
+  PyObject *DriverError;          /* VRAM_EDRIVER, VRAM_EFAULT, VRAM_EIO; RuntimeError */
+  PyObject *NoDriverError;        /* VRAM_ENODRIVER */
+  PyObject *UnsupportedError;     /* VRAM_EUNSUPPORTED; NotImplementedError */
+  PyTypeObject *DeviceBuffer_Type;
+  PyObject *device_resolver; /* the package's name -> ordinal function, for empty() */
+} core_state;
+
+static inline core_state *get_state(PyObject *module) {
+  return (core_state *)PyModule_GetState(module);
+}
+
+/* Text from a vram_summary-style call (returns the length it needs). */
+typedef int (*text_fn)(vram_pool_t *, char *, size_t);
+
+static PyObject *pool_text(vram_pool_t *pool, text_fn fn, int *status) {
+  char small[4096];
+  int need = fn(pool, small, sizeof small);
+  *status = need < 0 ? need : 0;
+  if (need < 0) return NULL;
+  if ((size_t)need < sizeof small) return PyUnicode_DecodeUTF8(small, need, "replace");
+  /* Too long for the stack buffer: ask again with room for all of it. */
+  char *big = PyMem_Malloc((size_t)need + 1);
+  if (big == NULL) return PyErr_NoMemory();
+  int again = fn(pool, big, (size_t)need + 1);
+  PyObject *text = again < 0 ? NULL : PyUnicode_DecodeUTF8(big, again < need ? again : need,
+                                                           "replace");
+  PyMem_Free(big);
+  *status = again < 0 ? again : 0;
+  return text;
+}
+
+/* THE mapping from a vram_status to a Python exception. Returns NULL for convenience.
+ * `what` names the call for the message; `pool`, if known, supplies the OOM report. */
+static PyObject *raise_status(core_state *st, int status, const char *what, vram_pool_t *pool) {
+  PyObject *type;
+  switch (status) {
+  case VRAM_ENOMEM: type = st->OutOfMemoryError; break;
+  case VRAM_EHOSTMEM: type = st->HostMemoryError; break;
+  case VRAM_EINVAL:
+  case VRAM_ETOOBIG:
+  case VRAM_ETRACE: type = st->InvalidArgumentError; break;
+  case VRAM_EDEVICE: type = st->InvalidDeviceError; break;
+  case VRAM_EENV: type = st->ConfigError; break;
+  case VRAM_EDOUBLEFREE: type = st->DoubleFreeError; break;
+  case VRAM_EFOREIGN: type = st->ForeignPointerError; break;
+  case VRAM_EBUSY: type = st->BusyError; break;
+  case VRAM_ENODRIVER: type = st->NoDriverError; break;
+  case VRAM_EUNSUPPORTED: type = st->UnsupportedError; break;
+  case VRAM_EDRIVER:
+  case VRAM_EFAULT:
+  case VRAM_EIO: type = st->DriverError; break;
+  default: type = st->VramError; break;
+  }
+
+  PyObject *report = NULL, *message = NULL;
+  if (status == VRAM_ENOMEM && pool != NULL) {
+    int rs;
+    report = pool_text(pool, vram_oom_report, &rs);
+    if (report == NULL) PyErr_Clear();
+  }
+  if (report != NULL && PyUnicode_GetLength(report) > 0) {
+    /* The report names size, capacity, free, reserved, largest block and what to try: it is
+     * the most useful message there is. */
+    message = Py_NewRef(report);
+  } else if (status == VRAM_EENV) {
+    /* Name the offending variable: the library keeps that reason for us. */
+    vram_options_t probe;
+    const char *why = NULL;
+    vram_options_init(&probe);
+    vram_options_from_env(&probe, &why);
+    message = PyUnicode_FromFormat("%s: %s [%s]%s%s", what, vram_strerror(status),
+                                   vram_errname(status), why ? ": " : "", why ? why : "");
+  } else {
+    message = PyUnicode_FromFormat("%s: %s [%s]", what, vram_strerror(status),
+                                   vram_errname(status));
+  }
+  if (report == NULL) report = Py_NewRef(Py_None);
+  if (message == NULL) goto done;
+
+  PyObject *exc = PyObject_CallOneArg(type, message);
+  if (exc == NULL) goto done;
+  PyObject *code = PyLong_FromLong(status);
+  PyObject *name = PyUnicode_FromString(vram_errname(status));
+  if (code == NULL || name == NULL || PyObject_SetAttrString(exc, "status", code) < 0 ||
+      PyObject_SetAttrString(exc, "errname", name) < 0 ||
+      PyObject_SetAttrString(exc, "report", report) < 0) {
+    Py_XDECREF(code);
+    Py_XDECREF(name);
+    Py_DECREF(exc);
+    goto done;
+  }
+  Py_DECREF(code);
+  Py_DECREF(name);
+  PyErr_SetObject(type, exc);
+  Py_DECREF(exc);
+done:
+  Py_XDECREF(message);
+  Py_XDECREF(report);
+  return NULL;
+}
+
+/* The default pool of a device, or NULL with an exception set. */
+static vram_pool_t *get_pool(core_state *st, int device, const char *what) {
+  vram_pool_t *pool = NULL;
+  int rc;
+  if (device >= 0 && device < VRAMKIT_MAX_TRACKED && pool_touched[device]) {
+    rc = vram_default_pool(device, &pool);
+  } else {
+    /* First use may preallocate from the driver: let other threads run meanwhile. */
+    Py_BEGIN_ALLOW_THREADS
+    rc = vram_default_pool(device, &pool);
+    Py_END_ALLOW_THREADS
+  }
+  if (rc != VRAM_OK) {
+    raise_status(st, rc, what, NULL);
+    return NULL;
+  }
+  if (device >= 0 && device < VRAMKIT_MAX_TRACKED) pool_touched[device] = 1;
+  return pool;
+}
+
+/* getattr that treats a missing attribute as "absent" (1: found, 0: absent, -1: error). */
+static int optional_attr(PyObject *obj, const char *name, PyObject **out) {
+  *out = PyObject_GetAttrString(obj, name);
+  if (*out != NULL) return 1;
+  if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return -1;
+  PyErr_Clear();
+  return 0;
+}
+
+/* "O&" converter: None -> NULL stream; an int is the CUstream handle itself; an object
+ * with .cuda_stream (torch.cuda.Stream) or .ptr (cupy.cuda.Stream) gives its handle. */
+static int stream_converter(PyObject *obj, void *out) {
+  vram_stream_t *stream = out;
+  if (obj == Py_None) {
+    *stream = NULL;
+    return 1;
+  }
+  PyObject *handle = NULL;
+  if (PyLong_Check(obj)) {
+    handle = Py_NewRef(obj);
+  } else {
+    if (optional_attr(obj, "cuda_stream", &handle) < 0) return 0;
+    if (handle == NULL && optional_attr(obj, "ptr", &handle) < 0)
+      return 0;
+    if (handle == NULL || !PyLong_Check(handle)) {
+      Py_XDECREF(handle);
+      PyErr_Format(PyExc_TypeError,
+                   "stream must be None, an int (a CUstream handle) or a stream object "
+                   "with .cuda_stream or .ptr, not %s",
+                   Py_TYPE(obj)->tp_name);
+      return 0;
+    }
+  }
+  *stream = PyLong_AsVoidPtr(handle);
+  Py_DECREF(handle);
+  return !PyErr_Occurred();
+}
+
+/* ---------------------------------------------------------------------------------------
+ * DeviceBuffer: one block of device memory, freed when the last reference goes.
+ *
+ * A C type with its own tp_dealloc, because `vramkit.empty(n)` followed by `del` is a hot
+ * path that must beat CuPy's pool from Python: no __dict__, no GC tracking (the object
+ * holds no Python references), no Python-level __del__.
+ * ------------------------------------------------------------------------------------- */
+typedef struct {
+  PyObject_HEAD
+  void *ptr;
+  Py_ssize_t nbytes;
+  vram_pool_t *pool;
+  vram_stream_t stream;
+  int device;
+  int has_stream; /* the caller named a stream: __cuda_array_interface__ reports it */
+  int freed;
+} DeviceBuffer;
+
+/* A device argument: an int as is; anything else ("cuda:1", "GPU:0", torch.device...) goes
+ * through the package's resolver, so every function accepts the same device names. */
+static int long_to_int(PyObject *obj, int *out) {
+  long v = PyLong_AsLong(obj);
+  if (v == -1 && PyErr_Occurred()) return 0;
+  if (v < INT_MIN || v > INT_MAX) {
+    PyErr_SetString(PyExc_OverflowError, "device ordinal out of range");
+    return 0;
+  }
+  *out = (int)v;
+  return 1;
+}
+
+static int device_from_object(core_state *st, PyObject *obj, int *device) {
+  if (PyLong_CheckExact(obj)) return long_to_int(obj, device);
+  if (st->device_resolver == NULL) {
+    PyErr_SetString(PyExc_TypeError, "device must be an int");
+    return 0;
+  }
+  PyObject *ordinal = PyObject_CallOneArg(st->device_resolver, obj);
+  if (ordinal == NULL) return 0;
+  int ok = long_to_int(ordinal, device);
+  Py_DECREF(ordinal);
+  return ok;
+}
+
+static PyObject *core_empty(PyObject *module, PyObject *args, PyObject *kwargs) {
+  static char *kwlist[] = {"nbytes", "device", "stream", NULL};
+  Py_ssize_t nbytes;
+  int device = 0;
+  PyObject *device_obj = NULL, *stream_obj = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "n|OO:empty", kwlist, &nbytes, &device_obj,
+                                   &stream_obj))
+    return NULL;
+  core_state *st = get_state(module);
+  if (device_obj != NULL && !device_from_object(st, device_obj, &device)) return NULL;
+  if (nbytes < 0) {
+    PyErr_Format(st->InvalidArgumentError, "empty: nbytes must be >= 0, got %zd", nbytes);
+    return NULL;
+  }
+  vram_stream_t stream = NULL;
+  if (stream_obj != Py_None && !stream_converter(stream_obj, &stream)) return NULL;
+  vram_pool_t *pool = get_pool(st, device, "empty");
+  if (pool == NULL) return NULL;
+
+  /* The GIL stays held: a cached allocation takes tens of nanoseconds, less than
+   * releasing and retaking the GIL would. */
+  void *ptr = NULL;
+  int rc = vram_malloc(pool, (size_t)nbytes, stream, &ptr);
+  if (rc != VRAM_OK) return raise_status(st, rc, "empty", pool);
+
+  DeviceBuffer *self = PyObject_New(DeviceBuffer, st->DeviceBuffer_Type);
+  if (self == NULL) {
+    vram_free(pool, ptr);
+    return NULL;
+  }
+  self->ptr = ptr;
+  self->nbytes = nbytes;
+  self->pool = pool;
+  self->stream = stream;
+  self->device = device;
+  self->has_stream = stream_obj != Py_None;
+  self->freed = 0;
+  return (PyObject *)self;
+}
+
+static void DeviceBuffer_dealloc(DeviceBuffer *self) {
+  PyTypeObject *tp = Py_TYPE(self);
+  if (!self->freed) {
+    int rc = vram_free(self->pool, self->ptr);
+    if (rc != VRAM_OK) {
+      /* A destructor cannot raise; say what went wrong rather than swallow it, and keep
+       * any exception already in flight (dealloc can run while one unwinds). */
+      PyObject *type, *value, *tb;
+      PyErr_Fetch(&type, &value, &tb);
+      PyErr_Format(PyExc_RuntimeWarning, "vramkit: freeing DeviceBuffer 0x%zx failed: %s",
+                   (size_t)self->ptr, vram_strerror(rc));
+      PyErr_WriteUnraisable(NULL);
+      PyErr_Restore(type, value, tb);
+    }
+  }
+  PyObject_Free(self);
+  Py_DECREF(tp);
+}
+
+static PyObject *DeviceBuffer_free(DeviceBuffer *self, PyObject *Py_UNUSED(ignored)) {
+  core_state *st = PyType_GetModuleState(Py_TYPE(self));
+  if (st == NULL) return NULL;
+  if (self->freed) return raise_status(st, VRAM_EDOUBLEFREE, "DeviceBuffer.free", NULL);
+  int rc = vram_free(self->pool, self->ptr);
+  if (rc != VRAM_OK) return raise_status(st, rc, "DeviceBuffer.free", self->pool);
+  self->freed = 1;
+  Py_RETURN_NONE;
+}
+
+static PyObject *DeviceBuffer_record_stream(DeviceBuffer *self, PyObject *arg) {
+  core_state *st = PyType_GetModuleState(Py_TYPE(self));
+  if (st == NULL) return NULL;
+  vram_stream_t stream;
+  if (!stream_converter(arg, &stream)) return NULL;
+  if (self->freed) return raise_status(st, VRAM_EDOUBLEFREE, "record_stream", NULL);
+  int rc = vram_record_stream(self->pool, self->ptr, stream);
+  if (rc != VRAM_OK) return raise_status(st, rc, "record_stream", self->pool);
+  Py_RETURN_NONE;
+}
+
+static PyObject *DeviceBuffer_get_ptr(DeviceBuffer *self, void *closure) {
+  return PyLong_FromVoidPtr(self->freed ? NULL : self->ptr);
+}
+
+static PyObject *DeviceBuffer_get_nbytes(DeviceBuffer *self, void *closure) {
+  return PyLong_FromSsize_t(self->nbytes);
+}
+
+static PyObject *DeviceBuffer_get_device(DeviceBuffer *self, void *closure) {
+  return PyLong_FromLong(self->device);
+}
+
+static PyObject *DeviceBuffer_get_stream(DeviceBuffer *self, void *closure) {
+  if (!self->has_stream) Py_RETURN_NONE;
+  return PyLong_FromVoidPtr(self->stream);
+}
+
+static PyObject *DeviceBuffer_get_freed(DeviceBuffer *self, void *closure) {
+  return PyBool_FromLong(self->freed);
+}
+
+/* Version 3 of Numba's CUDA Array Interface: a 1-D array of nbytes unsigned bytes. */
+static PyObject *DeviceBuffer_get_cai(DeviceBuffer *self, void *closure) {
+  if (self->freed) {
+    core_state *st = PyType_GetModuleState(Py_TYPE(self));
+    if (st == NULL) return NULL;
+    return raise_status(st, VRAM_EDOUBLEFREE, "__cuda_array_interface__", NULL);
+  }
+  PyObject *stream;
+  if (!self->has_stream) {
+    stream = Py_NewRef(Py_None);
+  } else {
+    /* The interface reserves 0; the legacy default stream is spelled 1 there. */
+    stream = self->stream == NULL ? PyLong_FromLong(1) : PyLong_FromVoidPtr(self->stream);
+  }
+  if (stream == NULL) return NULL;
+  return Py_BuildValue("{s:(n),s:s,s:(NO),s:O,s:i,s:N}", "shape", self->nbytes, "typestr",
+                       "|u1", "data", PyLong_FromVoidPtr(self->ptr), Py_False, "strides",
+                       Py_None, "version", 3, "stream", stream);
+}
+
+static PyObject *DeviceBuffer_repr(DeviceBuffer *self) {
+  if (self->freed)
+    return PyUnicode_FromFormat("<vramkit.DeviceBuffer freed nbytes=%zd device=%d>",
+                                self->nbytes, self->device);
+  return PyUnicode_FromFormat("<vramkit.DeviceBuffer ptr=%p nbytes=%zd device=%d>", self->ptr,
+                              self->nbytes, self->device);
+}
+
+static PyMethodDef DeviceBuffer_methods[] = {
+    {"free", (PyCFunction)DeviceBuffer_free, METH_NOARGS,
+     PyDoc_STR("free()\n--\n\nReturn the block to its pool now. A second call raises "
+               "DoubleFreeError.")},
+    {"record_stream", (PyCFunction)DeviceBuffer_record_stream, METH_O,
+     PyDoc_STR("record_stream(stream)\n--\n\nMark the block as used on stream too: it is "
+               "not reused before that stream's queued work completes.")},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef DeviceBuffer_getset[] = {
+    {"ptr", (getter)DeviceBuffer_get_ptr, NULL, PyDoc_STR("device address (0 once freed)"),
+     NULL},
+    {"nbytes", (getter)DeviceBuffer_get_nbytes, NULL, PyDoc_STR("size asked for, in bytes"),
+     NULL},
+    {"device", (getter)DeviceBuffer_get_device, NULL, PyDoc_STR("device ordinal"), NULL},
+    {"stream", (getter)DeviceBuffer_get_stream, NULL,
+     PyDoc_STR("stream handle given to empty(), or None"), NULL},
+    {"freed", (getter)DeviceBuffer_get_freed, NULL, PyDoc_STR("True once free() ran"), NULL},
+    {"__cuda_array_interface__", (getter)DeviceBuffer_get_cai, NULL,
+     PyDoc_STR("CUDA Array Interface, version 3"), NULL},
+    {NULL},
+};
+
+static PyType_Slot DeviceBuffer_slots[] = {
+    {Py_tp_dealloc, DeviceBuffer_dealloc},
+    {Py_tp_repr, DeviceBuffer_repr},
+    {Py_tp_methods, DeviceBuffer_methods},
+    {Py_tp_getset, DeviceBuffer_getset},
+    {Py_tp_doc, "DeviceBuffer: device memory from vramkit.empty(); freed when the last "
+                "reference goes, or by free()."},
+    {0, NULL},
+};
+
+static PyType_Spec DeviceBuffer_spec = {
+    .name = "vramkit.DeviceBuffer",
+    .basicsize = sizeof(DeviceBuffer),
+    /* Not a base type: the hot path relies on the exact layout and dealloc. Instances are
+     * made only by empty(). */
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = DeviceBuffer_slots,
+};
+
+/* ---------------------------------------------------------------------------------------
+ * Pool-wide functions. Each takes a device ordinal; the Python layer resolves names.
+ * ------------------------------------------------------------------------------------- */
+static PyObject *stat_tuple(const vram_stat_t *s) {
+  return Py_BuildValue("(LLL)", (long long)s->current, (long long)s->peak, (long long)s->total);
+}
+
+static PyObject *core_stats(PyObject *module, PyObject *args) {
+  int device;
+  if (!PyArg_ParseTuple(args, "i:stats", &device)) return NULL;
+  core_state *st = get_state(module);
+  vram_pool_t *pool = get_pool(st, device, "stats");
+  if (pool == NULL) return NULL;
+  vram_stats_t s;
+  int rc = vram_get_stats(pool, &s);
+  if (rc != VRAM_OK) return raise_status(st, rc, "stats", pool);
+
+  PyObject *d = PyDict_New();
+  if (d == NULL) return NULL;
+  PyObject *v;
+  /* The engine's own X-macro lists name the fields, so nothing here goes stale. */
+#define ADD(key, expr)                                                                     \
+  v = (expr);                                                                              \
+  if (v == NULL || PyDict_SetItemString(d, key, v) < 0) {                                  \
+    Py_XDECREF(v);                                                                         \
+    Py_DECREF(d);                                                                          \
+    return NULL;                                                                           \
+  }                                                                                        \
+  Py_DECREF(v);
+#define X_STAT(name, doc) ADD(#name, stat_tuple(&s.name))
+#define X_COUNTER(name, doc) ADD(#name, PyLong_FromUnsignedLongLong(s.name))
+  VRAM_STAT_LIST(X_STAT)
+  VRAM_COUNTER_LIST(X_COUNTER)
+#undef X_STAT
+#undef X_COUNTER
+  ADD("largest_free_block", PyLong_FromSize_t(s.largest_free_block))
+  ADD("fragmentation", PyFloat_FromDouble(s.fragmentation))
+  ADD("limit_bytes", PyLong_FromSize_t(s.limit_bytes))
+#undef ADD
+  return d;
+}
+
+/* Shared body of the functions that return a pool's text. */
+static PyObject *text_call(PyObject *module, PyObject *args, const char *format,
+                           const char *what, text_fn fn) {
+  int device;
+  if (!PyArg_ParseTuple(args, format, &device)) return NULL;
+  core_state *st = get_state(module);
+  vram_pool_t *pool = get_pool(st, device, what);
+  if (pool == NULL) return NULL;
+  int rc;
+  PyObject *text = pool_text(pool, fn, &rc);
+  if (text == NULL && rc != VRAM_OK) return raise_status(st, rc, what, pool);
+  return text;
+}
+
+static PyObject *core_summary(PyObject *module, PyObject *args) {
+  return text_call(module, args, "i:summary", "summary", vram_summary);
+}
+
+static PyObject *core_stats_json(PyObject *module, PyObject *args) {
+  return text_call(module, args, "i:stats_json", "stats_json", vram_stats_json);
+}
+
+static PyObject *core_oom_report(PyObject *module, PyObject *args) {
+  return text_call(module, args, "i:oom_report", "oom_report", vram_oom_report);
+}
+
+static PyObject *core_empty_cache(PyObject *module, PyObject *args) {
+  int device;
+  if (!PyArg_ParseTuple(args, "i:empty_cache", &device)) return NULL;
+  core_state *st = get_state(module);
+  vram_pool_t *pool = get_pool(st, device, "empty_cache");
+  if (pool == NULL) return NULL;
+  int rc;
+  /* Releasing segments calls the driver (cuMemFree, unmaps): other threads may run. */
+  Py_BEGIN_ALLOW_THREADS
+  rc = vram_empty_cache(pool);
+  Py_END_ALLOW_THREADS
+  if (rc != VRAM_OK) return raise_status(st, rc, "empty_cache", pool);
+  Py_RETURN_NONE;
+}
+
+static PyObject *core_reset_peak_stats(PyObject *module, PyObject *args) {
+  int device;
+  if (!PyArg_ParseTuple(args, "i:reset_peak_stats", &device)) return NULL;
+  core_state *st = get_state(module);
+  vram_pool_t *pool = get_pool(st, device, "reset_peak_stats");
+  if (pool == NULL) return NULL;
+  int rc = vram_reset_peak_stats(pool);
+  if (rc != VRAM_OK) return raise_status(st, rc, "reset_peak_stats", pool);
+  Py_RETURN_NONE;
+}
+
+static PyObject *core_mem_get_info(PyObject *module, PyObject *args) {
+  int device;
+  if (!PyArg_ParseTuple(args, "i:mem_get_info", &device)) return NULL;
+  core_state *st = get_state(module);
+  vram_pool_t *pool = get_pool(st, device, "mem_get_info");
+  if (pool == NULL) return NULL;
+  size_t free_bytes = 0, total_bytes = 0;
+  int rc = vram_mem_get_info(pool, &free_bytes, &total_bytes);
+  if (rc != VRAM_OK) return raise_status(st, rc, "mem_get_info", pool);
+  return Py_BuildValue("(nn)", (Py_ssize_t)free_bytes, (Py_ssize_t)total_bytes);
+}
+
+static PyObject *core_set_limit(PyObject *module, PyObject *args) {
+  int device;
+  Py_ssize_t nbytes;
+  double fraction;
+  if (!PyArg_ParseTuple(args, "ind:set_limit", &device, &nbytes, &fraction)) return NULL;
+  core_state *st = get_state(module);
+  if (nbytes < 0) {
+    PyErr_Format(st->InvalidArgumentError, "set_limit: nbytes must be >= 0, got %zd", nbytes);
+    return NULL;
+  }
+  vram_pool_t *pool = get_pool(st, device, "set_limit");
+  if (pool == NULL) return NULL;
+  int rc;
+  /* Lowering a limit may release cached segments through the driver. */
+  Py_BEGIN_ALLOW_THREADS
+  rc = vram_set_limit(pool, (size_t)nbytes, fraction);
+  Py_END_ALLOW_THREADS
+  if (rc != VRAM_OK) return raise_status(st, rc, "set_limit", pool);
+  Py_RETURN_NONE;
+}
+
+static PyObject *core_source(PyObject *module, PyObject *args) {
+  int device;
+  if (!PyArg_ParseTuple(args, "i:source", &device)) return NULL;
+  vram_pool_t *pool = get_pool(get_state(module), device, "source");
+  if (pool == NULL) return NULL;
+  return PyUnicode_FromString(vram_source_name(vram_pool_source(pool)));
+}
+
+static PyObject *core_init_pool(PyObject *module, PyObject *args) {
+  int device;
+  if (!PyArg_ParseTuple(args, "i:init_pool", &device)) return NULL;
+  if (get_pool(get_state(module), device, "init_pool") == NULL) return NULL;
+  Py_RETURN_NONE;
+}
+
+static PyObject *core_pool_touched(PyObject *module, PyObject *args) {
+  int device;
+  if (!PyArg_ParseTuple(args, "i:pool_touched", &device)) return NULL;
+  int touched = device >= 0 && device < VRAMKIT_MAX_TRACKED && pool_touched[device];
+  return PyBool_FromLong(touched);
+}
+
+static PyObject *core_device_count(PyObject *module, PyObject *args) {
+  const char *name = "auto";
+  if (!PyArg_ParseTuple(args, "|s:device_count", &name)) return NULL;
+  core_state *st = get_state(module);
+  vram_source_kind kind;
+  int rc = vram_source_parse(name, &kind);
+  if (rc != VRAM_OK) return raise_status(st, rc, "device_count: unknown source", NULL);
+  int count = 0;
+  rc = vram_device_count(kind, &count);
+  if (rc != VRAM_OK) return raise_status(st, rc, "device_count", NULL);
+  return PyLong_FromLong(count);
+}
+
+static PyObject *core_parse_size(PyObject *module, PyObject *args) {
+  const char *text;
+  int allow_percent = 0;
+  if (!PyArg_ParseTuple(args, "s|p:parse_size", &text, &allow_percent)) return NULL;
+  size_t bytes = 0;
+  double fraction = 0.0;
+  int rc = vram_parse_size(text, allow_percent, &bytes, &fraction);
+  if (rc != VRAM_OK) return raise_status(get_state(module), rc, "parse_size", NULL);
+  return Py_BuildValue("(nd)", (Py_ssize_t)bytes, fraction);
+}
+
+static PyObject *core_raise_status(PyObject *module, PyObject *args) {
+  int status;
+  const char *what = "vramkit";
+  if (!PyArg_ParseTuple(args, "i|s:raise_status", &status, &what)) return NULL;
+  if (status == VRAM_OK) Py_RETURN_NONE;
+  return raise_status(get_state(module), status, what, NULL);
+}
+
+static PyObject *core_set_device_resolver(PyObject *module, PyObject *resolver) {
+  if (!PyCallable_Check(resolver)) {
+    PyErr_SetString(PyExc_TypeError, "set_device_resolver: a callable is required");
+    return NULL;
+  }
+  core_state *st = get_state(module);
+  Py_XSETREF(st->device_resolver, Py_NewRef(resolver));
+  Py_RETURN_NONE;
+}
+
+static PyObject *core_strerror(PyObject *module, PyObject *args) {
+  int status;
+  if (!PyArg_ParseTuple(args, "i:strerror", &status)) return NULL;
+  return Py_BuildValue("(ss)", vram_errname(status), vram_strerror(status));
+}
+
+static PyMethodDef core_methods[] = {
+    {"empty", (PyCFunction)(void (*)(void))core_empty, METH_VARARGS | METH_KEYWORDS,
+     PyDoc_STR("empty(nbytes, device=0, stream=None)\n--\n\nAllocate nbytes of device "
+               "memory from the device's default pool; returns a DeviceBuffer.")},
+    {"stats", core_stats, METH_VARARGS,
+     PyDoc_STR("stats(device)\n--\n\nThe pool's vram_stats_t: stats as (current, peak, "
+               "total) tuples, counters as ints.")},
+    {"summary", core_summary, METH_VARARGS,
+     PyDoc_STR("summary(device)\n--\n\nThe pool's text summary table.")},
+    {"stats_json", core_stats_json, METH_VARARGS,
+     PyDoc_STR("stats_json(device)\n--\n\nThe pool's statistics as a JSON string.")},
+    {"oom_report", core_oom_report, METH_VARARGS,
+     PyDoc_STR("oom_report(device)\n--\n\nThe report of the pool's last OOM ('' if none).")},
+    {"empty_cache", core_empty_cache, METH_VARARGS,
+     PyDoc_STR("empty_cache(device)\n--\n\nReturn fully free cached segments to the driver.")},
+    {"reset_peak_stats", core_reset_peak_stats, METH_VARARGS,
+     PyDoc_STR("reset_peak_stats(device)\n--\n\nSet every peak to its current value.")},
+    {"mem_get_info", core_mem_get_info, METH_VARARGS,
+     PyDoc_STR("mem_get_info(device)\n--\n\n(free, total) bytes of the device.")},
+    {"set_limit", core_set_limit, METH_VARARGS,
+     PyDoc_STR("set_limit(device, nbytes, fraction)\n--\n\nHard limit on reserved memory; "
+               "0 and 0.0 remove it.")},
+    {"source", core_source, METH_VARARGS,
+     PyDoc_STR("source(device)\n--\n\nName of the memory source behind the pool.")},
+    {"init_pool", core_init_pool, METH_VARARGS,
+     PyDoc_STR("init_pool(device)\n--\n\nCreate the device's default pool now, from the "
+               "VRAMKIT_* environment.")},
+    {"pool_touched", core_pool_touched, METH_VARARGS,
+     PyDoc_STR("pool_touched(device)\n--\n\nWhether this process has used the device's pool "
+               "from Python.")},
+    {"device_count", core_device_count, METH_VARARGS,
+     PyDoc_STR("device_count(source='auto')\n--\n\nDevices the source can see.")},
+    {"parse_size", core_parse_size, METH_VARARGS,
+     PyDoc_STR("parse_size(text, allow_percent=False)\n--\n\n(bytes, fraction) of a size "
+               "such as '64K', '1.5G' or '30%'.")},
+    {"raise_status", core_raise_status, METH_VARARGS,
+     PyDoc_STR("raise_status(status, what='vramkit')\n--\n\nRaise the exception a status "
+               "code maps to (None for 0).")},
+    {"set_device_resolver", core_set_device_resolver, METH_O,
+     PyDoc_STR("set_device_resolver(fn)\n--\n\nfn(device) -> ordinal, used by empty() for "
+               "device arguments that are not ints.")},
+    {"strerror", core_strerror, METH_VARARGS,
+     PyDoc_STR("strerror(status)\n--\n\n(name, message) of a status code.")},
+    {NULL, NULL, 0, NULL},
+};
+
+/* ---------------------------------------------------------------------------------------
+ * Module: multi-phase init.
+ * ------------------------------------------------------------------------------------- */
+
+/* Make one exception type with the given bases, store it in *slot and on the module. */
+static int add_exception(PyObject *module, PyObject **slot, const char *name, const char *doc,
+                         PyObject *bases) {
+  char qualified[96];
+  PyOS_snprintf(qualified, sizeof qualified, "vramkit.%s", name);
+  *slot = PyErr_NewExceptionWithDoc(qualified, doc, bases, NULL);
+  Py_DECREF(bases);
+  if (*slot == NULL) return -1;
+  return PyModule_AddObjectRef(module, name, *slot);
+}
+
+static int core_exec(PyObject *module) {
+  core_state *st = get_state(module);
+  PyObject *b;
+
+  if (add_exception(module, &st->VramError, "VramError",
+                    "Base class of every error vramkit raises; .status, .errname and "
+                    ".report (None unless out of memory) describe it.",
+                    Py_BuildValue("(O)", PyExc_Exception)) < 0)
+    return -1;
+#define SUB(slot, name, doc, ...)                                                          \
+  b = Py_BuildValue(__VA_ARGS__);                                                          \
+  if (b == NULL || add_exception(module, &st->slot, name, doc, b) < 0) return -1;
+  SUB(OutOfMemoryError, "OutOfMemoryError",
+      "Device memory ran out; the message and .report are the pool's OOM report.", "(OO)",
+      st->VramError, PyExc_MemoryError)
+  SUB(HostMemoryError, "HostMemoryError", "Host memory for the allocator's metadata ran out.",
+      "(OO)", st->VramError, PyExc_MemoryError)
+  SUB(InvalidArgumentError, "InvalidArgumentError",
+      "A size, option or argument the allocator cannot accept.", "(OO)", st->VramError,
+      PyExc_ValueError)
+  SUB(InvalidDeviceError, "InvalidDeviceError", "No such device.", "(OO)", st->VramError,
+      PyExc_ValueError)
+  SUB(ConfigError, "ConfigError", "A bad VRAMKIT_* environment variable or option.", "(OO)",
+      st->VramError, PyExc_ValueError)
+  SUB(AllocatorError, "AllocatorError", "A pointer or pool used in a way the pool refuses.",
+      "(OO)", st->VramError, PyExc_RuntimeError)
+  SUB(DoubleFreeError, "DoubleFreeError", "The block was already freed.", "(O)",
+      st->AllocatorError)
+  SUB(ForeignPointerError, "ForeignPointerError", "The pointer did not come from this pool.",
+      "(O)", st->AllocatorError)
+  SUB(BusyError, "BusyError", "The pool still has live allocations.", "(O)",
+      st->AllocatorError)
+  SUB(DriverError, "DriverError", "A CUDA driver call failed.", "(OO)", st->VramError,
+      PyExc_RuntimeError)
+  SUB(NoDriverError, "NoDriverError", "No CUDA driver could be loaded.", "(O)",
+      st->DriverError)
+  SUB(UnsupportedError, "UnsupportedError",
+      "The memory source does not support this operation.", "(OO)", st->VramError,
+      PyExc_NotImplementedError)
+#undef SUB
+
+  st->DeviceBuffer_Type =
+      (PyTypeObject *)PyType_FromModuleAndSpec(module, &DeviceBuffer_spec, NULL);
+  if (st->DeviceBuffer_Type == NULL) return -1;
+  if (PyModule_AddType(module, st->DeviceBuffer_Type) < 0) return -1;
+
+  if (PyModule_AddStringConstant(module, "VERSION", VRAMKIT_VERSION) < 0) return -1;
+  /* The status codes, by name, for callers that test .status. */
+#define X_CODE(name, value, text)                                                          \
+  if (PyModule_AddIntConstant(module, #name, value) < 0) return -1;
+  VRAM_STATUS_LIST(X_CODE)
+#undef X_CODE
+  return 0;
+}
+
+static int core_traverse(PyObject *module, visitproc visit, void *arg) {
+  core_state *st = get_state(module);
+  Py_VISIT(st->VramError);
+  Py_VISIT(st->OutOfMemoryError);
+  Py_VISIT(st->HostMemoryError);
+  Py_VISIT(st->InvalidArgumentError);
+  Py_VISIT(st->InvalidDeviceError);
+  Py_VISIT(st->ConfigError);
+  Py_VISIT(st->AllocatorError);
+  Py_VISIT(st->DoubleFreeError);
+  Py_VISIT(st->ForeignPointerError);
+  Py_VISIT(st->BusyError);
+  Py_VISIT(st->DriverError);
+  Py_VISIT(st->NoDriverError);
+  Py_VISIT(st->UnsupportedError);
+  Py_VISIT(st->DeviceBuffer_Type);
+  Py_VISIT(st->device_resolver);
+  return 0;
+}
+
+static int core_clear(PyObject *module) {
+  core_state *st = get_state(module);
+  Py_CLEAR(st->VramError);
+  Py_CLEAR(st->OutOfMemoryError);
+  Py_CLEAR(st->HostMemoryError);
+  Py_CLEAR(st->InvalidArgumentError);
+  Py_CLEAR(st->InvalidDeviceError);
+  Py_CLEAR(st->ConfigError);
+  Py_CLEAR(st->AllocatorError);
+  Py_CLEAR(st->DoubleFreeError);
+  Py_CLEAR(st->ForeignPointerError);
+  Py_CLEAR(st->BusyError);
+  Py_CLEAR(st->DriverError);
+  Py_CLEAR(st->NoDriverError);
+  Py_CLEAR(st->UnsupportedError);
+  Py_CLEAR(st->DeviceBuffer_Type);
+  Py_CLEAR(st->device_resolver);
+  return 0;
+}
+
+static void core_free(void *module) { core_clear((PyObject *)module); }
+
+static PyModuleDef_Slot core_slots[] = {
+    {Py_mod_exec, core_exec},
+    {0, NULL},
+};
+
+static struct PyModuleDef core_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "vramkit._core",
+    .m_doc = "Thin CPython layer over vramkit's C API. Use the vramkit package instead.",
+    .m_size = sizeof(core_state),
+    .m_methods = core_methods,
+    .m_slots = core_slots,
+    .m_traverse = core_traverse,
+    .m_clear = core_clear,
+    .m_free = core_free,
+};
+
+PyMODINIT_FUNC PyInit__core(void) { return PyModuleDef_Init(&core_module); }

@@ -1,0 +1,327 @@
+"""The vramkit Python API on the sim source: allocation, statistics, errors, arguments.
+
+Tests here share the process's default pools (sim, from conftest), so they assert on
+differences; tests that need exact figures from fresh pools are in test_exact.py.
+"""
+
+import gc
+import sys
+import threading
+
+import pytest
+
+import vramkit
+from vramkit import _core
+from conftest import KiB, MiB
+
+# Device 0 is shared by the in-process tests; each test frees what it allocates.
+DEV = 0
+
+
+def allocated(device=DEV):
+    return vramkit.memory_allocated(device)
+
+
+def test_import_needs_no_framework(run):
+    out = run("""
+        import sys, vramkit
+        print(sorted(m for m in ('torch', 'cupy', 'numba') if m in sys.modules))
+    """).stdout
+    assert out.strip() == "[]"
+
+
+def test_empty_returns_device_buffer_with_cuda_array_interface():
+    before = allocated()
+    buf = vramkit.empty(1000)
+    assert isinstance(buf, vramkit.DeviceBuffer)
+    assert buf.nbytes == 1000 and buf.device == 0 and buf.stream is None
+    assert buf.ptr != 0 and buf.ptr % 512 == 0
+    cai = buf.__cuda_array_interface__
+    assert cai == {"shape": (1000,), "typestr": "|u1", "data": (buf.ptr, False),
+                   "strides": None, "version": 3, "stream": None}
+    assert allocated() - before == 1024
+    del buf
+    assert allocated() == before
+
+
+def test_stream_is_reported_in_interface():
+    buf = vramkit.empty(512, stream=0x1234)
+    assert buf.stream == 0x1234
+    assert buf.__cuda_array_interface__["stream"] == 0x1234
+    # The interface reserves 0: the legacy default stream is 1 there.
+    assert vramkit.empty(512, stream=0).__cuda_array_interface__["stream"] == 1
+
+    class TorchLikeStream:
+        cuda_stream = 0x55
+
+    class CupyLikeStream:
+        ptr = 0x66
+
+    assert vramkit.empty(16, stream=TorchLikeStream()).stream == 0x55
+    assert vramkit.empty(16, stream=CupyLikeStream()).stream == 0x66
+    with pytest.raises(TypeError, match="stream"):
+        vramkit.empty(16, stream="default")
+
+
+def test_refcount_frees_when_last_reference_goes():
+    before = allocated()
+    buf = vramkit.empty(4096)
+    alias = buf
+    holder = [buf]
+    del buf
+    assert allocated() - before == 4096
+    del alias
+    assert allocated() - before == 4096
+    holder.clear()
+    assert allocated() == before
+    assert sys.getrefcount(vramkit.empty(8)) == 2  # no hidden references
+
+
+def test_manual_free_and_double_free():
+    before = allocated()
+    buf = vramkit.empty(2048)
+    ptr = buf.ptr
+    buf.free()
+    assert allocated() == before and buf.freed and buf.ptr == 0
+    with pytest.raises(vramkit.DoubleFreeError) as info:
+        buf.free()
+    assert isinstance(info.value, vramkit.AllocatorError)
+    assert isinstance(info.value, RuntimeError)
+    assert info.value.errname == "VRAM_EDOUBLEFREE" and info.value.status == -3
+    with pytest.raises(vramkit.DoubleFreeError):
+        buf.__cuda_array_interface__
+    assert "freed" in repr(buf) and hex(ptr)[2:] not in repr(buf)
+    del buf  # dealloc after free() must not free again
+    gc.collect()
+    assert allocated() == before
+
+
+def test_size_zero():
+    before = vramkit.memory_stats()
+    buf = vramkit.empty(0)
+    assert buf.ptr == 0 and buf.nbytes == 0
+    assert buf.__cuda_array_interface__["shape"] == (0,)
+    assert vramkit.memory_allocated() == before["allocated_bytes.all.current"]
+    buf.free()
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="nbytes must be >= 0"):
+        vramkit.empty(-1)
+    with pytest.raises(vramkit.InvalidArgumentError):
+        vramkit.empty(-1)
+    with pytest.raises(TypeError):
+        vramkit.empty("1024")
+    with pytest.raises(TypeError):
+        vramkit.empty(1.5)
+    with pytest.raises(TypeError):
+        vramkit.empty()
+    with pytest.raises(TypeError):
+        vramkit.empty(16, bogus=1)
+    with pytest.raises(OverflowError):
+        vramkit.empty(1 << 80)
+    with pytest.raises((vramkit.InvalidArgumentError, vramkit.OutOfMemoryError)):
+        vramkit.empty(sys.maxsize)
+    with pytest.raises(TypeError):
+        vramkit.DeviceBuffer()
+
+
+def test_unknown_devices_are_clear_errors():
+    with pytest.raises(vramkit.InvalidDeviceError) as info:
+        vramkit.empty(16, device=99)
+    assert isinstance(info.value, ValueError) and info.value.errname == "VRAM_EDEVICE"
+    for bad in (99, "cuda:99", "GPU:99", -1):
+        with pytest.raises(vramkit.InvalidDeviceError):
+            vramkit.memory_allocated(bad)
+    for bad in ("tpu:0", "cuda:x", "GPU0x", ""):
+        with pytest.raises(vramkit.InvalidDeviceError, match="unknown device"):
+            vramkit.memory_allocated(bad)
+    for bad in (1.0, True, [0]):
+        with pytest.raises(TypeError):
+            vramkit.memory_allocated(bad)
+        with pytest.raises(TypeError):
+            vramkit.empty(16, device=bad)
+    for bad in (-1, "cuda:99", "tpu:0"):
+        with pytest.raises(vramkit.InvalidDeviceError):
+            vramkit.empty(16, device=bad)
+
+
+def test_device_names():
+    class TorchDevice:
+        type, index = "cuda", 1
+
+    class TfDevice:
+        name, device_type = "/physical_device:GPU:1", "GPU"
+
+    names = [1, "cuda:1", "GPU:1", "gpu:1", "/device:GPU:1", "/physical_device:GPU:1",
+             TorchDevice(), TfDevice()]
+    buf = vramkit.empty(1536, device=1)
+    assert vramkit.empty(0, device="cuda:1").device == 1
+    assert vramkit.empty(0, device=TorchDevice()).device == 1
+    for name in names:
+        assert vramkit.get_memory_info(name)["current"] == 1536, name
+    assert vramkit._device("cuda") == 0 and vramkit._device(None) == 0
+    del buf
+
+
+def test_memory_stats_keys_follow_pytorch():
+    stats = vramkit.memory_stats()
+    for key in ("allocated_bytes.all.current", "allocated_bytes.all.peak",
+                "allocated_bytes.all.allocated", "allocated_bytes.all.freed",
+                "reserved_bytes.all.current", "reserved_bytes.all.peak",
+                "active_bytes.all.current", "requested_bytes.all.current",
+                "segment.all.current", "allocation.all.current", "active.all.current",
+                "num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free",
+                "largest_free_block", "fragmentation", "limit_bytes"):
+        assert key in stats, key
+    assert stats["allocated_bytes.all.current"] == vramkit.memory_allocated()
+    assert stats["reserved_bytes.all.peak"] == vramkit.max_memory_reserved()
+    raw = vramkit.memory_stats_raw()
+    assert raw["allocated_bytes"][0] == stats["allocated_bytes.all.current"]
+
+
+def test_peaks_and_reset():
+    d = 4
+    a = vramkit.empty(8 * KiB, device=d)
+    b = vramkit.empty(8 * KiB, device=d)
+    peak = vramkit.max_memory_allocated(d)
+    del b
+    assert vramkit.max_memory_allocated(d) == peak
+    assert vramkit.memory_allocated(d) == peak - 8 * KiB
+    vramkit.reset_peak_memory_stats(d)
+    assert vramkit.max_memory_allocated(d) == vramkit.memory_allocated(d)
+    vramkit.reset_memory_stats(f"GPU:{d}")
+    info = vramkit.get_memory_info(f"GPU:{d}")
+    assert info == {"current": 8 * KiB, "peak": 8 * KiB}
+    del a
+
+
+def test_empty_cache_returns_free_segments():
+    d = 5
+    bufs = [vramkit.empty(3 * MiB, device=d) for _ in range(3)]
+    assert vramkit.memory_reserved(d) >= 9 * MiB
+    del bufs
+    assert vramkit.memory_reserved(d) >= 9 * MiB  # cached, not returned
+    vramkit.empty_cache(d)
+    assert vramkit.memory_reserved(d) == 0
+    assert vramkit.max_memory_reserved(d) >= 9 * MiB
+    vramkit.empty_cache()  # every pool this process used
+
+
+def test_mem_get_info_and_summary_and_source():
+    free, total = vramkit.mem_get_info()
+    assert total == 4 << 30 and 0 <= free <= total
+    text = vramkit.memory_summary()
+    assert isinstance(text, str) and "allocated" in text
+    assert vramkit.source() == "sim"
+    assert vramkit.device_count("sim") == 8
+
+
+def test_per_process_memory_fraction():
+    d = 6
+    vramkit.set_per_process_memory_fraction(0.25, d)
+    assert vramkit.memory_stats(d)["limit_bytes"] == 1 << 30
+    with pytest.raises(vramkit.OutOfMemoryError):
+        vramkit.empty(2 << 30, device=d)
+    vramkit.set_per_process_memory_fraction(1.0, d)
+    with pytest.raises(ValueError):
+        vramkit.set_per_process_memory_fraction(1.5, d)
+    with pytest.raises(TypeError):
+        vramkit.set_per_process_memory_fraction("half", d)
+
+
+def test_memory_growth_after_use_raises():
+    d = 0
+    vramkit.memory_allocated(d)  # the pool is in use now
+    vramkit.set_memory_growth(d, True)  # already so: accepted, as TensorFlow does
+    with pytest.raises(RuntimeError, match="cannot be modified after being initialized"):
+        vramkit.set_memory_growth(d, False)
+    with pytest.raises(RuntimeError, match="already in use"):
+        vramkit.configure(d, limit="1G")
+    with pytest.raises(TypeError):
+        vramkit.set_memory_growth(d, "yes")
+
+
+def test_configure_rejects_bad_options():
+    with pytest.raises(ValueError, match="source"):
+        vramkit.configure(7, source="tpu")
+    with pytest.raises(ValueError, match="limit"):
+        vramkit.configure(7, limit="lots")
+    with pytest.raises(ValueError, match="limit"):
+        vramkit.configure(7, limit=-5)
+    with pytest.raises(ValueError, match="preallocate"):
+        vramkit.configure(7, preallocate=1.5)
+    with pytest.raises(TypeError):
+        vramkit.configure(7, sim_capacity=[1])
+    assert not _core.pool_touched(7)  # nothing was created by the failures
+
+
+def test_set_memory_limit_arguments():
+    with pytest.raises(ValueError):
+        vramkit.set_memory_limit(0, -1)
+    with pytest.raises(TypeError):
+        vramkit.set_memory_limit(0, "1G")
+
+
+def test_every_status_maps_to_its_exception():
+    expected = {
+        _core.VRAM_ENOMEM: (vramkit.OutOfMemoryError, MemoryError),
+        _core.VRAM_EINVAL: (vramkit.InvalidArgumentError, ValueError),
+        _core.VRAM_EDOUBLEFREE: (vramkit.DoubleFreeError, vramkit.AllocatorError),
+        _core.VRAM_EFOREIGN: (vramkit.ForeignPointerError, vramkit.AllocatorError),
+        _core.VRAM_ETOOBIG: (vramkit.InvalidArgumentError, ValueError),
+        _core.VRAM_EDEVICE: (vramkit.InvalidDeviceError, ValueError),
+        _core.VRAM_ENODRIVER: (vramkit.NoDriverError, RuntimeError),
+        _core.VRAM_EDRIVER: (vramkit.DriverError, RuntimeError),
+        _core.VRAM_EBUSY: (vramkit.BusyError, vramkit.AllocatorError),
+        _core.VRAM_EENV: (vramkit.ConfigError, ValueError),
+        _core.VRAM_ETRACE: (vramkit.InvalidArgumentError, ValueError),
+        _core.VRAM_EIO: (vramkit.DriverError, RuntimeError),
+        _core.VRAM_EHOSTMEM: (vramkit.HostMemoryError, MemoryError),
+        _core.VRAM_EUNSUPPORTED: (vramkit.UnsupportedError, NotImplementedError),
+        _core.VRAM_EFAULT: (vramkit.DriverError, RuntimeError),
+    }
+    for status, (cls, base) in expected.items():
+        with pytest.raises(cls) as info:
+            _core.raise_status(status, "probe")
+        exc = info.value
+        assert isinstance(exc, base) and isinstance(exc, vramkit.VramError)
+        assert exc.status == status
+        name, message = _core.strerror(status)
+        assert exc.errname == name and message in str(exc) and "probe" in str(exc)
+    assert _core.raise_status(0) is None
+    with pytest.raises(vramkit.VramError):
+        _core.raise_status(-999)
+
+
+def test_threads_allocate_and_free_concurrently():
+    d = 2
+    base = vramkit.memory_allocated(d)
+    errors = []
+
+    def work(seed):
+        try:
+            for i in range(2000):
+                bufs = [vramkit.empty(512 * ((seed + i + k) % 64 + 1), device=d)
+                        for k in range(4)]
+                del bufs
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert vramkit.memory_allocated(d) == base
+
+
+def test_last_oom_report_without_torch():
+    assert isinstance(vramkit.last_oom_report(), str)
+
+
+def test_integrations_load_lazily():
+    assert "vramkit.torch" not in sys.modules or "torch" in sys.modules
+    with pytest.raises(AttributeError):
+        vramkit.no_such_thing
