@@ -165,7 +165,7 @@ def empty_cache(device=None) -> None:
         _core.empty_cache(_device(device))
         return
     for d in range(_TRACKED_DEVICES):
-        if _core.pool_touched(d):
+        if _pool_in_use(d):
             _core.empty_cache(d)
 
 
@@ -245,7 +245,7 @@ def set_memory_growth(device, enabled: bool) -> None:
         raise TypeError("enabled must be a bool")
     d = _device(device)
     with _config_lock:
-        if _core.pool_touched(d):
+        if _pool_in_use(d):
             if _modes.get(d, True) == enabled:
                 return  # already so; TensorFlow accepts a repeat too
             raise RuntimeError(
@@ -332,7 +332,7 @@ def configure(
     if sim_capacity is not None:
         env["VRAMKIT_SIM_CAPACITY"] = _size_text("sim_capacity", sim_capacity, False)
     with _config_lock:
-        if _core.pool_touched(d):
+        if _pool_in_use(d):
             raise RuntimeError(
                 f"vramkit.configure(): the pool of device {d} is already in use; configure "
                 f"it before its first allocation or statistics call"
@@ -358,6 +358,15 @@ def _create_pool(device: int, env: dict) -> None:
                 _os.environ.pop(k, None)
             else:
                 _os.environ[k] = v
+
+
+def _pool_in_use(device: int) -> bool:
+    """Whether the device's default pool exists: used from Python, or by PyTorch through
+    the vramkit.torch hooks."""
+    if _core.pool_touched(device):
+        return True
+    hooks = _torch_hooks_if_loaded()
+    return bool(hooks is not None and hooks.vramkit_torch_device_used(device))
 
 
 def _torch_hooks_if_loaded():
