@@ -559,15 +559,20 @@ static int free_after_events(vram_pool_t *pool, vram_block *b) {
 }
 
 static int free_locked(vram_pool_t *pool, uintptr_t addr) {
-  vram_block *b = _vram_ptrmap_get(&pool->ptrs, addr);
+  /* One probe: remove first, put back in the rare cases that keep the block mapped. */
+  vram_block *b = _vram_ptrmap_remove(&pool->ptrs, addr);
   if (!b) return classify_unknown_pointer(pool, addr);
-  if (b->state == VRAM_BLOCK_PENDING) return VRAM_EDOUBLEFREE;
+  if (b->state == VRAM_BLOCK_PENDING || (b->uses && b->uses->count)) {
+    int rc = _vram_ptrmap_insert(&pool->ptrs, addr, b); /* cannot grow: it was there */
+    vram_assert(rc == VRAM_OK);
+    (void)rc;
+    if (b->state == VRAM_BLOCK_PENDING) return VRAM_EDOUBLEFREE;
+  }
   size_t size = b->size, requested = b->requested;
   if (b->uses && b->uses->count) {
     int rc = free_after_events(pool, b);
     if (rc) return rc;
   } else {
-    _vram_ptrmap_remove(&pool->ptrs, addr);
     _vram_stat_add(&pool->stats.active_bytes, -(int64_t)size);
     _vram_stat_add(&pool->stats.active, -1);
     block_make_free(pool, b);
