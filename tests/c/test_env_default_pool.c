@@ -1,0 +1,138 @@
+/* test_env_default_pool.c - the process-wide default pools and the VRAMKIT_* variables.
+ *
+ * vram_default_pool(device) creates a device's pool on first use from the environment and
+ * returns the same pool afterwards. With VRAMKIT_SOURCE=sim and VRAMKIT_SIM_CAPACITY=1G:
+ * one pool per device, the capacity enforced, VRAMKIT_LIMIT and VRAMKIT_PREALLOCATE
+ * applied; a bad variable makes vram_default_pool return VRAM_EENV (and creates nothing,
+ * so a later call with a fixed environment succeeds); bad devices give VRAM_EDEVICE.
+ * The tests run in order in one process: the default pools are process state.
+ */
+#include "vt.h"
+
+static void env_reset(void) {
+  unsetenv("VRAMKIT_LIMIT");
+  unsetenv("VRAMKIT_PREALLOCATE");
+  unsetenv("VRAMKIT_RELEASE_THRESHOLD");
+  setenv("VRAMKIT_SOURCE", "sim", 1);
+  setenv("VRAMKIT_SIM_CAPACITY", "1G", 1);
+}
+
+static void t_same_pool_and_capacity(void **state) {
+  (void)state;
+  env_reset();
+  vram_pool_t *a = NULL, *b = NULL;
+  VT_OK(vram_default_pool(0, &a));
+  assert_non_null(a);
+  VT_OK(vram_default_pool(0, &b));
+  assert_ptr_equal(a, b);
+  VT_VALID(a);
+  assert_int_equal(vram_pool_source(a), VRAM_SOURCE_SIM);
+  assert_int_equal(vram_pool_device(a), 0);
+  size_t fr = 0, total = 0;
+  VT_OK(vram_mem_get_info(a, &fr, &total));
+  assert_int_equal(total, 1 * VT_GiB);
+  void *p = NULL;
+  VT_EXPECT(vram_malloc(a, 1 * VT_GiB + 1, NULL, &p), VRAM_ENOMEM);
+  VT_VALID(a);
+  VT_EXPECT(vram_malloc(a, 2 * VT_GiB, NULL, &p), VRAM_ENOMEM);
+  VT_VALID(a);
+  void *x = NULL, *y = NULL;
+  VT_OK(vram_malloc(a, 600 * VT_MiB, NULL, &x));
+  VT_EXPECT(vram_malloc(a, 600 * VT_MiB, NULL, &y), VRAM_ENOMEM);
+  VT_VALID(a);
+  VT_OK(vram_free(a, x));
+  VT_OK(vram_malloc(a, 1 * VT_GiB, NULL, &y)); /* the whole device, after the ladder */
+  VT_OK(vram_free(a, y));
+  VT_OK(vram_empty_cache(a));
+  VT_VALID(a);
+  /* Changing the environment later does not touch the existing pool. */
+  setenv("VRAMKIT_SIM_CAPACITY", "64M", 1);
+  VT_OK(vram_default_pool(0, &b));
+  assert_ptr_equal(a, b);
+  VT_OK(vram_mem_get_info(b, &fr, &total));
+  assert_int_equal(total, 1 * VT_GiB);
+  env_reset();
+}
+
+static void t_bad_env(void **state) {
+  (void)state;
+  static const struct {
+    const char *var, *value;
+  } bad[] = {{"VRAMKIT_LIMIT", "abc"},
+             {"VRAMKIT_SOURCE", "nope"},
+             {"VRAMKIT_SIM_CAPACITY", "-5"},
+             {"VRAMKIT_PREALLOCATE", "150%"}};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    env_reset();
+    setenv(bad[i].var, bad[i].value, 1);
+    vram_pool_t *p = NULL;
+    int rc = vram_default_pool(1, &p);
+    if (rc != VRAM_EENV)
+      fail_msg("%s=%s: vram_default_pool = %s, expected VRAM_EENV", bad[i].var, bad[i].value,
+               vram_errname(rc));
+    /* The device-0 pool exists already: it is returned whatever the environment says. */
+    vram_pool_t *zero = NULL;
+    VT_OK(vram_default_pool(0, &zero));
+    VT_VALID(zero);
+  }
+  /* With the environment fixed, device 1 gets its pool: a failure created nothing. */
+  env_reset();
+  vram_pool_t *one = NULL, *zero = NULL;
+  VT_OK(vram_default_pool(1, &one));
+  VT_OK(vram_default_pool(0, &zero));
+  assert_non_null(one);
+  assert_ptr_not_equal(one, zero);
+  assert_int_equal(vram_pool_device(one), 1);
+  void *p = NULL;
+  VT_OK(vram_malloc(one, 5000, NULL, &p));
+  VT_OK(vram_free(one, p));
+  VT_VALID(one);
+}
+
+static void t_limit_and_preallocate_from_env(void **state) {
+  (void)state;
+  env_reset();
+  setenv("VRAMKIT_LIMIT", "256M", 1);
+  vram_pool_t *p2 = NULL;
+  VT_OK(vram_default_pool(2, &p2));
+  vram_stats_t s = vt_stats(p2);
+  assert_int_equal(s.limit_bytes, 256 * VT_MiB);
+  void *p = NULL;
+  VT_EXPECT(vram_malloc(p2, 300 * VT_MiB, NULL, &p), VRAM_ENOMEM);
+  VT_VALID(p2);
+
+  env_reset();
+  setenv("VRAMKIT_LIMIT", "25%", 1);
+  setenv("VRAMKIT_PREALLOCATE", "64M", 1);
+  vram_pool_t *p3 = NULL;
+  VT_OK(vram_default_pool(3, &p3));
+  s = vt_stats(p3);
+  assert_int_equal(s.limit_bytes, 256 * VT_MiB);
+  assert_true(s.reserved_bytes.current >= (int64_t)(64 * VT_MiB));
+  VT_OK(vram_malloc(p3, 32 * VT_MiB, NULL, &p));
+  assert_int_equal(vt_stats(p3).num_device_alloc, s.num_device_alloc);
+  VT_OK(vram_free(p3, p));
+  VT_VALID(p3);
+  env_reset();
+}
+
+static void t_bad_device(void **state) {
+  (void)state;
+  env_reset();
+  vram_pool_t *p = NULL;
+  VT_EXPECT(vram_default_pool(-1, &p), VRAM_EDEVICE);
+  VT_EXPECT(vram_default_pool(8, &p), VRAM_EDEVICE);
+  VT_EXPECT(vram_default_pool(1000, &p), VRAM_EDEVICE);
+  VT_EXPECT(vram_default_pool(0, NULL), VRAM_EINVAL);
+}
+
+int main(void) {
+  env_reset();
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(t_same_pool_and_capacity),
+      cmocka_unit_test(t_bad_env),
+      cmocka_unit_test(t_limit_and_preallocate_from_env),
+      cmocka_unit_test(t_bad_device),
+  };
+  return cmocka_run_group_tests_name("env_default_pool", tests, NULL, NULL) ? 1 : 0;
+}
