@@ -1,0 +1,238 @@
+#!/usr/bin/env bash
+# bench/gpu_bench.sh - every GPU figure of bench/RESULTS.md in one run on the GPU machine.
+#
+# Run from the repository root (or anywhere: it changes there) on a machine with an NVIDIA
+# GPU, nvcc, cmake and python3 with torch; no network is used. Before the call, copy the
+# instruments and traces next to the tree:
+#     .gpu/anchors/  <- shared/anchors      .gpu/traces/ <- shared/traces
+# (without .gpu/traces the project's copies in data/traces are used).
+#
+# Everything lands in $OUT (default .gpu/out) as *.txt and *.jsonl, one file per step, with
+# each step's stderr beside it (*.stderr.txt) and its exit status and duration in
+# steps.txt; a compact table goes to stdout at the end (bench/gpu_table.py). Steps run in
+# order of importance under a time budget (GPU_BENCH_BUDGET_S, default 450 s, i.e. 7.5
+# minutes), each with its own timeout, so a slow step costs its own figure, not the run.
+#
+# Steps, in this order: build vramkit (cmake, Release, into build-gpu/) and the anchors
+# (per their README, into .gpu/anchors-build/); the anchors' micro (cudaMalloc,
+# cudaMallocAsync, VMM map); vramkit bench pair and random on cuda, vmm and managed;
+# vramkit replay --json --min-capacity --baseline --warm on cuda, vmm, sim and sim:vmm;
+# vramkit bench scale; the C tests with VRAMKIT_TEST_GPU=1 (ctest); torch_bench native and
+# expandable_segments; torch_replay through cudaMallocAsync, then PyTorch native and
+# expandable_segments; tests/python/gpu_check.py (the package installed from a wheel
+# carried in .whl/, or built from the tree if scikit-build-core is there). Failures are
+# allowed everywhere: each is recorded and the run goes on.
+#
+# torch_replay's min-capacity bisection is the slow part. It runs one trace per call with a
+# timeout; bert_infer_varlen bisects to 4 MiB instead of 1 MiB (TORCH_BISECT_MIB_BERT, our
+# copy of torch_replay.cpp reads the resolution from TORCH_REPLAY_BISECT_MIB and is the
+# anchor unchanged without it); a trace whose bisection times out is rerun without one, so
+# its reserved/live ratio still comes, with min_capacity null.
+#
+# GPU_BENCH_STEPS picks step groups, run in this order (default: all of them): micro
+# vramkit ctest torch_bench torch_replay gpu_check. A step the budget cut off is listed as
+# skipped in steps.txt; a second call for just its group (say GPU_BENCH_STEPS=gpu_check)
+# reuses the builds of the first where the machine kept them.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+ROOT=$PWD
+GPU_DIR=$ROOT/.gpu
+OUT=${OUT:-$GPU_DIR/out}
+BUDGET=${GPU_BENCH_BUDGET_S:-450}
+BERT_MIB=${TORCH_BISECT_MIB_BERT:-4}
+STEPS=${GPU_BENCH_STEPS:-micro vramkit ctest torch_bench torch_replay gpu_check}
+JOBS=$(nproc 2>/dev/null || echo 8)
+BUILD=$ROOT/build-gpu
+ANCHORS=$GPU_DIR/anchors
+ANCHOR_BUILD=$GPU_DIR/anchors-build
+TRACES_DIR=$GPU_DIR/traces
+[ -d "$TRACES_DIR" ] || TRACES_DIR=$ROOT/data/traces
+mkdir -p "$OUT" "$ANCHOR_BUILD"
+: > "$OUT/steps.txt"
+START=$SECONDS
+
+wants() { [[ " $STEPS " == *" $1 "* ]]; }
+note() { echo "[gpu_bench $((SECONDS - START))s] $*" >&2; }
+
+# step NAME.EXT TIMEOUT_S COMMAND...: stdout to $OUT/NAME.EXT, stderr beside it. The
+# timeout shrinks to what is left of the budget; past the budget the step is skipped.
+step() {
+  local file=$1 limit=$2
+  shift 2
+  local left=$((BUDGET - (SECONDS - START)))
+  if ((left < 5)); then
+    echo "${file%.*} skipped: time budget spent" >>"$OUT/steps.txt"
+    note "skip ${file%.*} (budget spent)"
+    return 99
+  fi
+  ((limit > left)) && limit=$left
+  note "run ${file%.*} (timeout ${limit}s)"
+  local began=$SECONDS
+  timeout -k 5 "$limit" "$@" >"$OUT/$file" 2>"$OUT/${file%.*}.stderr.txt"
+  local rc=$?
+  local verdict="rc=$rc"
+  ((rc == 124 || rc == 137)) && verdict="rc=$rc TIMEOUT after ${limit}s"
+  echo "${file%.*} $verdict seconds=$((SECONDS - began))" >>"$OUT/steps.txt"
+  return $rc
+}
+
+# ---- the machine ---------------------------------------------------------------------------
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+if ! command -v nvcc >/dev/null && [ -x "$CUDA_HOME/bin/nvcc" ]; then PATH=$CUDA_HOME/bin:$PATH; fi
+command -v nvcc >/dev/null && CUDA_HOME=$(dirname "$(dirname "$(command -v nvcc)")")
+TORCH=$(python3 -c "import torch, os; print(os.path.dirname(torch.__file__))" 2>/dev/null)
+{
+  echo "date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (+ uncommitted changes)')"
+  echo "host: $(uname -srm), $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader 2>&1 | sed 's/^/gpu: /'
+  echo "nvcc: $(nvcc --version 2>/dev/null | tail -n 2 | head -n 1)"
+  echo "torch: $(python3 -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)' 2>&1 | tail -n 1)"
+  echo "cmake: $(cmake --version | head -n 1)"
+  echo "traces: $TRACES_DIR"
+} >"$OUT/env.txt" 2>&1
+cat "$OUT/env.txt" >&2
+
+# ---- builds: vramkit and the three anchors in parallel --------------------------------------
+build_vramkit() {
+  # The C tests need cmocka; a machine without it still gets the tool.
+  cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release || {
+    echo "configure with tests failed: retrying without them"
+    cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DVRAMKIT_BUILD_TESTS=OFF
+  } || return 1
+  cmake --build "$BUILD" -j"$JOBS" || {
+    echo "full build failed: building the command alone"
+    cmake --build "$BUILD" -j"$JOBS" --target vramkit_cli
+  }
+}
+
+build_micro() {
+  [ "$ANCHOR_BUILD/micro" -nt "$ANCHORS/micro.c" ] && return 0
+  cd "$ANCHORS" && nvcc -O2 -x c micro.c -o "$ANCHOR_BUILD/micro" -lcuda
+}
+
+# torch_replay's bisection resolution becomes an environment variable in our copy; with
+# the variable unset the program is the anchor unchanged (1 MiB).
+build_torch_tool() {
+  local name=$1 source=$ANCHORS/$1.cpp
+  if [ "$name" = torch_replay ]; then
+    source=$ANCHOR_BUILD/torch_replay_capped.cpp
+    sed -e 's/while (hi - lo > (1u << 20))/while (hi - lo > bisect_resolution())/' \
+      -e 's|^namespace A = c10::cuda::CUDACachingAllocator;|&\nstatic uint64_t bisect_resolution() { const char *m = getenv("TORCH_REPLAY_BISECT_MIB"); return (uint64_t)((m ? atof(m) : 1.0) * 1048576.0); }|' \
+      "$ANCHORS/torch_replay.cpp" >"$source"
+    grep -q 'bisect_resolution()' "$source" || cp "$ANCHORS/torch_replay.cpp" "$source"
+  fi
+  [ "$ANCHOR_BUILD/$name" -nt "$ANCHORS/$name.cpp" ] && return 0
+  g++ -O2 -std=c++17 -I"$ANCHORS" -I"$TORCH/include" -I"$CUDA_HOME/include" "$source" \
+    -o "$ANCHOR_BUILD/$name" -L"$TORCH/lib" -lc10 -lc10_cuda -L"$CUDA_HOME/lib64" -lcudart \
+    -Wl,-rpath,"$TORCH/lib" -Wl,-rpath,"$CUDA_HOME/lib64"
+}
+
+note "building vramkit and the anchors"
+began=$SECONDS
+build_vramkit >"$OUT/build_vramkit.txt" 2>&1 &
+pid_vramkit=$!
+build_micro >"$OUT/build_micro.txt" 2>&1 &
+pid_micro=$!
+build_torch_tool torch_bench >"$OUT/build_torch_bench.txt" 2>&1 &
+pid_torch_bench=$!
+build_torch_tool torch_replay >"$OUT/build_torch_replay.txt" 2>&1 &
+pid_torch_replay=$!
+for job in vramkit micro torch_bench torch_replay; do
+  pid_var=pid_$job
+  wait "${!pid_var}"
+  echo "build_$job rc=$? seconds=$((SECONDS - began))" >>"$OUT/steps.txt"
+done
+VRAMKIT=$BUILD/vramkit
+TRACES=("$TRACES_DIR"/*.trace.gz)
+have() { [ -x "$1" ]; }
+
+# ---- the anchors' micro-benchmarks ----------------------------------------------------------
+wants micro && have "$ANCHOR_BUILD/micro" && step anchors_micro.txt 120 "$ANCHOR_BUILD/micro"
+
+# ---- vramkit on the GPU sources -------------------------------------------------------------
+if wants vramkit && have "$VRAMKIT"; then
+  for source in cuda vmm managed; do
+    step "vramkit_pair_$source.jsonl" 60 "$VRAMKIT" bench pair --source "$source" --json
+    step "vramkit_random_$source.jsonl" 60 "$VRAMKIT" bench random --source "$source" --json
+  done
+  for source in cuda vmm; do
+    step "vramkit_replay_$source.jsonl" 120 "$VRAMKIT" replay --json --min-capacity --baseline \
+      --warm --source "$source" "${TRACES[@]}"
+  done
+  # The host models on this machine's CPU, for the fragmentation comparison and the speed
+  # targets measured beside the GPU figures.
+  for source in sim sim:vmm; do
+    step "vramkit_replay_${source/:/_}.jsonl" 90 "$VRAMKIT" replay --json --min-capacity \
+      --baseline --warm --source "$source" "${TRACES[@]}"
+  done
+  step vramkit_scale.jsonl 60 "$VRAMKIT" bench scale --json
+fi
+
+# ---- the C conformance suite on the GPU sources ----------------------------------------------
+if wants ctest && [ -f "$BUILD/CTestTestfile.cmake" ]; then
+  step ctest_gpu.txt 150 bash -c "cd '$BUILD' && VRAMKIT_TEST_GPU=1 ctest --output-on-failure -j4"
+fi
+
+# ---- PyTorch and cudaMallocAsync on the same card ---------------------------------------------
+if wants torch_bench && have "$ANCHOR_BUILD/torch_bench"; then
+  step torch_bench_native.txt 90 env -u PYTORCH_CUDA_ALLOC_CONF "$ANCHOR_BUILD/torch_bench" native
+  step torch_bench_expandable.txt 90 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
+    "$ANCHOR_BUILD/torch_bench" expandable
+fi
+
+if wants torch_replay && have "$ANCHOR_BUILD/torch_replay"; then
+  step torch_replay_async.jsonl 90 env DO_ASYNC=1 "$ANCHOR_BUILD/torch_replay" "${TRACES[@]}"
+  # One trace per call, so that a slow bisection costs only its own figure.
+  for mode in native expandable; do
+    conf=""
+    [ "$mode" = expandable ] && conf="expandable_segments:True"
+    : >"$OUT/torch_replay_$mode.jsonl"
+    for trace in "${TRACES[@]}"; do
+      name=$(basename "$trace" .trace.gz)
+      resolution=1
+      [ "$name" = bert_infer_varlen ] && resolution=$BERT_MIB
+      step "torch_replay_${mode}_$name.jsonl" 75 env PYTORCH_CUDA_ALLOC_CONF="$conf" \
+        TORCH_REPLAY_BISECT_MIB="$resolution" "$ANCHOR_BUILD/torch_replay" "$trace"
+      rc=$?
+      ((rc == 99)) && continue
+      if ((rc == 124 || rc == 137)); then
+        # No bisection at all (a resolution larger than any range): the ratio still comes.
+        step "torch_replay_${mode}_${name}_nobisect.jsonl" 40 env PYTORCH_CUDA_ALLOC_CONF="$conf" \
+          TORCH_REPLAY_BISECT_MIB=1000000000 "$ANCHOR_BUILD/torch_replay" "$trace" || continue
+        sed 's/"min_capacity_bytes": [0-9]*, "min_capacity_over_live": [0-9.]*/"min_capacity_bytes": null, "min_capacity_over_live": null, "bisection": "skipped (timeout)"/' \
+          "$OUT/torch_replay_${mode}_${name}_nobisect.jsonl" >>"$OUT/torch_replay_$mode.jsonl"
+      else
+        sed "s/}\$/, \"bisection_resolution_mib\": $resolution}/" \
+          "$OUT/torch_replay_${mode}_$name.jsonl" >>"$OUT/torch_replay_$mode.jsonl"
+      fi
+    done
+  done
+fi
+
+# ---- the Python package's GPU checks (the longest step, so the last) -------------------------
+# gpu_check.py needs the package installed: from a wheel carried in .whl/ if there is
+# one, else built from the tree where scikit-build-core is present (no network either way).
+install_python_package() {
+  python3 -c "import vramkit._core" 2>/dev/null && { echo "vramkit already importable"; return 0; }
+  local wheel
+  wheel=$(ls "$ROOT"/.whl/vramkit-*.whl 2>/dev/null | head -n 1)
+  if [ -n "$wheel" ]; then
+    PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-index --no-deps --force-reinstall "$wheel"
+  elif python3 -c "import scikit_build_core" 2>/dev/null; then
+    PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-index --no-deps --no-build-isolation "$ROOT"
+  else
+    echo "no wheel in .whl/ and no scikit-build-core: cannot install vramkit"
+    return 1
+  fi
+}
+if wants gpu_check && [ -f "$ROOT/tests/python/gpu_check.py" ]; then
+  step install_python.txt 120 bash -c "$(declare -f install_python_package); ROOT='$ROOT'; install_python_package"
+  # Run from outside the tree so that the installed package, not python/vramkit, is found.
+  step gpu_check.txt 150 bash -c "cd /tmp && python3 '$ROOT/tests/python/gpu_check.py'"
+fi
+
+# ---- the table --------------------------------------------------------------------------------
+note "done in $((SECONDS - START))s"
+echo "total seconds=$((SECONDS - START))" >>"$OUT/steps.txt"
+python3 "$ROOT/bench/gpu_table.py" "$OUT" | tee "$OUT/table.txt"

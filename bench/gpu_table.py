@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""gpu_table.py - the compact table of a bench/gpu_bench.sh run.
+
+Reads the step files in OUT (default .gpu/out) and prints four small tables: the
+alloc+free pair, the random workload, the shared traces (fragmentation, smallest cap,
+speed) and the step log. A figure whose step failed or was skipped shows as "-", so the
+table always prints and says what is missing. Usage: gpu_table.py [OUT]
+"""
+import glob
+import json
+import os
+import re
+import sys
+
+MIB = 1 << 20
+
+
+def read_text(out, name):
+    try:
+        with open(os.path.join(out, name)) as handle:
+            return handle.read()
+    except OSError:
+        return ""
+
+
+def read_jsonl(out, name):
+    rows = []
+    for line in read_text(out, name).splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                pass
+    return rows
+
+
+def fmt(value, digits=1):
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        return value
+    return f"{value:.{digits}f}"
+
+
+def table(title, header, rows):
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
+    lines = [title, "  ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(header, widths)))]
+    for row in rows:
+        lines.append("  ".join(str(c).rjust(w) if i else str(c).ljust(w)
+                               for i, (c, w) in enumerate(zip(row, widths))))
+    return "\n".join(lines) + "\n"
+
+
+def size_label(size):
+    for unit, name in ((1 << 30, "G"), (1 << 20, "M"), (1 << 10, "K")):
+        if size >= unit and size % unit == 0:
+            return f"{size // unit}{name}"
+    return str(size)
+
+
+def summarize_checks(text):
+    """gpu_check.py prints one JSON object per check with an "ok" key; count them."""
+    lines = text.strip().splitlines()
+    if not lines:
+        return "not run or no output"
+    passed, failed = [], []
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and "ok" in row:
+            (passed if row["ok"] else failed).append(str(row.get("check", "?")))
+    if not passed and not failed:
+        return lines[-1][:200]
+    summary = f"{len(passed)} ok, {len(failed)} failed"
+    return summary + (" (" + ", ".join(failed) + ")" if failed else "")
+
+
+def main():
+    out = sys.argv[1] if len(sys.argv) > 1 else ".gpu/out"
+    micro = read_text(out, "anchors_micro.txt")
+    torch_text = {mode: read_text(out, f"torch_bench_{mode}.txt") for mode in ("native", "expandable")}
+    sections = []
+    env = read_text(out, "env.txt").strip()
+    if env:
+        sections.append(env + "\n")
+
+    # -- alloc+free pair ------------------------------------------------------------------
+    pair = {}
+    for source in ("cuda", "vmm", "managed"):
+        for row in read_jsonl(out, f"vramkit_pair_{source}.jsonl"):
+            pair[(f"vramkit {source}", row["size"])] = row["ns_per_pair"]
+    for mode, text in torch_text.items():
+        for size, ns in re.findall(r"raw_alloc\+raw_delete size=(\d+) ns_per_pair=([\d.]+)", text):
+            pair[(f"torch {mode}", int(size))] = float(ns)
+    for api, size, ns in re.findall(r"^(cudaMalloc|cudaMallocAsync) size=(\d+) ns_per_pair=([\d.]+)", micro, re.M):
+        pair[(api, int(size))] = float(ns)
+    columns = ["vramkit cuda", "vramkit vmm", "vramkit managed", "torch native", "torch expandable",
+               "cudaMallocAsync", "cudaMalloc"]
+    sizes = sorted({size for (_, size) in pair}) or [512, 65536, 2 << 20, 64 << 20]
+    rows = [[size_label(s)] + [fmt(pair.get((c, s))) for c in columns] for s in sizes]
+    best_torch = {s: pair.get(("torch native", s)) for s in sizes}
+    speedup = []
+    for s in sizes:
+        ours, theirs = pair.get(("vramkit cuda", s)), best_torch[s]
+        speedup.append(fmt(theirs / ours) + "x" if ours and theirs else "-")
+    sections.append(table("alloc+free pair, ns (median of 5 batches); last column: torch native / vramkit cuda",
+                          ["size"] + columns + ["speed-up"], [r + [x] for r, x in zip(rows, speedup)]))
+
+    # -- random workload --------------------------------------------------------------------
+    rows = []
+    for source in ("cuda", "vmm", "managed"):
+        for row in read_jsonl(out, f"vramkit_random_{source}.jsonl"):
+            rows.append([f"vramkit {source}", row["ops"], fmt(row["ns_per_op"]), fmt(row["reserved_over_live"], 3)])
+    for mode, text in torch_text.items():
+        match = re.search(r"random ops=(\d+) ns_per_op=([\d.]+).*ratio_reserved_over_live=([\d.]+)", text)
+        if match:
+            rows.append([f"torch {mode}", match.group(1), match.group(2), match.group(3)])
+    for api, ns in re.findall(r"^random (cudaMalloc|cudaMallocAsync) ns_per_op=([\d.]+)", micro, re.M):
+        rows.append([api + " (20k ops)", "-", ns, "-"])
+    sections.append(table("random workload (seed 42, <= 1000 live, 256 B..32 MiB)",
+                          ["allocator", "ops", "ns/op", "reserved/live"], rows or [["-", "-", "-", "-"]]))
+
+    # -- traces -------------------------------------------------------------------------------
+    results = {}
+    for source in ("cuda", "vmm", "sim", "sim_vmm"):
+        for row in read_jsonl(out, f"vramkit_replay_{source}.jsonl"):
+            results[(f"vramkit {source.replace('_', ':')}", row["trace"])] = row
+    for mode in ("native", "expandable"):
+        for row in read_jsonl(out, f"torch_replay_{mode}.jsonl"):
+            results[(f"torch {mode}", row["trace"])] = row
+    for row in read_jsonl(out, "torch_replay_async.jsonl"):
+        results[("cudaMallocAsync", row["trace"])] = row
+    names = sorted({trace for (_, trace) in results})
+    allocators = ["vramkit cuda", "vramkit vmm", "vramkit sim", "vramkit sim:vmm", "torch native",
+                  "torch expandable", "cudaMallocAsync"]
+
+    def cell(allocator, trace, key, digits):
+        row = results.get((allocator, trace))
+        return fmt(row.get(key) if row else None, digits)
+
+    rows = [[t] + [cell(a, t, "reserved_over_live", 3) for a in allocators] for t in names]
+    sections.append(table("traces: peak reserved / peak live", ["trace"] + allocators, rows or [["-"] * 8]))
+    capped = allocators[:6]
+    rows = [[t] + [cell(a, t, "min_capacity_over_live", 3) for a in capped] for t in names]
+    sections.append(table("traces: smallest cap without OOM / peak live (vramkit: bisection on the sim "
+                          "model of its family; torch: setMemoryFraction)", ["trace"] + capped,
+                          rows or [["-"] * 7]))
+    rows = [[t] + [cell(a, t, "ns_per_op", 1) for a in allocators]
+            + [cell("vramkit cuda", t, "ns_per_op_warm", 1), cell("vramkit vmm", t, "ns_per_op_warm", 1),
+               cell("vramkit sim", t, "baseline_ns_per_op", 2), cell("vramkit sim", t, "ns_over_baseline", 2)]
+            for t in names]
+    sections.append(table("traces: ns per op (cold pass; torch after a warm-up pass then emptyCache)",
+                          ["trace"] + allocators + ["cuda warm", "vmm warm", "baseline", "sim/baseline"],
+                          rows or [["-"] * 12]))
+
+    scale = read_jsonl(out, "vramkit_scale.jsonl")
+    if scale:
+        s = scale[0]
+        sections.append(f"scale (sim): {s['live_small']} live {fmt(s['ns_per_op_small'])} ns/op, "
+                        f"{s['live_large']} live {fmt(s['ns_per_op_large'])} ns/op, ratio {fmt(s['large_over_small'], 2)}\n")
+
+    # -- correctness and the step log ----------------------------------------------------------
+    ctest = read_text(out, "ctest_gpu.txt")
+    match = re.search(r"\d+% tests passed.*", ctest)
+    sections.append("ctest (VRAMKIT_TEST_GPU=1): " + (match.group(0) if match else "not run or no summary") + "\n")
+    sections.append("gpu_check.py: " + summarize_checks(read_text(out, "gpu_check.txt")) + "\n")
+    sections.append("steps:\n" + "".join("  " + line + "\n" for line in read_text(out, "steps.txt").splitlines()))
+    print("\n".join(sections), end="")
+
+
+if __name__ == "__main__":
+    main()

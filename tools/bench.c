@@ -1,0 +1,507 @@
+/* bench.c - `vramkit bench`: the allocator's micro-benchmarks.
+ *
+ *   random  the DESIGN.md random workload, the same op sequence the anchor instruments ran
+ *           through cudaMalloc, cudaMallocAsync and PyTorch (workload.c);
+ *   pair    alloc+free of one cached size, timed the way anchors/torch_bench.cpp times
+ *           PyTorch's raw_alloc/raw_delete, so that the two figures compare directly;
+ *   scale   cost per op with 1,000 and with 1,000,000 live blocks (issue 2: within 2x),
+ *           which is where a linear scan or a tree that grows deep would show.
+ * Only the op loops are timed; ops and sizes are generated beforehand.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "cli.h"
+#include "workload.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define MIB ((uint64_t)1 << 20)
+#define PAIR_MAX_SIZES 32
+#define PAIR_BATCHES 5
+#define PAIR_WARMUP 1000
+#define RANDOM_PASSES 3
+#define SCALE_PASSES 3
+#define SCALE_MIN_SIZE ((size_t)256)
+#define SCALE_MAX_SIZE ((size_t)256 << 10)
+
+static const char bench_usage[] =
+    "usage: vramkit bench COMMAND [options]\n"
+    "\n"
+    "commands:\n"
+    "  random  the random workload of DESIGN.md (200,000 ops, <= 1,000 live, sizes\n"
+    "          log-uniform 256 B..32 MiB, seed 42; the anchors' exact op sequence)\n"
+    "  pair    alloc+free of a cached size, ns per pair\n"
+    "  scale   ns per op with 1,000 and with 1,000,000 live blocks, and their ratio\n"
+    "\n"
+    "vramkit bench COMMAND --help describes each one.\n" CLI_EXIT_STATUS_HELP;
+
+static const char random_usage[] =
+    "usage: vramkit bench random [--source S] [--json]\n"
+    "\n"
+    "Run the random workload of DESIGN.md: 200,000 decisions (allocate with probability 1/2\n"
+    "while between 0 and 1,000 blocks are live), sizes log-uniform from 256 B to 32 MiB from\n"
+    "an xorshift64 generator with seed 42, then frees of what is left: the same op sequence\n"
+    "as shared/anchors/workload.h. Three passes on one pool; prints the best ns per op and\n"
+    "peak reserved over peak live (the DESIGN.md target: at most 1.15; PyTorch: 1.303).\n"
+    "\n"
+    "  --source S  sim, sim:vmm, cuda, vmm, managed or auto (default auto); every op runs on\n"
+    "              the default stream.\n"
+    "  --json      one JSON object instead of text.\n" CLI_EXIT_STATUS_HELP;
+
+static const char pair_usage[] =
+    "usage: vramkit bench pair [--source S] [--sizes LIST] [--pairs N] [--json]\n"
+    "\n"
+    "For each size: 1,000 warm-up pairs, then 5 batches of N vram_malloc+vram_free pairs of\n"
+    "that size on the default stream; prints the median batch's ns per pair (as\n"
+    "anchors/torch_bench.cpp does for PyTorch's raw_alloc+raw_delete).\n"
+    "\n"
+    "  --source S    sim, sim:vmm, cuda, vmm, managed or auto (default auto).\n"
+    "  --sizes LIST  comma-separated sizes with K/M/G suffixes (default 512,64K,2M,64M).\n"
+    "  --pairs N     pairs per batch (default 200000).\n"
+    "  --json        one JSON object per size instead of text.\n" CLI_EXIT_STATUS_HELP;
+
+static const char scale_usage[] =
+    "usage: vramkit bench scale [--source S] [--small N] [--large N] [--ops N] [--json]\n"
+    "\n"
+    "Fill a pool with N live blocks (sizes log-uniform 256 B..256 KiB), then time a steady\n"
+    "mix that frees a random live block and allocates a new one in its place, so the live\n"
+    "count stays N. Done for a small and a large N; prints ns per op for both and the\n"
+    "large-over-small ratio (issue 2's target: within 2x).\n"
+    "\n"
+    "  --source S  default sim with a 1 TiB device (this measures the engine, not a GPU).\n"
+    "  --small N   live blocks of the small case (default 1000).\n"
+    "  --large N   live blocks of the large case (default 1000000).\n"
+    "  --ops N     timed ops per pass, frees and allocations together (default 1000000);\n"
+    "              best of 3 passes.\n"
+    "  --json      one JSON object instead of text.\n" CLI_EXIT_STATUS_HELP;
+
+typedef struct bench_common {
+  int have_source;
+  vram_source_kind source;
+  int json;
+} bench_common_t;
+
+/* Options every bench command takes. Returns 1 if arg was one (advancing *i past a value),
+ * 0 if not, -1 on a usage error already reported. */
+static int parse_common(int argc, char **argv, int *i, bench_common_t *common) {
+  const char *value = NULL;
+  int matched = cli_option_value(argc, argv, i, "--source", &value);
+  if (matched < 0) return -1;
+  if (matched) {
+    if (cli_parse_source(value, &common->source) != 0) return -1;
+    common->have_source = 1;
+    return 1;
+  }
+  if (strcmp(argv[*i], "--json") == 0) {
+    common->json = 1;
+    return 1;
+  }
+  return 0;
+}
+
+static int unknown_option(const char *command, const char *arg) {
+  fprintf(stderr, "vramkit bench %s: unknown argument '%s' (see vramkit bench %s --help)\n",
+          command, arg, command);
+  return CLI_EXIT_USAGE;
+}
+
+/* Report a failed call inside a benchmark loop and pick the exit status for it. */
+static int loop_failure(vram_pool_t *pool, const char *what, size_t size, int status) {
+  fprintf(stderr, "vramkit bench: %s of %zu bytes failed: %s (%s)\n", what, size,
+          vram_strerror(status), vram_errname(status));
+  if (status == VRAM_ENOMEM) {
+    cli_print_oom_report(pool);
+    return CLI_EXIT_OOM;
+  }
+  return CLI_EXIT_FAILURE;
+}
+
+/* Give the cache back and close the pool, checking that nothing stayed allocated. */
+static int close_pool(vram_pool_t *pool) {
+  vram_stats_t stats;
+  int status = vram_get_stats(pool, &stats);
+  int result = CLI_EXIT_OK;
+  if (status == VRAM_OK && (stats.allocated_bytes.current || stats.allocation.current)) {
+    fprintf(stderr, "vramkit bench: bytes not returned: %lld bytes in %lld allocations\n",
+            (long long)stats.allocated_bytes.current, (long long)stats.allocation.current);
+    result = CLI_EXIT_FAILURE;
+  }
+  vram_empty_cache(pool);
+  status = vram_pool_destroy(pool);
+  if (status != VRAM_OK) {
+    fprintf(stderr, "vramkit bench: vram_pool_destroy: %s\n", vram_strerror(status));
+    vram_pool_destroy_force(pool);
+    result = CLI_EXIT_FAILURE;
+  }
+  return result;
+}
+
+static int compare_doubles(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* ---- random --------------------------------------------------------------------------- */
+
+static int bench_random(int argc, char **argv) {
+  bench_common_t common = {0};
+  for (int i = 1; i < argc; i++) {
+    if (cli_is_help(argv[i])) {
+      fputs(random_usage, stdout);
+      return CLI_EXIT_OK;
+    }
+    int matched = parse_common(argc, argv, &i, &common);
+    if (matched < 0) return CLI_EXIT_USAGE;
+    if (!matched) return unknown_option("random", argv[i]);
+  }
+  vram_options_t options;
+  if (cli_base_options(&options, common.have_source, common.source) != 0) return CLI_EXIT_USAGE;
+
+  size_t capacity = WORKLOAD_RANDOM_OPS + WORKLOAD_RANDOM_MAX_LIVE;
+  workload_op_t *ops = malloc(sizeof *ops * capacity);
+  void **blocks = calloc(WORKLOAD_RANDOM_MAX_LIVE, sizeof *blocks);
+  uint64_t *slot_sizes = calloc(WORKLOAD_RANDOM_MAX_LIVE, sizeof *slot_sizes);
+  size_t op_count = ops ? workload_make_random(ops, WORKLOAD_RANDOM_OPS, WORKLOAD_RANDOM_MAX_LIVE,
+                                               WORKLOAD_RANDOM_MIN_SIZE, WORKLOAD_RANDOM_MAX_SIZE,
+                                               WORKLOAD_RANDOM_SEED)
+                          : 0;
+  int result = CLI_EXIT_OK;
+  if (!ops || !blocks || !slot_sizes || op_count == 0) {
+    fprintf(stderr, "vramkit bench random: out of host memory\n");
+    result = CLI_EXIT_FAILURE;
+    goto done;
+  }
+  /* Peak live is a property of the op sequence, computed as the anchors compute it. */
+  uint64_t live = 0, peak_live = 0;
+  for (size_t i = 0; i < op_count; i++) {
+    if (ops[i].is_alloc) {
+      slot_sizes[ops[i].slot] = ops[i].size;
+      live += ops[i].size;
+      if (live > peak_live) peak_live = live;
+    } else {
+      live -= slot_sizes[ops[i].slot];
+    }
+  }
+
+  vram_pool_t *pool = NULL;
+  if (cli_pool_create(&pool, &options) != VRAM_OK) {
+    result = CLI_EXIT_FAILURE;
+    goto done;
+  }
+  double best = 0;
+  for (int pass = 0; pass < RANDOM_PASSES && result == CLI_EXIT_OK; pass++) {
+    double start = cli_now_ns();
+    for (size_t i = 0; i < op_count; i++) {
+      const workload_op_t *op = &ops[i];
+      int status = op->is_alloc ? vram_malloc(pool, op->size, NULL, &blocks[op->slot])
+                                : vram_free(pool, blocks[op->slot]);
+      if (status != VRAM_OK) {
+        result = loop_failure(pool, op->is_alloc ? "vram_malloc" : "vram_free",
+                              op->is_alloc ? op->size : slot_sizes[op->slot], status);
+        break;
+      }
+    }
+    double ns = (cli_now_ns() - start) / (double)op_count;
+    if (pass == 0 || ns < best) best = ns;
+  }
+  if (result != CLI_EXIT_OK) {
+    /* The run is void; destroy_force also frees the blocks the failed pass left live. */
+    vram_pool_destroy_force(pool);
+    goto done;
+  }
+  vram_stats_t stats;
+  vram_get_stats(pool, &stats);
+  vram_source_kind source = vram_pool_source(pool);
+  uint64_t peak_reserved = (uint64_t)stats.reserved_bytes.peak;
+  result = close_pool(pool);
+  double over_live = peak_live ? (double)peak_reserved / (double)peak_live : 0.0;
+  if (common.json) {
+    printf("{\"bench\": \"random\", \"source\": ");
+    cli_json_string(stdout, vram_source_name(source));
+    printf(", \"ops\": %zu, \"passes\": %d, \"ns_per_op\": %.1f, \"peak_live_bytes\": %llu, "
+           "\"peak_reserved_bytes\": %llu, \"reserved_over_live\": %.3f}\n",
+           op_count, RANDOM_PASSES, best, (unsigned long long)peak_live,
+           (unsigned long long)peak_reserved, over_live);
+  } else {
+    printf("random workload on %s: %zu ops (200,000 random + drain), best of %d passes\n",
+           vram_source_name(source), op_count, RANDOM_PASSES);
+    printf("  ns per op            %10.1f\n", best);
+    printf("  peak live            %10.1f MiB\n", (double)peak_live / (double)MIB);
+    printf("  peak reserved        %10.1f MiB\n", (double)peak_reserved / (double)MIB);
+    printf("  reserved over live   %10.3f   (PyTorch native 1.303, expandable 1.147: DESIGN.md)\n",
+           over_live);
+  }
+done:
+  free(ops);
+  free(blocks);
+  free(slot_sizes);
+  return result;
+}
+
+/* ---- pair ----------------------------------------------------------------------------- */
+
+static int parse_size_list(const char *text, size_t *sizes, int *count) {
+  *count = 0;
+  const char *cursor = text;
+  while (*cursor) {
+    const char *comma = strchr(cursor, ',');
+    size_t length = comma ? (size_t)(comma - cursor) : strlen(cursor);
+    char item[64];
+    if (length == 0 || length >= sizeof item || *count >= PAIR_MAX_SIZES) {
+      fprintf(stderr, "vramkit bench pair: --sizes: bad list '%s' (e.g. 512,64K,2M,64M)\n", text);
+      return -1;
+    }
+    memcpy(item, cursor, length);
+    item[length] = '\0';
+    if (cli_parse_size("--sizes", item, &sizes[*count]) != 0) return -1;
+    if (sizes[*count] == 0) {
+      fprintf(stderr, "vramkit bench pair: --sizes: 0 is not a size to time\n");
+      return -1;
+    }
+    (*count)++;
+    cursor += length;
+    if (*cursor == ',') cursor++;
+  }
+  if (*count == 0) {
+    fprintf(stderr, "vramkit bench pair: --sizes: empty list\n");
+    return -1;
+  }
+  return 0;
+}
+
+static int bench_pair(int argc, char **argv) {
+  bench_common_t common = {0};
+  size_t sizes[PAIR_MAX_SIZES] = {512, 64 << 10, 2 << 20, 64 << 20};
+  int size_count = 4;
+  long pairs = 200000;
+  for (int i = 1; i < argc; i++) {
+    const char *value = NULL;
+    int matched;
+    if (cli_is_help(argv[i])) {
+      fputs(pair_usage, stdout);
+      return CLI_EXIT_OK;
+    }
+    if ((matched = parse_common(argc, argv, &i, &common)) != 0) {
+      if (matched < 0) return CLI_EXIT_USAGE;
+    } else if ((matched = cli_option_value(argc, argv, &i, "--sizes", &value)) != 0) {
+      if (matched < 0 || parse_size_list(value, sizes, &size_count) != 0) return CLI_EXIT_USAGE;
+    } else if ((matched = cli_option_value(argc, argv, &i, "--pairs", &value)) != 0) {
+      if (matched < 0 || cli_parse_long("--pairs", value, 1, 1000000000L, &pairs) != 0)
+        return CLI_EXIT_USAGE;
+    } else {
+      return unknown_option("pair", argv[i]);
+    }
+  }
+  vram_options_t options;
+  if (cli_base_options(&options, common.have_source, common.source) != 0) return CLI_EXIT_USAGE;
+  vram_pool_t *pool = NULL;
+  if (cli_pool_create(&pool, &options) != VRAM_OK) return CLI_EXIT_FAILURE;
+  vram_source_kind source = vram_pool_source(pool);
+  if (!common.json)
+    printf("alloc+free pair on %s, median of %d batches of %ld pairs\n", vram_source_name(source),
+           PAIR_BATCHES, pairs);
+
+  for (int s = 0; s < size_count; s++) {
+    size_t size = sizes[s];
+    void *block = NULL;
+    int status = VRAM_OK;
+    /* The warm-up puts a block of this size in the cache; every timed pair then hits it. */
+    for (int w = 0; w < PAIR_WARMUP && status == VRAM_OK; w++) {
+      status = vram_malloc(pool, size, NULL, &block);
+      if (status == VRAM_OK) status = vram_free(pool, block);
+    }
+    double batches[PAIR_BATCHES];
+    for (int b = 0; b < PAIR_BATCHES && status == VRAM_OK; b++) {
+      double start = cli_now_ns();
+      for (long p = 0; p < pairs; p++) {
+        status = vram_malloc(pool, size, NULL, &block);
+        if (status != VRAM_OK) break;
+        status = vram_free(pool, block);
+        if (status != VRAM_OK) break;
+      }
+      batches[b] = (cli_now_ns() - start) / (double)pairs;
+    }
+    if (status != VRAM_OK) {
+      int result = loop_failure(pool, "vram_malloc+vram_free", size, status);
+      vram_pool_destroy_force(pool);
+      return result;
+    }
+    qsort(batches, PAIR_BATCHES, sizeof *batches, compare_doubles);
+    double median = batches[PAIR_BATCHES / 2];
+    if (common.json) {
+      printf("{\"bench\": \"pair\", \"source\": ");
+      cli_json_string(stdout, vram_source_name(source));
+      printf(", \"size\": %zu, \"ns_per_pair\": %.1f, \"min_ns_per_pair\": %.1f, "
+             "\"batches\": %d, \"pairs_per_batch\": %ld}\n",
+             size, median, batches[0], PAIR_BATCHES, pairs);
+    } else {
+      printf("  size %12zu   %8.1f ns per pair   (fastest batch %.1f)\n", size, median,
+             batches[0]);
+    }
+    fflush(stdout);
+  }
+  return close_pool(pool);
+}
+
+/* ---- scale ---------------------------------------------------------------------------- */
+
+typedef struct scale_case {
+  size_t live_blocks;
+  double ns_per_op;
+  uint64_t live_bytes;
+  uint64_t peak_reserved;
+} scale_case_t;
+
+static int scale_measure(const vram_options_t *options, size_t op_count, uint64_t seed,
+                         scale_case_t *measured, vram_source_kind *source) {
+  size_t live_blocks = measured->live_blocks;
+  size_t steps = op_count / 2 ? op_count / 2 : 1;
+  void **blocks = calloc(live_blocks, sizeof *blocks);
+  size_t *block_sizes = calloc(live_blocks, sizeof *block_sizes);
+  uint32_t *victims = malloc(sizeof *victims * steps);
+  size_t *new_sizes = malloc(sizeof *new_sizes * steps);
+  int result = CLI_EXIT_OK;
+  vram_pool_t *pool = NULL;
+  if (!blocks || !block_sizes || !victims || !new_sizes) {
+    fprintf(stderr, "vramkit bench scale: out of host memory\n");
+    result = CLI_EXIT_FAILURE;
+    goto done;
+  }
+  /* Every random number is drawn here, so the timed loop is allocator calls alone. */
+  workload_rng_t rng = {seed};
+  for (size_t i = 0; i < live_blocks; i++)
+    block_sizes[i] = workload_log_uniform(&rng, SCALE_MIN_SIZE, SCALE_MAX_SIZE);
+  for (size_t s = 0; s < steps; s++) {
+    victims[s] = (uint32_t)(workload_unit(&rng) * (double)live_blocks);
+    new_sizes[s] = workload_log_uniform(&rng, SCALE_MIN_SIZE, SCALE_MAX_SIZE);
+  }
+  if (cli_pool_create(&pool, options) != VRAM_OK) {
+    result = CLI_EXIT_FAILURE;
+    goto done;
+  }
+  *source = vram_pool_source(pool);
+  int status = VRAM_OK;
+  size_t failed_size = 0;
+  for (size_t i = 0; i < live_blocks && status == VRAM_OK; i++) {
+    failed_size = block_sizes[i];
+    status = vram_malloc(pool, block_sizes[i], NULL, &blocks[i]);
+  }
+  for (int pass = 0; pass < SCALE_PASSES && status == VRAM_OK; pass++) {
+    double start = cli_now_ns();
+    for (size_t s = 0; s < steps; s++) {
+      uint32_t victim = victims[s];
+      status = vram_free(pool, blocks[victim]);
+      if (status != VRAM_OK) {
+        failed_size = block_sizes[victim];
+        break;
+      }
+      status = vram_malloc(pool, new_sizes[s], NULL, &blocks[victim]);
+      if (status != VRAM_OK) {
+        blocks[victim] = NULL;
+        failed_size = new_sizes[s];
+        break;
+      }
+      block_sizes[victim] = new_sizes[s];
+    }
+    double ns = (cli_now_ns() - start) / (double)(2 * steps);
+    if (pass == 0 || ns < measured->ns_per_op) measured->ns_per_op = ns;
+  }
+  if (status != VRAM_OK) {
+    result = loop_failure(pool, "allocator call", failed_size, status);
+    vram_pool_destroy_force(pool);
+    goto done;
+  }
+  measured->live_bytes = 0;
+  for (size_t i = 0; i < live_blocks; i++) measured->live_bytes += block_sizes[i];
+  vram_stats_t stats;
+  vram_get_stats(pool, &stats);
+  measured->peak_reserved = (uint64_t)stats.reserved_bytes.peak;
+  for (size_t i = 0; i < live_blocks; i++) {
+    status = vram_free(pool, blocks[i]);
+    if (status != VRAM_OK && result == CLI_EXIT_OK) {
+      fprintf(stderr, "vramkit bench scale: final free failed: %s\n", vram_strerror(status));
+      result = CLI_EXIT_FAILURE;
+    }
+  }
+  int closed = close_pool(pool);
+  if (result == CLI_EXIT_OK) result = closed;
+done:
+  free(blocks);
+  free(block_sizes);
+  free(victims);
+  free(new_sizes);
+  return result;
+}
+
+static int bench_scale(int argc, char **argv) {
+  bench_common_t common = {0};
+  long small = 1000, large = 1000000, ops = 1000000;
+  for (int i = 1; i < argc; i++) {
+    const char *value = NULL;
+    int matched;
+    if (cli_is_help(argv[i])) {
+      fputs(scale_usage, stdout);
+      return CLI_EXIT_OK;
+    }
+    if ((matched = parse_common(argc, argv, &i, &common)) != 0) {
+      if (matched < 0) return CLI_EXIT_USAGE;
+    } else if ((matched = cli_option_value(argc, argv, &i, "--small", &value)) != 0) {
+      if (matched < 0 || cli_parse_long("--small", value, 1, 100000000L, &small) != 0)
+        return CLI_EXIT_USAGE;
+    } else if ((matched = cli_option_value(argc, argv, &i, "--large", &value)) != 0) {
+      if (matched < 0 || cli_parse_long("--large", value, 1, 100000000L, &large) != 0)
+        return CLI_EXIT_USAGE;
+    } else if ((matched = cli_option_value(argc, argv, &i, "--ops", &value)) != 0) {
+      if (matched < 0 || cli_parse_long("--ops", value, 2, 1000000000L, &ops) != 0)
+        return CLI_EXIT_USAGE;
+    } else {
+      return unknown_option("scale", argv[i]);
+    }
+  }
+  vram_options_t options;
+  /* A CPU measure of the engine: sim unless asked otherwise, whatever VRAMKIT_SOURCE says. */
+  if (cli_base_options(&options, 1, common.have_source ? common.source : VRAM_SOURCE_SIM) != 0)
+    return CLI_EXIT_USAGE;
+
+  scale_case_t cases[2] = {{.live_blocks = (size_t)small}, {.live_blocks = (size_t)large}};
+  vram_source_kind source = options.source;
+  for (int c = 0; c < 2; c++) {
+    int result = scale_measure(&options, (size_t)ops, 7 + (uint64_t)c, &cases[c], &source);
+    if (result != CLI_EXIT_OK) return result;
+  }
+  double growth = cases[0].ns_per_op > 0 ? cases[1].ns_per_op / cases[0].ns_per_op : 0.0;
+  if (common.json) {
+    printf("{\"bench\": \"scale\", \"source\": ");
+    cli_json_string(stdout, vram_source_name(source));
+    printf(", \"ops\": %ld, \"live_small\": %zu, \"ns_per_op_small\": %.1f, \"live_large\": %zu, "
+           "\"ns_per_op_large\": %.1f, \"large_over_small\": %.2f}\n",
+           ops, cases[0].live_blocks, cases[0].ns_per_op, cases[1].live_blocks,
+           cases[1].ns_per_op, growth);
+  } else {
+    printf("steady free+alloc mix on %s, sizes 256 B..256 KiB, best of %d passes of %ld ops\n",
+           vram_source_name(source), SCALE_PASSES, ops);
+    for (int c = 0; c < 2; c++)
+      printf("  %9zu live blocks (%10.1f MiB live, %10.1f MiB peak reserved): %8.1f ns per op\n",
+             cases[c].live_blocks, (double)cases[c].live_bytes / (double)MIB,
+             (double)cases[c].peak_reserved / (double)MIB, cases[c].ns_per_op);
+    printf("  large over small: %.2f (target: at most 2)\n", growth);
+  }
+  return CLI_EXIT_OK;
+}
+
+int cmd_bench(int argc, char **argv) {
+  if (argc < 2) {
+    fputs(bench_usage, stderr);
+    return CLI_EXIT_USAGE;
+  }
+  const char *command = argv[1];
+  if (cli_is_help(command) || strcmp(command, "help") == 0) {
+    fputs(bench_usage, stdout);
+    return CLI_EXIT_OK;
+  }
+  if (strcmp(command, "random") == 0) return bench_random(argc - 1, argv + 1);
+  if (strcmp(command, "pair") == 0) return bench_pair(argc - 1, argv + 1);
+  if (strcmp(command, "scale") == 0) return bench_scale(argc - 1, argv + 1);
+  fprintf(stderr, "vramkit bench: unknown benchmark '%s' (random, pair or scale)\n", command);
+  return CLI_EXIT_USAGE;
+}

@@ -1,0 +1,143 @@
+/* cli.c - helpers shared by the vramkit subcommands (see cli.h). */
+#define _POSIX_C_SOURCE 200809L
+#include "cli.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+double cli_now_ns(void) {
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return (double)now.tv_sec * 1e9 + (double)now.tv_nsec;
+}
+
+int cli_is_help(const char *arg) {
+  return strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0;
+}
+
+int cli_option_value(int argc, char **argv, int *index, const char *name, const char **value) {
+  const char *arg = argv[*index];
+  size_t name_length = strlen(name);
+  if (strncmp(arg, name, name_length) != 0) return 0;
+  if (arg[name_length] == '=') {
+    *value = arg + name_length + 1;
+    return 1;
+  }
+  if (arg[name_length] != '\0') return 0;
+  if (*index + 1 >= argc) {
+    fprintf(stderr, "vramkit: %s needs a value\n", name);
+    return -1;
+  }
+  *value = argv[++*index];
+  return 1;
+}
+
+int cli_parse_source(const char *text, vram_source_kind *kind) {
+  if (vram_source_parse(text, kind) != VRAM_OK) {
+    fprintf(stderr,
+            "vramkit: unknown source '%s' (choose sim, sim:cuda, sim:vmm, cuda, vmm, managed "
+            "or auto)\n",
+            text);
+    return -1;
+  }
+  return 0;
+}
+
+int cli_parse_size(const char *option, const char *text, size_t *bytes) {
+  double fraction = 0;
+  if (vram_parse_size(text, 0, bytes, &fraction) != VRAM_OK) {
+    fprintf(stderr, "vramkit: %s: bad size '%s' (bytes, or with a K/M/G/T suffix: 512M, 1.5G)\n",
+            option, text);
+    return -1;
+  }
+  return 0;
+}
+
+int cli_parse_long(const char *option, const char *text, long min, long max, long *out) {
+  char *end = NULL;
+  errno = 0;
+  long value = strtol(text, &end, 10);
+  if (errno || end == text || *end || value < min || value > max) {
+    fprintf(stderr, "vramkit: %s: expected a whole number from %ld to %ld, got '%s'\n", option,
+            min, max, text);
+    return -1;
+  }
+  *out = value;
+  return 0;
+}
+
+int cli_base_options(vram_options_t *opts, int have_source, vram_source_kind source) {
+  vram_options_init(opts);
+  /* The default sim device is sized like a GPU; replays and benchmarks want one where only
+   * an explicit --capacity makes anything run out. The environment may still set it. */
+  opts->sim_capacity = CLI_SIM_DEFAULT_CAPACITY;
+  const char *why = NULL;
+  if (vram_options_from_env(opts, &why) != VRAM_OK) {
+    fprintf(stderr, "vramkit: %s\n", why ? why : "bad VRAMKIT_* environment variable");
+    return -1;
+  }
+  if (have_source) opts->source = source;
+  return 0;
+}
+
+int cli_source_is_gpu(vram_source_kind kind) {
+  return kind == VRAM_SOURCE_CUDA || kind == VRAM_SOURCE_VMM || kind == VRAM_SOURCE_MANAGED;
+}
+
+int cli_pool_create(vram_pool_t **pool, const vram_options_t *opts) {
+  int status = vram_pool_create(pool, opts);
+  if (status != VRAM_OK) cli_report_pool_error(status, opts);
+  return status;
+}
+
+void cli_report_pool_error(int status, const vram_options_t *opts) {
+  fprintf(stderr, "vramkit: cannot create a pool on source %s: %s (%s)\n",
+          vram_source_name(opts->source), vram_strerror(status), vram_errname(status));
+  if (status == VRAM_ENODRIVER)
+    fprintf(stderr, "vramkit: no CUDA driver here; --source sim replays on the host model\n");
+}
+
+void cli_json_string(FILE *out, const char *text) {
+  fputc('"', out);
+  for (const unsigned char *c = (const unsigned char *)text; *c; c++) {
+    if (*c == '"' || *c == '\\') fprintf(out, "\\%c", *c);
+    else if (*c < 0x20) fprintf(out, "\\u%04x", *c);
+    else fputc(*c, out);
+  }
+  fputc('"', out);
+}
+
+/* vram_summary and vram_oom_report share one calling convention: they return the length
+ * the full text needs, so ask once for the length and once for the text. */
+static char *pool_text(vram_pool_t *pool, int (*writer)(vram_pool_t *, char *, size_t)) {
+  char probe[1];
+  int length = writer(pool, probe, sizeof probe);
+  if (length < 0) return NULL;
+  char *text = malloc((size_t)length + 1);
+  if (!text) return NULL;
+  if (writer(pool, text, (size_t)length + 1) < 0) {
+    free(text);
+    return NULL;
+  }
+  return text;
+}
+
+void cli_print_oom_report(vram_pool_t *pool) {
+  char *report = pool_text(pool, vram_oom_report);
+  if (report && *report) fprintf(stderr, "%s%s", report,
+                                 report[strlen(report) - 1] == '\n' ? "" : "\n");
+  free(report);
+}
+
+void cli_print_summary(vram_pool_t *pool, FILE *out) {
+  char *summary = pool_text(pool, vram_summary);
+  if (!summary) {
+    fprintf(stderr, "vramkit: vram_summary failed\n");
+    return;
+  }
+  fputs(summary, out);
+  if (*summary && summary[strlen(summary) - 1] != '\n') fputc('\n', out);
+  free(summary);
+}

@@ -1,0 +1,48 @@
+/* main.c - the vramkit command: a dispatcher to one file per subcommand.
+ *
+ *   vramkit replay ...   trace replay (replay.c)
+ *   vramkit bench ...    benchmarks: random, pair, scale (bench.c)
+ */
+#include "cli.h"
+
+#include <string.h>
+
+static const char main_usage[] =
+    "usage: vramkit COMMAND [options]\n"
+    "\n"
+    "vramkit " VRAMKIT_VERSION ": a caching GPU memory allocator, its replay and benchmarks.\n"
+    "\n"
+    "commands:\n"
+    "  replay   replay allocation traces (format v1) and report fragmentation and speed\n"
+    "  bench    benchmarks: random workload, alloc+free pair, scaling with live blocks\n"
+    "  help     this text\n"
+    "\n"
+    "vramkit COMMAND --help describes a command. --version prints the version.\n"
+    CLI_EXIT_STATUS_HELP;
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    fputs(main_usage, stderr);
+    return CLI_EXIT_USAGE;
+  }
+  const char *command = argv[1];
+  if (cli_is_help(command) || strcmp(command, "help") == 0) {
+    /* "vramkit help replay" reads naturally; send it to the command's own --help. */
+    if (argc > 2 && strcmp(command, "help") == 0) {
+      char help_flag[] = "--help";
+      char *help_argv[] = {argv[2], help_flag, NULL};
+      if (strcmp(argv[2], "replay") == 0) return cmd_replay(2, help_argv);
+      if (strcmp(argv[2], "bench") == 0) return cmd_bench(2, help_argv);
+    }
+    fputs(main_usage, stdout);
+    return CLI_EXIT_OK;
+  }
+  if (strcmp(command, "--version") == 0 || strcmp(command, "version") == 0) {
+    printf("vramkit %s\n", VRAMKIT_VERSION);
+    return CLI_EXIT_OK;
+  }
+  if (strcmp(command, "replay") == 0) return cmd_replay(argc - 1, argv + 1);
+  if (strcmp(command, "bench") == 0) return cmd_bench(argc - 1, argv + 1);
+  fprintf(stderr, "vramkit: unknown command '%s' (see vramkit --help)\n", command);
+  return CLI_EXIT_USAGE;
+}

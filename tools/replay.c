@@ -1,0 +1,617 @@
+/* replay.c - `vramkit replay`: trace replay as shared/DESIGN.md's replay contract states it.
+ *
+ * Each trace is parsed whole before anything runs (trace_io.c), then replayed on a fresh
+ * pool per repetition with only the op loop under the clock. The allocator's own statistics
+ * give peak reserved bytes; peak live bytes come from the trace, so the ratio does not
+ * depend on what the allocator reports about itself. Every replay ends by freeing what is
+ * left and checking that the pool got every byte back, so a replay doubles as a leak test.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "cli.h"
+#include "hashtab.h"
+#include "trace_io.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define MIB ((uint64_t)1 << 20)
+
+static const char replay_usage[] =
+    "usage: vramkit replay [options] TRACE...\n"
+    "\n"
+    "Replay allocation traces (format v1: gzip text, 'a ID SIZE STREAM T_US' and\n"
+    "'f ID STREAM T_US' lines) through a vramkit pool, and report peak live bytes, peak\n"
+    "reserved bytes, their ratio, and the time per op of the replay loop alone.\n"
+    "\n"
+    "options:\n"
+    "  --source S      sim (= sim:cuda), sim:vmm, cuda, vmm, managed or auto. Default: auto\n"
+    "                  (VRAMKIT_SOURCE, else a GPU source if a CUDA driver is found, else sim).\n"
+    "                  On sim the trace's stream numbers are passed as opaque streams. On the\n"
+    "                  GPU sources every op runs on the legacy default stream (NULL): the\n"
+    "                  command creates no CUDA streams, so a 2-stream trace runs on one GPU\n"
+    "                  stream there; per-stream effects are measured on sim.\n"
+    "  --capacity SIZE hard limit on reserved memory (and the sim device's capacity), e.g.\n"
+    "                  14G. An op that runs out of memory is counted in 'ooms' and skipped\n"
+    "                  (its later free is ignored), and the exit status is 1.\n"
+    "  --min-capacity  also find the smallest capacity under which the trace replays with no\n"
+    "                  out-of-memory, by bisection to 1 MiB between peak live and 4x peak live,\n"
+    "                  on the host model of the source's family (sim for sim/cuda/managed,\n"
+    "                  sim:vmm for sim:vmm/vmm).\n"
+    "  --baseline      also time one open-addressing hash-table insert or delete per op over\n"
+    "                  the same trace, and report ns_per_op over that bare cost.\n"
+    "  --warm          also time a warm replay: an untimed pass fills the cache, then a second\n"
+    "                  pass on the same pool is timed (ns_per_op_warm); the steady state of a\n"
+    "                  training loop, where ns_per_op includes growing a cold pool.\n"
+    "  --repeat N      replays per trace, each on a fresh pool; the best time is reported\n"
+    "                  (default 3).\n"
+    "  --json          one JSON object per trace per line instead of a table.\n"
+    "  --summary       print vram_summary() after each trace's replay (before the final\n"
+    "                  frees) and a fragmentation table at the end (to stderr with --json).\n"
+    "  -h, --help      this text.\n"
+    "\n"
+    "SIZE takes K/M/G/T suffixes. The VRAMKIT_* environment variables apply first; the\n"
+    "options override them.\n" CLI_EXIT_STATUS_HELP;
+
+/* PyTorch's figures from shared/DESIGN.md (H200), shown beside ours for reference only. */
+static const struct {
+  const char *trace;
+  double native_ratio;
+} pytorch_reference[] = {
+    {"gpt2_train", 1.124},
+    {"bert_infer_varlen", 1.929},
+    {"stream_prefetch", 1.754},
+};
+
+typedef struct replay_settings {
+  vram_options_t options;
+  int have_capacity;
+  size_t capacity;
+  int json, summary, min_capacity, baseline, warm;
+  long repeat;
+} replay_settings_t;
+
+typedef struct replay_run {
+  double ns_per_op;
+  uint64_t peak_reserved;
+  uint64_t ooms;
+  vram_source_kind source;
+} replay_run_t;
+
+typedef struct replay_result {
+  const char *name;
+  vram_source_kind source;
+  size_t ops;
+  uint64_t peak_live, peak_reserved, ooms;
+  double ns_per_op;
+  int have_min_capacity;          /* 1 found, 0 not asked, -1 no fit up to 4x peak live */
+  uint64_t min_capacity;
+  vram_source_kind min_capacity_source;
+  double baseline_ns;             /* 0 when not asked */
+  double warm_ns;                 /* 0 when not asked */
+} replay_result_t;
+
+/* Per-trace scratch: the pointer of each slot and the stream of each trace stream. */
+typedef struct replay_buffers {
+  void **blocks;
+  vram_stream_t *streams;
+} replay_buffers_t;
+
+static double ratio(uint64_t numerator, uint64_t denominator) {
+  return denominator ? (double)numerator / (double)denominator : 0.0;
+}
+
+static const char *op_kind(const trace_op_t *op) { return op->is_alloc ? "allocate" : "free"; }
+
+/* Free every block the replay left live (the trace's never-freed blocks, or those of an
+ * interrupted run). Returns 0, or -1 after printing the first failure. */
+static int free_live(vram_pool_t *pool, const trace_t *trace, void **blocks) {
+  int failed = 0;
+  for (uint32_t slot = 0; slot < trace->slot_count; slot++) {
+    if (!blocks[slot]) continue;
+    int status = vram_free(pool, blocks[slot]);
+    blocks[slot] = NULL;
+    if (status != VRAM_OK && !failed) {
+      fprintf(stderr, "vramkit: %s: final free failed: %s\n", trace->name, vram_strerror(status));
+      failed = 1;
+    }
+  }
+  return failed ? -1 : 0;
+}
+
+/* Free what is still live, then check that the pool has every byte back and that
+ * empty_cache returns everything to the source. */
+static int drain_and_check(vram_pool_t *pool, const trace_t *trace, void **blocks) {
+  int failed = free_live(pool, trace, blocks) != 0;
+  vram_stats_t stats;
+  int status = vram_get_stats(pool, &stats);
+  if (status != VRAM_OK) {
+    fprintf(stderr, "vramkit: %s: vram_get_stats: %s\n", trace->name, vram_strerror(status));
+    return CLI_EXIT_FAILURE;
+  }
+  if (stats.allocated_bytes.current != 0 || stats.allocation.current != 0) {
+    fprintf(stderr,
+            "vramkit: %s: bytes not returned: after freeing every block the pool still counts "
+            "%lld bytes in %lld allocations\n",
+            trace->name, (long long)stats.allocated_bytes.current,
+            (long long)stats.allocation.current);
+    failed = 1;
+  }
+  status = vram_empty_cache(pool);
+  if (status == VRAM_OK) status = vram_get_stats(pool, &stats);
+  if (status != VRAM_OK) {
+    fprintf(stderr, "vramkit: %s: vram_empty_cache: %s\n", trace->name, vram_strerror(status));
+    return CLI_EXIT_FAILURE;
+  }
+  if (stats.reserved_bytes.current != 0) {
+    fprintf(stderr,
+            "vramkit: %s: memory not released: %lld bytes still reserved after "
+            "vram_empty_cache with nothing allocated\n",
+            trace->name, (long long)stats.reserved_bytes.current);
+    failed = 1;
+  }
+  return failed ? CLI_EXIT_FAILURE : CLI_EXIT_OK;
+}
+
+/* One pass over the ops: the timed loop. OOMs are counted and the op skipped (its free is
+ * then ignored, since the slot stays NULL); with stop_at_oom the pass ends at the first.
+ * Any other error ends the pass with *failed_at set. Returns the ops executed. */
+static size_t run_ops(vram_pool_t *pool, const trace_t *trace, replay_buffers_t *buffers,
+                      int stop_at_oom, int report_oom, uint64_t *ooms, size_t *failed_at,
+                      int *failed_status, double *elapsed_ns) {
+  const trace_op_t *ops = trace->ops;
+  const size_t op_count = trace->op_count;
+  void **blocks = buffers->blocks;
+  vram_stream_t *streams = buffers->streams;
+  uint64_t oom_count = 0;
+  size_t done = 0;
+  int status = VRAM_OK;
+  *failed_at = SIZE_MAX;
+  double start = cli_now_ns();
+  for (; done < op_count; done++) {
+    const trace_op_t *op = &ops[done];
+    if (op->is_alloc) {
+      status = vram_malloc(pool, (size_t)op->size, streams[op->stream], &blocks[op->slot]);
+      if (status != VRAM_OK) {
+        blocks[op->slot] = NULL;
+        if (status != VRAM_ENOMEM) {
+          *failed_at = done;
+          break;
+        }
+        if (oom_count++ == 0 && report_oom) {
+          fprintf(stderr, "vramkit: %s: op %zu (allocate %llu bytes) ran out of memory:\n",
+                  trace->name, done, (unsigned long long)op->size);
+          cli_print_oom_report(pool);
+        }
+        if (stop_at_oom) break;
+      }
+    } else if (blocks[op->slot]) {
+      status = vram_free(pool, blocks[op->slot]);
+      blocks[op->slot] = NULL;
+      if (status != VRAM_OK) {
+        *failed_at = done;
+        break;
+      }
+    }
+  }
+  *elapsed_ns = cli_now_ns() - start;
+  *ooms = oom_count;
+  *failed_status = status;
+  return done;
+}
+
+/* One replay of the whole trace on a fresh pool. OOMs are counted, not failures; with
+ * stop_at_oom the replay ends at the first (the bisection only needs to know whether one
+ * happens). report_oom prints the first OOM's report; summary_out, when set, receives
+ * vram_summary() before the final frees. With warm, an untimed first pass fills the cache
+ * and a second pass on the same pool is the one timed. Returns a CLI_EXIT_* status. */
+static int replay_once(const trace_t *trace, const vram_options_t *options, int stop_at_oom,
+                       int report_oom, int warm, FILE *summary_out, replay_buffers_t *buffers,
+                       replay_run_t *run) {
+  memset(run, 0, sizeof *run);
+  vram_pool_t *pool = NULL;
+  int status = vram_pool_create(&pool, options);
+  if (status == VRAM_ENOMEM) {
+    /* A capacity below a preallocation: nothing fits at all. */
+    run->ooms = 1;
+    if (report_oom)
+      fprintf(stderr, "vramkit: %s: out of memory creating the pool\n", trace->name);
+    return CLI_EXIT_OK;
+  }
+  if (status != VRAM_OK) {
+    cli_report_pool_error(status, options);
+    return CLI_EXIT_FAILURE;
+  }
+  run->source = vram_pool_source(pool);
+
+  /* The driver needs real CUstreams; without the toolkit we have none to create, so GPU
+   * sources get the legacy default stream for every op (see the usage text). */
+  int opaque_streams = !cli_source_is_gpu(run->source);
+  for (uint32_t i = 0; i < trace->stream_count; i++)
+    buffers->streams[i] = opaque_streams ? (vram_stream_t)(uintptr_t)trace->stream_ids[i] : NULL;
+  memset(buffers->blocks, 0, sizeof *buffers->blocks * trace->slot_count);
+
+  uint64_t ooms = 0;
+  size_t failed_at = SIZE_MAX;
+  double elapsed = 0;
+  size_t done = run_ops(pool, trace, buffers, stop_at_oom, report_oom, &ooms, &failed_at,
+                        &status, &elapsed);
+  if (warm && failed_at == SIZE_MAX && free_live(pool, trace, buffers->blocks) == 0) {
+    uint64_t warm_ooms = 0;
+    done = run_ops(pool, trace, buffers, stop_at_oom, 0, &warm_ooms, &failed_at, &status,
+                   &elapsed);
+  }
+  run->ns_per_op = done ? elapsed / (double)done : 0.0;
+  run->ooms = ooms;
+
+  int result = CLI_EXIT_OK;
+  if (failed_at != SIZE_MAX) {
+    const trace_op_t *op = &trace->ops[failed_at];
+    fprintf(stderr, "vramkit: %s: op %zu (%s %llu bytes) failed: %s (%s)\n", trace->name,
+            failed_at, op_kind(op), (unsigned long long)op->size, vram_strerror(status),
+            vram_errname(status));
+    result = CLI_EXIT_FAILURE;
+  }
+  vram_stats_t stats;
+  if (vram_get_stats(pool, &stats) == VRAM_OK)
+    run->peak_reserved = (uint64_t)stats.reserved_bytes.peak;
+  if (summary_out) {
+    fprintf(summary_out, "== %s on %s\n", trace->name, vram_source_name(run->source));
+    cli_print_summary(pool, summary_out);
+  }
+  int drained = drain_and_check(pool, trace, buffers->blocks);
+  if (result == CLI_EXIT_OK) result = drained;
+  status = vram_pool_destroy(pool);
+  if (status != VRAM_OK) {
+    fprintf(stderr, "vramkit: %s: vram_pool_destroy: %s\n", trace->name, vram_strerror(status));
+    vram_pool_destroy_force(pool);
+    result = CLI_EXIT_FAILURE;
+  }
+  return result;
+}
+
+/* Does the trace replay with no OOM when capacity bounds the source of `family`? */
+static int fits_under(const trace_t *trace, const vram_options_t *family, uint64_t capacity,
+                      replay_buffers_t *buffers, int *fits) {
+  vram_options_t options = *family;
+  options.sim_capacity = (size_t)capacity;
+  options.limit_bytes = (size_t)capacity;
+  options.limit_fraction = 0;
+  replay_run_t run;
+  int result = replay_once(trace, &options, 1, 0, 0, NULL, buffers, &run);
+  *fits = run.ooms == 0;
+  return result;
+}
+
+/* Smallest capacity, to 1 MiB, under which the trace fits; found = -1 if even 4x peak live
+ * does not. Bisection keeps `high` fitting and `low` not fitting, both in MiB. */
+static int find_min_capacity(const trace_t *trace, const vram_options_t *family,
+                             replay_buffers_t *buffers, uint64_t *min_capacity, int *found) {
+  uint64_t low = trace->peak_live_bytes / MIB;
+  uint64_t high = (4 * trace->peak_live_bytes + MIB - 1) / MIB;
+  int fits = 0;
+  int result;
+  *found = 1;
+  if (trace->peak_live_bytes == 0) {
+    *min_capacity = 0;
+    return CLI_EXIT_OK;
+  }
+  if ((result = fits_under(trace, family, high * MIB, buffers, &fits)) != CLI_EXIT_OK) return result;
+  if (!fits) {
+    *found = -1;
+    *min_capacity = 0;
+    return CLI_EXIT_OK;
+  }
+  if (low > 0) {
+    if ((result = fits_under(trace, family, low * MIB, buffers, &fits)) != CLI_EXIT_OK)
+      return result;
+    if (fits) high = low;
+  }
+  while (high - low > 1) {
+    uint64_t middle = low + (high - low) / 2;
+    if ((result = fits_under(trace, family, middle * MIB, buffers, &fits)) != CLI_EXIT_OK)
+      return result;
+    if (fits) high = middle;
+    else low = middle;
+  }
+  *min_capacity = high * MIB;
+  return CLI_EXIT_OK;
+}
+
+/* The yardstick: one hash-table insert or delete per op, keyed by a fake block address
+ * made from the slot (unique among live blocks, 512-byte aligned like real blocks). */
+static double baseline_once(const trace_t *trace, hashtab_t *table) {
+  hashtab_clear(table);
+  const trace_op_t *ops = trace->ops;
+  const size_t op_count = trace->op_count;
+  double start = cli_now_ns();
+  for (size_t i = 0; i < op_count; i++) {
+    uint64_t fake_address = 0x7f0000000000ull + (uint64_t)ops[i].slot * 4096;
+    if (ops[i].is_alloc) hashtab_insert(table, fake_address, ops[i].slot);
+    else hashtab_remove(table, fake_address);
+  }
+  double elapsed = cli_now_ns() - start;
+  /* Reading the count keeps the compiler from discarding the loop's stores. */
+  volatile size_t left = table->count;
+  (void)left;
+  return op_count ? elapsed / (double)op_count : 0.0;
+}
+
+static void print_table_header(const replay_settings_t *settings) {
+  printf("%-20s %-8s %8s %12s %14s %9s %8s %5s", "trace", "source", "ops", "peak live",
+         "peak reserved", "res/live", "ns/op", "ooms");
+  if (settings->min_capacity) printf(" %12s %9s", "min cap", "cap/live");
+  if (settings->warm) printf(" %10s", "warm ns/op");
+  if (settings->baseline) printf(" %11s %10s", "baseline ns", "x baseline");
+  printf("\n");
+}
+
+static void print_mib(uint64_t bytes, int width) {
+  char text[32];
+  snprintf(text, sizeof text, "%.1f MiB", (double)bytes / (double)MIB);
+  printf(" %*s", width, text);
+}
+
+static void print_result_row(const replay_settings_t *settings, const replay_result_t *r) {
+  printf("%-20s %-8s %8zu", r->name, vram_source_name(r->source), r->ops);
+  print_mib(r->peak_live, 12);
+  print_mib(r->peak_reserved, 14);
+  printf(" %9.3f %8.1f %5llu", ratio(r->peak_reserved, r->peak_live), r->ns_per_op,
+         (unsigned long long)r->ooms);
+  if (settings->min_capacity) {
+    if (r->have_min_capacity > 0) {
+      print_mib(r->min_capacity, 12);
+      printf(" %9.3f", ratio(r->min_capacity, r->peak_live));
+    } else {
+      printf(" %12s %9s", "> 4x live", "-");
+    }
+  }
+  if (settings->warm) printf(" %10.1f", r->warm_ns);
+  if (settings->baseline)
+    printf(" %11.1f %10.2f", r->baseline_ns,
+           r->baseline_ns > 0 ? r->ns_per_op / r->baseline_ns : 0.0);
+  printf("\n");
+  fflush(stdout);
+}
+
+static void print_result_json(const replay_settings_t *settings, const replay_result_t *r) {
+  printf("{\"trace\": ");
+  cli_json_string(stdout, r->name);
+  printf(", \"source\": ");
+  cli_json_string(stdout, vram_source_name(r->source));
+  printf(", \"ops\": %zu, \"peak_live_bytes\": %llu, \"peak_reserved_bytes\": %llu, "
+         "\"reserved_over_live\": %.3f, \"ns_per_op\": %.1f, \"ooms\": %llu",
+         r->ops, (unsigned long long)r->peak_live, (unsigned long long)r->peak_reserved,
+         ratio(r->peak_reserved, r->peak_live), r->ns_per_op, (unsigned long long)r->ooms);
+  if (settings->have_capacity)
+    printf(", \"capacity_bytes\": %llu", (unsigned long long)settings->capacity);
+  printf(", \"repeat\": %ld", settings->repeat);
+  if (settings->min_capacity) {
+    if (r->have_min_capacity > 0)
+      printf(", \"min_capacity_bytes\": %llu, \"min_capacity_over_live\": %.3f",
+             (unsigned long long)r->min_capacity, ratio(r->min_capacity, r->peak_live));
+    else
+      printf(", \"min_capacity_bytes\": null, \"min_capacity_over_live\": null");
+    printf(", \"min_capacity_source\": ");
+    cli_json_string(stdout, vram_source_name(r->min_capacity_source));
+  }
+  if (settings->warm) printf(", \"ns_per_op_warm\": %.1f", r->warm_ns);
+  if (settings->baseline) {
+    printf(", \"baseline_ns_per_op\": %.2f, \"ns_over_baseline\": %.2f", r->baseline_ns,
+           r->baseline_ns > 0 ? r->ns_per_op / r->baseline_ns : 0.0);
+    if (settings->warm)
+      printf(", \"warm_over_baseline\": %.2f", r->baseline_ns > 0 ? r->warm_ns / r->baseline_ns : 0.0);
+  }
+  printf("}\n");
+  fflush(stdout);
+}
+
+static void print_fragmentation_table(FILE *out, const replay_result_t *results, size_t count) {
+  fprintf(out, "\nFragmentation: peak reserved over peak live\n");
+  fprintf(out, "%-20s %-8s %14s %14s %9s %s\n", "trace", "source", "peak live",
+          "peak reserved", "vramkit", "PyTorch native (H200, DESIGN.md; for reference)");
+  for (size_t i = 0; i < count; i++) {
+    const replay_result_t *r = &results[i];
+    char live[32], reserved[32], reference[32] = "-";
+    snprintf(live, sizeof live, "%.1f MiB", (double)r->peak_live / (double)MIB);
+    snprintf(reserved, sizeof reserved, "%.1f MiB", (double)r->peak_reserved / (double)MIB);
+    for (size_t k = 0; k < sizeof pytorch_reference / sizeof *pytorch_reference; k++)
+      if (strcmp(pytorch_reference[k].trace, r->name) == 0)
+        snprintf(reference, sizeof reference, "%.3f", pytorch_reference[k].native_ratio);
+    fprintf(out, "%-20s %-8s %14s %14s %9.3f %s\n", r->name, vram_source_name(r->source), live,
+            reserved, ratio(r->peak_reserved, r->peak_live), reference);
+  }
+}
+
+/* Replay one parsed trace as the settings ask and fill *result. */
+static int replay_trace(const replay_settings_t *settings, const trace_t *trace,
+                        replay_result_t *result) {
+  replay_buffers_t buffers;
+  buffers.blocks = calloc(trace->slot_count ? trace->slot_count : 1, sizeof *buffers.blocks);
+  buffers.streams = calloc(trace->stream_count ? trace->stream_count : 1, sizeof *buffers.streams);
+  if (!buffers.blocks || !buffers.streams) {
+    free(buffers.blocks);
+    free(buffers.streams);
+    fprintf(stderr, "vramkit: %s: out of host memory\n", trace->name);
+    return CLI_EXIT_FAILURE;
+  }
+  memset(result, 0, sizeof *result);
+  result->name = trace->name;
+  result->ops = trace->op_count;
+  result->peak_live = trace->peak_live_bytes;
+
+  vram_options_t options = settings->options;
+  if (settings->have_capacity) {
+    options.limit_bytes = settings->capacity;
+    options.limit_fraction = 0;
+    options.sim_capacity = settings->capacity;
+  }
+  FILE *summary_out = settings->json ? stderr : stdout;
+  int status = CLI_EXIT_OK;
+  for (long r = 0; r < settings->repeat && status == CLI_EXIT_OK; r++) {
+    replay_run_t run;
+    int last = r == settings->repeat - 1;
+    status = replay_once(trace, &options, 0, r == 0, 0,
+                         settings->summary && last ? summary_out : NULL, &buffers, &run);
+    if (r == 0) {
+      /* The first run is the cold one; later ones only improve the time. */
+      result->source = run.source;
+      result->peak_reserved = run.peak_reserved;
+      result->ooms = run.ooms;
+      result->ns_per_op = run.ns_per_op;
+    } else if (run.ns_per_op < result->ns_per_op) {
+      result->ns_per_op = run.ns_per_op;
+    }
+  }
+
+  for (long r = 0; settings->warm && r < settings->repeat && status == CLI_EXIT_OK; r++) {
+    replay_run_t run;
+    status = replay_once(trace, &options, 0, 0, 1, NULL, &buffers, &run);
+    if (r == 0 || run.ns_per_op < result->warm_ns) result->warm_ns = run.ns_per_op;
+  }
+
+  if (status == CLI_EXIT_OK && settings->min_capacity) {
+    int vmm_family = result->source == VRAM_SOURCE_VMM || result->source == VRAM_SOURCE_SIM_VMM;
+    vram_options_t family = settings->options;
+    family.source = vmm_family ? VRAM_SOURCE_SIM_VMM : VRAM_SOURCE_SIM;
+    result->min_capacity_source = family.source;
+    status = find_min_capacity(trace, &family, &buffers, &result->min_capacity,
+                               &result->have_min_capacity);
+  }
+
+  if (status == CLI_EXIT_OK && settings->baseline) {
+    hashtab_t table;
+    if (hashtab_init(&table, trace->slot_count) != 0) {
+      fprintf(stderr, "vramkit: %s: out of host memory\n", trace->name);
+      status = CLI_EXIT_FAILURE;
+    } else {
+      for (long r = 0; r < settings->repeat; r++) {
+        double ns = baseline_once(trace, &table);
+        if (r == 0 || ns < result->baseline_ns) result->baseline_ns = ns;
+      }
+      hashtab_close(&table);
+    }
+  }
+  free(buffers.blocks);
+  free(buffers.streams);
+  return status;
+}
+
+int cmd_replay(int argc, char **argv) {
+  replay_settings_t settings;
+  memset(&settings, 0, sizeof settings);
+  settings.repeat = 3;
+  int have_source = 0;
+  vram_source_kind source = VRAM_SOURCE_AUTO;
+  const char **paths = calloc((size_t)argc, sizeof *paths);
+  size_t path_count = 0;
+  int options_done = 0;
+  if (!paths) return CLI_EXIT_FAILURE;
+
+  for (int i = 1; i < argc; i++) {
+    const char *arg = argv[i];
+    const char *value = NULL;
+    int matched;
+    if (options_done || arg[0] != '-' || arg[1] == '\0') {
+      paths[path_count++] = arg;
+      continue;
+    }
+    if (strcmp(arg, "--") == 0) {
+      options_done = 1;
+    } else if (cli_is_help(arg)) {
+      fputs(replay_usage, stdout);
+      free(paths);
+      return CLI_EXIT_OK;
+    } else if ((matched = cli_option_value(argc, argv, &i, "--source", &value)) != 0) {
+      if (matched < 0 || cli_parse_source(value, &source) != 0) goto usage_error;
+      have_source = 1;
+    } else if ((matched = cli_option_value(argc, argv, &i, "--capacity", &value)) != 0) {
+      if (matched < 0 || cli_parse_size("--capacity", value, &settings.capacity) != 0)
+        goto usage_error;
+      if (settings.capacity == 0) {
+        fprintf(stderr, "vramkit: --capacity must be more than 0\n");
+        goto usage_error;
+      }
+      settings.have_capacity = 1;
+    } else if ((matched = cli_option_value(argc, argv, &i, "--repeat", &value)) != 0) {
+      if (matched < 0 || cli_parse_long("--repeat", value, 1, 1000, &settings.repeat) != 0)
+        goto usage_error;
+    } else if (strcmp(arg, "--json") == 0) {
+      settings.json = 1;
+    } else if (strcmp(arg, "--summary") == 0) {
+      settings.summary = 1;
+    } else if (strcmp(arg, "--min-capacity") == 0) {
+      settings.min_capacity = 1;
+    } else if (strcmp(arg, "--baseline") == 0) {
+      settings.baseline = 1;
+    } else if (strcmp(arg, "--warm") == 0) {
+      settings.warm = 1;
+    } else {
+      fprintf(stderr, "vramkit replay: unknown option '%s' (see vramkit replay --help)\n", arg);
+      goto usage_error;
+    }
+  }
+  if (path_count == 0) {
+    fprintf(stderr, "vramkit replay: no trace given (see vramkit replay --help)\n");
+    goto usage_error;
+  }
+  if (cli_base_options(&settings.options, have_source, source) != 0) goto usage_error;
+
+  /* Parse everything first: a bad file is reported before minutes of replay, not after. */
+  trace_t *traces = calloc(path_count, sizeof *traces);
+  replay_result_t *results = calloc(path_count, sizeof *results);
+  if (!traces || !results) {
+    free(traces);
+    free(results);
+    free(paths);
+    return CLI_EXIT_FAILURE;
+  }
+  int status = CLI_EXIT_OK;
+  size_t loaded = 0;
+  for (; loaded < path_count; loaded++) {
+    char error[1024];
+    int rc = trace_load(paths[loaded], &traces[loaded], error, sizeof error);
+    if (rc != TRACE_OK) {
+      fprintf(stderr, "vramkit replay: %s\n", error);
+      status = rc == TRACE_ENOMEM ? CLI_EXIT_FAILURE : CLI_EXIT_BAD_TRACE;
+      break;
+    }
+    if (traces[loaded].unmatched_frees)
+      fprintf(stderr, "vramkit replay: %s: %zu frees of blocks never allocated were skipped\n",
+              paths[loaded], traces[loaded].unmatched_frees);
+  }
+
+  /* Rows go out as each trace finishes, except that with --summary in text mode the
+   * summaries come first and the table after them, so that neither breaks up the other. */
+  int any_oom = 0;
+  size_t replayed = 0;
+  int rows_as_we_go = !settings.json && !settings.summary;
+  for (; status == CLI_EXIT_OK && replayed < path_count; replayed++) {
+    status = replay_trace(&settings, &traces[replayed], &results[replayed]);
+    if (status != CLI_EXIT_OK) break;
+    if (results[replayed].ooms) any_oom = 1;
+    if (settings.json) print_result_json(&settings, &results[replayed]);
+    else if (rows_as_we_go) {
+      /* The header waits for the first row, so that an early error stands alone. */
+      if (replayed == 0) print_table_header(&settings);
+      print_result_row(&settings, &results[replayed]);
+    }
+  }
+  if (status == CLI_EXIT_OK && !settings.json && settings.summary) {
+    printf("\n");
+    print_table_header(&settings);
+    for (size_t i = 0; i < replayed; i++) print_result_row(&settings, &results[i]);
+  }
+  if (status == CLI_EXIT_OK && settings.summary)
+    print_fragmentation_table(settings.json ? stderr : stdout, results, replayed);
+  if (status == CLI_EXIT_OK && any_oom) status = CLI_EXIT_OOM;
+
+  for (size_t i = 0; i < loaded; i++) trace_free(&traces[i]);
+  free(traces);
+  free(results);
+  free(paths);
+  return status;
+
+usage_error:
+  free(paths);
+  return CLI_EXIT_USAGE;
+}

@@ -1,0 +1,47 @@
+/* trace_io.h - reading allocation traces (format v1, shared/DESIGN.md) into memory.
+ *
+ * A trace is parsed completely before anything is timed: ids become dense slots (a slot is
+ * unique among live blocks and slots are reused, so a replay needs only an array of
+ * slot_count pointers), streams become small indices, and the peak of live bytes is
+ * computed from the op sizes, independently of any allocator.
+ */
+#ifndef VRAMKIT_TOOLS_TRACE_IO_H
+#define VRAMKIT_TOOLS_TRACE_IO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct trace_op {
+  uint64_t size;     /* allocation: bytes asked for; free: the size the block had */
+  uint32_t slot;     /* dense block index, < trace.slot_count */
+  uint16_t stream;   /* index into trace.stream_ids */
+  uint8_t is_alloc;  /* 1: allocate, 0: free */
+} trace_op_t;
+
+typedef struct trace {
+  char *path;
+  char *name;               /* file name without directory and ".trace.gz" */
+  trace_op_t *ops;
+  size_t op_count;
+  size_t alloc_count;
+  size_t unmatched_frees;   /* frees of ids that were not live: skipped, not replayed */
+  uint32_t slot_count;      /* most blocks live at once */
+  uint32_t left_live;       /* blocks still live at the end of the trace */
+  uint64_t *stream_ids;     /* the trace's opaque stream numbers, in order of appearance */
+  uint32_t stream_count;
+  uint64_t peak_live_bytes; /* largest sum of live block sizes */
+} trace_t;
+
+typedef enum trace_status {
+  TRACE_OK = 0,
+  TRACE_EIO = -1,     /* cannot open or decompress the file */
+  TRACE_EFORMAT = -2, /* a malformed line; the message names file and line */
+  TRACE_ENOMEM = -3   /* out of host memory */
+} trace_status;
+
+/* Parse the gzip (or plain) text trace at path. On failure, writes a message naming the
+ * file (and line) into error and leaves *trace empty. */
+int trace_load(const char *path, trace_t *trace, char *error, size_t error_cap);
+void trace_free(trace_t *trace);
+
+#endif
