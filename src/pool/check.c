@@ -35,7 +35,7 @@ static bool visit_index_block(void *ctx, const vram_block *b, int fl, int sl) {
 bool _vram_pool_check_locked(vram_pool_t *pool) {
   int64_t allocated = 0, requested = 0, active = 0, live = 0, active_blocks = 0, segments = 0;
   int64_t reserved = 0;
-  size_t in_map = 0;
+  size_t in_map = 0, idle_bytes = 0;
   for (vram_arena *a = pool->arenas; a; a = a->next) {
     size_t free_small = 0, free_large = 0;
     vram_segment *prev_seg = NULL;
@@ -79,6 +79,9 @@ bool _vram_pool_check_locked(vram_pool_t *pool) {
       }
       REQUIRE(expect_addr == s->addr + s->size, "blocks do not cover segment %p", (void *)s);
       REQUIRE(used == s->used_bytes, "segment used bytes %zu, blocks say %zu", s->used_bytes, used);
+      REQUIRE(s->idle == (!pool->src->is_vmm && !s->keep && !s->used_bytes),
+              "segment %p idle flag disagrees with its usage", (void *)s);
+      if (s->idle) idle_bytes += s->size;
       if (pool->src->is_vmm) {
         REQUIRE(_vram_granules_check(pool, s), "granule accounting of segment %p", (void *)s);
         reserved += (int64_t)(s->mapped_granules * pool->granularity);
@@ -93,6 +96,15 @@ bool _vram_pool_check_locked(vram_pool_t *pool) {
             "free index holds %zu+%zu blocks, segments %zu+%zu", vs.blocks, vl.blocks, free_small,
             free_large);
   }
+  size_t idle_listed = 0;
+  for (vram_segment *s = pool->idle_head; s; s = s->idle_next) {
+    REQUIRE(s->idle && (s->idle_next ? s->idle_next->idle_prev == s : pool->idle_tail == s),
+            "idle segment list broken");
+    idle_listed += s->size;
+  }
+  REQUIRE(idle_listed == idle_bytes && idle_bytes == pool->idle_bytes,
+          "idle segments: listed %zu, flagged %zu, counted %zu", idle_listed, idle_bytes,
+          pool->idle_bytes);
   REQUIRE(in_map == pool->ptrs.count, "pointer map holds %zu, blocks %zu", pool->ptrs.count, in_map);
   size_t pending = 0;
   for (vram_pending *p = pool->pending_head; p; p = p->next) {

@@ -83,6 +83,8 @@ struct vram_segment {
   vram_block *first;      /* lowest-address block */
   bool is_small;
   bool keep;              /* preallocated: empty_cache and the ladder leave it alone */
+  bool idle;              /* fixed sources: on the pool's list of fully free segments */
+  vram_segment *idle_prev, *idle_next;
   /* Virtual memory only (NULL otherwise): per granule, bytes of live/pending blocks on
    * it, and bitmaps of mapped granules and of mapped granules no block uses. */
   uint32_t *gran_used;
@@ -100,13 +102,20 @@ struct vram_arena {
   vram_segment *segments; /* doubly linked list, both kinds */
   vram_arena *next;
   void *release_event;    /* recorded on `stream` before memory of this arena is released */
+  uint64_t quiesced_at;   /* pool release epoch at which the stream was last waited for */
 };
 
 /* Pointer -> live or pending block. Open addressing, linear probing, backward-shift
  * deletion; never more than half full. */
+typedef struct vram_ptrmap_slot {
+  uintptr_t key; /* 0 = empty */
+  vram_block *value;
+} vram_ptrmap_slot;
+
+/* Key and value share a slot so that a lookup in a table far larger than the cache costs
+ * one miss, not two. */
 typedef struct vram_ptrmap {
-  uintptr_t *keys; /* 0 = empty slot */
-  vram_block **values;
+  vram_ptrmap_slot *slots;
   size_t mask;     /* capacity - 1 */
   size_t count;
 } vram_ptrmap;
@@ -136,6 +145,11 @@ struct vram_pool {
 
   vram_arena *arenas;
   vram_arena *last_arena; /* one-entry cache for the common single-stream case */
+  /* Fixed sources: fully free segments, most recently freed at the head, so that release
+   * gives back the longest-unused first without scanning every segment. */
+  vram_segment *idle_head, *idle_tail;
+  size_t idle_bytes;
+  uint64_t release_epoch;
   vram_ptrmap ptrs;
   vram_block_cache blocks;
   vram_pending *pending_head, *pending_tail;

@@ -145,6 +145,29 @@ int _vram_arena_quiesce(vram_pool_t *pool, vram_arena *arena) {
  * Blocks inside segments: take (split) and give back (coalesce).
  * ------------------------------------------------------------------------------------- */
 
+/* Fixed sources: keep the list of fully free segments in step with their usage. */
+static void idle_push(vram_pool_t *pool, vram_segment *seg) {
+  if (seg->keep || seg->idle || pool->src->is_vmm) return;
+  seg->idle = true;
+  seg->idle_prev = NULL;
+  seg->idle_next = pool->idle_head;
+  if (pool->idle_head) pool->idle_head->idle_prev = seg;
+  else pool->idle_tail = seg;
+  pool->idle_head = seg;
+  pool->idle_bytes += seg->size;
+}
+
+static void idle_remove(vram_pool_t *pool, vram_segment *seg) {
+  if (!seg->idle) return;
+  seg->idle = false;
+  if (seg->idle_prev) seg->idle_prev->idle_next = seg->idle_next;
+  else pool->idle_head = seg->idle_next;
+  if (seg->idle_next) seg->idle_next->idle_prev = seg->idle_prev;
+  else pool->idle_tail = seg->idle_prev;
+  seg->idle_prev = seg->idle_next = NULL;
+  pool->idle_bytes -= seg->size;
+}
+
 /* Merge free block `b` with its free address neighbours, then index it. */
 static void block_make_free(vram_pool_t *pool, vram_block *b) {
   vram_segment *seg = b->segment;
@@ -152,6 +175,7 @@ static void block_make_free(vram_pool_t *pool, vram_block *b) {
   b->state = VRAM_BLOCK_FREE;
   b->requested = 0;
   seg->used_bytes -= b->size;
+  if (!seg->used_bytes) idle_push(pool, seg);
   if (seg->gran_used) _vram_granules_release(pool, seg, b->addr, b->size);
   vram_block *next = b->addr_next;
   if (next && next->state == VRAM_BLOCK_FREE) {
@@ -208,6 +232,7 @@ static int block_take(vram_pool_t *pool, vram_block *b, size_t rounded, size_t r
   }
   b->state = VRAM_BLOCK_LIVE;
   b->requested = requested;
+  if (!seg->used_bytes) idle_remove(pool, seg);
   seg->used_bytes += b->size;
   *out = b;
   return VRAM_OK;
@@ -224,14 +249,6 @@ static int block_take(vram_pool_t *pool, vram_block *b, size_t rounded, size_t r
 static size_t fixed_segment_size(const vram_pool_t *pool, size_t rounded, bool small) {
   if (small) return VRAM_SMALL_SEGMENT;
   return round_up(rounded, pool->granularity);
-}
-
-static size_t fixed_cached_bytes(const vram_pool_t *pool) {
-  size_t bytes = 0;
-  for (vram_arena *a = pool->arenas; a; a = a->next)
-    for (vram_segment *s = a->segments; s; s = s->next)
-      if (!s->used_bytes && !s->keep) bytes += s->size;
-  return bytes;
 }
 
 static void segment_link(vram_arena *a, vram_segment *seg) {
@@ -265,6 +282,7 @@ static int segment_release(vram_pool_t *pool, vram_segment *seg) {
   _vram_stat_add(&pool->stats.segment, -1);
   _vram_tlsf_remove(index_of(seg), seg->first);
   block_delete(pool, seg->first);
+  idle_remove(pool, seg);
   segment_unlink(seg);
   _vram_granules_destroy(seg);
   free(seg);
@@ -280,28 +298,28 @@ static size_t release_cached(vram_pool_t *pool, size_t want, int *first_error) {
     released = _vram_granules_trim(pool, granules) * pool->granularity;
     if (want != SIZE_MAX) return released;
   }
-  for (vram_arena *a = pool->arenas; a && released < want; a = a->next) {
-    bool quiesced = false;
-    vram_segment *next;
-    for (vram_segment *s = a->segments; s && released < want; s = next) {
-      next = s->next;
-      if (s->used_bytes || s->mapped_granules || s->keep) continue;
-      if (!quiesced) {
-        int rc = _vram_arena_quiesce(pool, a);
-        if (rc) {
-          if (first_error && !*first_error) *first_error = rc;
-          break;
-        }
-        quiesced = true;
-      }
-      size_t size = pool->src->is_vmm ? 0 : s->size;
-      int rc = segment_release(pool, s);
+  /* Fixed sources: the idle list, longest unused first; each arena's stream is waited
+   * for once per release. */
+  pool->release_epoch++;
+  vram_segment *prev;
+  for (vram_segment *s = pool->idle_tail; s && released < want; s = prev) {
+    prev = s->idle_prev;
+    vram_arena *a = s->arena;
+    if (a->quiesced_at != pool->release_epoch) {
+      int rc = _vram_arena_quiesce(pool, a);
       if (rc) {
         if (first_error && !*first_error) *first_error = rc;
         continue;
       }
-      released += size;
+      a->quiesced_at = pool->release_epoch;
     }
+    size_t size = s->size;
+    int rc = segment_release(pool, s);
+    if (rc) {
+      if (first_error && !*first_error) *first_error = rc;
+      continue;
+    }
+    released += size;
   }
   return released;
 }
@@ -360,6 +378,7 @@ static int segment_grow(vram_pool_t *pool, vram_arena *a, size_t rounded, bool s
   b->state = VRAM_BLOCK_FREE;
   seg->first = b;
   _vram_tlsf_insert(index_of(seg), b);
+  idle_push(pool, seg);
   if (!vmm) _vram_stat_add(&pool->stats.reserved_bytes, (int64_t)size);
   _vram_stat_add(&pool->stats.segment, 1);
   pool->stats.num_device_alloc += vmm ? 0 : 1;
@@ -388,6 +407,7 @@ int _vram_pool_preallocate(vram_pool_t *pool, size_t bytes) {
   }
   int rc = segment_grow(pool, a, rounded, false, &b);
   if (rc) return rc;
+  idle_remove(pool, b->segment);
   b->segment->keep = true;
   return VRAM_OK;
 }
@@ -481,7 +501,12 @@ int vram_malloc(vram_pool_t *pool, size_t size, vram_stream_t stream, void **out
   if (!pool || !out) return VRAM_EINVAL;
   *out = NULL;
   if (size == 0) return VRAM_OK;
-  if (size > VRAM_MAX_REQUEST) return VRAM_ETOOBIG;
+  if (size > VRAM_MAX_REQUEST) {
+    char msg[96];
+    snprintf(msg, sizeof msg, "vram_malloc(%zu): %s", size, vram_strerror(VRAM_ETOOBIG));
+    report_error(pool, VRAM_ETOOBIG, msg);
+    return VRAM_ETOOBIG;
+  }
   size_t rounded = round_up(size, VRAM_ALIGN);
   vram_block *b = NULL;
   vram_lock_acquire(&pool->lock);
@@ -584,7 +609,7 @@ static int free_locked(vram_pool_t *pool, uintptr_t addr) {
   /* Keep cached memory under the release threshold. */
   if (pool->opts.release_threshold != SIZE_MAX) {
     size_t cached = pool->src->is_vmm ? _vram_granules_idle_total(pool) * pool->granularity
-                                      : fixed_cached_bytes(pool);
+                                      : pool->idle_bytes;
     if (cached > pool->opts.release_threshold)
       release_cached(pool, cached - pool->opts.release_threshold, NULL);
   }

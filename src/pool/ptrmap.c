@@ -18,25 +18,16 @@ static inline size_t ptrmap_slot(const vram_ptrmap *m, uintptr_t key) {
 int _vram_ptrmap_init(vram_ptrmap *m, size_t capacity) {
   size_t cap = 64;
   while (cap < capacity) cap <<= 1;
-  m->keys = calloc(cap, sizeof *m->keys);
-  m->values = calloc(cap, sizeof *m->values);
-  if (!m->keys || !m->values) {
-    free(m->keys);
-    free(m->values);
-    m->keys = NULL;
-    m->values = NULL;
-    return VRAM_EHOSTMEM;
-  }
+  m->slots = calloc(cap, sizeof *m->slots);
+  if (!m->slots) return VRAM_EHOSTMEM;
   m->mask = cap - 1;
   m->count = 0;
   return VRAM_OK;
 }
 
 void _vram_ptrmap_destroy(vram_ptrmap *m) {
-  free(m->keys);
-  free(m->values);
-  m->keys = NULL;
-  m->values = NULL;
+  free(m->slots);
+  m->slots = NULL;
   m->count = 0;
 }
 
@@ -45,11 +36,10 @@ static int ptrmap_grow(vram_ptrmap *m) {
   int rc = _vram_ptrmap_init(&bigger, (m->mask + 1) * 2);
   if (rc) return rc;
   for (size_t i = 0; i <= m->mask; i++) {
-    if (!m->keys[i]) continue;
-    size_t j = ptrmap_slot(&bigger, m->keys[i]);
-    while (bigger.keys[j]) j = (j + 1) & bigger.mask;
-    bigger.keys[j] = m->keys[i];
-    bigger.values[j] = m->values[i];
+    if (!m->slots[i].key) continue;
+    size_t j = ptrmap_slot(&bigger, m->slots[i].key);
+    while (bigger.slots[j].key) j = (j + 1) & bigger.mask;
+    bigger.slots[j] = m->slots[i];
   }
   bigger.count = m->count;
   _vram_ptrmap_destroy(m);
@@ -63,23 +53,23 @@ int _vram_ptrmap_insert(vram_ptrmap *m, uintptr_t key, vram_block *value) {
     if (rc) return rc;
   }
   size_t i = ptrmap_slot(m, key);
-  while (m->keys[i]) {
-    if (m->keys[i] == key) {
-      m->values[i] = value;
+  while (m->slots[i].key) {
+    if (m->slots[i].key == key) {
+      m->slots[i].value = value;
       return VRAM_OK;
     }
     i = (i + 1) & m->mask;
   }
-  m->keys[i] = key;
-  m->values[i] = value;
+  m->slots[i].key = key;
+  m->slots[i].value = value;
   m->count++;
   return VRAM_OK;
 }
 
 vram_block *_vram_ptrmap_get(const vram_ptrmap *m, uintptr_t key) {
   size_t i = ptrmap_slot(m, key);
-  while (m->keys[i]) {
-    if (m->keys[i] == key) return m->values[i];
+  while (m->slots[i].key) {
+    if (m->slots[i].key == key) return m->slots[i].value;
     i = (i + 1) & m->mask;
   }
   return NULL;
@@ -87,22 +77,21 @@ vram_block *_vram_ptrmap_get(const vram_ptrmap *m, uintptr_t key) {
 
 vram_block *_vram_ptrmap_remove(vram_ptrmap *m, uintptr_t key) {
   size_t i = ptrmap_slot(m, key);
-  while (m->keys[i] && m->keys[i] != key) i = (i + 1) & m->mask;
-  if (!m->keys[i]) return NULL;
-  vram_block *value = m->values[i];
+  while (m->slots[i].key && m->slots[i].key != key) i = (i + 1) & m->mask;
+  if (!m->slots[i].key) return NULL;
+  vram_block *value = m->slots[i].value;
   /* Backward-shift: move later entries of the probe run into the hole when their home
    * slot does not lie cyclically in (hole, j]. */
   size_t hole = i;
-  for (size_t j = (i + 1) & m->mask; m->keys[j]; j = (j + 1) & m->mask) {
-    size_t home = ptrmap_slot(m, m->keys[j]);
+  for (size_t j = (i + 1) & m->mask; m->slots[j].key; j = (j + 1) & m->mask) {
+    size_t home = ptrmap_slot(m, m->slots[j].key);
     bool home_in_range = (hole <= j) ? (hole < home && home <= j) : (hole < home || home <= j);
     if (home_in_range) continue;
-    m->keys[hole] = m->keys[j];
-    m->values[hole] = m->values[j];
+    m->slots[hole] = m->slots[j];
     hole = j;
   }
-  m->keys[hole] = 0;
-  m->values[hole] = NULL;
+  m->slots[hole].key = 0;
+  m->slots[hole].value = NULL;
   m->count--;
   return value;
 }
