@@ -154,6 +154,7 @@ struct vram_pool {
   vram_block_cache blocks;
   vram_pending *pending_head, *pending_tail;
   size_t pending_count;
+  unsigned pending_tick;  /* allocations since pending frees were last looked at */
   void **spare_events;    /* created events ready to record again */
   size_t n_spare_events, cap_spare_events;
 

@@ -297,6 +297,17 @@ static size_t release_cached(vram_pool_t *pool, size_t want, int *first_error) {
     size_t granules = want == SIZE_MAX ? SIZE_MAX : (want + pool->granularity - 1) / pool->granularity;
     released = _vram_granules_trim(pool, granules) * pool->granularity;
     if (want != SIZE_MAX) return released;
+    /* Everything: empty virtual ranges go back too. */
+    for (vram_arena *a = pool->arenas; a; a = a->next) {
+      vram_segment *next;
+      for (vram_segment *s = a->segments; s; s = next) {
+        next = s->next;
+        if (s->used_bytes || s->mapped_granules || s->keep) continue;
+        int rc = segment_release(pool, s);
+        if (rc && first_error && !*first_error) *first_error = rc;
+      }
+    }
+    return released;
   }
   /* Fixed sources: the idle list, longest unused first; each arena's stream is waited
    * for once per release. */
@@ -459,7 +470,12 @@ static int alloc_attempt(vram_pool_t *pool, vram_arena *a, size_t rounded, size_
   bool small = rounded <= VRAM_SMALL_MAX && !pool->unified_index;
   vram_tlsf *index = small ? &a->free_small : &a->free_large;
   vram_block *b = _vram_tlsf_find(index, rounded);
-  if (!b && pool->pending_count) {
+  /* Retire completed cross-stream frees when the index has nothing that fits, when the
+   * fit would map new memory (virtual segments always have room), and now and then
+   * otherwise, so that a waiting block is not forgotten while other blocks keep fitting. */
+  if (pool->pending_count &&
+      (!b || (++pool->pending_tick & 63) == 0 ||
+       (b->segment->gran_used && _vram_granules_unmapped_in(pool, b->segment, b->addr, rounded)))) {
     drain_pending(pool, false);
     b = _vram_tlsf_find(index, rounded);
   }
@@ -536,9 +552,12 @@ static int classify_unknown_pointer(const vram_pool_t *pool, uintptr_t addr) {
   for (vram_arena *a = pool->arenas; a; a = a->next)
     for (vram_segment *s = a->segments; s; s = s->next) {
       if (addr < s->addr || addr >= s->addr + s->size) continue;
+      /* An aligned address in free memory of ours was handed out once and freed (maybe
+       * since merged with a neighbour): a double free. Anything else is not a block. */
       for (vram_block *b = s->first; b; b = b->addr_next)
         if (b->addr <= addr && addr < b->addr + b->size)
-          return (b->state == VRAM_BLOCK_FREE && b->addr == addr) ? VRAM_EDOUBLEFREE : VRAM_EFOREIGN;
+          return (b->state == VRAM_BLOCK_FREE && addr % VRAM_ALIGN == 0) ? VRAM_EDOUBLEFREE
+                                                                          : VRAM_EFOREIGN;
     }
   return VRAM_EFOREIGN;
 }
@@ -743,11 +762,9 @@ size_t _vram_pool_largest_free(const vram_pool_t *pool) {
     if (s > largest) largest = s;
     if (l > largest) largest = l;
   }
-  /* A virtual segment's free tail is unmapped address space: count only mapped bytes. */
-  if (pool->src->is_vmm) {
-    size_t idle = _vram_granules_idle_total(pool) * pool->granularity;
-    if (largest > idle) largest = idle;
-  }
+  /* Virtual segments: physical granules are interchangeable and a free range can always
+   * be found in the reserved address space, so all cached memory serves one request. */
+  if (pool->src->is_vmm) return _vram_pool_cached_free(pool);
   return largest;
 }
 
