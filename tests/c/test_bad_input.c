@@ -98,28 +98,40 @@ static void t_double_free(void **state) {
   /* Between live neighbours (no coalescing possible at its address). */
   void *a = NULL, *b = NULL, *c = NULL;
   VT_OK(vram_malloc(fx->pool, 4096, NULL, &a));
+  VT_VALID(fx->pool);
   VT_OK(vram_malloc(fx->pool, 4096, NULL, &b));
+  VT_VALID(fx->pool);
   VT_OK(vram_malloc(fx->pool, 4096, NULL, &c));
+  VT_VALID(fx->pool);
   VT_OK(vram_free(fx->pool, b));
+  VT_VALID(fx->pool);
   fx_resnap(fx);
   int errs = fx->errors_seen;
   VT_EXPECT(vram_free(fx->pool, b), VRAM_EDOUBLEFREE);
+  VT_VALID(fx->pool);
   fx_intact(fx);
   assert_int_equal(fx->errors_seen, errs + 1);
   assert_int_equal(fx->last_error, VRAM_EDOUBLEFREE);
   /* A freed large block alone in its segment, then a third time. */
   void *d = NULL;
   VT_OK(vram_malloc(fx->pool, 9 << 20, VT_STREAM(5), &d));
+  VT_VALID(fx->pool);
   VT_OK(vram_free(fx->pool, d));
+  VT_VALID(fx->pool);
   fx_resnap(fx);
   VT_EXPECT(vram_free(fx->pool, d), VRAM_EDOUBLEFREE);
+  VT_VALID(fx->pool);
   fx_intact(fx);
   VT_EXPECT(vram_free(fx->pool, d), VRAM_EDOUBLEFREE);
+  VT_VALID(fx->pool);
   fx_intact(fx);
   VT_EXPECT(vram_free(fx->pool, b), VRAM_EDOUBLEFREE);
+  VT_VALID(fx->pool);
   fx_intact(fx);
   VT_OK(vram_free(fx->pool, a));
+  VT_VALID(fx->pool);
   VT_OK(vram_free(fx->pool, c));
+  VT_VALID(fx->pool);
   fx_resnap(fx);
 }
 
@@ -131,16 +143,24 @@ static void t_double_free_after_coalesce(void **state) {
   for (size_t i = 0; i < 2; i++) {
     void *a = NULL, *b = NULL, *c = NULL;
     VT_OK(vram_malloc(fx->pool, sizes[i], VT_STREAM(7), &a));
+    VT_VALID(fx->pool);
     VT_OK(vram_malloc(fx->pool, sizes[i], VT_STREAM(7), &b));
+    VT_VALID(fx->pool);
     VT_OK(vram_malloc(fx->pool, sizes[i], VT_STREAM(7), &c));
+    VT_VALID(fx->pool);
     VT_OK(vram_free(fx->pool, a));
+    VT_VALID(fx->pool);
     VT_OK(vram_free(fx->pool, b)); /* b merges into a's free block */
+    VT_VALID(fx->pool);
     fx_resnap(fx);
     VT_EXPECT(vram_free(fx->pool, b), VRAM_EDOUBLEFREE);
+    VT_VALID(fx->pool);
     fx_intact(fx);
     VT_EXPECT(vram_free(fx->pool, a), VRAM_EDOUBLEFREE);
+    VT_VALID(fx->pool);
     fx_intact(fx);
     VT_OK(vram_free(fx->pool, c));
+    VT_VALID(fx->pool);
     fx_resnap(fx);
   }
 }
@@ -161,10 +181,12 @@ static void t_foreign(void **state) {
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     VT_EXPECT(vram_free(fx->pool, bad[i]), VRAM_EFOREIGN);
+    VT_VALID(fx->pool);
     fx_intact(fx);
     VT_EXPECT(vram_block_info(fx->pool, bad[i], NULL, NULL), VRAM_EFOREIGN);
     fx_intact(fx);
     VT_EXPECT(vram_record_stream(fx->pool, bad[i], VT_STREAM(9)), VRAM_EFOREIGN);
+    VT_VALID(fx->pool);
     fx_intact(fx);
   }
   free(heap);
@@ -180,12 +202,15 @@ static void t_foreign(void **state) {
   VT_OK(vram_pool_create(&other, &o));
   void *q = NULL;
   VT_OK(vram_malloc(other, 5000, NULL, &q));
+  VT_VALID(other);
   VT_EXPECT(vram_free(fx->pool, q), VRAM_EFOREIGN);
+  VT_VALID(fx->pool);
   fx_intact(fx);
   size_t r = 0;
   VT_OK(vram_block_info(other, q, &r, NULL));
   assert_int_equal(r, 5000);
   VT_EXPECT(vram_free(other, fx->p[0]), VRAM_EFOREIGN);
+  VT_VALID(other);
   fx_intact(fx);
   VT_OK(vram_free(other, q));
   VT_VALID(other);
@@ -199,9 +224,11 @@ static void t_too_big(void **state) {
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
     void *p = (void *)fx;
     VT_EXPECT(vram_malloc(fx->pool, sizes[i], NULL, &p), VRAM_ETOOBIG);
+    VT_VALID(fx->pool);
     assert_null(p);
     fx_intact(fx);
     VT_EXPECT(vram_malloc(fx->pool, sizes[i], VT_STREAM(3), &p), VRAM_ETOOBIG);
+    VT_VALID(fx->pool);
     fx_intact(fx);
   }
   /* Huge but representable: too big or out of memory, never success or a crash. */
@@ -227,13 +254,16 @@ static void t_error_callback(void **state) {
   void *p = NULL;
   int errs = fx->errors_seen;
   VT_EXPECT(vram_free(fx->pool, (char *)fx->p[4] + 1024), VRAM_EFOREIGN);
+  VT_VALID(fx->pool);
   assert_int_equal(fx->errors_seen, ++errs);
   assert_int_equal(fx->last_error, VRAM_EFOREIGN);
   VT_EXPECT(vram_malloc(fx->pool, 2 * VT_GiB, NULL, &p), VRAM_ENOMEM);
+  VT_VALID(fx->pool);
   assert_int_equal(fx->errors_seen, ++errs);
   assert_int_equal(fx->last_error, VRAM_ENOMEM);
   fx_resnap(fx);
   VT_EXPECT(vram_malloc(fx->pool, SIZE_MAX, NULL, &p), VRAM_ETOOBIG);
+  VT_VALID(fx->pool);
   fx_intact(fx);
   if (fx->errors_seen != errs + 1 || fx->last_error != VRAM_ETOOBIG)
     fail_msg("malloc(SIZE_MAX) failed with VRAM_ETOOBIG but the error callback was %s",
@@ -279,6 +309,7 @@ static void t_null_args(void **state) {
   VT_EXPECT(vram_pool_create(NULL, &o), VRAM_EINVAL);
   VT_EXPECT(vram_malloc(NULL, 16, NULL, &p), VRAM_EINVAL);
   VT_EXPECT(vram_malloc(pool, 16, NULL, NULL), VRAM_EINVAL);
+  VT_VALID(pool);
   fx_intact(fx);
   VT_EXPECT(vram_free(NULL, fx->p[0]), VRAM_EINVAL);
   VT_EXPECT(vram_record_stream(NULL, fx->p[0], NULL), VRAM_EINVAL);
@@ -315,6 +346,7 @@ static void t_null_args(void **state) {
   /* A NULL callback unsets it. */
   VT_OK(vram_set_error_callback(pool, NULL, NULL));
   VT_EXPECT(vram_free(pool, (char *)fx->p[3] + 512), VRAM_EFOREIGN);
+  VT_VALID(pool);
   VT_OK(vram_set_error_callback(pool, on_error, fx));
   fx_intact(fx);
 }
@@ -324,9 +356,11 @@ static void t_bad_limit(void **state) {
   static const double bad[] = {-0.5, 1.5, -1e-9, 1e300};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     VT_EXPECT(vram_set_limit(fx->pool, 0, bad[i]), VRAM_EINVAL);
+    VT_VALID(fx->pool);
     fx_intact(fx);
   }
   VT_EXPECT(vram_set_limit(fx->pool, 0, NAN), VRAM_EINVAL);
+  VT_VALID(fx->pool);
   fx_intact(fx);
   vram_options_t o;
   vram_options_init(&o);
@@ -348,12 +382,17 @@ static void t_pending_misuse(void **state) {
   fixture *fx = (fixture *)*state;
   void *p = NULL;
   VT_OK(vram_malloc(fx->pool, 8192, VT_STREAM(1), &p));
+  VT_VALID(fx->pool);
   VT_OK(vram_record_stream(fx->pool, p, VT_STREAM(2)));
+  VT_VALID(fx->pool);
   VT_OK(vram_free(fx->pool, p));
+  VT_VALID(fx->pool);
   fx_resnap(fx);
   VT_EXPECT(vram_free(fx->pool, p), VRAM_EDOUBLEFREE);
+  VT_VALID(fx->pool);
   fx_intact(fx);
   VT_EXPECT(vram_record_stream(fx->pool, p, VT_STREAM(3)), VRAM_EDOUBLEFREE);
+  VT_VALID(fx->pool);
   fx_intact(fx);
   assert_int_not_equal(vram_block_info(fx->pool, p, NULL, NULL), VRAM_OK);
   fx_intact(fx);

@@ -26,13 +26,43 @@ static void conf_opts(vram_options_t *o) {
   if (g_src.is_sim) o->sim_capacity = 4 * VT_GiB;
 }
 
+/* Pools a test has open: the teardown force-destroys what a failed test left behind, so
+ * that the sanitizer build reports leaks of the library, not of failed tests. */
+enum { MAX_OPEN = 16 };
+static vram_pool_t *g_open[MAX_OPEN];
+
+static void track(vram_pool_t *pool, int open) {
+  for (int i = 0; i < MAX_OPEN; i++)
+    if (g_open[i] == (open ? NULL : pool)) {
+      g_open[i] = open ? pool : NULL;
+      return;
+    }
+  if (open) fail_msg("too many open pools");
+}
+
+static int teardown_pools(void **state) {
+  (void)state;
+  for (int i = 0; i < MAX_OPEN; i++)
+    if (g_open[i]) {
+      vram_pool_destroy_force(g_open[i]);
+      g_open[i] = NULL;
+    }
+  return 0;
+}
+
 static vram_pool_t *conf_pool(const vram_options_t *o) {
   if (!g_src.runnable) skip();
   vram_pool_t *pool = NULL;
   VT_OK(vram_pool_create(&pool, o));
   assert_non_null(pool);
+  track(pool, 1);
   VT_VALID(pool);
   return pool;
+}
+
+static void conf_force(vram_pool_t *pool) {
+  track(pool, 0);
+  VT_OK(vram_pool_destroy_force(pool));
 }
 
 static vram_pool_t *conf_pool_default(void) {
@@ -62,6 +92,7 @@ static void conf_free(vram_pool_t *pool, void *p) {
 static void conf_destroy(vram_pool_t *pool) {
   VT_VALID(pool);
   VT_OK(vram_pool_destroy(pool));
+  track(pool, 0);
 }
 
 /* The block is live with these requested size and stream. */
@@ -438,7 +469,7 @@ static void coalesce_case(int check_stat) {
       conf_free(pool, q);
       done = 1;
     }
-    VT_OK(vram_pool_destroy_force(pool));
+    conf_force(pool);
   }
   if (!done) fail_msg("no layout found with two adjacent blocks between live neighbours");
 }
@@ -936,12 +967,12 @@ static void t_destroy_busy(void **state) {
   VT_VALID(pool);
   conf_free(pool, b);
   conf_free(pool, c);
-  VT_OK(vram_pool_destroy(pool));
+  conf_destroy(pool);
 
   /* destroy_force frees live blocks (the sanitizer build checks that nothing leaks). */
   pool = conf_pool_default();
   for (int i = 0; i < 10; i++) (void)conf_malloc(pool, (size_t)(i + 1) * 300000, NULL);
-  VT_OK(vram_pool_destroy_force(pool));
+  conf_force(pool);
 }
 
 static void t_mem_info(void **state) {
@@ -986,30 +1017,30 @@ int main(int argc, char **argv) {
     return 2;
   }
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(t_round_trip),
-      cmocka_unit_test(t_alignment),
-      cmocka_unit_test(t_size_zero),
-      cmocka_unit_test(t_stats_exact),
-      cmocka_unit_test(t_reset_peak),
-      cmocka_unit_test(t_reuse_same_stream),
-      cmocka_unit_test(t_coalesce),
-      cmocka_unit_test(t_coalesce_largest_free_block),
-      cmocka_unit_test(t_empty_cache),
-      cmocka_unit_test(t_preallocate),
-      cmocka_unit_test(t_preallocate_fraction),
-      cmocka_unit_test(t_hard_limit),
-      cmocka_unit_test(t_capacity_and_ladder),
-      cmocka_unit_test(t_set_limit_runtime),
-      cmocka_unit_test(t_limit_fraction),
-      cmocka_unit_test(t_record_stream_waits),
-      cmocka_unit_test(t_pending_drained),
-      cmocka_unit_test(t_other_stream_no_early_reuse),
-      cmocka_unit_test(t_block_info),
-      cmocka_unit_test(t_for_each_block),
-      cmocka_unit_test(t_summary_and_json),
-      cmocka_unit_test(t_destroy_busy),
-      cmocka_unit_test(t_mem_info),
-      cmocka_unit_test(t_devices),
+      cmocka_unit_test_teardown(t_round_trip, teardown_pools),
+      cmocka_unit_test_teardown(t_alignment, teardown_pools),
+      cmocka_unit_test_teardown(t_size_zero, teardown_pools),
+      cmocka_unit_test_teardown(t_stats_exact, teardown_pools),
+      cmocka_unit_test_teardown(t_reset_peak, teardown_pools),
+      cmocka_unit_test_teardown(t_reuse_same_stream, teardown_pools),
+      cmocka_unit_test_teardown(t_coalesce, teardown_pools),
+      cmocka_unit_test_teardown(t_coalesce_largest_free_block, teardown_pools),
+      cmocka_unit_test_teardown(t_empty_cache, teardown_pools),
+      cmocka_unit_test_teardown(t_preallocate, teardown_pools),
+      cmocka_unit_test_teardown(t_preallocate_fraction, teardown_pools),
+      cmocka_unit_test_teardown(t_hard_limit, teardown_pools),
+      cmocka_unit_test_teardown(t_capacity_and_ladder, teardown_pools),
+      cmocka_unit_test_teardown(t_set_limit_runtime, teardown_pools),
+      cmocka_unit_test_teardown(t_limit_fraction, teardown_pools),
+      cmocka_unit_test_teardown(t_record_stream_waits, teardown_pools),
+      cmocka_unit_test_teardown(t_pending_drained, teardown_pools),
+      cmocka_unit_test_teardown(t_other_stream_no_early_reuse, teardown_pools),
+      cmocka_unit_test_teardown(t_block_info, teardown_pools),
+      cmocka_unit_test_teardown(t_for_each_block, teardown_pools),
+      cmocka_unit_test_teardown(t_summary_and_json, teardown_pools),
+      cmocka_unit_test_teardown(t_destroy_busy, teardown_pools),
+      cmocka_unit_test_teardown(t_mem_info, teardown_pools),
+      cmocka_unit_test_teardown(t_devices, teardown_pools),
   };
   char group[64];
   snprintf(group, sizeof group, "conformance[%s]", g_src.name);

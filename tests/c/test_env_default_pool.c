@@ -38,11 +38,15 @@ static void t_same_pool_and_capacity(void **state) {
   VT_VALID(a);
   void *x = NULL, *y = NULL;
   VT_OK(vram_malloc(a, 600 * VT_MiB, NULL, &x));
+  VT_VALID(a);
   VT_EXPECT(vram_malloc(a, 600 * VT_MiB, NULL, &y), VRAM_ENOMEM);
   VT_VALID(a);
   VT_OK(vram_free(a, x));
+  VT_VALID(a);
   VT_OK(vram_malloc(a, 1 * VT_GiB, NULL, &y)); /* the whole device, after the ladder */
+  VT_VALID(a);
   VT_OK(vram_free(a, y));
+  VT_VALID(a);
   VT_OK(vram_empty_cache(a));
   VT_VALID(a);
   /* Changing the environment later does not touch the existing pool. */
@@ -85,6 +89,7 @@ static void t_bad_env(void **state) {
   assert_int_equal(vram_pool_device(one), 1);
   void *p = NULL;
   VT_OK(vram_malloc(one, 5000, NULL, &p));
+  VT_VALID(one);
   VT_OK(vram_free(one, p));
   VT_VALID(one);
 }
@@ -110,6 +115,7 @@ static void t_limit_and_preallocate_from_env(void **state) {
   assert_int_equal(s.limit_bytes, 256 * VT_MiB);
   assert_true(s.reserved_bytes.current >= (int64_t)(64 * VT_MiB));
   VT_OK(vram_malloc(p3, 32 * VT_MiB, NULL, &p));
+  VT_VALID(p3);
   assert_int_equal(vt_stats(p3).num_device_alloc, s.num_device_alloc);
   VT_OK(vram_free(p3, p));
   VT_VALID(p3);

@@ -59,6 +59,16 @@ static void mfail(const model *m, const char *fmt, ...) {
            (unsigned long long)m->op, msg);
 }
 
+/* The model of the running test; the teardown force-destroys a pool a failed run left. */
+static model g_model;
+
+static int teardown_model(void **state) {
+  (void)state;
+  if (g_model.pool) vram_pool_destroy_force(g_model.pool);
+  g_model.pool = NULL;
+  return 0;
+}
+
 static const vram_stream_t streams[4] = {NULL, VT_STREAM(0x11), VT_STREAM(0x22),
                                          VT_STREAM(0x33)};
 
@@ -220,10 +230,10 @@ typedef struct random_params {
 
 static void random_run(void **state) {
   const random_params *rp = (const random_params *)*state;
-  static model m; /* large; one run at a time */
-  memset(&m, 0, sizeof m);
-  m.src_name = rp->src_name;
-  m.seed = rp->seed;
+  model *mp = &g_model; /* large; one run at a time */
+  memset(mp, 0, sizeof *mp);
+  mp->src_name = rp->src_name;
+  mp->seed = rp->seed;
   vt_rng rng;
   vt_rng_seed(&rng, rp->seed * 1000003ULL + (uint64_t)rp->kind);
 
@@ -234,10 +244,10 @@ static void random_run(void **state) {
   o.source = rp->kind;
   o.sim_capacity = caps[vt_rng_below(&rng, 4)];
   o.sim_event_delay = (int)vt_rng_below(&rng, 5);
-  m.capacity = o.sim_capacity;
-  m.faults = vt_rng_below(&rng, 3) != 0;
+  mp->capacity = o.sim_capacity;
+  mp->faults = vt_rng_below(&rng, 3) != 0;
   size_t prealloc = 0;
-  if (m.faults) {
+  if (mp->faults) {
     o.fault_fail_at = 1 + vt_rng_below(&rng, 64);
     o.fault_fail_every = 5 + vt_rng_below(&rng, 120);
   } else if (vt_rng_below(&rng, 2)) {
@@ -248,91 +258,92 @@ static void random_run(void **state) {
   if (vt_rng_below(&rng, 4) == 0) o.release_threshold = vt_rng_below(&rng, 64 << 20);
   size_t max_live = 50 + (size_t)vt_rng_below(&rng, MAX_LIVE - 50 + 1);
 
-  int rc = vram_pool_create(&m.pool, &o);
-  if (rc) mfail(&m, "pool_create = %s", vram_errname(rc));
-  check_model(&m, 1);
+  int rc = vram_pool_create(&mp->pool, &o);
+  if (rc) mfail(mp, "pool_create = %s", vram_errname(rc));
+  check_model(mp, 1);
 
-  for (m.op = 1; m.op <= rp->ops; m.op++) {
+  for (mp->op = 1; mp->op <= rp->ops; mp->op++) {
     uint64_t r = vt_rng_below(&rng, 10000);
     if (r < 4700) { /* malloc, or free when full */
-      if (m.nlive >= max_live) {
-        do_free(&m, (size_t)vt_rng_below(&rng, m.nlive));
+      if (mp->nlive >= max_live) {
+        do_free(mp, (size_t)vt_rng_below(&rng, mp->nlive));
       } else {
         size_t size = vt_rng_logsize(&rng, 1, 64 << 20);
-        do_malloc(&m, size, streams[vt_rng_below(&rng, 4)]);
+        do_malloc(mp, size, streams[vt_rng_below(&rng, 4)]);
       }
     } else if (r < 9300) { /* free */
-      if (m.nlive) do_free(&m, (size_t)vt_rng_below(&rng, m.nlive));
+      if (mp->nlive) do_free(mp, (size_t)vt_rng_below(&rng, mp->nlive));
     } else if (r < 9600) { /* record_stream */
-      if (m.nlive) {
-        const live_blk *b = &m.live[vt_rng_below(&rng, m.nlive)];
-        rc = vram_record_stream(m.pool, b->ptr, streams[vt_rng_below(&rng, 4)]);
-        if (rc) mfail(&m, "record_stream(%p) = %s", b->ptr, vram_errname(rc));
+      if (mp->nlive) {
+        const live_blk *b = &mp->live[vt_rng_below(&rng, mp->nlive)];
+        rc = vram_record_stream(mp->pool, b->ptr, streams[vt_rng_below(&rng, 4)]);
+        if (rc) mfail(mp, "record_stream(%p) = %s", b->ptr, vram_errname(rc));
       }
     } else if (r < 9680) { /* empty_cache */
-      rc = vram_empty_cache(m.pool);
-      if (rc && !(m.faults && rc == VRAM_EFAULT)) mfail(&m, "empty_cache = %s", vram_errname(rc));
+      rc = vram_empty_cache(mp->pool);
+      if (rc && !(mp->faults && rc == VRAM_EFAULT)) mfail(mp, "empty_cache = %s", vram_errname(rc));
     } else if (r < 9760) { /* reset_peak */
-      rc = vram_reset_peak_stats(m.pool);
-      if (rc) mfail(&m, "reset_peak = %s", vram_errname(rc));
-      vram_stats_t s = vt_stats(m.pool);
+      rc = vram_reset_peak_stats(mp->pool);
+      if (rc) mfail(mp, "reset_peak = %s", vram_errname(rc));
+      vram_stats_t s = vt_stats(mp->pool);
 #define PEAK_IS_CURRENT(name, doc)                                                        \
-  if (s.name.peak != s.name.current) mfail(&m, "after reset_peak " #name ".peak != current");
+  if (s.name.peak != s.name.current) mfail(mp, "after reset_peak " #name ".peak != current");
       VRAM_STAT_LIST(PEAK_IS_CURRENT)
 #undef PEAK_IS_CURRENT
     } else if (r < 9840) { /* set_limit */
-      size_t limit = vt_rng_below(&rng, 3) ? vt_rng_logsize(&rng, 32 << 20, m.capacity) : 0;
-      rc = vram_set_limit(m.pool, limit, 0);
-      if (rc) mfail(&m, "set_limit(%zu) = %s", limit, vram_errname(rc));
-      if (vt_stats(m.pool).limit_bytes != limit) mfail(&m, "limit_bytes != %zu", limit);
+      size_t limit = vt_rng_below(&rng, 3) ? vt_rng_logsize(&rng, 32 << 20, mp->capacity) : 0;
+      rc = vram_set_limit(mp->pool, limit, 0);
+      if (rc) mfail(mp, "set_limit(%zu) = %s", limit, vram_errname(rc));
+      if (vt_stats(mp->pool).limit_bytes != limit) mfail(mp, "limit_bytes != %zu", limit);
     } else if (r < 9900) { /* malloc(0) and free(NULL) */
-      void *p = &m;
-      rc = vram_malloc(m.pool, 0, streams[vt_rng_below(&rng, 4)], &p);
-      if (rc || p) mfail(&m, "malloc(0) = %s, %p", vram_errname(rc), p);
-      rc = vram_free(m.pool, NULL);
-      if (rc) mfail(&m, "free(NULL) = %s", vram_errname(rc));
+      void *p = mp;
+      rc = vram_malloc(mp->pool, 0, streams[vt_rng_below(&rng, 4)], &p);
+      if (rc || p) mfail(mp, "malloc(0) = %s, %p", vram_errname(rc), p);
+      rc = vram_free(mp->pool, NULL);
+      if (rc) mfail(mp, "free(NULL) = %s", vram_errname(rc));
     } else if (r < 9960) { /* double free of a recently freed pointer not live again */
-      if (m.n_recent) {
-        void *p = m.recent_freed[vt_rng_below(&rng, m.n_recent < 16 ? m.n_recent : 16)];
-        if (find_live(&m, p) < 0) {
-          rc = vram_free(m.pool, p);
+      if (mp->n_recent) {
+        void *p = mp->recent_freed[vt_rng_below(&rng, mp->n_recent < 16 ? mp->n_recent : 16)];
+        if (find_live(mp, p) < 0) {
+          rc = vram_free(mp->pool, p);
           if (rc != VRAM_EDOUBLEFREE && rc != VRAM_EFOREIGN)
-            mfail(&m, "second free(%p) = %s", p, vram_errname(rc));
+            mfail(mp, "second free(%p) = %s", p, vram_errname(rc));
         }
       }
     } else if (r < 9995) { /* foreign: inside a live block */
-      if (m.nlive) {
-        const live_blk *b = &m.live[vt_rng_below(&rng, m.nlive)];
+      if (mp->nlive) {
+        const live_blk *b = &mp->live[vt_rng_below(&rng, mp->nlive)];
         if (b->req > 512) {
-          rc = vram_free(m.pool, (char *)b->ptr + 512);
-          if (rc != VRAM_EFOREIGN) mfail(&m, "free(inside %p) = %s", b->ptr, vram_errname(rc));
+          rc = vram_free(mp->pool, (char *)b->ptr + 512);
+          if (rc != VRAM_EFOREIGN) mfail(mp, "free(inside %p) = %s", b->ptr, vram_errname(rc));
         }
       }
     } else { /* free everything, then the pool holds nothing live */
-      free_everything(&m);
-      rc = vram_empty_cache(m.pool);
-      if (rc && !(m.faults && rc == VRAM_EFAULT)) mfail(&m, "empty_cache = %s", vram_errname(rc));
-      vram_stats_t s = vt_stats(m.pool);
-      if (s.active_bytes.current != 0) mfail(&m, "active_bytes %lld after free all + empty_cache",
+      free_everything(mp);
+      rc = vram_empty_cache(mp->pool);
+      if (rc && !(mp->faults && rc == VRAM_EFAULT)) mfail(mp, "empty_cache = %s", vram_errname(rc));
+      vram_stats_t s = vt_stats(mp->pool);
+      if (s.active_bytes.current != 0) mfail(mp, "active_bytes %lld after free all + empty_cache",
                                              (long long)s.active_bytes.current);
-      if (!m.faults && s.reserved_bytes.current > (int64_t)vt_round512(prealloc) + (2 << 20))
-        mfail(&m, "reserved %lld after free all + empty_cache",
+      if (!mp->faults && s.reserved_bytes.current > (int64_t)vt_round512(prealloc) + (2 << 20))
+        mfail(mp, "reserved %lld after free all + empty_cache",
               (long long)s.reserved_bytes.current);
     }
-    check_model(&m, m.op % 64 == 0);
+    check_model(mp, mp->op % 64 == 0);
   }
-  free_everything(&m);
-  check_model(&m, 1);
-  vram_stats_t s = vt_stats(m.pool);
+  free_everything(mp);
+  check_model(mp, 1);
+  vram_stats_t s = vt_stats(mp->pool);
   print_message("seed %llu: %llu ops, capacity %zu MiB, faults %s, %llu mallocs, %llu OOMs, "
                 "%llu EFAULTs, %llu retries, %llu device allocs, max %zu live\n",
-                (unsigned long long)m.seed, (unsigned long long)rp->ops, m.capacity >> 20,
-                m.faults ? "on" : "off", (unsigned long long)m.mallocs,
-                (unsigned long long)m.ooms, (unsigned long long)m.faults_seen,
+                (unsigned long long)mp->seed, (unsigned long long)rp->ops, mp->capacity >> 20,
+                mp->faults ? "on" : "off", (unsigned long long)mp->mallocs,
+                (unsigned long long)mp->ooms, (unsigned long long)mp->faults_seen,
                 (unsigned long long)s.num_alloc_retries,
-                (unsigned long long)s.num_device_alloc, m.max_nlive);
-  rc = vram_pool_destroy(m.pool);
-  if (rc) mfail(&m, "destroy of an empty pool = %s", vram_errname(rc));
+                (unsigned long long)s.num_device_alloc, mp->max_nlive);
+  rc = vram_pool_destroy(mp->pool);
+  if (rc) mfail(mp, "destroy of an empty pool = %s", vram_errname(rc));
+  mp->pool = NULL;
 }
 
 /* ---- the sweep ------------------------------------------------------------------------ */
@@ -382,91 +393,93 @@ typedef struct sweep_params {
 static size_t sweep_run(const sweep_params *sp, uint64_t k, uint64_t every, int *sig,
                         size_t sig_cap) {
   const char *src_name = sp->src_name;
-  static model m;
-  memset(&m, 0, sizeof m);
-  m.src_name = src_name;
-  m.seed = k;
-  m.faults = k != 0;
-  m.capacity = 512 << 20;
+  model *mp = &g_model;
+  memset(mp, 0, sizeof *mp);
+  mp->src_name = src_name;
+  mp->seed = k;
+  mp->faults = k != 0;
+  mp->capacity = 512 << 20;
   vram_options_t o;
   memset(&o, 0, sizeof o);
   vram_options_init(&o);
   o.source = sp->kind;
-  o.sim_capacity = m.capacity;
+  o.sim_capacity = mp->capacity;
   o.sim_event_delay = 2;
   if (sp->variant == 1) o.release_threshold = 0;
   if (sp->variant == 2) o.preallocate_bytes = 40 << 20;
   o.fault_fail_at = k;
   o.fault_fail_every = every;
   size_t n = 0;
-  int rc = vram_pool_create(&m.pool, &o);
+  int rc = vram_pool_create(&mp->pool, &o);
   if (rc) {
-    if (!k || rc != VRAM_EFAULT) mfail(&m, "pool_create = %s", vram_errname(rc));
-    if (m.pool) mfail(&m, "failed pool_create left a pool");
+    if (!k || rc != VRAM_EFAULT) mfail(mp, "pool_create = %s", vram_errname(rc));
+    if (mp->pool) mfail(mp, "failed pool_create left a pool");
     sig[n++] = rc;
     return n;
   }
-  check_model(&m, 1);
+  check_model(mp, 1);
   void *slot[NSLOTS] = {0};
   for (const scen_op *s = scenario; s->op != OP_END; s++) {
-    m.op++;
+    mp->op++;
     rc = VRAM_OK;
     switch (s->op) {
     case OP_MALLOC: {
-      size_t before = m.nlive;
-      do_malloc(&m, s->size, streams[s->stream]);
-      slot[s->slot] = m.nlive > before ? m.live[m.nlive - 1].ptr : NULL;
-      rc = m.nlive > before ? VRAM_OK : VRAM_ENOMEM; /* ENOMEM or EFAULT: either */
+      size_t before = mp->nlive;
+      do_malloc(mp, s->size, streams[s->stream]);
+      slot[s->slot] = mp->nlive > before ? mp->live[mp->nlive - 1].ptr : NULL;
+      rc = mp->nlive > before ? VRAM_OK : VRAM_ENOMEM; /* ENOMEM or EFAULT: either */
       break;
     }
     case OP_FREE: {
-      int i = slot[s->slot] ? find_live(&m, slot[s->slot]) : -1;
-      if (i >= 0) rc = do_free(&m, (size_t)i) ? VRAM_OK : VRAM_EFAULT;
+      int i = slot[s->slot] ? find_live(mp, slot[s->slot]) : -1;
+      if (i >= 0) rc = do_free(mp, (size_t)i) ? VRAM_OK : VRAM_EFAULT;
       if (rc == VRAM_OK) slot[s->slot] = NULL;
       break;
     }
     case OP_RECORD:
       if (slot[s->slot]) {
-        rc = vram_record_stream(m.pool, slot[s->slot], streams[s->stream]);
-        if (rc) mfail(&m, "record_stream = %s", vram_errname(rc));
+        rc = vram_record_stream(mp->pool, slot[s->slot], streams[s->stream]);
+        if (rc) mfail(mp, "record_stream = %s", vram_errname(rc));
       }
       break;
     case OP_EMPTY:
-      rc = vram_empty_cache(m.pool);
-      if (rc && !(m.faults && rc == VRAM_EFAULT)) mfail(&m, "empty_cache = %s", vram_errname(rc));
+      rc = vram_empty_cache(mp->pool);
+      if (rc && !(mp->faults && rc == VRAM_EFAULT)) mfail(mp, "empty_cache = %s", vram_errname(rc));
       break;
     case OP_LIMIT:
-      rc = vram_set_limit(m.pool, s->size, 0);
-      if (rc) mfail(&m, "set_limit = %s", vram_errname(rc));
+      rc = vram_set_limit(mp->pool, s->size, 0);
+      if (rc) mfail(mp, "set_limit = %s", vram_errname(rc));
       break;
     }
     if (n < sig_cap) sig[n++] = rc;
-    check_model(&m, 1);
+    check_model(mp, 1);
   }
   /* Free what is left; with every call from k on failing, frees that need a source call
    * may keep failing: then force the pool down. */
-  for (int attempt = 0; m.nlive && attempt < (every == 1 ? 2 : 50); attempt++)
-    for (size_t i = m.nlive; i-- > 0;) {
-      do_free(&m, i);
-      check_model(&m, 0);
+  for (int attempt = 0; mp->nlive && attempt < (every == 1 ? 2 : 50); attempt++)
+    for (size_t i = mp->nlive; i-- > 0;) {
+      do_free(mp, i);
+      check_model(mp, 0);
     }
-  check_model(&m, 1);
-  rc = vram_empty_cache(m.pool);
-  if (rc && !(m.faults && rc == VRAM_EFAULT)) mfail(&m, "final empty_cache = %s", vram_errname(rc));
-  check_model(&m, 1);
-  if (m.nlive) {
-    VT_OK(vram_pool_destroy_force(m.pool));
+  check_model(mp, 1);
+  rc = vram_empty_cache(mp->pool);
+  if (rc && !(mp->faults && rc == VRAM_EFAULT)) mfail(mp, "final empty_cache = %s", vram_errname(rc));
+  check_model(mp, 1);
+  if (mp->nlive) {
+    VT_OK(vram_pool_destroy_force(mp->pool));
+    mp->pool = NULL;
   } else {
-    vram_stats_t s = vt_stats(m.pool);
+    vram_stats_t s = vt_stats(mp->pool);
     if (s.allocated_bytes.current || s.active_bytes.current)
-      mfail(&m, "allocated %lld active %lld at the end", (long long)s.allocated_bytes.current,
+      mfail(mp, "allocated %lld active %lld at the end", (long long)s.allocated_bytes.current,
             (long long)s.active_bytes.current);
     int64_t kept = sp->variant == 2 ? (int64_t)o.preallocate_bytes : 0;
     if (!k && s.reserved_bytes.current != kept)
-      mfail(&m, "%lld reserved bytes left after empty_cache, expected %lld",
+      mfail(mp, "%lld reserved bytes left after empty_cache, expected %lld",
             (long long)s.reserved_bytes.current, (long long)kept);
-    rc = vram_pool_destroy(m.pool);
-    if (rc) mfail(&m, "destroy = %s", vram_errname(rc));
+    rc = vram_pool_destroy(mp->pool);
+    if (rc) mfail(mp, "destroy = %s", vram_errname(rc));
+    mp->pool = NULL;
   }
   return n;
 }
@@ -522,7 +535,7 @@ int main(int argc, char **argv) {
     for (uint64_t i = 0; i < nseeds; i++) {
       params[i] = (random_params){src.name, src.kind, first + i, ops};
       snprintf(names[i], sizeof names[i], "random_seed_%llu", (unsigned long long)(first + i));
-      tests[i] = (struct CMUnitTest){names[i], random_run, NULL, NULL, &params[i]};
+      tests[i] = (struct CMUnitTest){names[i], random_run, NULL, teardown_model, &params[i]};
     }
     char group[64];
     snprintf(group, sizeof group, "random_ops[%s, %llu ops/seed]", src.name,
@@ -536,12 +549,12 @@ int main(int argc, char **argv) {
       p[2 * v + 1] = (sweep_params){src.name, src.kind, 1, v};
     }
     const struct CMUnitTest tests[] = {
-        {"sweep_fail_kth_call", sweep, NULL, NULL, &p[0]},
-        {"sweep_fail_from_kth_call_on", sweep, NULL, NULL, &p[1]},
-        {"sweep_release_threshold_0_fail_kth_call", sweep, NULL, NULL, &p[2]},
-        {"sweep_release_threshold_0_fail_from_kth_call_on", sweep, NULL, NULL, &p[3]},
-        {"sweep_preallocate_fail_kth_call", sweep, NULL, NULL, &p[4]},
-        {"sweep_preallocate_fail_from_kth_call_on", sweep, NULL, NULL, &p[5]},
+        {"sweep_fail_kth_call", sweep, NULL, teardown_model, &p[0]},
+        {"sweep_fail_from_kth_call_on", sweep, NULL, teardown_model, &p[1]},
+        {"sweep_release_threshold_0_fail_kth_call", sweep, NULL, teardown_model, &p[2]},
+        {"sweep_release_threshold_0_fail_from_kth_call_on", sweep, NULL, teardown_model, &p[3]},
+        {"sweep_preallocate_fail_kth_call", sweep, NULL, teardown_model, &p[4]},
+        {"sweep_preallocate_fail_from_kth_call_on", sweep, NULL, teardown_model, &p[5]},
     };
     char group[64];
     snprintf(group, sizeof group, "fault_sweep[%s]", src.name);

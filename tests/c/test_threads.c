@@ -3,7 +3,8 @@
  * Each thread has its own stream handle (sim) and a private list of live blocks; it
  * mallocs random sizes (log-uniform 1 B..4 MiB), frees, records its blocks on a
  * neighbour's stream now and then, and occasionally calls empty_cache, reset_peak and
- * get_stats, which take the same lock. After each malloc the thread checks, through
+ * get_stats, which take the same lock. After every operation the thread runs the
+ * invariant checker (under the pool lock); after each malloc it checks, through
  * block_info, that the block carries its requested size and its stream: a block handed
  * to two threads at once would show the other thread's values. Every few thousand
  * operations all threads meet at a barrier and one of them checks the whole pool: the
@@ -154,6 +155,9 @@ static void *worker(void *arg) {
       if (vram_stats_json(t->pool, buf, sizeof buf) <= 0)
         T_FAIL(t, "thread %d: stats_json failed", t->id);
     }
+    /* The checker takes the pool lock: it sees the pool between other threads' calls. */
+    if (!_vram_pool_is_valid(t->pool)) T_FAIL(t, "thread %d: invalid pool after op %llu", t->id,
+                                               (unsigned long long)op);
     if (op % CHECK_EVERY == 0) {
       if (pthread_barrier_wait(&barrier) == PTHREAD_BARRIER_SERIAL_THREAD) check_all(t->pool);
       pthread_barrier_wait(&barrier);
