@@ -454,13 +454,15 @@ static void coalesce_case(int check_stat) {
       vram_stats_t s1 = vt_stats(pool);
       if (check_stat) {
         assert_true(s1.largest_free_block >= sa);
-        assert_true(s1.largest_free_block < need);
+        /* On virtual segments any cached memory serves one request (granules are
+         * remapped), so the figure is all cached free memory, not one block. */
+        if (!g_src.is_vmm) assert_true(s1.largest_free_block < need);
       }
       conf_free(pool, pb);
       vram_stats_t s2 = vt_stats(pool);
       if (check_stat) {
         assert_true(s2.largest_free_block >= need);
-        assert_true(s2.largest_free_block > s1.largest_free_block);
+        assert_true(s2.largest_free_block > s1.largest_free_block || g_src.is_vmm);
       }
       void *q = conf_malloc(pool, need, NULL);
       vram_stats_t s3 = vt_stats(pool);

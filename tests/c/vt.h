@@ -99,6 +99,7 @@ typedef struct vt_source {
   const char *name;      /* as given: "sim", "sim:vmm", "cuda", "vmm", "managed" */
   vram_source_kind kind;
   int is_sim;            /* host-only: fake stream handles and capacities are allowed */
+  int is_vmm;            /* virtual segments: vmm or sim:vmm */
   int runnable;          /* 0: GPU source without VRAMKIT_TEST_GPU=1, tests skip */
 } vt_source;
 
@@ -110,6 +111,7 @@ static inline int vt_source_pick(int argc, char **argv, vt_source *out) {
   out->name = name;
   if (vram_source_parse(name, &out->kind) != VRAM_OK) return 0;
   out->is_sim = out->kind == VRAM_SOURCE_SIM || out->kind == VRAM_SOURCE_SIM_VMM;
+  out->is_vmm = out->kind == VRAM_SOURCE_VMM || out->kind == VRAM_SOURCE_SIM_VMM;
   if (out->is_sim) {
     out->runnable = 1;
   } else {
