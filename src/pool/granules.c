@@ -53,7 +53,7 @@ static void mark_mapped(vram_pool_t *pool, vram_segment *seg, size_t g0, size_t 
   seg->mapped_granules += g1 - g0;
   seg->idle_granules += g1 - g0;
   if (g1 > seg->gran_hwm) seg->gran_hwm = g1;
-  _vram_stat_add(&pool->stats.reserved_bytes, (int64_t)((g1 - g0) * pool->granularity));
+  vram_stat_up(&pool->stats.reserved_bytes, (int64_t)((g1 - g0) * pool->granularity));
   pool->stats.num_device_alloc++;
 }
 
@@ -64,7 +64,7 @@ static void mark_unmapped(vram_pool_t *pool, vram_segment *seg, size_t g0, size_
   }
   seg->mapped_granules -= g1 - g0;
   seg->idle_granules -= g1 - g0;
-  _vram_stat_add(&pool->stats.reserved_bytes, -(int64_t)((g1 - g0) * pool->granularity));
+  vram_stat_down(&pool->stats.reserved_bytes, (int64_t)((g1 - g0) * pool->granularity));
   pool->stats.num_device_free++;
 }
 

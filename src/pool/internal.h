@@ -206,8 +206,15 @@ size_t _vram_granules_idle_total(const vram_pool_t *pool);
 void _vram_granules_unmap_all(vram_pool_t *pool, vram_segment *seg);
 bool _vram_granules_check(vram_pool_t *pool, vram_segment *seg);
 
+/* ---- statistics: an increase moves total and maybe peak; a decrease only current. */
+static inline void vram_stat_up(vram_stat_t *s, int64_t delta) {
+  s->current += delta;
+  s->total += delta;
+  if (s->current > s->peak) s->peak = s->current;
+}
+static inline void vram_stat_down(vram_stat_t *s, int64_t delta) { s->current -= delta; }
+
 /* ---- pool.c helpers used by granules.c and obs */
-void _vram_stat_add(vram_stat_t *s, int64_t delta);
 int _vram_arena_quiesce(vram_pool_t *pool, vram_arena *arena);
 size_t _vram_pool_largest_free(const vram_pool_t *pool);
 size_t _vram_pool_cached_free(const vram_pool_t *pool);

@@ -24,11 +24,6 @@
 
 static inline size_t round_up(size_t n, size_t unit) { return (n + unit - 1) & ~(unit - 1); }
 
-void _vram_stat_add(vram_stat_t *s, int64_t delta) {
-  s->current += delta;
-  if (delta > 0) s->total += delta;
-  if (s->current > s->peak) s->peak = s->current;
-}
 
 static vram_block *block_new(vram_pool_t *pool) {
   vram_block_cache *c = &pool->blocks;
@@ -277,9 +272,9 @@ static int segment_release(vram_pool_t *pool, vram_segment *seg) {
     rc = pool->src->xFree(pool->src_state, seg->addr, seg->size);
   }
   if (rc) return rc;
-  if (!pool->src->is_vmm) _vram_stat_add(&pool->stats.reserved_bytes, -(int64_t)seg->size);
+  if (!pool->src->is_vmm) vram_stat_down(&pool->stats.reserved_bytes, (int64_t)(seg->size));
   pool->stats.num_device_free++;
-  _vram_stat_add(&pool->stats.segment, -1);
+  vram_stat_down(&pool->stats.segment, 1);
   _vram_tlsf_remove(index_of(seg), seg->first);
   block_delete(pool, seg->first);
   idle_remove(pool, seg);
@@ -390,8 +385,8 @@ static int segment_grow(vram_pool_t *pool, vram_arena *a, size_t rounded, bool s
   seg->first = b;
   _vram_tlsf_insert(index_of(seg), b);
   idle_push(pool, seg);
-  if (!vmm) _vram_stat_add(&pool->stats.reserved_bytes, (int64_t)size);
-  _vram_stat_add(&pool->stats.segment, 1);
+  if (!vmm) vram_stat_up(&pool->stats.reserved_bytes, (int64_t)size);
+  vram_stat_up(&pool->stats.segment, 1);
   pool->stats.num_device_alloc += vmm ? 0 : 1;
   *out_free = b;
   return VRAM_OK;
@@ -429,8 +424,8 @@ int _vram_pool_preallocate(vram_pool_t *pool, size_t bytes) {
 
 static void pending_finish_block(vram_pool_t *pool, vram_block *b) {
   _vram_ptrmap_remove(&pool->ptrs, b->addr);
-  _vram_stat_add(&pool->stats.active_bytes, -(int64_t)b->size);
-  _vram_stat_add(&pool->stats.active, -1);
+  vram_stat_down(&pool->stats.active_bytes, (int64_t)(b->size));
+  vram_stat_down(&pool->stats.active, 1);
   free(b->uses);
   b->uses = NULL;
   block_make_free(pool, b);
@@ -500,11 +495,11 @@ static int alloc_locked(vram_pool_t *pool, size_t rounded, size_t requested, vra
   }
   if (rc == VRAM_OK) {
     vram_block *b = *out;
-    _vram_stat_add(&pool->stats.allocated_bytes, (int64_t)b->size);
-    _vram_stat_add(&pool->stats.requested_bytes, (int64_t)requested);
-    _vram_stat_add(&pool->stats.active_bytes, (int64_t)b->size);
-    _vram_stat_add(&pool->stats.allocation, 1);
-    _vram_stat_add(&pool->stats.active, 1);
+    vram_stat_up(&pool->stats.allocated_bytes, (int64_t)b->size);
+    vram_stat_up(&pool->stats.requested_bytes, (int64_t)requested);
+    vram_stat_up(&pool->stats.active_bytes, (int64_t)b->size);
+    vram_stat_up(&pool->stats.allocation, 1);
+    vram_stat_up(&pool->stats.active, 1);
     pool->stats.num_mallocs++;
   } else if (rc == VRAM_ENOMEM) {
     pool->stats.num_ooms++;
@@ -617,13 +612,13 @@ static int free_locked(vram_pool_t *pool, uintptr_t addr) {
     int rc = free_after_events(pool, b);
     if (rc) return rc;
   } else {
-    _vram_stat_add(&pool->stats.active_bytes, -(int64_t)size);
-    _vram_stat_add(&pool->stats.active, -1);
+    vram_stat_down(&pool->stats.active_bytes, (int64_t)(size));
+    vram_stat_down(&pool->stats.active, 1);
     block_make_free(pool, b);
   }
-  _vram_stat_add(&pool->stats.allocated_bytes, -(int64_t)size);
-  _vram_stat_add(&pool->stats.requested_bytes, -(int64_t)requested);
-  _vram_stat_add(&pool->stats.allocation, -1);
+  vram_stat_down(&pool->stats.allocated_bytes, (int64_t)(size));
+  vram_stat_down(&pool->stats.requested_bytes, (int64_t)(requested));
+  vram_stat_down(&pool->stats.allocation, 1);
   pool->stats.num_frees++;
   /* Keep cached memory under the release threshold. */
   if (pool->opts.release_threshold != SIZE_MAX) {
