@@ -190,13 +190,25 @@ static int sim_unreserve(void *state, uintptr_t addr, size_t size) {
   return VRAM_EINVAL;
 }
 
+/* The granules [*g0, *g0 + *n) of a reservation that [addr, addr+size) names, if it is a
+ * granule-aligned range inside one reservation whose granules are all mapped (want_mapped)
+ * or all unmapped; the driver refuses anything else, and so does the sim. */
+static sim_reservation *granule_span(sim_state *s, uintptr_t addr, size_t size, bool want_mapped,
+                                     size_t *g0, size_t *n) {
+  sim_reservation *r = reservation_of(s, addr, size);
+  if (!r || !size || (addr - r->addr) % SIM_GRANULE || size % SIM_GRANULE) return NULL;
+  *g0 = (addr - r->addr) / SIM_GRANULE;
+  *n = size / SIM_GRANULE;
+  for (size_t g = *g0; g < *g0 + *n; g++)
+    if (r->mapped[g] != want_mapped) return NULL;
+  return r;
+}
+
 static int sim_map(void *state, uintptr_t addr, size_t size) {
   sim_state *s = state;
-  sim_reservation *r = reservation_of(s, addr, size);
-  if (!r || !size || (addr - r->addr) % SIM_GRANULE || size % SIM_GRANULE) return VRAM_EINVAL;
-  size_t g0 = (addr - r->addr) / SIM_GRANULE, n = size / SIM_GRANULE;
-  for (size_t g = g0; g < g0 + n; g++)
-    if (r->mapped[g]) return VRAM_EINVAL;
+  size_t g0, n;
+  sim_reservation *r = granule_span(s, addr, size, false, &g0, &n);
+  if (!r) return VRAM_EINVAL;
   if (size > s->capacity - s->used) return VRAM_ENOMEM;
   memset(r->mapped + g0, 1, n);
   s->used += size;
@@ -205,11 +217,9 @@ static int sim_map(void *state, uintptr_t addr, size_t size) {
 
 static int sim_unmap(void *state, uintptr_t addr, size_t size) {
   sim_state *s = state;
-  sim_reservation *r = reservation_of(s, addr, size);
-  if (!r || !size || (addr - r->addr) % SIM_GRANULE || size % SIM_GRANULE) return VRAM_EINVAL;
-  size_t g0 = (addr - r->addr) / SIM_GRANULE, n = size / SIM_GRANULE;
-  for (size_t g = g0; g < g0 + n; g++)
-    if (!r->mapped[g]) return VRAM_EINVAL;
+  size_t g0, n;
+  sim_reservation *r = granule_span(s, addr, size, true, &g0, &n);
+  if (!r) return VRAM_EINVAL;
   memset(r->mapped + g0, 0, n);
   s->used -= size;
   return VRAM_OK;
