@@ -37,7 +37,7 @@ bool _vram_pool_check_locked(vram_pool_t *pool) {
   int64_t reserved = 0;
   size_t in_map = 0, idle_bytes = 0;
   for (vram_arena *a = pool->arenas; a; a = a->next) {
-    size_t free_small = 0, free_large = 0;
+    size_t free_small = 0, free_large = 0, cached = 0;
     vram_segment *prev_seg = NULL;
     for (vram_segment *s = a->segments; s; prev_seg = s, s = s->next) {
       segments++;
@@ -57,6 +57,15 @@ bool _vram_pool_check_locked(vram_pool_t *pool) {
                   "free neighbours not coalesced at %#lx", (unsigned long)b->addr);
           REQUIRE(b->requested == 0, "free block keeps a requested size");
           if (s->is_small) free_small++; else free_large++;
+          continue;
+        }
+        if (b->state == VRAM_BLOCK_CACHED) {
+          REQUIRE(b == (s->is_small ? a->cached_small : a->cached_large),
+                  "cached block %#lx is not its arena's cached block", (unsigned long)b->addr);
+          REQUIRE(b->requested == 0 && !_vram_ptrmap_get(&pool->ptrs, b->addr),
+                  "cached block still looks live");
+          used += b->size;
+          cached++;
           continue;
         }
         REQUIRE(b->state == VRAM_BLOCK_LIVE || b->state == VRAM_BLOCK_PENDING, "bad block state");
@@ -89,6 +98,8 @@ bool _vram_pool_check_locked(vram_pool_t *pool) {
         reserved += (int64_t)s->size;
       }
     }
+    REQUIRE(cached == (size_t)(a->cached_small != NULL) + (size_t)(a->cached_large != NULL),
+            "arena cache names blocks that are not cached");
     index_visit vs = {a, true, 0}, vl = {a, false, 0};
     REQUIRE(_vram_tlsf_check(&a->free_small, visit_index_block, &vs), "small free index corrupt");
     REQUIRE(_vram_tlsf_check(&a->free_large, visit_index_block, &vl), "large free index corrupt");

@@ -42,7 +42,16 @@ typedef struct vram_block vram_block;
 typedef struct vram_segment vram_segment;
 typedef struct vram_arena vram_arena;
 
-enum vram_block_state { VRAM_BLOCK_FREE = 0, VRAM_BLOCK_LIVE = 1, VRAM_BLOCK_PENDING = 2 };
+/* CACHED: just freed and parked in its arena's one-block cache, not yet coalesced, so that
+ * the next request of the same size on the same stream takes it back without touching the
+ * free index (the alloc-free-alloc loop of a training step). It is free memory for the
+ * statistics and for the user; the engine coalesces it at the next miss. */
+enum vram_block_state {
+  VRAM_BLOCK_FREE = 0,
+  VRAM_BLOCK_LIVE = 1,
+  VRAM_BLOCK_PENDING = 2,
+  VRAM_BLOCK_CACHED = 3
+};
 
 /* Extra streams a live block is used on (vram_record_stream). Rare, so kept apart. */
 typedef struct vram_stream_uses {
@@ -100,6 +109,7 @@ struct vram_arena {
   vram_stream_t stream;
   vram_tlsf free_small, free_large;
   vram_segment *segments; /* doubly linked list, both kinds */
+  vram_block *cached_small, *cached_large; /* the one-block caches, or NULL */
   vram_arena *next;
   void *release_event;    /* recorded on `stream` before memory of this arena is released */
   uint64_t quiesced_at;   /* pool release epoch at which the stream was last waited for */

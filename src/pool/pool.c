@@ -233,6 +233,31 @@ static int block_take(vram_pool_t *pool, vram_block *b, size_t rounded, size_t r
   return VRAM_OK;
 }
 
+static inline vram_block **cache_slot(vram_arena *a, bool small) {
+  return small ? &a->cached_small : &a->cached_large;
+}
+
+/* A freed block goes to its arena's cache; the block it displaces is coalesced now. */
+static void block_retire(vram_pool_t *pool, vram_block *b) {
+  vram_block **slot = cache_slot(b->segment->arena, b->segment->is_small);
+  vram_block *old = *slot;
+  b->state = VRAM_BLOCK_CACHED;
+  b->requested = 0;
+  *slot = b;
+  if (old) block_make_free(pool, old);
+}
+
+static void cache_flush(vram_pool_t *pool, vram_arena *a) {
+  vram_block *small = a->cached_small, *large = a->cached_large;
+  a->cached_small = a->cached_large = NULL;
+  if (small) block_make_free(pool, small);
+  if (large) block_make_free(pool, large);
+}
+
+static void cache_flush_all(vram_pool_t *pool) {
+  for (vram_arena *a = pool->arenas; a; a = a->next) cache_flush(pool, a);
+}
+
 /* ---------------------------------------------------------------------------------------
  * Segments: growth from the source and release back to it.
  * ------------------------------------------------------------------------------------- */
@@ -288,6 +313,7 @@ static int segment_release(vram_pool_t *pool, vram_segment *seg) {
  * `want` bytes went back or nothing is left; SIZE_MAX releases everything cached. */
 static size_t release_cached(vram_pool_t *pool, size_t want, int *first_error) {
   size_t released = 0;
+  cache_flush_all(pool);
   if (pool->src->is_vmm) {
     size_t granules = want == SIZE_MAX ? SIZE_MAX : (want + pool->granularity - 1) / pool->granularity;
     released = _vram_granules_trim(pool, granules) * pool->granularity;
@@ -463,8 +489,23 @@ static void drain_pending(vram_pool_t *pool, bool wait) {
 static int alloc_attempt(vram_pool_t *pool, vram_arena *a, size_t rounded, size_t requested,
                          vram_block **out) {
   bool small = rounded <= VRAM_SMALL_MAX && !pool->unified_index;
+  vram_block **slot = cache_slot(a, small);
+  vram_block *b = *slot;
+  if (b) {
+    if (b->size == rounded && !pool->pending_count) {
+      int rc = _vram_ptrmap_insert(&pool->ptrs, b->addr, b);
+      if (rc) return rc;
+      *slot = NULL;
+      b->state = VRAM_BLOCK_LIVE;
+      b->requested = requested;
+      *out = b;
+      return VRAM_OK;
+    }
+    *slot = NULL;
+    block_make_free(pool, b);
+  }
   vram_tlsf *index = small ? &a->free_small : &a->free_large;
-  vram_block *b = _vram_tlsf_find(index, rounded);
+  b = _vram_tlsf_find(index, rounded);
   /* Retire completed cross-stream frees when the index has nothing that fits, when the
    * fit would map new memory (virtual segments always have room), and now and then
    * otherwise, so that a waiting block is not forgotten while other blocks keep fitting. */
@@ -551,8 +592,10 @@ static int classify_unknown_pointer(const vram_pool_t *pool, uintptr_t addr) {
        * since merged with a neighbour): a double free. Anything else is not a block. */
       for (vram_block *b = s->first; b; b = b->addr_next)
         if (b->addr <= addr && addr < b->addr + b->size)
-          return (b->state == VRAM_BLOCK_FREE && addr % VRAM_ALIGN == 0) ? VRAM_EDOUBLEFREE
-                                                                          : VRAM_EFOREIGN;
+          return ((b->state == VRAM_BLOCK_FREE || b->state == VRAM_BLOCK_CACHED) &&
+                  addr % VRAM_ALIGN == 0)
+                     ? VRAM_EDOUBLEFREE
+                     : VRAM_EFOREIGN;
     }
   return VRAM_EFOREIGN;
 }
@@ -614,7 +657,7 @@ static int free_locked(vram_pool_t *pool, uintptr_t addr) {
   } else {
     vram_stat_down(&pool->stats.active_bytes, (int64_t)(size));
     vram_stat_down(&pool->stats.active, 1);
-    block_make_free(pool, b);
+    block_retire(pool, b);
   }
   vram_stat_down(&pool->stats.allocated_bytes, (int64_t)(size));
   vram_stat_down(&pool->stats.requested_bytes, (int64_t)(requested));
@@ -750,12 +793,24 @@ vram_source_kind vram_pool_source(const vram_pool_t *pool) {
   return pool ? pool->opts.source : VRAM_SOURCE_AUTO;
 }
 
+/* The size a cached block will have once coalesced with its free neighbours. */
+static size_t merged_size(const vram_block *b) {
+  if (!b) return 0;
+  size_t size = b->size;
+  if (b->addr_prev && b->addr_prev->state == VRAM_BLOCK_FREE) size += b->addr_prev->size;
+  if (b->addr_next && b->addr_next->state == VRAM_BLOCK_FREE) size += b->addr_next->size;
+  return size;
+}
+
 size_t _vram_pool_largest_free(const vram_pool_t *pool) {
   size_t largest = 0;
   for (vram_arena *a = pool->arenas; a; a = a->next) {
     size_t s = _vram_tlsf_largest(&a->free_small), l = _vram_tlsf_largest(&a->free_large);
     if (s > largest) largest = s;
     if (l > largest) largest = l;
+    size_t cs = merged_size(a->cached_small), cl = merged_size(a->cached_large);
+    if (cs > largest) largest = cs;
+    if (cl > largest) largest = cl;
   }
   /* Virtual segments: physical granules are interchangeable and a free range can always
    * be found in the reserved address space, so all cached memory serves one request. */
@@ -767,8 +822,11 @@ size_t _vram_pool_cached_free(const vram_pool_t *pool) {
   if (pool->src->is_vmm)
     return (size_t)pool->stats.reserved_bytes.current - (size_t)pool->stats.active_bytes.current;
   size_t bytes = 0;
-  for (vram_arena *a = pool->arenas; a; a = a->next)
+  for (vram_arena *a = pool->arenas; a; a = a->next) {
     bytes += a->free_small.free_bytes + a->free_large.free_bytes;
+    if (a->cached_small) bytes += a->cached_small->size;
+    if (a->cached_large) bytes += a->cached_large->size;
+  }
   return bytes;
 }
 

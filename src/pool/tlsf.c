@@ -13,7 +13,7 @@
 
 #include "pool/internal.h"
 
-#define TLSF_SCAN_LIMIT 32 /* bound on the best-fit scan of one bin: keeps find O(1) */
+#define TLSF_SCAN_LIMIT 8 /* bound on the best-fit scan of one bin: keeps find O(1) */
 
 void _vram_tlsf_mapping(size_t size, int *fl, int *sl) {
   size_t units = size / VRAM_ALIGN;
