@@ -67,7 +67,8 @@ struct vram_block {
   vram_block *free_prev, *free_next; /* free-index links (free blocks only) */
   vram_segment *segment;
   vram_stream_uses *uses;            /* other streams (record_stream), or NULL */
-  uint32_t state;                    /* enum vram_block_state */
+  uint16_t state;                    /* enum vram_block_state */
+  uint8_t bin_fl, bin_sl;            /* free: the index bin it sits in (saves remapping) */
   uint32_t events_left;              /* pending: events still to complete */
 };
 

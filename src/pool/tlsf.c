@@ -32,6 +32,8 @@ void _vram_tlsf_init(vram_tlsf *t) { memset(t, 0, sizeof *t); }
 void _vram_tlsf_insert(vram_tlsf *t, vram_block *b) {
   int fl, sl;
   _vram_tlsf_mapping(b->size, &fl, &sl);
+  b->bin_fl = (uint8_t)fl;
+  b->bin_sl = (uint8_t)sl;
   vram_block *head = t->heads[fl][sl];
   b->free_prev = NULL;
   b->free_next = head;
@@ -44,8 +46,7 @@ void _vram_tlsf_insert(vram_tlsf *t, vram_block *b) {
 }
 
 void _vram_tlsf_remove(vram_tlsf *t, vram_block *b) {
-  int fl, sl;
-  _vram_tlsf_mapping(b->size, &fl, &sl);
+  int fl = b->bin_fl, sl = b->bin_sl;
   if (b->free_prev) {
     b->free_prev->free_next = b->free_next;
   } else {
@@ -111,7 +112,7 @@ bool _vram_tlsf_check(const vram_tlsf *t,
         if (b->free_prev != prev) return false;
         int bfl, bsl;
         _vram_tlsf_mapping(b->size, &bfl, &bsl);
-        if (bfl != fl || bsl != sl) return false;
+        if (bfl != fl || bsl != sl || b->bin_fl != fl || b->bin_sl != sl) return false;
         if (!visit(ctx, b, fl, sl)) return false;
         bytes += b->size;
         blocks++;
