@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 
-from numba import cuda
 from numba.cuda.cudadrv.driver import (GetIpcHandleMixin, HostOnlyCUDAMemoryManager, MemoryInfo,
                                        MemoryPointer)
 from numba.cuda.cudadrv import driver as _driver
@@ -38,7 +37,10 @@ class VramkitMemoryManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
     """Numba EMM plugin allocating device memory from vramkit's default pools."""
 
     def _device_id(self) -> int:
-        return cuda.get_current_device().id
+        # The context Numba made this manager for, not cuda.get_current_device(): that
+        # asks for the current context, which is still being created while initialize()
+        # runs, and would create it again (endless recursion).
+        return self.context.device.id
 
     def initialize(self):
         # Create the pool up front so that configuration errors surface here, not in the

@@ -105,15 +105,34 @@ def last_status() -> int:
     return _hooks.vramkit_torch_last_status() if _hooks is not None else 0
 
 
+def _oom_count() -> int:
+    hooks = _hooks
+    if hooks is None:
+        return 0
+    return sum(vramkit.memory_stats(d)["num_ooms"] for d in range(torch.cuda.device_count())
+               if hooks.vramkit_torch_device_used(d))
+
+
 @contextlib.contextmanager
 def oom_report():
-    """Within this block, a torch.OutOfMemoryError raised by an allocation through vramkit
-    carries vramkit's report: appended to its message and as ``exc.report``."""
+    """Within this block, an allocation through vramkit that runs out of memory raises
+    torch.OutOfMemoryError carrying vramkit's report, appended to its message and as
+    ``exc.report``. PyTorch's pluggable-allocator path reports a failed allocation as a
+    plain RuntimeError; when vramkit counted an OOM during the block, that error is raised
+    again as torch.OutOfMemoryError (chained to the original)."""
+    before = _oom_count()
     try:
         yield
-    except torch.OutOfMemoryError as exc:
+    except RuntimeError as exc:
+        is_oom = isinstance(exc, torch.OutOfMemoryError)
+        if not is_oom and _oom_count() == before:
+            raise
         report = vramkit.last_oom_report()
-        exc.report = report
-        if report and exc.args and isinstance(exc.args[0], str):
-            exc.args = (f"{exc.args[0]}\n{report}",) + tuple(exc.args[1:])
-        raise
+        message = f"{exc.args[0] if exc.args else exc}\n{report}" if report else str(exc)
+        if is_oom:
+            exc.report = report
+            exc.args = (message,) + tuple(exc.args[1:])
+            raise
+        oom = torch.OutOfMemoryError(message)
+        oom.report = report
+        raise oom from exc

@@ -160,6 +160,33 @@ def run_interop():
 
 
 # ---------------------------------------------------------------------------------------
+# managed: a pool on the managed source; the host writes, the device reads and writes, the
+# host reads back (pages migrate both ways). Small: never more managed memory than is free.
+# ---------------------------------------------------------------------------------------
+def run_managed(nbytes: int = 64 << 20):
+    import ctypes
+    import numpy as np
+    import cupy
+    import vramkit
+
+    vramkit.configure(0, source="managed")
+    buf = vramkit.empty(nbytes)
+    n = nbytes // 4
+    host = np.ctypeslib.as_array((ctypes.c_float * n).from_address(buf.ptr))
+    pattern = np.arange(n, dtype=np.float32)
+    host[...] = pattern                          # written on the host
+    dev = cupy.asarray(buf).view(cupy.float32)   # the same pages, seen by the device
+    total = float(dev.sum())                     # read on the device
+    dev *= 2                                     # written on the device
+    cupy.cuda.runtime.deviceSynchronize()
+    back = np.array(host)                        # read back on the host
+    ok_read = abs(total - float(pattern.astype(np.float64).sum())) < 1e-3 * total
+    ok_back = bool(np.array_equal(back, pattern * 2))
+    emit(check="managed", source=vramkit.source(0), device_sum_ok=ok_read, host_roundtrip=ok_back,
+         ok=ok_read and ok_back and vramkit.source(0) == "managed")
+
+
+# ---------------------------------------------------------------------------------------
 # micro: alloc+free pair from Python.
 # ---------------------------------------------------------------------------------------
 def _per_op(fn, n):
@@ -214,6 +241,8 @@ def child(args):
         run_interop()
     elif mode == "micro":
         run_micro()
+    elif mode == "managed":
+        run_managed()
     else:
         raise SystemExit(f"unknown mode {mode}")
 
@@ -234,7 +263,7 @@ def spawn(*args):
 
 
 def main():
-    checks = sys.argv[1:] or ["train", "oom", "interop", "micro"]
+    checks = sys.argv[1:] or ["train", "oom", "interop", "managed", "micro"]
     if "train" in checks:
         ref = spawn("train", "torch")
         mine = spawn("train", "vramkit")
@@ -246,7 +275,7 @@ def main():
                  max_reserved_torch=r["max_reserved_bytes"],
                  max_reserved_vramkit=m["max_reserved_bytes"],
                  reserved_ratio=m["max_reserved_bytes"] / max(1, r["max_reserved_bytes"]))
-    for name in ("oom", "interop", "micro"):
+    for name in ("oom", "interop", "managed", "micro"):
         if name in checks:
             spawn(name)
 
