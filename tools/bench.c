@@ -20,6 +20,7 @@
 #define PAIR_MAX_SIZES 32
 #define PAIR_BATCHES 5
 #define PAIR_WARMUP 1000
+#define PAIR_WARMUP_NS 2e8 /* 0.2 s */
 #define RANDOM_PASSES 3
 #define SCALE_PASSES 3
 #define SCALE_MIN_SIZE ((size_t)256)
@@ -52,8 +53,8 @@ static const char random_usage[] =
 static const char pair_usage[] =
     "usage: vramkit bench pair [--source S] [--sizes LIST] [--pairs N] [--json]\n"
     "\n"
-    "For each size: 1,000 warm-up pairs, then 5 batches of N vram_malloc+vram_free pairs of\n"
-    "that size on the default stream; prints the median batch's ns per pair (as\n"
+    "For each size: warm-up pairs (1,000, and 0.2 s at least), then 5 batches of N\n"
+    "vram_malloc+vram_free pairs of that size on the default stream; prints the median batch's ns per pair (as\n"
     "anchors/torch_bench.cpp does for PyTorch's raw_alloc+raw_delete).\n"
     "\n"
     "  --source S    sim, sim:vmm, cuda, vmm, managed or auto (default auto).\n"
@@ -308,8 +309,12 @@ static int bench_pair(int argc, char **argv) {
     size_t size = sizes[s];
     void *block = NULL;
     int status = VRAM_OK;
-    /* The warm-up puts a block of this size in the cache; every timed pair then hits it. */
-    for (int w = 0; w < PAIR_WARMUP && status == VRAM_OK; w++) {
+    /* The warm-up puts a block of this size in the cache, so every timed pair hits it, and
+     * runs for PAIR_WARMUP_NS at least: a core that was idle runs at a low clock for its
+     * first milliseconds, which otherwise lands in the first batches (seen on the H200
+     * host: the same code measured 52 ns in one run and 81 ns in the next). */
+    double warm_start = cli_now_ns();
+    for (long w = 0; status == VRAM_OK && (w < PAIR_WARMUP || cli_now_ns() - warm_start < PAIR_WARMUP_NS); w++) {
       status = vram_malloc(pool, size, NULL, &block);
       if (status == VRAM_OK) status = vram_free(pool, block);
     }
