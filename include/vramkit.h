@@ -142,6 +142,14 @@ VRAM_API int vram_block_info(vram_pool_t *pool, void *ptr, size_t *requested,
 VRAM_API int vram_empty_cache(vram_pool_t *pool);
 /* Change the hard limit (0 = none); a fraction in (0,1] of total memory if bytes == 0. */
 VRAM_API int vram_set_limit(vram_pool_t *pool, size_t bytes, double fraction);
+/* Managed source: move the pages of [ptr, ptr + size), inside one live block, to the
+ * device (to_device != 0) or to the host, ordered on `stream`. VRAM_EUNSUPPORTED on other
+ * sources. Asynchronous, like cudaMemPrefetchAsync. */
+VRAM_API int vram_prefetch(vram_pool_t *pool, void *ptr, size_t size, int to_device,
+                           vram_stream_t stream);
+/* Virtual-memory sources: let device `peer_device` access this pool's memory (what is
+ * mapped now and what is mapped later). VRAM_EUNSUPPORTED on other sources. */
+VRAM_API int vram_enable_peer_access(vram_pool_t *pool, int peer_device);
 VRAM_API int vram_pool_device(const vram_pool_t *pool);
 VRAM_API vram_source_kind vram_pool_source(const vram_pool_t *pool);
 

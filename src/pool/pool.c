@@ -787,6 +787,29 @@ int vram_set_limit(vram_pool_t *pool, size_t bytes, double fraction) {
   return VRAM_OK;
 }
 
+int vram_prefetch(vram_pool_t *pool, void *ptr, size_t size, int to_device, vram_stream_t stream) {
+  if (!pool || !ptr) return VRAM_EINVAL;
+  if (!pool->src->xPrefetch) return VRAM_EUNSUPPORTED;
+  vram_lock_acquire(&pool->lock);
+  vram_block *b = _vram_ptrmap_get(&pool->ptrs, (uintptr_t)ptr);
+  int rc = !b ? classify_unknown_pointer(pool, (uintptr_t)ptr)
+              : b->state != VRAM_BLOCK_LIVE ? VRAM_EDOUBLEFREE
+              : (size == 0 || size > b->size) ? VRAM_EINVAL
+              : pool->src->xPrefetch(pool->src_state, b->addr, size, to_device, stream);
+  vram_lock_release(&pool->lock);
+  return rc;
+}
+
+int vram_enable_peer_access(vram_pool_t *pool, int peer_device) {
+  if (!pool) return VRAM_EINVAL;
+  if (!pool->src->xEnablePeer) return VRAM_EUNSUPPORTED;
+  if (peer_device < 0) return VRAM_EDEVICE;
+  vram_lock_acquire(&pool->lock);
+  int rc = pool->src->xEnablePeer(pool->src_state, peer_device);
+  vram_lock_release(&pool->lock);
+  return rc;
+}
+
 int vram_pool_device(const vram_pool_t *pool) { return pool ? pool->opts.device : VRAM_EINVAL; }
 
 vram_source_kind vram_pool_source(const vram_pool_t *pool) {

@@ -66,6 +66,11 @@ static int fault_enable_peer(void *state, int peer) {
   fault_state *f = state;
   return f->inner->xEnablePeer(f->inner_state, peer);
 }
+static int fault_prefetch(void *state, uintptr_t addr, size_t size, int to_device,
+                          vram_stream_t stream) {
+  fault_state *f = state;
+  return f->inner->xPrefetch(f->inner_state, addr, size, to_device, stream);
+}
 static int fault_event_create(void *state, void **event) {
   fault_state *f = state;
   return f->inner->xEventCreate(f->inner_state, event);
@@ -108,6 +113,7 @@ int _vram_fault_wrap(const vram_source_methods *inner, void *inner_state,
       .xMap = inner->xMap ? fault_map : NULL,
       .xUnmap = inner->xUnmap ? fault_unmap : NULL,
       .xEnablePeer = inner->xEnablePeer ? fault_enable_peer : NULL,
+      .xPrefetch = inner->xPrefetch ? fault_prefetch : NULL,
       .xEventCreate = fault_event_create,
       .xEventDestroy = fault_event_destroy,
       .xEventRecord = fault_event_record,

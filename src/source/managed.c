@@ -144,6 +144,7 @@ const vram_source_methods _vram_source_managed = {
   .xMap = NULL,
   .xUnmap = NULL,
   .xEnablePeer = NULL,
+  .xPrefetch = _vram_managed_prefetch,
   .xEventCreate = _vram_cuda_event_create,
   .xEventDestroy = _vram_cuda_event_destroy,
   .xEventRecord = _vram_cuda_event_record,

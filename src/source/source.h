@@ -44,6 +44,9 @@ typedef struct vram_source_methods {
   int (*xUnmap)(void *state, uintptr_t addr, size_t size);
   /* Give another device access to every mapping made after this call (vmm only). */
   int (*xEnablePeer)(void *state, int peer_device);
+  /* Move the pages of a range to the device (to_device != 0) or the host, ordered on
+   * stream (managed only). */
+  int (*xPrefetch)(void *state, uintptr_t addr, size_t size, int to_device, vram_stream_t stream);
 
   /* Events. An event handle is created once and recorded many times. */
   int (*xEventCreate)(void *state, void **event);
