@@ -42,7 +42,8 @@ __all__ = [
     "DriverError", "ForeignPointerError", "HostMemoryError", "InvalidArgumentError",
     "InvalidDeviceError", "NoDriverError", "OutOfMemoryError", "UnsupportedError",
     "VramError", "configure", "device_count", "empty", "empty_cache", "get_memory_info",
-    "last_oom_report", "max_memory_allocated", "max_memory_reserved", "mem_get_info",
+    "enable_peer_access", "last_oom_report", "max_memory_allocated", "max_memory_reserved",
+    "mem_get_info",
     "memory_allocated", "memory_reserved", "memory_stats", "memory_stats_raw",
     "memory_summary", "reset_memory_stats", "reset_peak_memory_stats",
     "set_memory_growth", "set_memory_limit", "set_per_process_memory_fraction", "source",
@@ -191,6 +192,12 @@ def set_per_process_memory_fraction(fraction: float, device=None) -> None:
 def mem_get_info(device=None) -> tuple[int, int]:
     """(free, total) bytes of the device, as torch.cuda.mem_get_info()."""
     return _core.mem_get_info(_device(device))
+
+
+def enable_peer_access(device, peer) -> None:
+    """Let device `peer` read and write the memory of `device`'s pool, what is mapped now and
+    later (the vmm source; NotImplementedError on the others)."""
+    _core.enable_peer_access(_device(device), _device(peer))
 
 
 def last_oom_report(device=None) -> str:

@@ -325,6 +325,21 @@ static PyObject *DeviceBuffer_record_stream(DeviceBuffer *self, PyObject *arg) {
   Py_RETURN_NONE;
 }
 
+static PyObject *DeviceBuffer_prefetch(DeviceBuffer *self, PyObject *args, PyObject *kwargs) {
+  static char *kwlist[] = {"to_device", "stream", NULL};
+  core_state *st = PyType_GetModuleState(Py_TYPE(self));
+  if (st == NULL) return NULL;
+  int to_device = 1;
+  vram_stream_t stream = self->stream;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|pO&:prefetch", kwlist, &to_device,
+                                   stream_converter, &stream))
+    return NULL;
+  if (self->freed) return raise_status(st, VRAM_EDOUBLEFREE, "prefetch", NULL);
+  int rc = vram_prefetch(self->pool, self->ptr, self->nbytes, to_device, stream);
+  if (rc != VRAM_OK) return raise_status(st, rc, "prefetch", self->pool);
+  Py_RETURN_NONE;
+}
+
 static PyObject *DeviceBuffer_get_ptr(DeviceBuffer *self, void *closure) {
   return PyLong_FromVoidPtr(self->freed ? NULL : self->ptr);
 }
@@ -378,6 +393,9 @@ static PyMethodDef DeviceBuffer_methods[] = {
     {"free", (PyCFunction)DeviceBuffer_free, METH_NOARGS,
      PyDoc_STR("free()\n--\n\nReturn the block to its pool now. A second call raises "
                "DoubleFreeError.")},
+    {"prefetch", (PyCFunction)(void (*)(void))DeviceBuffer_prefetch, METH_VARARGS | METH_KEYWORDS,
+     PyDoc_STR("prefetch(to_device=True, stream=None): move the pages of this buffer to the "
+               "device or the host (managed source; NotImplementedError elsewhere)")},
     {"record_stream", (PyCFunction)DeviceBuffer_record_stream, METH_O,
      PyDoc_STR("record_stream(stream)\n--\n\nMark the block as used on stream too: it is "
                "not reused before that stream's queued work completes.")},
@@ -544,6 +562,17 @@ static PyObject *core_set_limit(PyObject *module, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+static PyObject *core_enable_peer_access(PyObject *module, PyObject *args) {
+  int device, peer;
+  if (!PyArg_ParseTuple(args, "ii:enable_peer_access", &device, &peer)) return NULL;
+  core_state *st = get_state(module);
+  vram_pool_t *pool = get_pool(st, device, "enable_peer_access");
+  if (pool == NULL) return NULL;
+  int rc = vram_enable_peer_access(pool, peer);
+  if (rc != VRAM_OK) return raise_status(st, rc, "enable_peer_access", pool);
+  Py_RETURN_NONE;
+}
+
 static PyObject *core_source(PyObject *module, PyObject *args) {
   int device;
   if (!PyArg_ParseTuple(args, "i:source", &device)) return NULL;
@@ -636,6 +665,8 @@ static PyMethodDef core_methods[] = {
     {"set_limit", core_set_limit, METH_VARARGS,
      PyDoc_STR("set_limit(device, nbytes, fraction)\n--\n\nHard limit on reserved memory; "
                "0 and 0.0 remove it.")},
+    {"enable_peer_access", core_enable_peer_access, METH_VARARGS,
+     PyDoc_STR("enable_peer_access(device, peer): let peer access device's pool (vmm)")},
     {"source", core_source, METH_VARARGS,
      PyDoc_STR("source(device)\n--\n\nName of the memory source behind the pool.")},
     {"init_pool", core_init_pool, METH_VARARGS,

@@ -325,3 +325,19 @@ def test_integrations_load_lazily():
     assert "vramkit.torch" not in sys.modules or "torch" in sys.modules
     with pytest.raises(AttributeError):
         vramkit.no_such_thing
+
+
+def test_prefetch_and_peer_access_are_unsupported_on_fixed_sim():
+    """Prefetch belongs to the managed source and peer access to the virtual-memory ones:
+    on the fixed sim both are a clear NotImplementedError and the buffer stays usable."""
+    assert vramkit.source(DEV) == "sim"
+    before = allocated()
+    buf = vramkit.empty(4096)
+    with pytest.raises(NotImplementedError):
+        buf.prefetch()
+    with pytest.raises(NotImplementedError):
+        vramkit.enable_peer_access(DEV, 1)
+    assert allocated() == before + 4096
+    buf.free()
+    with pytest.raises(vramkit.DoubleFreeError):
+        buf.prefetch(to_device=False)
