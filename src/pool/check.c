@@ -62,10 +62,11 @@ bool _vram_pool_check_locked(vram_pool_t *pool) {
         if (b->state == VRAM_BLOCK_CACHED) {
           REQUIRE(b == (s->is_small ? a->cached_small : a->cached_large),
                   "cached block %#lx is not its arena's cached block", (unsigned long)b->addr);
-          REQUIRE(b->requested == 0 && !_vram_ptrmap_get(&pool->ptrs, b->addr),
-                  "cached block still looks live");
+          REQUIRE(b->requested == 0 && _vram_ptrmap_get(&pool->ptrs, b->addr) == b,
+                  "cached block %#lx not in the pointer map", (unsigned long)b->addr);
           used += b->size;
           cached++;
+          in_map++;
           continue;
         }
         REQUIRE(b->state == VRAM_BLOCK_LIVE || b->state == VRAM_BLOCK_PENDING, "bad block state");

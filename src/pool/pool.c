@@ -238,20 +238,27 @@ static inline vram_block **cache_slot(vram_arena *a, bool small) {
 }
 
 /* A freed block goes to its arena's cache; the block it displaces is coalesced now. */
+/* A cached block stays in the pointer map, so that freeing and taking it back cost no
+ * hash insert or delete; it leaves the map when it is really freed. */
+static void block_uncache(vram_pool_t *pool, vram_block *b) {
+  _vram_ptrmap_remove(&pool->ptrs, b->addr);
+  block_make_free(pool, b);
+}
+
 static void block_retire(vram_pool_t *pool, vram_block *b) {
   vram_block **slot = cache_slot(b->segment->arena, b->segment->is_small);
   vram_block *old = *slot;
   b->state = VRAM_BLOCK_CACHED;
   b->requested = 0;
   *slot = b;
-  if (old) block_make_free(pool, old);
+  if (old) block_uncache(pool, old);
 }
 
 static void cache_flush(vram_pool_t *pool, vram_arena *a) {
   vram_block *small = a->cached_small, *large = a->cached_large;
   a->cached_small = a->cached_large = NULL;
-  if (small) block_make_free(pool, small);
-  if (large) block_make_free(pool, large);
+  if (small) block_uncache(pool, small);
+  if (large) block_uncache(pool, large);
 }
 
 static void cache_flush_all(vram_pool_t *pool) {
@@ -493,8 +500,6 @@ static int alloc_attempt(vram_pool_t *pool, vram_arena *a, size_t rounded, size_
   vram_block *b = *slot;
   if (b) {
     if (b->size == rounded && !pool->pending_count) {
-      int rc = _vram_ptrmap_insert(&pool->ptrs, b->addr, b);
-      if (rc) return rc;
       *slot = NULL;
       b->state = VRAM_BLOCK_LIVE;
       b->requested = requested;
@@ -502,7 +507,7 @@ static int alloc_attempt(vram_pool_t *pool, vram_arena *a, size_t rounded, size_
       return VRAM_OK;
     }
     *slot = NULL;
-    block_make_free(pool, b);
+    block_uncache(pool, b);
   }
   vram_tlsf *index = small ? &a->free_small : &a->free_large;
   b = _vram_tlsf_find(index, rounded);
@@ -592,10 +597,8 @@ static int classify_unknown_pointer(const vram_pool_t *pool, uintptr_t addr) {
        * since merged with a neighbour): a double free. Anything else is not a block. */
       for (vram_block *b = s->first; b; b = b->addr_next)
         if (b->addr <= addr && addr < b->addr + b->size)
-          return ((b->state == VRAM_BLOCK_FREE || b->state == VRAM_BLOCK_CACHED) &&
-                  addr % VRAM_ALIGN == 0)
-                     ? VRAM_EDOUBLEFREE
-                     : VRAM_EFOREIGN;
+          return (b->state == VRAM_BLOCK_FREE && addr % VRAM_ALIGN == 0) ? VRAM_EDOUBLEFREE
+                                                                          : VRAM_EFOREIGN;
     }
   return VRAM_EFOREIGN;
 }
@@ -641,15 +644,9 @@ static int free_after_events(vram_pool_t *pool, vram_block *b) {
 }
 
 static int free_locked(vram_pool_t *pool, uintptr_t addr) {
-  /* One probe: remove first, put back in the rare cases that keep the block mapped. */
-  vram_block *b = _vram_ptrmap_remove(&pool->ptrs, addr);
+  vram_block *b = _vram_ptrmap_get(&pool->ptrs, addr);
   if (!b) return classify_unknown_pointer(pool, addr);
-  if (b->state == VRAM_BLOCK_PENDING || (b->uses && b->uses->count)) {
-    int rc = _vram_ptrmap_insert(&pool->ptrs, addr, b); /* cannot grow: it was there */
-    vram_assert(rc == VRAM_OK);
-    (void)rc;
-    if (b->state == VRAM_BLOCK_PENDING) return VRAM_EDOUBLEFREE;
-  }
+  if (b->state != VRAM_BLOCK_LIVE) return VRAM_EDOUBLEFREE; /* pending or cached */
   size_t size = b->size, requested = b->requested;
   if (b->uses && b->uses->count) {
     int rc = free_after_events(pool, b);
