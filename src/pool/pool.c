@@ -60,9 +60,8 @@ static inline vram_tlsf *index_of(vram_segment *seg) {
   return seg->is_small ? &seg->arena->free_small : &seg->arena->free_large;
 }
 
-static vram_arena *arena_get(vram_pool_t *pool, vram_stream_t stream) {
-  vram_arena *a = pool->last_arena;
-  if (a && a->stream == stream) return a;
+static vram_arena *arena_find_or_create(vram_pool_t *pool, vram_stream_t stream) {
+  vram_arena *a;
   for (a = pool->arenas; a; a = a->next) {
     if (a->stream == stream) {
       pool->last_arena = a;
@@ -78,6 +77,13 @@ static vram_arena *arena_get(vram_pool_t *pool, vram_stream_t stream) {
   pool->arenas = a;
   pool->last_arena = a;
   return a;
+}
+
+/* The stream's arena; almost always the one used last. */
+static inline vram_arena *arena_get(vram_pool_t *pool, vram_stream_t stream) {
+  vram_arena *a = pool->last_arena;
+  if (a && a->stream == stream) return a;
+  return arena_find_or_create(pool, stream);
 }
 
 static void report_error(vram_pool_t *pool, int status, const char *message) {
@@ -554,32 +560,27 @@ static int alloc_locked(vram_pool_t *pool, size_t rounded, size_t requested, vra
   return rc;
 }
 
+/* Kept out of line: the message buffer and the formatting stay off the hot path. */
+static __attribute__((noinline, cold)) int malloc_failed(vram_pool_t *pool, size_t size, int rc) {
+  char msg[2048];
+  if (rc == VRAM_ENOMEM) vram_oom_report(pool, msg, sizeof msg);
+  else snprintf(msg, sizeof msg, "vram_malloc(%zu): %s", size, vram_strerror(rc));
+  report_error(pool, rc, msg);
+  return rc;
+}
+
 int vram_malloc(vram_pool_t *pool, size_t size, vram_stream_t stream, void **out) {
   if (!pool || !out) return VRAM_EINVAL;
   *out = NULL;
   if (size == 0) return VRAM_OK;
-  if (size > VRAM_MAX_REQUEST) {
-    char msg[96];
-    snprintf(msg, sizeof msg, "vram_malloc(%zu): %s", size, vram_strerror(VRAM_ETOOBIG));
-    report_error(pool, VRAM_ETOOBIG, msg);
-    return VRAM_ETOOBIG;
-  }
+  if (size > VRAM_MAX_REQUEST) return malloc_failed(pool, size, VRAM_ETOOBIG);
   size_t rounded = round_up(size, VRAM_ALIGN);
   vram_block *b = NULL;
   vram_lock_acquire(&pool->lock);
   int rc = alloc_locked(pool, rounded, size, stream, &b);
   CHECK_POOL_LOCKED(pool);
   vram_lock_release(&pool->lock);
-  if (rc) {
-    char msg[2048];
-    if (rc == VRAM_ENOMEM) {
-      vram_oom_report(pool, msg, sizeof msg);
-    } else {
-      snprintf(msg, sizeof msg, "vram_malloc(%zu): %s", size, vram_strerror(rc));
-    }
-    report_error(pool, rc, msg);
-    return rc;
-  }
+  if (rc) return malloc_failed(pool, size, rc);
   *out = (void *)b->addr;
   return VRAM_OK;
 }
