@@ -107,6 +107,12 @@ VRAM_API void vram_options_init(vram_options_t *opts);
  * leaves opts unchanged. */
 VRAM_API int vram_options_from_env(vram_options_t *opts, const char **why);
 
+/* Set one option by its variable's name ("VRAMKIT_LIMIT", ...) from text, as the
+ * environment would: VRAM_EENV with *why on a bad value, VRAM_EINVAL for an unknown name;
+ * opts is unchanged on failure. */
+VRAM_API int vram_options_set(vram_options_t *opts, const char *name, const char *value,
+                              const char **why);
+
 /* Parse a size such as "512", "64K", "1.5G", "2MiB". Returns VRAM_EINVAL on junk. With
  * allow_percent, "30%" yields *fraction = 0.30 and *bytes = 0. */
 VRAM_API int vram_parse_size(const char *text, int allow_percent, size_t *bytes,
@@ -124,6 +130,9 @@ VRAM_API int vram_pool_destroy_force(vram_pool_t *pool);
 
 /* The process-wide pool of a device, created on first use from VRAMKIT_* variables. */
 VRAM_API int vram_default_pool(int device, vram_pool_t **out);
+/* Create the process-wide pool of opts->device now, with these options rather than the
+ * environment's (what vramkit.configure() does). VRAM_EBUSY if it exists already. */
+VRAM_API int vram_default_pool_create(const vram_options_t *opts, vram_pool_t **out);
 
 /* Allocate `size` bytes usable on `stream`. Blocks are 512-byte aligned. Size 0 succeeds
  * with *out = NULL (as PyTorch does); vram_free(pool, NULL) is a no-op. On VRAM_ENOMEM the

@@ -350,21 +350,9 @@ def configure(
 
 
 def _create_pool(device: int, env: dict) -> None:
-    """Create the default pool of a device under the given VRAMKIT_* overrides.
-
-    The C library reads its options from the environment when a default pool is created;
-    setting the variables only around that one creation keeps the options to this device.
-    """
-    saved = {k: _os.environ.get(k) for k in env}
-    try:
-        _os.environ.update(env)
-        _core.init_pool(device)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                _os.environ.pop(k, None)
-            else:
-                _os.environ[k] = v
+    """Create the default pool of a device with these VRAMKIT_* overrides on top of the
+    environment; the environment itself is left alone (other threads may be reading it)."""
+    _core.init_pool(device, env)
 
 
 def _pool_in_use(device: int) -> bool:

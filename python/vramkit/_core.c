@@ -581,10 +581,41 @@ static PyObject *core_source(PyObject *module, PyObject *args) {
   return PyUnicode_FromString(vram_source_name(vram_pool_source(pool)));
 }
 
+/* init_pool(device, overrides=None): create the device's default pool now. overrides maps
+ * VRAMKIT_* names to text and wins over the environment; the environment is not touched. */
 static PyObject *core_init_pool(PyObject *module, PyObject *args) {
   int device;
-  if (!PyArg_ParseTuple(args, "i:init_pool", &device)) return NULL;
-  if (get_pool(get_state(module), device, "init_pool") == NULL) return NULL;
+  PyObject *overrides = Py_None;
+  if (!PyArg_ParseTuple(args, "i|O:init_pool", &device, &overrides)) return NULL;
+  core_state *st = get_state(module);
+  if (overrides == Py_None) {
+    if (get_pool(st, device, "init_pool") == NULL) return NULL;
+    Py_RETURN_NONE;
+  }
+  if (!PyDict_Check(overrides)) {
+    PyErr_SetString(PyExc_TypeError, "init_pool: overrides must be a dict or None");
+    return NULL;
+  }
+  vram_options_t opts;
+  vram_options_init(&opts);
+  const char *why = NULL;
+  int rc = vram_options_from_env(&opts, &why);
+  PyObject *key, *value;
+  Py_ssize_t pos = 0;
+  while (rc == VRAM_OK && PyDict_Next(overrides, &pos, &key, &value)) {
+    const char *name = PyUnicode_AsUTF8(key), *text = name ? PyUnicode_AsUTF8(value) : NULL;
+    if (text == NULL) return NULL;
+    rc = vram_options_set(&opts, name, text, &why);
+  }
+  if (rc != VRAM_OK) return raise_status(st, rc, why ? why : "init_pool", NULL);
+  opts.device = device;
+  vram_pool_t *pool = NULL;
+  /* Preallocation may call the driver: let other threads run meanwhile. */
+  Py_BEGIN_ALLOW_THREADS
+  rc = vram_default_pool_create(&opts, &pool);
+  Py_END_ALLOW_THREADS
+  if (rc != VRAM_OK) return raise_status(st, rc, "init_pool", NULL);
+  if (device >= 0 && device < VRAMKIT_MAX_TRACKED) pool_touched[device] = 1;
   Py_RETURN_NONE;
 }
 

@@ -98,40 +98,68 @@ int vram_parse_size(const char *text, int allow_percent, size_t *bytes, double *
   return VRAM_OK;
 }
 
+/* The settings that VRAMKIT_* variables and vram_options_set name, each with its parser and
+ * the message that explains a bad value. One table serves both. */
+typedef int (*setting_parse_fn)(vram_options_t *o, const char *value);
+
+static int parse_source(vram_options_t *o, const char *v) { return vram_source_parse(v, &o->source); }
+static int parse_limit(vram_options_t *o, const char *v) {
+  return vram_parse_size(v, 1, &o->limit_bytes, &o->limit_fraction);
+}
+static int parse_preallocate(vram_options_t *o, const char *v) {
+  return vram_parse_size(v, 1, &o->preallocate_bytes, &o->preallocate_fraction);
+}
+static int parse_release_threshold(vram_options_t *o, const char *v) {
+  return vram_parse_size(v, 0, &o->release_threshold, NULL);
+}
+static int parse_sim_capacity(vram_options_t *o, const char *v) {
+  int rc = vram_parse_size(v, 0, &o->sim_capacity, NULL);
+  return rc ? rc : o->sim_capacity ? VRAM_OK : VRAM_EINVAL;
+}
+
+static const struct {
+  const char *name;
+  setting_parse_fn parse;
+  const char *why;
+} settings[] = {
+    {"VRAMKIT_SOURCE", parse_source,
+     "VRAMKIT_SOURCE: expected auto, sim, sim:cuda, sim:vmm, cuda, vmm or managed"},
+    {"VRAMKIT_LIMIT", parse_limit,
+     "VRAMKIT_LIMIT: expected a size such as 8G or a percentage such as 50%"},
+    {"VRAMKIT_PREALLOCATE", parse_preallocate,
+     "VRAMKIT_PREALLOCATE: expected a size such as 8G or a percentage such as 50%"},
+    {"VRAMKIT_RELEASE_THRESHOLD", parse_release_threshold,
+     "VRAMKIT_RELEASE_THRESHOLD: expected a size such as 1G"},
+    {"VRAMKIT_SIM_CAPACITY", parse_sim_capacity,
+     "VRAMKIT_SIM_CAPACITY: expected a positive size such as 16G"},
+};
+
+int vram_options_set(vram_options_t *opts, const char *name, const char *value, const char **why) {
+  if (!opts || !name || !value) return VRAM_EINVAL;
+  for (size_t i = 0; i < sizeof settings / sizeof settings[0]; i++) {
+    if (strcmp(name, settings[i].name) != 0) continue;
+    vram_options_t o = *opts;
+    if (settings[i].parse(&o, value) != VRAM_OK) {
+      if (why) *why = settings[i].why;
+      return VRAM_EENV;
+    }
+    *opts = o;
+    return VRAM_OK;
+  }
+  if (why) *why = "unknown setting: expected VRAMKIT_SOURCE, VRAMKIT_LIMIT, VRAMKIT_PREALLOCATE, "
+                  "VRAMKIT_RELEASE_THRESHOLD or VRAMKIT_SIM_CAPACITY";
+  return VRAM_EINVAL;
+}
+
 int vram_options_from_env(vram_options_t *opts, const char **why) {
   if (!opts) return VRAM_EINVAL;
   vram_options_t o = *opts;
-  const char *v;
-  if ((v = getenv("VRAMKIT_SOURCE")) && *v) {
-    if (vram_source_parse(v, &o.source)) goto bad_source;
-  }
-  if ((v = getenv("VRAMKIT_LIMIT")) && *v) {
-    if (vram_parse_size(v, 1, &o.limit_bytes, &o.limit_fraction)) goto bad_limit;
-  }
-  if ((v = getenv("VRAMKIT_PREALLOCATE")) && *v) {
-    if (vram_parse_size(v, 1, &o.preallocate_bytes, &o.preallocate_fraction)) goto bad_prealloc;
-  }
-  if ((v = getenv("VRAMKIT_RELEASE_THRESHOLD")) && *v) {
-    if (vram_parse_size(v, 0, &o.release_threshold, NULL)) goto bad_threshold;
-  }
-  if ((v = getenv("VRAMKIT_SIM_CAPACITY")) && *v) {
-    if (vram_parse_size(v, 0, &o.sim_capacity, NULL) || o.sim_capacity == 0) goto bad_capacity;
+  for (size_t i = 0; i < sizeof settings / sizeof settings[0]; i++) {
+    const char *v = getenv(settings[i].name);
+    if (!v || !*v) continue;
+    int rc = vram_options_set(&o, settings[i].name, v, why);
+    if (rc) return rc;
   }
   *opts = o;
   return VRAM_OK;
-bad_source:
-  if (why) *why = "VRAMKIT_SOURCE: expected auto, sim, sim:cuda, sim:vmm, cuda, vmm or managed";
-  return VRAM_EENV;
-bad_limit:
-  if (why) *why = "VRAMKIT_LIMIT: expected a size such as 8G or a percentage such as 50%";
-  return VRAM_EENV;
-bad_prealloc:
-  if (why) *why = "VRAMKIT_PREALLOCATE: expected a size such as 8G or a percentage such as 50%";
-  return VRAM_EENV;
-bad_threshold:
-  if (why) *why = "VRAMKIT_RELEASE_THRESHOLD: expected a size such as 1G";
-  return VRAM_EENV;
-bad_capacity:
-  if (why) *why = "VRAMKIT_SIM_CAPACITY: expected a positive size such as 16G";
-  return VRAM_EENV;
 }

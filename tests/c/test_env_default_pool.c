@@ -7,6 +7,8 @@
  * so a later call with a fixed environment succeeds); bad devices give VRAM_EDEVICE.
  * The tests run in order in one process: the default pools are process state.
  */
+#include <string.h>
+
 #include "vt.h"
 
 static void env_reset(void) {
@@ -132,6 +134,53 @@ static void t_bad_device(void **state) {
   VT_EXPECT(vram_default_pool(0, NULL), VRAM_EINVAL);
 }
 
+/* vram_options_set parses exactly as the environment does, and rejects what it would. */
+static void t_options_set(void **state) {
+  (void)state;
+  vram_options_t o, before;
+  vram_options_init(&o);
+  const char *why = NULL;
+  VT_OK(vram_options_set(&o, "VRAMKIT_SOURCE", "sim:vmm", &why));
+  assert_int_equal(o.source, VRAM_SOURCE_SIM_VMM);
+  VT_OK(vram_options_set(&o, "VRAMKIT_LIMIT", "30%", &why));
+  assert_true(o.limit_bytes == 0 && o.limit_fraction > 0.299 && o.limit_fraction < 0.301);
+  VT_OK(vram_options_set(&o, "VRAMKIT_SIM_CAPACITY", "2G", &why));
+  assert_int_equal(o.sim_capacity, 2 * VT_GiB);
+  before = o;
+  VT_EXPECT(vram_options_set(&o, "VRAMKIT_SIM_CAPACITY", "0", &why), VRAM_EENV);
+  assert_non_null(strstr(why, "VRAMKIT_SIM_CAPACITY"));
+  VT_EXPECT(vram_options_set(&o, "VRAMKIT_PREALLOCATE", "150%", &why), VRAM_EENV);
+  assert_non_null(strstr(why, "VRAMKIT_PREALLOCATE"));
+  VT_EXPECT(vram_options_set(&o, "VRAMKIT_NOPE", "1", &why), VRAM_EINVAL);
+  VT_EXPECT(vram_options_set(NULL, "VRAMKIT_LIMIT", "1G", &why), VRAM_EINVAL);
+  assert_memory_equal(&o, &before, sizeof o);
+}
+
+/* A default pool made with explicit options (vramkit.configure) ignores the environment,
+ * is the one vram_default_pool returns afterwards, and cannot be made twice. */
+static void t_default_pool_create(void **state) {
+  (void)state;
+  env_reset();
+  setenv("VRAMKIT_LIMIT", "1M", 1); /* must not apply: the options below say otherwise */
+  vram_options_t o;
+  vram_options_init(&o);
+  o.device = 5;
+  o.source = VRAM_SOURCE_SIM_VMM;
+  o.sim_capacity = 512 * VT_MiB;
+  vram_pool_t *made = NULL, *again = NULL;
+  VT_OK(vram_default_pool_create(&o, &made));
+  VT_VALID(made);
+  assert_int_equal(vram_pool_source(made), VRAM_SOURCE_SIM_VMM);
+  assert_int_equal(vt_stats(made).limit_bytes, 0);
+  VT_OK(vram_default_pool(5, &again));
+  assert_ptr_equal(again, made);
+  VT_EXPECT(vram_default_pool_create(&o, &again), VRAM_EBUSY);
+  o.device = -2;
+  VT_EXPECT(vram_default_pool_create(&o, &again), VRAM_EDEVICE);
+  VT_EXPECT(vram_default_pool_create(NULL, &again), VRAM_EINVAL);
+  env_reset();
+}
+
 int main(void) {
   env_reset();
   const struct CMUnitTest tests[] = {
@@ -139,6 +188,8 @@ int main(void) {
       cmocka_unit_test(t_bad_env),
       cmocka_unit_test(t_limit_and_preallocate_from_env),
       cmocka_unit_test(t_bad_device),
+      cmocka_unit_test(t_options_set),
+      cmocka_unit_test(t_default_pool_create),
   };
   return cmocka_run_group_tests_name("env_default_pool", tests, NULL, NULL) ? 1 : 0;
 }
