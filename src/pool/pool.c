@@ -1,10 +1,12 @@
 /* pool.c - the allocator engine: malloc, free, streams, growth, release and the OOM ladder.
  *
- * internal.h draws the picture. The hot path of a cached size is: find the stream's arena
- * (one-entry cache), find a free block in the arena's TLSF index, split it, record the
- * pointer in the hash; free looks the pointer up, coalesces with free address neighbours
- * and puts the result back in the index. No source call, no allocation of host memory
- * (block structs come from a free list), one lock taken once per call.
+ * internal.h draws the picture. The hot path of a size just freed on the same stream: find
+ * the stream's arena (one-entry cache) and take back the block parked in its one-block
+ * cache. Otherwise: merge the parked block, find a free block in the arena's TLSF index,
+ * split it, record the pointer in the hash. Free looks the pointer up and parks the block;
+ * the block it displaces is merged with its free address neighbours and indexed. No source
+ * call, no allocation of host memory (block structs come from a free list), one lock taken
+ * once per call.
  *
  * Misses go down a ladder: drain completed cross-stream frees; grow by a segment from the
  * source (or, for virtual memory, map granules); release cached memory and retry; then
@@ -23,7 +25,6 @@
  * ------------------------------------------------------------------------------------- */
 
 static inline size_t round_up(size_t n, size_t unit) { return (n + unit - 1) & ~(unit - 1); }
-
 
 static vram_block *block_new(vram_pool_t *pool) {
   vram_block_cache *c = &pool->blocks;
@@ -505,6 +506,8 @@ static int alloc_attempt(vram_pool_t *pool, vram_arena *a, size_t rounded, size_
   vram_block **slot = cache_slot(a, small);
   vram_block *b = *slot;
   if (b) {
+    /* While cross-stream frees wait, every request takes the path below, which looks at
+     * them now and then. */
     if (b->size == rounded && !pool->pending_count) {
       *slot = NULL;
       b->state = VRAM_BLOCK_LIVE;
