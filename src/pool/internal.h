@@ -146,7 +146,16 @@ typedef struct vram_block_cache {
 } vram_block_cache;
 
 struct vram_pool {
+  /* What every malloc and free touches comes first, on as few cache lines as possible. */
   vram_lock lock;
+  bool unified_index;      /* preallocate mode: small requests share the large index */
+  unsigned pending_tick;   /* allocations since pending frees were last looked at */
+  vram_arena *last_arena;  /* one-entry cache for the common single-stream case */
+  vram_ptrmap ptrs;
+  size_t pending_count;
+  vram_block_cache blocks;
+  vram_stats_t stats;
+
   vram_options_t opts;
   const vram_source_methods *src;
   void *src_state;
@@ -155,29 +164,21 @@ struct vram_pool {
   size_t limit;           /* hard limit on reserved bytes; 0 = none */
 
   vram_arena *arenas;
-  vram_arena *last_arena; /* one-entry cache for the common single-stream case */
   /* Fixed sources: fully free segments, most recently freed at the head, so that release
    * gives back the longest-unused first without scanning every segment. */
   vram_segment *idle_head, *idle_tail;
   size_t idle_bytes;
   uint64_t release_epoch;
-  vram_ptrmap ptrs;
-  vram_block_cache blocks;
   vram_pending *pending_head, *pending_tail;
-  size_t pending_count;
-  unsigned pending_tick;  /* allocations since pending frees were last looked at */
   void **spare_events;    /* created events ready to record again */
   size_t n_spare_events, cap_spare_events;
 
-  vram_stats_t stats;
   size_t vmm_reserve_size; /* virtual range reserved per vmm segment */
   size_t keep_mapped;      /* vmm preallocation: granules never trimmed below this */
-  bool unified_index;      /* preallocate mode: small requests share the large index */
 
   vram_error_fn on_error;
   void *on_error_user;
   char oom_report[2048];
-  bool in_destroy;
 };
 
 /* ---- tlsf.c */
