@@ -139,8 +139,13 @@ VRAM_API int vram_default_pool_create(const vram_options_t *opts, vram_pool_t **
  * pool's last OOM report (vram_oom_report) explains why. */
 VRAM_API int vram_malloc(vram_pool_t *pool, size_t size, vram_stream_t stream, void **out);
 /* Free a block from this pool; no size needed. Work queued on the block's stream before the
- * free may still be running: the block is reused on that stream at once, on other streams
- * only once an event recorded at free time has completed. */
+ * free may still be running: the block is reused at once, but only by requests on that same
+ * stream. Its memory serves another stream only after it has gone back to the source,
+ * which first waits for the stream. A block marked with vram_record_stream waits, before
+ * any reuse, for events recorded at free time on the other streams. A pointer into free
+ * memory of the pool (a stale pointer, even one whose block has since merged with its
+ * neighbours) is VRAM_EDOUBLEFREE; any other pointer the pool did not hand out, an
+ * interior pointer of a live block included, is VRAM_EFOREIGN. */
 VRAM_API int vram_free(vram_pool_t *pool, void *ptr);
 /* Mark that `ptr` is used on `stream` too: its free then waits for that stream's work. */
 VRAM_API int vram_record_stream(vram_pool_t *pool, void *ptr, vram_stream_t stream);
@@ -151,9 +156,10 @@ VRAM_API int vram_block_info(vram_pool_t *pool, void *ptr, size_t *requested,
 VRAM_API int vram_empty_cache(vram_pool_t *pool);
 /* Change the hard limit (0 = none); a fraction in (0,1] of total memory if bytes == 0. */
 VRAM_API int vram_set_limit(vram_pool_t *pool, size_t bytes, double fraction);
-/* Managed source: move the pages of [ptr, ptr + size), inside one live block, to the
- * device (to_device != 0) or to the host, ordered on `stream`. VRAM_EUNSUPPORTED on other
- * sources. Asynchronous, like cudaMemPrefetchAsync. */
+/* Managed source: move the pages of the first `size` bytes of the live block that starts
+ * at `ptr` (size at most the block's) to the device (to_device != 0) or to the host,
+ * ordered on `stream`. VRAM_EUNSUPPORTED on other sources. Asynchronous, like
+ * cudaMemPrefetchAsync. */
 VRAM_API int vram_prefetch(vram_pool_t *pool, void *ptr, size_t size, int to_device,
                            vram_stream_t stream);
 /* Virtual-memory sources: let device `peer_device` access this pool's memory (what is

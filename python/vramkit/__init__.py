@@ -245,9 +245,10 @@ _TRACKED_DEVICES = 64  # the extension tracks which pools it touched for this ma
 
 def set_memory_growth(device, enabled: bool) -> None:
     """enabled=True: grow on demand (vramkit's default). enabled=False: preallocate, as
-    TensorFlow does without memory growth: the pool reserves its limit (set_memory_limit or
-    VRAMKIT_LIMIT) or else 90% of the device when it is created. Like TensorFlow, this must
-    come before the device's pool is first used; afterwards it raises RuntimeError."""
+    TensorFlow does without memory growth: the pool reserves VRAMKIT_LIMIT if that is set,
+    else 90% of the device, when it is created (here, at once). Like TensorFlow, this must
+    come before the device's pool is first used; afterwards it raises RuntimeError (so
+    set_memory_limit, which creates the pool, comes after it)."""
     if not isinstance(enabled, bool):
         raise TypeError("enabled must be a bool")
     d = _device(device)

@@ -106,6 +106,9 @@ static PyObject *raise_status(core_state *st, int status, const char *what, vram
     /* The report names size, capacity, free, reserved, largest block and what to try: it is
      * the most useful message there is. */
     message = Py_NewRef(report);
+  } else if (status == VRAM_EENV && strncmp(what, "VRAMKIT_", 8) == 0) {
+    /* The caller already has the reason (an option given to configure()). */
+    message = PyUnicode_FromFormat("%s [%s]", what, vram_errname(status));
   } else if (status == VRAM_EENV) {
     /* Name the offending variable: the library keeps that reason for us. */
     vram_options_t probe;
@@ -647,7 +650,7 @@ static PyObject *core_parse_size(PyObject *module, PyObject *args) {
   double fraction = 0.0;
   int rc = vram_parse_size(text, allow_percent, &bytes, &fraction);
   if (rc != VRAM_OK) return raise_status(get_state(module), rc, "parse_size", NULL);
-  return Py_BuildValue("(nd)", (Py_ssize_t)bytes, fraction);
+  return Py_BuildValue("(Kd)", (unsigned long long)bytes, fraction);
 }
 
 static PyObject *core_raise_status(PyObject *module, PyObject *args) {
@@ -729,6 +732,7 @@ static PyMethodDef core_methods[] = {
 /* Make one exception type with the given bases, store it in *slot and on the module. */
 static int add_exception(PyObject *module, PyObject **slot, const char *name, const char *doc,
                          PyObject *bases) {
+  if (bases == NULL) return -1; /* the caller's Py_BuildValue failed */
   char qualified[96];
   PyOS_snprintf(qualified, sizeof qualified, "vramkit.%s", name);
   *slot = PyErr_NewExceptionWithDoc(qualified, doc, bases, NULL);

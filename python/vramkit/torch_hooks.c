@@ -92,7 +92,10 @@ VRAMKIT_TORCH_API void vramkit_torch_empty_cache(void) {
 VRAMKIT_TORCH_API void vramkit_torch_set_memory_fraction(double fraction, int device) {
   vram_pool_t *pool = pool_of(device);
   if (pool == NULL) return;
-  int rc = vram_set_limit(pool, 0, fraction);
+  /* A fraction of 0 means no memory at all to PyTorch, while a limit of 0 bytes means no
+   * limit to vramkit: ask for a limit of one byte instead, as vramkit's own
+   * set_per_process_memory_fraction does. */
+  int rc = vram_set_limit(pool, fraction == 0.0 ? 1 : 0, fraction);
   if (rc != VRAM_OK) note_failure(device, rc);
 }
 

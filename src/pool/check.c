@@ -2,8 +2,8 @@
  *
  * Recomputes everything the engine keeps incrementally and compares: blocks tile each
  * segment by address with no two free neighbours; every free block is in its arena's
- * index for its kind and nothing else is; every live or pending block is in the pointer
- * map and the map holds nothing else; segment usage, granule counts and the statistics
+ * index for its kind and nothing else is; every live, pending or parked block is in the
+ * pointer map and the map holds nothing else; a parked block is its arena's cached one; segment usage, granule counts and the statistics
  * agree with the blocks. The tests run it after every operation (VRAM_DEBUG >= 3 builds
  * also run it inside every public call). It prints the first broken invariant. */
 #include <stdio.h>

@@ -2,8 +2,10 @@
  *
  * A virtual segment is a large reserved address range; blocks are carved from it as from
  * any segment, but only the granules (2 MiB on current GPUs) that live blocks touch are
- * mapped to physical memory. Per granule this file keeps the bytes of live or pending
- * blocks on it, a mapped bit and an idle bit (mapped but unused: cached memory).
+ * mapped to physical memory. Per granule this file keeps the bytes of the live, pending
+ * and parked blocks on it, a mapped bit and an idle bit (mapped but unused: cached memory).
+ *
+ * (Blocks parked in their arena's one-block cache count as used until they are merged.)
  *
  * Physical granules are interchangeable, which is what makes this layout tight: when a
  * request needs new granules and the pool would otherwise pass its limit or its
@@ -88,7 +90,7 @@ size_t _vram_granules_idle_total(const vram_pool_t *pool) {
  * waited for once before its first unmap: a block freed on it may still be in use by
  * work queued there. Returns the granules unmapped. */
 static size_t trim(vram_pool_t *pool, size_t want, vram_segment *skip_seg, size_t skip_g0,
-                   size_t skip_g1) {
+                   size_t skip_g1, int *first_error) {
   size_t done = 0;
   size_t mapped_total = (size_t)pool->stats.reserved_bytes.current / pool->granularity;
   for (vram_arena *a = pool->arenas; a && done < want; a = a->next) {
@@ -109,12 +111,19 @@ static size_t trim(vram_pool_t *pool, size_t want, vram_segment *skip_seg, size_
           lo--;
         g = lo;
         if (!quiesced) {
-          if (_vram_arena_quiesce(pool, a)) return done;
+          int rc = _vram_arena_quiesce(pool, a);
+          if (rc) {
+            if (first_error && !*first_error) *first_error = rc;
+            return done;
+          }
           quiesced = true;
         }
-        if (pool->src->xUnmap(pool->src_state, s->addr + lo * pool->granularity,
-                              (hi - lo) * pool->granularity))
-          continue; /* still mapped and idle: consistent, tried again later */
+        int rc = pool->src->xUnmap(pool->src_state, s->addr + lo * pool->granularity,
+                                   (hi - lo) * pool->granularity);
+        if (rc) { /* still mapped and idle: consistent, tried again later */
+          if (first_error && !*first_error) *first_error = rc;
+          continue;
+        }
         mark_unmapped(pool, s, lo, hi);
         done += hi - lo;
         mapped_total -= hi - lo;
@@ -126,7 +135,9 @@ static size_t trim(vram_pool_t *pool, size_t want, vram_segment *skip_seg, size_
   return done;
 }
 
-size_t _vram_granules_trim(vram_pool_t *pool, size_t want) { return trim(pool, want, NULL, 0, 0); }
+size_t _vram_granules_trim(vram_pool_t *pool, size_t want, int *first_error) {
+  return trim(pool, want, NULL, 0, 0, first_error);
+}
 
 int _vram_granules_acquire(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size) {
   size_t G = pool->granularity;
@@ -140,14 +151,14 @@ int _vram_granules_acquire(vram_pool_t *pool, vram_segment *seg, uintptr_t addr,
     /* Under a limit, or where mapping would raise the high-water mark, idle granules
      * elsewhere give their memory first. */
     if (pool->limit && reserved + bytes > pool->limit) {
-      trim(pool, (reserved + bytes - pool->limit + G - 1) / G, seg, g0, g1);
+      trim(pool, (reserved + bytes - pool->limit + G - 1) / G, seg, g0, g1, NULL);
       reserved = (size_t)pool->stats.reserved_bytes.current;
       if (reserved + bytes > pool->limit) return VRAM_ENOMEM;
     }
     size_t peak = (size_t)pool->stats.reserved_bytes.peak;
     if (reserved + bytes > peak) {
       size_t over = (reserved + bytes - peak) / G;
-      trim(pool, over, seg, g0, g1);
+      trim(pool, over, seg, g0, g1, NULL);
     }
     /* Map each run of unmapped granules with one call; undo this call's runs on failure. */
     for (size_t g = g0; g < g1;) {

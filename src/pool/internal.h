@@ -5,7 +5,8 @@
  * segments) and large. A segment is a run of device addresses from the source, divided
  * into blocks linked by address so that a freed block coalesces with its neighbours in
  * O(1). Free blocks sit in a two-level segregated-fit index (tlsf.c) per arena and kind;
- * live blocks are found from their pointer through an open-addressing hash (ptrmap.c).
+ * blocks handed out (live, pending, or parked in the arena's one-block cache) are found from
+ * their pointer through an open-addressing hash (ptrmap.c).
  *
  * Virtual-memory sources (vmm, sim:vmm) use the same blocks over one large reserved
  * address range per arena and kind; only the granules that live blocks touch are mapped
@@ -45,7 +46,9 @@ typedef struct vram_arena vram_arena;
 /* CACHED: just freed and parked in its arena's one-block cache, not yet coalesced, so that
  * the next request of the same size on the same stream takes it back without touching the
  * free index (the alloc-free-alloc loop of a training step). It is free memory for the
- * statistics and for the user; the engine coalesces it at the next miss. */
+ * statistics and for the user, but stays in the pointer map and in its segment's usage;
+ * it is merged when another request misses, when the next free displaces it, and before
+ * memory goes back to the source. */
 enum vram_block_state {
   VRAM_BLOCK_FREE = 0,
   VRAM_BLOCK_LIVE = 1,
@@ -87,7 +90,7 @@ typedef struct vram_tlsf {
 struct vram_segment {
   uintptr_t addr;
   size_t size;            /* fixed: bytes held from the source; vmm: bytes reserved */
-  size_t used_bytes;      /* bytes of live and pending blocks */
+  size_t used_bytes;      /* bytes of live, pending and parked (cached) blocks */
   vram_arena *arena;
   vram_segment *prev, *next;
   vram_block *first;      /* lowest-address block */
@@ -96,7 +99,8 @@ struct vram_segment {
   bool idle;              /* fixed sources: on the pool's list of fully free segments */
   vram_segment *idle_prev, *idle_next;
   /* Virtual memory only (NULL otherwise): per granule, bytes of live/pending blocks on
-   * it, and bitmaps of mapped granules and of mapped granules no block uses. */
+   * it (parked ones included), and bitmaps of mapped granules and of mapped granules no
+   * block uses. */
   uint32_t *gran_used;
   uint64_t *gran_mapped;
   uint64_t *gran_idle;
@@ -116,7 +120,7 @@ struct vram_arena {
   uint64_t quiesced_at;   /* pool release epoch at which the stream was last waited for */
 };
 
-/* Pointer -> live or pending block. Open addressing, linear probing, backward-shift
+/* Pointer -> live, pending or parked block. Open addressing, linear probing, backward-shift
  * deletion; never more than half full. */
 typedef struct vram_ptrmap_slot {
   uintptr_t key; /* 0 = empty */
@@ -211,8 +215,9 @@ int _vram_granules_acquire(vram_pool_t *pool, vram_segment *seg, uintptr_t addr,
 /* Account a block becoming free; granules nothing uses become idle (mapped, unused). */
 void _vram_granules_release(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size);
 /* Unmap up to `want` idle granules of the pool (all when want == SIZE_MAX), waiting for
- * their arenas' streams first. Returns the number unmapped. */
-size_t _vram_granules_trim(vram_pool_t *pool, size_t want);
+ * their arenas' streams first. Returns the number unmapped; the first failure goes to
+ * *first_error (if non-NULL and still 0). */
+size_t _vram_granules_trim(vram_pool_t *pool, size_t want, int *first_error);
 size_t _vram_granules_idle_total(const vram_pool_t *pool);
 /* Unmap every mapped granule of a segment (pool teardown). */
 void _vram_granules_unmap_all(vram_pool_t *pool, vram_segment *seg);
@@ -241,8 +246,6 @@ void _vram_fill_derived_stats(vram_pool_t *pool, vram_stats_t *out);
 int _vram_format_oom_report(vram_pool_t *pool, size_t requested, vram_stream_t stream, char *buf,
                             size_t cap);
 
-/* ---- options.c */
-int _vram_resolve_source(vram_source_kind kind, vram_source_kind *resolved);
 
 
 #endif /* VRAM_INTERNAL_H */

@@ -87,8 +87,19 @@ static inline vram_arena *arena_get(vram_pool_t *pool, vram_stream_t stream) {
   return arena_find_or_create(pool, stream);
 }
 
-static void report_error(vram_pool_t *pool, int status, const char *message) {
-  if (pool->on_error) pool->on_error(pool->on_error_user, pool, status, message);
+/* The error callback as it was when the failing call held the lock, called after unlocking
+ * so that it may call back into the pool. */
+typedef struct error_hook {
+  vram_error_fn fn;
+  void *user;
+} error_hook;
+
+static inline error_hook error_hook_locked(const vram_pool_t *pool) {
+  return (error_hook){pool->on_error, pool->on_error_user};
+}
+
+static void report_error(vram_pool_t *pool, error_hook hook, int status, const char *message) {
+  if (hook.fn) hook.fn(hook.user, pool, status, message);
 }
 
 #if VRAM_DEBUG >= 3
@@ -253,10 +264,15 @@ static void block_uncache(vram_pool_t *pool, vram_block *b) {
 }
 
 static void block_retire(vram_pool_t *pool, vram_block *b) {
-  vram_block **slot = cache_slot(b->segment->arena, b->segment->is_small);
-  vram_block *old = *slot;
   b->state = VRAM_BLOCK_CACHED;
   b->requested = 0;
+  /* With a release threshold the user asked for memory back at free: no parking. */
+  if (pool->opts.release_threshold != SIZE_MAX) {
+    block_uncache(pool, b);
+    return;
+  }
+  vram_block **slot = cache_slot(b->segment->arena, b->segment->is_small);
+  vram_block *old = *slot;
   *slot = b;
   if (old) block_uncache(pool, old);
 }
@@ -330,7 +346,7 @@ static size_t release_cached(vram_pool_t *pool, size_t want, int *first_error) {
   cache_flush_all(pool);
   if (pool->src->is_vmm) {
     size_t granules = want == SIZE_MAX ? SIZE_MAX : (want + pool->granularity - 1) / pool->granularity;
-    released = _vram_granules_trim(pool, granules) * pool->granularity;
+    released = _vram_granules_trim(pool, granules, first_error) * pool->granularity;
     if (want != SIZE_MAX) return released;
     /* Everything: empty virtual ranges go back too. */
     for (vram_arena *a = pool->arenas; a; a = a->next) {
@@ -564,11 +580,13 @@ static int alloc_locked(vram_pool_t *pool, size_t rounded, size_t requested, vra
 }
 
 /* Kept out of line: the message buffer and the formatting stay off the hot path. */
-static __attribute__((noinline, cold)) int malloc_failed(vram_pool_t *pool, size_t size, int rc) {
+static __attribute__((noinline, cold)) int malloc_failed(vram_pool_t *pool, error_hook hook,
+                                                         size_t size, int rc) {
+  if (!hook.fn) return rc;
   char msg[2048];
   if (rc == VRAM_ENOMEM) vram_oom_report(pool, msg, sizeof msg);
   else snprintf(msg, sizeof msg, "vram_malloc(%zu): %s", size, vram_strerror(rc));
-  report_error(pool, rc, msg);
+  report_error(pool, hook, rc, msg);
   return rc;
 }
 
@@ -576,14 +594,15 @@ int vram_malloc(vram_pool_t *pool, size_t size, vram_stream_t stream, void **out
   if (!pool || !out) return VRAM_EINVAL;
   *out = NULL;
   if (size == 0) return VRAM_OK;
-  if (size > VRAM_MAX_REQUEST) return malloc_failed(pool, size, VRAM_ETOOBIG);
-  size_t rounded = round_up(size, VRAM_ALIGN);
   vram_block *b = NULL;
+  error_hook hook = {NULL, NULL};
   vram_lock_acquire(&pool->lock);
-  int rc = alloc_locked(pool, rounded, size, stream, &b);
+  int rc = size > VRAM_MAX_REQUEST ? VRAM_ETOOBIG
+                                   : alloc_locked(pool, round_up(size, VRAM_ALIGN), size, stream, &b);
+  if (rc) hook = error_hook_locked(pool);
   CHECK_POOL_LOCKED(pool);
   vram_lock_release(&pool->lock);
-  if (rc) return malloc_failed(pool, size, rc);
+  if (rc) return malloc_failed(pool, hook, size, rc);
   *out = (void *)b->addr;
   return VRAM_OK;
 }
@@ -677,14 +696,16 @@ static int free_locked(vram_pool_t *pool, uintptr_t addr) {
 int vram_free(vram_pool_t *pool, void *ptr) {
   if (!pool) return VRAM_EINVAL;
   if (!ptr) return VRAM_OK;
+  error_hook hook = {NULL, NULL};
   vram_lock_acquire(&pool->lock);
   int rc = free_locked(pool, (uintptr_t)ptr);
+  if (rc) hook = error_hook_locked(pool);
   CHECK_POOL_LOCKED(pool);
   vram_lock_release(&pool->lock);
-  if (rc) {
+  if (rc && hook.fn) {
     char msg[128];
     snprintf(msg, sizeof msg, "vram_free(%p): %s", ptr, vram_strerror(rc));
-    report_error(pool, rc, msg);
+    report_error(pool, hook, rc, msg);
   }
   return rc;
 }
@@ -733,6 +754,7 @@ int vram_block_info(vram_pool_t *pool, void *ptr, size_t *requested, vram_stream
     if (requested) *requested = b->requested;
     if (stream) *stream = b->segment->arena->stream;
   }
+  CHECK_POOL_LOCKED(pool);
   vram_lock_release(&pool->lock);
   return rc;
 }
@@ -744,6 +766,7 @@ int vram_for_each_block(vram_pool_t *pool, vram_block_fn fn, void *user) {
     for (vram_segment *s = a->segments; s; s = s->next)
       for (vram_block *b = s->first; b; b = b->addr_next)
         if (b->state == VRAM_BLOCK_LIVE) fn(user, (void *)b->addr, b->requested, b->size, a->stream);
+  CHECK_POOL_LOCKED(pool);
   vram_lock_release(&pool->lock);
   return VRAM_OK;
 }
@@ -797,6 +820,7 @@ int vram_prefetch(vram_pool_t *pool, void *ptr, size_t size, int to_device, vram
               : b->state != VRAM_BLOCK_LIVE ? VRAM_EDOUBLEFREE
               : (size == 0 || size > b->size) ? VRAM_EINVAL
               : pool->src->xPrefetch(pool->src_state, b->addr, size, to_device, stream);
+  CHECK_POOL_LOCKED(pool);
   vram_lock_release(&pool->lock);
   return rc;
 }
@@ -807,6 +831,7 @@ int vram_enable_peer_access(vram_pool_t *pool, int peer_device) {
   if (peer_device < 0) return VRAM_EDEVICE;
   vram_lock_acquire(&pool->lock);
   int rc = pool->src->xEnablePeer(pool->src_state, peer_device);
+  CHECK_POOL_LOCKED(pool);
   vram_lock_release(&pool->lock);
   return rc;
 }
@@ -859,6 +884,7 @@ int vram_get_stats(vram_pool_t *pool, vram_stats_t *out) {
   vram_lock_acquire(&pool->lock);
   *out = pool->stats;
   _vram_fill_derived_stats(pool, out);
+  CHECK_POOL_LOCKED(pool);
   vram_lock_release(&pool->lock);
   return VRAM_OK;
 }
@@ -869,6 +895,7 @@ int vram_reset_peak_stats(vram_pool_t *pool) {
 #define VRAM_X_RESET(name, doc) pool->stats.name.peak = pool->stats.name.current;
   VRAM_STAT_LIST(VRAM_X_RESET)
 #undef VRAM_X_RESET
+  CHECK_POOL_LOCKED(pool);
   vram_lock_release(&pool->lock);
   return VRAM_OK;
 }
@@ -877,6 +904,7 @@ int vram_mem_get_info(vram_pool_t *pool, size_t *free_bytes, size_t *total_bytes
   if (!pool || !free_bytes || !total_bytes) return VRAM_EINVAL;
   vram_lock_acquire(&pool->lock);
   int rc = pool->src->xMemInfo(pool->src_state, free_bytes, total_bytes);
+  CHECK_POOL_LOCKED(pool);
   vram_lock_release(&pool->lock);
   return rc;
 }
@@ -885,6 +913,7 @@ int vram_summary(vram_pool_t *pool, char *buf, size_t cap) {
   if (!pool || (!buf && cap)) return VRAM_EINVAL;
   vram_lock_acquire(&pool->lock);
   int n = _vram_format_summary(pool, buf, cap);
+  CHECK_POOL_LOCKED(pool);
   vram_lock_release(&pool->lock);
   return n;
 }
@@ -900,6 +929,7 @@ int vram_oom_report(vram_pool_t *pool, char *buf, size_t cap) {
   if (!pool || (!buf && cap)) return VRAM_EINVAL;
   vram_lock_acquire(&pool->lock);
   int n = snprintf(buf, cap, "%s", pool->oom_report);
+  CHECK_POOL_LOCKED(pool);
   vram_lock_release(&pool->lock);
   return n;
 }
@@ -909,6 +939,7 @@ int vram_set_error_callback(vram_pool_t *pool, vram_error_fn fn, void *user) {
   vram_lock_acquire(&pool->lock);
   pool->on_error = fn;
   pool->on_error_user = user;
+  CHECK_POOL_LOCKED(pool);
   vram_lock_release(&pool->lock);
   return VRAM_OK;
 }
@@ -1019,6 +1050,7 @@ int vram_pool_destroy(vram_pool_t *pool) {
   if (!pool) return VRAM_EINVAL;
   vram_lock_acquire(&pool->lock);
   bool busy = pool->stats.allocation.current != 0;
+  CHECK_POOL_LOCKED(pool);
   vram_lock_release(&pool->lock);
   if (busy) return VRAM_EBUSY;
   pool_free_everything(pool);

@@ -2,7 +2,6 @@
 #include "prim/cuda_driver.h"
 #include "source/source.h"
 
-#define SIM_DEVICES 8 /* the sim models a machine of eight identical devices */
 
 const vram_source_methods *_vram_source_for(vram_source_kind kind) {
   switch (kind) {
@@ -18,12 +17,15 @@ const vram_source_methods *_vram_source_for(vram_source_kind kind) {
 int vram_device_count(vram_source_kind kind, int *count) {
   if (!count) return VRAM_EINVAL;
   *count = 0;
+  /* AUTO counts the devices of the source a pool would get: sim where no driver is. */
+  int rc = _vram_resolve_source(kind, &kind);
+  if (rc) return rc;
   if (kind == VRAM_SOURCE_SIM || kind == VRAM_SOURCE_SIM_VMM) {
-    *count = SIM_DEVICES;
+    *count = VRAM_SIM_DEVICES;
     return VRAM_OK;
   }
   const vram_cuda_api *cu;
-  int rc = _vram_cuda_load(&cu, NULL);
+  rc = _vram_cuda_load(&cu, NULL);
   if (rc) return rc;
   int n = 0;
   rc = _vram_cuda_status(cu->cuDeviceGetCount(&n), "cuDeviceGetCount");

@@ -14,8 +14,7 @@
 #include "source/source.h"
 
 #define SIM_GRANULE ((size_t)2 << 20)
-#define SIM_DEVICES 8
-#define SIM_BASE ((uintptr_t)1 << 44)   /* far from host heaps; 2^40 of space per device */
+#define SIM_BASE ((uintptr_t)1 << 44)   /* far from host heaps; 2^46 of space per device */
 #define SIM_DEVICE_SPAN ((uintptr_t)1 << 46)
 
 typedef struct sim_range {
@@ -45,7 +44,7 @@ typedef struct sim_event {
 } sim_event;
 
 static int sim_open(const vram_source_config *cfg, void **out) {
-  if (cfg->device < 0 || cfg->device >= SIM_DEVICES) return VRAM_EDEVICE;
+  if (cfg->device < 0 || cfg->device >= VRAM_SIM_DEVICES) return VRAM_EDEVICE;
   sim_state *s = calloc(1, sizeof *s);
   if (!s) return VRAM_EHOSTMEM;
   s->capacity = cfg->sim_capacity;
@@ -226,7 +225,7 @@ static int sim_unmap(void *state, uintptr_t addr, size_t size) {
 }
 
 static int sim_enable_peer(void *state, int peer) {
-  return peer >= 0 && peer < SIM_DEVICES ? VRAM_OK : VRAM_EDEVICE;
+  return peer >= 0 && peer < VRAM_SIM_DEVICES ? VRAM_OK : VRAM_EDEVICE;
 }
 
 /* ---- events */

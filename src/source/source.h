@@ -17,6 +17,11 @@
 
 #include "vramkit.h"
 
+#define VRAM_SIM_DEVICES 8 /* the sim models a machine of eight identical devices */
+
+/* AUTO resolved: a GPU source where a driver sees a device, else sim (pool/options.c). */
+int _vram_resolve_source(vram_source_kind kind, vram_source_kind *resolved);
+
 typedef struct vram_source_config {
   int device;
   size_t sim_capacity;   /* sim: bytes of the simulated device */

@@ -846,6 +846,27 @@ static void t_other_stream_no_early_reuse(void **state) {
   conf_destroy(pool);
 }
 
+/* With a release threshold of 0 memory goes back at free: nothing stays reserved once the
+ * last block is freed, whether it was the only size or one of several. */
+static void t_release_threshold_zero(void **state) {
+  (void)state;
+  vram_options_t o;
+  conf_opts(&o);
+  o.release_threshold = 0;
+  vram_pool_t *pool = conf_pool(&o);
+  void *big = conf_malloc(pool, 64 * VT_MiB, NULL);
+  conf_free(pool, big);
+  assert_int_equal(vt_stats(pool).reserved_bytes.current, 0);
+  void *a = conf_malloc(pool, 4 * VT_MiB, NULL);
+  void *b = conf_malloc(pool, 3000, NULL);
+  conf_free(pool, a);
+  conf_free(pool, b);
+  vram_stats_t s = vt_stats(pool);
+  assert_int_equal(s.reserved_bytes.current, 0);
+  assert_int_equal(s.allocated_bytes.current, 0);
+  conf_destroy(pool);
+}
+
 static void t_block_info(void **state) {
   (void)state;
   vram_pool_t *pool = conf_pool_default();
@@ -1037,6 +1058,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(t_record_stream_waits, teardown_pools),
       cmocka_unit_test_teardown(t_pending_drained, teardown_pools),
       cmocka_unit_test_teardown(t_other_stream_no_early_reuse, teardown_pools),
+      cmocka_unit_test_teardown(t_release_threshold_zero, teardown_pools),
       cmocka_unit_test_teardown(t_block_info, teardown_pools),
       cmocka_unit_test_teardown(t_for_each_block, teardown_pools),
       cmocka_unit_test_teardown(t_summary_and_json, teardown_pools),

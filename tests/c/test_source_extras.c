@@ -1,6 +1,8 @@
 /* test_source_extras.c - what only some sources offer: prefetch (managed) and peer access
  * (virtual memory). Elsewhere each is a clear VRAM_EUNSUPPORTED that changes nothing; on
- * sim:vmm peer access checks the device. The pool stays valid after every call. */
+ * sim:vmm peer access checks the device. Also: releasing mapped memory reports a failing
+ * source call instead of hiding it, and device counts resolve AUTO. The pool stays valid
+ * after every call. */
 #include "vt.h"
 
 static vram_pool_t *make_pool(vram_source_kind kind) {
@@ -57,10 +59,51 @@ static void t_peer_access(void **state) {
   VT_OK(vram_pool_destroy(vmm));
 }
 
+/* Whatever call of the release path fails, empty_cache either gives everything back or
+ * says that it could not: never VRAM_OK with memory still held. */
+static void t_release_failure_reported(void **state) {
+  (void)state;
+  vram_source_kind kinds[] = {VRAM_SOURCE_SIM, VRAM_SOURCE_SIM_VMM};
+  for (int k = 0; k < 2; k++) {
+    int failures_seen = 0;
+    for (uint64_t fail_at = 1; fail_at <= 8; fail_at++) {
+      vram_options_t o;
+      vram_options_init(&o);
+      o.source = kinds[k];
+      o.sim_capacity = 1 * VT_GiB;
+      o.fault_fail_at = fail_at;
+      vram_pool_t *pool = NULL;
+      VT_OK(vram_pool_create(&pool, &o));
+      void *p = NULL;
+      if (vram_malloc(pool, 5 << 20, NULL, &p) == VRAM_OK) VT_OK(vram_free(pool, p));
+      VT_VALID(pool);
+      int rc = vram_empty_cache(pool);
+      VT_VALID(pool);
+      int64_t held = vt_stats(pool).reserved_bytes.current;
+      if (rc == VRAM_OK) assert_int_equal(held, 0);
+      else failures_seen++;
+      VT_OK(vram_pool_destroy(pool));
+    }
+    assert_true(failures_seen > 0); /* some fail_at did land in the release path */
+  }
+}
+
+static void t_device_count_auto(void **state) {
+  (void)state;
+  int n = 0;
+  VT_OK(vram_device_count(VRAM_SOURCE_AUTO, &n));
+  assert_true(n >= 1);
+  VT_OK(vram_device_count(VRAM_SOURCE_SIM, &n));
+  assert_int_equal(n, 8);
+  VT_EXPECT(vram_device_count(VRAM_SOURCE_SIM, NULL), VRAM_EINVAL);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(t_prefetch_unsupported_off_managed),
       cmocka_unit_test(t_peer_access),
+      cmocka_unit_test(t_release_failure_reported),
+      cmocka_unit_test(t_device_count_auto),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -341,3 +341,8 @@ def test_prefetch_and_peer_access_are_unsupported_on_fixed_sim():
     buf.free()
     with pytest.raises(vramkit.DoubleFreeError):
         buf.prefetch(to_device=False)
+
+
+def test_parse_size_beyond_two_to_the_63():
+    """Sizes are unsigned: 2**63 bytes and more come back positive, not wrapped."""
+    assert _core.parse_size("10000000T") == (10000000 << 40, 0.0)

@@ -29,6 +29,8 @@ def test_hooks_share_the_default_pools(run):
         # the report for vramkit.last_oom_report().
         lib.vramkit_torch_set_memory_fraction(0.25, 1)
         assert vramkit.memory_stats(1)["limit_bytes"] == 256 * MiB
+        lib.vramkit_torch_set_memory_fraction(0.0, 1)      # PyTorch's "nothing at all"
+        assert vramkit.memory_stats(1)["limit_bytes"] == 1
         assert lib.vramkit_torch_malloc(512 * MiB, 1, None) is None
         assert lib.vramkit_torch_last_status() == vramkit._core.VRAM_ENOMEM
         assert lib.vramkit_torch_last_oom_device() == 1
