@@ -25,7 +25,7 @@ typedef struct index_visit {
   size_t blocks;
 } index_visit;
 
-static bool visit_index_block(void *ctx, const vram_block *b, int fl, int sl) {
+static bool visit_index_block(void *ctx, const vram_block *b) {
   index_visit *v = ctx;
   v->blocks++;
   return b->state == VRAM_BLOCK_FREE && b->segment && b->segment->arena == v->arena &&

@@ -194,8 +194,7 @@ void _vram_tlsf_remove(vram_tlsf *t, vram_block *b);
 vram_block *_vram_tlsf_find(const vram_tlsf *t, size_t size);
 size_t _vram_tlsf_largest(const vram_tlsf *t);
 /* Walk every block of the index; returns false if visit returns false. */
-bool _vram_tlsf_check(const vram_tlsf *t, bool (*visit)(void *ctx, const vram_block *b, int fl, int sl),
-                      void *ctx);
+bool _vram_tlsf_check(const vram_tlsf *t, bool (*visit)(void *ctx, const vram_block *b), void *ctx);
 void _vram_tlsf_mapping(size_t size, int *fl, int *sl);
 
 /* ---- ptrmap.c */

@@ -98,8 +98,7 @@ size_t _vram_tlsf_largest(const vram_tlsf *t) {
   return largest;
 }
 
-bool _vram_tlsf_check(const vram_tlsf *t,
-                      bool (*visit)(void *ctx, const vram_block *b, int fl, int sl), void *ctx) {
+bool _vram_tlsf_check(const vram_tlsf *t, bool (*visit)(void *ctx, const vram_block *b), void *ctx) {
   size_t bytes = 0, blocks = 0;
   for (int fl = 0; fl < VRAM_TLSF_FL_COUNT; fl++) {
     bool fl_set = (t->fl_bitmap >> fl) & 1;
@@ -113,7 +112,7 @@ bool _vram_tlsf_check(const vram_tlsf *t,
         int bfl, bsl;
         _vram_tlsf_mapping(b->size, &bfl, &bsl);
         if (bfl != fl || bsl != sl || b->bin_fl != fl || b->bin_sl != sl) return false;
-        if (!visit(ctx, b, fl, sl)) return false;
+        if (!visit(ctx, b)) return false;
         bytes += b->size;
         blocks++;
         prev = b;
