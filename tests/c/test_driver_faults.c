@@ -1,0 +1,115 @@
+/* test_driver_faults.c - the GPU sources under failing driver calls, on the fake driver.
+ *
+ * For every k, the k-th call of the physical-memory path (allocate, create, map, set
+ * access, unmap, release) fails while a pool on the cuda, vmm or managed source allocates,
+ * frees and empties its cache. After every operation the pool must be valid, every live
+ * block intact, and what the driver holds must be what the pool says it holds: a failure
+ * part-way through a map leaves no mapping the pool does not know of (PyTorch's expandable
+ * segments asserts on every later allocation after such a failure). Runs with
+ * LD_LIBRARY_PATH pointing at the fake libcuda.so.1 (see CMakeLists.txt). */
+#include <dlfcn.h>
+#include <string.h>
+
+#include "vt.h"
+
+typedef struct fake_driver {
+  void (*fail_call)(long n);
+  long (*fault_pending)(void);
+  size_t (*used_bytes)(void);
+  size_t (*mapped_bytes)(void);
+} fake_driver;
+
+static fake_driver fake;
+
+static void load_fake(void) {
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+  if (!lib) fail_msg("the fake driver is not on LD_LIBRARY_PATH: %s", dlerror());
+  *(void **)&fake.fail_call = dlsym(lib, "fake_cuda_fail_call");
+  *(void **)&fake.fault_pending = dlsym(lib, "fake_cuda_fault_pending");
+  *(void **)&fake.used_bytes = dlsym(lib, "fake_cuda_used_bytes");
+  *(void **)&fake.mapped_bytes = dlsym(lib, "fake_cuda_mapped_bytes");
+  if (!fake.fail_call || !fake.fault_pending || !fake.used_bytes || !fake.mapped_bytes)
+    fail_msg("libcuda.so.1 on the path is not the fake driver");
+}
+
+enum { MAX_LIVE = 32 };
+typedef struct live_set {
+  void *ptr[MAX_LIVE];
+  size_t size[MAX_LIVE];
+  int n;
+} live_set;
+
+/* Valid, every live block still answering with its size, and the driver holding exactly
+ * what the pool counts as reserved. */
+static void check(vram_pool_t *pool, const live_set *live, int is_vmm) {
+  VT_VALID(pool);
+  for (int i = 0; i < live->n; i++) {
+    size_t requested = 0;
+    VT_OK(vram_block_info(pool, live->ptr[i], &requested, NULL));
+    assert_int_equal(requested, live->size[i]);
+  }
+  int64_t reserved = vt_stats(pool).reserved_bytes.current;
+  assert_int_equal(reserved, (int64_t)(is_vmm ? fake.mapped_bytes() : fake.used_bytes()));
+}
+
+static void try_malloc(vram_pool_t *pool, live_set *live, size_t size, int is_vmm) {
+  void *p = NULL;
+  int rc = vram_malloc(pool, size, NULL, &p);
+  if (rc == VRAM_OK) {
+    live->ptr[live->n] = p;
+    live->size[live->n++] = size;
+  } else if (rc != VRAM_ENOMEM && rc != VRAM_EDRIVER) {
+    fail_msg("vram_malloc(%zu) under a driver fault returned %s", size, vram_errname(rc));
+  }
+  check(pool, live, is_vmm);
+}
+
+static void free_at(vram_pool_t *pool, live_set *live, int i, int is_vmm) {
+  VT_OK(vram_free(pool, live->ptr[i]));
+  live->ptr[i] = live->ptr[--live->n];
+  live->size[i] = live->size[live->n];
+  check(pool, live, is_vmm);
+}
+
+static void sweep(vram_source_kind kind) {
+  static const size_t sizes[] = {5 << 20, 300 << 10, 40 << 20, (1 << 20) + 1, 9 << 20, 3000};
+  int is_vmm = kind == VRAM_SOURCE_VMM, fired = 0;
+  for (long k = 1; k <= 40; k++) {
+    vram_options_t o;
+    vram_options_init(&o);
+    o.source = kind;
+    vram_pool_t *pool = NULL;
+    VT_OK(vram_pool_create(&pool, &o));
+    live_set live = {{0}, {0}, 0};
+    fake.fail_call(k);
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) try_malloc(pool, &live, sizes[i], is_vmm);
+    for (int i = live.n - 1; i >= 0; i -= 2) free_at(pool, &live, i, is_vmm);
+    int rc = vram_empty_cache(pool);
+    assert_true(rc == VRAM_OK || rc == VRAM_EDRIVER);
+    check(pool, &live, is_vmm);
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) try_malloc(pool, &live, sizes[i] * 2, is_vmm);
+    if (fake.fault_pending() == 0) fired++;
+    fake.fail_call(0);
+    while (live.n) free_at(pool, &live, live.n - 1, is_vmm);
+    VT_OK(vram_empty_cache(pool));
+    check(pool, &live, is_vmm);
+    assert_int_equal(vt_stats(pool).reserved_bytes.current, 0);
+    VT_OK(vram_pool_destroy(pool));
+    assert_int_equal(fake.mapped_bytes(), 0);
+  }
+  assert_true(fired >= 10); /* the sweep did reach into the scenario */
+}
+
+static void t_cuda(void **state) { (void)state; sweep(VRAM_SOURCE_CUDA); }
+static void t_vmm(void **state) { (void)state; sweep(VRAM_SOURCE_VMM); }
+static void t_managed(void **state) { (void)state; sweep(VRAM_SOURCE_MANAGED); }
+
+int main(void) {
+  load_fake();
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(t_cuda),
+      cmocka_unit_test(t_vmm),
+      cmocka_unit_test(t_managed),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
