@@ -24,6 +24,21 @@ static inline bool bit_get(const uint64_t *bits, size_t i) { return (bits[i / BI
 static inline void bit_set(uint64_t *bits, size_t i) { bits[i / BITS] |= (uint64_t)1 << (i % BITS); }
 static inline void bit_clear(uint64_t *bits, size_t i) { bits[i / BITS] &= ~((uint64_t)1 << (i % BITS)); }
 
+/* The granules [*g0, *g1) that [addr, addr+size) of a segment touches. */
+static inline void granule_span(const vram_segment *seg, size_t G, uintptr_t addr, size_t size,
+                                size_t *g0, size_t *g1) {
+  *g0 = (addr - seg->addr) / G;
+  *g1 = (addr + size - 1 - seg->addr) / G + 1;
+}
+
+/* Bytes of [addr, addr+size) that lie on granule g. */
+static inline uint32_t granule_overlap(const vram_segment *seg, size_t G, size_t g, uintptr_t addr,
+                                       size_t size) {
+  uintptr_t lo = seg->addr + g * G, hi = lo + G;
+  uintptr_t a = addr > lo ? addr : lo, b = addr + size < hi ? addr + size : hi;
+  return (uint32_t)(b - a);
+}
+
 int _vram_granules_init(vram_pool_t *pool, vram_segment *seg) {
   size_t n = seg->size / pool->granularity;
   size_t words = (n + BITS - 1) / BITS;
@@ -71,9 +86,8 @@ static void mark_unmapped(vram_pool_t *pool, vram_segment *seg, size_t g0, size_
 }
 
 size_t _vram_granules_unmapped_in(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size) {
-  size_t g0 = (addr - seg->addr) / pool->granularity;
-  size_t g1 = (addr + size - 1 - seg->addr) / pool->granularity + 1;
-  size_t n = 0;
+  size_t g0, g1, n = 0;
+  granule_span(seg, pool->granularity, addr, size, &g0, &g1);
   for (size_t g = g0; g < g1; g++) n += !bit_get(seg->gran_mapped, g);
   return n;
 }
@@ -141,10 +155,9 @@ size_t _vram_granules_trim(vram_pool_t *pool, size_t want, int *first_error) {
 
 int _vram_granules_acquire(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size) {
   size_t G = pool->granularity;
-  size_t g0 = (addr - seg->addr) / G;
-  size_t g1 = (addr + size - 1 - seg->addr) / G + 1;
-  size_t need = 0;
-  for (size_t g = g0; g < g1; g++) need += !bit_get(seg->gran_mapped, g);
+  size_t g0, g1;
+  granule_span(seg, G, addr, size, &g0, &g1);
+  size_t need = _vram_granules_unmapped_in(pool, seg, addr, size);
   if (need) {
     size_t reserved = (size_t)pool->stats.reserved_bytes.current;
     size_t bytes = need * G;
@@ -179,25 +192,21 @@ int _vram_granules_acquire(vram_pool_t *pool, vram_segment *seg, uintptr_t addr,
     }
   }
   for (size_t g = g0; g < g1; g++) {
-    uintptr_t lo = seg->addr + g * G, hi = lo + G;
-    uintptr_t a = addr > lo ? addr : lo, b = addr + size < hi ? addr + size : hi;
     if (!seg->gran_used[g]) {
       bit_clear(seg->gran_idle, g);
       seg->idle_granules--;
     }
-    seg->gran_used[g] += (uint32_t)(b - a);
+    seg->gran_used[g] += granule_overlap(seg, G, g, addr, size);
   }
   return VRAM_OK;
 }
 
 void _vram_granules_release(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size) {
   size_t G = pool->granularity;
-  size_t g0 = (addr - seg->addr) / G;
-  size_t g1 = (addr + size - 1 - seg->addr) / G + 1;
+  size_t g0, g1;
+  granule_span(seg, G, addr, size, &g0, &g1);
   for (size_t g = g0; g < g1; g++) {
-    uintptr_t lo = seg->addr + g * G, hi = lo + G;
-    uintptr_t a = addr > lo ? addr : lo, b = addr + size < hi ? addr + size : hi;
-    seg->gran_used[g] -= (uint32_t)(b - a);
+    seg->gran_used[g] -= granule_overlap(seg, G, g, addr, size);
     if (!seg->gran_used[g]) {
       bit_set(seg->gran_idle, g);
       seg->idle_granules++;
@@ -228,13 +237,10 @@ bool _vram_granules_check(vram_pool_t *pool, vram_segment *seg) {
   bool ok = true;
   for (vram_block *b = seg->first; b && ok; b = b->addr_next) {
     if (b->state == VRAM_BLOCK_FREE) continue;
-    size_t g0 = (b->addr - seg->addr) / G, g1 = (b->addr + b->size - 1 - seg->addr) / G + 1;
+    size_t g0, g1;
+    granule_span(seg, G, b->addr, b->size, &g0, &g1);
     if (g1 > n) { ok = false; break; }
-    for (size_t g = g0; g < g1; g++) {
-      uintptr_t lo = seg->addr + g * G, hi = lo + G;
-      uintptr_t a = b->addr > lo ? b->addr : lo, e = b->addr + b->size < hi ? b->addr + b->size : hi;
-      expect[g] += (uint32_t)(e - a);
-    }
+    for (size_t g = g0; g < g1; g++) expect[g] += granule_overlap(seg, G, g, b->addr, b->size);
   }
   size_t mapped = 0, idle = 0;
   for (size_t g = 0; g < n && ok; g++) {
