@@ -111,7 +111,7 @@ int _vram_format_oom_report(vram_pool_t *pool, size_t requested, vram_stream_t s
   size_t free_bytes = 0, total = 0;
   pool->src->xMemInfo(pool->src_state, &free_bytes, &total);
   char req[32], tot[32], fre[32], res[32], alc[32], lfb[32], lim[32], cfr[32];
-  size_t cached = (size_t)(s.reserved_bytes.current - s.active_bytes.current);
+  size_t cached = _vram_pool_cached_free(pool);
   human_size(cfr, sizeof cfr, (int64_t)cached);
   human_size(req, sizeof req, (int64_t)requested);
   human_size(tot, sizeof tot, (int64_t)total);

@@ -339,6 +339,11 @@ static int segment_release(vram_pool_t *pool, vram_segment *seg) {
   return VRAM_OK;
 }
 
+/* Keep the first failure of a release that goes on past failures. */
+static inline void note_error(int *first_error, int rc) {
+  if (rc && first_error && !*first_error) *first_error = rc;
+}
+
 /* Release fully free segments (and, for virtual memory, idle granules) until at least
  * `want` bytes went back or nothing is left; SIZE_MAX releases everything cached. */
 static size_t release_cached(vram_pool_t *pool, size_t want, int *first_error) {
@@ -354,8 +359,7 @@ static size_t release_cached(vram_pool_t *pool, size_t want, int *first_error) {
       for (vram_segment *s = a->segments; s; s = next) {
         next = s->next;
         if (s->used_bytes || s->mapped_granules || s->keep) continue;
-        int rc = segment_release(pool, s);
-        if (rc && first_error && !*first_error) *first_error = rc;
+        note_error(first_error, segment_release(pool, s));
       }
     }
     return released;
@@ -370,7 +374,7 @@ static size_t release_cached(vram_pool_t *pool, size_t want, int *first_error) {
     if (a->quiesced_at != pool->release_epoch) {
       int rc = _vram_arena_quiesce(pool, a);
       if (rc) {
-        if (first_error && !*first_error) *first_error = rc;
+        note_error(first_error, rc);
         continue;
       }
       a->quiesced_at = pool->release_epoch;
@@ -378,7 +382,7 @@ static size_t release_cached(vram_pool_t *pool, size_t want, int *first_error) {
     size_t size = s->size;
     int rc = segment_release(pool, s);
     if (rc) {
-      if (first_error && !*first_error) *first_error = rc;
+      note_error(first_error, rc);
       continue;
     }
     released += size;
