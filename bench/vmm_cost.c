@@ -1,0 +1,142 @@
+/* vmm_cost.c - what the CUDA driver charges for the calls a virtual-memory pool makes, by
+ * size: one physical handle of N bytes (cuMemCreate + cuMemMap + cuMemSetAccess, then
+ * cuMemUnmap + cuMemRelease) against N / 2 MiB handles of one granule each mapped side by
+ * side with one cuMemSetAccess, and cuMemAlloc + cuMemFree of the same N. The vmm source's
+ * design (one handle per mapped run, bench/RESULTS.md) rests on these figures.
+ *
+ * Needs the CUDA toolkit's cuda.h. Build and run from the repository root on the GPU:
+ *
+ *   gcc -std=c11 -O2 -I/usr/local/cuda/include bench/vmm_cost.c \
+ *       -L/usr/local/cuda/lib64/stubs -lcuda -o /tmp/vmm_cost && /tmp/vmm_cost
+ *
+ * Never holds more than 512 MiB at a time. Prints one line per size, microseconds per
+ * call sequence (median of REPS). */
+#define _POSIX_C_SOURCE 199309L
+#include <cuda.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#define REPS 9
+#define GRANULE ((size_t)2 << 20)
+#define MAX_GRANULES 256
+
+#define CHECK(call)                                                               \
+  do {                                                                            \
+    CUresult r_ = (call);                                                         \
+    if (r_ != CUDA_SUCCESS) {                                                     \
+      const char *name_ = "?";                                                    \
+      cuGetErrorName(r_, &name_);                                                 \
+      fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, name_); \
+      exit(1);                                                                    \
+    }                                                                             \
+  } while (0)
+
+static double now_us(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static double median(double *v) {
+  qsort(v, REPS, sizeof *v, cmp_double);
+  return v[REPS / 2];
+}
+
+int main(void) {
+  CUdevice dev;
+  CUcontext ctx;
+  CHECK(cuInit(0));
+  CHECK(cuDeviceGet(&dev, 0));
+  CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
+  CHECK(cuCtxSetCurrent(ctx));
+
+  CUmemAllocationProp prop = {0};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  CUmemAccessDesc access = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  CUdeviceptr range;
+  CHECK(cuMemAddressReserve(&range, MAX_GRANULES * GRANULE, GRANULE, 0, 0));
+
+  printf("%8s %10s %10s %10s %10s %10s %10s | %12s %12s | %10s %10s\n", "MiB", "create", "map",
+         "setaccess", "unmap", "release", "one-handle", "per-granule", "(map side)", "cuMemAlloc",
+         "cuMemFree");
+  size_t sizes_mib[] = {2, 4, 8, 16, 32, 64, 128, 256, 512};
+  for (size_t si = 0; si < sizeof sizes_mib / sizeof *sizes_mib; si++) {
+    size_t size = sizes_mib[si] << 20, n = size / GRANULE;
+    if (n > MAX_GRANULES) break;
+    double create[REPS], map[REPS], setacc[REPS], unmap[REPS], release[REPS], whole[REPS];
+    double per_gran[REPS], per_gran_map[REPS], alloc[REPS], dfree[REPS];
+    for (int r = 0; r < REPS; r++) {
+      /* One handle for the whole size. */
+      CUmemGenericAllocationHandle h;
+      double t0 = now_us();
+      CHECK(cuMemCreate(&h, size, &prop, 0));
+      double t1 = now_us();
+      CHECK(cuMemMap(range, size, 0, h, 0));
+      double t2 = now_us();
+      CHECK(cuMemSetAccess(range, size, &access, 1));
+      double t3 = now_us();
+      CHECK(cuMemsetD8(range, 1, size)); /* touch it, as a kernel would */
+      CHECK(cuCtxSynchronize());
+      double t4 = now_us();
+      CHECK(cuMemUnmap(range, size));
+      double t5 = now_us();
+      CHECK(cuMemRelease(h));
+      double t6 = now_us();
+      create[r] = t1 - t0;
+      map[r] = t2 - t1;
+      setacc[r] = t3 - t2;
+      unmap[r] = t5 - t4;
+      release[r] = t6 - t5;
+      whole[r] = (t3 - t0) + (t6 - t4);
+
+      /* One handle per granule, one access call for the run. */
+      CUmemGenericAllocationHandle hs[MAX_GRANULES];
+      t0 = now_us();
+      for (size_t k = 0; k < n; k++) {
+        CHECK(cuMemCreate(&hs[k], GRANULE, &prop, 0));
+        CHECK(cuMemMap(range + k * GRANULE, GRANULE, 0, hs[k], 0));
+      }
+      CHECK(cuMemSetAccess(range, size, &access, 1));
+      t1 = now_us();
+      CHECK(cuMemsetD8(range, 1, size));
+      CHECK(cuCtxSynchronize());
+      t2 = now_us();
+      for (size_t k = 0; k < n; k++) {
+        CHECK(cuMemUnmap(range + k * GRANULE, GRANULE));
+        CHECK(cuMemRelease(hs[k]));
+      }
+      t3 = now_us();
+      per_gran_map[r] = t1 - t0;
+      per_gran[r] = (t1 - t0) + (t3 - t2);
+
+      /* The cuda source's pair. */
+      CUdeviceptr p;
+      t0 = now_us();
+      CHECK(cuMemAlloc(&p, size));
+      t1 = now_us();
+      CHECK(cuMemsetD8(p, 1, size));
+      CHECK(cuCtxSynchronize());
+      t2 = now_us();
+      CHECK(cuMemFree(p));
+      t3 = now_us();
+      alloc[r] = t1 - t0;
+      dfree[r] = t3 - t2;
+    }
+    printf("%8zu %10.1f %10.1f %10.1f %10.1f %10.1f %10.1f | %12.1f %12.1f | %10.1f %10.1f\n",
+           sizes_mib[si], median(create), median(map), median(setacc), median(unmap),
+           median(release), median(whole), median(per_gran), median(per_gran_map), median(alloc),
+           median(dfree));
+    fflush(stdout);
+  }
+  CHECK(cuMemAddressFree(range, MAX_GRANULES * GRANULE));
+  CHECK(cuDevicePrimaryCtxRelease(dev));
+  return 0;
+}
