@@ -17,8 +17,17 @@
 #include <string.h>
 
 #include "pool/internal.h"
+#include "prim/hostmem.h"
 
-#define BLOCK_SLAB 256 /* block structs per host allocation */
+/* Block structs come in slabs that double from BLOCK_SLAB up to BLOCK_SLAB << 8 (about
+ * 5.8 MB), so that a small pool stays small and a pool of a million blocks keeps its
+ * structs on a few dozen huge pages (prim/hostmem.h). */
+#define BLOCK_SLAB 256
+#define BLOCK_SLAB_MAX_SHIFT 8
+
+static inline size_t slab_blocks(size_t slab_index) {
+  return (size_t)BLOCK_SLAB << (slab_index < BLOCK_SLAB_MAX_SHIFT ? slab_index : BLOCK_SLAB_MAX_SHIFT);
+}
 
 /* ---------------------------------------------------------------------------------------
  * Small helpers.
@@ -36,10 +45,11 @@ static vram_block *block_new(vram_pool_t *pool) {
       c->slabs = slabs;
       c->slab_capacity = cap;
     }
-    vram_block *slab = calloc(BLOCK_SLAB, sizeof *slab);
+    size_t count = slab_blocks(c->n_slabs);
+    vram_block *slab = _vram_host_zalloc(count * sizeof *slab);
     if (!slab) return NULL;
     c->slabs[c->n_slabs++] = slab;
-    for (int i = BLOCK_SLAB - 1; i >= 0; i--) {
+    for (size_t i = count; i-- > 0;) {
       slab[i].free_next = c->free_list;
       c->free_list = &slab[i];
     }
@@ -264,6 +274,11 @@ static void block_uncache(vram_pool_t *pool, vram_block *b) {
 }
 
 static void block_retire(vram_pool_t *pool, vram_block *b) {
+  /* The block is merged with its neighbours when it leaves the cache, often on the very
+   * next call; in a pool far larger than the CPU cache their structs are misses, so start
+   * loading them now, alongside the segment's. */
+  __builtin_prefetch(b->addr_prev);
+  __builtin_prefetch(b->addr_next);
   b->state = VRAM_BLOCK_CACHED;
   b->requested = 0;
   /* With a release threshold the user asked for memory back at free: no parking. */
@@ -980,8 +995,9 @@ static void pool_free_everything(vram_pool_t *pool) {
   }
   for (size_t i = 0; i < pool->blocks.n_slabs; i++) {
     vram_block *slab = pool->blocks.slabs[i];
-    for (int j = 0; j < BLOCK_SLAB; j++) free(slab[j].uses);
-    free(slab);
+    size_t count = slab_blocks(i);
+    for (size_t j = 0; j < count; j++) free(slab[j].uses);
+    _vram_host_free(slab, count * sizeof *slab);
   }
   free(pool->blocks.slabs);
   for (size_t i = 0; i < pool->n_spare_events; i++)

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include "pool/internal.h"
+#include "prim/hostmem.h"
 
 static inline size_t ptrmap_slot(const vram_ptrmap *m, uintptr_t key) {
   /* The top bits of the product are the well-mixed ones; mask = 2^k - 1 has 64 - k
@@ -18,7 +19,7 @@ static inline size_t ptrmap_slot(const vram_ptrmap *m, uintptr_t key) {
 int _vram_ptrmap_init(vram_ptrmap *m, size_t capacity) {
   size_t cap = 64;
   while (cap < capacity) cap <<= 1;
-  m->slots = calloc(cap, sizeof *m->slots);
+  m->slots = _vram_host_zalloc(cap * sizeof *m->slots);
   if (!m->slots) return VRAM_EHOSTMEM;
   m->mask = cap - 1;
   m->count = 0;
@@ -26,7 +27,7 @@ int _vram_ptrmap_init(vram_ptrmap *m, size_t capacity) {
 }
 
 void _vram_ptrmap_destroy(vram_ptrmap *m) {
-  free(m->slots);
+  if (m->slots) _vram_host_free(m->slots, (m->mask + 1) * sizeof *m->slots);
   m->slots = NULL;
   m->count = 0;
 }
