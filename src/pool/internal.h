@@ -132,6 +132,7 @@ typedef struct vram_ptrmap_slot {
 typedef struct vram_ptrmap {
   vram_ptrmap_slot *slots;
   size_t mask;     /* capacity - 1 */
+  unsigned shift;  /* 64 - log2(capacity): keeps the top, well-mixed bits of the hash */
   size_t count;
 } vram_ptrmap;
 
@@ -185,24 +186,16 @@ struct vram_pool {
   char oom_report[2048];
 };
 
-/* ---- tlsf.c */
+/* ---- tlsf.c; insert, remove and find are inline (tlsf_inline.h, below) */
 void _vram_tlsf_init(vram_tlsf *t);
-void _vram_tlsf_insert(vram_tlsf *t, vram_block *b);
-void _vram_tlsf_remove(vram_tlsf *t, vram_block *b);
-/* A free block of at least `size` bytes (best fit within the first bin that holds one),
- * or NULL. The block stays in the index. */
-vram_block *_vram_tlsf_find(const vram_tlsf *t, size_t size);
 size_t _vram_tlsf_largest(const vram_tlsf *t);
 /* Walk every block of the index; returns false if visit returns false. */
 bool _vram_tlsf_check(const vram_tlsf *t, bool (*visit)(void *ctx, const vram_block *b), void *ctx);
-void _vram_tlsf_mapping(size_t size, int *fl, int *sl);
 
-/* ---- ptrmap.c */
+/* ---- ptrmap.c; the per-call operations are inline (ptrmap_inline.h, below) */
 int _vram_ptrmap_init(vram_ptrmap *m, size_t capacity);
 void _vram_ptrmap_destroy(vram_ptrmap *m);
-int _vram_ptrmap_insert(vram_ptrmap *m, uintptr_t key, vram_block *value);
-vram_block *_vram_ptrmap_get(const vram_ptrmap *m, uintptr_t key);
-vram_block *_vram_ptrmap_remove(vram_ptrmap *m, uintptr_t key);
+int _vram_ptrmap_grow(vram_ptrmap *m);
 
 /* ---- granules.c (virtual-memory segments) */
 int _vram_granules_init(vram_pool_t *pool, vram_segment *seg);
@@ -246,5 +239,8 @@ int _vram_format_oom_report(vram_pool_t *pool, size_t requested, vram_stream_t s
                             size_t cap);
 
 
+
+#include "pool/tlsf_inline.h"
+#include "pool/ptrmap_inline.h"
 
 #endif /* VRAM_INTERNAL_H */

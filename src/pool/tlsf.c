@@ -1,4 +1,5 @@
-/* tlsf.c - the free-block index: a two-level segregated fit (TLSF).
+/* tlsf.c - the free-block index: a two-level segregated fit (TLSF). Its per-call
+ * operations (insert, remove, find) are inline in tlsf_inline.h; here are the rest.
  *
  * Sizes are counted in VRAM_ALIGN units. The first level is the power of two of the size,
  * the second splits each power of two into VRAM_TLSF_SL_COUNT linear bins; sizes below
@@ -13,79 +14,7 @@
 
 #include "pool/internal.h"
 
-#define TLSF_SCAN_LIMIT 8 /* bound on the best-fit scan of one bin: keeps find O(1) */
-
-void _vram_tlsf_mapping(size_t size, int *fl, int *sl) {
-  size_t units = size / VRAM_ALIGN;
-  if (units < VRAM_TLSF_SL_COUNT) {
-    *fl = 0;
-    *sl = (int)units;
-    return;
-  }
-  int top = 63 - __builtin_clzll((unsigned long long)units);
-  *fl = top - VRAM_TLSF_SL_LOG2 + 1;
-  *sl = (int)((units >> (top - VRAM_TLSF_SL_LOG2)) - VRAM_TLSF_SL_COUNT);
-}
-
 void _vram_tlsf_init(vram_tlsf *t) { memset(t, 0, sizeof *t); }
-
-void _vram_tlsf_insert(vram_tlsf *t, vram_block *b) {
-  int fl, sl;
-  _vram_tlsf_mapping(b->size, &fl, &sl);
-  b->bin_fl = (uint8_t)fl;
-  b->bin_sl = (uint8_t)sl;
-  vram_block *head = t->heads[fl][sl];
-  b->free_prev = NULL;
-  b->free_next = head;
-  if (head) head->free_prev = b;
-  t->heads[fl][sl] = b;
-  t->fl_bitmap |= (uint64_t)1 << fl;
-  t->sl_bitmap[fl] |= (uint32_t)1 << sl;
-  t->free_bytes += b->size;
-  t->free_blocks++;
-}
-
-void _vram_tlsf_remove(vram_tlsf *t, vram_block *b) {
-  int fl = b->bin_fl, sl = b->bin_sl;
-  if (b->free_prev) {
-    b->free_prev->free_next = b->free_next;
-  } else {
-    t->heads[fl][sl] = b->free_next;
-    if (!b->free_next) {
-      t->sl_bitmap[fl] &= ~((uint32_t)1 << sl);
-      if (!t->sl_bitmap[fl]) t->fl_bitmap &= ~((uint64_t)1 << fl);
-    }
-  }
-  if (b->free_next) b->free_next->free_prev = b->free_prev;
-  b->free_prev = b->free_next = NULL;
-  t->free_bytes -= b->size;
-  t->free_blocks--;
-}
-
-vram_block *_vram_tlsf_find(const vram_tlsf *t, size_t size) {
-  int fl, sl;
-  _vram_tlsf_mapping(size, &fl, &sl);
-  /* The request's own bin: best fit among its first TLSF_SCAN_LIMIT blocks. */
-  vram_block *best = NULL;
-  int scanned = 0;
-  for (vram_block *b = t->heads[fl][sl]; b && scanned < TLSF_SCAN_LIMIT; b = b->free_next, scanned++) {
-    if (b->size >= size && (!best || b->size < best->size)) {
-      best = b;
-      if (b->size == size) break;
-    }
-  }
-  if (best) return best;
-  /* The next non-empty bin above: every block there is large enough. */
-  uint32_t sl_map = (sl + 1 < VRAM_TLSF_SL_COUNT) ? t->sl_bitmap[fl] & (~(uint32_t)0 << (sl + 1)) : 0;
-  if (!sl_map) {
-    uint64_t fl_map = (fl + 1 < 64) ? t->fl_bitmap & (~(uint64_t)0 << (fl + 1)) : 0;
-    if (!fl_map) return NULL;
-    fl = __builtin_ctzll(fl_map);
-    sl_map = t->sl_bitmap[fl];
-  }
-  sl = __builtin_ctz(sl_map);
-  return t->heads[fl][sl];
-}
 
 size_t _vram_tlsf_largest(const vram_tlsf *t) {
   if (!t->fl_bitmap) return 0;
