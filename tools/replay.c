@@ -44,7 +44,9 @@ static const char replay_usage[] =
     "                  training loop, where ns_per_op includes growing a cold pool.\n"
     "  --repeat N      replays per trace, each on a fresh pool; the best time is reported\n"
     "                  (default 3).\n"
-    "  --json          one JSON object per trace per line instead of a table.\n"
+    "  --json          one JSON object per trace per line instead of a table; it also gives\n"
+    "                  device_calls (and device_calls_warm): the source's allocations and\n"
+    "                  releases, i.e. driver calls on a GPU source, of the timed pass.\n"
     "  --summary       print vram_summary() after each trace's replay (before the final\n"
     "                  frees) and a fragmentation table at the end (to stderr with --json).\n"
     "  -h, --help      this text.\n"
@@ -72,6 +74,7 @@ typedef struct replay_settings {
 
 typedef struct replay_run {
   double ns_per_op;
+  uint64_t device_calls; /* source allocations and releases (driver calls) in the timed pass */
   uint64_t peak_reserved;
   uint64_t ooms;
   vram_source_kind source;
@@ -88,6 +91,8 @@ typedef struct replay_result {
   vram_source_kind min_capacity_source;
   double baseline_ns;             /* 0 when not asked */
   double warm_ns;                 /* 0 when not asked */
+  uint64_t device_calls;          /* driver allocations + releases of the cold pass */
+  uint64_t device_calls_warm;     /* the same for the warm pass, when asked */
 } replay_result_t;
 
 /* Per-trace scratch: the pointer of each slot and the stream of each trace stream. */
@@ -199,6 +204,14 @@ static size_t run_ops(vram_pool_t *pool, const trace_t *trace, replay_buffers_t 
   return done;
 }
 
+/* Source allocations and releases so far: on a GPU source, driver calls of tens of
+ * microseconds each, the cost that decides a replay's time there. */
+static uint64_t device_calls(vram_pool_t *pool) {
+  vram_stats_t stats;
+  if (vram_get_stats(pool, &stats) != VRAM_OK) return 0;
+  return stats.num_device_alloc + stats.num_device_free;
+}
+
 /* One replay of the whole trace on a fresh pool. OOMs are counted, not failures; with
  * stop_at_oom the replay ends at the first (the bisection only needs to know whether one
  * happens). report_oom prints the first OOM's report; summary_out, when set, receives
@@ -235,11 +248,14 @@ static int replay_once(const trace_t *trace, const vram_options_t *options, int 
   double elapsed = 0;
   size_t done = run_ops(pool, trace, buffers, stop_at_oom, report_oom, &ooms, &failed_at,
                         &status, &elapsed);
+  uint64_t calls_before = 0;
   if (warm && failed_at == SIZE_MAX && free_live(pool, trace, buffers->blocks) == 0) {
     uint64_t warm_ooms = 0;
+    calls_before = device_calls(pool);
     done = run_ops(pool, trace, buffers, stop_at_oom, 0, &warm_ooms, &failed_at, &status,
                    &elapsed);
   }
+  run->device_calls = device_calls(pool) - calls_before;
   run->ns_per_op = done ? elapsed / (double)done : 0.0;
   run->ooms = ooms;
 
@@ -394,7 +410,10 @@ static void print_result_json(const replay_settings_t *settings, const replay_re
     printf(", \"min_capacity_source\": ");
     cli_json_string(stdout, vram_source_name(r->min_capacity_source));
   }
-  if (settings->warm) printf(", \"ns_per_op_warm\": %.1f", r->warm_ns);
+  printf(", \"device_calls\": %llu", (unsigned long long)r->device_calls);
+  if (settings->warm)
+    printf(", \"ns_per_op_warm\": %.1f, \"device_calls_warm\": %llu", r->warm_ns,
+           (unsigned long long)r->device_calls_warm);
   if (settings->baseline) {
     printf(", \"baseline_ns_per_op\": %.2f, \"ns_over_baseline\": %.2f", r->baseline_ns,
            r->baseline_ns > 0 ? r->ns_per_op / r->baseline_ns : 0.0);
@@ -458,6 +477,7 @@ static int replay_trace(const replay_settings_t *settings, const trace_t *trace,
       result->peak_reserved = run.peak_reserved;
       result->ooms = run.ooms;
       result->ns_per_op = run.ns_per_op;
+      result->device_calls = run.device_calls;
     } else if (run.ns_per_op < result->ns_per_op) {
       result->ns_per_op = run.ns_per_op;
     }
@@ -467,6 +487,7 @@ static int replay_trace(const replay_settings_t *settings, const trace_t *trace,
     replay_run_t run;
     status = replay_once(trace, &options, 0, 0, 1, NULL, &buffers, &run);
     if (r == 0 || run.ns_per_op < result->warm_ns) result->warm_ns = run.ns_per_op;
+    if (r == 0) result->device_calls_warm = run.device_calls;
   }
 
   if (status == CLI_EXIT_OK && settings->min_capacity) {

@@ -9,10 +9,11 @@
  *
  * Physical granules are interchangeable, which is what makes this layout tight: when a
  * request needs new granules and the pool would otherwise pass its limit or its
- * high-water mark, idle granules anywhere are unmapped first and their memory mapped where
- * it is needed. So the pool's footprint follows the granules that live blocks touch, not
- * the history of holes. Mapping is slow (tens of microseconds), so runs of granules are
- * mapped with one call, and idle granules stay mapped until memory is actually needed. */
+ * allowance (its high-water mark, or its allocated peak plus 1/64), idle granules anywhere
+ * are unmapped first and their memory mapped where it is needed. So the pool's footprint
+ * follows the granules that live blocks touch, not the history of holes. Mapping is slow
+ * (tens of microseconds per granule, bench/vmm_cost.c), so runs of granules are mapped with
+ * one call, and idle granules stay mapped until memory is actually needed. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -153,6 +154,21 @@ size_t _vram_granules_trim(vram_pool_t *pool, size_t want, int *first_error) {
   return trim(pool, want, NULL, 0, 0, first_error);
 }
 
+/* What the pool may hold mapped before new mappings first take idle granules back: its
+ * high-water mark of mapped bytes, or the peak of allocated bytes (this request included)
+ * plus 1/2^VRAM_VMM_SLACK_SHIFT of it, whichever is larger. Without the slack a pool that
+ * reached its peak would unmap and map again on almost every request that lands on
+ * unmapped space; with it a training loop's steady state makes no driver call on
+ * stream_prefetch and a quarter of them on gpt2_train (bench/RESULTS.md). */
+static size_t mapped_allowance(const vram_pool_t *pool, size_t request) {
+  size_t allocated = (size_t)pool->stats.allocated_bytes.current + request;
+  if ((size_t)pool->stats.allocated_bytes.peak > allocated)
+    allocated = (size_t)pool->stats.allocated_bytes.peak;
+  size_t allowance = allocated + (allocated >> VRAM_VMM_SLACK_SHIFT);
+  size_t high_water = (size_t)pool->stats.reserved_bytes.peak;
+  return allowance > high_water ? allowance : high_water;
+}
+
 int _vram_granules_acquire(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size) {
   size_t G = pool->granularity;
   size_t g0, g1;
@@ -168,9 +184,9 @@ int _vram_granules_acquire(vram_pool_t *pool, vram_segment *seg, uintptr_t addr,
       reserved = (size_t)pool->stats.reserved_bytes.current;
       if (reserved + bytes > pool->limit) return VRAM_ENOMEM;
     }
-    size_t peak = (size_t)pool->stats.reserved_bytes.peak;
-    if (reserved + bytes > peak) {
-      size_t over = (reserved + bytes - peak) / G;
+    size_t allowance = mapped_allowance(pool, size);
+    if (reserved + bytes > allowance) {
+      size_t over = (reserved + bytes - allowance + G - 1) / G;
       trim(pool, over, seg, g0, g1, NULL);
     }
     /* Map each run of unmapped granules with one call; undo this call's runs on failure. */

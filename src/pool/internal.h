@@ -29,6 +29,9 @@
 #define VRAM_ALIGN ((size_t)512)               /* block alignment and size unit */
 #define VRAM_SMALL_MAX ((size_t)1 << 20)       /* requests up to this go to small segments */
 #define VRAM_SMALL_SEGMENT ((size_t)2 << 20)   /* size of one small segment */
+/* Virtual memory: idle granules stay mapped while the pool holds at most its allocated peak
+ * plus 1/2^this of it (granules.c, mapped_allowance). */
+#define VRAM_VMM_SLACK_SHIFT 6
 #define VRAM_MAX_REQUEST ((size_t)1 << 48)     /* larger requests are VRAM_ETOOBIG */
 
 /* Assertion levels (DESIGN.md, after mimalloc): 1 cheap, 2 more, 3 full check per op. */

@@ -1,7 +1,8 @@
 /* test_source_extras.c - what only some sources offer: prefetch (managed) and peer access
  * (virtual memory). Elsewhere each is a clear VRAM_EUNSUPPORTED that changes nothing; on
  * sim:vmm peer access checks the device. Also: releasing mapped memory reports a failing
- * source call instead of hiding it, and device counts resolve AUTO. The pool stays valid
+ * source call instead of hiding it, virtual memory keeps idle granules mapped within its
+ * allowance and recycles them past it, and device counts resolve AUTO. The pool stays valid
  * after every call. */
 #include "vt.h"
 
@@ -88,6 +89,53 @@ static void t_release_failure_reported(void **state) {
   }
 }
 
+/* Virtual memory keeps idle granules mapped while the pool holds at most its allocated peak
+ * plus 1/64 (granules.c): a request that lands on unmapped space then maps without first
+ * unmapping what is idle. Past that allowance idle granules are recycled before the pool
+ * maps more. */
+static void t_vmm_idle_allowance(void **state) {
+  (void)state;
+  vram_pool_t *pool = make_pool(VRAM_SOURCE_SIM_VMM);
+  void *a = NULL, *b = NULL, *guard = NULL, *c = NULL, *d = NULL;
+  VT_OK(vram_malloc(pool, 630 * VT_MiB, NULL, &a));
+  VT_OK(vram_malloc(pool, 10 * VT_MiB, NULL, &b));
+  VT_OK(vram_malloc(pool, 2 * VT_MiB, NULL, &guard)); /* keeps b's hole apart from the tail */
+  VT_VALID(pool);
+  assert_ptr_equal(b, (char *)a + 630 * VT_MiB);
+  assert_ptr_equal(guard, (char *)a + 640 * VT_MiB);
+  VT_OK(vram_free(pool, b)); /* 5 idle granules; allocated peak 642 MiB */
+  VT_VALID(pool);
+  vram_stats_t before = vt_stats(pool);
+  assert_int_equal(before.reserved_bytes.current, 642 * VT_MiB);
+
+  /* 12 MiB does not fit b's hole: 6 new granules, and 654 MiB held is within the
+   * allowance of 644 + 644/64 MiB, so b's granules stay mapped. */
+  VT_OK(vram_malloc(pool, 12 * VT_MiB, NULL, &c));
+  VT_VALID(pool);
+  assert_ptr_equal(c, (char *)a + 642 * VT_MiB);
+  vram_stats_t kept = vt_stats(pool);
+  assert_int_equal(kept.reserved_bytes.current, 654 * VT_MiB);
+  assert_int_equal(kept.num_device_free, before.num_device_free);
+
+  /* With a and c freed, 640 MiB of the low end is idle. 650 MiB does not fit there and
+   * would hold 1292 MiB against an allowance of 652 + 652/64: idle granules go back
+   * first, down to the allowance. */
+  VT_OK(vram_free(pool, c));
+  VT_OK(vram_free(pool, a));
+  VT_VALID(pool);
+  VT_OK(vram_malloc(pool, 650 * VT_MiB, NULL, &d));
+  VT_VALID(pool);
+  vram_stats_t recycled = vt_stats(pool);
+  assert_true(recycled.num_device_free > kept.num_device_free);
+  assert_true((size_t)recycled.reserved_bytes.current >= 652 * VT_MiB);
+  assert_true((size_t)recycled.reserved_bytes.current <= 652 * VT_MiB + 652 * VT_MiB / 64 + 2 * VT_MiB);
+
+  VT_OK(vram_free(pool, d));
+  VT_OK(vram_free(pool, guard));
+  VT_VALID(pool);
+  VT_OK(vram_pool_destroy(pool));
+}
+
 static void t_device_count_auto(void **state) {
   (void)state;
   int n = 0;
@@ -103,6 +151,7 @@ int main(void) {
       cmocka_unit_test(t_prefetch_unsupported_off_managed),
       cmocka_unit_test(t_peer_access),
       cmocka_unit_test(t_release_failure_reported),
+      cmocka_unit_test(t_vmm_idle_allowance),
       cmocka_unit_test(t_device_count_auto),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
