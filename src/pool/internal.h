@@ -124,7 +124,7 @@ struct vram_arena {
 };
 
 /* Pointer -> live, pending or parked block. Open addressing, linear probing, backward-shift
- * deletion; never more than half full. */
+ * deletion; never more than a quarter full. */
 typedef struct vram_ptrmap_slot {
   uintptr_t key; /* 0 = empty */
   vram_block *value;
