@@ -156,6 +156,12 @@ def main():
                           ["trace"] + allocators + ["cuda warm", "vmm warm", "baseline", "sim/baseline"],
                           rows or [["-"] * 12]))
 
+    mine = allocators[:4]
+    rows = [[t] + [f"{cell(a, t, 'device_calls', 0)} / {cell(a, t, 'device_calls_warm', 0)}" for a in mine]
+            for t in names]
+    sections.append(table("traces: source calls (driver allocations + releases, or map + unmap "
+                          "calls), cold pass / warm pass", ["trace"] + mine, rows or [["-"] * 5]))
+
     scale = read_jsonl(out, "vramkit_scale.jsonl")
     if scale:
         s = scale[0]
