@@ -1,0 +1,73 @@
+/* test_host_tables.c - the engine's host tables past the size where they move to huge pages
+ * (prim/hostmem.h): hostmem itself, and a pool holding enough blocks that its pointer map
+ * and block slabs come from it, through growth, frees in a scattered order and reuse. */
+#include "vt.h"
+#include "prim/hostmem.h"
+
+/* Zeroed, writable, and on a 2 MiB boundary once large; calloc'd below that. */
+static void t_hostmem(void **state) {
+  (void)state;
+  size_t sizes[] = {1, 4096, (2u << 20) - 1, 2u << 20, (3u << 20) + 123, 40u << 20};
+  for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+    unsigned char *p = _vram_host_zalloc(sizes[i]);
+    assert_non_null(p);
+    if (sizes[i] >= (2u << 20)) assert_int_equal((uintptr_t)p % (2u << 20), 0);
+    for (size_t off = 0; off < sizes[i]; off += 4096) assert_int_equal(p[off], 0);
+    assert_int_equal(p[sizes[i] - 1], 0);
+    memset(p, 0xab, sizes[i]);
+    _vram_host_free(p, sizes[i]);
+  }
+  _vram_host_free(NULL, 40u << 20); /* a no-op, like free(NULL) */
+}
+
+/* Enough blocks that the pointer map passes 2 MiB (32,768 entries at a quarter full) and
+ * the block slabs reach their huge-page size; a debug build that checks every invariant
+ * inside every call (quadratic here) uses fewer. */
+#if VRAM_DEBUG >= 3
+#define MANY 3000
+#else
+#define MANY 40000
+#endif
+
+static void t_many_blocks(void **state) {
+  (void)state;
+  vram_options_t o;
+  vram_options_init(&o);
+  o.source = VRAM_SOURCE_SIM;
+  o.sim_capacity = 4 * VT_GiB;
+  vram_pool_t *pool = NULL;
+  VT_OK(vram_pool_create(&pool, &o));
+  void **blocks = calloc(MANY, sizeof *blocks);
+  assert_non_null(blocks);
+  for (size_t i = 0; i < MANY; i++) VT_OK(vram_malloc(pool, 512 + (i % 7) * 512, NULL, &blocks[i]));
+  VT_VALID(pool);
+  vram_stats_t full = vt_stats(pool);
+  assert_int_equal(full.allocation.current, MANY);
+  /* Free every third block (scattered holes), then fill the holes again. */
+  for (size_t i = 0; i < MANY; i += 3) VT_OK(vram_free(pool, blocks[i]));
+  VT_VALID(pool);
+  for (size_t i = 0; i < MANY; i += 3) VT_OK(vram_malloc(pool, 512 + (i % 7) * 512, NULL, &blocks[i]));
+  VT_VALID(pool);
+  vram_stats_t again = vt_stats(pool);
+  assert_int_equal(again.allocation.current, MANY);
+  assert_int_equal(again.allocated_bytes.current, full.allocated_bytes.current);
+  assert_int_equal(again.reserved_bytes.current, full.reserved_bytes.current); /* holes reused */
+  for (size_t i = 0; i < MANY; i++) {
+    size_t requested = 0;
+    VT_OK(vram_block_info(pool, blocks[i], &requested, NULL));
+    assert_int_equal(requested, 512 + (i % 7) * 512);
+  }
+  for (size_t i = MANY; i-- > 0;) VT_OK(vram_free(pool, blocks[i]));
+  VT_VALID(pool);
+  assert_int_equal(vt_stats(pool).allocation.current, 0);
+  free(blocks);
+  VT_OK(vram_pool_destroy(pool));
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(t_hostmem),
+      cmocka_unit_test(t_many_blocks),
+  };
+  return cmocka_run_group_tests_name("host_tables", tests, NULL, NULL);
+}
