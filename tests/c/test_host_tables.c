@@ -24,7 +24,7 @@ static void t_hostmem(void **state) {
  * the block slabs reach their huge-page size; a debug build that checks every invariant
  * inside every call (quadratic here) uses fewer. */
 #if VRAM_DEBUG >= 3
-#define MANY 3000
+#define MANY 500
 #else
 #define MANY 40000
 #endif
