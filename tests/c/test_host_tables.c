@@ -20,14 +20,12 @@ static void t_hostmem(void **state) {
   _vram_host_free(NULL, 40u << 20); /* a no-op, like free(NULL) */
 }
 
-/* Enough blocks that the pointer map passes 2 MiB (32,768 entries at a quarter full) and
- * the block slabs reach their huge-page size; a debug build that checks every invariant
- * inside every call (quadratic here) uses fewer. */
-#if VRAM_DEBUG >= 3
-#define MANY 500
-#else
-#define MANY 40000
-#endif
+/* Blocks in the pool: argv[1], by default enough that the pointer map passes 2 MiB (32,768
+ * entries at a quarter full) and the block slabs reach their huge-page size. CTest passes
+ * fewer to a build that runs the full invariant checker inside every call, where this test
+ * is quadratic. */
+static size_t g_many = 40000;
+#define MANY g_many
 
 static void t_many_blocks(void **state) {
   (void)state;
@@ -64,7 +62,12 @@ static void t_many_blocks(void **state) {
   VT_OK(vram_pool_destroy(pool));
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+  if (argc > 1) g_many = strtoul(argv[1], NULL, 10);
+  if (g_many == 0) {
+    fprintf(stderr, "test_host_tables: the block count must be a positive number\n");
+    return 2;
+  }
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(t_hostmem),
       cmocka_unit_test(t_many_blocks),
