@@ -25,37 +25,31 @@ static void t_hostmem(void **state) {
  * fewer to a build that runs the full invariant checker inside every call, where this test
  * is quadratic. */
 static size_t g_many = 40000;
-#define MANY g_many
 
 static void t_many_blocks(void **state) {
   (void)state;
-  vram_options_t o;
-  vram_options_init(&o);
-  o.source = VRAM_SOURCE_SIM;
-  o.sim_capacity = 4 * VT_GiB;
-  vram_pool_t *pool = NULL;
-  VT_OK(vram_pool_create(&pool, &o));
-  void **blocks = calloc(MANY, sizeof *blocks);
+  vram_pool_t *pool = vt_pool_new(VRAM_SOURCE_SIM, 4 * VT_GiB);
+  void **blocks = calloc(g_many, sizeof *blocks);
   assert_non_null(blocks);
-  for (size_t i = 0; i < MANY; i++) VT_OK(vram_malloc(pool, 512 + (i % 7) * 512, NULL, &blocks[i]));
+  for (size_t i = 0; i < g_many; i++) VT_OK(vram_malloc(pool, 512 + (i % 7) * 512, NULL, &blocks[i]));
   VT_VALID(pool);
   vram_stats_t full = vt_stats(pool);
-  assert_int_equal(full.allocation.current, MANY);
+  assert_int_equal(full.allocation.current, g_many);
   /* Free every third block (scattered holes), then fill the holes again. */
-  for (size_t i = 0; i < MANY; i += 3) VT_OK(vram_free(pool, blocks[i]));
+  for (size_t i = 0; i < g_many; i += 3) VT_OK(vram_free(pool, blocks[i]));
   VT_VALID(pool);
-  for (size_t i = 0; i < MANY; i += 3) VT_OK(vram_malloc(pool, 512 + (i % 7) * 512, NULL, &blocks[i]));
+  for (size_t i = 0; i < g_many; i += 3) VT_OK(vram_malloc(pool, 512 + (i % 7) * 512, NULL, &blocks[i]));
   VT_VALID(pool);
   vram_stats_t again = vt_stats(pool);
-  assert_int_equal(again.allocation.current, MANY);
+  assert_int_equal(again.allocation.current, g_many);
   assert_int_equal(again.allocated_bytes.current, full.allocated_bytes.current);
   assert_int_equal(again.reserved_bytes.current, full.reserved_bytes.current); /* holes reused */
-  for (size_t i = 0; i < MANY; i++) {
+  for (size_t i = 0; i < g_many; i++) {
     size_t requested = 0;
     VT_OK(vram_block_info(pool, blocks[i], &requested, NULL));
     assert_int_equal(requested, 512 + (i % 7) * 512);
   }
-  for (size_t i = MANY; i-- > 0;) VT_OK(vram_free(pool, blocks[i]));
+  for (size_t i = g_many; i-- > 0;) VT_OK(vram_free(pool, blocks[i]));
   VT_VALID(pool);
   assert_int_equal(vt_stats(pool).allocation.current, 0);
   free(blocks);

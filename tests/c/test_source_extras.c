@@ -6,16 +6,7 @@
  * after every call. */
 #include "vt.h"
 
-static vram_pool_t *make_pool(vram_source_kind kind) {
-  vram_options_t o;
-  vram_options_init(&o);
-  o.source = kind;
-  o.sim_capacity = 1 * VT_GiB;
-  vram_pool_t *pool = NULL;
-  VT_OK(vram_pool_create(&pool, &o));
-  VT_VALID(pool);
-  return pool;
-}
+static vram_pool_t *make_pool(vram_source_kind kind) { return vt_pool_new(kind, 1 * VT_GiB); }
 
 static void t_prefetch_unsupported_off_managed(void **state) {
   (void)state;
