@@ -3,7 +3,8 @@
  * At a million live blocks these tables pass 100 MB and every allocator call touches them
  * at random; with 4 KiB pages each touch also misses the TLB. Tables of 2 MiB and up are
  * therefore mapped on 2 MiB boundaries and offered to the kernel's transparent huge pages
- * (madvise), as mimalloc and jemalloc do for their metadata. Smaller ones come from calloc.
+ * (madvise), as jemalloc can for its metadata (opt.metadata_thp). Smaller ones come from
+ * calloc.
  */
 #ifndef VRAM_PRIM_HOSTMEM_H
 #define VRAM_PRIM_HOSTMEM_H
