@@ -1,6 +1,7 @@
 # check_replay.cmake - run `vramkit replay --json` on every shared trace and check its
 # output: exit status 0 (the tool itself fails when a byte is not returned), one JSON
-# object line per trace, each naming its trace and reporting "ooms": 0.
+# object line per trace, each naming its trace, reporting "ooms": 0 and the source calls
+# its cold pass made.
 # Usage: cmake -DTOOL=path/to/vramkit -DTRACES_DIR=data/traces -P check_replay.cmake
 if(NOT TOOL OR NOT TRACES_DIR)
   message(FATAL_ERROR "usage: cmake -DTOOL=... -DTRACES_DIR=... -P check_replay.cmake")
@@ -43,6 +44,10 @@ foreach(path IN LISTS traces)
       endif()
       if(NOT line MATCHES "\"ops\": *[1-9]")
         message(FATAL_ERROR "trace ${name}: no operations replayed:\n${line}")
+      endif()
+      # A replay from an empty pool must have asked its source for memory.
+      if(NOT line MATCHES "\"device_calls\": *[1-9]")
+        message(FATAL_ERROR "trace ${name}: no source calls reported:\n${line}")
       endif()
     endif()
   endforeach()
