@@ -255,7 +255,6 @@ static int replay_once(const trace_t *trace, const vram_options_t *options, int 
     done = run_ops(pool, trace, buffers, stop_at_oom, 0, &warm_ooms, &failed_at, &status,
                    &elapsed);
   }
-  run->device_calls = device_calls(pool) - calls_before;
   run->ns_per_op = done ? elapsed / (double)done : 0.0;
   run->ooms = ooms;
 
@@ -268,8 +267,10 @@ static int replay_once(const trace_t *trace, const vram_options_t *options, int 
     result = CLI_EXIT_FAILURE;
   }
   vram_stats_t stats;
-  if (vram_get_stats(pool, &stats) == VRAM_OK)
+  if (vram_get_stats(pool, &stats) == VRAM_OK) {
     run->peak_reserved = (uint64_t)stats.reserved_bytes.peak;
+    run->device_calls = stats.num_device_alloc + stats.num_device_free - calls_before;
+  }
   if (summary_out) {
     fprintf(summary_out, "== %s on %s\n", trace->name, vram_source_name(run->source));
     cli_print_summary(pool, summary_out);
