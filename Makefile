@@ -116,6 +116,8 @@ bench: build
 	build/vramkit replay --min-capacity --baseline --warm --source sim:vmm $(TRACES)
 	build/vramkit bench random --source sim
 	build/vramkit bench random --source sim:vmm
+	VRAMKIT_TIGHT_THRESHOLD=0 build/vramkit replay --min-capacity --warm --source sim $(TRACES)
+	VRAMKIT_TIGHT_THRESHOLD=0 build/vramkit bench random --source sim
 	build/vramkit bench pair --source sim
 	build/vramkit bench scale
 

@@ -88,6 +88,13 @@ typedef struct vram_options {
   size_t limit_bytes;           /* hard limit on reserved memory; 0 = none */
   double limit_fraction;
   size_t release_threshold;     /* cached free memory kept when releasing; SIZE_MAX = keep all */
+  /* Tight placement, for fixed segments (cuda, managed, sim). Once reserved memory would pass
+   * this share of the cap (the limit, else the device's total memory), a large request is
+   * not carved from a fully free cached segment bigger than the segment it would get of its
+   * own: it gets its own, and cached segments go back first if that would raise the peak.
+   * Fewer bytes for more driver calls, like PyTorch's max_split_size_mb. In [0, 1]; 0 =
+   * always, 1 = never (default). */
+  double tight_threshold;
   size_t sim_capacity;          /* capacity of the sim device (default 80 GiB) */
   int sim_event_delay;          /* sim: queries before a recorded event completes (default 0) */
   /* Fault injection (tests): the source call numbered fail_at (1-based) fails, and every
@@ -101,8 +108,9 @@ typedef struct vram_options {
 VRAM_API void vram_options_init(vram_options_t *opts);
 
 /* Overlay the VRAMKIT_* environment variables on opts: VRAMKIT_SOURCE, VRAMKIT_LIMIT,
- * VRAMKIT_PREALLOCATE, VRAMKIT_RELEASE_THRESHOLD, VRAMKIT_SIM_CAPACITY (sizes take K/M/G/T
- * suffixes; LIMIT and PREALLOCATE also take a percentage such as "50%"). A bad value
+ * VRAMKIT_PREALLOCATE, VRAMKIT_RELEASE_THRESHOLD, VRAMKIT_TIGHT_THRESHOLD, VRAMKIT_SIM_CAPACITY
+ * (sizes take K/M/G/T suffixes; LIMIT and PREALLOCATE also take a percentage such as "50%";
+ * TIGHT_THRESHOLD is a fraction such as 0.9 or a percentage such as 90%). A bad value
  * returns VRAM_EENV, names the variable in *why (if non-NULL, a static string), and
  * leaves opts unchanged. */
 VRAM_API int vram_options_from_env(vram_options_t *opts, const char **why);

@@ -44,7 +44,9 @@ static const char random_usage[] =
     "while between 0 and 1,000 blocks are live), sizes log-uniform from 256 B to 32 MiB from\n"
     "an xorshift64 generator with seed 42, then frees of what is left: the same op sequence\n"
     "as shared/anchors/workload.h. Three passes on one pool; prints the best ns per op and\n"
-    "peak reserved over peak live (the DESIGN.md target: at most 1.15; PyTorch: 1.303).\n"
+    "peak reserved over peak live (the DESIGN.md target: at most 1.15; PyTorch: 1.303), and\n"
+    "the source calls (driver calls on a GPU) of the first and of the last pass.\n"
+    "VRAMKIT_* variables apply: VRAMKIT_TIGHT_THRESHOLD=0 measures tight placement.\n"
     "\n"
     "  --source S  sim, sim:vmm, cuda, vmm, managed or auto (default auto); every op runs on\n"
     "              the default stream.\n"
@@ -194,7 +196,13 @@ static int bench_random(int argc, char **argv) {
     goto done;
   }
   double best = 0;
+  /* Source calls (driver calls on a GPU) of the first pass, on an empty pool, and of the
+   * last, on a pool the earlier passes filled: what tight placement costs shows here. */
+  uint64_t calls_cold = 0, calls_warm = 0, calls_before = 0;
   for (int pass = 0; pass < RANDOM_PASSES && result == CLI_EXIT_OK; pass++) {
+    vram_stats_t before;
+    vram_get_stats(pool, &before);
+    calls_before = before.num_device_alloc + before.num_device_free;
     double start = cli_now_ns();
     for (size_t i = 0; i < op_count; i++) {
       const workload_op_t *op = &ops[i];
@@ -208,6 +216,10 @@ static int bench_random(int argc, char **argv) {
     }
     double ns = (cli_now_ns() - start) / (double)op_count;
     if (pass == 0 || ns < best) best = ns;
+    vram_stats_t after;
+    vram_get_stats(pool, &after);
+    calls_warm = after.num_device_alloc + after.num_device_free - calls_before;
+    if (pass == 0) calls_cold = calls_warm;
   }
   if (result != CLI_EXIT_OK) {
     /* The run is void; destroy_force also frees the blocks the failed pass left live. */
@@ -224,9 +236,11 @@ static int bench_random(int argc, char **argv) {
     printf("{\"bench\": \"random\", \"source\": ");
     cli_json_string(stdout, vram_source_name(source));
     printf(", \"ops\": %zu, \"passes\": %d, \"ns_per_op\": %.1f, \"peak_live_bytes\": %llu, "
-           "\"peak_reserved_bytes\": %llu, \"reserved_over_live\": %.3f}\n",
+           "\"peak_reserved_bytes\": %llu, \"reserved_over_live\": %.3f, \"device_calls\": %llu, "
+           "\"device_calls_warm\": %llu}\n",
            op_count, RANDOM_PASSES, best, (unsigned long long)peak_live,
-           (unsigned long long)peak_reserved, over_live);
+           (unsigned long long)peak_reserved, over_live, (unsigned long long)calls_cold,
+           (unsigned long long)calls_warm);
   } else {
     printf("random workload on %s: %zu ops (200,000 random + drain), best of %d passes\n",
            vram_source_name(source), op_count, RANDOM_PASSES);
@@ -235,6 +249,8 @@ static int bench_random(int argc, char **argv) {
     printf("  peak reserved        %10.1f MiB\n", (double)peak_reserved / (double)MIB);
     printf("  reserved over live   %10.3f   (PyTorch native 1.303, expandable 1.147: DESIGN.md)\n",
            over_live);
+    printf("  source calls         %10llu first pass, %llu last pass\n",
+           (unsigned long long)calls_cold, (unsigned long long)calls_warm);
   }
 done:
   free(ops);

@@ -2,7 +2,8 @@
 
 The pools are the C library's process-wide default pools, one per device, created on first
 use from the ``VRAMKIT_*`` environment variables (``VRAMKIT_SOURCE``, ``VRAMKIT_LIMIT``,
-``VRAMKIT_PREALLOCATE``, ``VRAMKIT_RELEASE_THRESHOLD``, ``VRAMKIT_SIM_CAPACITY``) or from
+``VRAMKIT_PREALLOCATE``, ``VRAMKIT_RELEASE_THRESHOLD``, ``VRAMKIT_TIGHT_THRESHOLD``,
+``VRAMKIT_SIM_CAPACITY``) or from
 :func:`configure` called before that first use.
 
 ``import vramkit`` needs no GPU and imports no framework: the integrations live in
@@ -308,6 +309,26 @@ def _size_text(name: str, value, allow_percent: bool) -> str:
     raise TypeError(f"{name} must be an int, float or str, not {type(value).__name__}")
 
 
+def _share_text(name: str, value) -> str:
+    """A share in [0, 1] (a number, or a string such as "90%") as VRAMKIT_* text."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be a number from 0 to 1, not bool")
+    if isinstance(value, (int, float)):
+        if not 0.0 <= value <= 1.0:  # NaN fails too
+            raise InvalidArgumentError(f"{name} must be within [0, 1], got {value}")
+        return repr(float(value))
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            share = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+        except ValueError:
+            raise InvalidArgumentError(f"{name}: cannot read {value!r} as a share") from None
+        if not 0.0 <= share <= 1.0:
+            raise InvalidArgumentError(f"{name} must be within [0, 1], got {value!r}")
+        return text
+    raise TypeError(f"{name} must be a number or a string, not {type(value).__name__}")
+
+
 def configure(
     device=0,
     *,
@@ -315,13 +336,17 @@ def configure(
     limit=None,
     preallocate=None,
     release_threshold=None,
+    tight_threshold=None,
     sim_capacity=None,
 ) -> None:
     """Create the device's pool now with these options (each None: from VRAMKIT_*).
 
     source: "auto", "sim", "sim:vmm", "cuda", "vmm" or "managed". limit, preallocate:
     bytes (int), a size string ("8G"), a percentage ("50%") or a fraction (0.5) of device
-    memory. release_threshold, sim_capacity: bytes or a size string. Must come before the
+    memory. release_threshold, sim_capacity: bytes or a size string. tight_threshold: a
+    share of the memory cap from 0 to 1 (or "90%") past which large requests get segments of
+    their own size instead of cuts of bigger cached ones: less memory, more driver calls
+    (0 = always; default 1 = never; fixed-segment sources only). Must come before the
     device's pool is first used; afterwards it raises RuntimeError (use set_memory_limit or
     set_per_process_memory_fraction to change the limit of a live pool).
     """
@@ -337,6 +362,8 @@ def configure(
         env["VRAMKIT_PREALLOCATE"] = _size_text("preallocate", preallocate, True)
     if release_threshold is not None:
         env["VRAMKIT_RELEASE_THRESHOLD"] = _size_text("release_threshold", release_threshold, False)
+    if tight_threshold is not None:
+        env["VRAMKIT_TIGHT_THRESHOLD"] = _share_text("tight_threshold", tight_threshold)
     if sim_capacity is not None:
         env["VRAMKIT_SIM_CAPACITY"] = _size_text("sim_capacity", sim_capacity, False)
     with _config_lock:

@@ -17,6 +17,7 @@ void vram_options_init(vram_options_t *opts) {
   opts->device = 0;
   opts->source = VRAM_SOURCE_AUTO;
   opts->release_threshold = SIZE_MAX;
+  opts->tight_threshold = 1.0;
   opts->sim_capacity = DEFAULT_SIM_CAPACITY;
   opts->managed_prefetch = 1;
 }
@@ -112,6 +113,20 @@ static int parse_preallocate(vram_options_t *o, const char *v) {
 static int parse_release_threshold(vram_options_t *o, const char *v) {
   return vram_parse_size(v, 0, &o->release_threshold, NULL);
 }
+/* A share in [0, 1], written as a fraction ("0.9") or a percentage ("90%"). */
+static int parse_tight_threshold(vram_options_t *o, const char *v) {
+  char *end = NULL;
+  errno = 0;
+  double value = strtod(v, &end);
+  if (end == v || errno || !isfinite(value)) return VRAM_EINVAL;
+  if (*end == '%') {
+    value /= 100.0;
+    end++;
+  }
+  if (*end || value < 0 || value > 1) return VRAM_EINVAL;
+  o->tight_threshold = value;
+  return VRAM_OK;
+}
 static int parse_sim_capacity(vram_options_t *o, const char *v) {
   int rc = vram_parse_size(v, 0, &o->sim_capacity, NULL);
   return rc ? rc : o->sim_capacity ? VRAM_OK : VRAM_EINVAL;
@@ -130,6 +145,8 @@ static const struct {
      "VRAMKIT_PREALLOCATE: expected a size such as 8G or a percentage such as 50%"},
     {"VRAMKIT_RELEASE_THRESHOLD", parse_release_threshold,
      "VRAMKIT_RELEASE_THRESHOLD: expected a size such as 1G"},
+    {"VRAMKIT_TIGHT_THRESHOLD", parse_tight_threshold,
+     "VRAMKIT_TIGHT_THRESHOLD: expected a share of the memory cap from 0 to 1, such as 0.9 or 90%"},
     {"VRAMKIT_SIM_CAPACITY", parse_sim_capacity,
      "VRAMKIT_SIM_CAPACITY: expected a positive size such as 16G"},
 };
@@ -147,7 +164,7 @@ int vram_options_set(vram_options_t *opts, const char *name, const char *value, 
     return VRAM_OK;
   }
   if (why) *why = "unknown setting: expected VRAMKIT_SOURCE, VRAMKIT_LIMIT, VRAMKIT_PREALLOCATE, "
-                  "VRAMKIT_RELEASE_THRESHOLD or VRAMKIT_SIM_CAPACITY";
+                  "VRAMKIT_RELEASE_THRESHOLD, VRAMKIT_TIGHT_THRESHOLD or VRAMKIT_SIM_CAPACITY";
   return VRAM_EINVAL;
 }
 

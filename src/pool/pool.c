@@ -534,6 +534,26 @@ static void drain_pending(vram_pool_t *pool, bool wait) {
  * Allocation.
  * ------------------------------------------------------------------------------------- */
 
+/* Tight placement (vram_options_t.tight_threshold). Carving a request from a fully free
+ * cached segment bigger than the one it would get of its own pins the whole segment for the
+ * request's lifetime; with lifetimes that do not nest, such pinned remainders are most of the
+ * waste of fixed segments (bench/RESULTS.md: the random workload at 1.227, 1.087 without
+ * it). Past the threshold the request gets its own segment instead, at the price of driver
+ * calls whenever the cached sizes do not match: a pair for each such request once the pool
+ * is at its peak, which is why the default never does it. */
+static bool wants_own_segment(const vram_pool_t *pool, const vram_block *b, size_t rounded,
+                              bool small) {
+  const vram_segment *seg = b->segment;
+  if (small || seg->used_bytes || seg->keep || pool->src->is_vmm ||
+      pool->opts.tight_threshold >= 1.0)
+    return false;
+  size_t own = fixed_segment_size(pool, rounded, false);
+  if (seg->size <= own) return false;
+  size_t cap = pool->limit ? pool->limit : pool->device_total;
+  return (double)((size_t)pool->stats.reserved_bytes.current + own) >
+         pool->opts.tight_threshold * (double)cap;
+}
+
 /* One attempt: reuse a cached block, else grow. */
 static int alloc_attempt(vram_pool_t *pool, vram_arena *a, size_t rounded, size_t requested,
                          vram_block **out) {
@@ -563,6 +583,13 @@ static int alloc_attempt(vram_pool_t *pool, vram_arena *a, size_t rounded, size_
        (b->segment->gran_used && _vram_granules_unmapped_in(pool, b->segment, b->addr, rounded)))) {
     drain_pending(pool, false);
     b = _vram_tlsf_find(index, rounded);
+  }
+  if (b && wants_own_segment(pool, b, rounded, small)) {
+    vram_block *own = NULL;
+    /* If no segment can be had (limit, device full), carving is the way left; the grow may
+     * have given b's segment back on its way, so look again. */
+    if (segment_grow(pool, a, rounded, small, &own) == VRAM_OK) b = own;
+    else b = _vram_tlsf_find(index, rounded);
   }
   if (!b) {
     int rc = segment_grow(pool, a, rounded, small, &b);
@@ -1015,6 +1042,7 @@ int vram_pool_create(vram_pool_t **out, const vram_options_t *opts) {
   if (opts) o = *opts;
   else vram_options_init(&o);
   if (o.device < 0) return VRAM_EDEVICE;
+  if (!(o.tight_threshold >= 0 && o.tight_threshold <= 1)) return VRAM_EINVAL; /* NaN too */
   vram_source_kind kind;
   int rc = _vram_resolve_source(o.source, &kind);
   if (rc) return rc;

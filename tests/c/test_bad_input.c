@@ -402,7 +402,7 @@ static void t_pending_misuse(void **state) {
 
 static const char *const env_vars[] = {"VRAMKIT_SOURCE", "VRAMKIT_LIMIT",
                                        "VRAMKIT_PREALLOCATE", "VRAMKIT_RELEASE_THRESHOLD",
-                                       "VRAMKIT_SIM_CAPACITY"};
+                                       "VRAMKIT_TIGHT_THRESHOLD", "VRAMKIT_SIM_CAPACITY"};
 
 static void env_clear(void) {
   for (size_t i = 0; i < sizeof env_vars / sizeof env_vars[0]; i++) unsetenv(env_vars[i]);
@@ -421,6 +421,9 @@ static void t_bad_env(void **state) {
       {"VRAMKIT_PREALLOCATE", "150%"},   {"VRAMKIT_PREALLOCATE", "-10%"},
       {"VRAMKIT_PREALLOCATE", "1.5.3G"}, {"VRAMKIT_RELEASE_THRESHOLD", "x"},
       {"VRAMKIT_LIMIT", "99999999999999T"},
+      {"VRAMKIT_TIGHT_THRESHOLD", "1.5"}, {"VRAMKIT_TIGHT_THRESHOLD", "-0.1"},
+      {"VRAMKIT_TIGHT_THRESHOLD", "half"}, {"VRAMKIT_TIGHT_THRESHOLD", "0.5.5"},
+      {"VRAMKIT_TIGHT_THRESHOLD", "nan"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     env_clear();
@@ -455,6 +458,7 @@ static void t_bad_env(void **state) {
   setenv("VRAMKIT_SIM_CAPACITY", "1G", 1);
   setenv("VRAMKIT_PREALLOCATE", "64M", 1);
   setenv("VRAMKIT_RELEASE_THRESHOLD", "2MiB", 1);
+  setenv("VRAMKIT_TIGHT_THRESHOLD", "90%", 1);
   vram_options_t o;
   vram_options_init(&o);
   const char *why = "untouched";
@@ -465,6 +469,10 @@ static void t_bad_env(void **state) {
   assert_int_equal(o.sim_capacity, 1 * VT_GiB);
   assert_int_equal(o.preallocate_bytes, 64 * VT_MiB);
   assert_int_equal(o.release_threshold, 2 * VT_MiB);
+  assert_true(o.tight_threshold > 0.8999 && o.tight_threshold < 0.9001);
+  setenv("VRAMKIT_TIGHT_THRESHOLD", "0", 1);
+  VT_OK(vram_options_from_env(&o, &why));
+  assert_true(o.tight_threshold == 0.0);
   setenv("VRAMKIT_LIMIT", "256M", 1);
   VT_OK(vram_options_from_env(&o, &why));
   assert_int_equal(o.limit_bytes, 256 * VT_MiB);

@@ -15,6 +15,7 @@ static void env_reset(void) {
   unsetenv("VRAMKIT_LIMIT");
   unsetenv("VRAMKIT_PREALLOCATE");
   unsetenv("VRAMKIT_RELEASE_THRESHOLD");
+  unsetenv("VRAMKIT_TIGHT_THRESHOLD");
   setenv("VRAMKIT_SOURCE", "sim", 1);
   setenv("VRAMKIT_SIM_CAPACITY", "1G", 1);
 }

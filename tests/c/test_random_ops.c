@@ -256,6 +256,7 @@ static void random_run(void **state) {
   }
   if (vt_rng_below(&rng, 3) == 0) o.limit_bytes = o.sim_capacity / 2;
   if (vt_rng_below(&rng, 4) == 0) o.release_threshold = vt_rng_below(&rng, 64 << 20);
+  if (vt_rng_below(&rng, 3) == 0) o.tight_threshold = (double)vt_rng_below(&rng, 3) / 2; /* 0, .5, 1 */
   size_t max_live = 50 + (size_t)vt_rng_below(&rng, MAX_LIVE - 50 + 1);
 
   int rc = vram_pool_create(&mp->pool, &o);
@@ -387,7 +388,8 @@ typedef struct sweep_params {
   const char *src_name;
   vram_source_kind kind;
   uint64_t every;
-  int variant; /* 0: defaults; 1: release_threshold 0 (frees unmap); 2: preallocate */
+  int variant; /* 0: defaults; 1: release_threshold 0 (frees unmap); 2: preallocate;
+                 3: tight placement always (tight_threshold 0) */
 } sweep_params;
 
 static size_t sweep_run(const sweep_params *sp, uint64_t k, uint64_t every, int *sig,
@@ -407,6 +409,7 @@ static size_t sweep_run(const sweep_params *sp, uint64_t k, uint64_t every, int 
   o.sim_event_delay = 2;
   if (sp->variant == 1) o.release_threshold = 0;
   if (sp->variant == 2) o.preallocate_bytes = 40 << 20;
+  if (sp->variant == 3) o.tight_threshold = 0;
   o.fault_fail_at = k;
   o.fault_fail_every = every;
   size_t n = 0;
@@ -543,8 +546,8 @@ int main(int argc, char **argv) {
     return _cmocka_run_group_tests(group, tests, (size_t)nseeds, NULL, NULL) ? 1 : 0;
   }
   if (!strcmp(argv[1], "sweep")) {
-    sweep_params p[6];
-    for (int v = 0; v < 3; v++) {
+    sweep_params p[8];
+    for (int v = 0; v < 4; v++) {
       p[2 * v] = (sweep_params){src.name, src.kind, 0, v};
       p[2 * v + 1] = (sweep_params){src.name, src.kind, 1, v};
     }
@@ -555,6 +558,8 @@ int main(int argc, char **argv) {
         {"sweep_release_threshold_0_fail_from_kth_call_on", sweep, NULL, teardown_model, &p[3]},
         {"sweep_preallocate_fail_kth_call", sweep, NULL, teardown_model, &p[4]},
         {"sweep_preallocate_fail_from_kth_call_on", sweep, NULL, teardown_model, &p[5]},
+        {"sweep_tight_fail_kth_call", sweep, NULL, teardown_model, &p[6]},
+        {"sweep_tight_fail_from_kth_call_on", sweep, NULL, teardown_model, &p[7]},
     };
     char group[64];
     snprintf(group, sizeof group, "fault_sweep[%s]", src.name);

@@ -2,8 +2,8 @@
  * (virtual memory). Elsewhere each is a clear VRAM_EUNSUPPORTED that changes nothing; on
  * sim:vmm peer access checks the device. Also: releasing mapped memory reports a failing
  * source call instead of hiding it, virtual memory keeps idle granules mapped within its
- * allowance and recycles them past it, and device counts resolve AUTO. The pool stays valid
- * after every call. */
+ * allowance and recycles them past it, fixed segments follow the tight placement option,
+ * and device counts resolve AUTO. The pool stays valid after every call. */
 #include "vt.h"
 
 static vram_pool_t *make_pool(vram_source_kind kind) { return vt_pool_new(kind, 1 * VT_GiB); }
@@ -127,6 +127,94 @@ static void t_vmm_idle_allowance(void **state) {
   VT_OK(vram_pool_destroy(pool));
 }
 
+/* Tight placement on fixed segments: a large request past the threshold gets a segment of
+ * its own size instead of a cut of a bigger fully free one, the bigger one goes back when
+ * keeping it would raise the peak, and where no segment can be had it is cut after all. */
+static vram_pool_t *make_tight_pool(double threshold, size_t limit) {
+  vram_options_t o;
+  vram_options_init(&o);
+  o.source = VRAM_SOURCE_SIM;
+  o.sim_capacity = 1 * VT_GiB;
+  o.tight_threshold = threshold;
+  o.limit_bytes = limit;
+  vram_pool_t *pool = NULL;
+  VT_OK(vram_pool_create(&pool, &o));
+  VT_VALID(pool);
+  return pool;
+}
+
+/* Allocate 20 MiB, free it, allocate 4 MiB; returns whether the 4 MiB request got a segment
+ * of its own (a device allocation) rather than a cut of the cached one. Addresses cannot
+ * tell: the source may hand the released range out again. Checked after every call. */
+static int small_after_big_gets_own_segment(vram_pool_t *pool, void **second) {
+  void *first = NULL;
+  VT_OK(vram_malloc(pool, 20 * VT_MiB, NULL, &first));
+  VT_VALID(pool);
+  VT_OK(vram_free(pool, first));
+  VT_VALID(pool);
+  uint64_t device_allocs = vt_stats(pool).num_device_alloc;
+  VT_OK(vram_malloc(pool, 4 * VT_MiB, NULL, second));
+  VT_VALID(pool);
+  return vt_stats(pool).num_device_alloc != device_allocs;
+}
+
+static void t_tight_threshold(void **state) {
+  (void)state;
+  void *p = NULL;
+
+  /* Default (1 = never): the cached 20 MiB segment is cut, no second device call. */
+  vram_pool_t *loose = make_tight_pool(1.0, 0);
+  assert_false(small_after_big_gets_own_segment(loose, &p));
+  vram_stats_t s = vt_stats(loose);
+  assert_int_equal(s.num_device_alloc, 1);
+  assert_int_equal(s.reserved_bytes.current, 20 * VT_MiB);
+  VT_OK(vram_free(loose, p));
+  VT_OK(vram_pool_destroy(loose));
+
+  /* Always tight: a 4 MiB segment of its own; keeping the 20 MiB one beside it would raise
+   * the peak, so it went back. */
+  vram_pool_t *tight = make_tight_pool(0.0, 0);
+  assert_true(small_after_big_gets_own_segment(tight, &p));
+  s = vt_stats(tight);
+  assert_int_equal(s.num_device_alloc, 2);
+  assert_int_equal(s.num_device_free, 1);
+  assert_int_equal(s.reserved_bytes.current, 4 * VT_MiB);
+  assert_int_equal(s.reserved_bytes.peak, 20 * VT_MiB);
+  size_t requested = 0;
+  VT_OK(vram_block_info(tight, p, &requested, NULL));
+  assert_int_equal(requested, 4 * VT_MiB);
+  VT_OK(vram_free(tight, p));
+  VT_VALID(tight);
+  VT_OK(vram_pool_destroy(tight));
+
+  /* Always tight, but a 21 MiB limit leaves no room for a second segment: cut after all. */
+  vram_pool_t *capped = make_tight_pool(0.0, 21 * VT_MiB);
+  assert_false(small_after_big_gets_own_segment(capped, &p));
+  s = vt_stats(capped);
+  assert_int_equal(s.num_device_alloc, 1);
+  assert_int_equal(s.num_ooms, 0);
+  VT_OK(vram_free(capped, p));
+  VT_OK(vram_pool_destroy(capped));
+
+  /* Half of a 1 GiB limit: 24 MiB is well under it, so the segment is cut as by default. */
+  vram_pool_t *half = make_tight_pool(0.5, 1 * VT_GiB);
+  assert_false(small_after_big_gets_own_segment(half, &p));
+  VT_OK(vram_free(half, p));
+  VT_OK(vram_pool_destroy(half));
+
+  /* Out of range or NaN: refused at creation. */
+  vram_options_t o;
+  vram_options_init(&o);
+  o.source = VRAM_SOURCE_SIM;
+  vram_pool_t *none = NULL;
+  double bad[] = {-0.1, 1.5, NAN};
+  for (int i = 0; i < 3; i++) {
+    o.tight_threshold = bad[i];
+    VT_EXPECT(vram_pool_create(&none, &o), VRAM_EINVAL);
+    assert_null(none);
+  }
+}
+
 static void t_device_count_auto(void **state) {
   (void)state;
   int n = 0;
@@ -143,6 +231,7 @@ int main(void) {
       cmocka_unit_test(t_peer_access),
       cmocka_unit_test(t_release_failure_reported),
       cmocka_unit_test(t_vmm_idle_allowance),
+      cmocka_unit_test(t_tight_threshold),
       cmocka_unit_test(t_device_count_auto),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

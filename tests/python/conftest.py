@@ -14,7 +14,8 @@ import pytest
 
 SIM_ENV = {"VRAMKIT_SOURCE": "sim", "VRAMKIT_SIM_CAPACITY": "4G"}
 os.environ.update(SIM_ENV)
-for _name in ("VRAMKIT_LIMIT", "VRAMKIT_PREALLOCATE", "VRAMKIT_RELEASE_THRESHOLD"):
+for _name in ("VRAMKIT_LIMIT", "VRAMKIT_PREALLOCATE", "VRAMKIT_RELEASE_THRESHOLD",
+              "VRAMKIT_TIGHT_THRESHOLD"):
     os.environ.pop(_name, None)
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30

@@ -253,6 +253,11 @@ def test_configure_rejects_bad_options():
         vramkit.configure(7, preallocate=1.5)
     with pytest.raises(TypeError):
         vramkit.configure(7, sim_capacity=[1])
+    for share in (1.5, -0.1, float("nan"), "150%", "most"):
+        with pytest.raises(ValueError, match="tight_threshold"):
+            vramkit.configure(7, tight_threshold=share)
+    with pytest.raises(TypeError):
+        vramkit.configure(7, tight_threshold=True)
     assert not _core.pool_touched(7)  # nothing was created by the failures
 
 

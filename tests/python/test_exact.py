@@ -170,6 +170,24 @@ def test_configure_options_stay_with_their_device(run):
     """, env={"VRAMKIT_SIM_CAPACITY": "1G"})
 
 
+def test_tight_threshold_gives_large_requests_their_own_segments(run):
+    run("""
+        import vramkit as v
+        MiB = 1 << 20
+        v.configure(0, tight_threshold=0)      # always
+        v.configure(1, tight_threshold="100%")  # never, as by default
+        for device, own_segment in ((0, True), (1, False)):
+            a = v.empty(20 * MiB, device=device); del a
+            calls = v.memory_stats(device)["num_device_alloc"]
+            b = v.empty(4 * MiB, device=device)
+            grew = v.memory_stats(device)["num_device_alloc"] > calls
+            assert grew == own_segment, (device, grew)
+            # Tight: the 20 MiB segment went back rather than raise the peak.
+            assert v.memory_reserved(device) == (4 if own_segment else 20) * MiB
+            del b
+    """)
+
+
 def test_environment_configures_default_pools(run):
     run("""
         import vramkit as v
