@@ -167,6 +167,14 @@ if wants vramkit && have "$VRAMKIT"; then
       --baseline --warm --source "$source" "${TRACES[@]}"
   done
   step vramkit_scale.jsonl 60 "$VRAMKIT" bench scale --json
+  # Tight placement (VRAMKIT_TIGHT_THRESHOLD=0): the memory it saves, on the host model, and
+  # what its extra driver calls cost, on the card.
+  step vramkit_random_cuda_tight.jsonl 90 env VRAMKIT_TIGHT_THRESHOLD=0 "$VRAMKIT" bench random \
+    --source cuda --json
+  step vramkit_replay_cuda_tight.jsonl 120 env VRAMKIT_TIGHT_THRESHOLD=0 "$VRAMKIT" replay --json \
+    --min-capacity --warm --source cuda "${TRACES[@]}"
+  step vramkit_replay_sim_tight.jsonl 90 env VRAMKIT_TIGHT_THRESHOLD=0 "$VRAMKIT" replay --json \
+    --min-capacity --baseline --warm --source sim "${TRACES[@]}"
 fi
 
 # ---- the C conformance suite on the GPU sources ----------------------------------------------

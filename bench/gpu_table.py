@@ -111,23 +111,31 @@ def main():
 
     # -- random workload --------------------------------------------------------------------
     rows = []
-    for source in ("cuda", "vmm", "managed"):
+    for source in ("cuda", "vmm", "managed", "cuda_tight"):
         for row in read_jsonl(out, f"vramkit_random_{source}.jsonl"):
-            rows.append([f"vramkit {source}", row["ops"], fmt(row["ns_per_op"]), fmt(row["reserved_over_live"], 3)])
+            calls = (f"{row['device_calls']} / {row['device_calls_warm']}"
+                     if "device_calls" in row else "-")
+            rows.append([f"vramkit {source.replace('_', ' ')}", row["ops"], fmt(row["ns_per_op"]),
+                         fmt(row["reserved_over_live"], 3), calls])
     for mode, text in torch_text.items():
         match = re.search(r"random ops=(\d+) ns_per_op=([\d.]+).*ratio_reserved_over_live=([\d.]+)", text)
         if match:
-            rows.append([f"torch {mode}", match.group(1), match.group(2), match.group(3)])
+            rows.append([f"torch {mode}", match.group(1), match.group(2), match.group(3), "-"])
     for api, ns in re.findall(r"^random (cudaMalloc|cudaMallocAsync) ns_per_op=([\d.]+)", micro, re.M):
-        rows.append([api + " (20k ops)", "-", ns, "-"])
-    sections.append(table("random workload (seed 42, <= 1000 live, 256 B..32 MiB)",
-                          ["allocator", "ops", "ns/op", "reserved/live"], rows or [["-", "-", "-", "-"]]))
+        rows.append([api + " (20k ops)", "-", ns, "-", "-"])
+    sections.append(table("random workload (seed 42, <= 1000 live, 256 B..32 MiB); source calls: "
+                          "first pass / last pass; tight: VRAMKIT_TIGHT_THRESHOLD=0",
+                          ["allocator", "ops", "ns/op", "reserved/live", "source calls"],
+                          rows or [["-"] * 5]))
 
     # -- traces -------------------------------------------------------------------------------
     results = {}
     for source in ("cuda", "vmm", "sim", "sim_vmm"):
         for row in read_jsonl(out, f"vramkit_replay_{source}.jsonl"):
             results[(f"vramkit {source.replace('_', ':')}", row["trace"])] = row
+    for source in ("cuda", "sim"):
+        for row in read_jsonl(out, f"vramkit_replay_{source}_tight.jsonl"):
+            results[(f"vramkit {source} tight", row["trace"])] = row
     for mode in ("native", "expandable"):
         for row in read_jsonl(out, f"torch_replay_{mode}.jsonl"):
             results[(f"torch {mode}", row["trace"])] = row
@@ -136,6 +144,7 @@ def main():
     names = sorted({trace for (_, trace) in results})
     allocators = ["vramkit cuda", "vramkit vmm", "vramkit sim", "vramkit sim:vmm", "torch native",
                   "torch expandable", "cudaMallocAsync"]
+    tight = ["vramkit cuda tight", "vramkit sim tight"]
 
     def cell(allocator, trace, key, digits):
         row = results.get((allocator, trace))
@@ -156,11 +165,21 @@ def main():
                           ["trace"] + allocators + ["cuda warm", "vmm warm", "baseline", "sim/baseline"],
                           rows or [["-"] * 12]))
 
-    mine = allocators[:4]
+    rows = [[t] + [cell(a, t, key, digits) for a in tight
+                   for key, digits in (("reserved_over_live", 3), ("min_capacity_over_live", 3),
+                                       ("ns_per_op", 1), ("ns_per_op_warm", 1))]
+            for t in names]
+    sections.append(table("traces with tight placement (VRAMKIT_TIGHT_THRESHOLD=0): reserved/live, "
+                          "smallest cap/live, ns per op cold, warm",
+                          ["trace"] + [f"{a.split()[1]} {k}" for a in tight
+                                       for k in ("res/live", "cap/live", "ns cold", "ns warm")],
+                          rows or [["-"] * 9]))
+
+    mine = allocators[:4] + tight
     rows = [[t] + [f"{cell(a, t, 'device_calls', 0)} / {cell(a, t, 'device_calls_warm', 0)}" for a in mine]
             for t in names]
     sections.append(table("traces: source calls (driver allocations + releases, or map + unmap "
-                          "calls), cold pass / warm pass", ["trace"] + mine, rows or [["-"] * 5]))
+                          "calls), cold pass / warm pass", ["trace"] + mine, rows or [["-"] * 7]))
 
     scale = read_jsonl(out, "vramkit_scale.jsonl")
     if scale:
