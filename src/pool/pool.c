@@ -544,9 +544,7 @@ static void drain_pending(vram_pool_t *pool, bool wait) {
 static bool wants_own_segment(const vram_pool_t *pool, const vram_block *b, size_t rounded,
                               bool small) {
   const vram_segment *seg = b->segment;
-  if (small || seg->used_bytes || seg->keep || pool->src->is_vmm ||
-      pool->opts.tight_threshold >= 1.0)
-    return false;
+  if (small || seg->used_bytes || seg->keep || pool->src->is_vmm) return false;
   size_t own = fixed_segment_size(pool, rounded, false);
   if (seg->size <= own) return false;
   size_t cap = pool->limit ? pool->limit : pool->device_total;
@@ -584,7 +582,8 @@ static int alloc_attempt(vram_pool_t *pool, vram_arena *a, size_t rounded, size_
     drain_pending(pool, false);
     b = _vram_tlsf_find(index, rounded);
   }
-  if (b && wants_own_segment(pool, b, rounded, small)) {
+  /* The threshold first: off by default, it keeps the common path to one predictable test. */
+  if (pool->opts.tight_threshold < 1.0 && b && wants_own_segment(pool, b, rounded, small)) {
     vram_block *own = NULL;
     /* If no segment can be had (limit, device full), carving is the way left; the grow may
      * have given b's segment back on its way, so look again. */
