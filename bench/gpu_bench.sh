@@ -17,7 +17,8 @@
 # (per their README, into .gpu/anchors-build/); the anchors' micro (cudaMalloc,
 # cudaMallocAsync, VMM map); vramkit bench pair and random on cuda, vmm and managed;
 # vramkit replay --json --min-capacity --baseline --warm on cuda, vmm, sim and sim:vmm;
-# vramkit bench scale; the C tests with VRAMKIT_TEST_GPU=1 (ctest); torch_bench native and
+# vramkit bench scale; tight placement (VRAMKIT_TIGHT_THRESHOLD=0): bench random and replay
+# on cuda, replay on sim; the C tests with VRAMKIT_TEST_GPU=1 (ctest); torch_bench native and
 # expandable_segments; torch_replay through cudaMallocAsync, then PyTorch native and
 # expandable_segments; tests/python/gpu_check.py (the package installed from a wheel
 # carried in .whl/, or built from the tree if scikit-build-core is there). Failures are
