@@ -46,8 +46,9 @@ def installed() -> bool:
 def install(device=None, **options) -> None:
     """Make vramkit PyTorch's CUDA allocator. Call before PyTorch allocates CUDA memory.
 
-    options are vramkit.configure()'s (source, limit, preallocate, release_threshold); they
-    configure the pool of `device` (default: every visible device) before first use.
+    options are vramkit.configure()'s (source, limit, preallocate, release_threshold,
+    tight_threshold); they configure the pool of `device` (default: every visible device)
+    before first use.
     """
     global _hooks, _allocator
     if _allocator is not None:

@@ -137,10 +137,14 @@ int _vram_format_oom_report(vram_pool_t *pool, size_t requested, vram_stream_t s
     out_printf(&o, "  %.1f%% of reserved memory is free but fragmented: try the vmm source "
                    "(VRAMKIT_SOURCE=vmm), which maps physical memory where it is needed.\n",
                s.reserved_bytes.current ? 100.0 * (double)cached / (double)s.reserved_bytes.current : 0.0);
-  if (cached >= requested && !pool->src->is_vmm && pool->opts.tight_threshold > 0)
-    out_printf(&o, "  Or keep the fixed segments tighter from the start: VRAMKIT_TIGHT_THRESHOLD=0 "
-                   "gives large requests segments of their own size instead of carving cached "
-                   "ones (less memory, more driver calls).\n");
+  /* Live bytes plus the request fit under the cap: the free memory around live blocks is
+   * what failed it, the waste tight placement avoids on fixed segments. */
+  size_t cap_bytes = pool->limit ? pool->limit : total;
+  if (!pool->src->is_vmm && pool->opts.tight_threshold > 0 && cached > 0 &&
+      (size_t)s.allocated_bytes.current + requested <= cap_bytes)
+    out_printf(&o, "  Live memory and this request would fit: keep fixed segments tighter with "
+                   "VRAMKIT_TIGHT_THRESHOLD=0, which gives large requests segments of their own "
+                   "size instead of carving cached ones (less memory, more driver calls).\n");
   out_printf(&o, "  Reduce the batch size, free tensors you no longer need (vram_for_each_block "
                  "lists live blocks), use gradient checkpointing or mixed precision, or the "
                  "managed source to spill to host memory.");

@@ -202,6 +202,27 @@ static void t_tight_threshold(void **state) {
   VT_OK(vram_free(half, p));
   VT_OK(vram_pool_destroy(half));
 
+  /* Under a 64 MiB limit, a 4 MiB block carved from the cached 20 MiB segment pins it, and
+   * 48 MiB more do not fit; the report points at tight placement, with which they do. */
+  for (int tight_on = 0; tight_on < 2; tight_on++) {
+    vram_pool_t *pool = make_tight_pool(tight_on ? 0.0 : 1.0, 64 * VT_MiB);
+    void *b4 = NULL, *b48 = NULL;
+    assert_int_equal(small_after_big_gets_own_segment(pool, &b4), tight_on);
+    if (tight_on) {
+      VT_OK(vram_malloc(pool, 48 * VT_MiB, NULL, &b48));
+      VT_OK(vram_free(pool, b48));
+    } else {
+      VT_EXPECT(vram_malloc(pool, 48 * VT_MiB, NULL, &b48), VRAM_ENOMEM);
+      char report[2048];
+      assert_true(vram_oom_report(pool, report, sizeof report) > 0);
+      if (!strstr(report, "VRAMKIT_TIGHT_THRESHOLD=0"))
+        fail_msg("the OOM report does not suggest tight placement:\n%s", report);
+    }
+    VT_VALID(pool);
+    VT_OK(vram_free(pool, b4));
+    VT_OK(vram_pool_destroy(pool));
+  }
+
   /* Out of range or NaN: refused at creation. */
   vram_options_t o;
   vram_options_init(&o);
