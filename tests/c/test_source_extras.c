@@ -137,10 +137,7 @@ static vram_pool_t *make_tight_pool(double threshold, size_t limit) {
   o.sim_capacity = 1 * VT_GiB;
   o.tight_threshold = threshold;
   o.limit_bytes = limit;
-  vram_pool_t *pool = NULL;
-  VT_OK(vram_pool_create(&pool, &o));
-  VT_VALID(pool);
-  return pool;
+  return vt_pool_from(&o);
 }
 
 /* Allocate 20 MiB, free it, allocate 4 MiB; returns whether the 4 MiB request got a segment

@@ -121,16 +121,21 @@ static inline int vt_source_pick(int argc, char **argv, vt_source *out) {
   return 1;
 }
 
+/* A pool made from these options, which must succeed; checked before it is returned. */
+static inline vram_pool_t *vt_pool_from(const vram_options_t *o) {
+  vram_pool_t *pool = NULL;
+  VT_OK(vram_pool_create(&pool, o));
+  VT_VALID(pool);
+  return pool;
+}
+
 /* A valid pool on `kind` whose sim device holds `sim_capacity` bytes (ignored on a GPU). */
 static inline vram_pool_t *vt_pool_new(vram_source_kind kind, size_t sim_capacity) {
   vram_options_t o;
   vram_options_init(&o);
   o.source = kind;
   o.sim_capacity = sim_capacity;
-  vram_pool_t *pool = NULL;
-  VT_OK(vram_pool_create(&pool, &o));
-  VT_VALID(pool);
-  return pool;
+  return vt_pool_from(&o);
 }
 
 /* ---- statistics and live blocks ------------------------------------------------------ */
