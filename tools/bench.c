@@ -198,11 +198,9 @@ static int bench_random(int argc, char **argv) {
   double best = 0;
   /* Source calls (driver calls on a GPU) of the first pass, on an empty pool, and of the
    * last, on a pool the earlier passes filled: what tight placement costs shows here. */
-  uint64_t calls_cold = 0, calls_warm = 0, calls_before = 0;
+  uint64_t calls_cold = 0, calls_warm = 0;
   for (int pass = 0; pass < RANDOM_PASSES && result == CLI_EXIT_OK; pass++) {
-    vram_stats_t before;
-    vram_get_stats(pool, &before);
-    calls_before = before.num_device_alloc + before.num_device_free;
+    uint64_t calls_before = cli_device_calls(pool);
     double start = cli_now_ns();
     for (size_t i = 0; i < op_count; i++) {
       const workload_op_t *op = &ops[i];
@@ -216,9 +214,7 @@ static int bench_random(int argc, char **argv) {
     }
     double ns = (cli_now_ns() - start) / (double)op_count;
     if (pass == 0 || ns < best) best = ns;
-    vram_stats_t after;
-    vram_get_stats(pool, &after);
-    calls_warm = after.num_device_alloc + after.num_device_free - calls_before;
+    calls_warm = cli_device_calls(pool) - calls_before;
     if (pass == 0) calls_cold = calls_warm;
   }
   if (result != CLI_EXIT_OK) {

@@ -124,6 +124,12 @@ static char *pool_text(vram_pool_t *pool, int (*writer)(vram_pool_t *, char *, s
   return text;
 }
 
+uint64_t cli_device_calls(vram_pool_t *pool) {
+  vram_stats_t stats;
+  if (vram_get_stats(pool, &stats) != VRAM_OK) return 0;
+  return stats.num_device_alloc + stats.num_device_free;
+}
+
 void cli_print_oom_report(vram_pool_t *pool) {
   char *report = pool_text(pool, vram_oom_report);
   if (report && *report) fprintf(stderr, "%s%s", report,

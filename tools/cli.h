@@ -63,6 +63,10 @@ void cli_report_pool_error(int status, const vram_options_t *opts);
 /* Print text as a JSON string literal, quotes included. */
 void cli_json_string(FILE *out, const char *text);
 
+/* Source allocations and releases so far: on a GPU source, driver calls of tens of
+ * microseconds each, the cost that decides a replay's or a workload's time there. */
+uint64_t cli_device_calls(vram_pool_t *pool);
+
 /* Print the pool's last OOM report to stderr. */
 void cli_print_oom_report(vram_pool_t *pool);
 

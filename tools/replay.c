@@ -204,14 +204,6 @@ static size_t run_ops(vram_pool_t *pool, const trace_t *trace, replay_buffers_t 
   return done;
 }
 
-/* Source allocations and releases so far: on a GPU source, driver calls of tens of
- * microseconds each, the cost that decides a replay's time there. */
-static uint64_t device_calls(vram_pool_t *pool) {
-  vram_stats_t stats;
-  if (vram_get_stats(pool, &stats) != VRAM_OK) return 0;
-  return stats.num_device_alloc + stats.num_device_free;
-}
-
 /* One replay of the whole trace on a fresh pool. OOMs are counted, not failures; with
  * stop_at_oom the replay ends at the first (the bisection only needs to know whether one
  * happens). report_oom prints the first OOM's report; summary_out, when set, receives
@@ -251,7 +243,7 @@ static int replay_once(const trace_t *trace, const vram_options_t *options, int 
   uint64_t calls_before = 0;
   if (warm && failed_at == SIZE_MAX && free_live(pool, trace, buffers->blocks) == 0) {
     uint64_t warm_ooms = 0;
-    calls_before = device_calls(pool);
+    calls_before = cli_device_calls(pool);
     done = run_ops(pool, trace, buffers, stop_at_oom, 0, &warm_ooms, &failed_at, &status,
                    &elapsed);
   }

@@ -585,8 +585,8 @@ static int alloc_attempt(vram_pool_t *pool, vram_arena *a, size_t rounded, size_
   /* The threshold first: off by default, it keeps the common path to one predictable test. */
   if (pool->opts.tight_threshold < 1.0 && b && wants_own_segment(pool, b, rounded, small)) {
     vram_block *own = NULL;
-    /* If no segment can be had (limit, device full), carving is the way left; the grow may
-     * have given b's segment back on its way, so look again. */
+    /* If no segment can be had (limit, device full, a failing driver call), carving is the
+     * way left; the grow may have given b's segment back on its way, so look again. */
     if (segment_grow(pool, a, rounded, small, &own) == VRAM_OK) b = own;
     else b = _vram_tlsf_find(index, rounded);
   }
