@@ -191,6 +191,14 @@ static void idle_remove(vram_pool_t *pool, vram_segment *seg) {
   pool->idle_bytes -= seg->size;
 }
 
+/* Absorb `gone`, the address successor of `keeper`, into keeper; neither is indexed. */
+static inline void block_absorb_next(vram_pool_t *pool, vram_block *keeper, vram_block *gone) {
+  keeper->size += gone->size;
+  keeper->addr_next = gone->addr_next;
+  if (keeper->addr_next) keeper->addr_next->addr_prev = keeper;
+  block_delete(pool, gone);
+}
+
 /* Merge free block `b` with its free address neighbours, then index it. */
 static void block_make_free(vram_pool_t *pool, vram_block *b) {
   vram_segment *seg = b->segment;
@@ -203,18 +211,12 @@ static void block_make_free(vram_pool_t *pool, vram_block *b) {
   vram_block *next = b->addr_next;
   if (next && next->state == VRAM_BLOCK_FREE) {
     _vram_tlsf_remove(index, next);
-    b->size += next->size;
-    b->addr_next = next->addr_next;
-    if (b->addr_next) b->addr_next->addr_prev = b;
-    block_delete(pool, next);
+    block_absorb_next(pool, b, next);
   }
   vram_block *prev = b->addr_prev;
   if (prev && prev->state == VRAM_BLOCK_FREE) {
     _vram_tlsf_remove(index, prev);
-    prev->size += b->size;
-    prev->addr_next = b->addr_next;
-    if (prev->addr_next) prev->addr_next->addr_prev = prev;
-    block_delete(pool, b);
+    block_absorb_next(pool, prev, b);
     b = prev;
   }
   _vram_tlsf_insert(index, b);
