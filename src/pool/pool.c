@@ -60,9 +60,8 @@ static vram_block *block_new(vram_pool_t *pool) {
   return b;
 }
 
+/* The block must hold no stream list: a free block's links share its bytes. */
 static void block_delete(vram_pool_t *pool, vram_block *b) {
-  free(b->uses);
-  b->uses = NULL;
   b->free_next = pool->blocks.free_list;
   pool->blocks.free_list = b;
 }
@@ -191,75 +190,86 @@ static void idle_remove(vram_pool_t *pool, vram_segment *seg) {
   pool->idle_bytes -= seg->size;
 }
 
-/* Absorb `gone`, the address successor of `keeper`, into keeper; neither is indexed. */
-static inline void block_absorb_next(vram_pool_t *pool, vram_block *keeper, vram_block *gone) {
-  keeper->size += gone->size;
-  keeper->addr_next = gone->addr_next;
-  if (keeper->addr_next) keeper->addr_next->addr_prev = keeper;
+/* Take `gone` out of its segment's address list; a neighbour now covers its bytes. */
+static inline void block_unlink(vram_pool_t *pool, vram_block *gone) {
+  vram_block *prev = gone->addr_prev, *next = gone->addr_next;
+  if (prev) prev->addr_next = next;
+  else gone->segment->first = next;
+  if (next) next->addr_prev = prev;
   block_delete(pool, gone);
 }
 
-/* Merge free block `b` with its free address neighbours, then index it. */
+/* Give block `b` (in use, not in the pointer map) back to its segment's free space. A free
+ * neighbour grows over it in place and keeps its slot in the index unless its new size
+ * maps to another bin: most merges then cost no index update at all. */
 static void block_make_free(vram_pool_t *pool, vram_block *b) {
   vram_segment *seg = b->segment;
   vram_tlsf *index = index_of(seg);
-  b->state = VRAM_BLOCK_FREE;
-  b->requested = 0;
   seg->used_bytes -= b->size;
   if (!seg->used_bytes) idle_push(pool, seg);
   if (seg->gran_used) _vram_granules_release(pool, seg, b->addr, b->size);
-  vram_block *next = b->addr_next;
-  if (next && next->state == VRAM_BLOCK_FREE) {
-    _vram_tlsf_remove(index, next);
-    block_absorb_next(pool, b, next);
-  }
-  vram_block *prev = b->addr_prev;
+  vram_block *prev = b->addr_prev, *next = b->addr_next;
+  bool next_free = next && next->state == VRAM_BLOCK_FREE;
   if (prev && prev->state == VRAM_BLOCK_FREE) {
-    _vram_tlsf_remove(index, prev);
-    block_absorb_next(pool, prev, b);
-    b = prev;
+    size_t size = prev->size + b->size;
+    block_unlink(pool, b);
+    if (next_free) {
+      size += next->size;
+      _vram_tlsf_remove(index, next);
+      block_unlink(pool, next);
+    }
+    _vram_tlsf_resize(index, prev, size);
+  } else if (next_free) {
+    size_t size = next->size + b->size;
+    next->addr = b->addr;
+    block_unlink(pool, b);
+    _vram_tlsf_resize(index, next, size);
+  } else {
+    b->state = VRAM_BLOCK_FREE;
+    _vram_tlsf_insert(index, b);
   }
-  _vram_tlsf_insert(index, b);
 }
 
-/* Turn the free block `b` (at least `rounded` bytes) into a live block of exactly that
- * size. Every fallible step comes first, so a failure changes nothing. */
+/* Carve a live block of exactly `rounded` bytes from the front of the free block `b`. The
+ * free rest keeps b's struct and, unless its size now maps to another bin, its slot in the
+ * index. Every fallible step comes first, so a failure changes nothing. */
 static int block_take(vram_pool_t *pool, vram_block *b, size_t rounded, size_t requested,
                       vram_block **out) {
   vram_segment *seg = b->segment;
-  vram_block *rest = NULL;
+  vram_block *live = b;
   if (b->size > rounded) {
-    rest = block_new(pool);
-    if (!rest) return VRAM_EHOSTMEM;
+    live = block_new(pool);
+    if (!live) return VRAM_EHOSTMEM;
   }
-  int rc = _vram_ptrmap_insert(&pool->ptrs, b->addr, b);
+  int rc = _vram_ptrmap_insert(&pool->ptrs, b->addr, live);
   if (rc == VRAM_OK && seg->gran_used) {
     rc = _vram_granules_acquire(pool, seg, b->addr, rounded);
     if (rc) _vram_ptrmap_remove(&pool->ptrs, b->addr);
   }
   if (rc) {
-    if (rest) block_delete(pool, rest);
+    if (live != b) block_delete(pool, live);
     return rc;
   }
   vram_tlsf *index = index_of(seg);
-  _vram_tlsf_remove(index, b);
-  if (rest) {
-    rest->addr = b->addr + rounded;
-    rest->size = b->size - rounded;
-    rest->segment = seg;
-    rest->state = VRAM_BLOCK_FREE;
-    rest->addr_prev = b;
-    rest->addr_next = b->addr_next;
-    if (rest->addr_next) rest->addr_next->addr_prev = rest;
-    b->addr_next = rest;
-    b->size = rounded;
-    _vram_tlsf_insert(index, rest);
+  if (live == b) {
+    _vram_tlsf_remove(index, b); /* clears the links, so requested and uses start at 0 */
+  } else {
+    live->addr = b->addr;
+    live->size = rounded;
+    live->segment = seg;
+    live->addr_prev = b->addr_prev;
+    live->addr_next = b;
+    if (live->addr_prev) live->addr_prev->addr_next = live;
+    else seg->first = live;
+    b->addr_prev = live;
+    b->addr += rounded;
+    _vram_tlsf_resize(index, b, b->size - rounded);
   }
-  b->state = VRAM_BLOCK_LIVE;
-  b->requested = requested;
+  live->state = VRAM_BLOCK_LIVE;
+  live->requested = requested;
   if (!seg->used_bytes) idle_remove(pool, seg);
-  seg->used_bytes += b->size;
-  *out = b;
+  seg->used_bytes += rounded;
+  *out = live;
   return VRAM_OK;
 }
 
@@ -1009,6 +1019,8 @@ static void pool_free_everything(vram_pool_t *pool) {
     if (a->segments) _vram_arena_quiesce(pool, a);
     for (vram_segment *s = a->segments, *sn; s; s = sn) {
       sn = s->next;
+      for (vram_block *b = s->first; b; b = b->addr_next)
+        if (b->state != VRAM_BLOCK_FREE) free(b->uses); /* blocks still in use (force) */
       if (pool->src->is_vmm) {
         _vram_granules_unmap_all(pool, s);
         pool->src->xUnreserve(pool->src_state, s->addr, s->size);
@@ -1021,12 +1033,8 @@ static void pool_free_everything(vram_pool_t *pool) {
     if (a->release_event) pool->src->xEventDestroy(pool->src_state, a->release_event);
     free(a);
   }
-  for (size_t i = 0; i < pool->blocks.n_slabs; i++) {
-    vram_block *slab = pool->blocks.slabs[i];
-    size_t count = slab_blocks(i);
-    for (size_t j = 0; j < count; j++) free(slab[j].uses);
-    _vram_host_free(slab, count * sizeof *slab);
-  }
+  for (size_t i = 0; i < pool->blocks.n_slabs; i++)
+    _vram_host_free(pool->blocks.slabs[i], slab_blocks(i) * sizeof(vram_block));
   free(pool->blocks.slabs);
   for (size_t i = 0; i < pool->n_spare_events; i++)
     pool->src->xEventDestroy(pool->src_state, pool->spare_events[i]);

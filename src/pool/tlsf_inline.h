@@ -52,6 +52,21 @@ static inline void _vram_tlsf_remove(vram_tlsf *t, vram_block *b) {
   t->free_blocks--;
 }
 
+/* Indexed block `b` changes size to `size` (it grew over a neighbour or lost its front);
+ * it stays where it is when the new size maps to the same bin, as it mostly does. */
+static inline void _vram_tlsf_resize(vram_tlsf *t, vram_block *b, size_t size) {
+  int fl, sl;
+  _vram_tlsf_mapping(size, &fl, &sl);
+  if (fl == b->bin_fl && sl == b->bin_sl) {
+    t->free_bytes = t->free_bytes - b->size + size;
+    b->size = size;
+    return;
+  }
+  _vram_tlsf_remove(t, b);
+  b->size = size;
+  _vram_tlsf_insert(t, b);
+}
+
 /* A free block of at least `size` bytes (best fit within the first bin that holds one),
  * or NULL. The block stays in the index. */
 static inline vram_block *_vram_tlsf_find(const vram_tlsf *t, size_t size) {

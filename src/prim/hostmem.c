@@ -1,9 +1,10 @@
-/* hostmem.c - zeroed host tables, large ones on transparent huge pages (hostmem.h says why). */
+/* hostmem.c - zeroed, cache-line aligned host tables, large ones on transparent huge pages (hostmem.h says why). */
 #define _GNU_SOURCE
 #include "prim/hostmem.h"
 
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 
 #define HUGE_PAGE ((size_t)2 << 20)
@@ -11,7 +12,13 @@
 static size_t huge_round(size_t bytes) { return (bytes + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1); }
 
 void *_vram_host_zalloc(size_t bytes) {
-  if (bytes < HUGE_PAGE) return calloc(1, bytes ? bytes : 1);
+  if (bytes < HUGE_PAGE) {
+    /* Cache-line aligned, so that 64-byte records never straddle two lines. */
+    size_t size = (bytes + 63) & ~(size_t)63;
+    void *p = aligned_alloc(64, size ? size : 64);
+    if (p) memset(p, 0, size);
+    return p;
+  }
   size_t size = huge_round(bytes);
   if (size < bytes) return NULL;
   /* Over-map by one huge page and trim both ends, so the table starts on a 2 MiB

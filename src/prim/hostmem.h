@@ -4,7 +4,7 @@
  * at random; with 4 KiB pages each touch also misses the TLB. Tables of 2 MiB and up are
  * therefore mapped on 2 MiB boundaries and offered to the kernel's transparent huge pages
  * (madvise), as jemalloc can for its metadata (opt.metadata_thp). Smaller ones come from
- * calloc.
+ * aligned_alloc. Either way a table starts on a 64-byte cache line.
  */
 #ifndef VRAM_PRIM_HOSTMEM_H
 #define VRAM_PRIM_HOSTMEM_H
