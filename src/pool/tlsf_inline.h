@@ -52,14 +52,25 @@ static inline void _vram_tlsf_remove(vram_tlsf *t, vram_block *b) {
   t->free_blocks--;
 }
 
-/* Indexed block `b` changes size to `size` (it grew over a neighbour or lost its front);
- * it stays where it is when the new size maps to the same bin, as it mostly does. */
+/* Indexed block `b` changes size to `size` (it grew over a neighbour or lost its front).
+ * Like a fresh insert it goes to the head of its bin's list (LIFO: bench/RESULTS.md found
+ * the random workload 5% less tight when resized blocks kept their place), but when the
+ * bin is unchanged the bitmaps and the mapping stay as they are. */
 static inline void _vram_tlsf_resize(vram_tlsf *t, vram_block *b, size_t size) {
   int fl, sl;
   _vram_tlsf_mapping(size, &fl, &sl);
   if (fl == b->bin_fl && sl == b->bin_sl) {
     t->free_bytes = t->free_bytes - b->size + size;
     b->size = size;
+    vram_block *head = t->heads[fl][sl];
+    if (head != b) {
+      b->free_prev->free_next = b->free_next;
+      if (b->free_next) b->free_next->free_prev = b->free_prev;
+      b->free_prev = NULL;
+      b->free_next = head;
+      head->free_prev = b;
+      t->heads[fl][sl] = b;
+    }
     return;
   }
   _vram_tlsf_remove(t, b);

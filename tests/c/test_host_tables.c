@@ -1,16 +1,19 @@
-/* test_host_tables.c - the engine's host tables past the size where they move to huge pages
- * (prim/hostmem.h): hostmem itself, and a pool holding enough blocks that its pointer map
- * and block slabs come from it, through growth, frees in a scattered order and reuse. */
+/* test_host_tables.c - the engine's host tables: hostmem itself (cache-line aligned, huge
+ * pages past 2 MiB); a pool holding enough blocks that its pointer map and block slabs come
+ * from huge pages, through growth, frees in a scattered order and reuse; and the free
+ * index's order when a block changes size in place. */
 #include "vt.h"
+#include "pool/internal.h"
 #include "prim/hostmem.h"
 
-/* Zeroed, writable, and on a 2 MiB boundary once large; calloc'd below that. */
+/* Zeroed, writable, on a 64-byte line, and on a 2 MiB boundary once large. */
 static void t_hostmem(void **state) {
   (void)state;
   size_t sizes[] = {1, 4096, (2u << 20) - 1, 2u << 20, (3u << 20) + 123, 40u << 20};
   for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
     unsigned char *p = _vram_host_zalloc(sizes[i]);
     assert_non_null(p);
+    assert_int_equal((uintptr_t)p % 64, 0);
     if (sizes[i] >= (2u << 20)) assert_int_equal((uintptr_t)p % (2u << 20), 0);
     for (size_t off = 0; off < sizes[i]; off += 4096) assert_int_equal(p[off], 0);
     assert_int_equal(p[sizes[i] - 1], 0);
@@ -56,6 +59,40 @@ static void t_many_blocks(void **state) {
   VT_OK(vram_pool_destroy(pool));
 }
 
+static bool accept_any(void *ctx, const vram_block *b) {
+  (void)ctx;
+  (void)b;
+  return true;
+}
+
+/* A block resized in place (a merge or a carve that keeps its bin) goes to the head of its
+ * bin like a fresh insert, so the block touched last is reused first; one that changes bin
+ * moves. The index stays consistent through both. */
+static void t_free_index_resize(void **state) {
+  (void)state;
+  vram_tlsf index;
+  _vram_tlsf_init(&index);
+  vram_block a = {.size = 34 * VRAM_ALIGN}, b = {.size = 34 * VRAM_ALIGN};
+  _vram_tlsf_insert(&index, &a);
+  _vram_tlsf_insert(&index, &b);
+  /* 31 units maps one bin below 32..33 units' bin: a search takes that bin's head. */
+  assert_ptr_equal(_vram_tlsf_find(&index, 31 * VRAM_ALIGN), &b);
+  _vram_tlsf_resize(&index, &a, 35 * VRAM_ALIGN); /* same bin: 32..35 units */
+  assert_ptr_equal(_vram_tlsf_find(&index, 31 * VRAM_ALIGN), &a);
+  assert_true(_vram_tlsf_check(&index, accept_any, NULL));
+  assert_int_equal(index.free_bytes, 69 * VRAM_ALIGN);
+  _vram_tlsf_resize(&index, &a, 64 * VRAM_ALIGN); /* another bin */
+  assert_ptr_equal(_vram_tlsf_find(&index, 31 * VRAM_ALIGN), &b);
+  assert_ptr_equal(_vram_tlsf_find(&index, 60 * VRAM_ALIGN), &a);
+  assert_true(_vram_tlsf_check(&index, accept_any, NULL));
+  assert_int_equal(index.free_bytes, 98 * VRAM_ALIGN);
+  assert_int_equal(index.free_blocks, 2);
+  _vram_tlsf_remove(&index, &a);
+  _vram_tlsf_remove(&index, &b);
+  assert_true(_vram_tlsf_check(&index, accept_any, NULL));
+  assert_int_equal(index.fl_bitmap, 0);
+}
+
 int main(int argc, char **argv) {
   if (argc > 1) g_many = strtoul(argv[1], NULL, 10);
   if (g_many == 0) {
@@ -65,6 +102,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(t_hostmem),
       cmocka_unit_test(t_many_blocks),
+      cmocka_unit_test(t_free_index_resize),
   };
   return cmocka_run_group_tests_name("host_tables", tests, NULL, NULL);
 }
