@@ -19,16 +19,28 @@ static inline void _vram_tlsf_mapping(size_t size, int *fl, int *sl) {
   *sl = (int)((units >> (top - VRAM_TLSF_SL_LOG2)) - VRAM_TLSF_SL_COUNT);
 }
 
-static inline void _vram_tlsf_insert(vram_tlsf *t, vram_block *b) {
-  int fl, sl;
-  _vram_tlsf_mapping(b->size, &fl, &sl);
-  b->bin_fl = (uint8_t)fl;
-  b->bin_sl = (uint8_t)sl;
+/* One bin's doubly linked list: push at the head, unlink from anywhere. The bitmaps and
+ * the byte counts are the callers' business. */
+static inline void _vram_tlsf_list_push(vram_tlsf *t, int fl, int sl, vram_block *b) {
   vram_block *head = t->heads[fl][sl];
   b->free_prev = NULL;
   b->free_next = head;
   if (head) head->free_prev = b;
   t->heads[fl][sl] = b;
+}
+
+static inline void _vram_tlsf_list_unlink(vram_tlsf *t, int fl, int sl, vram_block *b) {
+  if (b->free_prev) b->free_prev->free_next = b->free_next;
+  else t->heads[fl][sl] = b->free_next;
+  if (b->free_next) b->free_next->free_prev = b->free_prev;
+}
+
+static inline void _vram_tlsf_insert(vram_tlsf *t, vram_block *b) {
+  int fl, sl;
+  _vram_tlsf_mapping(b->size, &fl, &sl);
+  b->bin_fl = (uint8_t)fl;
+  b->bin_sl = (uint8_t)sl;
+  _vram_tlsf_list_push(t, fl, sl, b);
   t->fl_bitmap |= (uint64_t)1 << fl;
   t->sl_bitmap[fl] |= (uint32_t)1 << sl;
   t->free_bytes += b->size;
@@ -37,16 +49,11 @@ static inline void _vram_tlsf_insert(vram_tlsf *t, vram_block *b) {
 
 static inline void _vram_tlsf_remove(vram_tlsf *t, vram_block *b) {
   int fl = b->bin_fl, sl = b->bin_sl;
-  if (b->free_prev) {
-    b->free_prev->free_next = b->free_next;
-  } else {
-    t->heads[fl][sl] = b->free_next;
-    if (!b->free_next) {
-      t->sl_bitmap[fl] &= ~((uint32_t)1 << sl);
-      if (!t->sl_bitmap[fl]) t->fl_bitmap &= ~((uint64_t)1 << fl);
-    }
+  _vram_tlsf_list_unlink(t, fl, sl, b);
+  if (!t->heads[fl][sl]) {
+    t->sl_bitmap[fl] &= ~((uint32_t)1 << sl);
+    if (!t->sl_bitmap[fl]) t->fl_bitmap &= ~((uint64_t)1 << fl);
   }
-  if (b->free_next) b->free_next->free_prev = b->free_prev;
   b->free_prev = b->free_next = NULL;
   t->free_bytes -= b->size;
   t->free_blocks--;
@@ -59,23 +66,18 @@ static inline void _vram_tlsf_remove(vram_tlsf *t, vram_block *b) {
 static inline void _vram_tlsf_resize(vram_tlsf *t, vram_block *b, size_t size) {
   int fl, sl;
   _vram_tlsf_mapping(size, &fl, &sl);
-  if (fl == b->bin_fl && sl == b->bin_sl) {
-    t->free_bytes = t->free_bytes - b->size + size;
+  if (fl != b->bin_fl || sl != b->bin_sl) {
+    _vram_tlsf_remove(t, b);
     b->size = size;
-    vram_block *head = t->heads[fl][sl];
-    if (head != b) {
-      b->free_prev->free_next = b->free_next;
-      if (b->free_next) b->free_next->free_prev = b->free_prev;
-      b->free_prev = NULL;
-      b->free_next = head;
-      head->free_prev = b;
-      t->heads[fl][sl] = b;
-    }
+    _vram_tlsf_insert(t, b);
     return;
   }
-  _vram_tlsf_remove(t, b);
+  t->free_bytes = t->free_bytes - b->size + size;
   b->size = size;
-  _vram_tlsf_insert(t, b);
+  if (t->heads[fl][sl] != b) {
+    _vram_tlsf_list_unlink(t, fl, sl, b);
+    _vram_tlsf_list_push(t, fl, sl, b);
+  }
 }
 
 /* A free block of at least `size` bytes (best fit within the first bin that holds one),
