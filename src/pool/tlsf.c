@@ -4,8 +4,8 @@
  * Sizes are counted in VRAM_ALIGN units. The first level is the power of two of the size,
  * the second splits each power of two into VRAM_TLSF_SL_COUNT linear bins; sizes below
  * VRAM_TLSF_SL_COUNT units get one exact bin each. Two bitmaps find the first non-empty bin
- * at or above a size in O(1). Lists are LIFO so that a block just freed is the first one
- * reused, which keeps the working set of device memory (and of host metadata) warm.
+ * at or above a size in O(1). Lists are LIFO so that a block just freed (or resized) is the
+ * first one reused, which keeps the working set of device memory (and of host metadata) warm.
  *
  * Fit: within the request's own bin blocks may be smaller than the request, so that bin is
  * scanned for the best fit (bounded); otherwise the head of the next non-empty bin is
