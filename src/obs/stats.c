@@ -38,6 +38,17 @@ static void human_size(char *buf, size_t cap, int64_t bytes) {
 }
 
 void _vram_fill_derived_stats(vram_pool_t *pool, vram_stats_t *out) {
+  /* Active = allocated + waiting on events; each block became active once, at its malloc. */
+  const vram_stats_t *s = &pool->stats;
+  out->active_bytes.current = s->allocated_bytes.current + (int64_t)pool->pending_bytes;
+  out->active_bytes.total = s->allocated_bytes.total;
+  out->active_bytes.peak = s->allocated_bytes.peak > pool->active_bytes_peak
+                               ? s->allocated_bytes.peak : pool->active_bytes_peak;
+  out->active.current = s->allocation.current + (int64_t)pool->pending_blocks;
+  out->active.total = s->allocation.total;
+  out->active.peak = s->allocation.peak > pool->active_peak ? s->allocation.peak : pool->active_peak;
+  out->num_mallocs = (uint64_t)s->allocation.total;
+  out->num_frees = (uint64_t)(s->allocation.total - s->allocation.current);
   size_t cached = _vram_pool_cached_free(pool);
   out->largest_free_block = _vram_pool_largest_free(pool);
   if (out->largest_free_block > cached) out->largest_free_block = cached;

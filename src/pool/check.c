@@ -124,7 +124,9 @@ bool _vram_pool_check_locked(vram_pool_t *pool) {
     pending++;
   }
   REQUIRE(pending == pool->pending_count, "pending count");
-  const vram_stats_t *st = &pool->stats;
+  vram_stats_t derived = pool->stats;
+  _vram_fill_derived_stats(pool, &derived);
+  const vram_stats_t *st = &derived;
   REQUIRE(st->allocated_bytes.current == allocated, "allocated_bytes %lld, blocks %lld",
           (long long)st->allocated_bytes.current, (long long)allocated);
   REQUIRE(st->requested_bytes.current == requested, "requested_bytes");

@@ -171,6 +171,11 @@ struct vram_pool {
   vram_arena *last_arena;  /* one-entry cache for the common single-stream case */
   vram_ptrmap ptrs;
   size_t pending_count;
+  /* Blocks waiting on events (PENDING) are not allocated but still active. The active
+   * statistics are derived from the allocated ones plus these (obs/stats.c), so that malloc
+   * and free move three counters, not five; the peaks cover the moments blocks waited. */
+  size_t pending_bytes, pending_blocks;
+  int64_t active_bytes_peak, active_peak;
   vram_block_cache blocks;
   vram_stats_t stats;
 

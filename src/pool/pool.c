@@ -505,14 +505,23 @@ int _vram_pool_preallocate(vram_pool_t *pool, size_t bytes) {
   return VRAM_OK;
 }
 
+/* While blocks wait on events, active memory exceeds allocated memory, and only then can a
+ * malloc take active memory past the allocated peak: note the derived peaks there. */
+static void active_peaks_note(vram_pool_t *pool) {
+  int64_t bytes = pool->stats.allocated_bytes.current + (int64_t)pool->pending_bytes;
+  int64_t blocks = pool->stats.allocation.current + (int64_t)pool->pending_blocks;
+  if (bytes > pool->active_bytes_peak) pool->active_bytes_peak = bytes;
+  if (blocks > pool->active_peak) pool->active_peak = blocks;
+}
+
 /* ---------------------------------------------------------------------------------------
  * Cross-stream frees waiting for events.
  * ------------------------------------------------------------------------------------- */
 
 static void pending_finish_block(vram_pool_t *pool, vram_block *b) {
   _vram_ptrmap_remove(&pool->ptrs, b->addr);
-  vram_stat_down(&pool->stats.active_bytes, (int64_t)(b->size));
-  vram_stat_down(&pool->stats.active, 1);
+  pool->pending_bytes -= b->size;
+  pool->pending_blocks--;
   free(b->uses);
   b->uses = NULL;
   block_make_free(pool, b);
@@ -625,10 +634,8 @@ static int alloc_locked(vram_pool_t *pool, size_t rounded, size_t requested, vra
     vram_block *b = *out;
     vram_stat_up(&pool->stats.allocated_bytes, (int64_t)b->size);
     vram_stat_up(&pool->stats.requested_bytes, (int64_t)requested);
-    vram_stat_up(&pool->stats.active_bytes, (int64_t)b->size);
     vram_stat_up(&pool->stats.allocation, 1);
-    vram_stat_up(&pool->stats.active, 1);
-    pool->stats.num_mallocs++;
+    if (pool->pending_blocks) active_peaks_note(pool);
   } else if (rc == VRAM_ENOMEM) {
     pool->stats.num_ooms++;
     _vram_format_oom_report(pool, requested, stream, pool->oom_report, sizeof pool->oom_report);
@@ -718,6 +725,8 @@ static int free_after_events(vram_pool_t *pool, vram_block *b) {
     pool->pending_tail = entries[i];
   }
   pool->pending_count += (size_t)n;
+  pool->pending_bytes += b->size;
+  pool->pending_blocks++;
   b->state = VRAM_BLOCK_PENDING;
   b->events_left = (uint32_t)n;
   return VRAM_OK;
@@ -732,14 +741,11 @@ static int free_locked(vram_pool_t *pool, uintptr_t addr) {
     int rc = free_after_events(pool, b);
     if (rc) return rc;
   } else {
-    vram_stat_down(&pool->stats.active_bytes, (int64_t)(size));
-    vram_stat_down(&pool->stats.active, 1);
     block_retire(pool, b);
   }
   vram_stat_down(&pool->stats.allocated_bytes, (int64_t)(size));
   vram_stat_down(&pool->stats.requested_bytes, (int64_t)(requested));
   vram_stat_down(&pool->stats.allocation, 1);
-  pool->stats.num_frees++;
   /* Keep cached memory under the release threshold. */
   if (pool->opts.release_threshold != SIZE_MAX) {
     size_t cached = pool->src->is_vmm ? _vram_granules_idle_total(pool) * pool->granularity
@@ -926,7 +932,8 @@ size_t _vram_pool_largest_free(const vram_pool_t *pool) {
 
 size_t _vram_pool_cached_free(const vram_pool_t *pool) {
   if (pool->src->is_vmm)
-    return (size_t)pool->stats.reserved_bytes.current - (size_t)pool->stats.active_bytes.current;
+    return (size_t)pool->stats.reserved_bytes.current -
+           ((size_t)pool->stats.allocated_bytes.current + pool->pending_bytes);
   size_t bytes = 0;
   for (vram_arena *a = pool->arenas; a; a = a->next) {
     bytes += a->free_small.free_bytes + a->free_large.free_bytes;
@@ -952,6 +959,8 @@ int vram_reset_peak_stats(vram_pool_t *pool) {
 #define VRAM_X_RESET(name, doc) pool->stats.name.peak = pool->stats.name.current;
   VRAM_STAT_LIST(VRAM_X_RESET)
 #undef VRAM_X_RESET
+  pool->active_bytes_peak = pool->active_peak = 0;
+  active_peaks_note(pool);
   CHECK_POOL_LOCKED(pool);
   vram_lock_release(&pool->lock);
   return VRAM_OK;

@@ -784,6 +784,50 @@ static void t_record_stream_waits(void **state) {
   conf_destroy(pool);
 }
 
+/* A block waiting on an event is active but no longer allocated, so a malloc meanwhile
+ * takes active memory past allocated memory; the active peak must show it, and the totals
+ * and call counts stay those of the mallocs and frees. */
+static void t_active_peak_pending(void **state) {
+  (void)state;
+  need_sim();
+  vram_options_t o;
+  conf_opts(&o);
+  o.sim_event_delay = 1000; /* the event completes only when waited for */
+  vram_pool_t *pool = conf_pool(&o);
+  vram_stream_t s1 = VT_STREAM(0x2001), s2 = VT_STREAM(0x2002);
+  const int64_t size = 64 << 10;
+  void *p = conf_malloc(pool, (size_t)size, s1);
+  VT_OK(vram_record_stream(pool, p, s2));
+  conf_free(pool, p);
+  VT_OK(vram_reset_peak_stats(pool));
+  vram_stats_t a = vt_stats(pool);
+  assert_int_equal(a.allocated_bytes.peak, 0);
+  assert_int_equal(a.active_bytes.current, size);
+  assert_int_equal(a.active_bytes.peak, size);
+  void *q = conf_malloc(pool, (size_t)size, s1);
+  assert_ptr_not_equal(q, p);
+  vram_stats_t b = vt_stats(pool);
+  assert_int_equal(b.allocated_bytes.peak, size);
+  assert_int_equal(b.active_bytes.current, 2 * size);
+  assert_int_equal(b.active_bytes.peak, 2 * size);
+  assert_int_equal(b.active.current, 2);
+  assert_int_equal(b.active.peak, 2);
+  assert_int_equal(b.active_bytes.total, b.allocated_bytes.total);
+  assert_int_equal(b.num_mallocs, 2);
+  assert_int_equal(b.num_frees, 1);
+  conf_free(pool, q);
+  VT_OK(vram_empty_cache(pool)); /* waits for the event */
+  VT_VALID(pool);
+  vram_stats_t c = vt_stats(pool);
+  assert_int_equal(c.active_bytes.current, 0);
+  assert_int_equal(c.active.current, 0);
+  assert_int_equal(c.active_bytes.peak, 2 * size);
+  assert_int_equal(c.num_frees, 2);
+  VT_OK(vram_reset_peak_stats(pool));
+  assert_int_equal(vt_stats(pool).active_bytes.peak, 0);
+  conf_destroy(pool);
+}
+
 /* Pending frees are waited for by empty_cache and by the OOM ladder. */
 static void t_pending_drained(void **state) {
   (void)state;
@@ -1056,6 +1100,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(t_set_limit_runtime, teardown_pools),
       cmocka_unit_test_teardown(t_limit_fraction, teardown_pools),
       cmocka_unit_test_teardown(t_record_stream_waits, teardown_pools),
+      cmocka_unit_test_teardown(t_active_peak_pending, teardown_pools),
       cmocka_unit_test_teardown(t_pending_drained, teardown_pools),
       cmocka_unit_test_teardown(t_other_stream_no_early_reuse, teardown_pools),
       cmocka_unit_test_teardown(t_release_threshold_zero, teardown_pools),
