@@ -42,6 +42,9 @@ bool _vram_pool_check_locked(vram_pool_t *pool) {
     for (vram_segment *s = a->segments; s; prev_seg = s, s = s->next) {
       segments++;
       REQUIRE(s->arena == a && s->prev == prev_seg, "segment %p badly linked", (void *)s);
+      REQUIRE(s->index == (s->is_small ? &a->free_small : &a->free_large) &&
+                  s->cached == (s->is_small ? &a->cached_small : &a->cached_large),
+              "segment %p names another kind's index or cache", (void *)s);
       REQUIRE(s->first && s->first->addr == s->addr && !s->first->addr_prev,
               "segment %p does not start with its first block", (void *)s);
       uintptr_t expect_addr = s->addr;

@@ -97,7 +97,6 @@ typedef struct vram_tlsf {
   uint32_t sl_bitmap[VRAM_TLSF_FL_COUNT];
   vram_block *heads[VRAM_TLSF_FL_COUNT][VRAM_TLSF_SL_COUNT];
   size_t free_bytes;  /* sum of the sizes of the blocks in the index */
-  size_t free_blocks;
 } vram_tlsf;
 
 struct vram_segment {
@@ -105,6 +104,8 @@ struct vram_segment {
   size_t size;            /* fixed: bytes held from the source; vmm: bytes reserved */
   size_t used_bytes;      /* bytes of live, pending and parked (cached) blocks */
   vram_arena *arena;
+  vram_tlsf *index;       /* the arena's free index and one-block cache for this kind: */
+  vram_block **cached;    /* resolved once, not per call */
   vram_segment *prev, *next;
   vram_block *first;      /* lowest-address block */
   bool is_small;

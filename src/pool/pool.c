@@ -75,9 +75,7 @@ static void block_delete(vram_pool_t *pool, vram_block *b) {
   pool->blocks.free_list = b;
 }
 
-static inline vram_tlsf *index_of(vram_segment *seg) {
-  return seg->is_small ? &seg->arena->free_small : &seg->arena->free_large;
-}
+static inline vram_tlsf *index_of(const vram_segment *seg) { return seg->index; }
 
 static vram_arena *arena_find_or_create(vram_pool_t *pool, vram_stream_t stream) {
   vram_arena *a;
@@ -307,7 +305,7 @@ VRAM_HOT void block_retire(vram_pool_t *pool, vram_block *b) {
     block_uncache(pool, b);
     return;
   }
-  vram_block **slot = cache_slot(b->segment->arena, b->segment->is_small);
+  vram_block **slot = b->segment->cached;
   vram_block *old = *slot;
   *slot = b;
   if (old) block_uncache(pool, old);
@@ -339,6 +337,8 @@ static size_t fixed_segment_size(const vram_pool_t *pool, size_t rounded, bool s
 
 static void segment_link(vram_arena *a, vram_segment *seg) {
   seg->arena = a;
+  seg->index = seg->is_small ? &a->free_small : &a->free_large;
+  seg->cached = seg->is_small ? &a->cached_small : &a->cached_large;
   seg->prev = NULL;
   seg->next = a->segments;
   if (a->segments) a->segments->prev = seg;

@@ -44,7 +44,6 @@ static inline void _vram_tlsf_insert(vram_tlsf *t, vram_block *b) {
   t->fl_bitmap |= (uint64_t)1 << fl;
   t->sl_bitmap[fl] |= (uint32_t)1 << sl;
   t->free_bytes += b->size;
-  t->free_blocks++;
 }
 
 static inline void _vram_tlsf_remove(vram_tlsf *t, vram_block *b) {
@@ -56,7 +55,6 @@ static inline void _vram_tlsf_remove(vram_tlsf *t, vram_block *b) {
   }
   b->free_prev = b->free_next = NULL;
   t->free_bytes -= b->size;
-  t->free_blocks--;
 }
 
 /* Indexed block `b` changes size to `size` (it grew over a neighbour or lost its front).

@@ -59,9 +59,9 @@ static void t_many_blocks(void **state) {
   VT_OK(vram_pool_destroy(pool));
 }
 
-static bool accept_any(void *ctx, const vram_block *b) {
-  (void)ctx;
+static bool count_block(void *ctx, const vram_block *b) {
   (void)b;
+  ++*(size_t *)ctx;
   return true;
 }
 
@@ -79,17 +79,19 @@ static void t_free_index_resize(void **state) {
   assert_ptr_equal(_vram_tlsf_find(&index, 31 * VRAM_ALIGN), &b);
   _vram_tlsf_resize(&index, &a, 35 * VRAM_ALIGN); /* same bin: 32..35 units */
   assert_ptr_equal(_vram_tlsf_find(&index, 31 * VRAM_ALIGN), &a);
-  assert_true(_vram_tlsf_check(&index, accept_any, NULL));
+  assert_true(_vram_tlsf_check(&index, count_block, &(size_t){0}));
   assert_int_equal(index.free_bytes, 69 * VRAM_ALIGN);
   _vram_tlsf_resize(&index, &a, 64 * VRAM_ALIGN); /* another bin */
   assert_ptr_equal(_vram_tlsf_find(&index, 31 * VRAM_ALIGN), &b);
   assert_ptr_equal(_vram_tlsf_find(&index, 60 * VRAM_ALIGN), &a);
-  assert_true(_vram_tlsf_check(&index, accept_any, NULL));
+  assert_true(_vram_tlsf_check(&index, count_block, &(size_t){0}));
   assert_int_equal(index.free_bytes, 98 * VRAM_ALIGN);
-  assert_int_equal(index.free_blocks, 2);
+  size_t blocks = 0;
+  assert_true(_vram_tlsf_check(&index, count_block, &blocks));
+  assert_int_equal(blocks, 2);
   _vram_tlsf_remove(&index, &a);
   _vram_tlsf_remove(&index, &b);
-  assert_true(_vram_tlsf_check(&index, accept_any, NULL));
+  assert_true(_vram_tlsf_check(&index, count_block, &(size_t){0}));
   assert_int_equal(index.fl_bitmap, 0);
 }
 
