@@ -75,6 +75,17 @@ static void need_sim(void) {
   if (!g_src.runnable || !g_src.is_sim) skip();
 }
 
+/* The set-up of the cross-stream tests: a sim pool whose stream events complete at the
+ * `event_delay`-th query (or when waited for), under `limit_bytes` (0: none). */
+static vram_pool_t *conf_pool_events(int event_delay, size_t limit_bytes) {
+  need_sim();
+  vram_options_t o;
+  conf_opts(&o);
+  o.sim_event_delay = event_delay;
+  o.limit_bytes = limit_bytes;
+  return conf_pool(&o);
+}
+
 static void *conf_malloc(vram_pool_t *pool, size_t size, vram_stream_t stream) {
   void *p = NULL;
   VT_OK(vram_malloc(pool, size, stream, &p));
@@ -732,11 +743,8 @@ static void t_limit_fraction(void **state) {
  * not handed out again (on any stream) until the event completes, then it is. */
 static void t_record_stream_waits(void **state) {
   (void)state;
-  need_sim();
-  vram_options_t o;
-  conf_opts(&o);
-  o.sim_event_delay = 3;
-  vram_pool_t *pool = conf_pool(&o);
+  enum { EVENT_DELAY = 3 };
+  vram_pool_t *pool = conf_pool_events(EVENT_DELAY, 0);
   vram_stream_t s1 = VT_STREAM(0x1001), s2 = VT_STREAM(0x1002);
   static const size_t sizes[] = {4096, 3 << 20};
   for (size_t k = 0; k < 2; k++) {
@@ -773,7 +781,7 @@ static void t_record_stream_waits(void **state) {
       fail_msg("a block freed after record_stream (%zu bytes) was never reused in %d "
                "allocations of its size on its stream: pending frees are not drained",
                size, MAXN);
-    assert_true(reused_at >= o.sim_event_delay);
+    assert_true(reused_at >= EVENT_DELAY);
     vram_stats_t c = vt_stats(pool);
     assert_int_equal(c.active_bytes.current, c.allocated_bytes.current);
     for (int i = 0; i < n; i++) conf_free(pool, held[i]);
@@ -789,11 +797,7 @@ static void t_record_stream_waits(void **state) {
  * and call counts stay those of the mallocs and frees. */
 static void t_active_peak_pending(void **state) {
   (void)state;
-  need_sim();
-  vram_options_t o;
-  conf_opts(&o);
-  o.sim_event_delay = 1000; /* the event completes only when waited for */
-  vram_pool_t *pool = conf_pool(&o);
+  vram_pool_t *pool = conf_pool_events(1000, 0); /* the event completes only when waited for */
   vram_stream_t s1 = VT_STREAM(0x2001), s2 = VT_STREAM(0x2002);
   const int64_t size = 64 << 10;
   void *p = conf_malloc(pool, (size_t)size, s1);
@@ -831,12 +835,7 @@ static void t_active_peak_pending(void **state) {
 /* Pending frees are waited for by empty_cache and by the OOM ladder. */
 static void t_pending_drained(void **state) {
   (void)state;
-  need_sim();
-  vram_options_t o;
-  conf_opts(&o);
-  o.sim_event_delay = 1000000;
-  o.limit_bytes = 32 * VT_MiB;
-  vram_pool_t *pool = conf_pool(&o);
+  vram_pool_t *pool = conf_pool_events(1000000, 32 * VT_MiB);
   vram_stream_t s1 = VT_STREAM(0x2001), s2 = VT_STREAM(0x2002);
   void *p = conf_malloc(pool, 24 * VT_MiB, s1);
   VT_OK(vram_record_stream(pool, p, s2));
@@ -865,11 +864,7 @@ static void t_pending_drained(void **state) {
 /* Memory freed on one stream is not handed to another stream before an event. */
 static void t_other_stream_no_early_reuse(void **state) {
   (void)state;
-  need_sim();
-  vram_options_t o;
-  conf_opts(&o);
-  o.sim_event_delay = 1000000;
-  vram_pool_t *pool = conf_pool(&o);
+  vram_pool_t *pool = conf_pool_events(1000000, 0);
   vram_stream_t s1 = VT_STREAM(0x3001), s2 = VT_STREAM(0x3002);
   static const size_t sizes[] = {512, 65536, 2 << 20, 10 << 20};
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
