@@ -19,8 +19,8 @@
 #include "pool/internal.h"
 #include "prim/hostmem.h"
 
-/* Block structs come in slabs that double from BLOCK_SLAB up to BLOCK_SLAB << 8 (about
- * 5.8 MB), so that a small pool stays small and a pool of a million blocks keeps its
+/* Block structs come in slabs that double from BLOCK_SLAB up to BLOCK_SLAB << 8 (65,536
+ * blocks, 4 MiB), so that a small pool stays small and a pool of a million blocks keeps its
  * structs on a few dozen huge pages (prim/hostmem.h). */
 #define BLOCK_SLAB 256
 #define BLOCK_SLAB_MAX_SHIFT 8
