@@ -75,7 +75,14 @@ static void block_delete(vram_pool_t *pool, vram_block *b) {
   pool->blocks.free_list = b;
 }
 
-static inline vram_tlsf *index_of(const vram_segment *seg) { return seg->index; }
+/* An arena's free index and one-block cache for one kind (segments keep both resolved). */
+static inline vram_tlsf *free_index(vram_arena *a, bool small) {
+  return small ? &a->free_small : &a->free_large;
+}
+
+static inline vram_block **cache_slot(vram_arena *a, bool small) {
+  return small ? &a->cached_small : &a->cached_large;
+}
 
 static vram_arena *arena_find_or_create(vram_pool_t *pool, vram_stream_t stream) {
   vram_arena *a;
@@ -211,7 +218,7 @@ static inline void block_unlink(vram_pool_t *pool, vram_block *gone) {
  * maps to another bin: most merges then cost no index update at all. */
 VRAM_HOT void block_make_free(vram_pool_t *pool, vram_block *b) {
   vram_segment *seg = b->segment;
-  vram_tlsf *index = index_of(seg);
+  vram_tlsf *index = seg->index;
   seg->used_bytes -= b->size;
   if (!seg->used_bytes) idle_push(pool, seg);
   if (seg->gran_used) _vram_granules_release(pool, seg, b->addr, b->size);
@@ -257,7 +264,7 @@ VRAM_HOT int block_take(vram_pool_t *pool, vram_block *b, size_t rounded, size_t
     if (live != b) block_delete(pool, live);
     return rc;
   }
-  vram_tlsf *index = index_of(seg);
+  vram_tlsf *index = seg->index;
   if (live == b) {
     _vram_tlsf_remove(index, b); /* clears the links, so requested and uses start at 0 */
   } else {
@@ -278,10 +285,6 @@ VRAM_HOT int block_take(vram_pool_t *pool, vram_block *b, size_t rounded, size_t
   seg->used_bytes += rounded;
   *out = live;
   return VRAM_OK;
-}
-
-static inline vram_block **cache_slot(vram_arena *a, bool small) {
-  return small ? &a->cached_small : &a->cached_large;
 }
 
 /* A freed block goes to its arena's cache; the block it displaces is coalesced now. */
@@ -337,8 +340,8 @@ static size_t fixed_segment_size(const vram_pool_t *pool, size_t rounded, bool s
 
 static void segment_link(vram_arena *a, vram_segment *seg) {
   seg->arena = a;
-  seg->index = seg->is_small ? &a->free_small : &a->free_large;
-  seg->cached = seg->is_small ? &a->cached_small : &a->cached_large;
+  seg->index = free_index(a, seg->is_small);
+  seg->cached = cache_slot(a, seg->is_small);
   seg->prev = NULL;
   seg->next = a->segments;
   if (a->segments) a->segments->prev = seg;
@@ -366,7 +369,7 @@ static int segment_release(vram_pool_t *pool, vram_segment *seg) {
   if (!pool->src->is_vmm) vram_stat_down(&pool->stats.reserved_bytes, (int64_t)(seg->size));
   pool->stats.num_device_free++;
   vram_stat_down(&pool->stats.segment, 1);
-  _vram_tlsf_remove(index_of(seg), seg->first);
+  _vram_tlsf_remove(seg->index, seg->first);
   block_delete(pool, seg->first);
   idle_remove(pool, seg);
   segment_unlink(seg);
@@ -479,7 +482,7 @@ static int segment_grow(vram_pool_t *pool, vram_arena *a, size_t rounded, bool s
   b->segment = seg;
   b->state = VRAM_BLOCK_FREE;
   seg->first = b;
-  _vram_tlsf_insert(index_of(seg), b);
+  _vram_tlsf_insert(seg->index, b);
   idle_push(pool, seg);
   if (!vmm) vram_stat_up(&pool->stats.reserved_bytes, (int64_t)size);
   vram_stat_up(&pool->stats.segment, 1);
@@ -601,7 +604,7 @@ VRAM_HOT int alloc_attempt(vram_pool_t *pool, vram_arena *a, size_t rounded, siz
     *slot = NULL;
     block_uncache(pool, b);
   }
-  vram_tlsf *index = small ? &a->free_small : &a->free_large;
+  vram_tlsf *index = free_index(a, small);
   b = _vram_tlsf_find(index, rounded);
   /* Retire completed cross-stream frees when the index has nothing that fits, when the
    * fit would map new memory (virtual segments always have room), and now and then
