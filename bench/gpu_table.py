@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """gpu_table.py - the compact table of a bench/gpu_bench.sh run.
 
-Reads the step files in OUT (default .gpu/out) and prints four small tables: the
-alloc+free pair, the random workload, the shared traces (fragmentation, smallest cap,
-speed) and the step log. A figure whose step failed or was skipped shows as "-", so the
+Reads the step files in OUT (default .gpu/out) and prints small tables: the alloc+free
+pair, the random workload, the shared traces (fragmentation, smallest cap, speed), the
+alternated before/after rounds of bench/ab_rounds.sh when the run made them, and the step
+log. A figure whose step failed or was skipped shows as "-", so the
 table always prints and says what is missing. Usage: gpu_table.py [OUT]
 """
 import glob
@@ -76,6 +77,43 @@ def summarize_checks(text):
         return lines[-1][:200]
     summary = f"{len(passed)} ok, {len(failed)} failed"
     return summary + (" (" + ", ".join(failed) + ")" if failed else "")
+
+
+def spread(values, digits):
+    """min to max (median) of a list, or "-"."""
+    if not values:
+        return "-"
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    median = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+    return f"{fmt(ordered[0], digits)} to {fmt(ordered[-1], digits)} ({fmt(median, digits)})"
+
+
+def rounds_section(out):
+    """The alternated rounds of bench/ab_rounds.sh: per build and trace, ns per op and its
+    ratio to the hash-table yardstick as min to max (median), and how many rounds met 8x."""
+    replay = read_jsonl(out, "ab_replay.jsonl")
+    scale = read_jsonl(out, "ab_scale.jsonl")
+    if not replay and not scale:
+        return ""
+    builds = {"a": "before", "b": "this tree"}
+    rows = []
+    for build in ("a", "b"):
+        for trace in sorted({r["trace"] for r in replay}):
+            runs = [r for r in replay if r["build"] == build and r["trace"] == trace]
+            ratios = [r["ns_over_baseline"] for r in runs]
+            rows.append([f"{builds[build]}: {trace}", len(runs), spread([r["ns_per_op"] for r in runs], 1),
+                         spread(ratios, 2), sum(1 for x in ratios if x <= 8.0)])
+        runs = [r for r in scale if r["build"] == build]
+        if runs:
+            rows.append([f"{builds[build]}: scale 1k / 1M live", len(runs),
+                         f"{spread([r['ns_per_op_small'] for r in runs], 1)} / "
+                         f"{spread([r['ns_per_op_large'] for r in runs], 1)}",
+                         spread([r["large_over_small"] for r in runs], 2),
+                         sum(1 for r in runs if r["large_over_small"] <= 2.0)])
+    return table("alternated rounds (bench/ab_rounds.sh, sim): min to max (median); last column: "
+                 "rounds within target (8x the yardstick, 2x for scale)",
+                 ["build: case", "rounds", "ns/op", "ratio", "met"], rows)
 
 
 def main():
@@ -186,6 +224,10 @@ def main():
         s = scale[0]
         sections.append(f"scale (sim): {s['live_small']} live {fmt(s['ns_per_op_small'])} ns/op, "
                         f"{s['live_large']} live {fmt(s['ns_per_op_large'])} ns/op, ratio {fmt(s['large_over_small'], 2)}\n")
+
+    rounds = rounds_section(out)
+    if rounds:
+        sections.append(rounds)
 
     # -- correctness and the step log ----------------------------------------------------------
     ctest = read_text(out, "ctest_gpu.txt")
