@@ -120,6 +120,9 @@ bool _vram_pool_check_locked(vram_pool_t *pool) {
           "idle segments: listed %zu, flagged %zu, counted %zu", idle_listed, idle_bytes,
           pool->idle_bytes);
   REQUIRE(in_map == pool->ptrs.count, "pointer map holds %zu, blocks %zu", pool->ptrs.count, in_map);
+  REQUIRE(pool->ptrs.count * VRAM_PTRMAP_SLOTS_PER_ENTRY <= pool->ptrs.mask + 1,
+          "pointer map over its load bound: %zu entries in %zu slots", pool->ptrs.count,
+          pool->ptrs.mask + 1);
   size_t pending = 0;
   for (vram_pending *p = pool->pending_head; p; p = p->next) {
     REQUIRE(p->block->state == VRAM_BLOCK_PENDING, "pending entry for a non-pending block");

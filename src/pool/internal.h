@@ -135,7 +135,8 @@ struct vram_arena {
 };
 
 /* Pointer -> live, pending or parked block. Open addressing, linear probing, backward-shift
- * deletion; never more than a quarter full. */
+ * deletion; never more than a quarter full: VRAM_PTRMAP_SLOTS_PER_ENTRY slots per entry. */
+#define VRAM_PTRMAP_SLOTS_PER_ENTRY 4
 typedef struct vram_ptrmap_slot {
   uintptr_t key; /* 0 = empty */
   vram_block *value;
@@ -212,7 +213,7 @@ size_t _vram_tlsf_largest(const vram_tlsf *t);
 bool _vram_tlsf_check(const vram_tlsf *t, bool (*visit)(void *ctx, const vram_block *b), void *ctx);
 
 /* ---- ptrmap.c; the per-call operations are inline (ptrmap_inline.h, below) */
-int _vram_ptrmap_init(vram_ptrmap *m, size_t capacity);
+int _vram_ptrmap_init(vram_ptrmap *m, size_t entries);
 void _vram_ptrmap_destroy(vram_ptrmap *m);
 int _vram_ptrmap_grow(vram_ptrmap *m);
 

@@ -1115,7 +1115,7 @@ int vram_pool_create(vram_pool_t **out, const vram_options_t *opts) {
   pool->granularity = pool->src->xGranularity(pool->src_state);
   size_t free_bytes = 0;
   rc = pool->src->xMemInfo(pool->src_state, &free_bytes, &pool->device_total);
-  if (!rc) rc = _vram_ptrmap_init(&pool->ptrs, 4 * PTRMAP_INITIAL_BLOCKS);
+  if (!rc) rc = _vram_ptrmap_init(&pool->ptrs, PTRMAP_INITIAL_BLOCKS);
   if (!rc) rc = limit_from(pool, o.limit_bytes, o.limit_fraction, &pool->limit);
   pool->vmm_reserve_size = round_up(pool->device_total + pool->device_total / 4, pool->granularity);
   if (!rc) {

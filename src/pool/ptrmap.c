@@ -9,7 +9,9 @@
 #include "pool/internal.h"
 #include "prim/hostmem.h"
 
-int _vram_ptrmap_init(vram_ptrmap *m, size_t capacity) {
+/* A table with room for `entries` before it must grow. */
+int _vram_ptrmap_init(vram_ptrmap *m, size_t entries) {
+  size_t capacity = entries * VRAM_PTRMAP_SLOTS_PER_ENTRY;
   size_t cap = 64;
   unsigned bits = 6;
   while (cap < capacity) {
@@ -32,7 +34,7 @@ void _vram_ptrmap_destroy(vram_ptrmap *m) {
 
 int _vram_ptrmap_grow(vram_ptrmap *m) {
   vram_ptrmap bigger;
-  int rc = _vram_ptrmap_init(&bigger, (m->mask + 1) * 2);
+  int rc = _vram_ptrmap_init(&bigger, (m->mask + 1) * 2 / VRAM_PTRMAP_SLOTS_PER_ENTRY);
   if (rc) return rc;
   for (size_t i = 0; i <= m->mask; i++) {
     if (!m->slots[i].key) continue;

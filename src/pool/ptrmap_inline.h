@@ -27,7 +27,7 @@ static inline vram_block *_vram_ptrmap_get(const vram_ptrmap *m, uintptr_t key) 
 
 /* Insert or replace. VRAM_EHOSTMEM (table unchanged) when it had to grow and could not. */
 static inline int _vram_ptrmap_insert(vram_ptrmap *m, uintptr_t key, vram_block *value) {
-  if (__builtin_expect((m->count + 1) * 4 > m->mask + 1, 0)) {
+  if (__builtin_expect((m->count + 1) * VRAM_PTRMAP_SLOTS_PER_ENTRY > m->mask + 1, 0)) {
     int rc = _vram_ptrmap_grow(m);
     if (rc) return rc;
   }
