@@ -28,8 +28,8 @@
 /* The pointer map starts with room for this many blocks (16,384 slots, 256 KiB), so that a
  * pool of a few thousand blocks, a training step's worth, never rehashes and keeps its
  * table nearly empty: probes then end at their home slot and the probe loops' exits are
- * predicted. Measured (bench/RESULTS.md, run 10): the sim replays 9% to 16% faster per op
- * than with a table that starts at 256 blocks and doubles at a quarter full. */
+ * predicted. Measured (bench/RESULTS.md, run 10): the sim replays 9% to 21% faster per op,
+ * round by round, than with a table that starts at 256 blocks. */
 #define PTRMAP_INITIAL_BLOCKS 4096
 
 static inline size_t slab_blocks(size_t slab_index) {
