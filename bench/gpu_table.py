@@ -91,9 +91,11 @@ def spread(values, digits):
 
 def rounds_section(out):
     """The alternated rounds of bench/ab_rounds.sh: per build and trace, ns per op and its
-    ratio to the hash-table yardstick as min to max (median), and how many rounds met 8x."""
+    ratio to the hash-table yardstick as min to max (median), and how many rounds met 8x;
+    then the scale ratio, and the sim alloc+free pair (target: 50 ns)."""
     replay = read_jsonl(out, "ab_replay.jsonl")
     scale = read_jsonl(out, "ab_scale.jsonl")
+    pair = read_jsonl(out, "ab_pair.jsonl")
     if not replay and not scale:
         return ""
     builds = {"a": "before", "b": "this tree"}
@@ -111,8 +113,13 @@ def rounds_section(out):
                          f"{spread([r['ns_per_op_large'] for r in runs], 1)}",
                          spread([r["large_over_small"] for r in runs], 2),
                          sum(1 for r in runs if r["large_over_small"] <= 2.0)])
+        for size in sorted({r["size"] for r in pair}):
+            runs = [r for r in pair if r["build"] == build and r["size"] == size]
+            rows.append([f"{builds[build]}: pair {size_label(size)}", len(runs),
+                         spread([r["ns_per_pair"] for r in runs], 1), "-",
+                         sum(1 for r in runs if r["ns_per_pair"] <= 50.0)])
     return table("alternated rounds (bench/ab_rounds.sh, sim): min to max (median); last column: "
-                 "rounds within target (8x the yardstick, 2x for scale)",
+                 "rounds within target (8x the yardstick, 2x for scale, 50 ns a pair)",
                  ["build: case", "rounds", "ns/op", "ratio", "met"], rows)
 
 

@@ -328,7 +328,7 @@ static int find_min_capacity(const trace_t *trace, const vram_options_t *family,
 
 /* The yardstick: one hash-table insert or delete per op, keyed by a fake block address
  * made from the slot (unique among live blocks, 512-byte aligned like real blocks). */
-static double baseline_once(const trace_t *trace, hashtab_t *table) {
+static __attribute__((noinline)) double baseline_once(const trace_t *trace, hashtab_t *table) {
   hashtab_clear(table);
   const trace_op_t *ops = trace->ops;
   const size_t op_count = trace->op_count;
