@@ -3,8 +3,9 @@
  *
  * Why biased: most pools are driven by one thread (the Python thread that runs the model,
  * or one worker per GPU), and an atomic exchange per call is a full barrier that drains the
- * store buffer: about 1.5 ns of a 24 ns replay op (bench/RESULTS.md, run 11). While the
- * lock is biased, its owner enters with two plain stores and a load and leaves with one
+ * store buffer. Without it the cached alloc+free pair on the H200 host went from 25.4-26.5
+ * ns to 13.5-15.3 (bench/RESULTS.md, run 11); a replay op, a chain of dependent loads,
+ * hides the barrier and did not move. While the lock is biased, its owner enters with two plain stores and a load and leaves with one
  * store. The first call from any other thread revokes the bias for good (lock.c): it asks
  * the owner to step aside, makes the kernel run a memory barrier on every thread of the
  * process (membarrier), waits for the owner to be out, and from then on every thread,
@@ -53,12 +54,10 @@ static inline void vram_cpu_relax(void) {
 #endif
 }
 
-/* lock.c: bias the lock to the calling thread when the kernel offers membarrier. */
+/* lock.c: a free lock, biased to the calling thread when the kernel offers membarrier. */
 void _vram_lock_init(vram_lock *l);
 /* lock.c: the spin lock, revoking the bias first when another thread holds it. */
 void _vram_lock_acquire_slow(vram_lock *l);
-
-static inline void vram_lock_init(vram_lock *l) { _vram_lock_init(l); }
 
 /* tests/c/test_lock.c widens the owner's window between reading the bias and announcing
  * itself, where a revocation can slip in; in the library it is nothing. */

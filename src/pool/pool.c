@@ -1089,7 +1089,7 @@ int vram_pool_create(vram_pool_t **out, const vram_options_t *opts) {
 
   vram_pool_t *pool = calloc(1, sizeof *pool);
   if (!pool) return VRAM_EHOSTMEM;
-  vram_lock_init(&pool->lock);
+  _vram_lock_init(&pool->lock);
   pool->opts = o;
   vram_source_config cfg = {.device = o.device,
                             .sim_capacity = o.sim_capacity,

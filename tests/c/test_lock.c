@@ -51,7 +51,7 @@ static void *contender(void *arg) {
 static void t_biased_to_creator(void **state) {
   (void)state;
   vram_lock lock;
-  vram_lock_init(&lock);
+  _vram_lock_init(&lock);
   uintptr_t owner = atomic_load(&lock.owner);
   assert_true(owner == vram_thread_id() || owner == VRAM_LOCK_UNBIASED);
   for (int i = 0; i < 3; i++) {
@@ -78,7 +78,7 @@ static void *take_once(void *arg) {
 static void t_second_thread_revokes(void **state) {
   (void)state;
   vram_lock lock;
-  vram_lock_init(&lock);
+  _vram_lock_init(&lock);
   vram_lock_acquire(&lock);
   vram_lock_release(&lock);
   for (int round = 0; round < 2; round++) {
@@ -103,7 +103,7 @@ static void t_exclusion_during_revocation(void **state) {
   for (int round = 0; round < ROUNDS; round++) {
     shared_state *s = calloc(1, sizeof *s);
     assert_non_null(s);
-    vram_lock_init(&s->lock);
+    _vram_lock_init(&s->lock);
     pthread_barrier_init(&s->start, NULL, CONTENDERS + 1);
     pthread_t threads[CONTENDERS];
     for (int i = 0; i < CONTENDERS; i++)
