@@ -58,17 +58,22 @@ void _vram_lock_init(vram_lock *l) {
   atomic_init(&l->held, 0);
 }
 
-static void spin_acquire(atomic_int *held) {
-  if (!atomic_exchange_explicit(held, 1, memory_order_acquire)) return;
-  for (;;) {
-    for (int spin = 0; spin < 64; spin++) {
-      if (!atomic_load_explicit(held, memory_order_relaxed) &&
-          !atomic_exchange_explicit(held, 1, memory_order_acquire))
-        return;
-      vram_cpu_relax();
+/* Wait for a flag another thread will clear: spin briefly with a pause hint, then yield,
+ * so that oversubscribed threads still make progress. Acquire: what the clearing thread
+ * wrote before clearing is visible after. */
+static void wait_until_clear(atomic_int *flag) {
+  for (int spin = 0; atomic_load_explicit(flag, memory_order_acquire); spin++) {
+    if (spin < 64) vram_cpu_relax();
+    else {
+      sched_yield();
+      spin = 0;
     }
-    sched_yield();
   }
+}
+
+/* Test-and-test-and-set: the exchange only when the lock looked free. */
+static void spin_acquire(atomic_int *held) {
+  while (atomic_exchange_explicit(held, 1, memory_order_acquire)) wait_until_clear(held);
 }
 
 /* Called with the spin lock held and the bias on another thread. */
@@ -82,10 +87,7 @@ static void revoke_bias(vram_lock *l) {
     struct timespec pause = {0, 1000000};
     nanosleep(&pause, NULL);
   }
-  for (int spin = 0; atomic_load_explicit(&l->owner_inside, memory_order_acquire); spin++) {
-    if (spin < 64) vram_cpu_relax();
-    else sched_yield();
-  }
+  wait_until_clear(&l->owner_inside);
   atomic_store_explicit(&l->owner, VRAM_LOCK_UNBIASED, memory_order_relaxed);
 }
 
