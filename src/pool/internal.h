@@ -99,23 +99,26 @@ typedef struct vram_tlsf {
   size_t free_bytes;  /* sum of the sizes of the blocks in the index */
 } vram_tlsf;
 
+/* What every malloc and free of a block reads comes first, in the segment's first cache
+ * line (segments are allocated 64-byte aligned): at a million live blocks the segment is a
+ * miss behind the block's, and spread over two lines it was two (bench/RESULTS.md). */
 struct vram_segment {
-  uintptr_t addr;
-  size_t size;            /* fixed: bytes held from the source; vmm: bytes reserved */
   size_t used_bytes;      /* bytes of live, pending and parked (cached) blocks */
-  vram_arena *arena;
   vram_tlsf *index;       /* the arena's free index and one-block cache for this kind: */
   vram_block **cached;    /* resolved once, not per call */
-  vram_segment *prev, *next;
-  vram_block *first;      /* lowest-address block */
+  uint32_t *gran_used;    /* virtual memory only (below), else NULL */
   bool is_small;
   bool keep;              /* preallocated: empty_cache and the ladder leave it alone */
   bool idle;              /* fixed sources: on the pool's list of fully free segments */
+  uintptr_t addr;
+  size_t size;            /* fixed: bytes held from the source; vmm: bytes reserved */
+  vram_arena *arena;
+  vram_segment *prev, *next;
+  vram_block *first;      /* lowest-address block */
   vram_segment *idle_prev, *idle_next;
-  /* Virtual memory only (NULL otherwise): per granule, bytes of live/pending blocks on
-   * it (parked ones included), and bitmaps of mapped granules and of mapped granules no
-   * block uses. */
-  uint32_t *gran_used;
+  /* Virtual memory only (NULL otherwise): per granule (gran_used, above), bytes of
+   * live/pending blocks on it (parked ones included), and bitmaps of mapped granules and
+   * of mapped granules no block uses. */
   uint64_t *gran_mapped;
   uint64_t *gran_idle;
   size_t n_granules;

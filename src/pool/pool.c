@@ -444,6 +444,14 @@ static size_t vmm_reserve_size(const vram_pool_t *pool, size_t rounded) {
 
 /* Add a segment able to hold `rounded` bytes to the arena. ENOMEM when the limit or the
  * device says no; other codes are source failures. */
+/* A zeroed segment struct on its own cache line (internal.h says why). */
+static vram_segment *segment_new(void) {
+  size_t bytes = (sizeof(vram_segment) + 63) & ~(size_t)63;
+  vram_segment *seg = aligned_alloc(64, bytes);
+  if (seg) memset(seg, 0, bytes);
+  return seg;
+}
+
 static int segment_grow(vram_pool_t *pool, vram_arena *a, size_t rounded, bool small,
                         vram_block **out_free) {
   bool vmm = pool->src->is_vmm;
@@ -456,7 +464,7 @@ static int segment_grow(vram_pool_t *pool, vram_arena *a, size_t rounded, bool s
   if (!vmm && (size_t)pool->stats.reserved_bytes.current + size > (size_t)pool->stats.reserved_bytes.peak)
     release_cached(pool, (size_t)pool->stats.reserved_bytes.current + size -
                              (size_t)pool->stats.reserved_bytes.peak, NULL);
-  vram_segment *seg = calloc(1, sizeof *seg);
+  vram_segment *seg = segment_new();
   vram_block *b = block_new(pool);
   if (!seg || !b) {
     free(seg);
