@@ -12,31 +12,10 @@
  * Never holds more than 512 MiB at a time. Prints one line per size, microseconds per
  * call sequence (median of REPS). */
 #define _POSIX_C_SOURCE 199309L
-#include <cuda.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <time.h>
+#include "vmm_probe.h"
 
 #define REPS 9
-#define GRANULE ((size_t)2 << 20)
 #define MAX_GRANULES 256
-
-#define CHECK(call)                                                               \
-  do {                                                                            \
-    CUresult r_ = (call);                                                         \
-    if (r_ != CUDA_SUCCESS) {                                                     \
-      const char *name_ = "?";                                                    \
-      cuGetErrorName(r_, &name_);                                                 \
-      fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, name_); \
-      exit(1);                                                                    \
-    }                                                                             \
-  } while (0)
-
-static double now_us(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
-}
 
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
@@ -49,18 +28,9 @@ static double median(double *v) {
 }
 
 int main(void) {
-  CUdevice dev;
-  CUcontext ctx;
-  CHECK(cuInit(0));
-  CHECK(cuDeviceGet(&dev, 0));
-  CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
-  CHECK(cuCtxSetCurrent(ctx));
-
-  CUmemAllocationProp prop = {0};
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = 0;
-  CUmemAccessDesc access = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  CUmemAllocationProp prop;
+  CUmemAccessDesc access;
+  CUdevice dev = probe_open(&prop, &access);
   CUdeviceptr range;
   CHECK(cuMemAddressReserve(&range, MAX_GRANULES * GRANULE, GRANULE, 0, 0));
 
