@@ -126,6 +126,7 @@ struct vram_segment {
   size_t mapped_granules;
   size_t idle_granules;
 };
+_Static_assert(offsetof(vram_segment, idle) < 64, "a segment's hot fields share its first line");
 
 struct vram_arena {
   vram_stream_t stream;
