@@ -100,8 +100,9 @@ typedef struct vram_tlsf {
 } vram_tlsf;
 
 /* What every malloc and free of a block reads comes first, in the segment's first cache
- * line (segments are allocated 64-byte aligned): at a million live blocks the segment is a
- * miss behind the block's, and spread over two lines it was two (bench/RESULTS.md). */
+ * line (segments come from _vram_host_zalloc, 64-byte aligned): at a million live blocks
+ * the segment is a miss behind the block's, and spread over two lines it was two. That
+ * halved the simulated misses; the time did not move measurably (bench/RESULTS.md, run 12). */
 struct vram_segment {
   size_t used_bytes;      /* bytes of live, pending and parked (cached) blocks */
   vram_tlsf *index;       /* the arena's free index and one-block cache for this kind: */

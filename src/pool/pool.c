@@ -381,7 +381,7 @@ static int segment_release(vram_pool_t *pool, vram_segment *seg) {
   idle_remove(pool, seg);
   segment_unlink(seg);
   _vram_granules_destroy(seg);
-  free(seg);
+  _vram_host_free(seg, sizeof *seg);
   return VRAM_OK;
 }
 
@@ -444,14 +444,6 @@ static size_t vmm_reserve_size(const vram_pool_t *pool, size_t rounded) {
 
 /* Add a segment able to hold `rounded` bytes to the arena. ENOMEM when the limit or the
  * device says no; other codes are source failures. */
-/* A zeroed segment struct on its own cache line (internal.h says why). */
-static vram_segment *segment_new(void) {
-  size_t bytes = (sizeof(vram_segment) + 63) & ~(size_t)63;
-  vram_segment *seg = aligned_alloc(64, bytes);
-  if (seg) memset(seg, 0, bytes);
-  return seg;
-}
-
 static int segment_grow(vram_pool_t *pool, vram_arena *a, size_t rounded, bool small,
                         vram_block **out_free) {
   bool vmm = pool->src->is_vmm;
@@ -464,10 +456,10 @@ static int segment_grow(vram_pool_t *pool, vram_arena *a, size_t rounded, bool s
   if (!vmm && (size_t)pool->stats.reserved_bytes.current + size > (size_t)pool->stats.reserved_bytes.peak)
     release_cached(pool, (size_t)pool->stats.reserved_bytes.current + size -
                              (size_t)pool->stats.reserved_bytes.peak, NULL);
-  vram_segment *seg = segment_new();
+  vram_segment *seg = _vram_host_zalloc(sizeof *seg); /* on a line of its own: internal.h */
   vram_block *b = block_new(pool);
   if (!seg || !b) {
-    free(seg);
+    _vram_host_free(seg, sizeof *seg);
     if (b) block_delete(pool, b);
     return VRAM_EHOSTMEM;
   }
@@ -475,7 +467,7 @@ static int segment_grow(vram_pool_t *pool, vram_arena *a, size_t rounded, bool s
   int rc = vmm ? pool->src->xReserve(pool->src_state, size, &addr)
                : pool->src->xAlloc(pool->src_state, size, &addr);
   if (rc) {
-    free(seg);
+    _vram_host_free(seg, sizeof *seg);
     block_delete(pool, b);
     return rc;
   }
@@ -486,7 +478,7 @@ static int segment_grow(vram_pool_t *pool, vram_arena *a, size_t rounded, bool s
     rc = _vram_granules_init(pool, seg);
     if (rc) {
       pool->src->xUnreserve(pool->src_state, addr, size);
-      free(seg);
+      _vram_host_free(seg, sizeof *seg);
       block_delete(pool, b);
       return rc;
     }
@@ -1064,7 +1056,7 @@ static void pool_free_everything(vram_pool_t *pool) {
         pool->src->xFree(pool->src_state, s->addr, s->size);
       }
       _vram_granules_destroy(s);
-      free(s);
+      _vram_host_free(s, sizeof *s);
     }
     if (a->release_event) pool->src->xEventDestroy(pool->src_state, a->release_event);
     free(a);
