@@ -9,7 +9,9 @@ Each check runs in its own interpreter, because PyTorch's allocator can be chose
 once per process:
   train   GPT-2 (random weights, fixed seed, deterministic algorithms) trains a few steps
           with PyTorch's allocator and with vramkit; the losses must match exactly; step
-          time and max reserved memory of both are reported.
+          time, max reserved memory and the driver calls of the steps after the first two
+          of both are reported. VRAMKIT_* variables reach the vramkit run (say,
+          VRAMKIT_TIGHT_THRESHOLD=0 to measure tight placement in a training loop).
   oom     under a vramkit limit, a batch too large raises a catchable OOM carrying
           vramkit's report; training continues at a smaller batch.
   interop CuPy (vramkit.cupy.install) and Numba (the EMM plugin) arrays backed by vramkit
@@ -50,8 +52,20 @@ def run_train(allocator: str, steps: int = 8, batch: int = 8, seq: int = 512):
     gen = torch.Generator().manual_seed(1234)
     data = torch.randint(0, cfg.vocab_size, (steps, batch, seq), generator=gen)
 
+    def device_calls():
+        # cudaMalloc + cudaFree calls so far: PyTorch's and vramkit's counters share names.
+        if allocator == "vramkit":
+            import vramkit
+            stats = vramkit.memory_stats(0)
+        else:
+            stats = torch.cuda.memory_stats(0)
+        return stats.get("num_device_alloc", 0) + stats.get("num_device_free", 0)
+
     losses, times = [], []
+    calls_at_warm = 0
     for step in range(steps):
+        if step == 2:
+            calls_at_warm = device_calls()
         x = data[step].cuda()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -72,7 +86,9 @@ def run_train(allocator: str, steps: int = 8, batch: int = 8, seq: int = 512):
     warm = sorted(times[2:]) or times
     emit(check="train", allocator=allocator, losses=[repr(v) for v in losses],
          step_ms=1e3 * warm[len(warm) // 2], max_reserved_bytes=max_reserved,
-         max_allocated_bytes=max_allocated)
+         max_allocated_bytes=max_allocated,
+         device_calls_warm=device_calls() - calls_at_warm,
+         tight_threshold=os.environ.get("VRAMKIT_TIGHT_THRESHOLD"))
 
 
 # ---------------------------------------------------------------------------------------
@@ -274,7 +290,9 @@ def main():
                  step_time_ratio=m["step_ms"] / r["step_ms"],
                  max_reserved_torch=r["max_reserved_bytes"],
                  max_reserved_vramkit=m["max_reserved_bytes"],
-                 reserved_ratio=m["max_reserved_bytes"] / max(1, r["max_reserved_bytes"]))
+                 reserved_ratio=m["max_reserved_bytes"] / max(1, r["max_reserved_bytes"]),
+                 device_calls_warm_torch=r["device_calls_warm"],
+                 device_calls_warm_vramkit=m["device_calls_warm"])
     for name in ("oom", "interop", "managed", "micro"):
         if name in checks:
             spawn(name)
