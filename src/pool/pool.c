@@ -294,7 +294,6 @@ VRAM_HOT int block_take(vram_pool_t *pool, vram_block *b, size_t rounded, size_t
   return VRAM_OK;
 }
 
-/* A freed block goes to its arena's cache; the block it displaces is coalesced now. */
 /* A cached block stays in the pointer map, so that freeing and taking it back cost no
  * hash insert or delete; it leaves the map when it is really freed. */
 VRAM_HOT void block_uncache(vram_pool_t *pool, vram_block *b) {
@@ -302,6 +301,7 @@ VRAM_HOT void block_uncache(vram_pool_t *pool, vram_block *b) {
   block_make_free(pool, b);
 }
 
+/* A freed block goes to its arena's cache; the block it displaces is coalesced now. */
 VRAM_HOT void block_retire(vram_pool_t *pool, vram_block *b) {
   /* The block is merged with its neighbours when it leaves the cache, often on the very
    * next call; in a pool far larger than the CPU cache their structs are misses, so start
