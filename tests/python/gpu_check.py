@@ -59,7 +59,7 @@ def run_train(allocator: str, steps: int = 8, batch: int = 8, seq: int = 512):
             stats = vramkit.memory_stats(0)
         else:
             stats = torch.cuda.memory_stats(0)
-        return stats.get("num_device_alloc", 0) + stats.get("num_device_free", 0)
+        return stats["num_device_alloc"] + stats["num_device_free"]
 
     losses, times = [], []
     calls_at_warm = 0
