@@ -260,15 +260,15 @@ static const char *excerpt(const char *field, char *out, size_t cap) {
 
 #define FORMAT_HINT "expected 'a ID SIZE STREAM T_US' or 'f ID STREAM T_US'"
 
-static int parse_line(builder_t *b, char *line, const char *path, size_t line_number,
-                      char *error, size_t cap) {
-  trace_t *t = b->trace;
-  size_t length = strlen(line);
-  while (length && (line[length - 1] == '\n' || line[length - 1] == '\r')) line[--length] = '\0';
-  char *fields[6];
-  int count = split_fields(line, fields, 5);
-  if (count == 0 || fields[0][0] == '#') return TRACE_OK;
+/* One event line once its fields are checked: the numbers in the order the line gives. */
+typedef struct event_line {
+  int is_alloc;
+  uint64_t id, size, stream_id;
+} event_line_t;
 
+/* Check that the fields form an `a` or `f` event of decimal numbers and fill *event. */
+static int parse_event_fields(char **fields, int count, event_line_t *event, const char *path,
+                              size_t line_number, char *error, size_t cap) {
   int is_alloc = strcmp(fields[0], "a") == 0;
   if (!is_alloc && strcmp(fields[0], "f") != 0) {
     char shown[24];
@@ -294,17 +294,70 @@ static int parse_line(builder_t *b, char *line, const char *path, size_t line_nu
       return TRACE_EFORMAT;
     }
   }
-  uint64_t id = values[0];
-  if (id == HASHTAB_EMPTY) {
+  if (values[0] == HASHTAB_EMPTY) {
     set_error(error, cap, "%s:%zu: ID %llu is out of range", path, line_number,
-              (unsigned long long)id);
+              (unsigned long long)values[0]);
     return TRACE_EFORMAT;
   }
-  uint64_t stream_id = is_alloc ? values[2] : values[1];
+  event->is_alloc = is_alloc;
+  event->id = values[0];
+  event->size = is_alloc ? values[1] : 0;
+  event->stream_id = is_alloc ? values[2] : values[1];
+  return TRACE_OK;
+}
 
+/* Give a newly allocated id a slot (a released one first) and count its bytes as live. */
+static int add_alloc(builder_t *b, const event_line_t *event, trace_op_t *op) {
+  trace_t *t = b->trace;
+  uint32_t slot;
+  if (b->free_slot_count) {
+    slot = b->free_slots[--b->free_slot_count];
+  } else {
+    if (t->slot_count == UINT32_MAX) return TRACE_ENOMEM;
+    slot = t->slot_count++;
+    if (grow((void **)&b->slot_sizes, &b->slot_size_cap, sizeof *b->slot_sizes, t->slot_count))
+      return TRACE_ENOMEM;
+  }
+  if (grow_live_ids(&b->live_ids) != 0) return TRACE_ENOMEM;
+  hashtab_insert(&b->live_ids, event->id, slot);
+  op->slot = slot;
+  op->size = event->size;
+  b->slot_sizes[slot] = op->size;
+  b->live_bytes += op->size;
+  if (b->live_bytes > t->peak_live_bytes) t->peak_live_bytes = b->live_bytes;
+  t->alloc_count++;
+  return TRACE_OK;
+}
+
+/* Release the slot of a live id; the op carries the size the block had. */
+static int add_free(builder_t *b, size_t where, trace_op_t *op) {
+  uint32_t slot = b->live_ids.values[where];
+  hashtab_remove_at(&b->live_ids, where);
+  if (grow((void **)&b->free_slots, &b->free_slot_cap, sizeof *b->free_slots,
+           b->free_slot_count + 1))
+    return TRACE_ENOMEM;
+  b->free_slots[b->free_slot_count++] = slot;
+  op->slot = slot;
+  op->size = b->slot_sizes[slot];
+  b->live_bytes -= op->size;
+  return TRACE_OK;
+}
+
+static int parse_line(builder_t *b, char *line, const char *path, size_t line_number,
+                      char *error, size_t cap) {
+  trace_t *t = b->trace;
+  size_t length = strlen(line);
+  while (length && (line[length - 1] == '\n' || line[length - 1] == '\r')) line[--length] = '\0';
+  char *fields[6];
+  int count = split_fields(line, fields, 5);
+  if (count == 0 || fields[0][0] == '#') return TRACE_OK;
+
+  event_line_t event;
+  int rc = parse_event_fields(fields, count, &event, path, line_number, error, cap);
+  if (rc != TRACE_OK) return rc;
   trace_op_t op = {0};
-  op.is_alloc = (uint8_t)is_alloc;
-  int rc = stream_index(b, stream_id, &op.stream);
+  op.is_alloc = (uint8_t)event.is_alloc;
+  rc = stream_index(b, event.stream_id, &op.stream);
   if (rc == TRACE_EFORMAT) {
     set_error(error, cap, "%s:%zu: more than %d distinct streams", path, line_number,
               TRACE_MAX_STREAMS);
@@ -312,49 +365,55 @@ static int parse_line(builder_t *b, char *line, const char *path, size_t line_nu
   }
   if (rc != TRACE_OK) return rc;
 
-  size_t where = hashtab_find(&b->live_ids, id);
-  if (is_alloc) {
-    if (where != SIZE_MAX) {
-      set_error(error, cap, "%s:%zu: block ID %llu allocated again while still live", path,
-                line_number, (unsigned long long)id);
-      return TRACE_EFORMAT;
-    }
-    uint32_t slot;
-    if (b->free_slot_count) {
-      slot = b->free_slots[--b->free_slot_count];
-    } else {
-      if (t->slot_count == UINT32_MAX) return TRACE_ENOMEM;
-      slot = t->slot_count++;
-      if (grow((void **)&b->slot_sizes, &b->slot_size_cap, sizeof *b->slot_sizes,
-               t->slot_count))
-        return TRACE_ENOMEM;
-    }
-    if (grow_live_ids(&b->live_ids) != 0) return TRACE_ENOMEM;
-    hashtab_insert(&b->live_ids, id, slot);
-    op.slot = slot;
-    op.size = values[1];
-    b->slot_sizes[slot] = op.size;
-    b->live_bytes += op.size;
-    if (b->live_bytes > t->peak_live_bytes) t->peak_live_bytes = b->live_bytes;
-    t->alloc_count++;
-  } else {
-    if (where == SIZE_MAX) {
-      /* A block allocated before recording began: nothing to replay. */
-      t->unmatched_frees++;
-      return TRACE_OK;
-    }
-    uint32_t slot = b->live_ids.values[where];
-    hashtab_remove_at(&b->live_ids, where);
-    if (grow((void **)&b->free_slots, &b->free_slot_cap, sizeof *b->free_slots,
-             b->free_slot_count + 1))
-      return TRACE_ENOMEM;
-    b->free_slots[b->free_slot_count++] = slot;
-    op.slot = slot;
-    op.size = b->slot_sizes[slot];
-    b->live_bytes -= op.size;
+  size_t where = hashtab_find(&b->live_ids, event.id);
+  if (event.is_alloc && where != SIZE_MAX) {
+    set_error(error, cap, "%s:%zu: block ID %llu allocated again while still live", path,
+              line_number, (unsigned long long)event.id);
+    return TRACE_EFORMAT;
   }
+  if (!event.is_alloc && where == SIZE_MAX) {
+    /* A block allocated before recording began: nothing to replay. */
+    t->unmatched_frees++;
+    return TRACE_OK;
+  }
+  rc = event.is_alloc ? add_alloc(b, &event, &op) : add_free(b, where, &op);
+  if (rc != TRACE_OK) return rc;
   if (grow((void **)&t->ops, &b->op_cap, sizeof *t->ops, t->op_count + 1)) return TRACE_ENOMEM;
   t->ops[t->op_count++] = op;
+  return TRACE_OK;
+}
+
+/* The first line of a trace names the format and its version, so that a file of another
+ * kind is refused at once instead of failing on some later line, or replaying as nothing. */
+static int check_header(const char *line, const char *path, char *error, size_t cap) {
+  static const char magic[] = TRACE_HEADER_MAGIC;
+  const size_t magic_length = sizeof magic - 1;
+  char shown[48];
+  if (strncmp(line, magic, magic_length) != 0 ||
+      (line[magic_length] != ' ' && line[magic_length] != '\t')) {
+    char copy[48];
+    size_t shown_length = strcspn(line, "\r\n");
+    if (shown_length > sizeof copy - 1) shown_length = sizeof copy - 1;
+    memcpy(copy, line, shown_length);
+    copy[shown_length] = '\0';
+    set_error(error, cap,
+              "%s:1: not a vramkit trace: the first line must be the header '%s %s', "
+              "not '%s'",
+              path, magic, TRACE_FORMAT_VERSION, excerpt(copy, shown, sizeof shown));
+    return TRACE_EFORMAT;
+  }
+  const char *version = line + magic_length;
+  while (*version == ' ' || *version == '\t') version++;
+  size_t version_length = strcspn(version, " \t\r\n");
+  if (version_length != strlen(TRACE_FORMAT_VERSION) ||
+      strncmp(version, TRACE_FORMAT_VERSION, version_length) != 0) {
+    char copy[24];
+    snprintf(copy, sizeof copy, "%.*s", (int)(version_length < 23 ? version_length : 23),
+             version);
+    set_error(error, cap, "%s:1: trace format '%s' is not one this vramkit reads (%s)", path,
+              excerpt(copy, shown, sizeof shown), TRACE_FORMAT_VERSION);
+    return TRACE_EFORMAT;
+  }
   return TRACE_OK;
 }
 
@@ -384,13 +443,19 @@ int trace_load(const char *path, trace_t *trace, char *error, size_t cap) {
       rc = TRACE_EFORMAT;
       break;
     }
-    rc = parse_line(&b, line, path, line_number, error, cap);
+    rc = line_number == 1 ? check_header(line, path, error, cap)
+                          : parse_line(&b, line, path, line_number, error, cap);
   }
   char close_error[512];
   int close_rc = reader_close(&reader, path, close_error, sizeof close_error);
   if (rc == TRACE_OK && close_rc != TRACE_OK) {
     set_error(error, cap, "%s", close_error);
     rc = close_rc;
+  }
+  if (rc == TRACE_OK && line_number == 0) {
+    set_error(error, cap, "%s: empty file: a trace starts with the header line '%s %s'", path,
+              TRACE_HEADER_MAGIC, TRACE_FORMAT_VERSION);
+    rc = TRACE_EFORMAT;
   }
   if (rc == TRACE_ENOMEM) set_error(error, cap, "%s: out of host memory while reading", path);
   if (rc == TRACE_OK) trace->left_live = (uint32_t)b.live_ids.count;

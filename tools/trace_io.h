@@ -1,4 +1,10 @@
-/* trace_io.h - reading allocation traces (format v1, shared/DESIGN.md) into memory.
+/* trace_io.h - reading allocation traces (format v1) into memory.
+ *
+ * Format v1 is gzip (or plain) text, one event a line, after a first line that names the
+ * format: "# vramkit-trace v1", optionally followed by words that describe the recording.
+ * Other lines starting with '#' are comments. Events are "a ID SIZE STREAM T_US" (allocate
+ * SIZE bytes on STREAM; ID names the block until it is freed) and "f ID STREAM T_US" (free
+ * block ID); T_US is a wall-clock time in microseconds, which replay does not use.
  *
  * A trace is parsed completely before anything is timed: ids become dense slots (a slot is
  * unique among live blocks and slots are reused, so a replay needs only an array of
@@ -10,6 +16,10 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+/* The first line of every trace: the magic, a blank, the version, then anything. */
+#define TRACE_HEADER_MAGIC "# vramkit-trace"
+#define TRACE_FORMAT_VERSION "v1"
 
 typedef struct trace_op {
   uint64_t size;     /* allocation: bytes asked for; free: the size the block had */
@@ -35,7 +45,7 @@ typedef struct trace {
 typedef enum trace_status {
   TRACE_OK = 0,
   TRACE_EIO = -1,     /* cannot open or decompress the file */
-  TRACE_EFORMAT = -2, /* a malformed line; the message names file and line */
+  TRACE_EFORMAT = -2, /* no header, or a malformed line; the message names file and line */
   TRACE_ENOMEM = -3   /* out of host memory */
 } trace_status;
 
