@@ -3,7 +3,7 @@
 #
 # usage: bench/ab_rounds.sh BIN_A BIN_B ROUNDS OUTDIR TRACE...
 #
-# CPU timings on a shared host drift by tens of percent between minutes (bench/RESULTS.md),
+# CPU timings on a shared host drift by tens of percent between minutes (docs/performance.md),
 # so a change's effect is only visible when the builds take turns: each round runs the sim
 # replay against its hash-table baseline (`replay --baseline --repeat 10`), `bench scale` and
 # `bench pair` on sim with A, then with B. One JSON line per result goes to

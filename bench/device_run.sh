@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# bench/device_run.sh - the whole GPU run in one device call, as bench/RESULTS.md records it.
+# bench/device_run.sh - the whole GPU run in one device call (docs/performance.md's reference run).
 #
 # The GPU machine has no package registry, so the call carries .gpu/ (ignored by git):
-#     .gpu/anchors/ <- shared/anchors   .gpu/traces/ <- shared/traces
+#     .gpu/anchors/ <- the anchor instruments   .gpu/traces/ <- the traces to replay
 #     .gpu/debs/    <- Debian's libcmocka0 and libcmocka-dev .debs (apt-get download)
 # This script unpacks cmocka where the C tests' build finds it, runs bench/gpu_bench.sh on
 # GPU 0 under a time budget, then the two-GPU peer-access test (tests/gpu/peer_access.c)

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# bench/gpu_bench.sh - every GPU figure of bench/RESULTS.md in one run on the GPU machine.
+# bench/gpu_bench.sh - every GPU figure of docs/performance.md in one run on the GPU machine.
 #
 # Run from the repository root (or anywhere: it changes there) on a machine with an NVIDIA
 # GPU, nvcc, cmake and python3 with torch; no network is used. Before the call, copy the
-# instruments and traces next to the tree:
-#     .gpu/anchors/  <- shared/anchors      .gpu/traces/ <- shared/traces
+# anchor instruments (the C++ programs that measure PyTorch's allocator and the CUDA
+# allocators, which are not part of this project) and the traces next to the tree:
+#     .gpu/anchors/  <- the anchor instruments      .gpu/traces/ <- the traces
 # (without .gpu/traces the project's copies in data/traces are used).
 #
 # Everything lands in $OUT (default .gpu/out) as *.txt and *.jsonl, one file per step, with

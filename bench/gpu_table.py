@@ -2,7 +2,7 @@
 """gpu_table.py - the compact table of a bench/gpu_bench.sh run.
 
 Reads the step files in OUT (default .gpu/out) and prints small tables: the alloc+free
-pair, the random workload, the shared traces (fragmentation, smallest cap, speed), the
+pair, the random workload, the traces (fragmentation, smallest cap, speed), the
 alternated before/after rounds of bench/ab_rounds.sh when the run made them, and the step
 log. A figure whose step failed or was skipped shows as "-", so the
 table always prints and says what is missing. Usage: gpu_table.py [OUT]

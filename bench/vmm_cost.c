@@ -2,7 +2,7 @@
  * size: one physical handle of N bytes (cuMemCreate + cuMemMap + cuMemSetAccess, then
  * cuMemUnmap + cuMemRelease) against N / 2 MiB handles of one granule each mapped side by
  * side with one cuMemSetAccess, and cuMemAlloc + cuMemFree of the same N. The vmm source's
- * design (one handle per mapped run, bench/RESULTS.md) rests on these figures.
+ * mapping policy (docs/performance.md) rests on these figures.
  *
  * Needs the CUDA toolkit's cuda.h. Build and run from the repository root on the GPU:
  *
