@@ -30,6 +30,11 @@ int cli_option_value(int argc, char **argv, int *index, const char *name, const 
     fprintf(stderr, "vramkit: %s needs a value\n", name);
     return -1;
   }
+  const char *next = argv[*index + 1];
+  if (next[0] == '-' && next[1] != '\0') {
+    fprintf(stderr, "vramkit: %s needs a value, and '%s' after it is an option\n", name, next);
+    return -1;
+  }
   *value = argv[++*index];
   return 1;
 }
@@ -69,10 +74,9 @@ int cli_parse_long(const char *option, const char *text, long min, long max, lon
 }
 
 int cli_base_options(vram_options_t *opts, int have_source, vram_source_kind source) {
+  /* The sim device keeps the library's default size, so that the command and the library
+   * (and the README) describe one device. */
   vram_options_init(opts);
-  /* The default sim device is sized like a GPU; replays and benchmarks want one where only
-   * an explicit --capacity makes anything run out. The environment may still set it. */
-  opts->sim_capacity = CLI_SIM_DEFAULT_CAPACITY;
   const char *why = NULL;
   if (vram_options_from_env(opts, &why) != VRAM_OK) {
     fprintf(stderr, "vramkit: %s\n", why ? why : "bad VRAMKIT_* environment variable");
@@ -128,6 +132,33 @@ uint64_t cli_device_calls(vram_pool_t *pool) {
   vram_stats_t stats;
   if (vram_get_stats(pool, &stats) != VRAM_OK) return 0;
   return stats.num_device_alloc + stats.num_device_free;
+}
+
+void cli_format_bytes(uint64_t bytes, char *text, size_t cap) {
+  static const char *const units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double value = (double)bytes;
+  size_t unit = 0;
+  while (value >= 1024.0 && unit + 1 < sizeof units / sizeof *units) {
+    value /= 1024.0;
+    unit++;
+  }
+  if (unit == 0) snprintf(text, cap, "%llu bytes", (unsigned long long)bytes);
+  else snprintf(text, cap, "%.1f %s", value, units[unit]);
+}
+
+int cli_status_is_oom(int status) { return status == VRAM_ENOMEM || status == VRAM_ETOOBIG; }
+
+void cli_report_too_big(vram_pool_t *pool, const char *who, uint64_t bytes) {
+  char size_text[32], total_text[32] = "unknown";
+  size_t free_bytes = 0, total_bytes = 0;
+  cli_format_bytes(bytes, size_text, sizeof size_text);
+  if (vram_mem_get_info(pool, &free_bytes, &total_bytes) == VRAM_OK)
+    cli_format_bytes(total_bytes, total_text, sizeof total_text);
+  fprintf(stderr,
+          "%s: out of memory: %llu bytes (%s) asked for, more than the %s device holds "
+          "(capacity %s)\n",
+          who, (unsigned long long)bytes, size_text, vram_source_name(vram_pool_source(pool)),
+          total_text);
 }
 
 void cli_print_oom_report(vram_pool_t *pool) {

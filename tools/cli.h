@@ -14,18 +14,26 @@
 /* Exit statuses, one per kind of failure so that scripts can tell them apart. */
 enum {
   CLI_EXIT_OK = 0,
-  CLI_EXIT_OOM = 1,       /* an allocation ran out of memory (e.g. under --capacity) */
-  CLI_EXIT_BAD_TRACE = 2, /* a trace file is unreadable or has a malformed line */
-  CLI_EXIT_USAGE = 3,     /* bad command line: unknown option, source or size */
+  CLI_EXIT_OOM = 1,       /* out of memory: under --capacity, or a size no device holds */
+  CLI_EXIT_BAD_TRACE = 2, /* a trace file is unreadable, empty, headerless or malformed */
+  CLI_EXIT_USAGE = 3,     /* bad command line: unknown option, missing value, bad size */
   CLI_EXIT_FAILURE = 4    /* the allocator failed: an error code, or bytes not returned */
 };
 
 #define CLI_EXIT_STATUS_HELP                                                               \
-  "Exit status: 0 ok, 1 out of memory, 2 bad trace file, 3 bad command line,\n"            \
-  "4 allocator failure (an unexpected error, or bytes not returned at the end).\n"
+  "Exit status:\n"                                                                         \
+  "  0  success\n"                                                                         \
+  "  1  out of memory: an allocation did not fit (under --capacity, or a size larger\n"    \
+  "     than the device holds)\n"                                                          \
+  "  2  bad trace file: unreadable, empty, without the '# vramkit-trace v1' header, or\n"  \
+  "     with a malformed line\n"                                                           \
+  "  3  bad command line: unknown command or option, an option without its value, a\n"     \
+  "     bad size or number\n"                                                              \
+  "  4  allocator failure: an unexpected error code, or bytes not returned at the end\n"
 
-/* Capacity of the sim device when none is given: large enough that nothing runs out. */
-#define CLI_SIM_DEFAULT_CAPACITY ((size_t)1 << 40)
+/* The sim device is the library's own default (vram_options_init: 80 GiB) unless
+ * VRAMKIT_SIM_CAPACITY or an option sizes it; this is what the help texts say. */
+#define CLI_SIM_CAPACITY_HELP "80 GiB"
 
 /* Subcommands: argv[0] is the subcommand's own name. */
 int cmd_replay(int argc, char **argv);
@@ -39,7 +47,8 @@ int cli_is_help(const char *arg);
 
 /* Match argv[*index] against "--name VALUE" or "--name=VALUE". Returns 1 and sets *value
  * (advancing *index past a separate value), 0 if it is another argument, or -1 after
- * printing an error when the value is missing. */
+ * printing an error when the value is missing. A separate value never starts with '-':
+ * no option takes one that does, so "--capacity --json" is a missing value, not a size. */
 int cli_option_value(int argc, char **argv, int *index, const char *name, const char **value);
 
 /* Parsers that print a message naming the option on bad input and return -1. */
@@ -47,9 +56,8 @@ int cli_parse_source(const char *text, vram_source_kind *kind);
 int cli_parse_size(const char *option, const char *text, size_t *bytes);
 int cli_parse_long(const char *option, const char *text, long min, long max, long *out);
 
-/* vram_options_init, the VRAMKIT_* environment on top, then the sim capacity default
- * (CLI_SIM_DEFAULT_CAPACITY unless VRAMKIT_SIM_CAPACITY set one) and the source when
- * have_source. Returns 0, or -1 after printing why the environment is bad. */
+/* vram_options_init, the VRAMKIT_* environment on top, then the source when have_source.
+ * Returns 0, or -1 after printing why the environment is bad. */
 int cli_base_options(vram_options_t *opts, int have_source, vram_source_kind source);
 
 /* A source that talks to a GPU (cuda, vmm, managed) rather than the host-only model. */
@@ -66,6 +74,18 @@ void cli_json_string(FILE *out, const char *text);
 /* Source allocations and releases so far: on a GPU source, driver calls of tens of
  * microseconds each, the cost that decides a replay's or a workload's time there. */
 uint64_t cli_device_calls(vram_pool_t *pool);
+
+/* "80.0 GiB": bytes in the largest binary unit that leaves a number of at least 1. */
+void cli_format_bytes(uint64_t bytes, char *text, size_t cap);
+
+/* For a request of `bytes` that vram_malloc refused as larger than any device holds: print
+ * to stderr that it does not fit, naming the size and the pool's device and capacity. */
+void cli_report_too_big(vram_pool_t *pool, const char *who, uint64_t bytes);
+
+/* Did vram_malloc fail because the memory is not there (an OOM, or a size beyond any
+ * device)? Such failures are the user's workload not fitting, exit status 1, not the
+ * allocator failing. */
+int cli_status_is_oom(int status);
 
 /* Print the pool's last OOM report to stderr. */
 void cli_print_oom_report(vram_pool_t *pool);

@@ -1,4 +1,6 @@
-/* replay.c - `vramkit replay`: trace replay as shared/DESIGN.md's replay contract states it.
+/* replay.c - `vramkit replay`: replay allocation traces through a pool and report peak
+ * live bytes, peak reserved bytes, their ratio and the time per op, one row or one JSON
+ * object per trace (the keys of that object are what scripts rely on; add, never rename).
  *
  * Each trace is parsed whole before anything runs (trace_io.c), then replayed on a fresh
  * pool per repetition with only the op loop under the clock. The allocator's own statistics
@@ -9,6 +11,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "cli.h"
 #include "hashtab.h"
+#include "reference.h"
 #include "trace_io.h"
 
 #include <stdlib.h>
@@ -19,9 +22,11 @@
 static const char replay_usage[] =
     "usage: vramkit replay [options] TRACE...\n"
     "\n"
-    "Replay allocation traces (format v1: gzip text, 'a ID SIZE STREAM T_US' and\n"
-    "'f ID STREAM T_US' lines) through a vramkit pool, and report peak live bytes, peak\n"
-    "reserved bytes, their ratio, and the time per op of the replay loop alone.\n"
+    "Replay allocation traces (format v1: gzip text, a first line '# vramkit-trace v1',\n"
+    "then 'a ID SIZE STREAM T_US' and 'f ID STREAM T_US' lines) through a vramkit pool,\n"
+    "and report peak live bytes, peak reserved bytes, their ratio, and the time per op of\n"
+    "the replay loop alone. A free of an ID the trace never allocated (a block from before\n"
+    "the recording) is skipped; stderr and the JSON key skipped_frees say how many.\n"
     "\n"
     "options:\n"
     "  --source S      sim (= sim:cuda), sim:vmm, cuda, vmm, managed or auto. Default: auto\n"
@@ -32,7 +37,8 @@ static const char replay_usage[] =
     "                  stream there; per-stream effects are measured on sim.\n"
     "  --capacity SIZE hard limit on reserved memory (and the sim device's capacity), e.g.\n"
     "                  14G. An op that runs out of memory is counted in 'ooms' and skipped\n"
-    "                  (its later free is ignored), and the exit status is 1.\n"
+    "                  (its later free is ignored), and the exit status is 1. Without it the\n"
+    "                  sim device has " CLI_SIM_CAPACITY_HELP " (VRAMKIT_SIM_CAPACITY changes that).\n"
     "  --min-capacity  also find the smallest capacity under which the trace replays with no\n"
     "                  out-of-memory, by bisection to 1 MiB between peak live and 4x peak live,\n"
     "                  on the host model of the source's family (sim for sim/cuda/managed,\n"
@@ -48,21 +54,12 @@ static const char replay_usage[] =
     "                  device_calls (and device_calls_warm): the source's allocations and\n"
     "                  releases, i.e. driver calls on a GPU source, of the timed pass.\n"
     "  --summary       print vram_summary() after each trace's replay (before the final\n"
-    "                  frees) and a fragmentation table at the end (to stderr with --json).\n"
+    "                  frees) and a fragmentation table at the end (to stderr with --json),\n"
+    "                  beside PyTorch's figures for the same traces where they were measured.\n"
     "  -h, --help      this text.\n"
     "\n"
     "SIZE takes K/M/G/T suffixes. The VRAMKIT_* environment variables apply first; the\n"
     "options override them.\n" CLI_EXIT_STATUS_HELP;
-
-/* PyTorch's figures from shared/DESIGN.md (H200), shown beside ours for reference only. */
-static const struct {
-  const char *trace;
-  double native_ratio;
-} pytorch_reference[] = {
-    {"gpt2_train", 1.124},
-    {"bert_infer_varlen", 1.929},
-    {"stream_prefetch", 1.754},
-};
 
 typedef struct replay_settings {
   vram_options_t options;
@@ -84,6 +81,7 @@ typedef struct replay_result {
   const char *name;
   vram_source_kind source;
   size_t ops;
+  size_t skipped_frees;           /* frees of ids the trace never allocated */
   uint64_t peak_live, peak_reserved, ooms;
   double ns_per_op;
   int have_min_capacity;          /* 1 found, 0 not asked, -1 no fit up to 4x peak live */
@@ -157,6 +155,22 @@ static int drain_and_check(vram_pool_t *pool, const trace_t *trace, void **block
   return failed ? CLI_EXIT_FAILURE : CLI_EXIT_OK;
 }
 
+/* The first OOM of a replay, with the pool's report of why; a size beyond any device has
+ * no report to give, so its message names the size and the device instead. */
+static void report_first_oom(vram_pool_t *pool, const trace_t *trace, size_t op_index,
+                             int status) {
+  uint64_t size = trace->ops[op_index].size;
+  if (status == VRAM_ETOOBIG) {
+    char who[512];
+    snprintf(who, sizeof who, "vramkit: %s: op %zu", trace->name, op_index);
+    cli_report_too_big(pool, who, size);
+    return;
+  }
+  fprintf(stderr, "vramkit: %s: op %zu (allocate %llu bytes) ran out of memory:\n",
+          trace->name, op_index, (unsigned long long)size);
+  cli_print_oom_report(pool);
+}
+
 /* One pass over the ops: the timed loop. OOMs are counted and the op skipped (its free is
  * then ignored, since the slot stays NULL); with stop_at_oom the pass ends at the first.
  * Any other error ends the pass with *failed_at set. Returns the ops executed. */
@@ -178,15 +192,11 @@ static size_t run_ops(vram_pool_t *pool, const trace_t *trace, replay_buffers_t 
       status = vram_malloc(pool, (size_t)op->size, streams[op->stream], &blocks[op->slot]);
       if (status != VRAM_OK) {
         blocks[op->slot] = NULL;
-        if (status != VRAM_ENOMEM) {
+        if (!cli_status_is_oom(status)) {
           *failed_at = done;
           break;
         }
-        if (oom_count++ == 0 && report_oom) {
-          fprintf(stderr, "vramkit: %s: op %zu (allocate %llu bytes) ran out of memory:\n",
-                  trace->name, done, (unsigned long long)op->size);
-          cli_print_oom_report(pool);
-        }
+        if (oom_count++ == 0 && report_oom) report_first_oom(pool, trace, done, status);
         if (stop_at_oom) break;
       }
     } else if (blocks[op->slot]) {
@@ -391,6 +401,7 @@ static void print_result_json(const replay_settings_t *settings, const replay_re
          "\"reserved_over_live\": %.3f, \"ns_per_op\": %.1f, \"ooms\": %llu",
          r->ops, (unsigned long long)r->peak_live, (unsigned long long)r->peak_reserved,
          ratio(r->peak_reserved, r->peak_live), r->ns_per_op, (unsigned long long)r->ooms);
+  printf(", \"skipped_frees\": %zu", r->skipped_frees);
   if (settings->have_capacity)
     printf(", \"capacity_bytes\": %llu", (unsigned long long)settings->capacity);
   printf(", \"repeat\": %ld", settings->repeat);
@@ -419,19 +430,23 @@ static void print_result_json(const replay_settings_t *settings, const replay_re
 
 static void print_fragmentation_table(FILE *out, const replay_result_t *results, size_t count) {
   fprintf(out, "\nFragmentation: peak reserved over peak live\n");
-  fprintf(out, "%-20s %-8s %14s %14s %9s %s\n", "trace", "source", "peak live",
-          "peak reserved", "vramkit", "PyTorch native (H200, DESIGN.md; for reference)");
+  fprintf(out, "%-20s %-8s %14s %14s %9s %14s %18s\n", "trace", "source", "peak live",
+          "peak reserved", "vramkit", "PyTorch native", "PyTorch expandable");
   for (size_t i = 0; i < count; i++) {
     const replay_result_t *r = &results[i];
-    char live[32], reserved[32], reference[32] = "-";
+    char live[32], reserved[32], native[16] = "-", expandable[16] = "-";
     snprintf(live, sizeof live, "%.1f MiB", (double)r->peak_live / (double)MIB);
     snprintf(reserved, sizeof reserved, "%.1f MiB", (double)r->peak_reserved / (double)MIB);
-    for (size_t k = 0; k < sizeof pytorch_reference / sizeof *pytorch_reference; k++)
-      if (strcmp(pytorch_reference[k].trace, r->name) == 0)
-        snprintf(reference, sizeof reference, "%.3f", pytorch_reference[k].native_ratio);
-    fprintf(out, "%-20s %-8s %14s %14s %9.3f %s\n", r->name, vram_source_name(r->source), live,
-            reserved, ratio(r->peak_reserved, r->peak_live), reference);
+    const reference_figures_t *reference = reference_lookup(r->name);
+    if (reference) {
+      snprintf(native, sizeof native, "%.3f", reference->native);
+      snprintf(expandable, sizeof expandable, "%.3f", reference->expandable);
+    }
+    fprintf(out, "%-20s %-8s %14s %14s %9.3f %14s %18s\n", r->name,
+            vram_source_name(r->source), live, reserved, ratio(r->peak_reserved, r->peak_live),
+            native, expandable);
   }
+  fprintf(out, "PyTorch's figures, for reference: %s.\n", reference_provenance);
 }
 
 /* Replay one parsed trace as the settings ask and fill *result. */
@@ -449,6 +464,7 @@ static int replay_trace(const replay_settings_t *settings, const trace_t *trace,
   memset(result, 0, sizeof *result);
   result->name = trace->name;
   result->ops = trace->op_count;
+  result->skipped_frees = trace->unmatched_frees;
   result->peak_live = trace->peak_live_bytes;
 
   vram_options_t options = settings->options;
@@ -510,122 +526,167 @@ static int replay_trace(const replay_settings_t *settings, const trace_t *trace,
   return status;
 }
 
-int cmd_replay(int argc, char **argv) {
-  replay_settings_t settings;
-  memset(&settings, 0, sizeof settings);
-  settings.repeat = 3;
-  int have_source = 0;
-  vram_source_kind source = VRAM_SOURCE_AUTO;
-  const char **paths = calloc((size_t)argc, sizeof *paths);
-  size_t path_count = 0;
-  int options_done = 0;
-  if (!paths) return CLI_EXIT_FAILURE;
+/* What the command line asked for: settings, the trace paths, or only the help. */
+typedef enum replay_parse { REPLAY_RUN, REPLAY_HELP, REPLAY_USAGE_ERROR } replay_parse_t;
 
+/* The options that take no value; returns 0 if arg is none of them. */
+static int parse_flag(const char *arg, replay_settings_t *settings) {
+  const struct {
+    const char *name;
+    int *target;
+  } flags[] = {
+      {"--json", &settings->json},
+      {"--summary", &settings->summary},
+      {"--min-capacity", &settings->min_capacity},
+      {"--baseline", &settings->baseline},
+      {"--warm", &settings->warm},
+  };
+  for (size_t k = 0; k < sizeof flags / sizeof *flags; k++) {
+    if (strcmp(arg, flags[k].name) == 0) {
+      *flags[k].target = 1;
+      return 1;
+    }
+  }
+  return 0;
+}
+
+/* The options that take a value. Returns 1 if arg was one of them (advancing *i past its
+ * value), 0 if not, -1 after printing what is wrong with it. */
+static int parse_valued(int argc, char **argv, int *i, replay_settings_t *settings,
+                        int *have_source, vram_source_kind *source) {
+  const char *value = NULL;
+  int matched;
+  if ((matched = cli_option_value(argc, argv, i, "--source", &value)) != 0) {
+    if (matched < 0 || cli_parse_source(value, source) != 0) return -1;
+    *have_source = 1;
+    return 1;
+  }
+  if ((matched = cli_option_value(argc, argv, i, "--capacity", &value)) != 0) {
+    if (matched < 0 || cli_parse_size("--capacity", value, &settings->capacity) != 0) return -1;
+    if (settings->capacity == 0) {
+      fprintf(stderr, "vramkit: --capacity must be more than 0\n");
+      return -1;
+    }
+    settings->have_capacity = 1;
+    return 1;
+  }
+  if ((matched = cli_option_value(argc, argv, i, "--repeat", &value)) != 0) {
+    if (matched < 0 || cli_parse_long("--repeat", value, 1, 1000, &settings->repeat) != 0)
+      return -1;
+    return 1;
+  }
+  return 0;
+}
+
+/* Fill settings and paths (room for argc entries) from the command line. */
+static replay_parse_t parse_replay_args(int argc, char **argv, replay_settings_t *settings,
+                                        const char **paths, size_t *path_count) {
+  memset(settings, 0, sizeof *settings);
+  settings->repeat = 3;
+  int have_source = 0, options_done = 0;
+  vram_source_kind source = VRAM_SOURCE_AUTO;
+  *path_count = 0;
   for (int i = 1; i < argc; i++) {
     const char *arg = argv[i];
-    const char *value = NULL;
-    int matched;
     if (options_done || arg[0] != '-' || arg[1] == '\0') {
-      paths[path_count++] = arg;
+      paths[(*path_count)++] = arg;
       continue;
     }
     if (strcmp(arg, "--") == 0) {
       options_done = 1;
-    } else if (cli_is_help(arg)) {
-      fputs(replay_usage, stdout);
-      free(paths);
-      return CLI_EXIT_OK;
-    } else if ((matched = cli_option_value(argc, argv, &i, "--source", &value)) != 0) {
-      if (matched < 0 || cli_parse_source(value, &source) != 0) goto usage_error;
-      have_source = 1;
-    } else if ((matched = cli_option_value(argc, argv, &i, "--capacity", &value)) != 0) {
-      if (matched < 0 || cli_parse_size("--capacity", value, &settings.capacity) != 0)
-        goto usage_error;
-      if (settings.capacity == 0) {
-        fprintf(stderr, "vramkit: --capacity must be more than 0\n");
-        goto usage_error;
-      }
-      settings.have_capacity = 1;
-    } else if ((matched = cli_option_value(argc, argv, &i, "--repeat", &value)) != 0) {
-      if (matched < 0 || cli_parse_long("--repeat", value, 1, 1000, &settings.repeat) != 0)
-        goto usage_error;
-    } else if (strcmp(arg, "--json") == 0) {
-      settings.json = 1;
-    } else if (strcmp(arg, "--summary") == 0) {
-      settings.summary = 1;
-    } else if (strcmp(arg, "--min-capacity") == 0) {
-      settings.min_capacity = 1;
-    } else if (strcmp(arg, "--baseline") == 0) {
-      settings.baseline = 1;
-    } else if (strcmp(arg, "--warm") == 0) {
-      settings.warm = 1;
-    } else {
+      continue;
+    }
+    if (cli_is_help(arg)) return REPLAY_HELP;
+    if (parse_flag(arg, settings)) continue;
+    int matched = parse_valued(argc, argv, &i, settings, &have_source, &source);
+    if (matched < 0) return REPLAY_USAGE_ERROR;
+    if (matched == 0) {
       fprintf(stderr, "vramkit replay: unknown option '%s' (see vramkit replay --help)\n", arg);
-      goto usage_error;
+      return REPLAY_USAGE_ERROR;
     }
   }
-  if (path_count == 0) {
+  if (*path_count == 0) {
     fprintf(stderr, "vramkit replay: no trace given (see vramkit replay --help)\n");
-    goto usage_error;
+    return REPLAY_USAGE_ERROR;
   }
-  if (cli_base_options(&settings.options, have_source, source) != 0) goto usage_error;
+  if (cli_base_options(&settings->options, have_source, source) != 0) return REPLAY_USAGE_ERROR;
+  return REPLAY_RUN;
+}
 
-  /* Parse everything first: a bad file is reported before minutes of replay, not after. */
-  trace_t *traces = calloc(path_count, sizeof *traces);
-  replay_result_t *results = calloc(path_count, sizeof *results);
-  if (!traces || !results) {
-    free(traces);
-    free(results);
-    free(paths);
-    return CLI_EXIT_FAILURE;
-  }
-  int status = CLI_EXIT_OK;
-  size_t loaded = 0;
-  for (; loaded < path_count; loaded++) {
+/* Parse every trace before replaying any: a bad file is reported before minutes of replay,
+ * not after. *loaded counts the traces to free afterwards. Returns a CLI_EXIT_* status. */
+static int load_traces(const char **paths, size_t path_count, trace_t *traces, size_t *loaded) {
+  for (*loaded = 0; *loaded < path_count; (*loaded)++) {
     char error[1024];
-    int rc = trace_load(paths[loaded], &traces[loaded], error, sizeof error);
+    trace_t *trace = &traces[*loaded];
+    int rc = trace_load(paths[*loaded], trace, error, sizeof error);
     if (rc != TRACE_OK) {
       fprintf(stderr, "vramkit replay: %s\n", error);
-      status = rc == TRACE_ENOMEM ? CLI_EXIT_FAILURE : CLI_EXIT_BAD_TRACE;
-      break;
+      return rc == TRACE_ENOMEM ? CLI_EXIT_FAILURE : CLI_EXIT_BAD_TRACE;
     }
-    if (traces[loaded].unmatched_frees)
-      fprintf(stderr, "vramkit replay: %s: %zu frees of blocks never allocated were skipped\n",
-              paths[loaded], traces[loaded].unmatched_frees);
+    if (trace->unmatched_frees)
+      fprintf(stderr,
+              "vramkit replay: %s: skipped %zu free%s of IDs the trace never allocated "
+              "(blocks from before the recording began)\n",
+              paths[*loaded], trace->unmatched_frees, trace->unmatched_frees == 1 ? "" : "s");
   }
+  return CLI_EXIT_OK;
+}
 
-  /* Rows go out as each trace finishes, except that with --summary in text mode the
-   * summaries come first and the table after them, so that neither breaks up the other. */
-  int any_oom = 0;
+/* Replay every trace and print what the settings ask for. Rows go out as each trace
+ * finishes, except that with --summary in text mode the summaries come first and the
+ * table after them, so that neither breaks up the other. */
+static int replay_all(const replay_settings_t *settings, const trace_t *traces, size_t count,
+                      replay_result_t *results) {
+  int status = CLI_EXIT_OK, any_oom = 0;
   size_t replayed = 0;
-  int rows_as_we_go = !settings.json && !settings.summary;
-  for (; status == CLI_EXIT_OK && replayed < path_count; replayed++) {
-    status = replay_trace(&settings, &traces[replayed], &results[replayed]);
-    if (status != CLI_EXIT_OK) break;
+  int rows_as_we_go = !settings->json && !settings->summary;
+  for (; replayed < count; replayed++) {
+    status = replay_trace(settings, &traces[replayed], &results[replayed]);
+    if (status != CLI_EXIT_OK) return status;
     if (results[replayed].ooms) any_oom = 1;
-    if (settings.json) print_result_json(&settings, &results[replayed]);
-    else if (rows_as_we_go) {
+    if (settings->json) {
+      print_result_json(settings, &results[replayed]);
+    } else if (rows_as_we_go) {
       /* The header waits for the first row, so that an early error stands alone. */
-      if (replayed == 0) print_table_header(&settings);
-      print_result_row(&settings, &results[replayed]);
+      if (replayed == 0) print_table_header(settings);
+      print_result_row(settings, &results[replayed]);
     }
   }
-  if (status == CLI_EXIT_OK && !settings.json && settings.summary) {
+  if (!settings->json && settings->summary) {
     printf("\n");
-    print_table_header(&settings);
-    for (size_t i = 0; i < replayed; i++) print_result_row(&settings, &results[i]);
+    print_table_header(settings);
+    for (size_t i = 0; i < replayed; i++) print_result_row(settings, &results[i]);
   }
-  if (status == CLI_EXIT_OK && settings.summary)
-    print_fragmentation_table(settings.json ? stderr : stdout, results, replayed);
-  if (status == CLI_EXIT_OK && any_oom) status = CLI_EXIT_OOM;
+  if (settings->summary)
+    print_fragmentation_table(settings->json ? stderr : stdout, results, replayed);
+  return any_oom ? CLI_EXIT_OOM : CLI_EXIT_OK;
+}
 
+int cmd_replay(int argc, char **argv) {
+  replay_settings_t settings;
+  size_t path_count = 0;
+  const char **paths = calloc((size_t)argc, sizeof *paths);
+  if (!paths) return CLI_EXIT_FAILURE;
+  replay_parse_t parsed = parse_replay_args(argc, argv, &settings, paths, &path_count);
+  if (parsed != REPLAY_RUN) {
+    if (parsed == REPLAY_HELP) fputs(replay_usage, stdout);
+    free(paths);
+    return parsed == REPLAY_HELP ? CLI_EXIT_OK : CLI_EXIT_USAGE;
+  }
+  trace_t *traces = calloc(path_count, sizeof *traces);
+  replay_result_t *results = calloc(path_count, sizeof *results);
+  int status = CLI_EXIT_FAILURE;
+  size_t loaded = 0;
+  if (traces && results) {
+    status = load_traces(paths, path_count, traces, &loaded);
+    if (status == CLI_EXIT_OK) status = replay_all(&settings, traces, path_count, results);
+  } else {
+    fprintf(stderr, "vramkit replay: out of host memory\n");
+  }
   for (size_t i = 0; i < loaded; i++) trace_free(&traces[i]);
   free(traces);
   free(results);
   free(paths);
   return status;
-
-usage_error:
-  free(paths);
-  return CLI_EXIT_USAGE;
 }
