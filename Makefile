@@ -1,36 +1,50 @@
 # Makefile - the two commands of the README, on top of CMake.
 #
-#   make run    set up, build, replay the example traces and print the summary and a
-#               fragmentation table
-#   make test   set up, build and pass every test: Release, a debug build with the full
-#               invariant check after every operation, an ASan+UBSan build with clang,
-#               and the Python tests
+#   make run     set up, build, replay the example traces and print the summary and a
+#                fragmentation table
+#   make test    set up, build and pass every test: Release, a debug build with the full
+#                invariant check after every operation, an ASan+UBSan build with clang,
+#                and the Python tests in a virtual environment
+#   make deps    the set-up alone: missing Debian packages (apt-get), and the virtual
+#                environment .venv with the Python packages the tests need (pip)
+#   make build   configure and build the Release tree in build/; installs nothing
 #
-# Set-up (`make deps`) installs only what is missing, so on a prepared machine it costs a
-# few dpkg queries. The dependency lists below are the only place dependencies are named.
+# Only `make deps` (which `make run` and `make test` call first) installs anything, and
+# only what is missing, so on a prepared machine it costs a few dpkg and import checks.
+# The dependency lists below are the only place dependencies are named.
 
-# Debian packages: compilers, CMake, the C test framework, zlib for the trace reader, and
-# what building and testing the Python package needs.
+# Debian packages: compilers, CMake, pkg-config, the C test framework, zlib for the trace
+# reader, and what building the Python extension and its virtual environment needs.
 DEBIAN_PACKAGES := build-essential cmake pkg-config clang libcmocka-dev zlib1g-dev gzip \
-                   python3 python3-dev python3-pip
-# Python packages as distribution:module (the module is what we try to import).
+                   python3 python3-dev python3-venv
+# Python packages of the test environment, as distribution:module (the module is what we
+# try to import): the build backend (the package is built without build isolation, from
+# what is installed here), the test runner, and numpy for the buffer-protocol tests.
 PYTHON_PACKAGES := scikit-build-core:scikit_build_core pytest:pytest numpy:numpy
 
 SHELL := /bin/bash
 PYTHON ?= python3
+# The Python tests run here, never in the system interpreter. A plain venv: everything the
+# tests import is installed into it, so no system site-packages are needed.
+VENV := .venv
+VENV_PYTHON := $(VENV)/bin/python
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-CTEST := ctest --output-on-failure -j2
+# conformance_cuda, _vmm and _managed need a GPU (VRAMKIT_TEST_GPU=1, bench/gpu_bench.sh
+# runs them there); without one the same suite runs against the fake driver as
+# conformance_*_fake_driver, so they are left out rather than listed as skipped.
+CTEST_GPU_ONLY := $(if $(VRAMKIT_TEST_GPU),,-E '^conformance_(cuda|vmm|managed)$$')
+CTEST := ctest --output-on-failure -j2 $(CTEST_GPU_ONLY)
 TRACES := $(wildcard data/traces/*.trace.gz)
 
-# Debian's Python is "externally managed" (PEP 668): without this pip refuses to install
-# next to apt's packages. It is harmless where pip does not know the setting.
-export PIP_BREAK_SYSTEM_PACKAGES := 1
-export PIP_ROOT_USER_ACTION := ignore
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: all run test deps deps-debian deps-python build build-debug build-asan \
+.PHONY: all run test test-intro deps deps-debian deps-python build build-debug build-asan \
         test-release test-debug test-asan pytest bench clean
+
+# Prerequisites run in the order written (set-up before any build); each build runs its
+# own compile jobs in parallel.
+.NOTPARALLEL:
 
 all: build
 
@@ -50,40 +64,54 @@ deps-debian:
 	fi
 
 deps-python: deps-debian
+	@[ -x $(VENV_PYTHON) ] || { echo "creating the virtual environment $(VENV)"; \
+	                            $(PYTHON) -m venv $(VENV); }
 	@missing=""; \
 	for entry in $(PYTHON_PACKAGES); do \
-	  $(PYTHON) -c "import $${entry#*:}" >/dev/null 2>&1 || missing="$$missing $${entry%%:*}"; \
+	  $(VENV_PYTHON) -c "import $${entry#*:}" >/dev/null 2>&1 || missing="$$missing $${entry%%:*}"; \
 	done; \
 	if [ -n "$$missing" ]; then \
-	  echo "installing Python packages:$$missing"; \
-	  $(PYTHON) -m pip install $$missing; \
+	  echo "installing Python packages into $(VENV):$$missing"; \
+	  $(VENV_PYTHON) -m pip install $$missing; \
 	fi
 
 # ---- builds ------------------------------------------------------------------------------
+# The builds install nothing; on a machine without the tools, `make deps` first.
 
 # The tool lands at build/vramkit.
-build: deps
+build:
+	@command -v cmake >/dev/null || { echo "cmake not found: run 'make deps' first" >&2; exit 1; }
 	cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
 	cmake --build build -j$(JOBS)
 
 # Level 3 runs the full invariant check (_vram_pool_is_valid) after every operation.
-build-debug: deps
+build-debug:
 	cmake -S . -B build-debug -DCMAKE_BUILD_TYPE=Debug -DVRAMKIT_DEBUG_LEVEL=3
 	cmake --build build-debug -j$(JOBS)
 
 # AddressSanitizer and UndefinedBehaviorSanitizer, built with clang (the compiler is fixed
 # when build-asan is first configured).
-build-asan: deps
+build-asan:
 	CC=clang cmake -S . -B build-asan -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DVRAMKIT_SANITIZE=ON -DVRAMKIT_DEBUG_LEVEL=3
 	cmake --build build-asan -j$(JOBS)
 
 # ---- the two commands --------------------------------------------------------------------
 
-run: build
+run: deps build
 	build/vramkit replay --summary $(TRACES)
 
-test: test-release test-debug test-asan pytest
+test: test-intro deps test-release test-debug test-asan pytest
+
+# What `make test` runs and how long it takes, said before it starts. The time is one run
+# from a fresh clone on a 2-core machine with the dependencies installed.
+test-intro:
+	@echo "make test: builds and runs four suites, about 5 minutes on 2 cores:"
+	@echo "  1. Release build (build/): the C tests under ctest, the C quick start, the install test"
+	@echo "  2. Debug build (build-debug/): the same tests, the invariant checker after every call"
+	@echo "  3. clang ASan+UBSan build (build-asan/): the same tests under the sanitizers"
+	@echo "  4. pytest in $(VENV): the Python package built from this tree, and its tests on sim"
+	@echo "  (conformance_cuda/vmm/managed need a GPU; here that suite runs on the fake driver)"
 
 test-release: build
 	cd build && $(CTEST)
@@ -95,18 +123,13 @@ test-asan: build-asan
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 $(CTEST)
 
-# ---- the Python part ---------------------------------------------------------------------
-# PYTHON PART: owned with the Python package; its engineer gives the exact commands. It
-# installs the package from this tree (scikit-build-core builds the C core and the
-# extension) and runs tests/python. Skipped while there is no pyproject.toml.
-pytest: deps
-	@if [ -f pyproject.toml ]; then \
-	  set -x; \
-	  $(PYTHON) -m pip install --no-build-isolation . && \
-	  $(PYTHON) -m pytest -q tests/python; \
-	else \
-	  echo "no pyproject.toml: skipping the Python tests"; \
-	fi
+# ---- the Python tests --------------------------------------------------------------------
+# The package is installed from this tree into .venv (scikit-build-core builds the C core
+# and the extension; --no-build-isolation builds with the backend installed there, so
+# nothing is downloaded at this step) and tests/python runs from that interpreter.
+pytest: deps-python
+	$(VENV_PYTHON) -m pip install -q --no-build-isolation .
+	$(VENV_PYTHON) -m pytest -q tests/python
 
 # ---- extras ------------------------------------------------------------------------------
 
@@ -122,4 +145,4 @@ bench: build
 	build/vramkit bench scale
 
 clean:
-	rm -rf build build-debug build-asan
+	rm -rf build build-debug build-asan $(VENV)

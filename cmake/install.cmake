@@ -1,8 +1,8 @@
 # cmake/install.cmake - what `cmake --install` puts on a system for C users: the shared
-# and static library, include/vramkit.h, a CMake package (find_package(vramkit) gives the
-# imported targets vramkit::vramkit and vramkit::vramkit_static, with a version file) and
-# a pkg-config file (vramkit.pc). Included at the end of the top-level CMakeLists.txt,
-# after the targets exist.
+# and static library, include/vramkit.h, the vramkit command, a CMake package
+# (find_package(vramkit) gives the imported targets vramkit::vramkit and
+# vramkit::vramkit_static, with a version file) and a pkg-config file (vramkit.pc).
+# Included at the end of the top-level CMakeLists.txt, after the targets exist.
 #
 # Not under scikit-build-core: the wheel installs the shared library into the Python
 # package itself (python/CMakeLists.txt), and a system-style layout there would be dead
@@ -36,6 +36,10 @@ install(TARGETS vramkit vramkit_static EXPORT vramkitTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(FILES ${PROJECT_SOURCE_DIR}/include/vramkit.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+# The vramkit command (replay, bench) goes on the PATH beside the library it is built on.
+if(VRAMKIT_BUILD_TOOLS)
+  install(TARGETS vramkit_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+endif()
 
 install(EXPORT vramkitTargets NAMESPACE vramkit:: DESTINATION ${VRAMKIT_CMAKE_DIR})
 configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/vramkitConfig.cmake.in
