@@ -1,16 +1,17 @@
 /* bench.c - `vramkit bench`: the allocator's micro-benchmarks.
  *
- *   random  the DESIGN.md random workload, the same op sequence the anchor instruments ran
- *           through cudaMalloc, cudaMallocAsync and PyTorch (workload.c);
- *   pair    alloc+free of one cached size, timed the way anchors/torch_bench.cpp times
- *           PyTorch's raw_alloc/raw_delete, so that the two figures compare directly;
- *   scale   cost per op with 1,000 and with 1,000,000 live blocks (issue 2: within 2x),
- *           which is where a linear scan or a tree that grows deep would show.
+ *   random  the random workload (workload.c): the op sequence that PyTorch's allocator and
+ *           cudaMallocAsync were also measured on, so that the figures compare directly;
+ *   pair    alloc+free of one cached size, timed as PyTorch's raw_alloc/raw_delete pair
+ *           was timed for comparison: warm-up, then the median of five batches;
+ *   scale   cost per op with 1,000 and with 1,000,000 live blocks, which is where a linear
+ *           scan or a tree that grows deep would show (the aim: within 2x).
  * Only the op loops are timed; ops and sizes are generated beforehand.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "cli.h"
 #include "hashtab.h"
+#include "reference.h"
 #include "workload.h"
 
 #include <stdlib.h>
@@ -30,8 +31,8 @@ static const char bench_usage[] =
     "usage: vramkit bench COMMAND [options]\n"
     "\n"
     "commands:\n"
-    "  random  the random workload of DESIGN.md (200,000 ops, <= 1,000 live, sizes\n"
-    "          log-uniform 256 B..32 MiB, seed 42; the anchors' exact op sequence)\n"
+    "  random  the random workload (200,000 ops, <= 1,000 live, sizes log-uniform\n"
+    "          256 B..32 MiB, seed 42), the op sequence PyTorch was measured on too\n"
     "  pair    alloc+free of a cached size, ns per pair\n"
     "  scale   ns per op with 1,000 and with 1,000,000 live blocks, and their ratio\n"
     "\n"
@@ -40,12 +41,13 @@ static const char bench_usage[] =
 static const char random_usage[] =
     "usage: vramkit bench random [--source S] [--json]\n"
     "\n"
-    "Run the random workload of DESIGN.md: 200,000 decisions (allocate with probability 1/2\n"
-    "while between 0 and 1,000 blocks are live), sizes log-uniform from 256 B to 32 MiB from\n"
-    "an xorshift64 generator with seed 42, then frees of what is left: the same op sequence\n"
-    "as shared/anchors/workload.h. Three passes on one pool; prints the best ns per op and\n"
-    "peak reserved over peak live (the DESIGN.md target: at most 1.15; PyTorch: 1.303), and\n"
-    "the source calls (driver calls on a GPU) of the first and of the last pass.\n"
+    "Run the random workload: 200,000 decisions (allocate with probability 1/2 while\n"
+    "between 0 and 1,000 blocks are live), sizes log-uniform from 256 B to 32 MiB from an\n"
+    "xorshift64 generator with seed 42, then frees of what is left; the same op sequence\n"
+    "that PyTorch's caching allocator was measured on. Three passes on one pool; prints the\n"
+    "best ns per op, peak reserved over peak live (the aim: at most 1.15) beside PyTorch's\n"
+    "figure, and the source calls (driver calls on a GPU) of the first and of the last pass.\n"
+    "The sim device has " CLI_SIM_CAPACITY_HELP " unless VRAMKIT_SIM_CAPACITY says otherwise.\n"
     "VRAMKIT_* variables apply: VRAMKIT_TIGHT_THRESHOLD=0 measures tight placement.\n"
     "\n"
     "  --source S  sim, sim:vmm, cuda, vmm, managed or auto (default auto); every op runs on\n"
@@ -57,8 +59,8 @@ static const char pair_usage[] =
     "\n"
     "For each size: warm-up pairs (1,000, and 0.2 s at least), then 5 batches of N\n"
     "vram_malloc+vram_free pairs of that size on the default stream; prints the median\n"
-    "batch's ns per pair (as anchors/torch_bench.cpp does for PyTorch's raw_alloc and\n"
-    "raw_delete).\n"
+    "batch's ns per pair, timed as PyTorch's raw_alloc and raw_delete pair was timed for\n"
+    "comparison. A size larger than the device holds is out of memory (exit status 1).\n"
     "\n"
     "  --source S    sim, sim:vmm, cuda, vmm, managed or auto (default auto).\n"
     "  --sizes LIST  comma-separated sizes with K/M/G suffixes (default 512,64K,2M,64M).\n"
@@ -71,11 +73,12 @@ static const char scale_usage[] =
     "Fill a pool with N live blocks (sizes log-uniform 256 B..256 KiB), then time a steady\n"
     "mix that frees a random live block and allocates a new one in its place, so the live\n"
     "count stays N. Done for a small and a large N; prints ns per op for both and the\n"
-    "large-over-small ratio (issue 2's target: within 2x). The same loop with a hash-table\n"
+    "large-over-small ratio (the aim: within 2x). The same loop with a hash-table\n"
     "delete and insert per step in place of free and malloc is timed beside it, to show how\n"
     "much of the growth is cache misses that any pointer map pays.\n"
     "\n"
-    "  --source S  default sim with a 1 TiB device (this measures the engine, not a GPU).\n"
+    "  --source S  default sim with an " CLI_SIM_CAPACITY_HELP " device (this measures the engine, not\n"
+    "              a GPU); VRAMKIT_SIM_CAPACITY resizes it.\n"
     "  --small N   live blocks of the small case (default 1000).\n"
     "  --large N   live blocks of the large case (default 1000000).\n"
     "  --ops N     timed ops per pass, frees and allocations together (default 1000000);\n"
@@ -112,11 +115,20 @@ static int unknown_option(const char *command, const char *arg) {
   return CLI_EXIT_USAGE;
 }
 
-/* Report a failed call inside a benchmark loop and pick the exit status for it. */
+/* Report a failed call inside a benchmark loop and pick the exit status for it: a size
+ * that does not fit is the user's to change (exit 1), anything else the allocator's. */
 static int loop_failure(vram_pool_t *pool, const char *what, size_t size, int status) {
-  fprintf(stderr, "vramkit bench: %s of %zu bytes failed: %s (%s)\n", what, size,
-          vram_strerror(status), vram_errname(status));
-  if (status == VRAM_ENOMEM) {
+  if (status == VRAM_ETOOBIG) {
+    char who[128];
+    snprintf(who, sizeof who, "vramkit bench: %s", what);
+    cli_report_too_big(pool, who, size);
+    return CLI_EXIT_OOM;
+  }
+  if (size) fprintf(stderr, "vramkit bench: %s of %zu bytes failed: %s (%s)\n", what, size,
+                   vram_strerror(status), vram_errname(status));
+  else fprintf(stderr, "vramkit bench: %s failed: %s (%s)\n", what, vram_strerror(status),
+               vram_errname(status));
+  if (cli_status_is_oom(status)) {
     cli_print_oom_report(pool);
     return CLI_EXIT_OOM;
   }
@@ -150,6 +162,111 @@ static int compare_doubles(const void *a, const void *b) {
 
 /* ---- random --------------------------------------------------------------------------- */
 
+/* The random workload, generated before anything is timed, and its peak live bytes. */
+typedef struct random_workload {
+  workload_op_t *ops;
+  size_t op_count;
+  uint64_t peak_live;
+} random_workload_t;
+
+/* What the passes measured. */
+typedef struct random_measure {
+  double best_ns;
+  uint64_t peak_reserved;
+  uint64_t calls_cold, calls_warm;
+  vram_source_kind source;
+} random_measure_t;
+
+static int random_workload_make(random_workload_t *w) {
+  size_t capacity = WORKLOAD_RANDOM_OPS + WORKLOAD_RANDOM_MAX_LIVE;
+  memset(w, 0, sizeof *w);
+  w->ops = malloc(sizeof *w->ops * capacity);
+  uint64_t *slot_sizes = calloc(WORKLOAD_RANDOM_MAX_LIVE, sizeof *slot_sizes);
+  if (w->ops)
+    w->op_count = workload_make_random(w->ops, WORKLOAD_RANDOM_OPS, WORKLOAD_RANDOM_MAX_LIVE,
+                                       WORKLOAD_RANDOM_MIN_SIZE, WORKLOAD_RANDOM_MAX_SIZE,
+                                       WORKLOAD_RANDOM_SEED);
+  if (!slot_sizes || w->op_count == 0) {
+    free(slot_sizes);
+    return -1;
+  }
+  /* Peak live is a property of the op sequence alone, not of any allocator. */
+  uint64_t live = 0;
+  for (size_t i = 0; i < w->op_count; i++) {
+    const workload_op_t *op = &w->ops[i];
+    if (op->is_alloc) {
+      slot_sizes[op->slot] = op->size;
+      live += op->size;
+      if (live > w->peak_live) w->peak_live = live;
+    } else {
+      live -= slot_sizes[op->slot];
+    }
+  }
+  free(slot_sizes);
+  return 0;
+}
+
+/* RANDOM_PASSES timed passes on one pool. Returns a CLI_EXIT_* status; on failure the pool
+ * is already destroyed. */
+static int random_passes(vram_pool_t *pool, const random_workload_t *w, void **blocks,
+                         random_measure_t *m) {
+  /* Source calls (driver calls on a GPU) of the first pass, on an empty pool, and of the
+   * last, on a pool the earlier passes filled: what tight placement costs shows here. */
+  for (int pass = 0; pass < RANDOM_PASSES; pass++) {
+    uint64_t calls_before = cli_device_calls(pool);
+    double start = cli_now_ns();
+    for (size_t i = 0; i < w->op_count; i++) {
+      const workload_op_t *op = &w->ops[i];
+      int status = op->is_alloc ? vram_malloc(pool, op->size, NULL, &blocks[op->slot])
+                                : vram_free(pool, blocks[op->slot]);
+      if (status != VRAM_OK) {
+        int result = loop_failure(pool, op->is_alloc ? "vram_malloc" : "vram_free",
+                                  op->size, status);
+        /* The run is void; destroy_force also frees the blocks the failed pass left live. */
+        vram_pool_destroy_force(pool);
+        return result;
+      }
+    }
+    double ns = (cli_now_ns() - start) / (double)w->op_count;
+    if (pass == 0 || ns < m->best_ns) m->best_ns = ns;
+    m->calls_warm = cli_device_calls(pool) - calls_before;
+    if (pass == 0) m->calls_cold = m->calls_warm;
+  }
+  vram_stats_t stats;
+  if (vram_get_stats(pool, &stats) == VRAM_OK) m->peak_reserved = (uint64_t)stats.reserved_bytes.peak;
+  m->source = vram_pool_source(pool);
+  return close_pool(pool);
+}
+
+static void random_print(int json, const random_workload_t *w, const random_measure_t *m) {
+  double over_live = w->peak_live ? (double)m->peak_reserved / (double)w->peak_live : 0.0;
+  if (json) {
+    printf("{\"bench\": \"random\", \"source\": ");
+    cli_json_string(stdout, vram_source_name(m->source));
+    printf(", \"ops\": %zu, \"passes\": %d, \"ns_per_op\": %.1f, \"peak_live_bytes\": %llu, "
+           "\"peak_reserved_bytes\": %llu, \"reserved_over_live\": %.3f, \"device_calls\": %llu, "
+           "\"device_calls_warm\": %llu}\n",
+           w->op_count, RANDOM_PASSES, m->best_ns, (unsigned long long)w->peak_live,
+           (unsigned long long)m->peak_reserved, over_live, (unsigned long long)m->calls_cold,
+           (unsigned long long)m->calls_warm);
+    return;
+  }
+  printf("random workload on %s: %zu ops (200,000 random + drain), best of %d passes\n",
+         vram_source_name(m->source), w->op_count, RANDOM_PASSES);
+  printf("  ns per op            %10.1f\n", m->best_ns);
+  printf("  peak live            %10.1f MiB\n", (double)w->peak_live / (double)MIB);
+  printf("  peak reserved        %10.1f MiB\n", (double)m->peak_reserved / (double)MIB);
+  const reference_figures_t *pytorch = reference_lookup("random");
+  if (pytorch)
+    printf("  reserved over live   %10.3f   (PyTorch native %.3f, expandable %.3f)\n", over_live,
+           pytorch->native, pytorch->expandable);
+  else
+    printf("  reserved over live   %10.3f\n", over_live);
+  printf("  source calls         %10llu first pass, %llu last pass\n",
+         (unsigned long long)m->calls_cold, (unsigned long long)m->calls_warm);
+  if (pytorch) printf("PyTorch's figures, for reference: %s.\n", reference_provenance);
+}
+
 static int bench_random(int argc, char **argv) {
   bench_common_t common = {0};
   for (int i = 1; i < argc; i++) {
@@ -164,94 +281,21 @@ static int bench_random(int argc, char **argv) {
   vram_options_t options;
   if (cli_base_options(&options, common.have_source, common.source) != 0) return CLI_EXIT_USAGE;
 
-  size_t capacity = WORKLOAD_RANDOM_OPS + WORKLOAD_RANDOM_MAX_LIVE;
-  workload_op_t *ops = malloc(sizeof *ops * capacity);
+  random_workload_t workload;
   void **blocks = calloc(WORKLOAD_RANDOM_MAX_LIVE, sizeof *blocks);
-  uint64_t *slot_sizes = calloc(WORKLOAD_RANDOM_MAX_LIVE, sizeof *slot_sizes);
-  size_t op_count = ops ? workload_make_random(ops, WORKLOAD_RANDOM_OPS, WORKLOAD_RANDOM_MAX_LIVE,
-                                               WORKLOAD_RANDOM_MIN_SIZE, WORKLOAD_RANDOM_MAX_SIZE,
-                                               WORKLOAD_RANDOM_SEED)
-                          : 0;
   int result = CLI_EXIT_OK;
-  if (!ops || !blocks || !slot_sizes || op_count == 0) {
+  if (random_workload_make(&workload) != 0 || !blocks) {
     fprintf(stderr, "vramkit bench random: out of host memory\n");
     result = CLI_EXIT_FAILURE;
-    goto done;
   }
-  /* Peak live is a property of the op sequence, computed as the anchors compute it. */
-  uint64_t live = 0, peak_live = 0;
-  for (size_t i = 0; i < op_count; i++) {
-    if (ops[i].is_alloc) {
-      slot_sizes[ops[i].slot] = ops[i].size;
-      live += ops[i].size;
-      if (live > peak_live) peak_live = live;
-    } else {
-      live -= slot_sizes[ops[i].slot];
-    }
-  }
-
   vram_pool_t *pool = NULL;
-  if (cli_pool_create(&pool, &options) != VRAM_OK) {
+  if (result == CLI_EXIT_OK && cli_pool_create(&pool, &options) != VRAM_OK)
     result = CLI_EXIT_FAILURE;
-    goto done;
-  }
-  double best = 0;
-  /* Source calls (driver calls on a GPU) of the first pass, on an empty pool, and of the
-   * last, on a pool the earlier passes filled: what tight placement costs shows here. */
-  uint64_t calls_cold = 0, calls_warm = 0;
-  for (int pass = 0; pass < RANDOM_PASSES && result == CLI_EXIT_OK; pass++) {
-    uint64_t calls_before = cli_device_calls(pool);
-    double start = cli_now_ns();
-    for (size_t i = 0; i < op_count; i++) {
-      const workload_op_t *op = &ops[i];
-      int status = op->is_alloc ? vram_malloc(pool, op->size, NULL, &blocks[op->slot])
-                                : vram_free(pool, blocks[op->slot]);
-      if (status != VRAM_OK) {
-        result = loop_failure(pool, op->is_alloc ? "vram_malloc" : "vram_free",
-                              op->is_alloc ? op->size : slot_sizes[op->slot], status);
-        break;
-      }
-    }
-    double ns = (cli_now_ns() - start) / (double)op_count;
-    if (pass == 0 || ns < best) best = ns;
-    calls_warm = cli_device_calls(pool) - calls_before;
-    if (pass == 0) calls_cold = calls_warm;
-  }
-  if (result != CLI_EXIT_OK) {
-    /* The run is void; destroy_force also frees the blocks the failed pass left live. */
-    vram_pool_destroy_force(pool);
-    goto done;
-  }
-  vram_stats_t stats;
-  vram_get_stats(pool, &stats);
-  vram_source_kind source = vram_pool_source(pool);
-  uint64_t peak_reserved = (uint64_t)stats.reserved_bytes.peak;
-  result = close_pool(pool);
-  double over_live = peak_live ? (double)peak_reserved / (double)peak_live : 0.0;
-  if (common.json) {
-    printf("{\"bench\": \"random\", \"source\": ");
-    cli_json_string(stdout, vram_source_name(source));
-    printf(", \"ops\": %zu, \"passes\": %d, \"ns_per_op\": %.1f, \"peak_live_bytes\": %llu, "
-           "\"peak_reserved_bytes\": %llu, \"reserved_over_live\": %.3f, \"device_calls\": %llu, "
-           "\"device_calls_warm\": %llu}\n",
-           op_count, RANDOM_PASSES, best, (unsigned long long)peak_live,
-           (unsigned long long)peak_reserved, over_live, (unsigned long long)calls_cold,
-           (unsigned long long)calls_warm);
-  } else {
-    printf("random workload on %s: %zu ops (200,000 random + drain), best of %d passes\n",
-           vram_source_name(source), op_count, RANDOM_PASSES);
-    printf("  ns per op            %10.1f\n", best);
-    printf("  peak live            %10.1f MiB\n", (double)peak_live / (double)MIB);
-    printf("  peak reserved        %10.1f MiB\n", (double)peak_reserved / (double)MIB);
-    printf("  reserved over live   %10.3f   (PyTorch native 1.303, expandable 1.147: DESIGN.md)\n",
-           over_live);
-    printf("  source calls         %10llu first pass, %llu last pass\n",
-           (unsigned long long)calls_cold, (unsigned long long)calls_warm);
-  }
-done:
-  free(ops);
+  random_measure_t measured = {0};
+  if (result == CLI_EXIT_OK) result = random_passes(pool, &workload, blocks, &measured);
+  if (result == CLI_EXIT_OK) random_print(common.json, &workload, &measured);
+  free(workload.ops);
   free(blocks);
-  free(slot_sizes);
   return result;
 }
 
@@ -284,6 +328,34 @@ static int parse_size_list(const char *text, size_t *sizes, int *count) {
     return -1;
   }
   return 0;
+}
+
+/* Warm up, then time PAIR_BATCHES batches of `pairs` alloc+free pairs of one size, sorted
+ * fastest first. Returns the status of the call that failed, or VRAM_OK. */
+static int pair_batches(vram_pool_t *pool, size_t size, long pairs, double *batches) {
+  void *block = NULL;
+  int status = VRAM_OK;
+  /* The warm-up puts a block of this size in the cache, so every timed pair hits it, and
+   * runs for PAIR_WARMUP_NS at least: a core that was idle runs at a low clock for its
+   * first milliseconds, which would otherwise land in the first batches and make the
+   * same code measure half again as slow in one run as in the next. */
+  double warm_start = cli_now_ns();
+  for (long w = 0; status == VRAM_OK && (w < PAIR_WARMUP || cli_now_ns() - warm_start < PAIR_WARMUP_NS); w++) {
+    status = vram_malloc(pool, size, NULL, &block);
+    if (status == VRAM_OK) status = vram_free(pool, block);
+  }
+  for (int b = 0; b < PAIR_BATCHES && status == VRAM_OK; b++) {
+    double start = cli_now_ns();
+    for (long p = 0; p < pairs; p++) {
+      status = vram_malloc(pool, size, NULL, &block);
+      if (status != VRAM_OK) break;
+      status = vram_free(pool, block);
+      if (status != VRAM_OK) break;
+    }
+    batches[b] = (cli_now_ns() - start) / (double)pairs;
+  }
+  if (status == VRAM_OK) qsort(batches, PAIR_BATCHES, sizeof *batches, compare_doubles);
+  return status;
 }
 
 static int bench_pair(int argc, char **argv) {
@@ -320,34 +392,13 @@ static int bench_pair(int argc, char **argv) {
 
   for (int s = 0; s < size_count; s++) {
     size_t size = sizes[s];
-    void *block = NULL;
-    int status = VRAM_OK;
-    /* The warm-up puts a block of this size in the cache, so every timed pair hits it, and
-     * runs for PAIR_WARMUP_NS at least: a core that was idle runs at a low clock for its
-     * first milliseconds, which otherwise lands in the first batches (seen on the H200
-     * host: the same code measured 52 ns in one run and 81 ns in the next). */
-    double warm_start = cli_now_ns();
-    for (long w = 0; status == VRAM_OK && (w < PAIR_WARMUP || cli_now_ns() - warm_start < PAIR_WARMUP_NS); w++) {
-      status = vram_malloc(pool, size, NULL, &block);
-      if (status == VRAM_OK) status = vram_free(pool, block);
-    }
     double batches[PAIR_BATCHES];
-    for (int b = 0; b < PAIR_BATCHES && status == VRAM_OK; b++) {
-      double start = cli_now_ns();
-      for (long p = 0; p < pairs; p++) {
-        status = vram_malloc(pool, size, NULL, &block);
-        if (status != VRAM_OK) break;
-        status = vram_free(pool, block);
-        if (status != VRAM_OK) break;
-      }
-      batches[b] = (cli_now_ns() - start) / (double)pairs;
-    }
+    int status = pair_batches(pool, size, pairs, batches);
     if (status != VRAM_OK) {
       int result = loop_failure(pool, "vram_malloc+vram_free", size, status);
       vram_pool_destroy_force(pool);
       return result;
     }
-    qsort(batches, PAIR_BATCHES, sizeof *batches, compare_doubles);
     double median = batches[PAIR_BATCHES / 2];
     if (common.json) {
       printf("{\"bench\": \"pair\", \"source\": ");

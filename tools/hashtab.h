@@ -2,7 +2,7 @@
  *
  * Two users: the trace reader maps trace block ids to dense slots with it, and
  * `vramkit replay --baseline` times one insert or delete per replayed op with it, the
- * yardstick the allocator's per-op cost is judged against (issue 2: at most 8x). That
+ * yardstick the allocator's per-op cost is judged against (the aim: at most 8x it). That
  * second use is why everything here is inline: the baseline must be the bare table cost,
  * not the cost of a call. Linear probing with backward-shift deletion keeps probe runs
  * short without tombstones; the table never grows on its own, callers size it up front.

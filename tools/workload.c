@@ -1,7 +1,7 @@
-/* workload.c - the random allocation workload shared with the anchor instruments.
+/* workload.c - the random allocation workload of `vramkit bench random`.
  *
- * Every draw happens in the same order as in shared/anchors/workload.h, because the point
- * of this file is to reproduce that op sequence bit for bit (see workload.h).
+ * Every draw happens in a fixed order, because the point of this file is to reproduce bit
+ * for bit the op sequence that other allocators were measured on (see workload.h).
  */
 #include "workload.h"
 
@@ -37,7 +37,7 @@ size_t workload_make_random(workload_op_t *ops, size_t random_ops, uint32_t max_
     return 0;
   }
   workload_rng_t rng = {seed};
-  /* Stacked so that slot 0 is handed out first, as the anchor does. */
+  /* Stacked so that slot 0 is handed out first, as in the sequence the comparison used. */
   uint32_t free_count = max_live, live_count = 0;
   for (uint32_t i = 0; i < max_live; i++) free_slots[i] = max_live - 1 - i;
 

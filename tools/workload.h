@@ -1,10 +1,10 @@
 /* workload.h - the random allocation workload of vramkit's benchmarks.
  *
- * The same operation sequence as the anchor instruments (shared/anchors/workload.h): an
- * xorshift64 generator, log-uniform sizes, at most max_live blocks live, a fair coin between
- * allocate and free while neither limit binds, then a drain of what is still live. Keeping
- * the sequence identical is what makes our ns per op and reserved/live comparable with the
- * figures PyTorch and cudaMallocAsync gave on the same ops.
+ * The operation sequence that PyTorch's allocator and cudaMallocAsync were measured on (the
+ * figures in reference.c): an xorshift64 generator, log-uniform sizes, at most max_live
+ * blocks live, a fair coin between allocate and free while neither limit binds, then a
+ * drain of what is still live. Keeping the sequence identical is what makes our ns per op
+ * and reserved/live comparable with theirs.
  */
 #ifndef VRAMKIT_TOOLS_WORKLOAD_H
 #define VRAMKIT_TOOLS_WORKLOAD_H
@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* The DESIGN.md workload: 200,000 random ops, <= 1,000 live, 256 B .. 32 MiB, seed 42. */
+/* The reference workload: 200,000 random ops, <= 1,000 live, 256 B .. 32 MiB, seed 42. */
 #define WORKLOAD_RANDOM_OPS 200000
 #define WORKLOAD_RANDOM_MAX_LIVE 1000
 #define WORKLOAD_RANDOM_MIN_SIZE ((size_t)256)
