@@ -1,0 +1,145 @@
+# check_cli.cmake - the vramkit command's behaviour on bad input, one case per CTest test.
+#
+# Each case runs the built command the way a new user would and checks its exit status and
+# what it says: the status scripts rely on (see the "Exit status" part of `vramkit --help`)
+# and a message that names the file or option at fault. The traces a case needs are written
+# into WORK first, so the cases depend on nothing but the command itself.
+#
+# Usage: cmake -DTOOL=path/to/vramkit -DWORK=scratch/dir -DCASE=name -P check_cli.cmake
+if(NOT TOOL OR NOT WORK OR NOT CASE)
+  message(FATAL_ERROR "usage: cmake -DTOOL=... -DWORK=... -DCASE=... -P check_cli.cmake")
+endif()
+file(MAKE_DIRECTORY "${WORK}")
+
+# The sim source with its default size and no limit, whatever the caller's environment says:
+# the cases check the command's defaults, not the machine's settings.
+set(ENV{VRAMKIT_SOURCE} sim)
+foreach(variable VRAMKIT_SIM_CAPACITY VRAMKIT_LIMIT VRAMKIT_PREALLOCATE
+                 VRAMKIT_RELEASE_THRESHOLD VRAMKIT_TIGHT_THRESHOLD)
+  unset(ENV{${variable}})
+endforeach()
+
+set(HEADER "# vramkit-trace v1 workload=test")
+
+# Write a trace of the given lines (a list) into WORK/name and set ${name}_path to it.
+function(write_trace name)
+  string(REPLACE ";" "\n" text "${ARGN}")
+  if(NOT text STREQUAL "")
+    string(APPEND text "\n")
+  endif()
+  file(WRITE "${WORK}/${name}" "${text}")
+  set(${name}_path "${WORK}/${name}" PARENT_SCOPE)
+endfunction()
+
+# run(STATUS n ARGS ... [STDERR regex...] [STDOUT regex...] [NOT_STDERR regex...])
+# Every STDERR / STDOUT regex must match that stream; no NOT_STDERR regex may match stderr.
+function(run)
+  cmake_parse_arguments(RUN "" "STATUS" "ARGS;STDERR;STDOUT;NOT_STDERR" ${ARGN})
+  execute_process(COMMAND "${TOOL}" ${RUN_ARGS}
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  string(REPLACE ";" " " shown "${RUN_ARGS}")
+  set(context "vramkit ${shown}\n--- exit status ${rc}\n--- stdout\n${out}\n--- stderr\n${err}")
+  if(NOT rc STREQUAL "${RUN_STATUS}")
+    message(FATAL_ERROR "expected exit status ${RUN_STATUS}:\n${context}")
+  endif()
+  foreach(pattern IN LISTS RUN_STDERR)
+    if(NOT err MATCHES "${pattern}")
+      message(FATAL_ERROR "stderr does not match '${pattern}':\n${context}")
+    endif()
+  endforeach()
+  foreach(pattern IN LISTS RUN_STDOUT)
+    if(NOT out MATCHES "${pattern}")
+      message(FATAL_ERROR "stdout does not match '${pattern}':\n${context}")
+    endif()
+  endforeach()
+  foreach(pattern IN LISTS RUN_NOT_STDERR)
+    if(err MATCHES "${pattern}")
+      message(FATAL_ERROR "stderr should not match '${pattern}':\n${context}")
+    endif()
+  endforeach()
+endfunction()
+
+if(CASE STREQUAL "empty_trace")
+  write_trace(empty.trace)
+  run(STATUS 2 ARGS replay ${empty.trace_path}
+      STDERR "empty\\.trace: empty file" "# vramkit-trace v1")
+  # The gzip of nothing is just as empty once decompressed.
+  file(ARCHIVE_CREATE OUTPUT "${WORK}/empty.trace.gz" PATHS "${empty.trace_path}"
+       FORMAT raw COMPRESSION GZip)
+  run(STATUS 2 ARGS replay "${WORK}/empty.trace.gz" STDERR "empty\\.trace\\.gz: empty file")
+
+elseif(CASE STREQUAL "missing_header")
+  write_trace(bare.trace "a 1 512 0 0" "f 1 0 1")
+  run(STATUS 2 ARGS replay ${bare.trace_path}
+      STDERR "bare\\.trace:1: not a vramkit trace" "'a 1 512 0 0'")
+  write_trace(future.trace "# vramkit-trace v2" "a 1 512 0 0")
+  run(STATUS 2 ARGS replay ${future.trace_path}
+      STDERR "future\\.trace:1: trace format 'v2' is not one this vramkit reads \\(v1\\)")
+  # A comment is not a header either: the format line comes first.
+  write_trace(comment_first.trace "# recorded by hand" "${HEADER}" "a 1 512 0 0")
+  run(STATUS 2 ARGS replay ${comment_first.trace_path} STDERR "comment_first\\.trace:1: not a vramkit trace")
+  # The header alone is a valid trace of no operations.
+  write_trace(header_only.trace "${HEADER}")
+  run(STATUS 0 ARGS replay --json --repeat 1 ${header_only.trace_path}
+      STDOUT "\"trace\": \"header_only\"" "\"ops\": 0,")
+
+elseif(CASE STREQUAL "option_without_value")
+  write_trace(one.trace "${HEADER}" "a 1 512 0 0" "f 1 0 1")
+  run(STATUS 3 ARGS replay --capacity STDERR "--capacity needs a value")
+  # The next argument is an option, not the value: it must not be read as a size.
+  run(STATUS 3 ARGS replay --capacity --json ${one.trace_path}
+      STDERR "--capacity needs a value, and '--json' after it is an option"
+      NOT_STDERR "bad size")
+  run(STATUS 0 ARGS replay --capacity=1G --json --repeat 1 ${one.trace_path}
+      STDOUT "\"capacity_bytes\": 1073741824")
+  # Every other option that takes a value behaves the same way.
+  foreach(command "replay;--source" "replay;--repeat" "bench;random;--source"
+                  "bench;pair;--sizes" "bench;pair;--pairs" "bench;scale;--small"
+                  "bench;scale;--large" "bench;scale;--ops")
+    list(GET command -1 option)
+    run(STATUS 3 ARGS ${command} STDERR "${option} needs a value")
+    run(STATUS 3 ARGS ${command} --json ${one.trace_path}
+        STDERR "${option} needs a value, and '--json' after it is an option")
+  endforeach()
+
+elseif(CASE STREQUAL "skipped_frees")
+  # Two frees of IDs that were never allocated: blocks from before the recording began.
+  write_trace(partial.trace "${HEADER}" "f 7 0 0" "a 1 4096 0 1" "f 8 0 2" "f 1 0 3")
+  run(STATUS 0 ARGS replay --json --repeat 1 ${partial.trace_path}
+      STDOUT "\"skipped_frees\": 2[,}]" "\"ops\": 2,"
+      STDERR "partial\\.trace: skipped 2 frees of IDs the trace never allocated")
+  write_trace(whole.trace "${HEADER}" "a 1 4096 0 1" "f 1 0 3")
+  run(STATUS 0 ARGS replay --json --repeat 1 ${whole.trace_path}
+      STDOUT "\"skipped_frees\": 0[,}]" NOT_STDERR "skipped")
+
+elseif(CASE STREQUAL "sim_capacity")
+  # The sim device has the library's default size, 80 GiB, as the documentation states.
+  write_trace(fits.trace "${HEADER}" "a 1 85899345920 0 0" "f 1 0 1")
+  run(STATUS 0 ARGS replay --json --repeat 1 ${fits.trace_path} STDOUT "\"ooms\": 0")
+  write_trace(too_big.trace "${HEADER}" "a 1 85899345921 0 0" "f 1 0 1")
+  run(STATUS 1 ARGS replay --json --repeat 1 ${too_big.trace_path}
+      STDOUT "\"ooms\": 1" STDERR "device capacity 80\\.00 GiB")
+
+elseif(CASE STREQUAL "size_beyond_any_device")
+  # 2^48 + 1 bytes: out of memory (exit 1) naming the size and the device, not an allocator
+  # failure (exit 4), and not a claim that rounding the size would overflow.
+  write_trace(huge.trace "${HEADER}" "a 1 281474976710657 0 0" "f 1 0 1")
+  run(STATUS 1 ARGS replay --repeat 1 ${huge.trace_path}
+      STDERR "281474976710657 bytes" "capacity 80\\.0 GiB" NOT_STDERR "overflow")
+  run(STATUS 1 ARGS bench pair --source sim --pairs 1 --sizes 1000T
+      STDERR "1099511627776000 bytes" "sim device" NOT_STDERR "overflow")
+
+elseif(CASE STREQUAL "exit_status_help")
+  # Every help text documents the exit statuses that the cases above check.
+  foreach(command "--help" "replay;--help" "bench;--help" "bench;pair;--help")
+    run(STATUS 0 ARGS ${command}
+        STDOUT "Exit status:" "1  out of memory" "2  bad trace file" "3  bad command line"
+               "4  allocator failure")
+  endforeach()
+  run(STATUS 3 ARGS no-such-command STDERR "unknown command 'no-such-command'")
+  run(STATUS 3 ARGS replay --no-such-option x STDERR "unknown option '--no-such-option'")
+  run(STATUS 2 ARGS replay "${WORK}/does-not-exist.trace" STDERR "does-not-exist\\.trace: cannot open")
+
+else()
+  message(FATAL_ERROR "unknown case '${CASE}'")
+endif()
