@@ -10,16 +10,27 @@ or, before Numba touches the GPU:
 
 Device allocations come from vramkit's pool of the current device; host allocations stay
 with Numba (HostOnlyCUDAMemoryManager).
+
+Out of memory raises what Numba's own memory manager raises, and what numba.cuda users
+catch: numba.cuda.cudadrv.driver.CudaAPIError with the CUDA_ERROR_OUT_OF_MEMORY code, its
+message carrying vramkit's report (also as ``.report``). Before giving up, memalloc does
+what Numba's manager does: it flushes Numba's pending deallocations (and collects
+garbage, so unreachable arrays give their blocks back) and tries once more.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 
-from numba.cuda.cudadrv.driver import (GetIpcHandleMixin, HostOnlyCUDAMemoryManager, MemoryInfo,
-                                       MemoryPointer)
-from numba.cuda.cudadrv import driver as _driver
+try:
+    from numba.cuda.cudadrv.driver import (CudaAPIError, GetIpcHandleMixin,
+                                           HostOnlyCUDAMemoryManager, MemoryInfo, MemoryPointer)
+    from numba.cuda.cudadrv import driver as _driver
+except ImportError as _exc:  # say what to install rather than "No module named numba"
+    raise ImportError("vramkit.numba needs Numba with CUDA: pip install numba numba-cuda "
+                      "(or pip install 'vramkit[numba]')") from _exc
 
 import vramkit
 
@@ -27,10 +38,35 @@ import vramkit
 def _device_pointer(address: int):
     """The pointer type this Numba's driver layer expects: the NVIDIA binding's CUdeviceptr
     where Numba uses it, a ctypes integer otherwise."""
-    uses_binding = getattr(_driver, "USE_NV_BINDING", hasattr(_driver, "binding"))
-    if uses_binding:
+    if _uses_binding():
         return _driver.binding.CUdeviceptr(address)
     return ctypes.c_uint64(address)
+
+
+def _uses_binding() -> bool:
+    return bool(getattr(_driver, "USE_NV_BINDING", hasattr(_driver, "binding")))
+
+
+# The driver API's code for out of memory, the same in every CUDA version.
+_CUDA_ERROR_OUT_OF_MEMORY = 2
+
+
+def _out_of_memory_code():
+    """CUDA_ERROR_OUT_OF_MEMORY as this Numba's driver layer spells error codes: the NVIDIA
+    binding's CUresult where Numba uses it (an IntEnum, equal to the plain code too), the
+    plain int otherwise. Numba's own manager compares CudaAPIError.code with it."""
+    if _uses_binding():
+        return _driver.binding.CUresult.CUDA_ERROR_OUT_OF_MEMORY
+    return _CUDA_ERROR_OUT_OF_MEMORY
+
+
+def _out_of_memory(size: int, device: int) -> CudaAPIError:
+    report = vramkit.last_oom_report(device)
+    message = (f"CUDA_ERROR_OUT_OF_MEMORY: vramkit could not allocate {size} bytes on device "
+               f"{device}")
+    error = CudaAPIError(_out_of_memory_code(), f"{message}\n{report}" if report else message)
+    error.report = report
+    return error
 
 
 class VramkitMemoryManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
@@ -49,7 +85,19 @@ class VramkitMemoryManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         vramkit.memory_reserved(self._device_id())
 
     def memalloc(self, size):
-        buf = vramkit.empty(size, device=self._device_id())
+        device = self._device_id()
+        try:
+            buf = vramkit.empty(size, device=device)
+        except vramkit.OutOfMemoryError:
+            # Numba's own manager retries once after flushing its deferred frees.
+            pending = getattr(self, "deallocations", None)
+            if pending is not None:
+                pending.clear()
+            gc.collect()
+            try:
+                buf = vramkit.empty(size, device=device)
+            except vramkit.OutOfMemoryError as exc:
+                raise _out_of_memory(size, device) from exc
         # The finalizer holds the buffer; Numba calls it when the array dies.
         return MemoryPointer(self.context, _device_pointer(buf.ptr), size,
                              finalizer=buf.free)

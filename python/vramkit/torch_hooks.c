@@ -1,21 +1,32 @@
-/* torch_hooks.c - the C functions PyTorch's CUDAPluggableAllocator calls.
+/* torch_hooks.c - what PyTorch's CUDAPluggableAllocator needs from vramkit, in plain C.
  *
  * Built into libvramkit_torch.so, which links the shared libvramkit: the pools these hooks
  * use are the same process-wide default pools that vramkit._core (also linked to
  * libvramkit) reports on, so vramkit.memory_stats() sees PyTorch's allocations.
  *
- * PyTorch calls these from C++ with no GIL and no way to raise a Python exception through
- * them, so they never abort and never print: on failure the alloc hook returns NULL (which
- * PyTorch turns into its own out-of-memory error) and records which device failed, so
- * vramkit.last_oom_report() can fetch the engine's report for it.
+ * PyTorch does not check the pointer its alloc function returns: a NULL becomes a tensor at
+ * address 0, and the first kernel on it destroys the process's CUDA context. A failed
+ * allocation must therefore raise a C++ exception PyTorch translates (c10::OutOfMemoryError),
+ * which C cannot do. So this library has no alloc function of its own: it offers
+ * vramkit_torch_alloc(), which reports a failure as a status and a message, and the small
+ * C++ library built from torch_oom.cpp against the installed PyTorch (vramkit/_torch_build.py)
+ * turns that into the exception. Everything else (free, empty_cache, the memory fraction,
+ * record_stream) cannot fail in a way PyTorch could report, and lives here.
+ *
+ * These functions run with no GIL, on PyTorch's threads (autograd's among them): they never
+ * abort, never print, and keep the last failure for vramkit.last_oom_report().
  */
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stddef.h>
 #include <sys/types.h>
 
 #include "vramkit.h"
 
 #define VRAMKIT_TORCH_API __attribute__((visibility("default")))
+
+/* The outcomes of vramkit_torch_alloc(); torch_oom.cpp maps them to exceptions. */
+enum { VRAMKIT_TORCH_OK = 0, VRAMKIT_TORCH_OOM = 1, VRAMKIT_TORCH_ERROR = 2 };
 
 /* Enough for any single host; devices beyond it still work but are not emptied by
  * empty_cache nor searched by record_stream. */
@@ -37,40 +48,76 @@ static void note_failure(int device, int status) {
   if (status == VRAM_ENOMEM) atomic_store(&last_oom_device, device);
 }
 
-static vram_pool_t *pool_of(int device) {
-  vram_pool_t *pool = NULL;
-  int rc = vram_default_pool(device, &pool);
+static int pool_of(int device, vram_pool_t **pool) {
+  int rc = vram_default_pool(device, pool);
   if (rc != VRAM_OK) {
     note_failure(device, rc);
-    return NULL;
+    return rc;
   }
   if (device >= 0 && device < MAX_DEVICES) atomic_store_explicit(&device_used[device], 1,
                                                                  memory_order_relaxed);
-  return pool;
+  return VRAM_OK;
 }
 
-/* void* alloc_fn(ssize_t size, int device, cudaStream_t stream) */
-VRAMKIT_TORCH_API void *vramkit_torch_malloc(ssize_t size, int device, void *stream) {
-  if (size < 0) {
-    note_failure(device, VRAM_EINVAL);
-    return NULL;
+/* "4.00 GiB", as PyTorch writes sizes in its own out-of-memory message. */
+static void format_size(char *buf, size_t cap, size_t bytes) {
+  static const char *const units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double value = (double)bytes;
+  size_t unit = 0;
+  while (value >= 1024.0 && unit + 1 < sizeof units / sizeof units[0]) {
+    value /= 1024.0;
+    unit++;
   }
-  vram_pool_t *pool = pool_of(device);
-  if (pool == NULL) return NULL;
-  void *ptr = NULL;
-  int rc = vram_malloc(pool, (size_t)size, (vram_stream_t)stream, &ptr);
-  if (rc != VRAM_OK) {
+  if (unit == 0) snprintf(buf, cap, "%zu bytes", bytes);
+  else snprintf(buf, cap, "%.2f %s", value, units[unit]);
+}
+
+/* The message PyTorch's user sees. An out-of-memory one starts "CUDA out of memory.", the
+ * words PyTorch's own allocator uses and that batch-size finders (Hugging Face accelerate,
+ * Lightning) look for, and carries the engine's report: sizes, limit, fragmentation, what
+ * to try. */
+static void compose_message(char *msg, size_t cap, int status, int device, size_t size,
+                            vram_pool_t *pool) {
+  if (msg == NULL || cap == 0) return;
+  char want[32];
+  format_size(want, sizeof want, size);
+  int n;
+  if (status == VRAM_ENOMEM)
+    n = snprintf(msg, cap, "CUDA out of memory. Tried to allocate %s on device %d through "
+                           "vramkit.\n", want, device);
+  else
+    n = snprintf(msg, cap, "vramkit could not allocate %s on CUDA device %d: %s (%s).", want,
+                 device, vram_strerror(status), vram_errname(status));
+  if (n < 0 || (size_t)n >= cap || status != VRAM_ENOMEM || pool == NULL) return;
+  vram_oom_report(pool, msg + n, cap - (size_t)n);
+}
+
+/* Allocate `size` bytes on `device` for `stream`. On success *out is a block (NULL only for
+ * size 0, as PyTorch's own allocator gives) and the result VRAMKIT_TORCH_OK; on failure
+ * *out is untouched, `msg` holds the message and the result says whether it was out of
+ * memory. Sizes come as PyTorch's size_t. */
+VRAMKIT_TORCH_API int vramkit_torch_alloc(size_t size, int device, void *stream, void **out,
+                                          char *msg, size_t msg_cap) {
+  vram_pool_t *pool = NULL;
+  int rc = pool_of(device, &pool);
+  if (rc == VRAM_OK) {
+    void *ptr = NULL;
+    rc = vram_malloc(pool, size, (vram_stream_t)stream, &ptr);
+    if (rc == VRAM_OK) {
+      *out = ptr;
+      return VRAMKIT_TORCH_OK;
+    }
     note_failure(device, rc);
-    return NULL;
   }
-  return ptr;
+  compose_message(msg, msg_cap, rc, device, size, pool);
+  return rc == VRAM_ENOMEM ? VRAMKIT_TORCH_OOM : VRAMKIT_TORCH_ERROR;
 }
 
-/* void free_fn(void* ptr, ssize_t size, int device, cudaStream_t stream). The pool knows
+/* void free_fn(void* ptr, size_t size, int device, cudaStream_t stream). The pool knows
  * the block's size and stream already. */
-VRAMKIT_TORCH_API void vramkit_torch_free(void *ptr, ssize_t size, int device, void *stream) {
-  vram_pool_t *pool = pool_of(device);
-  if (pool == NULL) return;
+VRAMKIT_TORCH_API void vramkit_torch_free(void *ptr, size_t size, int device, void *stream) {
+  vram_pool_t *pool = NULL;
+  if (pool_of(device, &pool) != VRAM_OK) return;
   int rc = vram_free(pool, ptr);
   if (rc != VRAM_OK) note_failure(device, rc);
 }
@@ -79,19 +126,18 @@ VRAMKIT_TORCH_API void vramkit_torch_free(void *ptr, ssize_t size, int device, v
 VRAMKIT_TORCH_API void vramkit_torch_empty_cache(void) {
   for (int d = 0; d < MAX_DEVICES; d++) {
     if (!atomic_load_explicit(&device_used[d], memory_order_relaxed)) continue;
-    vram_pool_t *pool = pool_of(d);
-    if (pool != NULL) {
-      int rc = vram_empty_cache(pool);
-      if (rc != VRAM_OK) note_failure(d, rc);
-    }
+    vram_pool_t *pool = NULL;
+    if (pool_of(d, &pool) != VRAM_OK) continue;
+    int rc = vram_empty_cache(pool);
+    if (rc != VRAM_OK) note_failure(d, rc);
   }
 }
 
 /* torch.cuda.set_per_process_memory_fraction() -> set_memory_fraction_fn: void(double, int).
  * The fraction becomes a hard limit on the memory the pool reserves, as in PyTorch. */
 VRAMKIT_TORCH_API void vramkit_torch_set_memory_fraction(double fraction, int device) {
-  vram_pool_t *pool = pool_of(device);
-  if (pool == NULL) return;
+  vram_pool_t *pool = NULL;
+  if (pool_of(device, &pool) != VRAM_OK) return;
   /* A fraction of 0 means no memory at all to PyTorch, while a limit of 0 bytes means no
    * limit to vramkit: ask for a limit of one byte instead, as vramkit's own
    * set_per_process_memory_fraction does. */
