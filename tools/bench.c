@@ -36,7 +36,8 @@ static const char bench_usage[] =
     "  pair    alloc+free of a cached size, ns per pair\n"
     "  scale   ns per op with 1,000 and with 1,000,000 live blocks, and their ratio\n"
     "\n"
-    "vramkit bench COMMAND --help describes each one.\n" CLI_EXIT_STATUS_HELP;
+    "vramkit bench COMMAND --help describes each one.\n"
+    "\n" CLI_EXIT_STATUS_HELP;
 
 static const char random_usage[] =
     "usage: vramkit bench random [--source S] [--json]\n"
@@ -52,7 +53,8 @@ static const char random_usage[] =
     "\n"
     "  --source S  sim, sim:vmm, cuda, vmm, managed or auto (default auto); every op runs on\n"
     "              the default stream.\n"
-    "  --json      one JSON object instead of text.\n" CLI_EXIT_STATUS_HELP;
+    "  --json      one JSON object instead of text.\n"
+    "\n" CLI_EXIT_STATUS_HELP;
 
 static const char pair_usage[] =
     "usage: vramkit bench pair [--source S] [--sizes LIST] [--pairs N] [--json]\n"
@@ -65,7 +67,8 @@ static const char pair_usage[] =
     "  --source S    sim, sim:vmm, cuda, vmm, managed or auto (default auto).\n"
     "  --sizes LIST  comma-separated sizes with K/M/G suffixes (default 512,64K,2M,64M).\n"
     "  --pairs N     pairs per batch (default 200000).\n"
-    "  --json        one JSON object per size instead of text.\n" CLI_EXIT_STATUS_HELP;
+    "  --json        one JSON object per size instead of text.\n"
+    "\n" CLI_EXIT_STATUS_HELP;
 
 static const char scale_usage[] =
     "usage: vramkit bench scale [--source S] [--small N] [--large N] [--ops N] [--json]\n"
@@ -83,7 +86,8 @@ static const char scale_usage[] =
     "  --large N   live blocks of the large case (default 1000000).\n"
     "  --ops N     timed ops per pass, frees and allocations together (default 1000000);\n"
     "              best of 3 passes.\n"
-    "  --json      one JSON object instead of text.\n" CLI_EXIT_STATUS_HELP;
+    "  --json      one JSON object instead of text.\n"
+    "\n" CLI_EXIT_STATUS_HELP;
 
 typedef struct bench_common {
   int have_source;

@@ -18,7 +18,7 @@ static const char main_usage[] =
     "  help     this text\n"
     "\n"
     "vramkit COMMAND --help describes a command. --version prints the version.\n"
-    CLI_EXIT_STATUS_HELP;
+    "\n" CLI_EXIT_STATUS_HELP;
 
 int main(int argc, char **argv) {
   if (argc < 2) {

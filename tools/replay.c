@@ -59,7 +59,8 @@ static const char replay_usage[] =
     "  -h, --help      this text.\n"
     "\n"
     "SIZE takes K/M/G/T suffixes. The VRAMKIT_* environment variables apply first; the\n"
-    "options override them.\n" CLI_EXIT_STATUS_HELP;
+    "options override them.\n"
+    "\n" CLI_EXIT_STATUS_HELP;
 
 typedef struct replay_settings {
   vram_options_t options;

@@ -1,0 +1,134 @@
+"""The installed ``vramkit`` script: the same command as the C tool, plus Python subcommands.
+
+These tests install nothing: they run the script that installing the package put next to
+this interpreter (or on the PATH), as a pip user would, and hold it to the C tool's
+contract: replay's JSON keys, the help, and the exit status of each kind of error as the
+help itself states it. The C command the script hands over to is run directly beside it,
+to show that both give the same answers.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import vramkit.cli
+
+TRACES = sorted((Path(__file__).resolve().parents[2] / "data" / "traces").glob("*.trace.gz"))
+
+# The keys every replay --json object has (the replay contract), and skipped_frees.
+REPLAY_KEYS = {"trace", "source", "ops", "peak_live_bytes", "peak_reserved_bytes",
+               "reserved_over_live", "ns_per_op", "ooms", "skipped_frees"}
+
+
+def installed_script() -> Path:
+    beside = Path(sys.executable).with_name("vramkit")
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return beside
+    found = shutil.which("vramkit")
+    if found is None:
+        pytest.fail("no installed `vramkit` script beside this interpreter or on the PATH: "
+                    "install the package first (make pytest does)", pytrace=False)
+    return Path(found)
+
+
+def run(program, *args, cwd=None):
+    # The sim source at its default size: conftest's smaller sim device would not hold the
+    # shipped traces, and a GPU, where there is one, is not what these tests are about.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VRAMKIT_")}
+    env["VRAMKIT_SOURCE"] = "sim"
+    return subprocess.run([str(program), *map(str, args)], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+
+
+def exit_statuses(help_text: str) -> dict[str, int]:
+    """The "Exit status:" part of a help text, as {first words of the meaning: status}."""
+    part = help_text.split("Exit status:", 1)[1]
+    return {meaning.strip(): int(code)
+            for code, meaning in re.findall(r"^  (\d)  ([a-z ]+)", part, re.MULTILINE)}
+
+
+@pytest.fixture(scope="module")
+def script():
+    return installed_script()
+
+
+@pytest.fixture(scope="module")
+def binary():
+    path = vramkit.cli.binary_path()
+    assert os.access(path, os.X_OK), f"the package has no C command at {path}"
+    return path
+
+
+def test_replay_json_on_the_shipped_traces(script):
+    assert len(TRACES) >= 3, "data/traces should hold the example traces"
+    done = run(script, "replay", "--json", "--repeat", "1", *TRACES)
+    assert done.returncode == 0, done.stderr
+    objects = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    assert [o["trace"] for o in objects] == [t.name.removesuffix(".trace.gz") for t in TRACES]
+    for result in objects:
+        assert REPLAY_KEYS <= result.keys(), REPLAY_KEYS - result.keys()
+        assert result["source"] == "sim"
+        assert result["ops"] > 0 and result["ooms"] == 0 and result["skipped_frees"] >= 0
+        assert result["peak_reserved_bytes"] >= result["peak_live_bytes"] > 0
+        assert result["reserved_over_live"] == pytest.approx(
+            result["peak_reserved_bytes"] / result["peak_live_bytes"], abs=1e-3)
+
+
+def test_help_lists_c_and_python_subcommands(script, binary):
+    done = run(script, "--help")
+    assert done.returncode == 0, done.stderr
+    commands = done.stdout.split("commands:\n", 1)[1].split("\n\n", 1)[0]
+    names = [line.split()[0] for line in commands.splitlines()]
+    for name in ("replay", "bench", *vramkit.cli.COMMANDS):
+        assert name in names, f"{name} missing from:\n{commands}"
+    # The rest of the text is the C command's own, the exit statuses included.
+    c_help = run(binary, "--help").stdout
+    assert exit_statuses(done.stdout) == exit_statuses(c_help)
+    for line in c_help.splitlines():
+        assert line in done.stdout.splitlines()
+
+
+def test_subcommand_help_is_the_c_commands(script, binary):
+    for args in (["replay", "--help"], ["bench", "pair", "--help"], ["help", "replay"]):
+        mine, theirs = run(script, *args), run(binary, *args)
+        assert mine.returncode == theirs.returncode == 0, mine.stderr
+        assert mine.stdout == theirs.stdout
+        assert "usage: vramkit" in mine.stdout
+
+
+def test_error_exit_statuses_follow_the_help(script, binary, tmp_path):
+    statuses = exit_statuses(run(script, "--help").stdout)
+    empty = tmp_path / "empty.trace"
+    empty.write_text("")
+    cases = [
+        (statuses["bad trace file"], ["replay", empty], "empty.trace: empty file"),
+        (statuses["bad command line"], ["replay", "--capacity"], "--capacity needs a value"),
+        (statuses["bad command line"], ["no-such-command"], "unknown command"),
+    ]
+    for status, args, message in cases:
+        mine, theirs = run(script, *args), run(binary, *args)
+        assert mine.returncode == theirs.returncode == status, (args, mine.stderr)
+        assert message in mine.stderr and mine.stderr == theirs.stderr
+
+
+def test_python_m_vramkit_is_the_same_command(script):
+    as_module = run(sys.executable, "-m", "vramkit", "replay", "--capacity")
+    as_script = run(script, "replay", "--capacity")
+    assert as_module.returncode == as_script.returncode == 3
+    assert as_module.stderr == as_script.stderr
+
+
+def test_version_subcommand_agrees_with_the_c_command(script, binary):
+    done = run(script, "version")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == run(binary, "--version").stdout.strip() == f"vramkit {vramkit.__version__}"
+    assert lines[2] == f"command: {binary}"
+    wrong = run(script, "version", "extra")
+    assert wrong.returncode == 3 and "unexpected argument 'extra'" in wrong.stderr
