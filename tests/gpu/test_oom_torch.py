@@ -215,7 +215,7 @@ def test_accelerate_finder_under_vramkit(gpu_run):
             run()
         finally:
             print("tried", tried)
-            print("\n".join(errors))
+            print("\\n".join(errors))
         assert len(tried) >= 2 and tried[-1] * 2 == tried[-2]
     """)
     assert "tried" in out
