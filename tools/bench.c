@@ -122,17 +122,11 @@ static int unknown_option(const char *command, const char *arg) {
 /* Report a failed call inside a benchmark loop and pick the exit status for it: a size
  * that does not fit is the user's to change (exit 1), anything else the allocator's. */
 static int loop_failure(vram_pool_t *pool, const char *what, size_t size, int status) {
-  if (status == VRAM_ETOOBIG) {
-    char who[128];
-    snprintf(who, sizeof who, "vramkit bench: %s", what);
-    cli_report_too_big(pool, who, size);
-    return CLI_EXIT_OOM;
-  }
   if (size) fprintf(stderr, "vramkit bench: %s of %zu bytes failed: %s (%s)\n", what, size,
                    vram_strerror(status), vram_errname(status));
   else fprintf(stderr, "vramkit bench: %s failed: %s (%s)\n", what, vram_strerror(status),
                vram_errname(status));
-  if (cli_status_is_oom(status)) {
+  if (status == VRAM_ENOMEM) {
     cli_print_oom_report(pool);
     return CLI_EXIT_OOM;
   }

@@ -134,33 +134,6 @@ uint64_t cli_device_calls(vram_pool_t *pool) {
   return stats.num_device_alloc + stats.num_device_free;
 }
 
-void cli_format_bytes(uint64_t bytes, char *text, size_t cap) {
-  static const char *const units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  double value = (double)bytes;
-  size_t unit = 0;
-  while (value >= 1024.0 && unit + 1 < sizeof units / sizeof *units) {
-    value /= 1024.0;
-    unit++;
-  }
-  if (unit == 0) snprintf(text, cap, "%llu bytes", (unsigned long long)bytes);
-  else snprintf(text, cap, "%.1f %s", value, units[unit]);
-}
-
-int cli_status_is_oom(int status) { return status == VRAM_ENOMEM || status == VRAM_ETOOBIG; }
-
-void cli_report_too_big(vram_pool_t *pool, const char *who, uint64_t bytes) {
-  char size_text[32], total_text[32] = "unknown";
-  size_t free_bytes = 0, total_bytes = 0;
-  cli_format_bytes(bytes, size_text, sizeof size_text);
-  if (vram_mem_get_info(pool, &free_bytes, &total_bytes) == VRAM_OK)
-    cli_format_bytes(total_bytes, total_text, sizeof total_text);
-  fprintf(stderr,
-          "%s: out of memory: %llu bytes (%s) asked for, more than the %s device holds "
-          "(capacity %s)\n",
-          who, (unsigned long long)bytes, size_text, vram_source_name(vram_pool_source(pool)),
-          total_text);
-}
-
 void cli_print_oom_report(vram_pool_t *pool) {
   char *report = pool_text(pool, vram_oom_report);
   if (report && *report) fprintf(stderr, "%s%s", report,

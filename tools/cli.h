@@ -75,18 +75,6 @@ void cli_json_string(FILE *out, const char *text);
  * microseconds each, the cost that decides a replay's or a workload's time there. */
 uint64_t cli_device_calls(vram_pool_t *pool);
 
-/* "80.0 GiB": bytes in the largest binary unit that leaves a number of at least 1. */
-void cli_format_bytes(uint64_t bytes, char *text, size_t cap);
-
-/* For a request of `bytes` that vram_malloc refused as larger than any device holds: print
- * to stderr that it does not fit, naming the size and the pool's device and capacity. */
-void cli_report_too_big(vram_pool_t *pool, const char *who, uint64_t bytes);
-
-/* Did vram_malloc fail because the memory is not there (an OOM, or a size beyond any
- * device)? Such failures are the user's workload not fitting, exit status 1, not the
- * allocator failing. */
-int cli_status_is_oom(int status);
-
 /* Print the pool's last OOM report to stderr. */
 void cli_print_oom_report(vram_pool_t *pool);
 

@@ -156,22 +156,6 @@ static int drain_and_check(vram_pool_t *pool, const trace_t *trace, void **block
   return failed ? CLI_EXIT_FAILURE : CLI_EXIT_OK;
 }
 
-/* The first OOM of a replay, with the pool's report of why; a size beyond any device has
- * no report to give, so its message names the size and the device instead. */
-static void report_first_oom(vram_pool_t *pool, const trace_t *trace, size_t op_index,
-                             int status) {
-  uint64_t size = trace->ops[op_index].size;
-  if (status == VRAM_ETOOBIG) {
-    char who[512];
-    snprintf(who, sizeof who, "vramkit: %s: op %zu", trace->name, op_index);
-    cli_report_too_big(pool, who, size);
-    return;
-  }
-  fprintf(stderr, "vramkit: %s: op %zu (allocate %llu bytes) ran out of memory:\n",
-          trace->name, op_index, (unsigned long long)size);
-  cli_print_oom_report(pool);
-}
-
 /* One pass over the ops: the timed loop. OOMs are counted and the op skipped (its free is
  * then ignored, since the slot stays NULL); with stop_at_oom the pass ends at the first.
  * Any other error ends the pass with *failed_at set. Returns the ops executed. */
@@ -193,11 +177,17 @@ static size_t run_ops(vram_pool_t *pool, const trace_t *trace, replay_buffers_t 
       status = vram_malloc(pool, (size_t)op->size, streams[op->stream], &blocks[op->slot]);
       if (status != VRAM_OK) {
         blocks[op->slot] = NULL;
-        if (!cli_status_is_oom(status)) {
+        /* Out of memory, a size beyond the device's included, is the trace not fitting:
+         * counted, with the pool's report of why, and exit status 1. */
+        if (status != VRAM_ENOMEM) {
           *failed_at = done;
           break;
         }
-        if (oom_count++ == 0 && report_oom) report_first_oom(pool, trace, done, status);
+        if (oom_count++ == 0 && report_oom) {
+          fprintf(stderr, "vramkit: %s: op %zu (allocate %llu bytes) ran out of memory:\n",
+                  trace->name, done, (unsigned long long)op->size);
+          cli_print_oom_report(pool);
+        }
         if (stop_at_oom) break;
       }
     } else if (blocks[op->slot]) {
