@@ -36,7 +36,9 @@ from ._core import (
     empty,
 )
 
-__version__ = _core.VERSION
+# The version has one source, VRAMKIT_VERSION in include/vramkit.h: the extension is
+# compiled with it, and CMake and the wheel's metadata read it from there.
+__version__: str = _core.VERSION
 
 __all__ = [
     "AllocatorError", "BusyError", "ConfigError", "DeviceBuffer", "DoubleFreeError",
@@ -68,6 +70,16 @@ _DEVICE_RE = _re.compile(
 )
 
 
+def _error(status: int, message: str) -> VramError:
+    """The exception of a status code with this message, carrying .status and .errname as
+    the engine's own errors do."""
+    return _core.error(status, message)
+
+
+def _invalid(message: str) -> VramError:
+    return _error(_core.VRAM_EINVAL, message)
+
+
 def _device(device) -> int:
     """Device ordinal of 0, "cuda", "cuda:1", "GPU:0", "/device:GPU:0", a torch.device or a
     TensorFlow PhysicalDevice; None means device 0."""
@@ -77,21 +89,26 @@ def _device(device) -> int:
         raise TypeError("device must be an int or a device name, not bool")
     if isinstance(device, int):
         if device < 0:
-            raise InvalidDeviceError(f"device ordinal must be >= 0, got {device}")
+            raise _error(_core.VRAM_EDEVICE,
+                         f"device {device}: invalid device ordinal (ordinals start at 0)")
+        if device >= 1 << 31:
+            # Past a C int: no source numbers its devices so far, and the engine never sees it.
+            raise _error(_core.VRAM_EDEVICE, f"device {device}: invalid device ordinal")
         return device
     if isinstance(device, str):
         m = _DEVICE_RE.match(device.strip())
         if m is None:
-            raise InvalidDeviceError(
+            raise _error(
+                _core.VRAM_EDEVICE,
                 f"unknown device {device!r}: expected an ordinal, 'cuda:N', 'GPU:N' or "
-                f"'/device:GPU:N'"
+                f"'/device:GPU:N'",
             )
         return int(m.group(1) or 0)
     # torch.device: .type == "cuda" and .index (None = current device, taken as 0 here).
     dtype = getattr(device, "type", None)
     if isinstance(dtype, str) and hasattr(device, "index"):
         if dtype != "cuda":
-            raise InvalidDeviceError(f"not a CUDA device: {device!r}")
+            raise _error(_core.VRAM_EDEVICE, f"not a CUDA device: {device!r}")
         return device.index or 0
     # tf.config.PhysicalDevice / LogicalDevice: .name == "/physical_device:GPU:0".
     name = getattr(device, "name", None)
@@ -155,9 +172,29 @@ def max_memory_reserved(device=None) -> int:
     return _core.stats(_device(device))["reserved_bytes"][1]
 
 
+# The rows memory_summary(abbreviated=True) keeps: what a user looks at first.
+_SUMMARY_ROWS = ("allocated_bytes", "reserved_bytes", "largest_free_block", "fragmentation",
+                 "limit")
+
+
 def memory_summary(device=None, abbreviated: bool = False) -> str:
-    """A human-readable table of the device's statistics, as torch.cuda.memory_summary()."""
-    return _core.summary(_device(device))
+    """A human-readable table of the device's statistics, as torch.cuda.memory_summary().
+    abbreviated=True keeps the title and the rows of allocated and reserved bytes (current,
+    peak, total), the largest free block, the fragmentation and the limit."""
+    text = _core.summary(_device(device))
+    if not abbreviated:
+        return text
+    kept = []
+    for line in text.splitlines(keepends=True):
+        cells = line.strip("| \n").split("|")
+        name = cells[0].strip() if cells else ""
+        # Rules, the title and the column heads frame the kept rows; other rows go.
+        if line.startswith("|=") or line.startswith("|-") or "summary" in name or \
+                name == "metric" or name in _SUMMARY_ROWS:
+            if kept and line.startswith("|-") and kept[-1].startswith("|-"):
+                continue  # two rules in a row where the dropped rows were
+            kept.append(line)
+    return "".join(kept)
 
 
 def empty_cache(device=None) -> None:
@@ -180,9 +217,9 @@ def set_per_process_memory_fraction(fraction: float, device=None) -> None:
     """Cap the memory the device's pool may reserve at fraction * total device memory,
     as torch.cuda.set_per_process_memory_fraction()."""
     if isinstance(fraction, bool) or not isinstance(fraction, (float, int)):
-        raise TypeError("fraction must be a float")
+        raise TypeError(f"fraction must be a float, not {type(fraction).__name__}")
     if not 0.0 <= fraction <= 1.0:
-        raise InvalidArgumentError(f"fraction must be within [0, 1], got {fraction}")
+        raise _invalid(f"fraction must be within [0, 1], got {fraction}")
     if fraction == 0.0:
         # A zero cap would fail every allocation; PyTorch means the same by 0.
         _core.set_limit(_device(device), 1, 0.0)
@@ -233,7 +270,7 @@ def get_memory_info(device) -> dict:
     return {"current": current, "peak": peak}
 
 
-def reset_memory_stats(device) -> None:
+def reset_memory_stats(device=None) -> None:
     """Reset the peak of get_memory_info() to the current value, as TensorFlow's."""
     _core.reset_peak_stats(_device(device))
 
@@ -269,14 +306,18 @@ def set_memory_growth(device, enabled: bool) -> None:
             _create_pool(d, {"VRAMKIT_PREALLOCATE": limit or "90%"})
 
 
-def set_memory_limit(device, nbytes: int) -> None:
-    """Hard limit, in bytes, on the memory the device's pool reserves (TensorFlow's
-    memory_limit of a logical device). Allowed at any time; 0 removes the limit."""
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int):
-        raise TypeError("nbytes must be an int")
-    if nbytes < 0:
-        raise InvalidArgumentError(f"memory limit must be >= 0, got {nbytes}")
-    _core.set_limit(_device(device), nbytes, 0.0)
+def set_memory_limit(device, limit: int | float | str) -> None:
+    """Hard limit on the memory the device's pool reserves (TensorFlow's memory_limit of a
+    logical device), written as configure(limit=...) is: bytes (int), a size string ("1G"),
+    a percentage ("50%") or a fraction (0.5) of device memory. Allowed at any time; 0
+    removes the limit."""
+    if isinstance(limit, int) and not isinstance(limit, bool):
+        # The extension checks ints itself: negative, or more than any device holds.
+        _core.set_limit(_device(device), limit, 0.0)
+        return
+    text = _size_text("limit", limit, True)
+    nbytes, fraction = _core.parse_size(text, True)
+    _core.set_limit(_device(device), nbytes, fraction)
 
 
 # ---------------------------------------------------------------------------------------
@@ -292,19 +333,25 @@ def _size_text(name: str, value, allow_percent: bool) -> str:
         raise TypeError(f"{name} must be a size, not bool")
     if isinstance(value, int):
         if value < 0:
-            raise InvalidArgumentError(f"{name} must be >= 0, got {value}")
+            raise _invalid(f"{name} must be >= 0, got {value}")
+        if value >= 1 << 64:
+            # An option caps or reserves; past 64 bits it names no device at all.
+            raise _invalid(f"{name}: {value} bytes is more than any device holds")
         return str(value)
     if isinstance(value, float):
         if not allow_percent:
-            raise TypeError(f"{name} must be a size in bytes or a string such as '64M'")
+            raise TypeError(f"{name} must be a size in bytes or a string such as '64M', "
+                            f"not float")
         if not 0.0 < value <= 1.0:
-            raise InvalidArgumentError(f"{name} as a fraction must be within (0, 1]")
+            raise _invalid(f"{name} as a fraction must be within (0, 1], got {value}")
         return f"{value * 100:.10g}%"
     if isinstance(value, str):
         try:
             _core.parse_size(value, allow_percent)
         except VramError:
-            raise InvalidArgumentError(f"{name}: cannot read {value!r} as a size") from None
+            kinds = "a size such as '8G' or a percentage such as '50%'" if allow_percent \
+                else "a size such as '8G'"
+            raise _invalid(f"{name}: cannot read {value!r} as {kinds}") from None
         return value
     raise TypeError(f"{name} must be an int, float or str, not {type(value).__name__}")
 
@@ -315,16 +362,16 @@ def _share_text(name: str, value) -> str:
         raise TypeError(f"{name} must be a number from 0 to 1, not bool")
     if isinstance(value, (int, float)):
         if not 0.0 <= value <= 1.0:  # NaN fails too
-            raise InvalidArgumentError(f"{name} must be within [0, 1], got {value}")
+            raise _invalid(f"{name} must be within [0, 1], got {value}")
         return repr(float(value))
     if isinstance(value, str):
         text = value.strip()
         try:
             share = float(text[:-1]) / 100 if text.endswith("%") else float(text)
         except ValueError:
-            raise InvalidArgumentError(f"{name}: cannot read {value!r} as a share") from None
+            raise _invalid(f"{name}: cannot read {value!r} as a share") from None
         if not 0.0 <= share <= 1.0:
-            raise InvalidArgumentError(f"{name} must be within [0, 1], got {value!r}")
+            raise _invalid(f"{name} must be within [0, 1], got {value!r}")
         return text
     raise TypeError(f"{name} must be a number or a string, not {type(value).__name__}")
 
@@ -351,35 +398,41 @@ def configure(
     set_per_process_memory_fraction to change the limit of a live pool).
     """
     d = _device(device)
+    # Each override travels with the argument it came from: a value the engine refuses is
+    # then blamed on sim_capacity=..., not on a VRAMKIT_SIM_CAPACITY the user never set.
     env = {}
     if source is not None:
+        if not isinstance(source, str):
+            raise TypeError(f"source must be a str, not {type(source).__name__}")
         if source not in _SOURCES:
-            raise InvalidArgumentError(f"source must be one of {', '.join(_SOURCES)}")
-        env["VRAMKIT_SOURCE"] = source
-    if limit is not None:
-        env["VRAMKIT_LIMIT"] = _size_text("limit", limit, True)
-    if preallocate is not None:
-        env["VRAMKIT_PREALLOCATE"] = _size_text("preallocate", preallocate, True)
-    if release_threshold is not None:
-        env["VRAMKIT_RELEASE_THRESHOLD"] = _size_text("release_threshold", release_threshold, False)
+            raise _invalid(f"source must be one of {', '.join(_SOURCES)}, got {source!r}")
+        env["VRAMKIT_SOURCE"] = ("source", source)
+    sizes = (("limit", "VRAMKIT_LIMIT", limit, True),
+             ("preallocate", "VRAMKIT_PREALLOCATE", preallocate, True),
+             ("release_threshold", "VRAMKIT_RELEASE_THRESHOLD", release_threshold, False),
+             ("sim_capacity", "VRAMKIT_SIM_CAPACITY", sim_capacity, False))
+    for name, variable, value, allow_percent in sizes:
+        if value is not None:
+            env[variable] = (name, _size_text(name, value, allow_percent))
     if tight_threshold is not None:
-        env["VRAMKIT_TIGHT_THRESHOLD"] = _share_text("tight_threshold", tight_threshold)
-    if sim_capacity is not None:
-        env["VRAMKIT_SIM_CAPACITY"] = _size_text("sim_capacity", sim_capacity, False)
+        env["VRAMKIT_TIGHT_THRESHOLD"] = ("tight_threshold",
+                                          _share_text("tight_threshold", tight_threshold))
     with _config_lock:
         if _pool_in_use(d):
             raise RuntimeError(
                 f"vramkit.configure(): the pool of device {d} is already in use; configure "
                 f"it before its first allocation or statistics call"
             )
-        pre = env.get("VRAMKIT_PREALLOCATE", _os.environ.get("VRAMKIT_PREALLOCATE", "0"))
+        pre = env["VRAMKIT_PREALLOCATE"][1] if "VRAMKIT_PREALLOCATE" in env else \
+            _os.environ.get("VRAMKIT_PREALLOCATE", "0")
         _modes[d] = pre in ("0", "")
         _create_pool(d, env)
 
 
 def _create_pool(device: int, env: dict) -> None:
-    """Create the default pool of a device with these VRAMKIT_* overrides on top of the
-    environment; the environment itself is left alone (other threads may be reading it)."""
+    """Create the default pool of a device with these VRAMKIT_* overrides (text, or
+    (argument, text) to blame the argument for a bad value) on top of the environment; the
+    environment itself is left alone (other threads may be reading it)."""
     _core.init_pool(device, env)
 
 

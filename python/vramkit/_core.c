@@ -6,8 +6,10 @@
  *
  * Shape follows CPython's Modules/xxlimited.c: multi-phase init (PyModuleDef_Init with a
  * Py_mod_exec slot), a module state holding the exception types and the DeviceBuffer
- * type, parse formats ending in ":name", and ONE function, raise_status(), that maps a
- * vram_status to an exception.
+ * type, parse formats ending in ":name", and ONE function, status_type(), that maps a
+ * vram_status to an exception type. Messages name what the user gave (the device, the
+ * argument, the environment variable), never this module's own function names: the user
+ * called vramkit.memory_stats(99), not stats().
  *
  * The pools are the library's process-wide default pools (vram_default_pool). The
  * extension links the shared libvramkit, not a static copy, so that PyTorch's hooks
@@ -35,7 +37,7 @@ typedef struct {
   PyObject *VramError;            /* base of every vramkit error */
   PyObject *OutOfMemoryError;     /* VRAM_ENOMEM; also a MemoryError */
   PyObject *HostMemoryError;      /* VRAM_EHOSTMEM; also a MemoryError */
-  PyObject *InvalidArgumentError; /* VRAM_EINVAL, VRAM_ETOOBIG, VRAM_ETRACE; ValueError */
+  PyObject *InvalidArgumentError; /* VRAM_EINVAL, VRAM_ETRACE; ValueError */
   PyObject *InvalidDeviceError;   /* VRAM_EDEVICE; ValueError */
   PyObject *ConfigError;          /* VRAM_EENV; ValueError */
   PyObject *AllocatorError;       /* pointer misuse and pool misuse; RuntimeError */
@@ -73,81 +75,156 @@ static PyObject *pool_text(vram_pool_t *pool, text_fn fn, int *status) {
   return text;
 }
 
-/* THE mapping from a vram_status to a Python exception. Returns NULL for convenience.
- * `what` names the call for the message; `pool`, if known, supplies the OOM report. */
-static PyObject *raise_status(core_state *st, int status, const char *what, vram_pool_t *pool) {
-  PyObject *type;
+/* THE mapping from a vram_status to the exception type that stands for it. */
+static PyObject *status_type(core_state *st, int status) {
   switch (status) {
-  case VRAM_ENOMEM: type = st->OutOfMemoryError; break;
-  case VRAM_EHOSTMEM: type = st->HostMemoryError; break;
+  case VRAM_ENOMEM: return st->OutOfMemoryError;
+  case VRAM_EHOSTMEM: return st->HostMemoryError;
   case VRAM_EINVAL:
-  case VRAM_ETOOBIG:
-  case VRAM_ETRACE: type = st->InvalidArgumentError; break;
-  case VRAM_EDEVICE: type = st->InvalidDeviceError; break;
-  case VRAM_EENV: type = st->ConfigError; break;
-  case VRAM_EDOUBLEFREE: type = st->DoubleFreeError; break;
-  case VRAM_EFOREIGN: type = st->ForeignPointerError; break;
-  case VRAM_EBUSY: type = st->BusyError; break;
-  case VRAM_ENODRIVER: type = st->NoDriverError; break;
-  case VRAM_EUNSUPPORTED: type = st->UnsupportedError; break;
+  case VRAM_ETRACE: return st->InvalidArgumentError;
+  case VRAM_EDEVICE: return st->InvalidDeviceError;
+  case VRAM_EENV: return st->ConfigError;
+  case VRAM_EDOUBLEFREE: return st->DoubleFreeError;
+  case VRAM_EFOREIGN: return st->ForeignPointerError;
+  case VRAM_EBUSY: return st->BusyError;
+  case VRAM_ENODRIVER: return st->NoDriverError;
+  case VRAM_EUNSUPPORTED: return st->UnsupportedError;
   case VRAM_EDRIVER:
   case VRAM_EFAULT:
-  case VRAM_EIO: type = st->DriverError; break;
-  default: type = st->VramError; break;
+  case VRAM_EIO: return st->DriverError;
+  default: return st->VramError;
   }
+}
 
-  PyObject *report = NULL, *message = NULL;
-  if (status == VRAM_ENOMEM && pool != NULL) {
-    int rs;
-    report = pool_text(pool, vram_oom_report, &rs);
-    if (report == NULL) PyErr_Clear();
-  }
-  if (report != NULL && PyUnicode_GetLength(report) > 0) {
-    /* The report names size, capacity, free, reserved, largest block and what to try: it is
-     * the most useful message there is. */
-    message = Py_NewRef(report);
-  } else if (status == VRAM_EENV && strncmp(what, "VRAMKIT_", 8) == 0) {
-    /* The caller already has the reason (an option given to configure()). */
-    message = PyUnicode_FromFormat("%s [%s]", what, vram_errname(status));
-  } else if (status == VRAM_EENV) {
-    /* Name the offending variable: the library keeps that reason for us. */
-    vram_options_t probe;
-    const char *why = NULL;
-    vram_options_init(&probe);
-    vram_options_from_env(&probe, &why);
-    message = PyUnicode_FromFormat("%s: %s [%s]%s%s", what, vram_strerror(status),
-                                   vram_errname(status), why ? ": " : "", why ? why : "");
-  } else {
-    message = PyUnicode_FromFormat("%s: %s [%s]", what, vram_strerror(status),
-                                   vram_errname(status));
-  }
-  if (report == NULL) report = Py_NewRef(Py_None);
-  if (message == NULL) goto done;
-
-  PyObject *exc = PyObject_CallOneArg(type, message);
-  if (exc == NULL) goto done;
+/* The exception of `status` with this message, carrying .status, .errname and .report
+ * (the OOM report, else None), so callers can test the code rather than parse text. */
+static PyObject *new_error(core_state *st, int status, PyObject *message, PyObject *report) {
+  PyObject *exc = PyObject_CallOneArg(status_type(st, status), message);
+  if (exc == NULL) return NULL;
   PyObject *code = PyLong_FromLong(status);
   PyObject *name = PyUnicode_FromString(vram_errname(status));
-  if (code == NULL || name == NULL || PyObject_SetAttrString(exc, "status", code) < 0 ||
-      PyObject_SetAttrString(exc, "errname", name) < 0 ||
-      PyObject_SetAttrString(exc, "report", report) < 0) {
-    Py_XDECREF(code);
-    Py_XDECREF(name);
-    Py_DECREF(exc);
-    goto done;
-  }
-  Py_DECREF(code);
-  Py_DECREF(name);
-  PyErr_SetObject(type, exc);
+  int failed = code == NULL || name == NULL || PyObject_SetAttrString(exc, "status", code) < 0 ||
+               PyObject_SetAttrString(exc, "errname", name) < 0 ||
+               PyObject_SetAttrString(exc, "report", report ? report : Py_None) < 0;
+  Py_XDECREF(code);
+  Py_XDECREF(name);
+  if (failed) Py_CLEAR(exc);
+  return exc;
+}
+
+/* Raise `status` with a message (a new reference, consumed; NULL passes an error on). */
+static PyObject *raise_message(core_state *st, int status, PyObject *message, PyObject *report) {
+  if (message == NULL) return NULL;
+  PyObject *exc = new_error(st, status, message, report);
+  Py_DECREF(message);
+  if (exc == NULL) return NULL;
+  PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
   Py_DECREF(exc);
-done:
-  Py_XDECREF(message);
-  Py_XDECREF(report);
   return NULL;
 }
 
+/* Sizes in messages: "80.00 GiB", the exact byte count going beside it. */
+static void format_bytes(char *out, size_t cap, double bytes) {
+  static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB",
+                                      "YiB"};
+  int unit = 0;
+  while (bytes >= 1024.0 && unit < 8) {
+    bytes /= 1024.0;
+    unit++;
+  }
+  PyOS_snprintf(out, cap, unit == 0 ? "%.0f %s" : "%.2f %s", bytes, units[unit]);
+}
+
+/* Messages of the engine's option table read "VRAMKIT_LIMIT: expected ..."; a message for a
+ * Python argument keeps only the reason, since the user never wrote the variable. */
+static const char *reason_of(const char *why, const char *variable) {
+  size_t n = strlen(variable);
+  if (why == NULL) return "invalid value";
+  if (strncmp(why, variable, n) == 0 && why[n] == ':') return why + n + (why[n + 1] == ' ' ? 2 : 1);
+  return why;
+}
+
+/* A bad VRAMKIT_* variable: ask the engine which one (it keeps the reason) and quote what
+ * the environment holds, so the user sees the line to fix. */
+static PyObject *raise_env_error(core_state *st) {
+  vram_options_t probe;
+  const char *why = NULL;
+  vram_options_init(&probe);
+  vram_options_from_env(&probe, &why);
+  const char *colon = why ? strchr(why, ':') : NULL;
+  if (colon == NULL)
+    return raise_message(st, VRAM_EENV, PyUnicode_FromString(vram_strerror(VRAM_EENV)), NULL);
+  char variable[64];
+  PyOS_snprintf(variable, sizeof variable, "%.*s", (int)(colon - why), why);
+  const char *value = getenv(variable);
+  return raise_message(st, VRAM_EENV,
+                       PyUnicode_FromFormat("environment variable %s=%s: %s", variable,
+                                            value ? value : "", reason_of(why, variable)),
+                       NULL);
+}
+
+/* Where a device's pool takes its memory when none is configured: the source the
+ * environment names, AUTO read as the engine reads it (the GPU if one is seen, else sim). */
+static vram_source_kind env_source(void) {
+  vram_options_t probe;
+  vram_options_init(&probe);
+  if (vram_options_from_env(&probe, NULL) != VRAM_OK) return VRAM_SOURCE_AUTO;
+  if (probe.source != VRAM_SOURCE_AUTO) return probe.source;
+  int gpus = 0;
+  return vram_device_count(VRAM_SOURCE_CUDA, &gpus) == VRAM_OK && gpus > 0 ? VRAM_SOURCE_CUDA
+                                                                          : VRAM_SOURCE_SIM;
+}
+
+/* No such device: say how many there are, so "device 99" is not a riddle. */
+static PyObject *raise_bad_device(core_state *st, int device, vram_source_kind kind) {
+  int count = 0;
+  if (kind == VRAM_SOURCE_AUTO) kind = env_source();
+  if (device < 0)
+    return raise_message(
+        st, VRAM_EDEVICE,
+        PyUnicode_FromFormat("device %d: invalid device ordinal (ordinals start at 0)", device),
+        NULL);
+  if (vram_device_count(kind, &count) != VRAM_OK)
+    return raise_message(
+        st, VRAM_EDEVICE, PyUnicode_FromFormat("device %d: invalid device ordinal", device),
+        NULL);
+  return raise_message(st, VRAM_EDEVICE,
+                       PyUnicode_FromFormat("device %d: invalid device ordinal (the %s source "
+                                            "has %d device%s)",
+                                            device, vram_source_name(kind), count,
+                                            count == 1 ? "" : "s"),
+                       NULL);
+}
+
+/* No device in a message: the error is not about one. */
+#define NO_DEVICE INT_MIN
+
+/* Raise the exception of a status from a call on `device`. `pool`, if known, supplies the
+ * OOM report, which names the size, the capacity, what is free and what to try: when there
+ * is one it is the whole message. Returns NULL for convenience. */
+static PyObject *raise_status(core_state *st, int status, int device, vram_pool_t *pool) {
+  if (status == VRAM_EDEVICE) return raise_bad_device(st, device, VRAM_SOURCE_AUTO);
+  if (status == VRAM_EENV) return raise_env_error(st);
+  if (status == VRAM_ENOMEM && pool != NULL) {
+    int rs;
+    PyObject *report = pool_text(pool, vram_oom_report, &rs);
+    if (report == NULL) PyErr_Clear();
+    if (report != NULL && PyUnicode_GetLength(report) > 0) {
+      raise_message(st, status, Py_NewRef(report), report);
+      Py_DECREF(report);
+      return NULL;
+    }
+    Py_XDECREF(report);
+  }
+  if (device == NO_DEVICE)
+    return raise_message(st, status, PyUnicode_FromString(vram_strerror(status)), NULL);
+  return raise_message(st, status,
+                       PyUnicode_FromFormat("device %d: %s", device, vram_strerror(status)),
+                       NULL);
+}
+
 /* The default pool of a device, or NULL with an exception set. */
-static vram_pool_t *get_pool(core_state *st, int device, const char *what) {
+static vram_pool_t *get_pool(core_state *st, int device) {
   vram_pool_t *pool = NULL;
   int rc;
   if (device >= 0 && device < VRAMKIT_MAX_TRACKED && pool_touched[device]) {
@@ -159,11 +236,91 @@ static vram_pool_t *get_pool(core_state *st, int device, const char *what) {
     Py_END_ALLOW_THREADS
   }
   if (rc != VRAM_OK) {
-    raise_status(st, rc, what, NULL);
+    raise_status(st, rc, device, NULL);
     return NULL;
   }
   if (device >= 0 && device < VRAMKIT_MAX_TRACKED) pool_touched[device] = 1;
   return pool;
+}
+
+/* A size argument, for the "O&" converter below. The caller sets `name` (the argument, for
+ * messages) and `st`; the converter fills the rest. */
+typedef struct {
+  const char *name;
+  core_state *st;
+  PyObject *obj;  /* the argument as given (borrowed: the argument tuple holds it) */
+  size_t bytes;
+  int too_big;    /* more than size_t holds */
+} size_arg;
+
+/* An int, or an object with __index__ (numpy's integers), never a bool or a float: a byte
+ * count has no fractions, and True is not a size. A negative size is refused here, naming
+ * the argument. One past size_t is not an overflow but a size no device holds; what that
+ * means is the caller's (empty(): out of memory), so it is only marked. */
+static int size_converter(PyObject *obj, void *out) {
+  size_arg *arg = out;
+  arg->obj = obj;
+  arg->bytes = 0;
+  arg->too_big = 0;
+  if (PyBool_Check(obj) || !PyIndex_Check(obj)) {
+    PyErr_Format(PyExc_TypeError, "%s must be an int (a number of bytes), not %s", arg->name,
+                 Py_TYPE(obj)->tp_name);
+    return 0;
+  }
+  PyObject *value = PyLong_CheckExact(obj) ? Py_NewRef(obj) : PyNumber_Index(obj);
+  if (value == NULL) return 0;
+  int overflow = 0;
+  long long small = PyLong_AsLongLongAndOverflow(value, &overflow);
+  int ok = 1;
+  if (small == -1 && PyErr_Occurred()) {
+    ok = 0;
+  } else if (overflow < 0 || (overflow == 0 && small < 0)) {
+    raise_message(arg->st, VRAM_EINVAL,
+                  PyUnicode_FromFormat("%s must be >= 0, got %S", arg->name, value), NULL);
+    ok = 0;
+  } else if (overflow == 0) {
+    arg->bytes = (size_t)small;
+  } else {
+    unsigned long long big = PyLong_AsUnsignedLongLong(value);
+    if (big == (unsigned long long)-1 && PyErr_Occurred()) {
+      if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+        PyErr_Clear();
+        arg->too_big = 1;
+      } else {
+        ok = 0;
+      }
+    } else if (big > SIZE_MAX) {
+      arg->too_big = 1;
+    } else {
+      arg->bytes = (size_t)big;
+    }
+  }
+  Py_DECREF(value);
+  return ok;
+}
+
+/* empty() of a size past size_t, which the engine never sees: an out-of-memory error like
+ * the one the engine gives for sizes past its maximum, naming the size and the capacity. */
+static PyObject *raise_too_big(core_state *st, vram_pool_t *pool, int device,
+                               const size_arg *size) {
+  size_t free_bytes = 0, total_bytes = 0;
+  vram_mem_get_info(pool, &free_bytes, &total_bytes);
+  PyObject *exact = PyNumber_Index(size->obj);
+  if (exact == NULL) return NULL;
+  char asked[48] = "", capacity[48];
+  double approx = PyLong_AsDouble(exact);
+  if (approx == -1.0 && PyErr_Occurred()) PyErr_Clear();
+  /* Past a thousand YiB a unit says nothing the exact figure does not. */
+  else if (approx < 0x1p90) format_bytes(asked, sizeof asked, approx);
+  format_bytes(capacity, sizeof capacity, (double)total_bytes);
+  PyObject *message = PyUnicode_FromFormat(
+      "vramkit: out of memory on device %d (%s source): tried to allocate %s%s%S bytes%s, "
+      "more than device %d's capacity of %s (%zu bytes).",
+      device, vram_source_name(vram_pool_source(pool)), asked, asked[0] ? " (" : "", exact,
+      asked[0] ? ")" : "", device, capacity, total_bytes);
+  Py_DECREF(exact);
+  /* The message is the report too, as the engine's out-of-memory reports are. */
+  return raise_message(st, VRAM_ENOMEM, message, message);
 }
 
 /* getattr that treats a missing attribute as "absent" (1: found, 0: absent, -1: error). */
@@ -214,7 +371,7 @@ static int stream_converter(PyObject *obj, void *out) {
 typedef struct {
   PyObject_HEAD
   void *ptr;
-  Py_ssize_t nbytes;
+  size_t nbytes; /* as asked for; 0 once freed, as a buffer that holds nothing */
   vram_pool_t *pool;
   vram_stream_t stream;
   int device;
@@ -224,11 +381,14 @@ typedef struct {
 
 /* A device argument: an int as is; anything else ("cuda:1", "GPU:0", torch.device...) goes
  * through the package's resolver, so every function accepts the same device names. */
-static int long_to_int(PyObject *obj, int *out) {
-  long v = PyLong_AsLong(obj);
+static int long_to_int(core_state *st, PyObject *obj, int *out) {
+  int overflow = 0;
+  long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
   if (v == -1 && PyErr_Occurred()) return 0;
-  if (v < INT_MIN || v > INT_MAX) {
-    PyErr_SetString(PyExc_OverflowError, "device ordinal out of range");
+  if (overflow != 0 || v < INT_MIN || v > INT_MAX) {
+    /* No device has such an ordinal: the same error as any other missing device. */
+    raise_message(st, VRAM_EDEVICE,
+                  PyUnicode_FromFormat("device %S: invalid device ordinal", obj), NULL);
     return 0;
   }
   *out = (int)v;
@@ -236,42 +396,39 @@ static int long_to_int(PyObject *obj, int *out) {
 }
 
 static int device_from_object(core_state *st, PyObject *obj, int *device) {
-  if (PyLong_CheckExact(obj)) return long_to_int(obj, device);
+  if (PyLong_CheckExact(obj)) return long_to_int(st, obj, device);
   if (st->device_resolver == NULL) {
     PyErr_SetString(PyExc_TypeError, "device must be an int");
     return 0;
   }
   PyObject *ordinal = PyObject_CallOneArg(st->device_resolver, obj);
   if (ordinal == NULL) return 0;
-  int ok = long_to_int(ordinal, device);
+  int ok = long_to_int(st, ordinal, device);
   Py_DECREF(ordinal);
   return ok;
 }
 
 static PyObject *core_empty(PyObject *module, PyObject *args, PyObject *kwargs) {
   static char *kwlist[] = {"nbytes", "device", "stream", NULL};
-  Py_ssize_t nbytes;
+  core_state *st = get_state(module);
+  size_arg nbytes = {.name = "nbytes", .st = st};
   int device = 0;
   PyObject *device_obj = NULL, *stream_obj = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "n|OO:empty", kwlist, &nbytes, &device_obj,
-                                   &stream_obj))
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&|OO:empty", kwlist, size_converter,
+                                   &nbytes, &device_obj, &stream_obj))
     return NULL;
-  core_state *st = get_state(module);
   if (device_obj != NULL && !device_from_object(st, device_obj, &device)) return NULL;
-  if (nbytes < 0) {
-    PyErr_Format(st->InvalidArgumentError, "empty: nbytes must be >= 0, got %zd", nbytes);
-    return NULL;
-  }
   vram_stream_t stream = NULL;
   if (stream_obj != Py_None && !stream_converter(stream_obj, &stream)) return NULL;
-  vram_pool_t *pool = get_pool(st, device, "empty");
+  vram_pool_t *pool = get_pool(st, device);
   if (pool == NULL) return NULL;
+  if (nbytes.too_big) return raise_too_big(st, pool, device, &nbytes);
 
   /* The GIL stays held: a cached allocation takes tens of nanoseconds, less than
    * releasing and retaking the GIL would. */
   void *ptr = NULL;
-  int rc = vram_malloc(pool, (size_t)nbytes, stream, &ptr);
-  if (rc != VRAM_OK) return raise_status(st, rc, "empty", pool);
+  int rc = vram_malloc(pool, nbytes.bytes, stream, &ptr);
+  if (rc != VRAM_OK) return raise_status(st, rc, device, pool);
 
   DeviceBuffer *self = PyObject_New(DeviceBuffer, st->DeviceBuffer_Type);
   if (self == NULL) {
@@ -279,7 +436,7 @@ static PyObject *core_empty(PyObject *module, PyObject *args, PyObject *kwargs) 
     return NULL;
   }
   self->ptr = ptr;
-  self->nbytes = nbytes;
+  self->nbytes = nbytes.bytes;
   self->pool = pool;
   self->stream = stream;
   self->device = device;
@@ -307,13 +464,25 @@ static void DeviceBuffer_dealloc(DeviceBuffer *self) {
   Py_DECREF(tp);
 }
 
+/* Use of a buffer after free(): a DoubleFreeError naming what was asked of it. */
+static PyObject *raise_freed(core_state *st, DeviceBuffer *self, const char *what) {
+  return raise_message(st, VRAM_EDOUBLEFREE,
+                       PyUnicode_FromFormat("DeviceBuffer.%s: the buffer (device %d) was "
+                                            "already freed",
+                                            what, self->device),
+                       NULL);
+}
+
 static PyObject *DeviceBuffer_free(DeviceBuffer *self, PyObject *Py_UNUSED(ignored)) {
   core_state *st = PyType_GetModuleState(Py_TYPE(self));
   if (st == NULL) return NULL;
-  if (self->freed) return raise_status(st, VRAM_EDOUBLEFREE, "DeviceBuffer.free", NULL);
+  if (self->freed) return raise_freed(st, self, "free()");
   int rc = vram_free(self->pool, self->ptr);
-  if (rc != VRAM_OK) return raise_status(st, rc, "DeviceBuffer.free", self->pool);
+  if (rc != VRAM_OK) return raise_status(st, rc, self->device, self->pool);
   self->freed = 1;
+  /* A freed buffer holds nothing: ptr reads 0 and nbytes 0, as a released rmm.DeviceBuffer
+   * does, so code that sums nbytes over live buffers stays right. */
+  self->nbytes = 0;
   Py_RETURN_NONE;
 }
 
@@ -322,9 +491,9 @@ static PyObject *DeviceBuffer_record_stream(DeviceBuffer *self, PyObject *arg) {
   if (st == NULL) return NULL;
   vram_stream_t stream;
   if (!stream_converter(arg, &stream)) return NULL;
-  if (self->freed) return raise_status(st, VRAM_EDOUBLEFREE, "record_stream", NULL);
+  if (self->freed) return raise_freed(st, self, "record_stream()");
   int rc = vram_record_stream(self->pool, self->ptr, stream);
-  if (rc != VRAM_OK) return raise_status(st, rc, "record_stream", self->pool);
+  if (rc != VRAM_OK) return raise_status(st, rc, self->device, self->pool);
   Py_RETURN_NONE;
 }
 
@@ -337,9 +506,9 @@ static PyObject *DeviceBuffer_prefetch(DeviceBuffer *self, PyObject *args, PyObj
   if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|pO&:prefetch", kwlist, &to_device,
                                    stream_converter, &stream))
     return NULL;
-  if (self->freed) return raise_status(st, VRAM_EDOUBLEFREE, "prefetch", NULL);
+  if (self->freed) return raise_freed(st, self, "prefetch()");
   int rc = vram_prefetch(self->pool, self->ptr, self->nbytes, to_device, stream);
-  if (rc != VRAM_OK) return raise_status(st, rc, "prefetch", self->pool);
+  if (rc != VRAM_OK) return raise_status(st, rc, self->device, self->pool);
   Py_RETURN_NONE;
 }
 
@@ -348,7 +517,7 @@ static PyObject *DeviceBuffer_get_ptr(DeviceBuffer *self, void *closure) {
 }
 
 static PyObject *DeviceBuffer_get_nbytes(DeviceBuffer *self, void *closure) {
-  return PyLong_FromSsize_t(self->nbytes);
+  return PyLong_FromSize_t(self->nbytes);
 }
 
 static PyObject *DeviceBuffer_get_device(DeviceBuffer *self, void *closure) {
@@ -369,7 +538,7 @@ static PyObject *DeviceBuffer_get_cai(DeviceBuffer *self, void *closure) {
   if (self->freed) {
     core_state *st = PyType_GetModuleState(Py_TYPE(self));
     if (st == NULL) return NULL;
-    return raise_status(st, VRAM_EDOUBLEFREE, "__cuda_array_interface__", NULL);
+    return raise_freed(st, self, "__cuda_array_interface__");
   }
   PyObject *stream;
   if (!self->has_stream) {
@@ -379,28 +548,29 @@ static PyObject *DeviceBuffer_get_cai(DeviceBuffer *self, void *closure) {
     stream = self->stream == NULL ? PyLong_FromLong(1) : PyLong_FromVoidPtr(self->stream);
   }
   if (stream == NULL) return NULL;
-  return Py_BuildValue("{s:(n),s:s,s:(NO),s:O,s:i,s:N}", "shape", self->nbytes, "typestr",
-                       "|u1", "data", PyLong_FromVoidPtr(self->ptr), Py_False, "strides",
-                       Py_None, "version", 3, "stream", stream);
+  return Py_BuildValue("{s:(N),s:s,s:(NO),s:O,s:i,s:N}", "shape",
+                       PyLong_FromSize_t(self->nbytes), "typestr", "|u1", "data",
+                       PyLong_FromVoidPtr(self->ptr), Py_False, "strides", Py_None, "version",
+                       3, "stream", stream);
 }
 
 static PyObject *DeviceBuffer_repr(DeviceBuffer *self) {
   if (self->freed)
-    return PyUnicode_FromFormat("<vramkit.DeviceBuffer freed nbytes=%zd device=%d>",
-                                self->nbytes, self->device);
-  return PyUnicode_FromFormat("<vramkit.DeviceBuffer ptr=%p nbytes=%zd device=%d>", self->ptr,
+    return PyUnicode_FromFormat("<vramkit.DeviceBuffer freed device=%d>", self->device);
+  return PyUnicode_FromFormat("<vramkit.DeviceBuffer ptr=%p nbytes=%zu device=%d>", self->ptr,
                               self->nbytes, self->device);
 }
 
 static PyMethodDef DeviceBuffer_methods[] = {
     {"free", (PyCFunction)DeviceBuffer_free, METH_NOARGS,
-     PyDoc_STR("free()\n--\n\nReturn the block to its pool now. A second call raises "
+     PyDoc_STR("free($self, /)\n--\n\nReturn the block to its pool now. A second call raises "
                "DoubleFreeError.")},
     {"prefetch", (PyCFunction)(void (*)(void))DeviceBuffer_prefetch, METH_VARARGS | METH_KEYWORDS,
-     PyDoc_STR("prefetch(to_device=True, stream=None): move the pages of this buffer to the "
-               "device or the host (managed source; NotImplementedError elsewhere)")},
+     PyDoc_STR("prefetch($self, /, to_device=True, stream=None)\n--\n\nMove the pages of "
+               "this buffer to the device or the host (managed source; NotImplementedError "
+               "elsewhere).")},
     {"record_stream", (PyCFunction)DeviceBuffer_record_stream, METH_O,
-     PyDoc_STR("record_stream(stream)\n--\n\nMark the block as used on stream too: it is "
+     PyDoc_STR("record_stream($self, stream, /)\n--\n\nMark the block as used on stream too: it is "
                "not reused before that stream's queued work completes.")},
     {NULL, NULL, 0, NULL},
 };
@@ -408,8 +578,8 @@ static PyMethodDef DeviceBuffer_methods[] = {
 static PyGetSetDef DeviceBuffer_getset[] = {
     {"ptr", (getter)DeviceBuffer_get_ptr, NULL, PyDoc_STR("device address (0 once freed)"),
      NULL},
-    {"nbytes", (getter)DeviceBuffer_get_nbytes, NULL, PyDoc_STR("size asked for, in bytes"),
-     NULL},
+    {"nbytes", (getter)DeviceBuffer_get_nbytes, NULL,
+     PyDoc_STR("size asked for, in bytes (0 once freed)"), NULL},
     {"device", (getter)DeviceBuffer_get_device, NULL, PyDoc_STR("device ordinal"), NULL},
     {"stream", (getter)DeviceBuffer_get_stream, NULL,
      PyDoc_STR("stream handle given to empty(), or None"), NULL},
@@ -449,11 +619,11 @@ static PyObject *core_stats(PyObject *module, PyObject *args) {
   int device;
   if (!PyArg_ParseTuple(args, "i:stats", &device)) return NULL;
   core_state *st = get_state(module);
-  vram_pool_t *pool = get_pool(st, device, "stats");
+  vram_pool_t *pool = get_pool(st, device);
   if (pool == NULL) return NULL;
   vram_stats_t s;
   int rc = vram_get_stats(pool, &s);
-  if (rc != VRAM_OK) return raise_status(st, rc, "stats", pool);
+  if (rc != VRAM_OK) return raise_status(st, rc, device, pool);
 
   PyObject *d = PyDict_New();
   if (d == NULL) return NULL;
@@ -481,43 +651,42 @@ static PyObject *core_stats(PyObject *module, PyObject *args) {
 }
 
 /* Shared body of the functions that return a pool's text. */
-static PyObject *text_call(PyObject *module, PyObject *args, const char *format,
-                           const char *what, text_fn fn) {
+static PyObject *text_call(PyObject *module, PyObject *args, const char *format, text_fn fn) {
   int device;
   if (!PyArg_ParseTuple(args, format, &device)) return NULL;
   core_state *st = get_state(module);
-  vram_pool_t *pool = get_pool(st, device, what);
+  vram_pool_t *pool = get_pool(st, device);
   if (pool == NULL) return NULL;
   int rc;
   PyObject *text = pool_text(pool, fn, &rc);
-  if (text == NULL && rc != VRAM_OK) return raise_status(st, rc, what, pool);
+  if (text == NULL && rc != VRAM_OK) return raise_status(st, rc, device, pool);
   return text;
 }
 
 static PyObject *core_summary(PyObject *module, PyObject *args) {
-  return text_call(module, args, "i:summary", "summary", vram_summary);
+  return text_call(module, args, "i:summary", vram_summary);
 }
 
 static PyObject *core_stats_json(PyObject *module, PyObject *args) {
-  return text_call(module, args, "i:stats_json", "stats_json", vram_stats_json);
+  return text_call(module, args, "i:stats_json", vram_stats_json);
 }
 
 static PyObject *core_oom_report(PyObject *module, PyObject *args) {
-  return text_call(module, args, "i:oom_report", "oom_report", vram_oom_report);
+  return text_call(module, args, "i:oom_report", vram_oom_report);
 }
 
 static PyObject *core_empty_cache(PyObject *module, PyObject *args) {
   int device;
   if (!PyArg_ParseTuple(args, "i:empty_cache", &device)) return NULL;
   core_state *st = get_state(module);
-  vram_pool_t *pool = get_pool(st, device, "empty_cache");
+  vram_pool_t *pool = get_pool(st, device);
   if (pool == NULL) return NULL;
   int rc;
   /* Releasing segments calls the driver (cuMemFree, unmaps): other threads may run. */
   Py_BEGIN_ALLOW_THREADS
   rc = vram_empty_cache(pool);
   Py_END_ALLOW_THREADS
-  if (rc != VRAM_OK) return raise_status(st, rc, "empty_cache", pool);
+  if (rc != VRAM_OK) return raise_status(st, rc, device, pool);
   Py_RETURN_NONE;
 }
 
@@ -525,10 +694,10 @@ static PyObject *core_reset_peak_stats(PyObject *module, PyObject *args) {
   int device;
   if (!PyArg_ParseTuple(args, "i:reset_peak_stats", &device)) return NULL;
   core_state *st = get_state(module);
-  vram_pool_t *pool = get_pool(st, device, "reset_peak_stats");
+  vram_pool_t *pool = get_pool(st, device);
   if (pool == NULL) return NULL;
   int rc = vram_reset_peak_stats(pool);
-  if (rc != VRAM_OK) return raise_status(st, rc, "reset_peak_stats", pool);
+  if (rc != VRAM_OK) return raise_status(st, rc, device, pool);
   Py_RETURN_NONE;
 }
 
@@ -536,32 +705,37 @@ static PyObject *core_mem_get_info(PyObject *module, PyObject *args) {
   int device;
   if (!PyArg_ParseTuple(args, "i:mem_get_info", &device)) return NULL;
   core_state *st = get_state(module);
-  vram_pool_t *pool = get_pool(st, device, "mem_get_info");
+  vram_pool_t *pool = get_pool(st, device);
   if (pool == NULL) return NULL;
   size_t free_bytes = 0, total_bytes = 0;
   int rc = vram_mem_get_info(pool, &free_bytes, &total_bytes);
-  if (rc != VRAM_OK) return raise_status(st, rc, "mem_get_info", pool);
+  if (rc != VRAM_OK) return raise_status(st, rc, device, pool);
   return Py_BuildValue("(nn)", (Py_ssize_t)free_bytes, (Py_ssize_t)total_bytes);
 }
 
 static PyObject *core_set_limit(PyObject *module, PyObject *args) {
   int device;
-  Py_ssize_t nbytes;
-  double fraction;
-  if (!PyArg_ParseTuple(args, "ind:set_limit", &device, &nbytes, &fraction)) return NULL;
   core_state *st = get_state(module);
-  if (nbytes < 0) {
-    PyErr_Format(st->InvalidArgumentError, "set_limit: nbytes must be >= 0, got %zd", nbytes);
+  size_arg limit = {.name = "limit", .st = st};
+  double fraction;
+  if (!PyArg_ParseTuple(args, "iO&d:set_limit", &device, size_converter, &limit, &fraction))
     return NULL;
+  if (limit.too_big) {
+    /* A limit caps reserved memory; it asks for nothing, so it is no out-of-memory error. */
+    return raise_message(st, VRAM_EINVAL,
+                         PyUnicode_FromFormat("limit: %S bytes is more than any device holds "
+                                              "(0 removes the limit)",
+                                              limit.obj),
+                         NULL);
   }
-  vram_pool_t *pool = get_pool(st, device, "set_limit");
+  vram_pool_t *pool = get_pool(st, device);
   if (pool == NULL) return NULL;
   int rc;
   /* Lowering a limit may release cached segments through the driver. */
   Py_BEGIN_ALLOW_THREADS
-  rc = vram_set_limit(pool, (size_t)nbytes, fraction);
+  rc = vram_set_limit(pool, limit.bytes, fraction);
   Py_END_ALLOW_THREADS
-  if (rc != VRAM_OK) return raise_status(st, rc, "set_limit", pool);
+  if (rc != VRAM_OK) return raise_status(st, rc, device, pool);
   Py_RETURN_NONE;
 }
 
@@ -569,30 +743,55 @@ static PyObject *core_enable_peer_access(PyObject *module, PyObject *args) {
   int device, peer;
   if (!PyArg_ParseTuple(args, "ii:enable_peer_access", &device, &peer)) return NULL;
   core_state *st = get_state(module);
-  vram_pool_t *pool = get_pool(st, device, "enable_peer_access");
+  vram_pool_t *pool = get_pool(st, device);
   if (pool == NULL) return NULL;
   int rc = vram_enable_peer_access(pool, peer);
-  if (rc != VRAM_OK) return raise_status(st, rc, "enable_peer_access", pool);
+  if (rc != VRAM_OK) return raise_status(st, rc, device, pool);
   Py_RETURN_NONE;
 }
 
 static PyObject *core_source(PyObject *module, PyObject *args) {
   int device;
   if (!PyArg_ParseTuple(args, "i:source", &device)) return NULL;
-  vram_pool_t *pool = get_pool(get_state(module), device, "source");
+  vram_pool_t *pool = get_pool(get_state(module), device);
   if (pool == NULL) return NULL;
   return PyUnicode_FromString(vram_source_name(vram_pool_source(pool)));
 }
 
+/* One override of init_pool: `value` is the text, or (argument, text) when it came from a
+ * Python argument, which a bad value then blames instead of the variable. */
+static int apply_override(core_state *st, vram_options_t *opts, PyObject *key, PyObject *value) {
+  PyObject *argument = NULL, *text_obj = value;
+  if (PyTuple_Check(value) && PyTuple_GET_SIZE(value) == 2) {
+    argument = PyTuple_GET_ITEM(value, 0);
+    text_obj = PyTuple_GET_ITEM(value, 1);
+  }
+  const char *name = PyUnicode_AsUTF8(key);
+  const char *text = name ? PyUnicode_AsUTF8(text_obj) : NULL;
+  if (text == NULL) return -1;
+  const char *why = NULL;
+  int rc = vram_options_set(opts, name, text, &why);
+  if (rc == VRAM_OK) return 0;
+  if (argument != NULL)
+    raise_message(st, VRAM_EINVAL,
+                  PyUnicode_FromFormat("%S: %s, got %s", argument, reason_of(why, name), text),
+                  NULL);
+  else
+    raise_message(st, rc, PyUnicode_FromFormat("%s=%s: %s", name, text, reason_of(why, name)),
+                  NULL);
+  return -1;
+}
+
 /* init_pool(device, overrides=None): create the device's default pool now. overrides maps
- * VRAMKIT_* names to text and wins over the environment; the environment is not touched. */
+ * VRAMKIT_* names to text or (argument, text) and wins over the environment; the
+ * environment is not touched (other threads may be reading it). */
 static PyObject *core_init_pool(PyObject *module, PyObject *args) {
   int device;
   PyObject *overrides = Py_None;
   if (!PyArg_ParseTuple(args, "i|O:init_pool", &device, &overrides)) return NULL;
   core_state *st = get_state(module);
   if (overrides == Py_None) {
-    if (get_pool(st, device, "init_pool") == NULL) return NULL;
+    if (get_pool(st, device) == NULL) return NULL;
     Py_RETURN_NONE;
   }
   if (!PyDict_Check(overrides)) {
@@ -601,23 +800,21 @@ static PyObject *core_init_pool(PyObject *module, PyObject *args) {
   }
   vram_options_t opts;
   vram_options_init(&opts);
-  const char *why = NULL;
-  int rc = vram_options_from_env(&opts, &why);
+  /* A bad variable is an error even where an argument overrides it: it is still wrong. */
+  int rc = vram_options_from_env(&opts, NULL);
+  if (rc != VRAM_OK) return raise_status(st, rc, device, NULL);
   PyObject *key, *value;
   Py_ssize_t pos = 0;
-  while (rc == VRAM_OK && PyDict_Next(overrides, &pos, &key, &value)) {
-    const char *name = PyUnicode_AsUTF8(key), *text = name ? PyUnicode_AsUTF8(value) : NULL;
-    if (text == NULL) return NULL;
-    rc = vram_options_set(&opts, name, text, &why);
-  }
-  if (rc != VRAM_OK) return raise_status(st, rc, why ? why : "init_pool", NULL);
+  while (PyDict_Next(overrides, &pos, &key, &value))
+    if (apply_override(st, &opts, key, value) < 0) return NULL;
   opts.device = device;
   vram_pool_t *pool = NULL;
   /* Preallocation may call the driver: let other threads run meanwhile. */
   Py_BEGIN_ALLOW_THREADS
   rc = vram_default_pool_create(&opts, &pool);
   Py_END_ALLOW_THREADS
-  if (rc != VRAM_OK) return raise_status(st, rc, "init_pool", NULL);
+  if (rc == VRAM_EDEVICE) return raise_bad_device(st, device, opts.source);
+  if (rc != VRAM_OK) return raise_status(st, rc, device, NULL);
   if (device >= 0 && device < VRAMKIT_MAX_TRACKED) pool_touched[device] = 1;
   Py_RETURN_NONE;
 }
@@ -635,10 +832,15 @@ static PyObject *core_device_count(PyObject *module, PyObject *args) {
   core_state *st = get_state(module);
   vram_source_kind kind;
   int rc = vram_source_parse(name, &kind);
-  if (rc != VRAM_OK) return raise_status(st, rc, "device_count: unknown source", NULL);
+  if (rc != VRAM_OK)
+    return raise_message(st, rc,
+                         PyUnicode_FromFormat("source: unknown source '%s'; expected auto, "
+                                              "sim, sim:cuda, sim:vmm, cuda, vmm or managed",
+                                              name),
+                         NULL);
   int count = 0;
   rc = vram_device_count(kind, &count);
-  if (rc != VRAM_OK) return raise_status(st, rc, "device_count", NULL);
+  if (rc != VRAM_OK) return raise_status(st, rc, NO_DEVICE, NULL);
   return PyLong_FromLong(count);
 }
 
@@ -649,7 +851,9 @@ static PyObject *core_parse_size(PyObject *module, PyObject *args) {
   size_t bytes = 0;
   double fraction = 0.0;
   int rc = vram_parse_size(text, allow_percent, &bytes, &fraction);
-  if (rc != VRAM_OK) return raise_status(get_state(module), rc, "parse_size", NULL);
+  if (rc != VRAM_OK)
+    return raise_message(get_state(module), rc,
+                         PyUnicode_FromFormat("cannot read '%s' as a size", text), NULL);
   return Py_BuildValue("(Kd)", (unsigned long long)bytes, fraction);
 }
 
@@ -658,7 +862,17 @@ static PyObject *core_raise_status(PyObject *module, PyObject *args) {
   const char *what = "vramkit";
   if (!PyArg_ParseTuple(args, "i|s:raise_status", &status, &what)) return NULL;
   if (status == VRAM_OK) Py_RETURN_NONE;
-  return raise_status(get_state(module), status, what, NULL);
+  return raise_message(get_state(module), status,
+                       PyUnicode_FromFormat("%s: %s", what, vram_strerror(status)), NULL);
+}
+
+/* error(status, message): the exception, not raised, so the package's own checks raise
+ * errors that carry .status and .errname like the engine's. */
+static PyObject *core_error(PyObject *module, PyObject *args) {
+  int status;
+  PyObject *message;
+  if (!PyArg_ParseTuple(args, "iU:error", &status, &message)) return NULL;
+  return new_error(get_state(module), status, message, NULL);
 }
 
 static PyObject *core_set_device_resolver(PyObject *module, PyObject *resolver) {
@@ -682,46 +896,51 @@ static PyMethodDef core_methods[] = {
      PyDoc_STR("empty(nbytes, device=0, stream=None)\n--\n\nAllocate nbytes of device "
                "memory from the device's default pool; returns a DeviceBuffer.")},
     {"stats", core_stats, METH_VARARGS,
-     PyDoc_STR("stats(device)\n--\n\nThe pool's vram_stats_t: stats as (current, peak, "
+     PyDoc_STR("stats(device, /)\n--\n\nThe pool's vram_stats_t: stats as (current, peak, "
                "total) tuples, counters as ints.")},
     {"summary", core_summary, METH_VARARGS,
-     PyDoc_STR("summary(device)\n--\n\nThe pool's text summary table.")},
+     PyDoc_STR("summary(device, /)\n--\n\nThe pool's text summary table.")},
     {"stats_json", core_stats_json, METH_VARARGS,
-     PyDoc_STR("stats_json(device)\n--\n\nThe pool's statistics as a JSON string.")},
+     PyDoc_STR("stats_json(device, /)\n--\n\nThe pool's statistics as a JSON string.")},
     {"oom_report", core_oom_report, METH_VARARGS,
-     PyDoc_STR("oom_report(device)\n--\n\nThe report of the pool's last OOM ('' if none).")},
+     PyDoc_STR("oom_report(device, /)\n--\n\nThe report of the pool's last OOM ('' if none).")},
     {"empty_cache", core_empty_cache, METH_VARARGS,
-     PyDoc_STR("empty_cache(device)\n--\n\nReturn fully free cached segments to the driver.")},
+     PyDoc_STR("empty_cache(device, /)\n--\n\nReturn fully free cached segments to the driver.")},
     {"reset_peak_stats", core_reset_peak_stats, METH_VARARGS,
-     PyDoc_STR("reset_peak_stats(device)\n--\n\nSet every peak to its current value.")},
+     PyDoc_STR("reset_peak_stats(device, /)\n--\n\nSet every peak to its current value.")},
     {"mem_get_info", core_mem_get_info, METH_VARARGS,
-     PyDoc_STR("mem_get_info(device)\n--\n\n(free, total) bytes of the device.")},
+     PyDoc_STR("mem_get_info(device, /)\n--\n\n(free, total) bytes of the device.")},
     {"set_limit", core_set_limit, METH_VARARGS,
-     PyDoc_STR("set_limit(device, nbytes, fraction)\n--\n\nHard limit on reserved memory; "
-               "0 and 0.0 remove it.")},
+     PyDoc_STR("set_limit(device, limit, fraction, /)\n--\n\nHard limit on reserved memory, in "
+               "bytes or as a fraction of the device; 0 and 0.0 remove it.")},
     {"enable_peer_access", core_enable_peer_access, METH_VARARGS,
-     PyDoc_STR("enable_peer_access(device, peer): let peer access device's pool (vmm)")},
+     PyDoc_STR("enable_peer_access(device, peer, /)\n--\n\nLet peer read and write device's "
+               "pool (virtual-memory sources).")},
     {"source", core_source, METH_VARARGS,
-     PyDoc_STR("source(device)\n--\n\nName of the memory source behind the pool.")},
+     PyDoc_STR("source(device, /)\n--\n\nName of the memory source behind the pool.")},
     {"init_pool", core_init_pool, METH_VARARGS,
-     PyDoc_STR("init_pool(device)\n--\n\nCreate the device's default pool now, from the "
-               "VRAMKIT_* environment.")},
+     PyDoc_STR("init_pool(device, overrides=None, /)\n--\n\nCreate the device's default pool "
+               "now, from the VRAMKIT_* environment and overrides {variable: text or "
+               "(argument, text)}.")},
     {"pool_touched", core_pool_touched, METH_VARARGS,
-     PyDoc_STR("pool_touched(device)\n--\n\nWhether this process has used the device's pool "
+     PyDoc_STR("pool_touched(device, /)\n--\n\nWhether this process has used the device's pool "
                "from Python.")},
     {"device_count", core_device_count, METH_VARARGS,
-     PyDoc_STR("device_count(source='auto')\n--\n\nDevices the source can see.")},
+     PyDoc_STR("device_count(source='auto', /)\n--\n\nDevices the source can see.")},
     {"parse_size", core_parse_size, METH_VARARGS,
-     PyDoc_STR("parse_size(text, allow_percent=False)\n--\n\n(bytes, fraction) of a size "
+     PyDoc_STR("parse_size(text, allow_percent=False, /)\n--\n\n(bytes, fraction) of a size "
                "such as '64K', '1.5G' or '30%'.")},
+    {"error", core_error, METH_VARARGS,
+     PyDoc_STR("error(status, message, /)\n--\n\nThe exception a status code maps to, with "
+               "this message and .status, .errname and .report set; not raised.")},
     {"raise_status", core_raise_status, METH_VARARGS,
-     PyDoc_STR("raise_status(status, what='vramkit')\n--\n\nRaise the exception a status "
+     PyDoc_STR("raise_status(status, what='vramkit', /)\n--\n\nRaise the exception a status "
                "code maps to (None for 0).")},
     {"set_device_resolver", core_set_device_resolver, METH_O,
-     PyDoc_STR("set_device_resolver(fn)\n--\n\nfn(device) -> ordinal, used by empty() for "
+     PyDoc_STR("set_device_resolver(fn, /)\n--\n\nfn(device) -> ordinal, used by empty() for "
                "device arguments that are not ints.")},
     {"strerror", core_strerror, METH_VARARGS,
-     PyDoc_STR("strerror(status)\n--\n\n(name, message) of a status code.")},
+     PyDoc_STR("strerror(status, /)\n--\n\n(name, message) of a status code.")},
     {NULL, NULL, 0, NULL},
 };
 
@@ -763,8 +982,9 @@ static int core_exec(PyObject *module) {
       PyExc_ValueError)
   SUB(InvalidDeviceError, "InvalidDeviceError", "No such device.", "(OO)", st->VramError,
       PyExc_ValueError)
-  SUB(ConfigError, "ConfigError", "A bad VRAMKIT_* environment variable or option.", "(OO)",
-      st->VramError, PyExc_ValueError)
+  SUB(ConfigError, "ConfigError",
+      "A bad VRAMKIT_* environment variable (a bad argument is an InvalidArgumentError).",
+      "(OO)", st->VramError, PyExc_ValueError)
   SUB(AllocatorError, "AllocatorError", "A pointer or pool used in a way the pool refuses.",
       "(OO)", st->VramError, PyExc_RuntimeError)
   SUB(DoubleFreeError, "DoubleFreeError", "The block was already freed.", "(O)",

@@ -5,7 +5,7 @@ up to 512 bytes; requests up to 1 MiB are carved from 2 MiB small segments; larg
 segments rounded to the sim's 2 MiB granule.
 """
 
-from conftest import GiB, MiB
+from helpers import GiB, MiB
 
 
 def test_known_allocation_sequence(run):

@@ -1,0 +1,237 @@
+"""The errors a user meets, each as a user would meet it: sizes, devices, options, freed
+buffers. Each message must name what the user gave (the argument, the device, the variable)
+and never this package's internals (C function names, VRAMKIT_* variables nobody set).
+
+In-process tests share the sim pools of 4 GiB that conftest sets up; the rest run in a
+fresh interpreter.
+"""
+
+import re
+
+import pytest
+
+import vramkit
+from vramkit import _core
+from helpers import GiB, MiB
+
+CAPACITY = 4 * GiB  # helpers.SIM_ENV
+
+
+def _assert_user_facing(exc: BaseException) -> None:
+    """No message names a C function of the extension or a variable the user never set."""
+    text = str(exc)
+    for internal in ("stats:", "init_pool", "set_limit", "summary:", "VRAMKIT_",
+                     "vram_for_each_block", "(nil)"):
+        assert internal not in text, (internal, text)
+
+
+# --- sizes -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("nbytes", [1 << 47, (1 << 48) + 1, 1 << 63, (1 << 64) - 1, 1 << 64,
+                                    1 << 80, 1 << 300])
+def test_a_size_no_device_holds_is_out_of_memory(nbytes):
+    """One rule from 2**47 to past 64 bits: OutOfMemoryError naming the size in bytes and
+    the device's capacity; never ValueError or OverflowError."""
+    before = vramkit.memory_allocated()
+    with pytest.raises(vramkit.OutOfMemoryError) as info:
+        vramkit.empty(nbytes)
+    exc = info.value
+    assert isinstance(exc, MemoryError)
+    assert exc.status == _core.VRAM_ENOMEM and exc.errname == "VRAM_ENOMEM"
+    text = str(exc)
+    assert f"{nbytes} bytes" in text, text
+    assert "capacity" in text and "4.00 GiB" in text, text
+    assert "device 0" in text
+    assert isinstance(exc.report, str) and exc.report
+    _assert_user_facing(exc)
+    assert vramkit.memory_allocated() == before
+    # The pool goes on serving.
+    vramkit.empty(MiB).free()
+
+
+def test_a_size_past_64_bits_on_another_device_names_that_device():
+    with pytest.raises(vramkit.OutOfMemoryError, match=r"device 2\b.*capacity"):
+        vramkit.empty(1 << 70, device="cuda:2")
+
+
+@pytest.mark.parametrize("nbytes", [-1, -(1 << 20), -(1 << 70)])
+def test_a_negative_size_is_a_value_error_naming_the_argument(nbytes):
+    with pytest.raises(vramkit.InvalidArgumentError) as info:
+        vramkit.empty(nbytes)
+    assert isinstance(info.value, ValueError)
+    assert str(info.value) == f"nbytes must be >= 0, got {nbytes}"
+    assert info.value.status == _core.VRAM_EINVAL
+
+
+@pytest.mark.parametrize("nbytes", [1.0, 1.5, "1024", "1G", True, False, None, [16], 1j])
+def test_a_size_that_is_not_an_int_is_a_type_error_naming_the_argument(nbytes):
+    with pytest.raises(TypeError) as info:
+        vramkit.empty(nbytes)
+    assert str(info.value).startswith("nbytes must be an int"), info.value
+    assert type(nbytes).__name__ in str(info.value)
+
+
+def test_integer_like_sizes_are_taken():
+    """numpy's integers (anything with __index__) are sizes, as they are to CuPy."""
+    np = pytest.importorskip("numpy")
+    buf = vramkit.empty(np.int64(3000))
+    assert buf.nbytes == 3000 and isinstance(buf.nbytes, int)
+    buf.free()
+    with pytest.raises(vramkit.InvalidArgumentError, match="nbytes must be >= 0"):
+        vramkit.empty(np.int32(-5))
+
+
+def test_set_memory_limit_sizes():
+    d = 6
+    limit = vramkit.memory_stats(d)["limit_bytes"]
+    for bad in ("lots", "-1G", "0%", "150%", 1.5, 0.0):
+        with pytest.raises(vramkit.InvalidArgumentError, match="^limit") as info:
+            vramkit.set_memory_limit(d, bad)
+        assert isinstance(info.value, ValueError) and info.value.status == _core.VRAM_EINVAL
+    with pytest.raises(vramkit.InvalidArgumentError, match="^limit must be >= 0, got -1$"):
+        vramkit.set_memory_limit(d, -1)
+    # A limit asks for nothing: past what any device holds it is no out-of-memory error.
+    with pytest.raises(vramkit.InvalidArgumentError, match="^limit: .* more than any device"):
+        vramkit.set_memory_limit(d, 1 << 70)
+    for bad in (True, None, [1]):
+        with pytest.raises(TypeError, match="^limit"):
+            vramkit.set_memory_limit(d, bad)
+    assert vramkit.memory_stats(d)["limit_bytes"] == limit  # no failure set anything
+
+
+# --- devices -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("call", [
+    vramkit.memory_stats, vramkit.memory_allocated, vramkit.memory_summary,
+    vramkit.empty_cache, vramkit.reset_peak_memory_stats, vramkit.reset_memory_stats,
+    vramkit.mem_get_info, vramkit.last_oom_report, vramkit.source,
+    vramkit.get_memory_info, lambda d: vramkit.empty(16, device=d),
+    lambda d: vramkit.set_memory_limit(d, "1G"),
+])
+def test_a_missing_device_is_named_with_the_devices_there_are(call):
+    with pytest.raises(vramkit.InvalidDeviceError) as info:
+        call(99)
+    assert str(info.value) == "device 99: invalid device ordinal (the sim source has 8 devices)"
+    assert info.value.errname == "VRAM_EDEVICE" and isinstance(info.value, ValueError)
+
+
+def test_device_names_and_odd_ordinals():
+    with pytest.raises(vramkit.InvalidDeviceError, match=r"^device 99: .*8 devices"):
+        vramkit.memory_stats("cuda:99")
+    with pytest.raises(vramkit.InvalidDeviceError,
+                       match=r"^device -1: invalid device ordinal \(ordinals start at 0\)$"):
+        vramkit.memory_stats(-1)
+    for huge in (1 << 31, 1 << 40, 1 << 70):
+        with pytest.raises(vramkit.InvalidDeviceError, match=f"^device {huge}: "):
+            vramkit.memory_stats(huge)
+        with pytest.raises(vramkit.InvalidDeviceError, match=f"^device {huge}: "):
+            vramkit.empty(16, device=huge)
+    with pytest.raises(vramkit.InvalidDeviceError) as info:
+        vramkit.memory_stats("tpu:0")
+    assert info.value.status == _core.VRAM_EDEVICE  # raised in Python, same attributes
+
+
+def test_missing_device_on_a_configured_source(run):
+    run("""
+        import vramkit
+        try:
+            vramkit.configure(8, source="sim")
+        except vramkit.InvalidDeviceError as exc:
+            assert str(exc) == ("device 8: invalid device ordinal (the sim source has 8 "
+                                "devices)"), exc
+        else:
+            raise AssertionError("device 8 exists")
+    """)
+
+
+def test_unknown_source_names_the_argument():
+    with pytest.raises(vramkit.InvalidArgumentError, match="^source: unknown source 'tpu'"):
+        vramkit.device_count("tpu")
+
+
+# --- options -----------------------------------------------------------------------------
+
+# Each configure() option with values only Python rejects and values only the engine does.
+BAD_OPTIONS = [
+    ("source", "tpu", ValueError), ("source", 3, TypeError),
+    ("limit", "lots", ValueError), ("limit", -5, ValueError), ("limit", 1.5, ValueError),
+    ("limit", 1 << 70, ValueError), ("limit", True, TypeError),
+    ("preallocate", "200%", ValueError), ("preallocate", 0.0, ValueError),
+    ("preallocate", [1], TypeError),
+    ("release_threshold", "10%", ValueError), ("release_threshold", 0.5, TypeError),
+    ("release_threshold", "big", ValueError),
+    ("tight_threshold", 1.5, ValueError), ("tight_threshold", "most", ValueError),
+    ("tight_threshold", True, TypeError),
+    ("sim_capacity", "bad", ValueError), ("sim_capacity", 0, ValueError),
+    ("sim_capacity", "0G", ValueError), ("sim_capacity", [1], TypeError),
+]
+
+
+@pytest.mark.parametrize("option,value,error", BAD_OPTIONS,
+                         ids=[f"{o}={v!r}" for o, v, _ in BAD_OPTIONS])
+def test_configure_blames_the_argument_not_the_variable(option, value, error):
+    with pytest.raises(error) as info:
+        vramkit.configure(7, **{option: value})
+    text = str(info.value)
+    assert text.startswith(option), text
+    _assert_user_facing(info.value)
+    if error is ValueError:
+        assert isinstance(info.value, vramkit.InvalidArgumentError)
+        assert info.value.status == _core.VRAM_EINVAL
+    assert not _core.pool_touched(7)  # a refused option creates no pool
+
+
+def test_a_bad_environment_variable_is_blamed_on_the_variable(run):
+    out = run("""
+        import vramkit
+        for call in (vramkit.memory_allocated, lambda: vramkit.configure(1, limit="1G"),
+                     lambda: vramkit.empty(16, device=2)):
+            try:
+                call()
+            except vramkit.ConfigError as exc:
+                assert isinstance(exc, ValueError) and exc.errname == "VRAM_EENV"
+                print(exc)
+    """, env={"VRAMKIT_SIM_CAPACITY": "huge"}).stdout.splitlines()
+    assert out == ["environment variable VRAMKIT_SIM_CAPACITY=huge: expected a positive size "
+                   "such as 16G"] * 3, out
+
+
+# --- defaults, summaries, freed buffers ---------------------------------------------------
+
+def test_reset_memory_stats_defaults_to_device_0():
+    keep = vramkit.empty(8 * MiB)
+    peak = vramkit.empty(8 * MiB)
+    del peak
+    assert vramkit.get_memory_info("GPU:0")["peak"] > vramkit.get_memory_info("GPU:0")["current"]
+    vramkit.reset_memory_stats()
+    info = vramkit.get_memory_info("GPU:0")
+    assert info["peak"] == info["current"]
+    del keep
+
+
+def test_abbreviated_summary_keeps_the_headline_rows():
+    keep = vramkit.empty(5000)
+    full = vramkit.memory_summary()
+    short = vramkit.memory_summary(abbreviated=True)
+    assert len(short.splitlines()) < len(full.splitlines())
+    rows = [line.split("|")[1].strip() for line in short.splitlines()
+            if line.startswith("| ") and "summary" not in line]
+    assert rows == ["metric", "allocated_bytes", "reserved_bytes", "largest_free_block",
+                    "fragmentation", "limit"], short
+    # The kept rows read as in the full table, figure for figure.
+    for line in short.splitlines():
+        assert line in full.splitlines(), line
+    assert not re.search(r"\|-+\|\n\|-+\|", short)  # no empty section left behind
+    del keep
+
+
+def test_a_freed_buffer_says_so():
+    buf = vramkit.empty(4096, device=1)
+    assert repr(buf) == f"<vramkit.DeviceBuffer ptr={hex(buf.ptr)} nbytes=4096 device=1>"
+    buf.free()
+    assert repr(buf) == "<vramkit.DeviceBuffer freed device=1>"
+    assert buf.freed and buf.ptr == 0 and buf.nbytes == 0 and buf.device == 1
+    for use in (buf.free, buf.prefetch, lambda: buf.record_stream(None),
+                lambda: buf.__cuda_array_interface__):
+        with pytest.raises(vramkit.DoubleFreeError, match=r"^DeviceBuffer\..*already freed"):
+            use()
