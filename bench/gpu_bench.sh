@@ -32,7 +32,9 @@
 # its reserved/live ratio still comes, with min_capacity null.
 #
 # GPU_BENCH_STEPS picks step groups, run in this order (default: all of them): micro
-# vramkit ctest torch_bench torch_replay gpu_check. A step the budget cut off is listed as
+# vramkit ctest torch_bench torch_replay gpu_check gpu_tests (gpu_tests: the pytest suite of
+# tests/gpu, out of memory through PyTorch, CuPy, Numba and vramkit.empty, on the installed
+# package). A step the budget cut off is listed as
 # skipped in steps.txt; a second call for just its group (say GPU_BENCH_STEPS=gpu_check)
 # reuses the builds of the first where the machine kept them.
 set -uo pipefail
@@ -42,7 +44,7 @@ GPU_DIR=$ROOT/.gpu
 OUT=${OUT:-$GPU_DIR/out}
 BUDGET=${GPU_BENCH_BUDGET_S:-450}
 BERT_MIB=${TORCH_BISECT_MIB_BERT:-4}
-STEPS=${GPU_BENCH_STEPS:-micro vramkit ctest torch_bench torch_replay gpu_check}
+STEPS=${GPU_BENCH_STEPS:-micro vramkit ctest torch_bench torch_replay gpu_check gpu_tests}
 JOBS=$(nproc 2>/dev/null || echo 8)
 BUILD=$ROOT/build-gpu
 ANCHORS=$GPU_DIR/anchors
@@ -236,10 +238,12 @@ install_python_package() {
     return 1
   fi
 }
-if wants gpu_check && [ -f "$ROOT/tests/python/gpu_check.py" ]; then
+if { wants gpu_check || wants gpu_tests; } && [ -f "$ROOT/tests/python/gpu_check.py" ]; then
   step install_python.txt 120 bash -c "$(declare -f install_python_package); ROOT='$ROOT'; install_python_package"
   # Run from outside the tree so that the installed package, not python/vramkit, is found.
-  step gpu_check.txt 150 bash -c "cd /tmp && python3 '$ROOT/tests/python/gpu_check.py'"
+  wants gpu_check && step gpu_check.txt 150 bash -c "cd /tmp && python3 '$ROOT/tests/python/gpu_check.py'"
+  wants gpu_tests && step gpu_tests.txt 300 bash -c \
+    "cd /tmp && python3 -m pytest -v -rs -p no:cacheprovider '$ROOT/tests/gpu'"
 fi
 
 # ---- the table --------------------------------------------------------------------------------
