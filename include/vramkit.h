@@ -4,7 +4,7 @@
  * toolkit: device pointers are plain `void *`, streams are the driver's `CUstream`
  * passed as an opaque `vram_stream_t` (NULL is the legacy default stream).
  *
- * Conventions (see shared/DESIGN.md):
+ * Conventions:
  *  - every call returns a `vram_status`: 0 on success, a negative code on failure;
  *  - the caller owns option structs and fills them with `vram_options_init`;
  *  - a pool is per device and is safe to use from many threads (one lock per pool);
@@ -38,7 +38,6 @@ extern "C" {
   X(VRAM_EINVAL, -2, "invalid argument")                                                   \
   X(VRAM_EDOUBLEFREE, -3, "pointer was already freed")                                     \
   X(VRAM_EFOREIGN, -4, "pointer was not allocated by this pool")                           \
-  X(VRAM_ETOOBIG, -5, "size too large: rounding it would overflow")                        \
   X(VRAM_EDEVICE, -6, "invalid device ordinal")                                            \
   X(VRAM_ENODRIVER, -7, "CUDA driver not available")                                       \
   X(VRAM_EDRIVER, -8, "CUDA driver call failed")                                           \
@@ -55,6 +54,10 @@ typedef enum vram_status {
   VRAM_STATUS_LIST(VRAM_X_ENUM)
 #undef VRAM_X_ENUM
 } vram_status;
+
+/* No call returns -5 any more: a size no device can hold is VRAM_ENOMEM, like any other
+ * request the device cannot serve. The name stays so that code written against it builds. */
+#define VRAM_ETOOBIG (-5)
 
 /* Human-readable message and symbolic name of a status code ("unknown status" if none). */
 VRAM_API const char *vram_strerror(int status);
@@ -144,7 +147,9 @@ VRAM_API int vram_default_pool_create(const vram_options_t *opts, vram_pool_t **
 
 /* Allocate `size` bytes usable on `stream`. Blocks are 512-byte aligned. Size 0 succeeds
  * with *out = NULL (as PyTorch does); vram_free(pool, NULL) is a no-op. On VRAM_ENOMEM the
- * pool's last OOM report (vram_oom_report) explains why. */
+ * pool's last OOM report (vram_oom_report) explains why. A size larger than the device
+ * could ever hold (its capacity; for the managed source, 2^48 bytes) is VRAM_ENOMEM at
+ * once, counted in num_ooms, and gives back no cached memory. */
 VRAM_API int vram_malloc(vram_pool_t *pool, size_t size, vram_stream_t stream, void **out);
 /* Free a block from this pool; no size needed. Work queued on the block's stream before the
  * free may still be running: the block is reused at once, but only by requests on that same

@@ -1,13 +1,15 @@
-/* stats.c - statistics as text and JSON, and the OOM report.
+/* stats.c - statistics as text and JSON, and the OOM report, formatted from snapshots.
  *
  * The table of vram_summary follows torch.cuda.memory_summary(): one row per statistic
  * with current, peak and total. Rows come from VRAM_STAT_LIST and VRAM_COUNTER_LIST, so a
- * statistic added there appears in the struct, the table and the JSON at once. */
+ * statistic added there appears in the struct, the table and the JSON at once. Nothing
+ * here knows the pool: each formatter reads the snapshot it is given (format.h). */
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <string.h>
 
-#include "pool/internal.h"
+#include "obs/format.h"
 
 /* Appends to a bounded buffer; tracks the length the full text needs. */
 typedef struct text_out {
@@ -37,34 +39,14 @@ static void human_size(char *buf, size_t cap, int64_t bytes) {
   snprintf(buf, cap, u ? "%s%.2f %s" : "%s%.0f %s", bytes < 0 ? "-" : "", v, units[u]);
 }
 
-void _vram_fill_derived_stats(vram_pool_t *pool, vram_stats_t *out) {
-  /* Active = allocated + waiting on events; each block became active once, at its malloc. */
-  const vram_stats_t *s = &pool->stats;
-  out->active_bytes.current = s->allocated_bytes.current + (int64_t)pool->pending_bytes;
-  out->active_bytes.total = s->allocated_bytes.total;
-  out->active_bytes.peak = s->allocated_bytes.peak > pool->active_bytes_peak
-                               ? s->allocated_bytes.peak : pool->active_bytes_peak;
-  out->active.current = s->allocation.current + (int64_t)pool->pending_blocks;
-  out->active.total = s->allocation.total;
-  out->active.peak = s->allocation.peak > pool->active_peak ? s->allocation.peak : pool->active_peak;
-  out->num_mallocs = (uint64_t)s->allocation.total;
-  out->num_frees = (uint64_t)(s->allocation.total - s->allocation.current);
-  size_t cached = _vram_pool_cached_free(pool);
-  out->largest_free_block = _vram_pool_largest_free(pool);
-  if (out->largest_free_block > cached) out->largest_free_block = cached;
-  out->fragmentation = cached ? 1.0 - (double)out->largest_free_block / (double)cached : 0.0;
-  out->limit_bytes = pool->limit;
-}
-
-int _vram_format_summary(vram_pool_t *pool, char *buf, size_t cap) {
+int _vram_format_summary(const vram_pool_snapshot *snap, char *buf, size_t cap) {
   text_out o = {buf, cap, 0};
   if (cap) buf[0] = 0;
-  vram_stats_t s = pool->stats;
-  _vram_fill_derived_stats(pool, &s);
+  const vram_stats_t s = snap->stats;
   char a[32], b[32], c[32];
   out_printf(&o, "|===========================================================================|\n");
   out_printf(&o, "|                  vramkit memory summary, device %-3d (%-8s)             |\n",
-             pool->opts.device, pool->src->zName);
+             snap->device, snap->source_name);
   out_printf(&o, "|---------------------------------------------------------------------------|\n");
   out_printf(&o, "| %-24s | %14s | %14s | %14s |\n", "metric", "current", "peak", "total");
   out_printf(&o, "|---------------------------------------------------------------------------|\n");
@@ -114,50 +96,86 @@ int _vram_format_stats_json(const vram_stats_t *s, char *buf, size_t cap) {
   return (int)o.len;
 }
 
-int _vram_format_oom_report(vram_pool_t *pool, size_t requested, vram_stream_t stream, char *buf,
+/* One decimal and no sign: a size a request names, whatever its magnitude. */
+static void human_size_1(char *buf, size_t cap, size_t bytes) {
+  const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double v = (double)bytes;
+  int u = 0;
+  while (v >= 1024 && u < 6) {
+    v /= 1024;
+    u++;
+  }
+  snprintf(buf, cap, u ? "%.1f %s" : "%.0f %s", v, units[u]);
+}
+
+/* "the default stream" or "stream 0x...": a NULL stream is not a pointer to the user. */
+static void stream_name(char *buf, size_t cap, vram_stream_t stream) {
+  if (stream) snprintf(buf, cap, "stream %p", stream);
+  else snprintf(buf, cap, "the default stream");
+}
+
+int _vram_format_oom_report(const vram_pool_snapshot *snap, const vram_oom_request *req, char *buf,
                             size_t cap) {
   text_out o = {buf, cap, 0};
-  vram_stats_t s = pool->stats;
-  _vram_fill_derived_stats(pool, &s);
-  size_t free_bytes = 0, total = 0;
-  pool->src->xMemInfo(pool->src_state, &free_bytes, &total);
-  char req[32], tot[32], fre[32], res[32], alc[32], lfb[32], lim[32], cfr[32];
-  size_t cached = _vram_pool_cached_free(pool);
+  if (cap) buf[0] = 0;
+  const vram_stats_t *s = &snap->stats;
+  size_t requested = req->size, total = snap->device_total, limit = s->limit_bytes;
+  size_t cached = snap->cached_free;
+  char rq[32], tot[32], fre[32], res[32], alc[32], lfb[32], lim[32], cfr[32], where[48];
   human_size(cfr, sizeof cfr, (int64_t)cached);
-  human_size(req, sizeof req, (int64_t)requested);
+  human_size(rq, sizeof rq, requested > INT64_MAX ? INT64_MAX : (int64_t)requested);
   human_size(tot, sizeof tot, (int64_t)total);
-  human_size(fre, sizeof fre, (int64_t)free_bytes);
-  human_size(res, sizeof res, s.reserved_bytes.current);
-  human_size(alc, sizeof alc, s.allocated_bytes.current);
-  human_size(lfb, sizeof lfb, (int64_t)s.largest_free_block);
-  if (pool->limit) human_size(lim, sizeof lim, (int64_t)pool->limit);
+  human_size(fre, sizeof fre, (int64_t)snap->device_free);
+  human_size(res, sizeof res, s->reserved_bytes.current);
+  human_size(alc, sizeof alc, s->allocated_bytes.current);
+  human_size(lfb, sizeof lfb, (int64_t)s->largest_free_block);
+  if (limit) human_size(lim, sizeof lim, (int64_t)limit);
   else snprintf(lim, sizeof lim, "none");
+  stream_name(where, sizeof where, req->stream);
+  out_printf(&o, "vramkit: out of memory on device %d (%s source): ", snap->device,
+             snap->source_name);
+  if (req->max_request) {
+    /* The headline in one decimal, as a person would say it. */
+    char size[32], most[32];
+    human_size_1(size, sizeof size, requested);
+    human_size_1(most, sizeof most, req->max_request);
+    out_printf(&o, "tried to allocate %s (%zu bytes) on %s, more than device %d's %s of %s.\n",
+               size, requested, where, snap->device,
+               req->max_request == snap->device_total ? "capacity" : "addressable limit", most);
+  } else {
+    out_printf(&o, "tried to allocate %s (%zu bytes) on %s.\n", rq, requested, where);
+  }
   out_printf(&o,
-             "vramkit: out of memory on device %d (%s source): tried to allocate %s (%zu bytes) "
-             "on stream %p.\n"
              "  device capacity %s, free on device %s, limit %s;\n"
              "  reserved by vramkit %s, allocated %s, cached free %s, largest free block %s, "
              "fragmentation %.1f%%.\n",
-             pool->opts.device, pool->src->zName, req, requested, stream, tot, fre, lim, res, alc,
-             cfr, lfb, 100.0 * s.fragmentation);
+             tot, fre, lim, res, alc, cfr, lfb, 100.0 * s->fragmentation);
+  if (req->max_request) {
+    out_printf(&o, "  No memory setting can serve a request this large: check how its size was "
+                   "computed (a negative number converted to an unsigned size, or a shape "
+                   "multiplied out wrong, gives sizes like this).");
+    return (int)o.len;
+  }
   /* What to try, chosen from the numbers above. */
-  if (pool->limit && (size_t)s.reserved_bytes.current + requested > pool->limit)
+  if (limit && (size_t)s->reserved_bytes.current + requested > limit)
     out_printf(&o, "  The limit of %s is what refused it: raise it (VRAMKIT_LIMIT, "
                    "set_per_process_memory_fraction) if the device has room.\n", lim);
   if (cached >= requested)
     out_printf(&o, "  %.1f%% of reserved memory is free but fragmented: try the vmm source "
                    "(VRAMKIT_SOURCE=vmm), which maps physical memory where it is needed.\n",
-               s.reserved_bytes.current ? 100.0 * (double)cached / (double)s.reserved_bytes.current : 0.0);
+               s->reserved_bytes.current ? 100.0 * (double)cached / (double)s->reserved_bytes.current
+                                         : 0.0);
   /* Live bytes plus the request fit under the cap: the free memory around live blocks is
    * what failed it, the waste tight placement avoids on fixed segments. */
-  size_t cap_bytes = pool->limit ? pool->limit : total;
-  if (!pool->src->is_vmm && pool->opts.tight_threshold > 0 && cached > 0 &&
-      (size_t)s.allocated_bytes.current + requested <= cap_bytes)
+  size_t cap_bytes = limit ? limit : total;
+  if (!snap->is_vmm && snap->tight_threshold > 0 && cached > 0 &&
+      (size_t)s->allocated_bytes.current + requested <= cap_bytes)
     out_printf(&o, "  Live memory and this request would fit: keep fixed segments tighter with "
                    "VRAMKIT_TIGHT_THRESHOLD=0, which gives large requests segments of their own "
                    "size instead of carving cached ones (less memory, more driver calls).\n");
-  out_printf(&o, "  Reduce the batch size, free tensors you no longer need (vram_for_each_block "
-                 "lists live blocks), use gradient checkpointing or mixed precision, or the "
-                 "managed source to spill to host memory.");
+  out_printf(&o, "  Reduce the batch size, drop references to buffers and tensors you no longer "
+                 "need (the memory summary shows what is allocated), use gradient "
+                 "checkpointing or mixed precision, or the managed source "
+                 "(VRAMKIT_SOURCE=managed) to spill to host memory.");
   return (int)o.len;
 }

@@ -1,14 +1,19 @@
 /* check.c - the invariant checker (_vram_pool_is_valid).
  *
- * Recomputes everything the engine keeps incrementally and compares: blocks tile each
- * segment by address with no two free neighbours; every free block is in its arena's
- * index for its kind and nothing else is; every live, pending or parked block is in the
- * pointer map and the map holds nothing else; a parked block is its arena's cached one; segment usage, granule counts and the statistics
- * agree with the blocks. The tests run it after every operation (VRAM_DEBUG >= 3 builds
- * also run it inside every public call). It prints the first broken invariant. */
+ * Recomputes everything the engine keeps incrementally and compares, one structure at a
+ * time: blocks tile each segment by address with no two free neighbours; every free block
+ * is in its arena's index for its kind and nothing else is; every live, pending or parked
+ * block is in the pointer map and the map holds nothing else; a parked block is its arena's
+ * cached one; segment usage, granule counts, the idle list, the pending list and the
+ * statistics agree with the blocks. The tests run it after every operation (VRAM_DEBUG >= 3
+ * builds also run it inside every public call). It prints the first broken invariant. */
 #include <stdio.h>
 
-#include "pool/internal.h"
+#include "pool/pool.h"
+#include "pool/granules.h"
+#include "pool/ptrmap.h"
+#include "pool/snapshot.h"
+#include "pool/tlsf.h"
 
 #define REQUIRE(cond, ...)                                                                 \
   do {                                                                                     \
@@ -18,6 +23,99 @@
       return false;                                                                        \
     }                                                                                      \
   } while (0)
+
+/* What the walk over the blocks adds up, to compare with the pool's own counts. */
+typedef struct tally {
+  int64_t allocated, requested, active, live, active_blocks, segments, reserved;
+  size_t in_map, idle_bytes;
+  size_t free_small, free_large, cached; /* of the arena being walked */
+} tally;
+
+/* A parked block: its arena's cached one, still in the pointer map. */
+static bool check_cached_block(vram_pool_t *pool, const vram_arena *a, const vram_segment *s,
+                               const vram_block *b) {
+  REQUIRE(b == (s->is_small ? a->cached_small : a->cached_large),
+          "cached block %#lx is not its arena's cached block", (unsigned long)b->addr);
+  REQUIRE(b->requested == 0 && _vram_ptrmap_get(&pool->ptrs, b->addr) == b,
+          "cached block %#lx not in the pointer map", (unsigned long)b->addr);
+  return true;
+}
+
+/* A live or pending block: in the pointer map, with a plausible request and events. */
+static bool check_used_block(vram_pool_t *pool, const vram_block *b, tally *t) {
+  REQUIRE(b->state == VRAM_BLOCK_LIVE || b->state == VRAM_BLOCK_PENDING, "bad block state");
+  REQUIRE(_vram_ptrmap_get(&pool->ptrs, b->addr) == b, "block %#lx missing from pointer map",
+          (unsigned long)b->addr);
+  REQUIRE(b->requested > 0 && b->requested <= b->size, "requested %zu outside block %zu",
+          b->requested, b->size);
+  t->active += (int64_t)b->size;
+  t->active_blocks++;
+  if (b->state == VRAM_BLOCK_PENDING) {
+    REQUIRE(b->events_left > 0, "pending block with no events");
+    return true;
+  }
+  REQUIRE(b->events_left == 0, "live block with pending events");
+  t->allocated += (int64_t)b->size;
+  t->requested += (int64_t)b->requested;
+  t->live++;
+  return true;
+}
+
+/* The blocks of one segment tile it by address; returns the bytes in use in *used. */
+static bool check_segment_blocks(vram_pool_t *pool, const vram_arena *a, const vram_segment *s,
+                                 tally *t, size_t *used) {
+  uintptr_t expect_addr = s->addr;
+  *used = 0;
+  for (vram_block *b = s->first; b; b = b->addr_next) {
+    REQUIRE(b->segment == s, "block %#lx names another segment", (unsigned long)b->addr);
+    REQUIRE(b->addr == expect_addr, "gap or overlap at %#lx", (unsigned long)b->addr);
+    REQUIRE(b->size && b->size % VRAM_ALIGN == 0, "block size %zu not aligned", b->size);
+    REQUIRE(!b->addr_next || b->addr_next->addr_prev == b, "address links broken");
+    expect_addr += b->size;
+    if (b->state == VRAM_BLOCK_FREE) {
+      REQUIRE(!b->addr_next || b->addr_next->state != VRAM_BLOCK_FREE,
+              "free neighbours not coalesced at %#lx", (unsigned long)b->addr);
+      if (s->is_small) t->free_small++;
+      else t->free_large++;
+      continue;
+    }
+    if (b->state == VRAM_BLOCK_CACHED) {
+      if (!check_cached_block(pool, a, s, b)) return false;
+      t->cached++;
+    } else if (!check_used_block(pool, b, t)) {
+      return false;
+    }
+    t->in_map++;
+    *used += b->size;
+  }
+  REQUIRE(expect_addr == s->addr + s->size, "blocks do not cover segment %p", (void *)s);
+  return true;
+}
+
+/* One segment: its links, its blocks, its usage, its idle flag and its granules. */
+static bool check_segment(vram_pool_t *pool, const vram_arena *a, vram_segment *s,
+                          const vram_segment *prev, tally *t) {
+  t->segments++;
+  REQUIRE(s->arena == a && s->prev == prev, "segment %p badly linked", (void *)s);
+  REQUIRE(s->index == (s->is_small ? &a->free_small : &a->free_large) &&
+              s->cached == (s->is_small ? &a->cached_small : &a->cached_large),
+          "segment %p names another kind's index or cache", (void *)s);
+  REQUIRE(s->first && s->first->addr == s->addr && !s->first->addr_prev,
+          "segment %p does not start with its first block", (void *)s);
+  size_t used = 0;
+  if (!check_segment_blocks(pool, a, s, t, &used)) return false;
+  REQUIRE(used == s->used_bytes, "segment used bytes %zu, blocks say %zu", s->used_bytes, used);
+  REQUIRE(s->idle == (!pool->src->is_vmm && !s->keep && !s->used_bytes),
+          "segment %p idle flag disagrees with its usage", (void *)s);
+  if (s->idle) t->idle_bytes += s->size;
+  if (!pool->src->is_vmm) {
+    t->reserved += (int64_t)s->size;
+    return true;
+  }
+  REQUIRE(_vram_granules_check(pool, s), "granule accounting of segment %p", (void *)s);
+  t->reserved += (int64_t)(s->mapped_granules * pool->granularity);
+  return true;
+}
 
 typedef struct index_visit {
   const vram_arena *arena;
@@ -32,97 +130,46 @@ static bool visit_index_block(void *ctx, const vram_block *b) {
          b->segment->is_small == v->small;
 }
 
-bool _vram_pool_check_locked(vram_pool_t *pool) {
-  int64_t allocated = 0, requested = 0, active = 0, live = 0, active_blocks = 0, segments = 0;
-  int64_t reserved = 0;
-  size_t in_map = 0, idle_bytes = 0;
-  for (vram_arena *a = pool->arenas; a; a = a->next) {
-    size_t free_small = 0, free_large = 0, cached = 0;
-    vram_segment *prev_seg = NULL;
-    for (vram_segment *s = a->segments; s; prev_seg = s, s = s->next) {
-      segments++;
-      REQUIRE(s->arena == a && s->prev == prev_seg, "segment %p badly linked", (void *)s);
-      REQUIRE(s->index == (s->is_small ? &a->free_small : &a->free_large) &&
-                  s->cached == (s->is_small ? &a->cached_small : &a->cached_large),
-              "segment %p names another kind's index or cache", (void *)s);
-      REQUIRE(s->first && s->first->addr == s->addr && !s->first->addr_prev,
-              "segment %p does not start with its first block", (void *)s);
-      uintptr_t expect_addr = s->addr;
-      size_t used = 0;
-      for (vram_block *b = s->first; b; b = b->addr_next) {
-        REQUIRE(b->segment == s, "block %#lx names another segment", (unsigned long)b->addr);
-        REQUIRE(b->addr == expect_addr, "gap or overlap at %#lx", (unsigned long)b->addr);
-        REQUIRE(b->size && b->size % VRAM_ALIGN == 0, "block size %zu not aligned", b->size);
-        REQUIRE(!b->addr_next || b->addr_next->addr_prev == b, "address links broken");
-        expect_addr += b->size;
-        if (b->state == VRAM_BLOCK_FREE) {
-          REQUIRE(!b->addr_next || b->addr_next->state != VRAM_BLOCK_FREE,
-                  "free neighbours not coalesced at %#lx", (unsigned long)b->addr);
-          if (s->is_small) free_small++; else free_large++;
-          continue;
-        }
-        if (b->state == VRAM_BLOCK_CACHED) {
-          REQUIRE(b == (s->is_small ? a->cached_small : a->cached_large),
-                  "cached block %#lx is not its arena's cached block", (unsigned long)b->addr);
-          REQUIRE(b->requested == 0 && _vram_ptrmap_get(&pool->ptrs, b->addr) == b,
-                  "cached block %#lx not in the pointer map", (unsigned long)b->addr);
-          used += b->size;
-          cached++;
-          in_map++;
-          continue;
-        }
-        REQUIRE(b->state == VRAM_BLOCK_LIVE || b->state == VRAM_BLOCK_PENDING, "bad block state");
-        REQUIRE(_vram_ptrmap_get(&pool->ptrs, b->addr) == b, "block %#lx missing from pointer map",
-                (unsigned long)b->addr);
-        REQUIRE(b->requested > 0 && b->requested <= b->size, "requested %zu outside block %zu",
-                b->requested, b->size);
-        in_map++;
-        used += b->size;
-        active += (int64_t)b->size;
-        active_blocks++;
-        if (b->state == VRAM_BLOCK_LIVE) {
-          allocated += (int64_t)b->size;
-          requested += (int64_t)b->requested;
-          live++;
-          REQUIRE(b->events_left == 0, "live block with pending events");
-        } else {
-          REQUIRE(b->events_left > 0, "pending block with no events");
-        }
-      }
-      REQUIRE(expect_addr == s->addr + s->size, "blocks do not cover segment %p", (void *)s);
-      REQUIRE(used == s->used_bytes, "segment used bytes %zu, blocks say %zu", s->used_bytes, used);
-      REQUIRE(s->idle == (!pool->src->is_vmm && !s->keep && !s->used_bytes),
-              "segment %p idle flag disagrees with its usage", (void *)s);
-      if (s->idle) idle_bytes += s->size;
-      if (pool->src->is_vmm) {
-        REQUIRE(_vram_granules_check(pool, s), "granule accounting of segment %p", (void *)s);
-        reserved += (int64_t)(s->mapped_granules * pool->granularity);
-      } else {
-        reserved += (int64_t)s->size;
-      }
-    }
-    REQUIRE(cached == (size_t)(a->cached_small != NULL) + (size_t)(a->cached_large != NULL),
-            "arena cache names blocks that are not cached");
-    index_visit vs = {a, true, 0}, vl = {a, false, 0};
-    REQUIRE(_vram_tlsf_check(&a->free_small, visit_index_block, &vs), "small free index corrupt");
-    REQUIRE(_vram_tlsf_check(&a->free_large, visit_index_block, &vl), "large free index corrupt");
-    REQUIRE(vs.blocks == free_small && vl.blocks == free_large,
-            "free index holds %zu+%zu blocks, segments %zu+%zu", vs.blocks, vl.blocks, free_small,
-            free_large);
-  }
-  size_t idle_listed = 0;
+/* One arena: its segments, its one-block caches, and its two free indexes. */
+static bool check_arena(vram_pool_t *pool, vram_arena *a, tally *t) {
+  t->free_small = t->free_large = t->cached = 0;
+  vram_segment *prev = NULL;
+  for (vram_segment *s = a->segments; s; prev = s, s = s->next)
+    if (!check_segment(pool, a, s, prev, t)) return false;
+  REQUIRE(t->cached == (size_t)(a->cached_small != NULL) + (size_t)(a->cached_large != NULL),
+          "arena cache names blocks that are not cached");
+  index_visit vs = {a, true, 0}, vl = {a, false, 0};
+  REQUIRE(_vram_tlsf_check(&a->free_small, visit_index_block, &vs), "small free index corrupt");
+  REQUIRE(_vram_tlsf_check(&a->free_large, visit_index_block, &vl), "large free index corrupt");
+  REQUIRE(vs.blocks == t->free_small && vl.blocks == t->free_large,
+          "free index holds %zu+%zu blocks, segments %zu+%zu", vs.blocks, vl.blocks,
+          t->free_small, t->free_large);
+  return true;
+}
+
+static bool check_idle_list(const vram_pool_t *pool, const tally *t) {
+  size_t listed = 0;
   for (vram_segment *s = pool->idle_head; s; s = s->idle_next) {
     REQUIRE(s->idle && (s->idle_next ? s->idle_next->idle_prev == s : pool->idle_tail == s),
             "idle segment list broken");
-    idle_listed += s->size;
+    listed += s->size;
   }
-  REQUIRE(idle_listed == idle_bytes && idle_bytes == pool->idle_bytes,
-          "idle segments: listed %zu, flagged %zu, counted %zu", idle_listed, idle_bytes,
+  REQUIRE(listed == t->idle_bytes && t->idle_bytes == pool->idle_bytes,
+          "idle segments: listed %zu, flagged %zu, counted %zu", listed, t->idle_bytes,
           pool->idle_bytes);
-  REQUIRE(in_map == pool->ptrs.count, "pointer map holds %zu, blocks %zu", pool->ptrs.count, in_map);
+  return true;
+}
+
+static bool check_ptrmap(const vram_pool_t *pool, const tally *t) {
+  REQUIRE(t->in_map == pool->ptrs.count, "pointer map holds %zu, blocks %zu", pool->ptrs.count,
+          t->in_map);
   REQUIRE(pool->ptrs.count * VRAM_PTRMAP_SLOTS_PER_ENTRY <= pool->ptrs.mask + 1,
           "pointer map over its load bound: %zu entries in %zu slots", pool->ptrs.count,
           pool->ptrs.mask + 1);
+  return true;
+}
+
+static bool check_pending(const vram_pool_t *pool) {
   size_t pending = 0;
   for (vram_pending *p = pool->pending_head; p; p = p->next) {
     REQUIRE(p->block->state == VRAM_BLOCK_PENDING, "pending entry for a non-pending block");
@@ -130,22 +177,34 @@ bool _vram_pool_check_locked(vram_pool_t *pool) {
     pending++;
   }
   REQUIRE(pending == pool->pending_count, "pending count");
-  vram_stats_t derived = pool->stats;
-  _vram_fill_derived_stats(pool, &derived);
+  return true;
+}
+
+static bool check_stats(const vram_pool_t *pool, const tally *t) {
+  vram_stats_t derived;
+  _vram_pool_fill_stats(pool, &derived);
   const vram_stats_t *st = &derived;
-  REQUIRE(st->allocated_bytes.current == allocated, "allocated_bytes %lld, blocks %lld",
-          (long long)st->allocated_bytes.current, (long long)allocated);
-  REQUIRE(st->requested_bytes.current == requested, "requested_bytes");
-  REQUIRE(st->active_bytes.current == active, "active_bytes");
-  REQUIRE(st->allocation.current == live, "allocation count");
-  REQUIRE(st->active.current == active_blocks, "active count");
-  REQUIRE(st->reserved_bytes.current == reserved, "reserved_bytes %lld, segments %lld",
-          (long long)st->reserved_bytes.current, (long long)reserved);
-  REQUIRE(st->segment.current == segments, "segment count");
+  REQUIRE(st->allocated_bytes.current == t->allocated, "allocated_bytes %lld, blocks %lld",
+          (long long)st->allocated_bytes.current, (long long)t->allocated);
+  REQUIRE(st->requested_bytes.current == t->requested, "requested_bytes");
+  REQUIRE(st->active_bytes.current == t->active, "active_bytes");
+  REQUIRE(st->allocation.current == t->live, "allocation count");
+  REQUIRE(st->active.current == t->active_blocks, "active count");
+  REQUIRE(st->reserved_bytes.current == t->reserved, "reserved_bytes %lld, segments %lld",
+          (long long)st->reserved_bytes.current, (long long)t->reserved);
+  REQUIRE(st->segment.current == t->segments, "segment count");
 #define VRAM_X_PEAK(name, doc) REQUIRE(st->name.peak >= st->name.current, #name " peak below current");
   VRAM_STAT_LIST(VRAM_X_PEAK)
 #undef VRAM_X_PEAK
   return true;
+}
+
+bool _vram_pool_check_locked(vram_pool_t *pool) {
+  tally t = {0};
+  for (vram_arena *a = pool->arenas; a; a = a->next)
+    if (!check_arena(pool, a, &t)) return false;
+  return check_idle_list(pool, &t) && check_ptrmap(pool, &t) && check_pending(pool) &&
+         check_stats(pool, &t);
 }
 
 int _vram_pool_is_valid(vram_pool_t *pool) {

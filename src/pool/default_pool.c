@@ -5,7 +5,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 
-#include "pool/internal.h"
+#include "vramkit.h"
 
 #define MAX_DEVICES 64
 

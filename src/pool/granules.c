@@ -17,7 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pool/internal.h"
+#include "pool/granules.h"
+#include "pool/segment.h"
 
 #define BITS 64
 
@@ -159,7 +160,7 @@ size_t _vram_granules_trim(vram_pool_t *pool, size_t want, int *first_error) {
  * plus 1/2^VRAM_VMM_SLACK_SHIFT of it, whichever is larger. Without the slack a pool that
  * reached its peak would unmap and map again on almost every request that lands on
  * unmapped space; with it a training loop's steady state makes no driver call on
- * stream_prefetch and a quarter of them on gpt2_train (bench/RESULTS.md). */
+ * stream_prefetch and a quarter of them on gpt2_train. */
 static size_t mapped_allowance(const vram_pool_t *pool, size_t request) {
   size_t allocated = (size_t)pool->stats.allocated_bytes.current + request;
   if ((size_t)pool->stats.allocated_bytes.peak > allocated)

@@ -3,10 +3,9 @@
  *
  * Why biased: most pools are driven by one thread (the Python thread that runs the model,
  * or one worker per GPU), and an atomic exchange per call is a full barrier that drains the
- * store buffer. Without it the cached alloc+free pair on the H200 host went from 25.4-26.5
- * ns to 13.5-15.3 (bench/RESULTS.md, run 11); a replay op, a chain of dependent loads,
- * hides the barrier and did not move. While the lock is biased, its owner enters with two plain stores and a load and leaves with one
- * store. The first call from any other thread revokes the bias for good (lock.c): it asks
+ * store buffer: on the cached alloc+free pair that barrier is about half the time. (A
+ * replay op, a chain of dependent loads, hides it.) While the lock is biased, its owner
+ * enters with two plain stores and a load and leaves with one store. The first call from any other thread revokes the bias for good (lock.c): it asks
  * the owner to step aside, makes the kernel run a memory barrier on every thread of the
  * process (membarrier), waits for the owner to be out, and from then on every thread,
  * owner included, takes the spin lock. Without membarrier the lock is never biased.

@@ -7,7 +7,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "pool/internal.h"
+#include "vramkit.h"
 
 #define DEFAULT_SIM_CAPACITY ((size_t)80 << 30) /* an 80 GiB card, as an H100 */
 
@@ -46,21 +46,6 @@ const char *vram_source_name(vram_source_kind kind) {
   for (size_t i = 0; i < sizeof source_names / sizeof source_names[0]; i++)
     if (source_names[i].kind == kind) return source_names[i].name;
   return "unknown";
-}
-
-/* AUTO means: a real GPU source if the driver opens and sees a device, else sim. The GPU
- * default is the fixed-segment cuda source (README explains the measurements behind it). */
-int _vram_resolve_source(vram_source_kind kind, vram_source_kind *resolved) {
-  if (kind != VRAM_SOURCE_AUTO) {
-    if (kind < VRAM_SOURCE_AUTO || kind > VRAM_SOURCE_MANAGED) return VRAM_EINVAL;
-    *resolved = kind;
-    return VRAM_OK;
-  }
-  int count = 0;
-  *resolved = (vram_device_count(VRAM_SOURCE_CUDA, &count) == VRAM_OK && count > 0)
-                  ? VRAM_SOURCE_CUDA
-                  : VRAM_SOURCE_SIM;
-  return VRAM_OK;
 }
 
 int vram_parse_size(const char *text, int allow_percent, size_t *bytes, double *fraction) {

@@ -10,5 +10,7 @@
  * broken invariant to stderr and returns 0. Takes the pool lock. At VRAM_DEBUG >= 3 the
  * engine runs it after every public operation and aborts on failure. */
 int _vram_pool_is_valid(vram_pool_t *pool);
+/* The same check with the lock already held (check.c); true if valid. */
+_Bool _vram_pool_check_locked(vram_pool_t *pool);
 
 #endif /* VRAM_POOL_H */

@@ -6,7 +6,7 @@
  * at a million live blocks every lookup lands somewhere new in 32 MB. */
 #include <stdlib.h>
 
-#include "pool/internal.h"
+#include "pool/ptrmap.h"
 #include "prim/hostmem.h"
 
 /* A table with room for `entries` before it must grow. */

@@ -12,7 +12,7 @@
  * taken, which is at most one bin (1/16 of a power of two) larger than needed. */
 #include <string.h>
 
-#include "pool/internal.h"
+#include "pool/tlsf.h"
 
 void _vram_tlsf_init(vram_tlsf *t) { memset(t, 0, sizeof *t); }
 

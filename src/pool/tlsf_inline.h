@@ -1,7 +1,7 @@
 /* tlsf_inline.h - the free-block index's per-call operations: insert, remove, find.
  *
  * tlsf.c says how the index works. These run several times per vram_malloc and vram_free,
- * so they are inline in the engine; included at the end of internal.h, not on its own. */
+ * so they are inline in the engine; included by tlsf.h, not on their own. */
 #ifndef VRAM_TLSF_INLINE_H
 #define VRAM_TLSF_INLINE_H
 
@@ -58,9 +58,9 @@ static inline void _vram_tlsf_remove(vram_tlsf *t, vram_block *b) {
 }
 
 /* Indexed block `b` changes size to `size` (it grew over a neighbour or lost its front).
- * Like a fresh insert it goes to the head of its bin's list (LIFO: bench/RESULTS.md found
- * the random workload 5% less tight when resized blocks kept their place), but when the
- * bin is unchanged the bitmaps and the mapping stay as they are. */
+ * Like a fresh insert it goes to the head of its bin's list (LIFO: the random workload is
+ * less tight when resized blocks keep their place), but when the bin is unchanged the
+ * bitmaps and the mapping stay as they are. */
 static inline void _vram_tlsf_resize(vram_tlsf *t, vram_block *b, size_t size) {
   int fl, sl;
   _vram_tlsf_mapping(size, &fl, &sl);

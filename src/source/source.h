@@ -19,8 +19,10 @@
 
 #define VRAM_SIM_DEVICES 8 /* the sim models a machine of eight identical devices */
 
-/* AUTO resolved: a GPU source where a driver sees a device, else sim (pool/options.c). */
+/* AUTO resolved: a GPU source where a driver sees a device, else sim (registry.c). */
 int _vram_resolve_source(vram_source_kind kind, vram_source_kind *resolved);
+/* Devices that the source of `kind` (AUTO resolved as a pool would be) can serve. */
+int _vram_source_device_count(vram_source_kind kind, int *count);
 
 typedef struct vram_source_config {
   int device;

@@ -3,7 +3,7 @@
  * from huge pages, through growth, frees in a scattered order and reuse; and the free
  * index's order when a block changes size in place. */
 #include "vt.h"
-#include "pool/internal.h"
+#include "pool/tlsf.h"
 #include "prim/hostmem.h"
 
 /* Zeroed, writable, on a 64-byte line, and on a 2 MiB boundary once large. */

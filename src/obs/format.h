@@ -1,0 +1,37 @@
+/* format.h - what src/obs formats: statistics as a text table and as JSON, and the OOM
+ * report, each from a snapshot the pool fills under its lock (pool/snapshot.c). The
+ * formatters read nothing else: obs sits below the pool and never reaches into it. */
+#ifndef VRAM_OBS_FORMAT_H
+#define VRAM_OBS_FORMAT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "vramkit.h"
+
+/* One pool at one moment. */
+typedef struct vram_pool_snapshot {
+  int device;
+  const char *source_name;  /* "sim", "cuda", ... */
+  bool is_vmm;              /* the source maps granules where they are needed */
+  double tight_threshold;   /* vram_options_t.tight_threshold */
+  vram_stats_t stats;       /* derived statistics filled in */
+  size_t cached_free;       /* bytes reserved but not in use */
+  size_t device_total;      /* the device's capacity */
+  size_t device_free;       /* free on the device, as the source says (OOM report only) */
+} vram_pool_snapshot;
+
+/* A request the pool refused. */
+typedef struct vram_oom_request {
+  size_t size;              /* bytes asked for */
+  vram_stream_t stream;     /* NULL: the default stream */
+  size_t max_request;       /* nonzero when size is more than the device could ever hold */
+} vram_oom_request;
+
+/* Each returns the length of the full text, like snprintf, and writes at most cap bytes. */
+int _vram_format_summary(const vram_pool_snapshot *snap, char *buf, size_t cap);
+int _vram_format_stats_json(const vram_stats_t *s, char *buf, size_t cap);
+int _vram_format_oom_report(const vram_pool_snapshot *snap, const vram_oom_request *req, char *buf,
+                            size_t cap);
+
+#endif /* VRAM_OBS_FORMAT_H */

@@ -1,0 +1,25 @@
+/* granules.h - physical backing of virtual-memory segments (vmm and sim:vmm sources):
+ * which granules of a reserved range are mapped, and how many bytes of blocks use each. */
+#ifndef VRAM_GRANULES_H
+#define VRAM_GRANULES_H
+
+#include "pool/types.h"
+
+int _vram_granules_init(vram_pool_t *pool, vram_segment *seg);
+void _vram_granules_destroy(vram_segment *seg);
+/* Count the granules of [addr, addr+size) that are not mapped yet. */
+size_t _vram_granules_unmapped_in(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size);
+/* Account a block becoming live or pending over [addr, addr+size), mapping what is needed. */
+int _vram_granules_acquire(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size);
+/* Account a block becoming free; granules nothing uses become idle (mapped, unused). */
+void _vram_granules_release(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size);
+/* Unmap up to `want` idle granules of the pool (all when want == SIZE_MAX), waiting for
+ * their arenas' streams first. Returns the number unmapped; the first failure goes to
+ * *first_error (if non-NULL and still 0). */
+size_t _vram_granules_trim(vram_pool_t *pool, size_t want, int *first_error);
+size_t _vram_granules_idle_total(const vram_pool_t *pool);
+/* Unmap every mapped granule of a segment (pool teardown). */
+void _vram_granules_unmap_all(vram_pool_t *pool, vram_segment *seg);
+bool _vram_granules_check(vram_pool_t *pool, vram_segment *seg);
+
+#endif /* VRAM_GRANULES_H */

@@ -1,0 +1,27 @@
+/* pending.h - frees of blocks used on other streams (vram_record_stream): each waits for
+ * an event per extra stream before its memory can be reused. */
+#ifndef VRAM_PENDING_H
+#define VRAM_PENDING_H
+
+#include "pool/types.h"
+
+/* Note that block `b` (live) is also used on `stream`. */
+int _vram_pending_add_use(vram_block *b, vram_stream_t stream);
+/* Free live block `b`, which has extra streams: record one event per stream; the block
+ * waits for all of them. On failure nothing changes and the block stays live. */
+int _vram_pending_free(vram_pool_t *pool, vram_block *b);
+/* Retire pending frees whose events completed; with `wait`, wait for all of them. */
+void _vram_pending_drain(vram_pool_t *pool, bool wait);
+/* Drop what is left (events that failed to synchronize) and the spare events (teardown). */
+void _vram_pending_destroy(vram_pool_t *pool);
+
+/* While blocks wait on events, active memory exceeds allocated memory, and only then can a
+ * malloc take active memory past the allocated peak: note the derived peaks there. */
+static inline void _vram_active_peaks_note(vram_pool_t *pool) {
+  int64_t bytes = pool->stats.allocated_bytes.current + (int64_t)pool->pending_bytes;
+  int64_t blocks = pool->stats.allocation.current + (int64_t)pool->pending_blocks;
+  if (bytes > pool->active_bytes_peak) pool->active_bytes_peak = bytes;
+  if (blocks > pool->active_peak) pool->active_peak = blocks;
+}
+
+#endif /* VRAM_PENDING_H */

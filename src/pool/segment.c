@@ -1,0 +1,244 @@
+/* segment.c - arenas and segments: growth from the source, release back to it.
+ *
+ * Fixed sources (cuda, managed, sim) hand out whole segments; virtual-memory sources
+ * reserve one large range per arena and kind, whose granules granules.c maps. Release
+ * always waits for the arena's stream first (one stream wait, never a device-wide one), so
+ * that no kernel still running can touch memory that went back. */
+#include <stdlib.h>
+
+#include "pool/block.h"
+#include "pool/segment.h"
+#include "prim/hostmem.h"
+
+vram_arena *_vram_arena_find_or_create(vram_pool_t *pool, vram_stream_t stream) {
+  vram_arena *a;
+  for (a = pool->arenas; a; a = a->next) {
+    if (a->stream == stream) {
+      pool->last_arena = a;
+      return a;
+    }
+  }
+  a = calloc(1, sizeof *a);
+  if (!a) return NULL;
+  a->stream = stream;
+  _vram_tlsf_init(&a->free_small);
+  _vram_tlsf_init(&a->free_large);
+  a->next = pool->arenas;
+  pool->arenas = a;
+  pool->last_arena = a;
+  return a;
+}
+
+/* Wait for the work queued so far on an arena's stream: memory of the arena may then go
+ * back to the source. A stream wait, never a device-wide one. */
+int _vram_arena_quiesce(vram_pool_t *pool, vram_arena *arena) {
+  int rc;
+  if (!arena->release_event) {
+    rc = pool->src->xEventCreate(pool->src_state, &arena->release_event);
+    if (rc) return rc;
+  }
+  rc = pool->src->xEventRecord(pool->src_state, arena->release_event, arena->stream);
+  if (!rc) rc = pool->src->xEventSynchronize(pool->src_state, arena->release_event);
+  if (!rc) pool->stats.num_sync_waits++;
+  return rc;
+}
+
+static void segment_link(vram_arena *a, vram_segment *seg) {
+  seg->arena = a;
+  seg->index = _vram_arena_index(a, seg->is_small);
+  seg->cached = _vram_arena_cache_slot(a, seg->is_small);
+  seg->prev = NULL;
+  seg->next = a->segments;
+  if (a->segments) a->segments->prev = seg;
+  a->segments = seg;
+}
+
+static void segment_unlink(vram_segment *seg) {
+  vram_arena *a = seg->arena;
+  if (seg->prev) seg->prev->next = seg->next;
+  else a->segments = seg->next;
+  if (seg->next) seg->next->prev = seg->prev;
+}
+
+/* Give one fully free segment back to the source; its arena must be quiesced. */
+static int segment_release(vram_pool_t *pool, vram_segment *seg) {
+  vram_assert(seg->used_bytes == 0 && seg->first && !seg->first->addr_next);
+  int rc;
+  if (pool->src->is_vmm) {
+    if (seg->mapped_granules) return VRAM_EBUSY; /* unmap first (granules.c) */
+    rc = pool->src->xUnreserve(pool->src_state, seg->addr, seg->size);
+  } else {
+    rc = pool->src->xFree(pool->src_state, seg->addr, seg->size);
+  }
+  if (rc) return rc;
+  if (!pool->src->is_vmm) vram_stat_down(&pool->stats.reserved_bytes, (int64_t)(seg->size));
+  pool->stats.num_device_free++;
+  vram_stat_down(&pool->stats.segment, 1);
+  _vram_tlsf_remove(seg->index, seg->first);
+  _vram_block_delete(pool, seg->first);
+  _vram_idle_remove(pool, seg);
+  segment_unlink(seg);
+  _vram_granules_destroy(seg);
+  _vram_host_free(seg, sizeof *seg);
+  return VRAM_OK;
+}
+
+/* Keep the first failure of a release that goes on past failures. */
+static inline void note_error(int *first_error, int rc) {
+  if (rc && first_error && !*first_error) *first_error = rc;
+}
+
+size_t _vram_release_cached(vram_pool_t *pool, size_t want, int *first_error) {
+  size_t released = 0;
+  _vram_cache_flush_all(pool);
+  if (pool->src->is_vmm) {
+    size_t granules = want == SIZE_MAX ? SIZE_MAX : (want + pool->granularity - 1) / pool->granularity;
+    released = _vram_granules_trim(pool, granules, first_error) * pool->granularity;
+    if (want != SIZE_MAX) return released;
+    /* Everything: empty virtual ranges go back too. */
+    for (vram_arena *a = pool->arenas; a; a = a->next) {
+      vram_segment *next;
+      for (vram_segment *s = a->segments; s; s = next) {
+        next = s->next;
+        if (s->used_bytes || s->mapped_granules || s->keep) continue;
+        note_error(first_error, segment_release(pool, s));
+      }
+    }
+    return released;
+  }
+  /* Fixed sources: the idle list, longest unused first; each arena's stream is waited
+   * for once per release. */
+  pool->release_epoch++;
+  vram_segment *prev;
+  for (vram_segment *s = pool->idle_tail; s && released < want; s = prev) {
+    prev = s->idle_prev;
+    vram_arena *a = s->arena;
+    if (a->quiesced_at != pool->release_epoch) {
+      int rc = _vram_arena_quiesce(pool, a);
+      if (rc) {
+        note_error(first_error, rc);
+        continue;
+      }
+      a->quiesced_at = pool->release_epoch;
+    }
+    size_t size = s->size;
+    int rc = segment_release(pool, s);
+    if (rc) {
+      note_error(first_error, rc);
+      continue;
+    }
+    released += size;
+  }
+  return released;
+}
+
+static size_t vmm_reserve_size(const vram_pool_t *pool, size_t rounded) {
+  size_t size = pool->vmm_reserve_size;
+  if (size < 2 * rounded) size = _vram_round_up(2 * rounded, pool->granularity);
+  return size;
+}
+
+int _vram_segment_grow(vram_pool_t *pool, vram_arena *a, size_t rounded, bool small,
+                       vram_block **out_free) {
+  bool vmm = pool->src->is_vmm;
+  size_t size = vmm ? vmm_reserve_size(pool, rounded) : _vram_fixed_segment_size(pool, rounded, small);
+  if (!vmm && pool->limit && (size_t)pool->stats.reserved_bytes.current + size > pool->limit)
+    return VRAM_ENOMEM;
+  /* Do not raise the high-water mark while cached segments that cannot serve this request
+   * could go back instead: it keeps peak reserved near peak live at the cost of driver
+   * calls that happen only when the footprint would otherwise grow. */
+  if (!vmm && (size_t)pool->stats.reserved_bytes.current + size > (size_t)pool->stats.reserved_bytes.peak)
+    _vram_release_cached(pool, (size_t)pool->stats.reserved_bytes.current + size -
+                             (size_t)pool->stats.reserved_bytes.peak, NULL);
+  vram_segment *seg = _vram_host_zalloc(sizeof *seg); /* on a line of its own: internal.h */
+  vram_block *b = _vram_block_new(pool);
+  if (!seg || !b) {
+    _vram_host_free(seg, sizeof *seg);
+    if (b) _vram_block_delete(pool, b);
+    return VRAM_EHOSTMEM;
+  }
+  uintptr_t addr = 0;
+  int rc = vmm ? pool->src->xReserve(pool->src_state, size, &addr)
+               : pool->src->xAlloc(pool->src_state, size, &addr);
+  if (rc) {
+    _vram_host_free(seg, sizeof *seg);
+    _vram_block_delete(pool, b);
+    return rc;
+  }
+  seg->addr = addr;
+  seg->size = size;
+  seg->is_small = small;
+  if (vmm) {
+    rc = _vram_granules_init(pool, seg);
+    if (rc) {
+      pool->src->xUnreserve(pool->src_state, addr, size);
+      _vram_host_free(seg, sizeof *seg);
+      _vram_block_delete(pool, b);
+      return rc;
+    }
+  }
+  segment_link(a, seg);
+  b->addr = addr;
+  b->size = size;
+  b->segment = seg;
+  b->state = VRAM_BLOCK_FREE;
+  seg->first = b;
+  _vram_tlsf_insert(seg->index, b);
+  _vram_idle_push(pool, seg);
+  if (!vmm) vram_stat_up(&pool->stats.reserved_bytes, (int64_t)size);
+  vram_stat_up(&pool->stats.segment, 1);
+  pool->stats.num_device_alloc += vmm ? 0 : 1;
+  *out_free = b;
+  return VRAM_OK;
+}
+
+/* Preallocate mode (TensorFlow's default): hold `bytes` from the start in the default
+ * stream's arena and serve every size from it, so a program that fits never calls the
+ * driver again. The memory stays held through empty_cache. */
+int _vram_pool_preallocate(vram_pool_t *pool, size_t bytes) {
+  vram_arena *a = _vram_arena_get(pool, NULL);
+  if (!a) return VRAM_EHOSTMEM;
+  pool->unified_index = true;
+  size_t rounded = _vram_round_up(bytes, pool->granularity);
+  vram_block *b = NULL;
+  if (pool->src->is_vmm) {
+    /* Reserve a range holding the preallocation and map it now. */
+    int rc = _vram_segment_grow(pool, a, rounded, false, &b);
+    if (rc) return rc;
+    rc = _vram_granules_acquire(pool, b->segment, b->addr, rounded);
+    if (rc) return rc;
+    _vram_granules_release(pool, b->segment, b->addr, rounded);
+    pool->keep_mapped = rounded / pool->granularity;
+    return VRAM_OK;
+  }
+  int rc = _vram_segment_grow(pool, a, rounded, false, &b);
+  if (rc) return rc;
+  _vram_idle_remove(pool, b->segment);
+  b->segment->keep = true;
+  return VRAM_OK;
+}
+
+
+/* Blocks still in use (a forced destroy) lose their stream lists with their segments. */
+void _vram_segments_destroy(vram_pool_t *pool) {
+  for (vram_arena *a = pool->arenas, *an; a; a = an) {
+    an = a->next;
+    if (a->segments) _vram_arena_quiesce(pool, a);
+    for (vram_segment *s = a->segments, *sn; s; s = sn) {
+      sn = s->next;
+      for (vram_block *b = s->first; b; b = b->addr_next)
+        if (b->state != VRAM_BLOCK_FREE) free(b->uses);
+      if (pool->src->is_vmm) {
+        _vram_granules_unmap_all(pool, s);
+        pool->src->xUnreserve(pool->src_state, s->addr, s->size);
+      } else {
+        pool->src->xFree(pool->src_state, s->addr, s->size);
+      }
+      _vram_granules_destroy(s);
+      _vram_host_free(s, sizeof *s);
+    }
+    if (a->release_event) pool->src->xEventDestroy(pool->src_state, a->release_event);
+    free(a);
+  }
+  pool->arenas = pool->last_arena = NULL;
+}

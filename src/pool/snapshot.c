@@ -1,0 +1,80 @@
+/* snapshot.c - the pool's state as its observers see it: derived statistics and the
+ * snapshots that src/obs formats. Every function here reads the pool with its lock held and
+ * changes nothing. */
+#include "pool/granules.h"
+#include "pool/snapshot.h"
+#include "pool/tlsf.h"
+
+/* The size a cached block will have once coalesced with its free neighbours. */
+static size_t merged_size(const vram_block *b) {
+  if (!b) return 0;
+  size_t size = b->size;
+  if (b->addr_prev && b->addr_prev->state == VRAM_BLOCK_FREE) size += b->addr_prev->size;
+  if (b->addr_next && b->addr_next->state == VRAM_BLOCK_FREE) size += b->addr_next->size;
+  return size;
+}
+
+size_t _vram_pool_largest_free(const vram_pool_t *pool) {
+  size_t largest = 0;
+  for (vram_arena *a = pool->arenas; a; a = a->next) {
+    size_t s = _vram_tlsf_largest(&a->free_small), l = _vram_tlsf_largest(&a->free_large);
+    if (s > largest) largest = s;
+    if (l > largest) largest = l;
+    size_t cs = merged_size(a->cached_small), cl = merged_size(a->cached_large);
+    if (cs > largest) largest = cs;
+    if (cl > largest) largest = cl;
+  }
+  /* Virtual segments: physical granules are interchangeable and a free range can always
+   * be found in the reserved address space, so all cached memory serves one request. */
+  if (pool->src->is_vmm) return _vram_pool_cached_free(pool);
+  return largest;
+}
+
+size_t _vram_pool_cached_free(const vram_pool_t *pool) {
+  if (pool->src->is_vmm)
+    return (size_t)pool->stats.reserved_bytes.current -
+           ((size_t)pool->stats.allocated_bytes.current + pool->pending_bytes);
+  size_t bytes = 0;
+  for (vram_arena *a = pool->arenas; a; a = a->next) {
+    bytes += a->free_small.free_bytes + a->free_large.free_bytes;
+    if (a->cached_small) bytes += a->cached_small->size;
+    if (a->cached_large) bytes += a->cached_large->size;
+  }
+  return bytes;
+}
+
+void _vram_pool_fill_stats(const vram_pool_t *pool, vram_stats_t *out) {
+  *out = pool->stats;
+  /* Active = allocated + waiting on events; each block became active once, at its malloc. */
+  const vram_stats_t *s = &pool->stats;
+  out->active_bytes.current = s->allocated_bytes.current + (int64_t)pool->pending_bytes;
+  out->active_bytes.total = s->allocated_bytes.total;
+  out->active_bytes.peak = s->allocated_bytes.peak > pool->active_bytes_peak
+                               ? s->allocated_bytes.peak : pool->active_bytes_peak;
+  out->active.current = s->allocation.current + (int64_t)pool->pending_blocks;
+  out->active.total = s->allocation.total;
+  out->active.peak = s->allocation.peak > pool->active_peak ? s->allocation.peak : pool->active_peak;
+  out->num_mallocs = (uint64_t)s->allocation.total;
+  out->num_frees = (uint64_t)(s->allocation.total - s->allocation.current);
+  size_t cached = _vram_pool_cached_free(pool);
+  out->largest_free_block = _vram_pool_largest_free(pool);
+  if (out->largest_free_block > cached) out->largest_free_block = cached;
+  out->fragmentation = cached ? 1.0 - (double)out->largest_free_block / (double)cached : 0.0;
+  out->limit_bytes = pool->limit;
+}
+
+void _vram_pool_snapshot(const vram_pool_t *pool, bool ask_device, vram_pool_snapshot *out) {
+  out->device = pool->opts.device;
+  out->source_name = pool->src->zName;
+  out->is_vmm = pool->src->is_vmm != 0;
+  out->tight_threshold = pool->opts.tight_threshold;
+  _vram_pool_fill_stats(pool, &out->stats);
+  out->cached_free = _vram_pool_cached_free(pool);
+  out->device_total = pool->device_total;
+  out->device_free = 0;
+  if (ask_device) {
+    size_t total = 0;
+    if (pool->src->xMemInfo(pool->src_state, &out->device_free, &total) == VRAM_OK && total)
+      out->device_total = total;
+  }
+}

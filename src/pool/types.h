@@ -1,0 +1,232 @@
+/* types.h - the engine's data structures, shared by the files of src/pool.
+ *
+ * Picture: a pool (one per device) holds arenas, one per stream. An arena holds two kinds
+ * of segments kept apart: small (requests up to VRAM_SMALL_MAX, carved from 2 MiB
+ * segments) and large. A segment is a run of device addresses from the source, divided
+ * into blocks linked by address so that a freed block coalesces with its neighbours in
+ * O(1) (block.h). Free blocks sit in a two-level segregated-fit index (tlsf.h) per arena
+ * and kind; blocks handed out (live, pending, or parked in the arena's one-block cache) are
+ * found from their pointer through an open-addressing hash (ptrmap.h). Segments come from
+ * and go back to the source (segment.h); frees seen by other streams wait for events
+ * (pending.h).
+ *
+ * Virtual-memory sources (vmm, sim:vmm) use the same blocks over one large reserved
+ * address range per arena and kind; only the granules that live blocks touch are mapped
+ * (granules.h keeps a use count and a mapped bit per granule).
+ *
+ * All metadata lives on the host. Everything here is guarded by the pool's one lock.
+ */
+#ifndef VRAM_TYPES_H
+#define VRAM_TYPES_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stddef.h>
+
+#include "vramkit.h"
+#include "pool/lock.h"
+#include "source/source.h"
+
+#define VRAM_ALIGN ((size_t)512)               /* block alignment and size unit */
+#define VRAM_SMALL_MAX ((size_t)1 << 20)       /* requests up to this go to small segments */
+#define VRAM_SMALL_SEGMENT ((size_t)2 << 20)   /* size of one small segment */
+/* Virtual memory: idle granules stay mapped while the pool holds at most its allocated peak
+ * plus 1/2^this of it (granules.c, mapped_allowance). */
+#define VRAM_VMM_SLACK_SHIFT 6
+/* No device addresses more than this: larger requests are refused as out of memory before
+ * any rounding, which could otherwise overflow. */
+#define VRAM_MAX_REQUEST ((size_t)1 << 48)
+
+/* Assertion levels, after mimalloc: 1 cheap, 2 more, 3 full invariant check per operation. */
+#if VRAM_DEBUG >= 1
+#include <assert.h>
+#define vram_assert(x) assert(x)
+#else
+#define vram_assert(x) ((void)0)
+#endif
+
+typedef struct vram_block vram_block;
+typedef struct vram_segment vram_segment;
+typedef struct vram_arena vram_arena;
+
+/* CACHED: just freed and parked in its arena's one-block cache, not yet coalesced, so that
+ * the next request of the same size on the same stream takes it back without touching the
+ * free index (the alloc-free-alloc loop of a training step). It is free memory for the
+ * statistics and for the user, but stays in the pointer map and in its segment's usage;
+ * it is merged when another request misses, when the next free displaces it, and before
+ * memory goes back to the source. */
+enum vram_block_state {
+  VRAM_BLOCK_FREE = 0,
+  VRAM_BLOCK_LIVE = 1,
+  VRAM_BLOCK_PENDING = 2,
+  VRAM_BLOCK_CACHED = 3
+};
+
+/* Extra streams a live block is used on (vram_record_stream). Rare, so kept apart. */
+typedef struct vram_stream_uses {
+  int count, capacity;
+  vram_stream_t streams[];
+} vram_stream_uses;
+
+/* One cache line per block: a block is free or in use, never both, so the free-index links
+ * share their bytes with what only a block in use needs. At a million live blocks every
+ * struct a call touches is a cache miss; 64 aligned bytes make it one miss, not two. */
+struct vram_block {
+  uintptr_t addr;
+  size_t size;                       /* multiple of VRAM_ALIGN */
+  vram_block *addr_prev, *addr_next; /* address neighbours in the segment */
+  vram_segment *segment;
+  union {
+    struct {                         /* FREE: links of the free index */
+      vram_block *free_prev, *free_next;
+    };
+    struct {                         /* LIVE, PENDING, CACHED */
+      size_t requested;              /* bytes asked for; 0 while parked */
+      vram_stream_uses *uses;        /* other streams (record_stream), or NULL */
+    };
+  };
+  uint8_t state;                     /* enum vram_block_state */
+  uint8_t bin_fl, bin_sl;            /* free: the index bin it sits in (saves remapping) */
+  uint32_t events_left;              /* pending: events still to complete */
+};
+_Static_assert(sizeof(vram_block) == 64, "a block is one cache line");
+
+/* Free-block index: two-level segregated fit over sizes in VRAM_ALIGN units. */
+#define VRAM_TLSF_SL_LOG2 4
+#define VRAM_TLSF_SL_COUNT (1 << VRAM_TLSF_SL_LOG2)
+#define VRAM_TLSF_FL_COUNT 48
+typedef struct vram_tlsf {
+  uint64_t fl_bitmap;
+  uint32_t sl_bitmap[VRAM_TLSF_FL_COUNT];
+  vram_block *heads[VRAM_TLSF_FL_COUNT][VRAM_TLSF_SL_COUNT];
+  size_t free_bytes;  /* sum of the sizes of the blocks in the index */
+} vram_tlsf;
+
+/* What every malloc and free of a block reads comes first, in the segment's first cache
+ * line (segments come from _vram_host_zalloc, 64-byte aligned): at a million live blocks
+ * the segment is a miss behind the block's, and spread over two lines it would be two. */
+struct vram_segment {
+  size_t used_bytes;      /* bytes of live, pending and parked (cached) blocks */
+  vram_tlsf *index;       /* the arena's free index and one-block cache for this kind: */
+  vram_block **cached;    /* resolved once, not per call */
+  uint32_t *gran_used;    /* virtual memory only (below), else NULL */
+  bool is_small;
+  bool keep;              /* preallocated: empty_cache and the ladder leave it alone */
+  bool idle;              /* fixed sources: on the pool's list of fully free segments */
+  uintptr_t addr;
+  size_t size;            /* fixed: bytes held from the source; vmm: bytes reserved */
+  vram_arena *arena;
+  vram_segment *prev, *next;
+  vram_block *first;      /* lowest-address block */
+  vram_segment *idle_prev, *idle_next;
+  /* Virtual memory only (NULL otherwise): per granule (gran_used, above), bytes of
+   * live/pending blocks on it (parked ones included), and bitmaps of mapped granules and
+   * of mapped granules no block uses. */
+  uint64_t *gran_mapped;
+  uint64_t *gran_idle;
+  size_t n_granules;
+  size_t gran_hwm;        /* granules at and above this index were never mapped */
+  size_t mapped_granules;
+  size_t idle_granules;
+};
+_Static_assert(offsetof(vram_segment, idle) < 64, "a segment's hot fields share its first line");
+
+struct vram_arena {
+  vram_stream_t stream;
+  vram_tlsf free_small, free_large;
+  vram_segment *segments; /* doubly linked list, both kinds */
+  vram_block *cached_small, *cached_large; /* the one-block caches, or NULL */
+  vram_arena *next;
+  void *release_event;    /* recorded on `stream` before memory of this arena is released */
+  uint64_t quiesced_at;   /* pool release epoch at which the stream was last waited for */
+};
+
+/* Pointer -> live, pending or parked block. Open addressing, linear probing, backward-shift
+ * deletion; never more than a quarter full: VRAM_PTRMAP_SLOTS_PER_ENTRY slots per entry. */
+#define VRAM_PTRMAP_SLOTS_PER_ENTRY 4
+typedef struct vram_ptrmap_slot {
+  uintptr_t key; /* 0 = empty */
+  vram_block *value;
+} vram_ptrmap_slot;
+
+/* Key and value share a slot so that a lookup in a table far larger than the cache costs
+ * one miss, not two. */
+typedef struct vram_ptrmap {
+  vram_ptrmap_slot *slots;
+  size_t mask;     /* capacity - 1 */
+  unsigned shift;  /* 64 - log2(capacity): keeps the top, well-mixed bits of the hash */
+  size_t count;
+} vram_ptrmap;
+
+/* A cross-stream free waiting for an event (vram_record_stream). */
+typedef struct vram_pending {
+  vram_block *block;
+  void *event;
+  struct vram_pending *next;
+} vram_pending;
+
+/* Host structs come from slabs and go back to a free list: no malloc on the hot path. */
+typedef struct vram_block_cache {
+  vram_block *free_list;
+  void **slabs;
+  size_t n_slabs, slab_capacity;
+} vram_block_cache;
+
+struct vram_pool {
+  /* What every malloc and free touches comes first, on as few cache lines as possible. */
+  vram_lock lock;
+  bool unified_index;      /* preallocate mode: small requests share the large index */
+  size_t max_request;      /* larger requests can never be served (VRAM_ENOMEM at once) */
+  unsigned pending_tick;   /* allocations since pending frees were last looked at */
+  vram_arena *last_arena;  /* one-entry cache for the common single-stream case */
+  vram_ptrmap ptrs;
+  size_t pending_count;
+  /* Blocks waiting on events (PENDING) are not allocated but still active. The active
+   * statistics are derived from the allocated ones plus these (snapshot.c), so that malloc
+   * and free move three counters, not five; the peaks cover the moments blocks waited. */
+  size_t pending_bytes, pending_blocks;
+  int64_t active_bytes_peak, active_peak;
+  vram_block_cache blocks;
+  vram_stats_t stats;
+
+  vram_options_t opts;
+  const vram_source_methods *src;
+  void *src_state;
+  size_t granularity;     /* source's segment / mapping unit */
+  size_t device_total;    /* total device memory, for fractions */
+  size_t limit;           /* hard limit on reserved bytes; 0 = none */
+
+  vram_arena *arenas;
+  /* Fixed sources: fully free segments, most recently freed at the head, so that release
+   * gives back the longest-unused first without scanning every segment. */
+  vram_segment *idle_head, *idle_tail;
+  size_t idle_bytes;
+  uint64_t release_epoch;
+  vram_pending *pending_head, *pending_tail;
+  void **spare_events;    /* created events ready to record again */
+  size_t n_spare_events, cap_spare_events;
+
+  size_t vmm_reserve_size; /* virtual range reserved per vmm segment */
+  size_t keep_mapped;      /* vmm preallocation: granules never trimmed below this */
+
+  vram_error_fn on_error;
+  void *on_error_user;
+  char oom_report[2048];
+};
+
+/* ---- statistics: an increase moves total and maybe peak; a decrease only current. */
+static inline void vram_stat_up(vram_stat_t *s, int64_t delta) {
+  s->current += delta;
+  s->total += delta;
+  if (s->current > s->peak) s->peak = s->current;
+}
+static inline void vram_stat_down(vram_stat_t *s, int64_t delta) { s->current -= delta; }
+
+/* The steps of a malloc or a free, written as functions in the headers of src/pool and
+ * inlined into vram_malloc and vram_free, so that one call does not pay the register
+ * saves of five. */
+#define VRAM_HOT static inline __attribute__((always_inline))
+
+static inline size_t _vram_round_up(size_t n, size_t unit) { return (n + unit - 1) & ~(unit - 1); }
+
+#endif /* VRAM_TYPES_H */
