@@ -1,7 +1,7 @@
 /* cuda_driver.h - the CUDA driver API, opened at run time: its types, its entry points in
  * one table, and the device/context/event helpers the three GPU sources share.
  *
- * No CUDA toolkit is needed to build vramkit (shared/DESIGN.md, "Decisions"): the few
+ * No CUDA toolkit is needed to build vramkit, so that it builds anywhere: the few
  * driver types, enums and constants used are declared here by hand, with the values of the
  * driver API's cuda.h, and `libcuda.so.1` is opened with dlopen on first use.
  *

@@ -5,8 +5,8 @@
  * engine must be able to give back any granule-aligned piece of what it mapped (the holes
  * between live blocks). With one handle per granule every granule is its own mapping, so
  * any subrange can be unmapped and its memory released, and granules are interchangeable
- * (DESIGN.md: unmap from holes, map behind a fresh range). The handles are kept in an
- * open-addressing table keyed by the granule's address.
+ * (the engine unmaps them from holes and maps them behind a fresh range). The handles are
+ * kept in an open-addressing table keyed by the granule's address.
  *
  * Every method leaves the source exactly as it found it when it fails: a map that fails on
  * granule k unmaps and releases granules 0..k-1 before returning; an unmap that fails on

@@ -16,7 +16,7 @@
  * allocation / num_mallocs / num_frees / num_ooms equal what the model counts, reserved
  * stays within the capacity and (after growth) within the limit.
  *
- * Sweep (issue 3: fault injection at every call of the map path): for k = 1, 2, ... run a
+ * Sweep (fault injection at every call of the map path): for k = 1, 2, ... run a
  * fixed scenario with fault_fail_at = k (once with the k-th call failing alone, once with
  * every call from the k-th on failing) and check validity and the live blocks after every
  * step, until k is past the scenario's last source call.

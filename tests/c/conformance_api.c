@@ -1,0 +1,284 @@
+/* conformance_api.c - conformance tests of the calls about the pool: block_info,
+ * for_each_block, the summary and the JSON statistics, destroy with live blocks,
+ * mem_get_info and device counts. test_conformance.c says how the suite runs. */
+#include "conformance.h"
+
+/* A tiny JSON validator: one value, then only white space. Returns 1 if valid. */
+typedef struct json_cur {
+  const char *p;
+  int depth;
+} json_cur;
+
+static void json_ws(json_cur *c) {
+  while (*c->p == ' ' || *c->p == '\t' || *c->p == '\n' || *c->p == '\r') c->p++;
+}
+
+static int json_value(json_cur *c);
+
+static int json_string(json_cur *c) {
+  if (*c->p != '"') return 0;
+  c->p++;
+  while (*c->p && *c->p != '"') {
+    if ((unsigned char)*c->p < 0x20) return 0;
+    if (*c->p == '\\') {
+      c->p++;
+      if (*c->p == 'u') {
+        for (int i = 1; i <= 4; i++)
+          if (!isxdigit((unsigned char)c->p[i])) return 0;
+        c->p += 4;
+      } else if (!strchr("\"\\/bfnrt", *c->p) || !*c->p) {
+        return 0;
+      }
+    }
+    c->p++;
+  }
+  if (*c->p != '"') return 0;
+  c->p++;
+  return 1;
+}
+
+static int json_number(json_cur *c) {
+  const char *s = c->p;
+  if (*c->p == '-') c->p++;
+  if (!isdigit((unsigned char)*c->p)) return 0;
+  if (*c->p == '0') c->p++;
+  else
+    while (isdigit((unsigned char)*c->p)) c->p++;
+  if (*c->p == '.') {
+    c->p++;
+    if (!isdigit((unsigned char)*c->p)) return 0;
+    while (isdigit((unsigned char)*c->p)) c->p++;
+  }
+  if (*c->p == 'e' || *c->p == 'E') {
+    c->p++;
+    if (*c->p == '+' || *c->p == '-') c->p++;
+    if (!isdigit((unsigned char)*c->p)) return 0;
+    while (isdigit((unsigned char)*c->p)) c->p++;
+  }
+  return c->p > s;
+}
+
+static int json_value(json_cur *c) {
+  json_ws(c);
+  if (++c->depth > 64) return 0;
+  int ok = 0;
+  if (*c->p == '{' || *c->p == '[') {
+    char close = *c->p == '{' ? '}' : ']';
+    int is_obj = close == '}';
+    c->p++;
+    json_ws(c);
+    if (*c->p == close) {
+      c->p++;
+      ok = 1;
+    } else {
+      for (;;) {
+        if (is_obj) {
+          json_ws(c);
+          if (!json_string(c)) break;
+          json_ws(c);
+          if (*c->p != ':') break;
+          c->p++;
+        }
+        if (!json_value(c)) break;
+        json_ws(c);
+        if (*c->p == ',') {
+          c->p++;
+          continue;
+        }
+        if (*c->p == close) {
+          c->p++;
+          ok = 1;
+        }
+        break;
+      }
+    }
+  } else if (*c->p == '"') {
+    ok = json_string(c);
+  } else if (!strncmp(c->p, "true", 4)) {
+    c->p += 4, ok = 1;
+  } else if (!strncmp(c->p, "false", 5)) {
+    c->p += 5, ok = 1;
+  } else if (!strncmp(c->p, "null", 4)) {
+    c->p += 4, ok = 1;
+  } else {
+    ok = json_number(c);
+  }
+  c->depth--;
+  return ok;
+}
+
+static int json_is_single_object(const char *text) {
+  json_cur c = {text, 0};
+  json_ws(&c);
+  if (*c.p != '{') return 0;
+  if (!json_value(&c)) return 0;
+  json_ws(&c);
+  return *c.p == '\0';
+}
+
+void t_block_info(void **state) {
+  (void)state;
+  vram_pool_t *pool = conf_pool_default();
+  vram_stream_t s = g_src.is_sim ? VT_STREAM(0x77) : NULL;
+  void *a = conf_malloc(pool, 12345, NULL);
+  void *b = conf_malloc(pool, 5 << 20, s);
+  expect_info(pool, a, 12345, NULL);
+  expect_info(pool, b, 5 << 20, s);
+  size_t r = 0;
+  VT_OK(vram_block_info(pool, a, &r, NULL)); /* out arguments are optional */
+  assert_int_equal(r, 12345);
+  VT_OK(vram_block_info(pool, b, NULL, NULL));
+  conf_free(pool, a);
+  assert_int_not_equal(vram_block_info(pool, a, &r, NULL), VRAM_OK);
+  VT_VALID(pool);
+  expect_info(pool, b, 5 << 20, s);
+  conf_free(pool, b);
+  conf_destroy(pool);
+}
+
+void t_for_each_block(void **state) {
+  (void)state;
+  vram_pool_t *pool = conf_pool_default();
+  enum { N = 24 };
+  void *p[N];
+  size_t req[N];
+  vt_rng rng;
+  vt_rng_seed(&rng, 7);
+  for (int i = 0; i < N; i++) {
+    req[i] = vt_rng_logsize(&rng, 1, 8 << 20);
+    vram_stream_t s = g_src.is_sim ? VT_STREAM(1 + i % 3) : NULL;
+    p[i] = conf_malloc(pool, req[i], s);
+  }
+  for (int i = 0; i < N; i += 3) conf_free(pool, p[i]);
+  vt_blkset set = vt_collect(pool);
+  assert_int_equal(set.n, N - (N + 2) / 3);
+  int64_t sum = 0;
+  for (int i = 0; i < N; i++) {
+    const vt_blk *b = vt_blkset_find(&set, p[i]);
+    if (i % 3 == 0) {
+      assert_null(b);
+      continue;
+    }
+    assert_non_null(b);
+    assert_int_equal(b->req, req[i]);
+    assert_int_equal(b->size, vt_round512(req[i]));
+    assert_ptr_equal(b->stream, g_src.is_sim ? VT_STREAM(1 + i % 3) : NULL);
+    sum += (int64_t)b->size;
+  }
+  for (size_t i = 1; i < set.n; i++) /* distinct and not overlapping */
+    assert_true((uintptr_t)set.v[i - 1].ptr + set.v[i - 1].size <= (uintptr_t)set.v[i].ptr);
+  vt_blkset_free(&set);
+  assert_int_equal(vt_stats(pool).allocated_bytes.current, sum);
+  for (int i = 0; i < N; i++)
+    if (i % 3) conf_free(pool, p[i]);
+  set = vt_collect(pool);
+  assert_int_equal(set.n, 0);
+  vt_blkset_free(&set);
+  conf_destroy(pool);
+}
+
+void t_summary_and_json(void **state) {
+  (void)state;
+  vram_pool_t *pool = conf_pool_default();
+  void *a = conf_malloc(pool, 3 << 20, NULL);
+  void *b = conf_malloc(pool, 1536, NULL);
+  vram_stats_t s = vt_stats(pool);
+  assert_int_equal(s.allocated_bytes.current, (3 << 20) + 1536);
+
+  char small[8];
+  int need = vram_summary(pool, small, sizeof small);
+  assert_true(need > (int)sizeof small);
+  assert_int_equal(strlen(small), sizeof small - 1);
+  char *text = malloc((size_t)need + 1);
+  assert_non_null(text);
+  assert_int_equal(vram_summary(pool, text, (size_t)need + 1), need);
+  assert_int_equal(strlen(text), (size_t)need);
+  assert_true(vt_contains_ci(text, "allocated"));
+  assert_true(vt_contains_ci(text, "reserved"));
+  free(text);
+  VT_VALID(pool);
+
+  need = vram_stats_json(pool, small, sizeof small);
+  assert_true(need > (int)sizeof small);
+  assert_int_equal(strlen(small), sizeof small - 1);
+  char *json = malloc((size_t)need + 1);
+  assert_non_null(json);
+  assert_int_equal(vram_stats_json(pool, json, (size_t)need + 1), need);
+  assert_int_equal(strlen(json), (size_t)need);
+  if (!json_is_single_object(json)) fail_msg("stats_json is not one JSON object:\n%s", json);
+#define CHECK_KEY(name, doc) assert_non_null(strstr(json, "\"" #name "\""));
+  VRAM_STAT_LIST(CHECK_KEY)
+  VRAM_COUNTER_LIST(CHECK_KEY)
+#undef CHECK_KEY
+  char num[32];
+  snprintf(num, sizeof num, "%lld", (long long)s.allocated_bytes.current);
+  assert_non_null(strstr(json, num));
+  free(json);
+  VT_VALID(pool);
+  conf_free(pool, a);
+  conf_free(pool, b);
+  conf_destroy(pool);
+}
+
+void t_destroy_busy(void **state) {
+  (void)state;
+  vram_pool_t *pool = conf_pool_default();
+  void *a = conf_malloc(pool, 4000, NULL);
+  void *b = conf_malloc(pool, 6 << 20, NULL);
+  vram_stats_t before = vt_stats(pool);
+  VT_EXPECT(vram_pool_destroy(pool), VRAM_EBUSY);
+  VT_VALID(pool);
+  vram_stats_t after = vt_stats(pool);
+  assert_int_equal(after.reserved_bytes.current, before.reserved_bytes.current);
+  assert_int_equal(after.num_device_free, before.num_device_free);
+  expect_info(pool, a, 4000, NULL);
+  expect_info(pool, b, 6 << 20, NULL);
+  void *c = conf_malloc(pool, 1 << 20, NULL);
+  conf_free(pool, a);
+  VT_EXPECT(vram_pool_destroy(pool), VRAM_EBUSY);
+  VT_VALID(pool);
+  conf_free(pool, b);
+  conf_free(pool, c);
+  conf_destroy(pool);
+
+  /* destroy_force frees live blocks (the sanitizer build checks that nothing leaks). */
+  pool = conf_pool_default();
+  for (int i = 0; i < 10; i++) (void)conf_malloc(pool, (size_t)(i + 1) * 300000, NULL);
+  conf_force(pool);
+}
+
+void t_mem_info(void **state) {
+  (void)state;
+  vram_pool_t *pool = conf_pool_default();
+  size_t fr = 0, total = 0;
+  VT_OK(vram_mem_get_info(pool, &fr, &total));
+  assert_true(total > 0);
+  assert_true(fr <= total);
+  if (g_src.is_sim) {
+    assert_int_equal(total, 4 * VT_GiB);
+    void *p = conf_malloc(pool, 100 * VT_MiB, NULL);
+    size_t fr2 = 0, total2 = 0;
+    VT_OK(vram_mem_get_info(pool, &fr2, &total2));
+    assert_int_equal(total2, total);
+    assert_true(fr2 + (size_t)vt_stats(pool).reserved_bytes.current <= total);
+    assert_true(fr2 <= fr - 100 * VT_MiB);
+    conf_free(pool, p);
+  }
+  conf_destroy(pool);
+}
+
+void t_devices(void **state) {
+  (void)state;
+  need_sim();
+  int count = 0;
+  VT_OK(vram_device_count(g_src.kind, &count));
+  assert_int_equal(count, 8);
+  vram_options_t o;
+  conf_opts(&o);
+  o.device = 7;
+  vram_pool_t *pool = conf_pool(&o);
+  assert_int_equal(vram_pool_device(pool), 7);
+  void *p = conf_malloc(pool, 1000, NULL);
+  conf_free(pool, p);
+  conf_destroy(pool);
+}
