@@ -119,6 +119,13 @@ def _version(args: list[str]) -> int:
     return EXIT_OK
 
 
+@command("plot", "draw a trace or a memory snapshot: an offline HTML page or a PNG")
+def _plot(args: list[str]) -> int:
+    from .plot._command import main as plot_main
+
+    return plot_main(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``vramkit ARGS`` (the process's arguments when argv is None); returns the exit
     status, unless a C subcommand replaces the process."""

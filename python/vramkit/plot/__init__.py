@@ -1,0 +1,62 @@
+"""Pictures of memory over time: ``vramkit plot FILE -o out.html|out.png``, and
+:func:`plot` for the same from Python.
+
+FILE is a vramkit trace (the format ``vramkit replay`` reads) or a snapshot pickle in the
+format of ``torch.cuda.memory._snapshot()`` (which ``vramkit.dump_snapshot`` also writes);
+the kind is told from the content. The HTML page is one self-contained file: the timeline
+(each allocation a band, reserved above, out-of-memory points), the segments view and what
+could not be drawn. Reserved memory of a trace comes from replaying it on a fresh sim pool
+in a child process (see _replay). The modules: _read (files), _history (the common model),
+_replay, _layout (geometry and merging), _html and _png (the two outputs), _command (the
+subcommand's arguments).
+"""
+
+from __future__ import annotations
+
+from ._read import PlotInputError
+
+__all__ = ["PlotInputError", "plot"]
+
+
+def load(path: str, device: int | None = None):
+    """The History of a file, for a trace without reserved memory yet (see plot)."""
+    from . import _history, _read
+
+    raw = _read.read_bytes(path)
+    kind = _read.kind_of(path, raw)
+    if kind == "trace":
+        ops, unmatched = _read.parse_trace(path, raw)
+        if device not in (None, 0):
+            raise PlotInputError(f"{path}: a trace holds one device; --device {device} "
+                                 f"does not apply")
+        return _history.from_trace(path, ops, unmatched).finish()
+    return _history.from_snapshot(path, _read.load_snapshot_object(path, raw, kind), device)
+
+
+def plot(path: str, output: str, device: int | None = None, replay: bool = True) -> list[str]:
+    """Draw FILE into OUTPUT (.html, or .png with matplotlib) and return the notes on what
+    was skipped or is uncertain (the page shows them too). Raises PlotInputError on input
+    that cannot be drawn; replay=False leaves a trace's reserved memory unknown instead of
+    replaying it."""
+    from . import _html, _layout, _png, _replay
+
+    if not output.lower().endswith((".html", ".htm", ".png")):
+        raise ValueError(f"{output}: the output must end in .html or .png")
+    history = load(path, device)
+    pending = None
+    if history.kind == "trace":
+        if replay and history.events:
+            pending = _replay.Replay(history)
+        elif not history.events:
+            history.reserved_note = "the trace holds no allocations"
+        else:
+            history.reserved_note = "reserved is unknown: the replay was turned off"
+    lay = _layout.layout(history)
+    if pending is not None:
+        history.reserved, history.reserved_note = pending.result()
+        lay.reserved = _layout.reserved_per_bucket(history, lay.width)
+    if output.lower().endswith(".png"):
+        _png.render(history, lay, output)
+    else:
+        _html.render(history, lay, output)
+    return list(history.notes) + ([history.reserved_note] if history.reserved_note else [])

@@ -1,0 +1,86 @@
+"""`vramkit plot`: its arguments, messages and exit statuses (0 drawn, 1 matplotlib missing
+for a PNG, 2 input that cannot be drawn, 3 bad command line, 4 the output cannot be written). Notes on what was skipped go
+to stderr as warnings, so a picture with gaps never passes silently."""
+
+from __future__ import annotations
+
+import sys
+
+USAGE = """usage: vramkit plot FILE -o OUT.html|OUT.png [--device N] [--no-replay]
+
+Draw the memory history in FILE: a vramkit trace (as vramkit replay reads) or a snapshot
+pickle (torch.cuda.memory._dump_snapshot() or vramkit.dump_snapshot()), told apart by content.
+OUT.html is one self-contained page that opens offline: the timeline (each allocation a band,
+hover for size, call site and lifetime; reserved memory above; out-of-memory points in red)
+and the segments view. OUT.png draws the timeline with matplotlib (pip install 'vramkit[plot]').
+
+  -o, --output OUT   the file to write; its suffix picks the kind
+  --device N         the device of a snapshot to draw (default: the one with most history)
+  --no-replay        for a trace: do not replay it on sim to find reserved memory
+
+exit status: 0 drawn, 1 matplotlib missing, 2 input that cannot be drawn, 3 bad arguments,
+4 the output cannot be written"""
+
+
+def main(args: list[str]) -> int:
+    from . import PlotInputError, plot
+    from ._png import MissingMatplotlib
+
+    files = []
+    output = None
+    device = None
+    replay = True
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg in ("-h", "--help"):
+            print(USAGE)
+            return 0
+        if arg in ("-o", "--output", "--device"):
+            if i + 1 >= len(args):
+                return _usage(f"{arg} needs a value")
+            value = args[i + 1]
+            i += 2
+            if arg == "--device":
+                if not value.isdigit():
+                    return _usage(f"--device: expected a device number, got '{value}'")
+                device = int(value)
+            else:
+                output = value
+            continue
+        if arg.startswith("--output="):
+            output = arg.split("=", 1)[1]
+        elif arg == "--no-replay":
+            replay = False
+        elif arg.startswith("-") and arg != "-":
+            return _usage(f"unknown option '{arg}'")
+        else:
+            files.append(arg)
+        i += 1
+    if len(files) != 1:
+        return _usage("expected one FILE" if not files else f"expected one FILE, got "
+                      f"{len(files)}")
+    if output is None:
+        return _usage("no output: give -o OUT.html or -o OUT.png")
+    if not output.lower().endswith((".html", ".htm", ".png")):
+        return _usage(f"-o {output}: the output must end in .html or .png")
+    try:
+        notes = plot(files[0], output, device=device, replay=replay)
+    except PlotInputError as error:
+        print(f"vramkit plot: {error}", file=sys.stderr)
+        return 2
+    except MissingMatplotlib as error:
+        print(f"vramkit plot: {error}", file=sys.stderr)
+        return 1
+    except OSError as error:
+        print(f"vramkit plot: {output}: cannot write: {error.strerror}", file=sys.stderr)
+        return 4
+    for note in notes:
+        print(f"vramkit plot: warning: {files[0]}: {note}", file=sys.stderr)
+    print(f"wrote {output}")
+    return 0
+
+
+def _usage(message: str) -> int:
+    print(f"vramkit plot: {message} (see vramkit plot --help)", file=sys.stderr)
+    return 3

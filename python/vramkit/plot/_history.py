@@ -1,0 +1,336 @@
+"""What a picture is drawn from: the blocks of one device over time, its reserved memory,
+its out-of-memory points and its segments, built from a trace or from a snapshot.
+
+Both inputs become the same History, so the layout and the renderers never look at file
+formats. Whatever cannot be drawn faithfully is not dropped quietly: it goes into
+History.notes, which the command prints on stderr and the page shows above the picture.
+Times are microseconds from the first event.
+"""
+
+from __future__ import annotations
+
+from ._read import PlotInputError
+
+PRE_HISTORY_SITE = "(allocated before the history began)"
+
+
+class Block:
+    """One allocation: its size, when it lived (end None: still live at the end), the
+    stream, the call site as "file:line:function" ("" when the input records none) and,
+    from a snapshot, the address and requested size."""
+
+    __slots__ = ("size", "start", "end", "stream", "site", "addr", "requested")
+
+    def __init__(self, size, start, stream, site="", addr=None, requested=None):
+        self.size = size
+        self.start = start
+        self.end = None
+        self.stream = stream
+        self.site = site
+        self.addr = addr
+        self.requested = requested
+
+
+class History:
+    """Blocks in allocation order (oldest first) and the events that made them, in order:
+    (time, block, is_alloc). reserved: [(time, bytes)] steps, or None with reserved_note
+    saying why it is unknown. segments: the segments view, or None with segments_note."""
+
+    def __init__(self, path, kind):
+        self.path = path
+        self.kind = kind
+        self.device = None
+        self.blocks: list[Block] = []
+        self.events: list[tuple[float, Block, bool]] = []
+        self.end_time = 1.0
+        self.time_unit = "µs"
+        self.reserved: list[tuple[float, int]] | None = None
+        self.reserved_note = ""
+        self.ooms: list[tuple[float, str]] = []
+        self.segments: list[dict] | None = None
+        self.segments_note = ""
+        self.notes: list[str] = []
+        self.peak_allocated = 0
+
+    def finish(self):
+        """Peak allocated and the end of the time axis, from the events."""
+        live = peak = 0
+        last = 0.0
+        for t, block, is_alloc in self.events:
+            live += block.size if is_alloc else -block.size
+            if live > peak:
+                peak = live
+            last = t
+        for t, _ in self.ooms:
+            last = max(last, t)
+        for t, _ in self.reserved or ():
+            last = max(last, t)
+        self.peak_allocated = peak
+        self.end_time = max(last, 1.0)
+        return self
+
+
+def from_trace(path, ops, unmatched):
+    """A History from parsed trace ops (see _read.parse_trace)."""
+    h = History(path, "trace")
+    t0 = ops[0][4] if ops else 0
+    live = {}
+    blocks = h.blocks
+    events = h.events
+    for is_alloc, ident, size, stream, t in ops:
+        t -= t0
+        if is_alloc:
+            block = Block(size, t, stream)
+            live[ident] = block
+            blocks.append(block)
+        else:
+            block = live.pop(ident)
+            block.end = t
+        events.append((t, block, is_alloc))
+    if unmatched:
+        h.notes.append(f"{unmatched} free lines of blocks allocated before the trace began "
+                       f"were skipped (a trace gives no size for them): memory below "
+                       f"may be undercounted by those blocks")
+    h.segments_note = "a trace records no segments: this view needs a snapshot"
+    return h
+
+
+# ---- snapshots -------------------------------------------------------------------------
+
+_KNOWN_ACTIONS = {"alloc", "free_requested", "free_completed", "free", "segment_alloc",
+                  "segment_free", "segment_map", "segment_unmap", "snapshot", "oom",
+                  "annotate"}
+_INTERNAL_PARTS = ("/torch/", "/vramkit/", "/site-packages/torch", "torch/csrc/")
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def call_site(frames):
+    """The first frame that is not PyTorch's or vramkit's own (nor an unsymbolized C++
+    frame), as "file:line:function"; the innermost frame when every one is internal."""
+    if not isinstance(frames, (list, tuple)):
+        return ""
+    first = ""
+    for frame in frames:
+        if not isinstance(frame, dict):
+            continue
+        filename = str(frame.get("filename", "??"))
+        text = f"{filename}:{frame.get('line', '?')}:{frame.get('name', '?')}"
+        if not first:
+            first = text
+        normal = filename.replace("\\", "/")
+        if filename in ("??", "") or any(part in normal for part in _INTERNAL_PARTS) \
+                or normal.startswith(("torch/", "vramkit/")):
+            continue
+        return text
+    return first
+
+
+def _overflowed(snapshot, device):
+    flag = snapshot.get("trace_alloc_overflowed")
+    if isinstance(flag, (list, tuple)):
+        return device < len(flag) and bool(flag[device])
+    if isinstance(flag, dict):
+        return bool(flag.get(device))
+    return bool(flag)
+
+
+def from_snapshot(path, snapshot, device=None):
+    """A History of one device (the given one, else the one with the most trace entries)
+    from a snapshot dict in the format of torch.cuda.memory._snapshot()."""
+    if isinstance(snapshot, list):
+        raise PlotInputError(f"{path}: a snapshot in the legacy format (a list of segments, "
+                             f"from torch.cuda.memory_snapshot() before PyTorch 2.1); "
+                             f"vramkit plot reads the dict of torch.cuda.memory._snapshot()")
+    if not isinstance(snapshot, dict):
+        raise PlotInputError(f"{path}: not a memory snapshot: it holds a "
+                             f"{type(snapshot).__name__}, not a dict with 'segments'")
+    if "segments" not in snapshot:
+        keys = ", ".join(sorted(map(str, snapshot))[:8]) or "none"
+        raise PlotInputError(f"{path}: not a memory snapshot: the dict has no 'segments' "
+                             f"(its keys: {keys})")
+    segments = snapshot["segments"]
+    traces = snapshot.get("device_traces", [])
+    if not isinstance(segments, (list, tuple)):
+        raise PlotInputError(f"{path}: 'segments' is a {type(segments).__name__}, not a list")
+    if not isinstance(traces, (list, tuple)):
+        raise PlotInputError(f"{path}: 'device_traces' is a {type(traces).__name__}, "
+                             f"not a list")
+    if device is None:
+        counts = [len(t) if isinstance(t, (list, tuple)) else 0 for t in traces]
+        if counts and max(counts) > 0:
+            device = counts.index(max(counts))
+        else:
+            devices = [s.get("device") for s in segments if isinstance(s, dict)]
+            device = next((d for d in devices if _is_int(d)), 0)
+    elif traces and device >= len(traces):
+        raise PlotInputError(f"{path}: no device {device}: the snapshot has traces for "
+                             f"{len(traces)} device(s)")
+    h = History(path, "snapshot")
+    h.device = device
+    entries = traces[device] if device < len(traces) else []
+    if not isinstance(entries, (list, tuple)):
+        raise PlotInputError(f"{path}: device_traces[{device}] is a "
+                             f"{type(entries).__name__}, not a list")
+    seg_view, seg_reserved, seg_active = _segments(h, segments, device)
+    _trace_entries(h, entries, seg_reserved, seg_active)
+    if _overflowed(snapshot, device):
+        h.notes.insert(0, "the history overflowed (trace_alloc_overflowed): its oldest "
+                          "entries were lost, so the timeline starts part-way and blocks "
+                          "allocated before that are drawn without their call sites")
+    return h
+
+
+def _segments(h, segments, device):
+    """The segments view of the device, its reserved and active bytes at snapshot time."""
+    view = []
+    reserved = active = 0
+    bad = 0
+    for number, seg in enumerate(segments):
+        if not isinstance(seg, dict) or not _is_int(seg.get("total_size")) \
+                or not isinstance(seg.get("blocks", []), (list, tuple)):
+            bad += 1
+            continue
+        if seg.get("device", 0) != device:
+            continue
+        base = seg.get("address") if _is_int(seg.get("address")) else None
+        blocks = []
+        offset = 0
+        for b in seg.get("blocks", []):
+            if not isinstance(b, dict) or not _is_int(b.get("size")) or b["size"] < 0:
+                bad += 1
+                continue
+            state = str(b.get("state", "?"))
+            addr = b.get("address")
+            if base is not None and _is_int(addr):
+                offset = addr - base
+            requested = b.get("requested_size")
+            blocks.append((offset, b["size"], requested if _is_int(requested) else None,
+                           state, call_site(b.get("frames"))))
+            if state.startswith("active"):
+                active += b["size"]
+            offset += b["size"]
+        if offset != seg["total_size"] and blocks:
+            h.notes.append(f"segment {number} ({_hex(base)}): its blocks cover {offset} of "
+                           f"{seg['total_size']} bytes")
+        reserved += seg["total_size"]
+        view.append({"address": base, "size": seg["total_size"],
+                     "stream": seg.get("stream", 0) if _is_int(seg.get("stream")) else 0,
+                     "type": str(seg.get("segment_type", "")), "blocks": blocks})
+    if bad:
+        h.notes.append(f"{bad} malformed segments or blocks were skipped in the segments view")
+    view.sort(key=lambda s: (s["address"] is None, s["address"] or 0))
+    h.segments = view
+    if not view:
+        h.segments_note = f"the snapshot holds no segments for device {device}"
+    return view, reserved, active
+
+
+def _hex(address):
+    return "?" if address is None else f"0x{address:x}"
+
+
+def _trace_entries(h, entries, seg_reserved, seg_active):
+    live = {}
+    pre = []               # blocks freed in the history but allocated before it
+    regular = []
+    events = []
+    reserved_steps = []
+    reserved = 0
+    unknown: dict[str, int] = {}
+    malformed = []
+    unmatched_no_size = 0
+    realloc = 0
+    have_time = all(isinstance(e, dict) and isinstance(e.get("time_us"), (int, float))
+                    and not isinstance(e.get("time_us"), bool) for e in entries)
+    t0 = entries[0]["time_us"] if entries and have_time else 0
+    if entries and not have_time:
+        h.time_unit = "entries"
+        h.notes.append("the history has no time_us on every entry (PyTorch before 2.2): "
+                       "the time axis counts entries")
+    for number, e in enumerate(entries):
+        if not isinstance(e, dict) or not isinstance(e.get("action"), str):
+            malformed.append(number)
+            continue
+        action = e["action"]
+        if action not in _KNOWN_ACTIONS:
+            unknown[action] = unknown.get(action, 0) + 1
+            continue
+        t = (e["time_us"] - t0) if have_time else number
+        if action in ("snapshot", "annotate"):
+            continue
+        size = e.get("size", 0)
+        if action == "oom":
+            free = e.get("device_free")
+            h.ooms.append((t, f"out of memory: {size if _is_int(size) else '?'} bytes asked "
+                              f"on stream {e.get('stream', '?')}, "
+                              f"{free if _is_int(free) else '?'} bytes free on the device"))
+            continue
+        addr = e.get("addr")
+        if not _is_int(addr) or not _is_int(size) or size < 0:
+            malformed.append(number)
+            continue
+        if action.startswith("segment_"):
+            reserved += size if action in ("segment_alloc", "segment_map") else -size
+            reserved_steps.append((t, reserved))
+        elif action == "alloc":
+            if addr in live:
+                realloc += 1
+                old = live[addr]
+                old.end = t
+                events.append((t, old, False))
+            block = Block(size, t, e.get("stream", 0), call_site(e.get("frames")), addr,
+                          e.get("requested_size"))
+            live[addr] = block
+            regular.append(block)
+            events.append((t, block, True))
+        elif action == "free_requested":
+            if addr not in live:
+                # Its free_completed follows; the block is counted there.
+                continue
+        else:  # free_completed, or the legacy "free"
+            block = live.pop(addr, None)
+            if block is None:
+                if size == 0:
+                    unmatched_no_size += 1
+                    continue
+                block = Block(size, 0.0, e.get("stream", 0), PRE_HISTORY_SITE, addr)
+                pre.append(block)
+            block.end = t
+            events.append((t, block, False))
+    # Bytes still allocated at snapshot time that no alloc entry accounts for: blocks that
+    # predate the history and outlive it, drawn as one band from the start.
+    live_end = sum(b.size for b in live.values())
+    baseline = seg_active - live_end
+    if h.segments and baseline > 0:
+        block = Block(baseline, 0.0, 0, PRE_HISTORY_SITE + ", still allocated at the end")
+        pre.insert(0, block)
+    h.blocks = pre + regular
+    h.events = [(0.0, b, True) for b in pre] + events
+    if pre:
+        h.notes.append(f"{len(pre)} blocks ({sum(b.size for b in pre)} bytes) were allocated "
+                       f"before the history began: drawn from its start, call site unknown")
+    if unknown:
+        listed = ", ".join(f"'{a[:30]}' ({n})" for a, n in sorted(unknown.items()))
+        h.notes.append(f"skipped entries with an unknown action: {listed}")
+    if malformed:
+        h.notes.append(f"skipped {len(malformed)} malformed trace entries (the first: entry "
+                       f"{malformed[0]})")
+    if unmatched_no_size:
+        h.notes.append(f"skipped {unmatched_no_size} frees of blocks never allocated in the "
+                       f"history and of unknown size")
+    if realloc:
+        h.notes.append(f"{realloc} allocations reused an address never freed in the history: "
+                       f"the earlier block is ended there")
+    if reserved_steps or h.segments:
+        start = seg_reserved - reserved if h.segments else 0
+        if start < 0:
+            h.notes.append(f"the segment events free {-start} bytes more than the snapshot's "
+                           f"segments and the history account for: reserved is drawn from 0")
+            start = 0
+        h.reserved = [(0.0, start)] + [(t, start + r) for t, r in reserved_steps]
+    else:
+        h.reserved_note = "no segment events and no segments: reserved memory is unknown"
+    h.finish()

@@ -1,0 +1,67 @@
+"""The PNG: the same timeline as the page (bands, the merged band, reserved, out-of-memory
+points) drawn with matplotlib, which is optional (the `plot` extra) and imported only here."""
+
+from __future__ import annotations
+
+import os
+
+
+class MissingMatplotlib(Exception):
+    """matplotlib is not installed; the message says how to get it."""
+
+
+def render(history, lay, output):
+    try:
+        import matplotlib
+    except ImportError:
+        raise MissingMatplotlib("drawing a PNG needs matplotlib, which is not installed: "
+                                "pip install 'vramkit[plot]'") from None
+    matplotlib.use("Agg")  # a file, never a window: the command may run with no display
+    import matplotlib.pyplot as plt
+    from matplotlib.collections import PolyCollection
+
+    width = lay.width
+    span = history.end_time
+    to_time = span / width
+    gib = float(1 << 30)
+    polygons = []
+    colours = []
+    for block, first, end, points in lay.bands:
+        bottom = []
+        for j in range(0, len(points), 2):
+            k, y = points[j], points[j + 1]
+            k_next = points[j + 2] if j + 2 < len(points) else end
+            bottom += [(k * to_time, y / gib), (k_next * to_time, y / gib)]
+        top = [(x, y + block.size / gib) for x, y in reversed(bottom)]
+        polygons.append(bottom + top)
+        colours.append(f"C{hash(block.site) % 10}")
+    figure, axes = plt.subplots(figsize=(12, 5), dpi=100)
+    axes.add_collection(PolyCollection(polygons, facecolors=colours, linewidths=0))
+    xs = [k * to_time for k in range(width + 1)]
+    small_bottom = [v / gib for v in lay.big_top]
+    small_top = [(a + b) / gib for a, b in zip(lay.big_top, lay.small_max)]
+    axes.fill_between(xs[:-1], small_bottom, small_top, step="post", color="#b8b8b8",
+                      linewidth=0, label="small or short-lived blocks, merged")
+    tallest = max(small_top + [0])
+    if lay.reserved is not None:
+        reserved = [v / gib for v in lay.reserved]
+        axes.step(xs[:-1], reserved, where="post", color="#1f4fbf", linewidth=1.2,
+                  label="reserved")
+        tallest = max([tallest] + reserved)
+    for k, _ in lay.ooms:
+        axes.axvline(k * to_time, color="#d00", linewidth=1.5)
+    axes.set_xlim(0, span)
+    axes.set_ylim(0, tallest * 1.05 or 1)
+    axes.set_xlabel(f"time ({history.time_unit} from the first event)")
+    axes.set_ylabel("GiB")
+    title = f"{os.path.basename(history.path)}: {len(lay.bands)} allocations as bands, " \
+            f"{lay.merged} merged"
+    if lay.reserved is None:
+        title += "; reserved unknown"
+    if lay.ooms:
+        title += f"; {len(lay.ooms)} out of memory (red)"
+    axes.set_title(title, fontsize=10)
+    axes.legend(loc="upper left", fontsize=8)
+    figure.tight_layout()
+    figure.savefig(output)
+    plt.close(figure)
