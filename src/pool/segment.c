@@ -150,7 +150,7 @@ int _vram_segment_grow(vram_pool_t *pool, vram_arena *a, size_t rounded, bool sm
   if (!vmm && (size_t)pool->stats.reserved_bytes.current + size > (size_t)pool->stats.reserved_bytes.peak)
     _vram_release_cached(pool, (size_t)pool->stats.reserved_bytes.current + size -
                              (size_t)pool->stats.reserved_bytes.peak, NULL);
-  vram_segment *seg = _vram_host_zalloc(sizeof *seg); /* on a line of its own: internal.h */
+  vram_segment *seg = _vram_host_zalloc(sizeof *seg); /* on a line of its own: types.h */
   vram_block *b = _vram_block_new(pool);
   if (!seg || !b) {
     _vram_host_free(seg, sizeof *seg);
