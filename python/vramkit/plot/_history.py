@@ -51,6 +51,7 @@ class History:
         self.segments_note = ""
         self.notes: list[str] = []
         self.peak_allocated = 0
+        self.last_time = 0.0     # the last entry of any kind, so the axis covers it too
 
     def finish(self):
         """Peak allocated and the end of the time axis, from the events."""
@@ -66,7 +67,7 @@ class History:
         for t, _ in self.reserved or ():
             last = max(last, t)
         self.peak_allocated = peak
-        self.end_time = max(last, 1.0)
+        self.end_time = max(last, self.last_time, 1.0)
         return self
 
 
@@ -259,6 +260,7 @@ def _trace_entries(h, entries, seg_reserved, seg_active):
             unknown[action] = unknown.get(action, 0) + 1
             continue
         t = (e["time_us"] - t0) if have_time else number
+        h.last_time = max(h.last_time, t)
         if action in ("snapshot", "annotate"):
             continue
         size = e.get("size", 0)

@@ -19,10 +19,14 @@ MAX_SEGMENTS = 500
 MAX_SEGMENT_BLOCKS = 30000
 STATES = ["active_allocated", "active_pending_free", "inactive", "merged"]
 
-_ERROR_HOOK = ("window.__vkErrors=[];window.addEventListener('error',function(e){"
-               "window.__vkErrors.push(String(e.message))});(function(){var f=console.error;"
-               "console.error=function(){window.__vkErrors.push(Array.prototype.join.call("
-               "arguments,' '));return f.apply(console,arguments)}})();")
+# Installed before anything else runs: errors and console.error calls are kept for the
+# self-test, and an error that stops page.js itself still reaches #selftest.
+_ERROR_HOOK = ("window.__vkErrors=[];function __vkKeep(m){window.__vkErrors.push(String(m));"
+               "var p=document.getElementById('selftest');if(p&&/selftest=/.test(location.hash))"
+               "p.textContent=JSON.stringify({errors:window.__vkErrors})}"
+               "window.addEventListener('error',function(e){__vkKeep(e.message)});"
+               "(function(){var f=console.error;console.error=function(){__vkKeep("
+               "Array.prototype.join.call(arguments,' '));return f.apply(console,arguments)}})();")
 
 _TEMPLATE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
@@ -56,7 +60,7 @@ def _asset(name: str) -> str:
 def page_data(history, lay) -> dict:
     tallest = max([a + b for a, b in zip(lay.big_top, lay.small_max)] + (lay.reserved or [])
                   + [1])
-    unit = tallest / HEIGHT
+    unit = tallest * 1.05 / HEIGHT     # headroom, so a line at the peak stays visible
     sites: dict[str, int] = {}
 
     def site_index(site):

@@ -14,6 +14,7 @@ import gzip
 import io
 import json
 import pickle
+import re
 import struct
 import zlib
 
@@ -90,6 +91,15 @@ def load_snapshot_object(path: str, raw: bytes, kind: str):
             from None
 
 
+_GAP = r"[ \t]+"
+_NUMBER = r"(\d+)"
+# A whole line of a valid trace, as trace_io.c splits it: blanks around fields, a comment, or
+# nothing. findall runs it over the text in C; the line-by-line loop runs only to word the
+# error when some line does not match.
+_LINE = re.compile(rf"^[ \t]*(?:(a){_GAP}{_NUMBER}{_GAP}{_NUMBER}{_GAP}{_NUMBER}{_GAP}{_NUMBER}"
+                   rf"|f{_GAP}{_NUMBER}{_GAP}{_NUMBER}{_GAP}{_NUMBER}|#.*|)[ \t\r]*$", re.M)
+
+
 def parse_trace(path: str, raw: bytes):
     """The ops of a v1 trace as (is_alloc, id, size, stream, t_us) tuples, checked as
     tools/trace_io.c checks them; frees of ids that are not live are counted, not kept,
@@ -99,46 +109,75 @@ def parse_trace(path: str, raw: bytes):
     except UnicodeDecodeError as error:
         raise PlotInputError(f"{path}: not a text trace: byte {error.start} is not ASCII") \
             from None
+    rows = _LINE.findall(text)
+    if len(rows) == text.count("\n") + 1:
+        fast = _rows_to_ops(rows)
+        if fast is not None:
+            return fast
     ops = []
     append = ops.append
     live = set()
     unmatched = 0
     hint = "expected 'a ID SIZE STREAM T_US' or 'f ID STREAM T_US'"
+    limit = 1 << 64
     for number, line in enumerate(text.split("\n"), 1):
         fields = line.split()
         if not fields or fields[0][0] == "#":
             continue
         tag = fields[0]
-        try:
-            if tag == "a" and len(fields) == 5:
-                ident, size, stream, t = map(_u64, fields[1:])
+        count = len(fields)
+        if (tag == "a" and count == 5) or (tag == "f" and count == 4):
+            # One check for all the numbers of the line: the text is ASCII, so isdigit
+            # means 0-9 only (no sign, no '_', which int() would take).
+            if not "".join(fields[1:]).isdigit() or "" in fields:
+                raise PlotInputError(f"{path}:{number}: a field is not an unsigned decimal "
+                                     f"number: {line[:80]!r}")
+            values = list(map(int, fields[1:]))
+            if max(values) >= limit:
+                raise PlotInputError(f"{path}:{number}: a number does not fit in 64 bits")
+            ident = values[0]
+            if count == 5:
                 if ident in live:
                     raise PlotInputError(f"{path}:{number}: block ID {ident} allocated again "
                                          f"while still live")
                 live.add(ident)
-                append((True, ident, size, stream, t))
-            elif tag == "f" and len(fields) == 4:
-                ident, stream, t = map(_u64, fields[1:])
-                if ident not in live:
-                    unmatched += 1
-                    continue
+                append((True, ident, values[1], values[2], values[3]))
+            elif ident in live:
                 live.discard(ident)
-                append((False, ident, 0, stream, t))
-            elif tag in ("a", "f"):
-                raise PlotInputError(f"{path}:{number}: '{tag}' event with {len(fields) - 1} "
-                                     f"fields: {hint}")
+                append((False, ident, 0, values[1], values[2]))
             else:
-                raise PlotInputError(f"{path}:{number}: unknown event '{tag[:20]}': {hint}")
-        except ValueError:
-            raise PlotInputError(f"{path}:{number}: a field is not an unsigned 64-bit decimal "
-                                 f"number: {line[:80]!r}") from None
+                unmatched += 1
+        elif tag in ("a", "f"):
+            raise PlotInputError(f"{path}:{number}: '{tag}' event with {count - 1} fields: "
+                                 f"{hint}")
+        else:
+            raise PlotInputError(f"{path}:{number}: unknown event '{tag[:20]}': {hint}")
     return ops, unmatched
 
 
-def _u64(field: str) -> int:
-    if not field.isdigit() or not field.isascii():
-        raise ValueError(field)
-    value = int(field)
-    if value >= 1 << 64:
-        raise ValueError(field)
-    return value
+def _rows_to_ops(rows):
+    """The ops of rows that all matched _LINE, or None when a number needs the careful
+    path (past 64 bits, or an ID allocated twice) so that it words the error."""
+    ops = []
+    append = ops.append
+    live = set()
+    unmatched = 0
+    limit = 1 << 64
+    for is_alloc, ident, size, stream, t, f_ident, f_stream, f_t in rows:
+        if is_alloc:
+            ident = int(ident)
+            if ident in live:
+                return None
+            live.add(ident)
+            append((True, ident, int(size), int(stream), int(t)))
+        elif f_ident:
+            ident = int(f_ident)
+            if ident in live:
+                live.discard(ident)
+                append((False, ident, 0, int(f_stream), int(f_t)))
+            else:
+                unmatched += 1
+    if ops and max(max(op[1], op[2], op[3], op[4]) for op in ops) >= limit:
+        return None
+    return ops, unmatched
+

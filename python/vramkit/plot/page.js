@@ -219,7 +219,7 @@
         return true;
       });
     } catch (error) {
-      window.__vkErrors.push("selftest: " + error);
+      __vkKeep("selftest: " + error);
     }
     report.errors = window.__vkErrors;
     document.getElementById("selftest").textContent = JSON.stringify(report);

@@ -1,0 +1,413 @@
+"""vramkit plot: traces and snapshots drawn as an offline HTML page or a PNG, bad input
+refused with a message naming the file, and the page checked in a real browser.
+
+The fixtures are built here: small traces of known blocks, a snapshot dict in the format of
+torch.cuda.memory._snapshot() whose frames point at a known file and line, and a
+200,000-op trace for the size bound of a long history.
+"""
+
+import gzip
+import json
+import os
+import pickle
+import random
+import re
+import subprocess
+import sys
+
+import pytest
+
+import browser_chromium
+from helpers import MiB
+from vramkit.plot import PlotInputError, load, plot
+from vramkit.plot import _layout
+
+TRAIN = "/home/user/project/train.py"
+BASE = 0x7F0000000000
+INTERNAL = {"filename": "/usr/lib/python3/site-packages/torch/nn/modules/linear.py",
+            "line": 125, "name": "forward"}
+UNWIND = {"filename": "??", "line": 0, "name": "torch::unwind::unwind()"}
+
+
+def frames(line, name):
+    return [UNWIND, INTERNAL, {"filename": TRAIN, "line": line, "name": name},
+            {"filename": TRAIN, "line": 200, "name": "main"}]
+
+
+def write_trace(path, lines, compress=True):
+    text = "# vramkit-trace v1 workload=test\n" + "\n".join(lines) + "\n"
+    if compress:
+        with gzip.open(path, "wt") as f:
+            f.write(text)
+    else:
+        path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def small_trace(tmp_path):
+    """Three blocks: 0 lives throughout, 1 dies at t=20 under 2, which then drops."""
+    return write_trace(tmp_path / "small.trace.gz", [
+        f"a 0 {100 * MiB} 0 1000", f"a 1 {50 * MiB} 0 1010", f"a 2 {70 * MiB} 0 1015",
+        "f 1 0 1020", "f 0 0 1030", "a 3 4096 0 1031", "f 3 0 1032", "f 2 0 1040"])
+
+
+def entry(action, t, addr=0, size=0, frames_=(), **extra):
+    return {"action": action, "addr": addr, "size": size, "stream": 0, "time_us": t,
+            "frames": list(frames_), "compile_context": "N/A", "user_metadata": "", **extra}
+
+
+def snapshot_dict():
+    """One 20 MiB segment: A (8 MiB, train.py:42) and C (6 MiB, train.py:57) live, X freed,
+    D pending free; an OOM at t=1700."""
+    seg = 20 * MiB
+    blocks = [
+        {"address": BASE, "size": 8 * MiB, "requested_size": 8 * MiB - 100,
+         "state": "active_allocated", "frames": frames(42, "forward")},
+        {"address": BASE + 8 * MiB, "size": 4 * MiB, "requested_size": 0, "state": "inactive",
+         "frames": []},
+        {"address": BASE + 12 * MiB, "size": 6 * MiB, "requested_size": 6 * MiB,
+         "state": "active_allocated", "frames": frames(57, "backward")},
+        {"address": BASE + 18 * MiB, "size": 2 * MiB, "requested_size": 2 * MiB,
+         "state": "active_pending_free", "frames": frames(61, "step")},
+    ]
+    trace = [
+        entry("segment_alloc", 1000, BASE, seg),
+        entry("alloc", 1100, BASE, 8 * MiB, frames(42, "forward")),
+        entry("alloc", 1200, BASE + 8 * MiB, 4 * MiB, frames(50, "loss")),
+        entry("alloc", 1300, BASE + 12 * MiB, 6 * MiB, frames(57, "backward")),
+        entry("free_requested", 1400, BASE + 8 * MiB, 4 * MiB),
+        entry("free_completed", 1450, BASE + 8 * MiB, 4 * MiB),
+        entry("alloc", 1500, BASE + 18 * MiB, 2 * MiB, frames(61, "step")),
+        entry("free_requested", 1600, BASE + 18 * MiB, 2 * MiB),
+        {"action": "oom", "size": 64 * MiB, "stream": 0, "time_us": 1700, "device_free": MiB,
+         "frames": frames(70, "grow")},
+        entry("snapshot", 1800),
+    ]
+    return {"segments": [{"device": 0, "address": BASE, "total_size": seg,
+                          "allocated_size": 16 * MiB, "active_size": 16 * MiB,
+                          "requested_size": 16 * MiB - 100, "stream": 0,
+                          "segment_type": "large", "segment_pool_id": (0, 0),
+                          "is_expandable": False, "frames": [], "blocks": blocks}],
+            "device_traces": [trace],
+            "allocator_settings": {"expandable_segments": False},
+            "external_annotations": []}
+
+
+def write_snapshot(path, snapshot):
+    with open(path, "wb") as f:
+        pickle.dump(snapshot, f, protocol=4)
+    return path
+
+
+@pytest.fixture
+def snapshot_file(tmp_path):
+    return write_snapshot(tmp_path / "snapshot.pickle", snapshot_dict())
+
+
+def vramkit_plot(*args):
+    """`vramkit plot ARGS` as a user runs it: (exit status, stdout, stderr)."""
+    done = subprocess.run([sys.executable, "-m", "vramkit", "plot", *map(str, args)],
+                          capture_output=True, text=True, timeout=120)
+    return done.returncode, done.stdout, done.stderr
+
+
+def page_json(path):
+    text = path.read_text(encoding="utf-8")
+    found = re.search(r'<script type="application/json" id="vk-data">(.*?)</script>', text,
+                      re.S)
+    return json.loads(found.group(1))
+
+
+def big_trace(path, ops=200_000, seed=7):
+    """ops lines of random sizes (512 B to 64 MiB) freed in random order, up to 3,000 live:
+    the shape that moves bands the most, since any older block may go first."""
+    rng = random.Random(seed)
+    lines = []
+    live = []
+    t = 1_000_000
+    ident = 0
+    while len(lines) < ops:
+        t += rng.randint(1, 50)
+        if live and (len(live) > 3000 or rng.random() < 0.5):
+            i = rng.randrange(len(live))
+            live[i], live[-1] = live[-1], live[i]
+            lines.append(f"f {live.pop()} {rng.randint(0, 1)} {t}")
+        else:
+            size = int(2 ** rng.uniform(9, 26)) // 512 * 512 + 512
+            lines.append(f"a {ident} {size} 0 {t}")
+            live.append(ident)
+            ident += 1
+    return write_trace(path, lines)
+
+
+# ---- reading and the common model --------------------------------------------------------
+
+def test_trace_and_snapshot_are_told_apart_by_content(tmp_path, small_trace, snapshot_file):
+    renamed_trace = tmp_path / "looks_like.pickle"
+    renamed_trace.write_bytes(small_trace.read_bytes())
+    renamed_snapshot = tmp_path / "looks_like.trace.gz"
+    renamed_snapshot.write_bytes(snapshot_file.read_bytes())
+    assert load(str(renamed_trace)).kind == "trace"
+    assert load(str(renamed_snapshot)).kind == "snapshot"
+    plain = write_trace(tmp_path / "plain.trace", ["a 0 512 0 1", "f 0 0 2"], compress=False)
+    assert load(str(plain)).peak_allocated == 512
+
+
+def test_snapshot_history_names_call_sites_past_internal_frames(snapshot_file):
+    h = load(str(snapshot_file))
+    sites = {b.size: b.site for b in h.blocks}
+    assert sites[8 * MiB] == f"{TRAIN}:42:forward"
+    assert sites[6 * MiB] == f"{TRAIN}:57:backward"
+    ends = {b.size: b.end for b in h.blocks}
+    assert ends[4 * MiB] == 450          # free_completed, in µs from the first entry
+    assert ends[2 * MiB] is None         # free requested only: still held at the end
+    assert h.peak_allocated == 18 * MiB    # A, X and C; X is gone before D comes
+    assert h.reserved == [(0.0, 0), (0, 20 * MiB)]
+    assert len(h.ooms) == 1 and f"{64 * MiB} bytes asked" in h.ooms[0][1]
+    assert [s["size"] for s in h.segments] == [20 * MiB]
+    assert h.notes == []
+
+
+def test_blocks_from_before_the_history_are_drawn_and_said(tmp_path):
+    snap = snapshot_dict()
+    trace = snap["device_traces"][0]
+    # A free of a 3 MiB block never allocated in the history, and 1 MiB more live at the
+    # end than the history allocates (a 1 MiB block the trace never saw).
+    trace.insert(1, entry("free_completed", 1050, BASE + 64 * MiB, 3 * MiB))
+    snap["segments"][0]["blocks"][1:2] = [
+        {"address": BASE + 8 * MiB, "size": 3 * MiB, "requested_size": 0,
+         "state": "inactive", "frames": []},
+        {"address": BASE + 11 * MiB, "size": MiB, "requested_size": MiB,
+         "state": "active_allocated", "frames": []}]
+    h = load(str(write_snapshot(tmp_path / "pre.pickle", snap)))
+    pre = [b for b in h.blocks if b.site.startswith("(allocated before")]
+    assert sorted((b.size, b.start, b.end) for b in pre) == [(MiB, 0.0, None),
+                                                             (3 * MiB, 0.0, 50)]
+    assert any("2 blocks" in note and "before the history began" in note for note in h.notes)
+
+
+def test_a_trace_without_sizes_for_early_frees_says_what_it_skipped(tmp_path):
+    path = write_trace(tmp_path / "t.trace.gz", ["f 99 0 1", "a 0 4096 0 2", "f 0 0 3"])
+    h = load(str(path))
+    assert h.peak_allocated == 4096
+    assert any("1 free lines" in note for note in h.notes)
+
+
+# ---- the layout ------------------------------------------------------------------------
+
+def test_a_band_drops_when_an_older_one_is_freed(small_trace):
+    h = load(str(small_trace))
+    lay = _layout.layout(h, width=40)   # 40 buckets of 1 µs over the 40 µs of the trace
+    bands = {block.size: (first, end, points) for block, first, end, points in lay.bands}
+    assert set(bands) == {100 * MiB, 50 * MiB, 70 * MiB}   # the 4 KiB block is merged
+    assert bands[100 * MiB] == (0, 30, [0, 0])
+    assert bands[50 * MiB] == (10, 20, [10, 100 * MiB])
+    # Block 2 starts on top of 0 and 1, falls by 50 MiB when 1 goes, to 0 when 0 goes.
+    assert bands[70 * MiB] == (15, 39, [15, 150 * MiB, 20, 100 * MiB, 30, 0])
+    assert lay.merged == 1 and lay.small_max[31] == 4096 and lay.small_count[31] == 1
+
+
+def test_many_small_blocks_merge_into_one_band_per_bucket(tmp_path):
+    lines = [f"a 0 {64 * MiB} 0 0"]
+    lines += [f"a {i} 1024 0 {i}\nf {i} 0 {i}" for i in range(1, 5000)]
+    lines += ["f 0 0 5000"]
+    h = load(str(write_trace(tmp_path / "m.trace.gz", lines)))
+    lay = _layout.layout(h, width=100)
+    assert [b[0].size for b in lay.bands] == [64 * MiB]
+    assert lay.merged == 4999
+    assert max(lay.small_max) == 1024 and sum(lay.small_count) >= 4999
+
+
+def test_a_200000_op_trace_renders_under_5_mb(tmp_path):
+    trace = big_trace(tmp_path / "big.trace.gz")
+    out = tmp_path / "big.html"
+    plot(str(trace), str(out))
+    size = out.stat().st_size
+    assert size < 5 * 1000 * 1000, f"{size} bytes"
+    data = page_json(out)
+    with gzip.open(trace, "rt") as f:
+        allocations = sum(line.startswith("a ") for line in f)
+    assert data["blockCount"] == allocations > 90_000
+    assert 0 < len(data["bands"]) <= _layout.MAX_BANDS
+    assert data["merged"] == allocations - len(data["bands"])
+    assert data["peakReserved"] >= data["peak"] > 0
+
+
+# ---- the HTML page ---------------------------------------------------------------------
+
+def test_the_page_is_self_contained(small_trace, tmp_path):
+    out = tmp_path / "p.html"
+    plot(str(small_trace), str(out))
+    text = out.read_text(encoding="utf-8")
+    assert text.startswith("<!DOCTYPE html>")
+    for outside in ("http:", "https:", "//cdn", "<link", " src=", " href=", "import(",
+                    "fetch(", "XMLHttpRequest"):
+        assert outside not in text, outside
+    data = page_json(out)
+    assert len(data["bands"]) == 3
+    assert data["peak"] == 220 * MiB
+    assert data["peakReserved"] >= 220 * MiB
+    assert data["reservedNote"] == ""
+
+
+def test_a_snapshot_page_carries_reserved_oom_and_segments(snapshot_file, tmp_path):
+    out = tmp_path / "s.html"
+    notes = plot(str(snapshot_file), str(out))
+    assert notes == []
+    data = page_json(out)
+    assert data["peakReserved"] == 20 * MiB
+    assert len(data["ooms"]) == 1
+    (seg,) = data["segments"]
+    assert [b[1] for b in seg["b"]] == [8 * MiB, 4 * MiB, 6 * MiB, 2 * MiB]
+    assert [data["states"][b[3]] for b in seg["b"]] == [
+        "active_allocated", "inactive", "active_allocated", "active_pending_free"]
+    assert data["sites"][seg["b"][0][4]] == f"{TRAIN}:42:forward"
+
+
+def test_no_replay_says_reserved_is_unknown(small_trace, tmp_path):
+    out = tmp_path / "p.html"
+    notes = plot(str(small_trace), str(out), replay=False)
+    assert any("reserved is unknown" in n for n in notes)
+    assert page_json(out)["reserved"] is None
+
+
+# ---- the command and bad input ---------------------------------------------------------
+
+def test_the_command_writes_the_page(small_trace, tmp_path):
+    status, out, err = vramkit_plot(small_trace, "-o", tmp_path / "p.html")
+    assert (status, err) == (0, "")
+    assert "wrote" in out and (tmp_path / "p.html").stat().st_size > 0
+
+
+def test_usage_errors_exit_3(small_trace, tmp_path):
+    assert vramkit_plot(small_trace)[0] == 3
+    status, _, err = vramkit_plot(small_trace, "-o", tmp_path / "p.svg")
+    assert status == 3 and ".html or .png" in err
+    assert vramkit_plot("--help")[0] == 0
+
+
+def bad(tmp_path, name, content):
+    path = tmp_path / name
+    path.write_bytes(content)
+    return path
+
+
+@pytest.mark.parametrize("name, content, says", [
+    ("truncated.pickle", pickle.dumps(snapshot_dict(), protocol=4)[:300], "truncated"),
+    ("corrupt.pickle", b"\x80\x04\x95garbage", "pickle"),
+    ("legacy.pickle", pickle.dumps([{"address": 0, "blocks": []}], protocol=4), "legacy"),
+    ("nosegments.pickle", pickle.dumps({"device_traces": []}, protocol=4), "no 'segments'"),
+    ("notdict.pickle", pickle.dumps(42, protocol=4), "not a memory snapshot"),
+    ("cut.trace.gz", gzip.compress(b"# vramkit-trace v1\na 0 1 0 1\n" * 50)[:40],
+     "cannot decompress"),
+    ("v2.trace", b"# vramkit-trace v2\na 0 1 0 1\n", "another format version"),
+    ("badline.trace", b"# vramkit-trace v1\na 0 1 0 1\nx 1 2\n", "badline.trace:3: unknown"),
+    ("notnumber.trace", b"# vramkit-trace v1\na 0 -1 0 1\n", "notnumber.trace:2"),
+    ("random.bin", b"\x00\x01binary", "neither a vramkit trace"),
+    ("empty", b"", "empty"),
+])
+def test_bad_input_is_a_clear_error_naming_the_file(tmp_path, name, content, says):
+    path = bad(tmp_path, name, content)
+    status, _, err = vramkit_plot(path, "-o", tmp_path / "out.html")
+    assert status == 2, err
+    assert err.startswith(f"vramkit plot: {path}") and says in err, err
+    assert "Traceback" not in err
+    assert not (tmp_path / "out.html").exists()
+
+
+class _RunsCode:
+    """An object whose pickle calls a function when loaded: what a hostile file does."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_pickle_that_would_run_code_is_refused(tmp_path):
+    marker = tmp_path / "ran"
+    snap = snapshot_dict()
+    snap["allocator_settings"] = _RunsCode(str(marker))
+    path = write_snapshot(tmp_path / "hostile.pickle", snap)
+    status, _, err = vramkit_plot(path, "-o", tmp_path / "out.html")
+    assert status == 2 and "io.open" in err and "only plain data" in err, err
+    assert not marker.exists()
+
+
+def test_skipped_and_uncertain_parts_are_warned_and_shown(tmp_path):
+    snap = snapshot_dict()
+    snap["trace_alloc_overflowed"] = True
+    snap["device_traces"][0].insert(2, entry("teleport", 1150, BASE, 1))
+    snap["device_traces"][0].insert(2, "not an entry")
+    path = write_snapshot(tmp_path / "odd.pickle", snap)
+    out = tmp_path / "odd.html"
+    status, _, err = vramkit_plot(path, "-o", out)
+    assert status == 0, err
+    for says in ("overflowed", "unknown action: 'teleport' (1)", "1 malformed"):
+        assert f"vramkit plot: warning: {path}: " in err and says in err, err
+        assert any(says in note for note in page_json(out)["notes"])
+
+
+def test_png_with_matplotlib(small_trace, tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "p.png"
+    plot(str(small_trace), str(out))
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_png_without_matplotlib_says_how_to_get_it(small_trace, tmp_path):
+    # A module set to None in sys.modules fails to import, as if it were not installed.
+    code = ("import sys; sys.modules['matplotlib'] = None\n"
+            "from vramkit.cli import main\n"
+            f"sys.exit(main(['plot', {str(small_trace)!r}, '-o', {str(tmp_path / 'p.png')!r}]))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 1
+    assert "pip install 'vramkit[plot]'" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "p.png").exists()
+
+
+def test_plot_is_listed_among_the_commands():
+    from vramkit.cli import COMMANDS
+
+    assert "plot" in COMMANDS
+
+
+# ---- in a real browser -----------------------------------------------------------------
+
+needs_chromium = pytest.mark.skipif(
+    browser_chromium.chromium() is None,
+    reason="chromium is not installed (make deps installs it): the browser test is skipped")
+
+
+def check_page_in_browser(page, size):
+    dom, stderr = browser_chromium.open_page(page, f"selftest={size}")
+    report = browser_chromium.selftest_report(dom)
+    assert report is not None, f"the page's self-test wrote nothing:\n{stderr[-3000:]}"
+    assert report["errors"] == []
+    assert "Uncaught" not in stderr and "ERR_NAME_NOT_RESOLVED" not in stderr, stderr[-3000:]
+    return report
+
+
+@needs_chromium
+def test_browser_draws_a_snapshot_and_hover_names_the_call_site(snapshot_file, tmp_path):
+    page = tmp_path / "snapshot.html"
+    plot(str(snapshot_file), str(page))
+    report = check_page_in_browser(page, 8 * MiB)
+    assert report["bands"] == 4
+    assert report["reserved"] == 1 and report["ooms"] == 1 and report["segblocks"] == 4
+    assert f"call site {TRAIN}:42:forward" in report["hover"], report
+    assert "size 8.00 MiB" in report["hover"] and "lifetime 100 µs to the end" in report["hover"]
+    assert f"call site {TRAIN}:42:forward" in report["segHover"], report
+    assert "state active_allocated" in report["segHover"]
+
+
+@needs_chromium
+def test_browser_draws_a_trace(small_trace, tmp_path):
+    page = tmp_path / "trace.html"
+    plot(str(small_trace), str(page))
+    report = check_page_in_browser(page, 70 * MiB)
+    assert report["bands"] == 3 and report["small"] == 1 and report["reserved"] == 1
+    assert "size 70.0 MiB" in report["hover"] and "15 µs to 40 µs (25 µs)" in report["hover"]
+    assert "call site unknown (a trace records no call sites)" in report["hover"]
