@@ -14,13 +14,16 @@
 # The dependency lists below are the only place dependencies are named.
 
 # Debian packages: compilers, CMake, pkg-config, the C test framework, zlib for the trace
-# reader, and what building the Python extension and its virtual environment needs.
+# reader, what building the Python extension and its virtual environment needs, and
+# chromium, the headless browser the tests open `vramkit plot`'s page in.
 DEBIAN_PACKAGES := build-essential cmake pkg-config clang libcmocka-dev zlib1g-dev gzip \
-                   python3 python3-dev python3-venv
+                   python3 python3-dev python3-venv chromium
 # Python packages of the test environment, as distribution:module (the module is what we
 # try to import): the build backend (the package is built without build isolation, from
-# what is installed here), the test runner, and numpy for the buffer-protocol tests.
-PYTHON_PACKAGES := scikit-build-core:scikit_build_core pytest:pytest numpy:numpy
+# what is installed here), the test runner, numpy for the buffer-protocol tests, and
+# matplotlib for the PNG of `vramkit plot` (the package's optional `plot` extra).
+PYTHON_PACKAGES := scikit-build-core:scikit_build_core pytest:pytest numpy:numpy \
+                   matplotlib:matplotlib
 
 SHELL := /bin/bash
 PYTHON ?= python3
