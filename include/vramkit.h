@@ -242,6 +242,82 @@ typedef void (*vram_block_fn)(void *user, void *ptr, size_t requested, size_t si
                               vram_stream_t stream);
 VRAM_API int vram_for_each_block(vram_pool_t *pool, vram_block_fn fn, void *user);
 
+/* ---------------------------------------------------------------------------------------
+ * Memory history and snapshots: an event stream recorded per pool, contexts attached to
+ * allocations, and the layout of every segment with the blocks that tile it.
+ * ------------------------------------------------------------------------------------- */
+typedef enum vram_event_kind {
+  VRAM_EVENT_ALLOC = 1,         /* a block handed out: addr, size (block bytes), requested */
+  VRAM_EVENT_FREE_REQUESTED,    /* vram_free called on it */
+  VRAM_EVENT_FREE_COMPLETED,    /* reusable now (at once for a same-stream free; later, when
+                                   its events complete, for a cross-stream one) */
+  VRAM_EVENT_SEGMENT_ALLOC,     /* memory taken from the source: addr, size */
+  VRAM_EVENT_SEGMENT_FREE,      /* memory returned to the source */
+  VRAM_EVENT_SEGMENT_MAP,       /* vmm: physical granules mapped at addr, size bytes */
+  VRAM_EVENT_SEGMENT_UNMAP,     /* vmm: granules unmapped */
+  VRAM_EVENT_OOM,               /* a request failed: size/requested as asked, addr = the
+                                   device's free bytes at that moment */
+  VRAM_EVENT_EMPTY_CACHE,       /* vram_empty_cache ran */
+  VRAM_EVENT_SNAPSHOT,          /* vram_snapshot was taken */
+  VRAM_EVENT_ANNOTATE           /* vram_history_annotate: context names the annotation */
+} vram_event_kind;
+
+typedef struct vram_event {
+  uint64_t time_us;    /* CLOCK_MONOTONIC, microseconds */
+  uint64_t addr;
+  uint64_t size;
+  uint64_t requested;
+  uint64_t stream;     /* the vram_stream_t as an integer; 0 = default stream */
+  uint64_t context;    /* the caller's context id of the allocation (0 = none) */
+  int32_t device;
+  int32_t kind;        /* vram_event_kind */
+} vram_event_t;
+
+/* Flags of vram_history_start. */
+#define VRAM_HISTORY_CONTEXTS 1u  /* call the context function at each allocation */
+
+/* Start recording this pool's events into a ring of max_entries (0 = 100,000; the oldest
+ * entries are overwritten, and counted). Starting again clears the ring. */
+VRAM_API int vram_history_start(vram_pool_t *pool, size_t max_entries, unsigned flags);
+VRAM_API int vram_history_stop(vram_pool_t *pool);
+/* Copy up to cap recorded events, oldest first. *count = how many were copied;
+ * *total = how many are held (call again with a larger buffer if > cap); *dropped = how
+ * many were overwritten since the start. Any of the out pointers may be NULL except out
+ * when cap > 0. Works while recording or after stop (until the next start). */
+VRAM_API int vram_history_read(vram_pool_t *pool, vram_event_t *out, size_t cap,
+                               size_t *count, size_t *total, uint64_t *dropped);
+/* Record an ANNOTATE event carrying `context` (a user's mark or label id). */
+VRAM_API int vram_history_annotate(vram_pool_t *pool, uint64_t context);
+
+/* The function the pools call, outside their locks, at each allocation while a pool
+ * records with VRAM_HISTORY_CONTEXTS, to get the allocation's context id (the Python layer
+ * returns an id for the captured Python stack; 0 = none). Process-wide; NULL removes it. */
+typedef uint64_t (*vram_context_fn)(void *user);
+VRAM_API void vram_set_context_fn(vram_context_fn fn, void *user);
+
+/* Snapshot: every segment of the pool with the blocks that tile it, in address order. */
+enum vram_snapshot_block_state {
+  VRAM_SNAPSHOT_INACTIVE = 0,         /* free (or parked in a cache): PyTorch's "inactive" */
+  VRAM_SNAPSHOT_ACTIVE_ALLOCATED = 1, /* live */
+  VRAM_SNAPSHOT_ACTIVE_PENDING_FREE = 2 /* freed, waiting on other streams */
+};
+typedef struct vram_snapshot_block {
+  uint64_t addr, size, requested, context; /* requested and context 0 when inactive */
+  int32_t state;                           /* enum vram_snapshot_block_state */
+  int32_t reserved_;
+} vram_snapshot_block_t;
+typedef struct vram_snapshot_segment {
+  uint64_t addr, size, stream;
+  uint64_t first_block, n_blocks;  /* its blocks: blocks[first_block .. +n_blocks) */
+  int32_t device, is_expandable;   /* is_expandable: a vmm range (mapped part only) */
+} vram_snapshot_segment_t;
+/* Fill as many segments and blocks as fit. *n_segments and *n_blocks get the totals; when
+ * either is above its cap nothing partial is returned: call again with larger arrays
+ * (VRAM_ENOMEM is not used for this: the call returns VRAM_OK with the totals). */
+VRAM_API int vram_snapshot(vram_pool_t *pool, vram_snapshot_segment_t *segments,
+                           size_t segment_cap, size_t *n_segments,
+                           vram_snapshot_block_t *blocks, size_t block_cap, size_t *n_blocks);
+
 /* Number of devices the source kind can see (sim: 8). */
 VRAM_API int vram_device_count(vram_source_kind kind, int *count);
 
