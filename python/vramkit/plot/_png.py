@@ -4,6 +4,7 @@ points) drawn with matplotlib, which is optional (the `plot` extra) and imported
 from __future__ import annotations
 
 import os
+import zlib
 
 
 class MissingMatplotlib(Exception):
@@ -26,7 +27,7 @@ def render(history, lay, output):
     gib = float(1 << 30)
     polygons = []
     colours = []
-    for block, first, end, points in lay.bands:
+    for index, (block, first, end, points) in enumerate(lay.bands):
         bottom = []
         for j in range(0, len(points), 2):
             k, y = points[j], points[j + 1]
@@ -34,7 +35,9 @@ def render(history, lay, output):
             bottom += [(k * to_time, y / gib), (k_next * to_time, y / gib)]
         top = [(x, y + block.size / gib) for x, y in reversed(bottom)]
         polygons.append(bottom + top)
-        colours.append(f"C{hash(block.site) % 10}")
+        # A stable colour per call site (str hash changes per process); without call sites,
+        # neighbours get different colours so that the bands stay apart.
+        colours.append(f"C{(zlib.crc32(block.site.encode()) if block.site else index) % 10}")
     figure, axes = plt.subplots(figsize=(12, 5), dpi=100)
     axes.add_collection(PolyCollection(polygons, facecolors=colours, linewidths=0))
     xs = [k * to_time for k in range(width + 1)]
