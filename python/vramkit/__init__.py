@@ -44,21 +44,38 @@ __all__ = [
     "AllocatorError", "BusyError", "ConfigError", "DeviceBuffer", "DoubleFreeError",
     "DriverError", "ForeignPointerError", "HostMemoryError", "InvalidArgumentError",
     "InvalidDeviceError", "NoDriverError", "OutOfMemoryError", "UnsupportedError",
-    "VramError", "configure", "device_count", "empty", "empty_cache", "get_memory_info",
+    "VramError", "annotate", "configure", "device_count", "empty", "empty_cache", "get_memory_info",
     "enable_peer_access", "last_oom_report", "max_memory_allocated", "max_memory_reserved",
     "mem_get_info",
     "memory_allocated", "memory_reserved", "memory_stats", "memory_stats_raw",
     "memory_summary", "reset_memory_stats", "reset_peak_memory_stats",
     "set_memory_growth", "set_memory_limit", "set_per_process_memory_fraction", "source",
+    # Memory history, snapshots and leaks (history.py, leaks.py).
+    "LeakDetector", "LeakReport", "MemoryLeakWarning", "dump_snapshot", "history_mark",
+    "leak_check", "leaks", "memory_history", "record_memory_history", "save_trace",
+    "snapshot",
 ]
 
 _INTEGRATIONS = ("torch", "cupy", "numba")
+
+# Memory history and leaks live in submodules loaded on first use, so that `import vramkit`
+# stays as light as it was for programs that never record.
+_LAZY = {
+    "annotate": "history", "dump_snapshot": "history", "memory_history": "history",
+    "record_memory_history": "history", "save_trace": "history", "snapshot": "history",
+    "LeakDetector": "leaks", "LeakReport": "leaks", "MemoryLeakWarning": "leaks",
+    "history_mark": "leaks", "leak_check": "leaks", "leaks": "leaks",
+}
 
 
 def __getattr__(name):
     # vramkit.torch and friends import their framework: load them only when asked for.
     if name in _INTEGRATIONS:
         return _importlib.import_module(f"{__name__}.{name}")
+    if name in _LAZY:
+        value = getattr(_importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+        globals()[name] = value  # found directly from now on
+        return value
     raise AttributeError(f"module 'vramkit' has no attribute {name!r}")
 
 

@@ -891,6 +891,331 @@ static PyObject *core_strerror(PyObject *module, PyObject *args) {
   return Py_BuildValue("(ss)", vram_errname(status), vram_strerror(status));
 }
 
+/* ---------------------------------------------------------------------------------------
+ * Memory history, snapshots and Python stacks.
+ *
+ * The engine records events and snapshots in C structs; these calls hand them over as one
+ * bytes object each (a memcpy here), unpacked by vramkit/history.py with struct: a list of
+ * tuples built here would cost the same object allocations, only in more C. EVENT_SIZE,
+ * SEGMENT_SIZE and BLOCK_SIZE let the package check its struct formats against the C
+ * layout at import.
+ * ------------------------------------------------------------------------------------- */
+
+/* One Python frame of a captured stack: the code object and the offset of the instruction
+ * running in it. The line is computed from the pair only at snapshot time. */
+typedef struct {
+  PyObject *code; /* a strong reference, held by the table once the stack is interned */
+  int lasti;
+} stack_frame;
+
+typedef struct {
+  uint64_t hash;
+  size_t first; /* its frames: stacks.frames[first .. first + depth) */
+  uint32_t depth;
+} stack_entry;
+
+/* The interned stacks. Process-wide, like the context function the pools call; touched
+ * only by threads holding the GIL, which is its lock. A stack's id is its index + 1 and
+ * is never reused: blocks allocated long ago (and events in any pool's ring) keep naming
+ * it, so the table only grows, by one entry per distinct call path, not per allocation. */
+static struct {
+  stack_frame *frames;
+  size_t n_frames, cap_frames;
+  stack_entry *entries;
+  size_t n_entries, cap_entries;
+  uint32_t *slots; /* open addressing over entries: 0 = empty, else index + 1 */
+  size_t n_slots;  /* a power of two, kept at least twice n_entries */
+} stacks;
+
+/* Deep recursion would make each capture as slow as its depth: the innermost frames are
+ * the ones that name the call site, so a stack keeps at most this many. */
+#define STACK_MAX_DEPTH 96
+
+static uint64_t mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  return h * 0xff51afd7ed558ccdull;
+}
+
+static int stacks_grow_slots(void) {
+  size_t n = stacks.n_slots ? stacks.n_slots * 2 : 1024;
+  uint32_t *slots = PyMem_RawCalloc(n, sizeof *slots);
+  if (slots == NULL) return -1;
+  for (size_t i = 0; i < stacks.n_entries; i++) {
+    size_t j = (size_t)stacks.entries[i].hash & (n - 1);
+    while (slots[j] != 0) j = (j + 1) & (n - 1);
+    slots[j] = (uint32_t)(i + 1);
+  }
+  PyMem_RawFree(stacks.slots);
+  stacks.slots = slots;
+  stacks.n_slots = n;
+  return 0;
+}
+
+/* The id of this stack, interning it if new (0 when host memory runs out: the allocation
+ * then simply has no stack). */
+static uint64_t stacks_intern(const stack_frame *frames, uint32_t depth, uint64_t hash) {
+  if (stacks.n_slots == 0 && stacks_grow_slots() < 0) return 0;
+  size_t mask = stacks.n_slots - 1, j = (size_t)hash & mask;
+  for (; stacks.slots[j] != 0; j = (j + 1) & mask) {
+    const stack_entry *e = &stacks.entries[stacks.slots[j] - 1];
+    if (e->hash == hash && e->depth == depth &&
+        memcmp(&stacks.frames[e->first], frames, depth * sizeof *frames) == 0)
+      return stacks.slots[j];
+  }
+  if (stacks.n_entries >= UINT32_MAX - 1) return 0;
+  if (stacks.n_frames + depth > stacks.cap_frames) {
+    size_t cap = stacks.cap_frames ? stacks.cap_frames * 2 : 4096;
+    while (cap < stacks.n_frames + depth) cap *= 2;
+    stack_frame *grown = PyMem_RawRealloc(stacks.frames, cap * sizeof *grown);
+    if (grown == NULL) return 0;
+    stacks.frames = grown;
+    stacks.cap_frames = cap;
+  }
+  if (stacks.n_entries == stacks.cap_entries) {
+    size_t cap = stacks.cap_entries ? stacks.cap_entries * 2 : 256;
+    stack_entry *grown = PyMem_RawRealloc(stacks.entries, cap * sizeof *grown);
+    if (grown == NULL) return 0;
+    stacks.entries = grown;
+    stacks.cap_entries = cap;
+  }
+  stack_entry *e = &stacks.entries[stacks.n_entries];
+  e->hash = hash;
+  e->first = stacks.n_frames;
+  e->depth = depth;
+  for (uint32_t i = 0; i < depth; i++) {
+    /* The table keeps the code objects alive so that the stack can be symbolized long
+     * after the functions are gone. */
+    Py_INCREF(frames[i].code);
+    stacks.frames[stacks.n_frames + i] = frames[i];
+  }
+  stacks.n_frames += depth;
+  stacks.n_entries++;
+  stacks.slots[j] = (uint32_t)stacks.n_entries;
+  if (stacks.n_entries * 2 > stacks.n_slots) stacks_grow_slots(); /* a failure only slows */
+  return stacks.n_entries;
+}
+
+/* The vram_context_fn: called by a pool at each allocation while it records with stacks,
+ * on whatever thread allocates. Only a thread that holds the GIL may look at Python
+ * frames; PyTorch's autograd workers allocate without it and get 0 ("no stack"). Nothing
+ * here builds a Python object or looks anything up from Python: it reads (code, lasti)
+ * pairs and hashes them. */
+static uint64_t capture_stack(void *user) {
+  (void)user;
+  if (!PyGILState_Check()) return 0;
+  stack_frame frames[STACK_MAX_DEPTH];
+  uint32_t depth = 0;
+  uint64_t hash = 0x84222325cbf29ce4ull;
+  PyFrameObject *frame = PyEval_GetFrame(); /* borrowed */
+  Py_XINCREF(frame);
+  while (frame != NULL && depth < STACK_MAX_DEPTH) {
+    PyCodeObject *code = PyFrame_GetCode(frame);
+    /* The running frame keeps its code alive for the rest of this call. */
+    Py_DECREF(code);
+    frames[depth].code = (PyObject *)code;
+    frames[depth].lasti = PyFrame_GetLasti(frame);
+    hash = mix(mix(hash, (uint64_t)(uintptr_t)code), (uint64_t)(uint32_t)frames[depth].lasti);
+    depth++;
+    PyFrameObject *back = PyFrame_GetBack(frame);
+    Py_DECREF(frame);
+    frame = back;
+  }
+  Py_XDECREF(frame);
+  if (depth == 0) return 0;
+  return stacks_intern(frames, depth, hash);
+}
+
+/* stack_frames(ids): {id: ((filename, line, name), ...) innermost first} for the stack ids
+ * given. Symbolizing is the slow part of a stack, so it happens here, at snapshot time,
+ * once per distinct (code, offset) pair of the call. */
+static PyObject *core_stack_frames(PyObject *module, PyObject *ids) {
+  PyObject *iter = PyObject_GetIter(ids);
+  if (iter == NULL) return NULL;
+  PyObject *out = PyDict_New(), *seen = PyDict_New(), *item = NULL;
+  if (out == NULL || seen == NULL) goto fail;
+  while ((item = PyIter_Next(iter)) != NULL) {
+    unsigned long long id = PyLong_AsUnsignedLongLong(item);
+    if (id == (unsigned long long)-1 && PyErr_Occurred()) goto fail;
+    if (id == 0 || id > stacks.n_entries) {
+      Py_CLEAR(item);
+      continue; /* no stack (0) or not one of ours: the caller shows no frames */
+    }
+    const stack_entry *e = &stacks.entries[id - 1];
+    PyObject *tuple = PyTuple_New(e->depth);
+    if (tuple == NULL) goto fail;
+    for (uint32_t i = 0; i < e->depth; i++) {
+      const stack_frame *f = &stacks.frames[e->first + i];
+      PyObject *key = Py_BuildValue("(Oi)", f->code, f->lasti);
+      if (key == NULL) {
+        Py_DECREF(tuple);
+        goto fail;
+      }
+      PyObject *sym = PyDict_GetItemWithError(seen, key); /* borrowed */
+      if (sym == NULL && !PyErr_Occurred()) {
+        PyCodeObject *code = (PyCodeObject *)f->code;
+        PyObject *name = PyObject_GetAttrString(f->code, "co_qualname");
+        PyObject *filename = PyObject_GetAttrString(f->code, "co_filename");
+        if (name != NULL && filename != NULL)
+          sym = Py_BuildValue("(OiO)", filename, PyCode_Addr2Line(code, f->lasti), name);
+        Py_XDECREF(name);
+        Py_XDECREF(filename);
+        if (sym != NULL && PyDict_SetItem(seen, key, sym) < 0) Py_CLEAR(sym);
+        Py_XDECREF(sym); /* the dict holds it now */
+      }
+      Py_DECREF(key);
+      if (sym == NULL) {
+        Py_DECREF(tuple);
+        goto fail;
+      }
+      PyTuple_SET_ITEM(tuple, i, Py_NewRef(sym));
+    }
+    int rc = PyDict_SetItem(out, item, tuple);
+    Py_DECREF(tuple);
+    Py_CLEAR(item);
+    if (rc < 0) goto fail;
+  }
+  if (PyErr_Occurred()) goto fail;
+  Py_DECREF(iter);
+  Py_DECREF(seen);
+  return out;
+fail:
+  Py_XDECREF(item);
+  Py_DECREF(iter);
+  Py_XDECREF(out);
+  Py_XDECREF(seen);
+  return NULL;
+}
+
+static PyObject *core_stack_count(PyObject *module, PyObject *Py_UNUSED(ignored)) {
+  return PyLong_FromSize_t(stacks.n_entries);
+}
+
+/* history_start(device, max_entries, stacks, /): start (or restart: the ring is cleared)
+ * the pool's recording; with stacks, each allocation gets the id of its Python stack. */
+static PyObject *core_history_start(PyObject *module, PyObject *args) {
+  int device, with_stacks;
+  Py_ssize_t max_entries;
+  if (!PyArg_ParseTuple(args, "inp:history_start", &device, &max_entries, &with_stacks))
+    return NULL;
+  core_state *st = get_state(module);
+  if (max_entries <= 0)
+    return raise_message(st, VRAM_EINVAL,
+                         PyUnicode_FromFormat("max_entries must be > 0, got %zd", max_entries),
+                         NULL);
+  vram_pool_t *pool = get_pool(st, device);
+  if (pool == NULL) return NULL;
+  /* Process-wide and harmless to set again: pools call it only when they record with
+   * VRAM_HISTORY_CONTEXTS. */
+  if (with_stacks) vram_set_context_fn(capture_stack, NULL);
+  int rc = vram_history_start(pool, (size_t)max_entries, with_stacks ? VRAM_HISTORY_CONTEXTS : 0);
+  if (rc != VRAM_OK) return raise_status(st, rc, device, pool);
+  Py_RETURN_NONE;
+}
+
+static PyObject *core_history_stop(PyObject *module, PyObject *args) {
+  int device;
+  if (!PyArg_ParseTuple(args, "i:history_stop", &device)) return NULL;
+  core_state *st = get_state(module);
+  vram_pool_t *pool = get_pool(st, device);
+  if (pool == NULL) return NULL;
+  int rc = vram_history_stop(pool);
+  if (rc != VRAM_OK) return raise_status(st, rc, device, pool);
+  Py_RETURN_NONE;
+}
+
+/* history_read(device, /) -> (events: bytes of vram_event_t, oldest first, dropped). */
+static PyObject *core_history_read(PyObject *module, PyObject *args) {
+  int device;
+  if (!PyArg_ParseTuple(args, "i:history_read", &device)) return NULL;
+  core_state *st = get_state(module);
+  vram_pool_t *pool = get_pool(st, device);
+  if (pool == NULL) return NULL;
+  size_t count = 0, total = 0;
+  uint64_t dropped = 0;
+  int rc = vram_history_read(pool, NULL, 0, &count, &total, &dropped);
+  if (rc != VRAM_OK) return raise_status(st, rc, device, pool);
+  for (;;) {
+    /* Other threads (PyTorch's, without the GIL) may record meanwhile: leave room for
+     * some, and ask again if even that was not enough. */
+    size_t cap = total + total / 8 + 64;
+    if (cap > (size_t)PY_SSIZE_T_MAX / sizeof(vram_event_t)) return PyErr_NoMemory();
+    PyObject *buf = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(cap * sizeof(vram_event_t)));
+    if (buf == NULL) return NULL;
+    rc = vram_history_read(pool, (vram_event_t *)PyBytes_AS_STRING(buf), cap, &count, &total,
+                           &dropped);
+    if (rc != VRAM_OK) {
+      Py_DECREF(buf);
+      return raise_status(st, rc, device, pool);
+    }
+    if (total <= cap) {
+      if (_PyBytes_Resize(&buf, (Py_ssize_t)(count * sizeof(vram_event_t))) < 0) return NULL;
+      return Py_BuildValue("(NK)", buf, (unsigned long long)dropped);
+    }
+    Py_DECREF(buf);
+  }
+}
+
+static PyObject *core_history_annotate(PyObject *module, PyObject *args) {
+  int device;
+  unsigned long long context;
+  if (!PyArg_ParseTuple(args, "iK:history_annotate", &device, &context)) return NULL;
+  core_state *st = get_state(module);
+  vram_pool_t *pool = get_pool(st, device);
+  if (pool == NULL) return NULL;
+  int rc = vram_history_annotate(pool, (uint64_t)context);
+  if (rc != VRAM_OK) return raise_status(st, rc, device, pool);
+  Py_RETURN_NONE;
+}
+
+/* snapshot(device, /) -> (segments: bytes of vram_snapshot_segment_t, blocks: bytes of
+ * vram_snapshot_block_t). */
+static PyObject *core_snapshot(PyObject *module, PyObject *args) {
+  int device;
+  if (!PyArg_ParseTuple(args, "i:snapshot", &device)) return NULL;
+  core_state *st = get_state(module);
+  vram_pool_t *pool = get_pool(st, device);
+  if (pool == NULL) return NULL;
+  size_t n_segments = 0, n_blocks = 0;
+  int rc = vram_snapshot(pool, NULL, 0, &n_segments, NULL, 0, &n_blocks);
+  if (rc != VRAM_OK) return raise_status(st, rc, device, pool);
+  for (;;) {
+    /* The pool may change between the two calls (other threads): room for some growth. */
+    size_t seg_cap = n_segments + n_segments / 4 + 8, block_cap = n_blocks + n_blocks / 4 + 16;
+    if (block_cap > (size_t)PY_SSIZE_T_MAX / sizeof(vram_snapshot_block_t))
+      return PyErr_NoMemory();
+    PyObject *segs = PyBytes_FromStringAndSize(
+        NULL, (Py_ssize_t)(seg_cap * sizeof(vram_snapshot_segment_t)));
+    PyObject *blocks = PyBytes_FromStringAndSize(
+        NULL, (Py_ssize_t)(block_cap * sizeof(vram_snapshot_block_t)));
+    if (segs == NULL || blocks == NULL) {
+      Py_XDECREF(segs);
+      Py_XDECREF(blocks);
+      return NULL;
+    }
+    rc = vram_snapshot(pool, (vram_snapshot_segment_t *)PyBytes_AS_STRING(segs), seg_cap,
+                       &n_segments, (vram_snapshot_block_t *)PyBytes_AS_STRING(blocks),
+                       block_cap, &n_blocks);
+    if (rc != VRAM_OK) {
+      Py_DECREF(segs);
+      Py_DECREF(blocks);
+      return raise_status(st, rc, device, pool);
+    }
+    if (n_segments <= seg_cap && n_blocks <= block_cap) {
+      if (_PyBytes_Resize(&segs, (Py_ssize_t)(n_segments * sizeof(vram_snapshot_segment_t))) < 0) {
+        Py_DECREF(blocks);
+        return NULL;
+      }
+      if (_PyBytes_Resize(&blocks, (Py_ssize_t)(n_blocks * sizeof(vram_snapshot_block_t))) < 0) {
+        Py_DECREF(segs);
+        return NULL;
+      }
+      return Py_BuildValue("(NN)", segs, blocks);
+    }
+    Py_DECREF(segs);
+    Py_DECREF(blocks);
+  }
+}
+
 static PyMethodDef core_methods[] = {
     {"empty", (PyCFunction)(void (*)(void))core_empty, METH_VARARGS | METH_KEYWORDS,
      PyDoc_STR("empty(nbytes, device=0, stream=None)\n--\n\nAllocate nbytes of device "
@@ -941,6 +1266,27 @@ static PyMethodDef core_methods[] = {
                "device arguments that are not ints.")},
     {"strerror", core_strerror, METH_VARARGS,
      PyDoc_STR("strerror(status, /)\n--\n\n(name, message) of a status code.")},
+    {"history_start", core_history_start, METH_VARARGS,
+     PyDoc_STR("history_start(device, max_entries, stacks, /)\n--\n\nStart (or restart) "
+               "recording the pool's events into a ring of max_entries; with stacks, each "
+               "allocation carries the id of its Python stack.")},
+    {"history_stop", core_history_stop, METH_VARARGS,
+     PyDoc_STR("history_stop(device, /)\n--\n\nStop recording; what was recorded stays "
+               "readable.")},
+    {"history_read", core_history_read, METH_VARARGS,
+     PyDoc_STR("history_read(device, /)\n--\n\n(events, dropped): the recorded "
+               "vram_event_t records as bytes, oldest first, and how many were overwritten.")},
+    {"history_annotate", core_history_annotate, METH_VARARGS,
+     PyDoc_STR("history_annotate(device, context, /)\n--\n\nRecord an annotate event "
+               "carrying context.")},
+    {"snapshot", core_snapshot, METH_VARARGS,
+     PyDoc_STR("snapshot(device, /)\n--\n\n(segments, blocks): the pool's "
+               "vram_snapshot_segment_t and vram_snapshot_block_t records as bytes.")},
+    {"stack_frames", core_stack_frames, METH_O,
+     PyDoc_STR("stack_frames(ids, /)\n--\n\n{id: ((filename, line, name), ...)} of "
+               "captured Python stacks, innermost frame first.")},
+    {"stack_count", core_stack_count, METH_NOARGS,
+     PyDoc_STR("stack_count(/)\n--\n\nHow many distinct Python stacks were captured.")},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1013,6 +1359,20 @@ static int core_exec(PyObject *module) {
   if (PyModule_AddIntConstant(module, #name, value) < 0) return -1;
   VRAM_STATUS_LIST(X_CODE)
 #undef X_CODE
+  /* The record layouts history.py unpacks, and the event kinds by name. */
+  if (PyModule_AddIntConstant(module, "EVENT_SIZE", sizeof(vram_event_t)) < 0 ||
+      PyModule_AddIntConstant(module, "SEGMENT_SIZE", sizeof(vram_snapshot_segment_t)) < 0 ||
+      PyModule_AddIntConstant(module, "BLOCK_SIZE", sizeof(vram_snapshot_block_t)) < 0)
+    return -1;
+#define X_KIND(name)                                                                       \
+  if (PyModule_AddIntConstant(module, #name, name) < 0) return -1;
+  X_KIND(VRAM_EVENT_ALLOC) X_KIND(VRAM_EVENT_FREE_REQUESTED) X_KIND(VRAM_EVENT_FREE_COMPLETED)
+  X_KIND(VRAM_EVENT_SEGMENT_ALLOC) X_KIND(VRAM_EVENT_SEGMENT_FREE)
+  X_KIND(VRAM_EVENT_SEGMENT_MAP) X_KIND(VRAM_EVENT_SEGMENT_UNMAP) X_KIND(VRAM_EVENT_OOM)
+  X_KIND(VRAM_EVENT_EMPTY_CACHE) X_KIND(VRAM_EVENT_SNAPSHOT) X_KIND(VRAM_EVENT_ANNOTATE)
+  X_KIND(VRAM_SNAPSHOT_INACTIVE) X_KIND(VRAM_SNAPSHOT_ACTIVE_ALLOCATED)
+  X_KIND(VRAM_SNAPSHOT_ACTIVE_PENDING_FREE)
+#undef X_KIND
   return 0;
 }
 

@@ -5,7 +5,7 @@ the rest is the package's plumbing. tests/python/test_typing.py checks that ever
 extension exports is declared here and nothing more.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Final, Protocol, SupportsIndex, TypedDict, final
 
 VERSION: Final[str]
@@ -111,3 +111,33 @@ def error(status: int, message: str, /) -> VramError: ...
 def raise_status(status: int, what: str = "vramkit", /) -> None: ...
 def set_device_resolver(fn: Callable[[Any], int], /) -> None: ...
 def strerror(status: int, /) -> tuple[str, str]: ...
+
+# Memory history, snapshots and Python stacks (unpacked by vramkit/history.py).
+EVENT_SIZE: Final[int]    # sizeof(vram_event_t)
+SEGMENT_SIZE: Final[int]  # sizeof(vram_snapshot_segment_t)
+BLOCK_SIZE: Final[int]    # sizeof(vram_snapshot_block_t)
+VRAM_EVENT_ALLOC: Final[int]
+VRAM_EVENT_FREE_REQUESTED: Final[int]
+VRAM_EVENT_FREE_COMPLETED: Final[int]
+VRAM_EVENT_SEGMENT_ALLOC: Final[int]
+VRAM_EVENT_SEGMENT_FREE: Final[int]
+VRAM_EVENT_SEGMENT_MAP: Final[int]
+VRAM_EVENT_SEGMENT_UNMAP: Final[int]
+VRAM_EVENT_OOM: Final[int]
+VRAM_EVENT_EMPTY_CACHE: Final[int]
+VRAM_EVENT_SNAPSHOT: Final[int]
+VRAM_EVENT_ANNOTATE: Final[int]
+VRAM_SNAPSHOT_INACTIVE: Final[int]
+VRAM_SNAPSHOT_ACTIVE_ALLOCATED: Final[int]
+VRAM_SNAPSHOT_ACTIVE_PENDING_FREE: Final[int]
+
+def history_start(device: int, max_entries: int, stacks: bool, /) -> None: ...
+def history_stop(device: int, /) -> None: ...
+# (the recorded vram_event_t records, oldest first; how many were overwritten)
+def history_read(device: int, /) -> tuple[bytes, int]: ...
+def history_annotate(device: int, context: int, /) -> None: ...
+# (vram_snapshot_segment_t records, vram_snapshot_block_t records)
+def snapshot(device: int, /) -> tuple[bytes, bytes]: ...
+# {stack id: ((filename, line, qualified name), ...) innermost first}
+def stack_frames(ids: Iterable[int], /) -> dict[int, tuple[tuple[str, int, str], ...]]: ...
+def stack_count() -> int: ...
