@@ -1,5 +1,5 @@
 # cmake/install.cmake - what `cmake --install` puts on a system for C users: the shared
-# and static library, include/vramkit.h, the vramkit command, a CMake package
+# and static library, include/vramkit.h and vramkit_record.h, the vramkit command, a CMake package
 # (find_package(vramkit) gives the imported targets vramkit::vramkit and
 # vramkit::vramkit_static, with a version file) and a pkg-config file (vramkit.pc).
 # Included at the end of the top-level CMakeLists.txt, after the targets exist.
@@ -35,7 +35,9 @@ install(TARGETS vramkit vramkit_static EXPORT vramkitTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-install(FILES ${PROJECT_SOURCE_DIR}/include/vramkit.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+# vramkit_record.h: the layout of the published per-process record, for other readers.
+install(FILES ${PROJECT_SOURCE_DIR}/include/vramkit.h ${PROJECT_SOURCE_DIR}/include/vramkit_record.h
+  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 # The vramkit command (replay, bench) goes on the PATH beside the library it is built on.
 if(VRAMKIT_BUILD_TOOLS)
   install(TARGETS vramkit_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
