@@ -1175,9 +1175,11 @@ static PyObject *core_snapshot(PyObject *module, PyObject *args) {
   core_state *st = get_state(module);
   vram_pool_t *pool = get_pool(st, device);
   if (pool == NULL) return NULL;
-  size_t n_segments = 0, n_blocks = 0;
-  int rc = vram_snapshot(pool, NULL, 0, &n_segments, NULL, 0, &n_blocks);
-  if (rc != VRAM_OK) return raise_status(st, rc, device, pool);
+  /* Each vram_snapshot call is a snapshot event in the history: start from the sizes the
+   * last snapshot needed, so that one call is usually enough. */
+  static size_t last_segments = 64, last_blocks = 1024;
+  size_t n_segments = last_segments, n_blocks = last_blocks;
+  int rc;
   for (;;) {
     /* The pool may change between the two calls (other threads): room for some growth. */
     size_t seg_cap = n_segments + n_segments / 4 + 8, block_cap = n_blocks + n_blocks / 4 + 16;
@@ -1201,6 +1203,8 @@ static PyObject *core_snapshot(PyObject *module, PyObject *args) {
       return raise_status(st, rc, device, pool);
     }
     if (n_segments <= seg_cap && n_blocks <= block_cap) {
+      last_segments = n_segments;
+      last_blocks = n_blocks;
       if (_PyBytes_Resize(&segs, (Py_ssize_t)(n_segments * sizeof(vram_snapshot_segment_t))) < 0) {
         Py_DECREF(blocks);
         return NULL;

@@ -326,8 +326,15 @@ def snapshot(device=None) -> dict:
         if rec is not None:
             max_entries = max(max_entries, rec.max_entries if rec.enabled == "all" else 0)
             overflowed = overflowed or dropped > 0
-        # A segment's frames are those of the allocation that made the pool take it.
-        seg_context = {e[1]: e[5] for e in events if e[7] == _SEGMENT_ALLOC}
+        # A segment's frames are those of the allocation that made the pool take it: the
+        # engine records the segment just before that allocation.
+        seg_context, pending = {}, None
+        for e in events:
+            if e[7] == _SEGMENT_ALLOC:
+                pending = e[1]
+            elif e[7] == _ALLOC and pending is not None:
+                seg_context[pending] = e[5]
+                pending = None
         for s in segs:
             segments.append(_segment(s, blocks, frames_of, frames_of.get(
                 seg_context.get(s[0], 0), [])))
@@ -336,8 +343,12 @@ def snapshot(device=None) -> dict:
         entries = traces[d]
         for e in events:
             entry = _trace_entry(e, frames_of)
-            if entry is not None:
-                entries.append(entry)
+            if entry is None:
+                continue
+            if entry["action"] == "snapshot" and entries and \
+                    entries[-1]["action"] == "snapshot":
+                continue  # one snapshot() that had to ask the engine twice
+            entries.append(entry)
     return {
         "segments": segments,
         "device_traces": traces,
