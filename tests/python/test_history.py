@@ -71,8 +71,8 @@ def check_format(snap: dict) -> None:
         assert seg["active_size"] == sum(b["size"] for b in seg["blocks"]
                                          if b["state"] != "inactive")
     assert isinstance(snap["device_traces"], list)
-    last = 0
     for entries in snap["device_traces"]:
+        last = 0  # time runs forward in each device's list
         for e in entries:
             assert ENTRY_KEYS <= set(e)
             assert ("device_free" in e) == (e["action"] == "oom")
