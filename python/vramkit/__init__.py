@@ -54,9 +54,13 @@ __all__ = [
     "LeakDetector", "LeakReport", "MemoryLeakWarning", "dump_snapshot", "history_mark",
     "leak_check", "leaks", "memory_history", "record_memory_history", "save_trace",
     "snapshot",
+    # Training-loop logging (logger.py).
+    "MemoryLogger", "tqdm_postfix",
 ]
 
-_INTEGRATIONS = ("torch", "cupy", "numba")
+# vramkit.prometheus imports prometheus_client only when its server starts, but loads
+# lazily like the framework integrations so that `import vramkit` never pays for it.
+_INTEGRATIONS = ("torch", "cupy", "numba", "prometheus")
 
 # Memory history and leaks live in submodules loaded on first use, so that `import vramkit`
 # stays as light as it was for programs that never record.
@@ -65,6 +69,7 @@ _LAZY = {
     "record_memory_history": "history", "save_trace": "history", "snapshot": "history",
     "LeakDetector": "leaks", "LeakReport": "leaks", "MemoryLeakWarning": "leaks",
     "history_mark": "leaks", "leak_check": "leaks", "leaks": "leaks",
+    "MemoryLogger": "logger", "tqdm_postfix": "logger",
 }
 
 

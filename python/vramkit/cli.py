@@ -126,6 +126,13 @@ def _plot(args: list[str]) -> int:
     return plot_main(args)
 
 
+@command("export", "serve Prometheus metrics of every GPU and vramkit process here")
+def _export(args: list[str]) -> int:
+    from .export import main as export_main
+
+    return export_main(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``vramkit ARGS`` (the process's arguments when argv is None); returns the exit
     status, unless a C subcommand replaces the process."""

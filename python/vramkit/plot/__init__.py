@@ -1,9 +1,10 @@
 """Pictures of memory over time: ``vramkit plot FILE -o out.html|out.png``, and
 :func:`plot` for the same from Python.
 
-FILE is a vramkit trace (the format ``vramkit replay`` reads) or a snapshot pickle in the
-format of ``torch.cuda.memory._snapshot()`` (which ``vramkit.dump_snapshot`` also writes);
-the kind is told from the content. The HTML page is one self-contained file: the timeline
+FILE is a vramkit trace (the format ``vramkit replay`` reads), a snapshot pickle in the
+format of ``torch.cuda.memory._snapshot()`` (which ``vramkit.dump_snapshot`` also writes) or
+a training-loop log of ``vramkit.MemoryLogger`` (JSON lines or CSV, read by _log); the kind
+is told from the content. The HTML page is one self-contained file: the timeline
 (each allocation a band, reserved above, out-of-memory points), the segments view and what
 could not be drawn. Reserved memory of a trace comes from replaying it on a fresh sim pool
 in a child process (see _replay). The modules: _read (files), _history (the common model),
@@ -30,6 +31,10 @@ def load(path: str, device: int | None = None):
             raise PlotInputError(f"{path}: a trace holds one device; --device {device} "
                                  f"does not apply")
         return _history.from_trace(path, ops, unmatched).finish()
+    if kind == "log":
+        from . import _log
+
+        return _log.from_log(path, *_log.parse_log(path, raw))
     return _history.from_snapshot(path, _read.load_snapshot_object(path, raw, kind), device)
 
 

@@ -8,8 +8,9 @@ import sys
 
 USAGE = """usage: vramkit plot FILE -o OUT.html|OUT.png [--device N] [--no-replay]
 
-Draw the memory history in FILE: a vramkit trace (as vramkit replay reads) or a snapshot
-pickle (torch.cuda.memory._dump_snapshot() or vramkit.dump_snapshot()), told apart by content.
+Draw the memory history in FILE: a vramkit trace (as vramkit replay reads), a snapshot
+pickle (torch.cuda.memory._dump_snapshot() or vramkit.dump_snapshot()) or a training-loop log
+(vramkit.MemoryLogger's .jsonl or .csv), told apart by content.
 OUT.html is one self-contained page that opens offline: the timeline (each allocation a band,
 hover for size, call site and lifetime; reserved memory above; out-of-memory points in red)
 and the segments view. OUT.png draws the timeline with matplotlib (pip install 'vramkit[plot]').

@@ -79,7 +79,8 @@ def page_data(history, lay) -> dict:
              "count": lay.small_count, "bytes": lay.small_max}
     peak_reserved = max(v for _, v in history.reserved) if history.reserved else None
     return {
-        "kind": "vramkit trace" if history.kind == "trace" else "memory snapshot",
+        "kind": {"trace": "vramkit trace", "log": "memory log"}.get(history.kind,
+                                                                    "memory snapshot"),
         "device": history.device, "timeUnit": history.time_unit,
         "span": round(history.end_time), "width": lay.width, "height": HEIGHT, "unit": unit,
         "peak": history.peak_allocated, "peakReserved": peak_reserved,

@@ -54,9 +54,13 @@ def read_bytes(path: str) -> bytes:
 
 
 def kind_of(path: str, raw: bytes) -> str:
-    """"trace", "pickle" or "json", from the first bytes."""
+    """"trace", "pickle", "json" or "log" (a MemoryLogger log), from the first bytes."""
+    from ._log import is_log
+
     if raw.startswith(TRACE_MAGIC):
         return "trace"
+    if is_log(raw):
+        return "log"
     if raw[:1] == b"\x80":
         return "pickle"
     if raw.lstrip()[:1] == b"{":

@@ -1,0 +1,149 @@
+"""Reading a training-loop memory log (vramkit.MemoryLogger's JSON lines or CSV) as a History,
+so that `vramkit plot memory.jsonl -o memory.html` draws it like a trace.
+
+A log has no blocks, only what was allocated and reserved at each record. Each record becomes
+one band of its allocated bytes, lasting until the next record (hover names its step), the
+reserved series is the records' reserved bytes, and a rise of num_ooms between two records is
+an out-of-memory point. A log cut short by a crash (its last line incomplete) is drawn up to
+that line, with a note; any other unreadable line is an error naming it.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import re
+
+from ._history import Block, History
+from ._read import PlotInputError
+
+# The first line of a JSON lines log as MemoryLogger writes it (time first) or a hand-made
+# one (step first); a snapshot in JSON starts with other keys.
+_JSON_HEAD = re.compile(rb'^\s*\{\s*"(?:time|step)"\s*:')
+_REQUIRED = ("time", "step", "allocated", "reserved")
+
+
+def is_log(raw: bytes) -> bool:
+    """Whether the content is a memory log, from its first line."""
+    first = raw[:4096].split(b"\n", 1)[0]
+    if _JSON_HEAD.match(first):
+        return b'"allocated"' in first and b'"reserved"' in first
+    columns = first.strip().decode("ascii", "replace").split(",")
+    return columns[:2] == ["time", "step"] and "allocated" in columns and "reserved" in columns
+
+
+def _number(path, where, name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            (isinstance(value, float) and not math.isfinite(value)):
+        raise PlotInputError(f"{path}:{where}: '{name}' is not a number: {value!r:.40}")
+    return value
+
+
+def parse_log(path: str, raw: bytes) -> tuple[list[dict], list[str]]:
+    """The records of a log (each with at least time, step, allocated, reserved) and notes."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise PlotInputError(f"{path}: not a text log: byte {error.start} is not UTF-8") \
+            from None
+    notes = []
+    records = []
+    if text.lstrip().startswith("{"):
+        lines = text.split("\n")
+        last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError as error:
+                if number - 1 == last and records:
+                    notes.append(f"the last line ({number}) is incomplete (the run stopped "
+                                 f"while writing it): drawn up to line {number - 1}")
+                    break
+                raise PlotInputError(f"{path}:{number}: not a JSON record: {error}") from None
+            if not isinstance(record, dict):
+                raise PlotInputError(f"{path}:{number}: a {type(record).__name__}, not a "
+                                     f"record (a JSON object)")
+            records.append((number, record))
+    else:
+        reader = csv.DictReader(io.StringIO(text))
+        for number, row in enumerate(reader, 2):
+            record = {}
+            for name, value in row.items():
+                if name is None or value is None or value == "":
+                    continue
+                try:
+                    record[name] = int(value)
+                except ValueError:
+                    try:
+                        record[name] = float(value)
+                    except ValueError:
+                        record[name] = value
+            records.append((number, record))
+    out = []
+    for number, record in records:
+        missing = [name for name in _REQUIRED if name not in record]
+        if missing:
+            raise PlotInputError(f"{path}:{number}: the record lacks {', '.join(missing)} "
+                                 f"(a MemoryLogger record has time, step, allocated, reserved)")
+        for name in _REQUIRED:
+            _number(path, number, name, record[name])
+        if record["allocated"] < 0 or record["reserved"] < 0:
+            raise PlotInputError(f"{path}:{number}: negative memory figures")
+        out.append(record)
+    return out, notes
+
+
+def from_log(path: str, records: list[dict], notes: list[str]) -> History:
+    """A History of a memory log (see the module's notes)."""
+    h = History(path, "log")
+    h.notes.extend(notes)
+    if not records:
+        h.reserved_note = "the log holds no records"
+        h.segments_note = "a memory log records no segments"
+        return h.finish()
+    devices = {r.get("device") for r in records}
+    h.device = devices.pop() if len(devices) == 1 else None
+    if h.device is None and records[0].get("device") is not None:
+        h.notes.append("the log mixes records of several devices: they are drawn as one")
+    t0 = records[0]["time"]
+    times = []
+    backwards = 0
+    previous = 0.0
+    for r in records:
+        t = (r["time"] - t0) * 1e6   # seconds in the log; the page's axis is in µs
+        if t < previous:
+            backwards += 1
+            t = previous             # a clock set back: keep the order of the records
+        previous = t
+        times.append(t)
+    if backwards:
+        h.notes.append(f"{backwards} records have a time before the one above them (the "
+                       f"clock was set back): drawn at the earlier record's time")
+    blocks = []
+    ooms = records[0].get("num_ooms") if isinstance(records[0].get("num_ooms"), int) else None
+    for i, (r, t) in enumerate(zip(records, times)):
+        block = Block(int(r["allocated"]), t, 0, f"step {r['step']}")
+        if i + 1 < len(records):
+            block.end = times[i + 1]
+        blocks.append(block)
+        h.events.append((t, block, True))
+        if block.end is not None:
+            h.events.append((block.end, block, False))
+        count = r.get("num_ooms")
+        if isinstance(count, int) and ooms is not None and count > ooms:
+            h.ooms.append((t, f"out of memory: {count - ooms} failed allocation(s) by step "
+                              f"{r['step']} ({count} in all)"))
+        if isinstance(count, int):
+            ooms = count
+    # Events sorted by time with frees before allocations at the same instant, so that
+    # one record's band ends where the next begins rather than doubling up.
+    h.events.sort(key=lambda e: (e[0], e[2]))
+    h.blocks = blocks
+    h.reserved = [(t, int(r["reserved"])) for r, t in zip(records, times)]
+    h.segments_note = "a memory log records no segments: this view needs a snapshot"
+    h.last_time = times[-1]
+    return h.finish()
