@@ -1,0 +1,310 @@
+"""Tests of vramkit.records, the reader of the records vramkit processes publish.
+
+Records are written here by Python in the layout of include/vramkit_record.h (struct module,
+offsets written out independently of the reader's), for live child processes, exited ones
+and reused pids; and, where the engine publishes, by a real child allocating on sim. Every
+test points VRAMKIT_PUBLISH_DIR at its tmp_path: nothing is left in /dev/shm.
+"""
+
+import json
+import mmap
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import SIM_ENV, MiB
+from vramkit import records
+from vramkit.records import read_record, read_records
+
+MAGIC = 0x314345524D525655
+RECORD_SIZE = 3432
+DEVICE_SIZE = 176
+DEVICES_AT = 616
+COUNTERS = ("allocated_bytes", "reserved_bytes", "active_bytes", "cached_free_bytes",
+            "largest_free_block", "peak_allocated_bytes", "peak_reserved_bytes", "num_ooms",
+            "num_alloc_retries", "limit_bytes", "capacity_bytes", "updated_ns")
+
+
+def ticks_of(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_bytes()
+    return int(stat[stat.rindex(b")") + 2:].split()[19])
+
+
+def record_bytes(pid, uid=None, ticks=None, name=b"trainer", cmdline=b"", devices=(),
+                 magic=MAGIC, version=1, size=RECORD_SIZE, n_devices=None) -> bytearray:
+    """A vram_process_record, field by field at the header's offsets."""
+    data = bytearray(RECORD_SIZE)
+    struct.pack_into("<QII", data, 0, magic, version, size)
+    struct.pack_into("<iIQ", data, 16, pid, os.getuid() if uid is None else uid,
+                     ticks_of(pid) if ticks is None else ticks)
+    data[32:32 + len(name)] = name
+    data[96:96 + len(cmdline)] = cmdline
+    struct.pack_into("<I", data, 608, len(devices) if n_devices is None else n_devices)
+    for slot, device in enumerate(devices):
+        at = DEVICES_AT + slot * DEVICE_SIZE
+        struct.pack_into("<Qii", data, at, device.get("seq", 2), device.get("device", slot),
+                         device.get("in_use", 1))
+        source, uuid = device.get("source", b"sim"), device.get("uuid", b"")
+        data[at + 16:at + 16 + len(source)] = source
+        data[at + 32:at + 32 + len(uuid)] = uuid
+        struct.pack_into("<12Q", data, at + 80, *(device.get(key, 0) for key in COUNTERS))
+    return data
+
+
+def write_record(folder: Path, pid: int, **fields) -> Path:
+    path = folder / f"{pid}.rec"
+    path.write_bytes(record_bytes(pid, **fields))
+    path.chmod(0o600)
+    return path
+
+
+@pytest.fixture
+def sleeper():
+    """A live child process to publish records for; killed at the end."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    yield child
+    child.kill()
+    child.wait()
+
+
+def test_a_live_process_record_is_read_field_by_field(tmp_path, sleeper):
+    device = {"source": b"cuda", "uuid": b"GPU-11111111-2222-3333-4444-555555555555",
+              **{key: (i + 1) * MiB for i, key in enumerate(COUNTERS)}}
+    device.update(cached_free_bytes=8 * MiB, largest_free_block=2 * MiB, num_ooms=3)
+    write_record(tmp_path, sleeper.pid, devices=[device, {"device": 1, "allocated_bytes": 5}],
+                 cmdline=b"python train.py")
+    problems = []
+    (process,) = read_records(tmp_path, problems)
+    assert problems == []
+    assert (process.pid, process.uid, process.name, process.cmdline, process.start_ticks) == (
+        sleeper.pid, os.getuid(), "trainer", "python train.py", ticks_of(sleeper.pid))
+    first, second = process.devices
+    assert (first.device, first.source, first.uuid) == (
+        0, "cuda", "GPU-11111111-2222-3333-4444-555555555555")
+    for key in COUNTERS:
+        assert getattr(first, key) == device[key], key
+    assert first.fragmentation == pytest.approx(0.75) and not first.busy
+    assert (second.device, second.allocated_bytes, second.fragmentation) == (1, 5, 0.0)
+
+
+def test_unused_slots_and_n_devices(tmp_path, sleeper):
+    # A slot not in use is no device; slots past n_devices are not read at all.
+    write_record(tmp_path, sleeper.pid, n_devices=3, devices=[
+        {"allocated_bytes": 1}, {"in_use": 0, "allocated_bytes": 2}, {"allocated_bytes": 3},
+        {"allocated_bytes": 4}])
+    (process,) = read_records(tmp_path)
+    assert [(d.device, d.allocated_bytes) for d in process.devices] == [(0, 1), (2, 3)]
+
+
+def test_default_folder_is_the_publish_variable(tmp_path, sleeper, monkeypatch):
+    monkeypatch.setenv("VRAMKIT_PUBLISH_DIR", str(tmp_path))
+    write_record(tmp_path, sleeper.pid, devices=[{}])
+    assert records.default_directory() == tmp_path
+    assert [p.pid for p in read_records()] == [sleeper.pid]
+    monkeypatch.delenv("VRAMKIT_PUBLISH_DIR")
+    assert records.default_directory() == Path(f"/dev/shm/vramkit-{os.getuid()}")
+
+
+def test_missing_folder_is_no_process(tmp_path):
+    problems = []
+    assert read_records(tmp_path / "none", problems) == [] and problems == []
+
+
+def test_an_exited_process_is_skipped_and_its_file_removed(tmp_path):
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    ticks = ticks_of(child.pid)
+    child.wait()
+    kept = write_record(tmp_path, child.pid, ticks=ticks, devices=[{}])
+    problems = []
+    assert read_records(tmp_path, problems, clean=False) == [] and kept.exists()
+    assert read_records(tmp_path, problems) == []
+    assert not kept.exists() and problems == []
+
+
+def test_a_reused_pid_is_an_exited_process(tmp_path, sleeper):
+    stale = write_record(tmp_path, sleeper.pid, ticks=ticks_of(sleeper.pid) - 1, devices=[{}])
+    assert read_records(tmp_path) == [] and not stale.exists()
+
+
+def reasons(folder) -> str:
+    problems = []
+    assert read_records(folder, problems) == []
+    return "\n".join(problems)
+
+
+def test_bad_files_are_skipped_with_a_reason_and_kept(tmp_path, sleeper):
+    pid = sleeper.pid
+    folder = tmp_path / "publish"
+    folder.mkdir()
+    (folder / "1.rec").write_bytes(b"not a record")
+    (folder / "2.rec").write_bytes(b"\x7fELF" + bytes(4000))
+    (folder / "3.rec").write_bytes(record_bytes(pid, version=2))
+    (folder / "4.rec").write_bytes(record_bytes(pid, size=4000))
+    (folder / "5.rec").write_bytes(record_bytes(pid)[:1000])
+    (folder / "6.rec").write_bytes(bytes(RECORD_SIZE))  # created, header not written yet
+    (folder / "7.rec").write_bytes(record_bytes(pid))  # pid is not the file's name
+    (folder / "8.rec").symlink_to(write_record(tmp_path, pid))
+    (folder / "9.rec").mkdir()
+    (folder / "README").write_text("not a .rec: not looked at")
+    text = reasons(folder)
+    for number, reason in [(1, "too short for a record (12 bytes"),
+                           (2, "not a vramkit record (magic 0x"),
+                           (3, "record version 2; this reader knows version 1"),
+                           (4, "record of 4000 bytes in a file of 3432"),
+                           (5, "record of 3432 bytes in a file of 1000"),
+                           (6, "not initialised yet"),
+                           (7, f"the record's pid {pid} is not its file's name"),
+                           (8, "a symbolic link"),
+                           (9, "not a regular file")]:
+        assert f"{folder / f'{number}.rec'}: {reason}" in text, (number, text)
+    assert "README" not in text
+    assert len(list(folder.iterdir())) == 10  # nothing removed: none was ours and dead
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to make a file of another user")
+def test_another_user_s_record_is_not_read(tmp_path, sleeper):
+    other = write_record(tmp_path, sleeper.pid, devices=[{}])
+    os.chown(other, 12345, 12345)
+    assert f"{other}: owned by uid 12345, not by this user" in reasons(tmp_path)
+    assert other.exists()
+    os.chown(other, os.getuid(), os.getgid())
+    write_record(tmp_path, sleeper.pid, uid=12345, devices=[{}])
+    assert "the record claims uid 12345 in a file of uid" in reasons(tmp_path)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to make a folder of another user")
+def test_a_default_folder_of_another_user_is_not_trusted(tmp_path, monkeypatch, sleeper):
+    folder = tmp_path / "publish"
+    folder.mkdir()
+    write_record(folder, sleeper.pid, devices=[{}])
+    os.chown(folder, 12345, 12345)
+    monkeypatch.setenv("VRAMKIT_PUBLISH_DIR", str(folder))
+    problems = []
+    assert read_records(problems=problems) == []
+    assert problems == [f"{folder}: owned by uid 12345, not by this user; its records are not read"]
+
+
+def test_a_device_held_mid_update_is_busy_not_waited_for(tmp_path, sleeper):
+    # A writer stopped between its two increments leaves seq odd for good.
+    write_record(tmp_path, sleeper.pid, devices=[{"seq": 7, "allocated_bytes": 99,
+                                                  "source": b"sim:vmm"},
+                                                 {"allocated_bytes": 5}])
+    start = time.monotonic()
+    (process,) = read_records(tmp_path)
+    assert time.monotonic() - start < 1.0
+    busy, fine = process.devices
+    assert (busy.busy, busy.device, busy.source, busy.allocated_bytes) == (True, 0, "sim:vmm", 0)
+    assert (fine.busy, fine.allocated_bytes) == (False, 5)
+
+
+WRITER = """
+    import mmap, os, struct, sys
+    # The engine's protocol in Python: seq odd, fields, seq even; the fields always satisfy
+    # reserved = 2 * allocated and peak = allocated + 1, so a torn copy breaks the relation.
+    fd = os.open(sys.argv[1], os.O_RDWR)
+    view = mmap.mmap(fd, 3432)
+    at = 616
+    n = 0
+    sys.stdout.write("ready\\n"); sys.stdout.flush()
+    while True:
+        n += 1
+        seq = struct.unpack_from("<Q", view, at)[0]
+        struct.pack_into("<Q", view, at, seq + 1)
+        struct.pack_into("<Q", view, at + 80, n)
+        struct.pack_into("<Q", view, at + 88, 2 * n)
+        struct.pack_into("<Q", view, at + 120, n + 1)
+        struct.pack_into("<Q", view, at, seq + 2)
+"""
+
+
+def test_a_record_changing_under_the_reader_is_never_torn(tmp_path):
+    path = tmp_path / "placeholder"
+    path.write_bytes(record_bytes(os.getpid(), devices=[{"peak_allocated_bytes": 1}]))
+    writer = subprocess.Popen([sys.executable, "-c", textwrap.dedent(WRITER), str(path)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline() == "ready\n"
+        # Made the writer's own record: its pid and start time (the header is not its to write).
+        with open(path, "r+b") as header:
+            header.seek(16)
+            header.write(struct.pack("<iIQ", writer.pid, os.getuid(), ticks_of(writer.pid)))
+        record = tmp_path / f"{writer.pid}.rec"
+        path.rename(record)  # the writer's mapping follows the file
+        seen, busy = set(), 0
+        for _ in range(2000):
+            (device,) = read_record(record).devices
+            if device.busy:
+                busy += 1
+                continue
+            assert device.reserved_bytes == 2 * device.allocated_bytes
+            assert device.peak_allocated_bytes == device.allocated_bytes + 1
+            seen.add(device.allocated_bytes)
+        assert len(seen) > 10 and busy < 2000  # it did change while read, and was read
+    finally:
+        writer.kill()
+        writer.wait()
+
+
+CHILD = """
+    import json, sys, vramkit
+    kept = [vramkit.empty(size) for size in (3 << 20, 5 << 20, 1 << 20, 700 << 10)]
+    del kept[1]  # cached free memory in the pool
+    stats = vramkit.memory_stats()
+    print(json.dumps(stats), flush=True)
+    sys.stdin.readline()
+"""
+
+
+def start_vramkit_child(publish_dir: Path, env: dict | None = None):
+    """A child allocating through vramkit on sim and waiting on its stdin; returns it and the
+    memory_stats() it printed."""
+    full_env = dict(os.environ, **SIM_ENV, VRAMKIT_PUBLISH_DIR=str(publish_dir), **(env or {}))
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(CHILD)], env=full_env,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    line = child.stdout.readline()
+    if not line:
+        child.wait()
+        pytest.fail("the vramkit child failed before printing its statistics")
+    return child, json.loads(line)
+
+
+def engine_publishes() -> bool:
+    include = Path(__file__).resolve().parents[2] / "include" / "vramkit_record.h"
+    return include.exists()
+
+
+def test_a_real_record_equals_memory_stats(tmp_path):
+    if not engine_publishes():
+        pytest.skip("the engine does not publish records in this tree")
+    child, stats = start_vramkit_child(tmp_path)
+    try:
+        problems = []
+        found = read_records(tmp_path, problems)
+        if not found and not problems:
+            pytest.skip("this build of libvramkit does not publish records yet")
+        assert problems == []
+        (process,) = found
+        assert process.pid == child.pid and process.uid == os.getuid()
+        assert process.name == Path(f"/proc/{child.pid}/comm").read_text().strip()
+        assert process.cmdline == ""  # only with VRAMKIT_PUBLISH=cmdline
+        (device,) = process.devices
+        assert (device.device, device.uuid) == (0, "")
+        assert device.source.startswith("sim")
+        assert device.allocated_bytes == stats["allocated_bytes.all.current"]
+        assert device.reserved_bytes == stats["reserved_bytes.all.current"]
+        assert device.peak_allocated_bytes == stats["allocated_bytes.all.peak"]
+        assert device.peak_reserved_bytes == stats["reserved_bytes.all.peak"]
+        assert device.num_ooms == stats["num_ooms"]
+        assert device.cached_free_bytes == device.reserved_bytes - device.allocated_bytes > 0
+        assert 0 < device.largest_free_block <= device.cached_free_bytes
+        assert oct((tmp_path / f"{child.pid}.rec").stat().st_mode & 0o777) == "0o600"
+    finally:
+        child.communicate("\n", timeout=60)
+    # Removed at exit.
+    assert not (tmp_path / f"{child.pid}.rec").exists()
