@@ -109,9 +109,12 @@ def test_snapshot_format_and_frames_point_at_this_file():
     package = os.path.dirname(vramkit.__file__)
     assert not any(f["filename"].startswith(package) for b in blocks.values()
                    for f in b["frames"])
-    # The totals are the pool's own.
-    assert sum(s["total_size"] for s in snap["segments"]) == vramkit.memory_reserved()
-    assert sum(s["allocated_size"] for s in snap["segments"]) == vramkit.memory_allocated()
+    # The totals are the pool's own (other tests in this process may use other devices).
+    mine = [s for s in snap["segments"] if s["device"] == 0]
+    assert sum(s["total_size"] for s in mine) == vramkit.memory_reserved(0)
+    assert sum(s["allocated_size"] for s in mine) == vramkit.memory_allocated(0)
+    assert [(s["address"], s["total_size"]) for s in vramkit.snapshot(0)["segments"]] == \
+        [(s["address"], s["total_size"]) for s in mine]
     entries = snap["device_traces"][0]
     mine = [e for e in entries if e.get("addr") == small.ptr and e["action"] == "alloc"]
     assert mine and mine[-1]["frames"][0]["line"] == line and mine[-1]["size"] == b["size"]
