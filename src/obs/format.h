@@ -6,8 +6,29 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "vramkit.h"
+
+/* Another process holding memory on the pool's GPU (the OOM report's neighbours): from
+ * NVML on a real device, from the published records (obs/publish.h) for vramkit processes
+ * and on sim. */
+#define VRAM_OOM_MAX_NEIGHBOURS 8
+#define VRAM_NEIGHBOUR_UNKNOWN UINT64_MAX /* NVML gave no figure (or no NVML) */
+typedef struct vram_neighbour {
+  int pid;
+  char name[64];
+  uint64_t used_bytes;       /* NVML's used memory of the process, or VRAM_NEIGHBOUR_UNKNOWN */
+  bool is_vramkit;           /* it publishes a record: the figures below are its own */
+  uint64_t reserved_bytes, allocated_bytes, cached_free_bytes;
+} vram_neighbour;
+
+typedef struct vram_neighbours {
+  int count;                 /* entries in `list` */
+  int total;                 /* all the processes found, listed or not */
+  vram_neighbour list[VRAM_OOM_MAX_NEIGHBOURS];
+  char note[192];            /* why NVML's view is missing, or "" */
+} vram_neighbours;
 
 /* One pool at one moment. */
 typedef struct vram_pool_snapshot {
@@ -19,6 +40,7 @@ typedef struct vram_pool_snapshot {
   size_t cached_free;       /* bytes reserved but not in use */
   size_t device_total;      /* the device's capacity */
   size_t device_free;       /* free on the device, as the source says (OOM report only) */
+  const vram_neighbours *neighbours; /* OOM report only, NULL elsewhere or when none asked */
 } vram_pool_snapshot;
 
 /* A request the pool refused. */

@@ -3,7 +3,8 @@
  * The table of vram_summary follows torch.cuda.memory_summary(): one row per statistic
  * with current, peak and total. Rows come from VRAM_STAT_LIST and VRAM_COUNTER_LIST, so a
  * statistic added there appears in the struct, the table and the JSON at once. Nothing
- * here knows the pool: each formatter reads the snapshot it is given (format.h). */
+ * here knows the pool: each formatter reads the snapshot it is given (format.h), the OOM
+ * report's neighbours (other processes on the GPU) included. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdint.h>
@@ -114,6 +115,38 @@ static void stream_name(char *buf, size_t cap, vram_stream_t stream) {
   else snprintf(buf, cap, "the default stream");
 }
 
+/* The other processes on the GPU, one clause each: NVML's used memory, and for vramkit
+ * processes the cached free memory they could give back (their own empty_cache). */
+static void format_neighbours(text_out *o, const vram_neighbours *nb) {
+  if (!nb) return;
+  if (!nb->count && !nb->note[0]) return;
+  if (!nb->count) {
+    out_printf(o, "  Other processes on this GPU: unknown (NVML: %s); no other vramkit process "
+                  "publishes a record for it.\n", nb->note);
+    return;
+  }
+  out_printf(o, "  Other processes on this GPU:");
+  for (int i = 0; i < nb->count; i++) {
+    const vram_neighbour *n = &nb->list[i];
+    char used[32], res[32], cfr[32];
+    out_printf(o, "%s pid %d%s%s%s", i ? ";" : "", n->pid, n->name[0] ? " (" : "", n->name,
+               n->name[0] ? ")" : "");
+    if (n->used_bytes != VRAM_NEIGHBOUR_UNKNOWN) {
+      human_size(used, sizeof used, (int64_t)n->used_bytes);
+      out_printf(o, " %s", used);
+    }
+    if (n->is_vramkit) {
+      human_size(res, sizeof res, (int64_t)n->reserved_bytes);
+      human_size(cfr, sizeof cfr, (int64_t)n->cached_free_bytes);
+      out_printf(o, ", vramkit: reserved %s, %s cached free%s", res, cfr,
+                 n->cached_free_bytes ? " it could give back (empty_cache)" : "");
+    }
+  }
+  if (nb->total > nb->count) out_printf(o, "; and %d more", nb->total - nb->count);
+  out_printf(o, ".\n");
+  if (nb->note[0]) out_printf(o, "  (NVML: %s; only vramkit processes are listed.)\n", nb->note);
+}
+
 int _vram_format_oom_report(const vram_pool_snapshot *snap, const vram_oom_request *req, char *buf,
                             size_t cap) {
   text_out o = {buf, cap, 0};
@@ -150,6 +183,7 @@ int _vram_format_oom_report(const vram_pool_snapshot *snap, const vram_oom_reque
              "  reserved by vramkit %s, allocated %s, cached free %s, largest free block %s, "
              "fragmentation %.1f%%.\n",
              tot, fre, lim, res, alc, cfr, lfb, 100.0 * s->fragmentation);
+  format_neighbours(&o, snap->neighbours);
   if (req->max_request) {
     out_printf(&o, "  No memory setting can serve a request this large: check how its size was "
                    "computed (a negative number converted to an unsigned size, or a shape "

@@ -23,6 +23,7 @@
 #include "pool/block.h"
 #include "pool/pending.h"
 #include "pool/pool.h"
+#include "pool/published.h"
 #include "pool/segment.h"
 #include "pool/snapshot.h"
 
@@ -157,12 +158,17 @@ VRAM_HOT int alloc_attempt(vram_pool_t *pool, vram_arena *a, size_t rounded, siz
     vram_block *own = NULL;
     /* If no segment can be had (limit, device full, a failing driver call), carving is the
      * way left; the grow may have given b's segment back on its way, so look again. */
-    if (_vram_segment_grow(pool, a, rounded, small, &own) == VRAM_OK) b = own;
-    else b = _vram_tlsf_find(index, rounded);
+    if (_vram_segment_grow(pool, a, rounded, small, &own) == VRAM_OK) {
+      b = own;
+      _vram_pool_publish_slow(pool);
+    } else {
+      b = _vram_tlsf_find(index, rounded);
+    }
   }
   if (!b) {
     int rc = _vram_segment_grow(pool, a, rounded, small, &b);
     if (rc) return rc;
+    _vram_pool_publish_slow(pool); /* a segment change: the slow fields too */
   }
   return _vram_block_take(pool, b, rounded, requested, out);
 }
@@ -173,6 +179,11 @@ static __attribute__((noinline, cold)) void note_oom(vram_pool_t *pool, size_t r
   pool->stats.num_ooms++;
   vram_pool_snapshot snap;
   _vram_pool_snapshot(pool, true, &snap);
+  /* Who else holds the GPU: read from records and NVML, nothing of this pool's. */
+  vram_neighbours neighbours;
+  _vram_pool_neighbours(pool, &neighbours);
+  snap.neighbours = &neighbours;
+  _vram_pool_publish_slow(pool);
   vram_oom_request req = {.size = requested, .stream = stream, .max_request = max_request};
   _vram_format_oom_report(&snap, &req, pool->oom_report, sizeof pool->oom_report);
 }
@@ -202,6 +213,7 @@ VRAM_HOT int malloc_locked(vram_pool_t *pool, void *arg) {
     _vram_pending_drain(pool, true);
     _vram_release_cached(pool, SIZE_MAX, NULL);
     rc = alloc_attempt(pool, a, rounded, requested, &c->block);
+    _vram_pool_publish_slow(pool);
   }
   if (rc == VRAM_OK) {
     vram_block *b = c->block;
@@ -209,6 +221,7 @@ VRAM_HOT int malloc_locked(vram_pool_t *pool, void *arg) {
     vram_stat_up(&pool->stats.requested_bytes, (int64_t)requested);
     vram_stat_up(&pool->stats.allocation, 1);
     if (pool->pending_blocks) _vram_active_peaks_note(pool);
+    _vram_pool_publish_hot(pool);
   } else if (rc == VRAM_ENOMEM) {
     note_oom(pool, requested, c->stream, 0);
   }
@@ -248,6 +261,7 @@ static __attribute__((noinline)) void release_over_threshold(vram_pool_t *pool) 
                                     : pool->idle_bytes;
   if (cached > pool->opts.release_threshold)
     _vram_release_cached(pool, cached - pool->opts.release_threshold, NULL);
+  _vram_pool_publish_slow(pool);
 }
 
 VRAM_HOT int free_locked(vram_pool_t *pool, void *ptr) {
@@ -264,6 +278,7 @@ VRAM_HOT int free_locked(vram_pool_t *pool, void *ptr) {
   vram_stat_down(&pool->stats.allocated_bytes, (int64_t)(size));
   vram_stat_down(&pool->stats.requested_bytes, (int64_t)(requested));
   vram_stat_down(&pool->stats.allocation, 1);
+  _vram_pool_publish_hot(pool);
   if (pool->opts.release_threshold != SIZE_MAX) release_over_threshold(pool);
   return VRAM_OK;
 }
@@ -363,6 +378,7 @@ static int empty_cache_locked(vram_pool_t *pool, void *arg) {
   int first_error = VRAM_OK;
   _vram_pending_drain(pool, true);
   _vram_release_cached(pool, SIZE_MAX, &first_error);
+  _vram_pool_publish_slow(pool);
   return first_error;
 }
 
@@ -387,6 +403,7 @@ static int set_limit_locked(vram_pool_t *pool, void *arg) {
   /* Above the new limit, cached memory goes back now rather than at the next miss. */
   if (limit && (size_t)pool->stats.reserved_bytes.current > limit)
     _vram_release_cached(pool, (size_t)pool->stats.reserved_bytes.current - limit, NULL);
+  _vram_pool_publish_slow(pool);
   return VRAM_OK;
 }
 
@@ -456,6 +473,7 @@ static int reset_peak_locked(vram_pool_t *pool, void *arg) {
 #undef VRAM_X_RESET
   pool->active_bytes_peak = pool->active_peak = 0;
   _vram_active_peaks_note(pool);
+  _vram_pool_publish_slow(pool);
   return VRAM_OK;
 }
 
@@ -517,6 +535,7 @@ int vram_set_error_callback(vram_pool_t *pool, vram_error_fn fn, void *user) {
  * ------------------------------------------------------------------------------------- */
 
 static void pool_free_everything(vram_pool_t *pool) {
+  _vram_pool_publish_close(pool);
   _vram_pending_destroy(pool);
   _vram_segments_destroy(pool);
   _vram_blocks_destroy(pool);
@@ -603,6 +622,7 @@ int vram_pool_create(vram_pool_t **out, const vram_options_t *opts) {
     pool_free_everything(pool);
     return rc;
   }
+  _vram_pool_publish_open(pool); /* never fails: publishing turns itself off instead */
   *out = pool;
   return VRAM_OK;
 }

@@ -178,6 +178,9 @@ struct vram_pool {
   bool unified_index;      /* preallocate mode: small requests share the large index */
   size_t max_request;      /* larger requests can never be served (VRAM_ENOMEM at once) */
   unsigned pending_tick;   /* allocations since pending frees were last looked at */
+  /* This pool's slot of the process's published record (pool/published.h), NULL when it
+   * publishes nothing: malloc and free store their counters there. */
+  struct vram_device_record *published;
   vram_arena *last_arena;  /* one-entry cache for the common single-stream case */
   vram_ptrmap ptrs;
   size_t pending_count;

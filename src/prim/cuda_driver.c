@@ -116,6 +116,7 @@ static void load_once(void) {
   VRAM_NEED(cuEventSynchronize, "cuEventSynchronize");
   VRAM_NEED(cuEventDestroy, "cuEventDestroy_v2");
 
+  VRAM_WANT(cuDeviceGetUuid, "cuDeviceGetUuid_v2", "cuDeviceGetUuid");
   VRAM_WANT(cuDeviceCanAccessPeer, "cuDeviceCanAccessPeer");
   VRAM_WANT(cuMemAddressReserve, "cuMemAddressReserve");
   VRAM_WANT(cuMemAddressFree, "cuMemAddressFree");
@@ -351,4 +352,27 @@ int _vram_cuda_event_synchronize(void *state, void *event) {
   st = _vram_cuda_status(d->api->cuEventSynchronize((CUevent)event), "cuEventSynchronize");
   _vram_cuda_leave(d, &sc);
   return st;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * The device's UUID, formatted as NVML prints it so that the two can be matched.
+ * ------------------------------------------------------------------------------------- */
+int _vram_cuda_device_uuid(int ordinal, char *buf, size_t cap) {
+  if (cap) buf[0] = 0;
+  const vram_cuda_api *api;
+  int rc = _vram_cuda_load(&api, NULL);
+  if (rc) return rc;
+  if (!api->cuDeviceGetUuid) return VRAM_EUNSUPPORTED;
+  CUdevice dev;
+  rc = _vram_cuda_status(api->cuDeviceGet(&dev, ordinal), "cuDeviceGet");
+  if (rc) return rc;
+  CUuuid id;
+  rc = _vram_cuda_status(api->cuDeviceGetUuid(&id, dev), "cuDeviceGetUuid");
+  if (rc) return rc;
+  const unsigned char *b = (const unsigned char *)id.bytes;
+  snprintf(buf, cap,
+           "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
+           b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14],
+           b[15]);
+  return VRAM_OK;
 }

@@ -58,6 +58,10 @@ typedef unsigned long long CUmemGenericAllocationHandle;
 #define CU_MEM_ALLOC_GRANULARITY_MINIMUM 0x0
 #define CU_MEM_ALLOC_GRANULARITY_RECOMMENDED 0x1
 
+typedef struct CUuuid {
+  char bytes[16];
+} CUuuid;
+
 /* The driver's enums are C enums (int-sized); plain ints keep the layout and let us spell
  * the values above without declaring whole enum types. */
 typedef struct CUmemLocation {
@@ -111,6 +115,9 @@ typedef struct vram_cuda_api {
   CUresult (*cuEventQuery)(CUevent event);
   CUresult (*cuEventSynchronize)(CUevent event);
   CUresult (*cuEventDestroy)(CUevent event); /* _v2 */
+
+  /* Optional: the device's UUID (the _v2 form where exported; same signature). */
+  CUresult (*cuDeviceGetUuid)(CUuuid *uuid, CUdevice dev);
 
   /* Optional: peer access. */
   CUresult (*cuDeviceCanAccessPeer)(int *can, CUdevice dev, CUdevice peer);
@@ -183,6 +190,10 @@ typedef struct vram_cuda_device {
 /* Load the driver, check the ordinal (VRAM_EDEVICE if out of range) and retain the primary
  * context. On failure nothing is held. */
 int _vram_cuda_device_open(vram_cuda_device *d, int ordinal);
+/* The UUID of device `ordinal` as NVML and nvidia-smi print it, "GPU-" and 8-4-4-4-12
+ * lowercase hex digits (41 characters and a NUL). "" in buf and VRAM_EUNSUPPORTED when the
+ * driver lacks cuDeviceGetUuid; another status when the driver or the device fails. */
+int _vram_cuda_device_uuid(int ordinal, char *buf, size_t cap);
 /* Release the primary context retained by _vram_cuda_device_open. */
 void _vram_cuda_device_close(vram_cuda_device *d);
 /* One integer attribute of the device (CU_DEVICE_ATTRIBUTE_*). */

@@ -1,0 +1,78 @@
+/* publish.h - the process's shared-memory record (vramkit_record.h): opening it, a device
+ * slot per pool, the seqlock stores of the hot path, and reading the records of other
+ * processes for the OOM report's neighbours.
+ *
+ * One record per process, opened at the first pool that claims a slot; each device slot
+ * belongs to the first pool of that device (later pools of the same device publish nothing,
+ * since two writers on one slot would break the sequence protocol). Every failure turns
+ * publishing off for the process with one line on stderr: an allocation never fails for it.
+ */
+#ifndef VRAM_OBS_PUBLISH_H
+#define VRAM_OBS_PUBLISH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "vramkit_record.h"
+
+/* The slow-path fields of a slot, as the pool knows them at a segment change, an OOM,
+ * empty_cache or set_limit. */
+typedef struct vram_publish_slow {
+  uint64_t allocated, reserved, active, peak_allocated, peak_reserved;
+  uint64_t largest_free, num_ooms, num_alloc_retries, limit, capacity;
+} vram_publish_slow;
+
+/* The slot of `device` in this process's record, claimed for one pool, or NULL when
+ * publishing is off, the device is past VRAM_RECORD_MAX_DEVICES, or another pool holds it.
+ * `uuid` may be "" (sim). Thread-safe. */
+vram_device_record *_vram_publish_claim(int device, const char *source, const char *uuid);
+/* Give a claimed slot back (pool destroy): its figures are zeroed and in_use cleared. */
+void _vram_publish_release(vram_device_record *slot);
+/* Every field of a slot at once (slow path), with updated_ns. */
+void _vram_publish_store_slow(vram_device_record *slot, const vram_publish_slow *v);
+
+/* The hot path, under the pool's lock (one writer per slot): seq odd, plain stores, seq
+ * even. The fences are compiler barriers on x86-64 and store barriers on aarch64; no
+ * syscall, no branch. */
+static inline void _vram_publish_store_hot(vram_device_record *d, uint64_t allocated,
+                                           uint64_t reserved, uint64_t active,
+                                           uint64_t peak_allocated, uint64_t peak_reserved) {
+  uint64_t seq = __atomic_load_n(&d->seq, __ATOMIC_RELAXED);
+  __atomic_store_n(&d->seq, seq + 1, __ATOMIC_RELAXED);
+  __atomic_thread_fence(__ATOMIC_RELEASE);
+  d->allocated_bytes = allocated;
+  d->reserved_bytes = reserved;
+  d->active_bytes = active;
+  d->cached_free_bytes = reserved - active;
+  d->peak_allocated_bytes = peak_allocated;
+  d->peak_reserved_bytes = peak_reserved;
+  __atomic_store_n(&d->seq, seq + 2, __ATOMIC_RELEASE);
+}
+
+/* A consistent copy of a slot another process (or this one) writes: retries while seq is
+ * odd or moves. 0 on success, -1 when no stable copy came after many tries (a writer killed
+ * mid-update leaves seq odd for good). */
+int _vram_record_read_device(const vram_device_record *src, vram_device_record *out);
+
+/* The publish directory: $VRAMKIT_PUBLISH_DIR, else /dev/shm/vramkit-<uid>. */
+void _vram_publish_dir(char *buf, size_t cap);
+
+/* One record of another live process of this user, for the neighbours. */
+typedef struct vram_record_peer {
+  int pid;
+  char name[VRAM_RECORD_NAME_MAX];
+  vram_device_record device; /* the slot that matched, copied consistently */
+} vram_record_peer;
+
+/* The live records in the publish directory (not this process's) with an in-use slot on
+ * the same GPU: same `uuid` when it is not "", else (sim) the same device ordinal and a
+ * "sim" source. Dead processes' records, foreign, corrupt or torn ones are skipped; dead
+ * ones of this user are deleted. Returns how many were written to `out` (at most max). */
+int _vram_publish_peers(const char *uuid, int device, vram_record_peer *out, int max);
+
+/* Delete the records of dead processes of this user in the publish directory. Returns how
+ * many were removed. */
+int _vram_publish_sweep(void);
+
+#endif /* VRAM_OBS_PUBLISH_H */

@@ -1,0 +1,106 @@
+/* published.c - the pool's glue to its published record slot and the OOM report's
+ * neighbours (published.h). */
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "pool/published.h"
+#include "pool/snapshot.h"
+#include "prim/cuda_driver.h"
+#include "prim/nvml.h"
+
+/* The sim sources have no GPU: no UUID, no NVML. */
+static bool pool_on_sim(const vram_pool_t *pool) {
+  return strncmp(pool->src->zName, "sim", 3) == 0;
+}
+
+void _vram_pool_publish_slow(vram_pool_t *pool) {
+  vram_device_record *d = pool->published;
+  if (!d) return;
+  const vram_stats_t *s = &pool->stats;
+  size_t cached = _vram_pool_cached_free(pool), largest = _vram_pool_largest_free(pool);
+  vram_publish_slow v = {
+      .allocated = (uint64_t)s->allocated_bytes.current,
+      .reserved = (uint64_t)s->reserved_bytes.current,
+      .active = (uint64_t)s->allocated_bytes.current + pool->pending_bytes,
+      .peak_allocated = (uint64_t)s->allocated_bytes.peak,
+      .peak_reserved = (uint64_t)s->reserved_bytes.peak,
+      .largest_free = largest < cached ? largest : cached,
+      .num_ooms = s->num_ooms,
+      .num_alloc_retries = s->num_alloc_retries,
+      .limit = pool->limit,
+      .capacity = pool->device_total};
+  _vram_publish_store_slow(d, &v);
+}
+
+void _vram_pool_publish_open(vram_pool_t *pool) {
+  char uuid[48] = "";
+  if (!pool_on_sim(pool)) _vram_cuda_device_uuid(pool->opts.device, uuid, sizeof uuid);
+  pool->published = _vram_publish_claim(pool->opts.device, pool->src->zName, uuid);
+  _vram_pool_publish_slow(pool);
+}
+
+void _vram_pool_publish_close(vram_pool_t *pool) {
+  _vram_publish_release(pool->published);
+  pool->published = NULL;
+}
+
+static void from_peer(vram_neighbour *n, const vram_record_peer *p) {
+  n->is_vramkit = true;
+  n->reserved_bytes = p->device.reserved_bytes;
+  n->allocated_bytes = p->device.allocated_bytes;
+  n->cached_free_bytes = p->device.cached_free_bytes;
+  if (!n->name[0]) snprintf(n->name, sizeof n->name, "%s", p->name);
+}
+
+/* Adds a neighbour if there is room; counts it either way. */
+static vram_neighbour *add(vram_neighbours *out, int pid) {
+  out->total++;
+  if (out->count == VRAM_OOM_MAX_NEIGHBOURS) return NULL;
+  vram_neighbour *n = &out->list[out->count++];
+  memset(n, 0, sizeof *n);
+  n->pid = pid;
+  n->used_bytes = VRAM_NEIGHBOUR_UNKNOWN;
+  return n;
+}
+
+#define MAX_PEERS 32
+#define MAX_NVML 64
+
+void _vram_pool_neighbours(const vram_pool_t *pool, vram_neighbours *out) {
+  memset(out, 0, sizeof *out);
+  char uuid[48] = "";
+  bool sim = pool_on_sim(pool);
+  if (pool->published) snprintf(uuid, sizeof uuid, "%s", pool->published->uuid);
+  else if (!sim) _vram_cuda_device_uuid(pool->opts.device, uuid, sizeof uuid);
+  vram_record_peer peers[MAX_PEERS];
+  int n_peers = _vram_publish_peers(uuid, pool->opts.device, peers, MAX_PEERS);
+  bool used_peer[MAX_PEERS] = {false};
+  int self = (int)getpid();
+  if (!sim) {
+    static _Thread_local vram_nvml_process procs[MAX_NVML];
+    vram_nvml_gpu gpu;
+    const char *why = "";
+    int n = _vram_nvml_processes(uuid, procs, MAX_NVML, &gpu, &why);
+    if (n < 0) snprintf(out->note, sizeof out->note, "%s", why);
+    for (int i = 0; i < n; i++) {
+      if ((int)procs[i].pid == self) continue;
+      vram_neighbour *nb = add(out, (int)procs[i].pid);
+      if (!nb) continue;
+      nb->used_bytes = procs[i].used_bytes == VRAM_NVML_NOT_AVAILABLE ? VRAM_NEIGHBOUR_UNKNOWN
+                                                                       : procs[i].used_bytes;
+      snprintf(nb->name, sizeof nb->name, "%s", procs[i].name);
+      for (int j = 0; j < n_peers; j++)
+        if (peers[j].pid == nb->pid) {
+          from_peer(nb, &peers[j]);
+          used_peer[j] = true;
+        }
+    }
+  }
+  /* vramkit processes NVML did not list: no NVML, sim, or another pid namespace. */
+  for (int j = 0; j < n_peers; j++) {
+    if (used_peer[j]) continue;
+    vram_neighbour *nb = add(out, peers[j].pid);
+    if (nb) from_peer(nb, &peers[j]);
+  }
+}

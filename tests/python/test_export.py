@@ -1,0 +1,400 @@
+"""`vramkit export` and vramkit.prometheus: the text is valid for Prometheus (parsed with
+prometheus_client's own parser), its values are those of the fake NVML and of the records
+vramkit processes publish, the labels are dcgm-exporter's, command lines never appear, the
+server listens where it says (127.0.0.1 unless --address), a port in use is a clear exit 1,
+and the Grafana dashboard queries only metrics the exporter serves.
+
+The records come from two places: hand-made files in the published layout (records.py's
+structs), so every field has a known value, and a real vramkit child on sim, whose record
+must agree with its own memory_stats(). Every test points VRAMKIT_PUBLISH_DIR at its tmp_path.
+"""
+
+import json
+import os
+import pathlib
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from helpers import SIM_ENV
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+FAKE_NVML_SOURCE = ROOT / "tests" / "python" / "fake_nvml.c"
+DASHBOARD = ROOT / "docs" / "grafana" / "vramkit.json"
+FAKE_GPU0 = {"uuid": "GPU-11111111-2222-3333-4444-555555555555", "name": "Fake H200"}
+SECRET = "hf_SECRET_TOKEN_do_not_serve"
+
+records = pytest.importorskip("vramkit.records")
+
+
+# ---- helpers ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def fake_nvml(tmp_path_factory):
+    """The fake NVML built as a shared library (the one the NVML wrapper's tests use)."""
+    compiler = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if compiler is None or not FAKE_NVML_SOURCE.exists():
+        pytest.skip("no C compiler or no tests/python/fake_nvml.c to build the fake NVML")
+    out = tmp_path_factory.mktemp("nvml") / "libfake_nvml.so"
+    subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-o", str(out), str(FAKE_NVML_SOURCE)],
+                   check=True, capture_output=True)
+    return str(out)
+
+
+def _env(publish_dir, nvml_library=None, **extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VRAMKIT_", "FAKE_NVML"))}
+    env.update(SIM_ENV)
+    env["VRAMKIT_PUBLISH_DIR"] = str(publish_dir)
+    # No fake given: a library that does not exist, so a GPU of the test machine never leaks
+    # into the figures.
+    env["VRAMKIT_NVML_LIBRARY"] = nvml_library or str(publish_dir / "no-such-libnvidia-ml.so")
+    env.update(extra)
+    return env
+
+
+def export(env, *args, check=True):
+    proc = subprocess.run([sys.executable, "-m", "vramkit", "export", *args], env=env,
+                          capture_output=True, text=True, timeout=60)
+    if check and proc.returncode != 0:
+        pytest.fail(f"vramkit export exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}",
+                    pytrace=False)
+    return proc
+
+
+_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def samples(text):
+    """[(name, labels, value)] of the sample lines, by a small parser of our own (the
+    validity test uses prometheus_client's, which may be absent)."""
+    out = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        assert m, f"not a sample line: {line!r}"
+        labels = dict(_LABEL.findall(m.group(2) or ""))
+        out.append((m.group(1), labels, float(m.group(3))))
+    return out
+
+
+def one(text, name, **labels):
+    found = [v for n, lab, v in samples(text) if n == name
+             and all(lab.get(k) == str(v) for k, v in labels.items())]
+    assert len(found) == 1, f"{name} {labels}: {len(found)} samples in\n{text}"
+    return found[0]
+
+
+def write_record(folder, pid, name, devices, cmdline=""):
+    """A record file as an engine writes it, for a live pid; devices: dicts of fields."""
+    header = records.HEADER.pack(records.RECORD_MAGIC, records.RECORD_VERSION,
+                                 records.RECORD_SIZE, pid, os.getuid(),
+                                 records.start_ticks(pid), name.encode(), cmdline.encode(),
+                                 len(devices), 0)
+    body = bytearray(records.RECORD_SIZE)
+    body[:len(header)] = header
+    for index, dev in enumerate(devices):
+        counters = [dev.get(field, 0) for field in records._COUNTERS]
+        packed = records.DEVICE.pack(0, dev["device"], 1, dev["source"].encode(),
+                                     dev.get("uuid", "").encode(), *counters)
+        start = records.DEVICES_OFFSET + index * records.DEVICE_RECORD_SIZE
+        body[start:start + len(packed)] = packed
+    path = pathlib.Path(folder) / f"{pid}.rec"
+    path.write_bytes(bytes(body))
+    path.chmod(0o600)
+    return path
+
+
+@pytest.fixture
+def sleeper():
+    """A live process whose pid a hand-made record can carry."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    yield proc.pid
+    proc.kill()
+    proc.wait()
+
+
+GPU_DEVICE = {"device": 0, "source": "cuda", "uuid": FAKE_GPU0["uuid"],
+              "allocated_bytes": 3 << 30, "reserved_bytes": 4 << 30, "active_bytes": 3 << 30,
+              "cached_free_bytes": 1 << 30, "largest_free_block": 768 << 20,
+              "peak_allocated_bytes": 5 << 30, "peak_reserved_bytes": 6 << 30, "num_ooms": 2,
+              "num_alloc_retries": 7, "limit_bytes": 0, "capacity_bytes": 140 << 30,
+              "updated_ns": 1}
+SIM_DEVICE = {"device": 1, "source": "sim", "allocated_bytes": 1 << 20,
+              "reserved_bytes": 2 << 20, "cached_free_bytes": 1 << 20,
+              "largest_free_block": 1 << 20, "capacity_bytes": 4 << 30}
+
+
+# ---- --once: values, labels, secrets ---------------------------------------------------
+
+def test_once_serves_the_records_and_nvml_with_dcgm_labels(tmp_path, fake_nvml, sleeper):
+    write_record(tmp_path, sleeper, "trainer", [GPU_DEVICE, SIM_DEVICE],
+                 cmdline=f"python train.py --token {SECRET}")
+    env = _env(tmp_path, fake_nvml, FAKE_NVML_PROCESSES=f"0:{sleeper}:{5 << 30}")
+    text = export(env, "--once").stdout
+    host = socket.gethostname()
+    gpu0 = {"gpu": 0, "UUID": FAKE_GPU0["uuid"], "modelName": FAKE_GPU0["name"],
+            "hostname": host}
+    pool = dict(gpu0, pid=sleeper, process="trainer", source="cuda")
+    # The pool's figures, each from its record field.
+    for metric, field in (("vramkit_allocated_bytes", "allocated_bytes"),
+                          ("vramkit_reserved_bytes", "reserved_bytes"),
+                          ("vramkit_active_bytes", "active_bytes"),
+                          ("vramkit_cached_free_bytes", "cached_free_bytes"),
+                          ("vramkit_largest_free_block_bytes", "largest_free_block"),
+                          ("vramkit_peak_allocated_bytes", "peak_allocated_bytes"),
+                          ("vramkit_peak_reserved_bytes", "peak_reserved_bytes"),
+                          ("vramkit_capacity_bytes", "capacity_bytes"),
+                          ("vramkit_ooms_total", "num_ooms"),
+                          ("vramkit_alloc_retries_total", "num_alloc_retries")):
+        assert one(text, metric, **pool) == GPU_DEVICE[field], metric
+    assert one(text, "vramkit_fragmentation_ratio", **pool) == pytest.approx(0.25)
+    # A sim pool has no GPU to join: its own ordinal, no UUID.
+    sim = one(text, "vramkit_reserved_bytes", gpu=1, pid=sleeper, source="sim", UUID="")
+    assert sim == SIM_DEVICE["reserved_bytes"]
+    # NVML's view, equal to what the NVML wrapper reads from the same fake.
+    from vramkit._nvml import Nvml
+
+    os.environ["FAKE_NVML_PROCESSES"] = env["FAKE_NVML_PROCESSES"]
+    try:
+        gpus = Nvml(fake_nvml).devices()
+    finally:
+        del os.environ["FAKE_NVML_PROCESSES"]
+    for gpu in gpus:
+        labels = {"gpu": gpu.index, "UUID": gpu.uuid, "modelName": gpu.name}
+        assert one(text, "vramkit_gpu_memory_total_bytes", **labels) == gpu.total
+        assert one(text, "vramkit_gpu_memory_used_bytes", **labels) == gpu.used
+        assert one(text, "vramkit_gpu_memory_free_bytes", **labels) == gpu.free
+        for proc in gpu.processes:
+            if proc.used_bytes is not None:
+                assert one(text, "vramkit_process_gpu_used_bytes", pid=proc.pid,
+                           **labels) == proc.used_bytes
+    assert one(text, "vramkit_process_gpu_used_bytes", pid=sleeper, **gpu0) == 5 << 30
+    assert one(text, "vramkit_gpu_utilization_ratio", gpu=0) == pytest.approx(0.37)
+    # A process whose usage the driver does not give has no sample, not a 0.
+    assert not [s for s in samples(text) if s[1].get("pid") == "4343"]
+    assert one(text, "vramkit_nvml_up") == 1
+    assert one(text, "vramkit_processes") == 1
+    # The command line is in the record, never in the output.
+    assert SECRET not in text and "train.py" not in text
+
+
+def test_once_is_valid_prometheus_text(tmp_path, fake_nvml, sleeper):
+    parser = pytest.importorskip("prometheus_client.parser")
+    write_record(tmp_path, sleeper, 'we"ird\\name', [GPU_DEVICE])
+    text = export(_env(tmp_path, fake_nvml), "--once").stdout
+    families = {f.name: f for f in parser.text_string_to_metric_families(text)}
+    # Counters are named without _total by the parser, their samples with it.
+    assert families["vramkit_ooms"].type == "counter"
+    assert [s.name for s in families["vramkit_ooms"].samples] == ["vramkit_ooms_total"]
+    assert families["vramkit_allocated_bytes"].type == "gauge"
+    assert families["vramkit_allocated_bytes"].documentation
+    sample = families["vramkit_allocated_bytes"].samples[0]
+    assert sample.labels["process"] == 'we"ird\\name'      # escaped, and read back whole
+    assert set(sample.labels) == {"gpu", "UUID", "modelName", "hostname", "pid", "process",
+                                  "source"}
+    assert sample.value == GPU_DEVICE["allocated_bytes"]
+    for line in text.splitlines():
+        if line.startswith("# TYPE"):
+            name = line.split()[2]
+            assert name.startswith("vramkit_")
+            assert name.endswith(("_bytes", "_total", "_ratio", "_seconds", "_up",
+                                  "_processes")), name
+
+
+def test_values_equal_a_live_vramkit_child(tmp_path, fake_nvml):
+    child = subprocess.Popen(
+        [sys.executable, "-c", """if True:
+            import json, sys, vramkit
+            keep = [vramkit.empty(n << 20) for n in (3, 5, 8)]
+            gone = vramkit.empty(64 << 20); gone.free()
+            print(json.dumps(vramkit.memory_stats()), flush=True)
+            sys.stdin.read()
+        """, SECRET], env=_env(tmp_path, fake_nvml, VRAMKIT_PUBLISH="cmdline"),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        stats = json.loads(child.stdout.readline())
+        deadline = time.monotonic() + 10
+        while not list(tmp_path.glob("*.rec")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not list(tmp_path.glob("*.rec")):
+            pytest.skip("this engine build publishes no records (VRAMKIT_PUBLISH_DIR stays "
+                        "empty)")
+        text = export(_env(tmp_path, fake_nvml), "--once").stdout
+        labels = {"pid": child.pid, "gpu": 0, "source": "sim"}
+        assert one(text, "vramkit_allocated_bytes", **labels) == \
+            stats["allocated_bytes.all.current"]
+        assert one(text, "vramkit_reserved_bytes", **labels) == \
+            stats["reserved_bytes.all.current"]
+        assert one(text, "vramkit_peak_allocated_bytes", **labels) == \
+            stats["allocated_bytes.all.peak"]
+        assert one(text, "vramkit_ooms_total", **labels) == stats["num_ooms"]
+        (record,) = records.read_records(tmp_path)
+        assert SECRET in record.cmdline           # published, as the child opted in ...
+        assert SECRET not in text                 # ... and still not served
+        assert one(text, "vramkit_allocated_bytes", **labels) == \
+            record.devices[0].allocated_bytes
+    finally:
+        child.communicate("", timeout=30)
+
+
+def test_nvml_missing_and_bad_records_are_notes_not_failures(tmp_path, sleeper):
+    (tmp_path / "999999.rec").write_bytes(b"not a record at all" * 10)
+    (tmp_path / "12.rec").write_bytes(b"")
+    write_record(tmp_path, sleeper, "trainer", [GPU_DEVICE])
+    proc = export(_env(tmp_path), "--once")          # NVML: a library that does not exist
+    text = proc.stdout
+    assert one(text, "vramkit_nvml_up") == 0
+    assert re.search(r"^# vramkit: no GPU figures: .*cannot be opened", text, re.M), text
+    assert "record skipped" in text
+    # The good record is served without a GPU to join: its own ordinal and UUID.
+    assert one(text, "vramkit_allocated_bytes", pid=sleeper, gpu=0,
+               UUID=GPU_DEVICE["uuid"]) == GPU_DEVICE["allocated_bytes"]
+    assert not [s for s in samples(text) if s[0].startswith("vramkit_gpu_")]
+
+
+def test_nvml_init_failure(tmp_path, fake_nvml):
+    text = export(_env(tmp_path, fake_nvml, FAKE_NVML_INIT_FAIL="1"), "--once").stdout
+    assert one(text, "vramkit_nvml_up") == 0
+    assert "Driver Not Loaded" in text
+
+
+# ---- the server --------------------------------------------------------------------------
+
+def _start(env, *args):
+    proc = subprocess.Popen([sys.executable, "-m", "vramkit", "export", *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stderr.readline()
+    m = re.search(r"http://(\S+):(\d+)/metrics", line)
+    if m is None:
+        proc.kill()
+        pytest.fail(f"no start line: {line!r} {proc.communicate()}", pytrace=False)
+    return proc, line, m.group(1), int(m.group(2))
+
+
+def test_server_answers_get_metrics_on_127_0_0_1_by_default(tmp_path, fake_nvml, sleeper):
+    write_record(tmp_path, sleeper, "trainer", [GPU_DEVICE], cmdline=SECRET)
+    proc, line, host, port = _start(_env(tmp_path, fake_nvml), "--port", "0")
+    try:
+        assert host == "127.0.0.1"
+        assert "listening on 127.0.0.1" in line and "this machine only" in line
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+            assert reply.status == 200
+            assert reply.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+            text = reply.read().decode()
+        assert one(text, "vramkit_allocated_bytes", pid=sleeper) == \
+            GPU_DEVICE["allocated_bytes"]
+        assert SECRET not in text
+        with pytest.raises(urllib.error.HTTPError) as missing:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/secrets", timeout=10)
+        assert missing.value.code == 404
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=10)
+
+
+def test_address_is_honoured(tmp_path):
+    # Any 127/8 address is this machine's loopback on Linux: one that is not 127.0.0.1
+    # shows the server bound where asked, and not on the default.
+    proc, line, host, port = _start(_env(tmp_path), "--address", "127.0.0.2", "--port", "0")
+    try:
+        assert host == "127.0.0.2" and "listening on 127.0.0.2" in line
+        with urllib.request.urlopen(f"http://127.0.0.2:{port}/metrics", timeout=10) as reply:
+            assert b"vramkit_nvml_up" in reply.read()
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=10)
+
+
+def test_port_in_use_is_exit_1_with_a_message(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = export(_env(tmp_path), "--port", str(port), check=False)
+    assert proc.returncode == 1
+    assert f"port {port} on 127.0.0.1 is already in use" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--port", "http"], "--port: expected a port number"),
+    (["--port"], "--port needs a value"),
+    (["--port", "70000"], "--port: expected a port number"),
+    (["--verbose"], "unexpected argument '--verbose'"),
+])
+def test_bad_arguments_exit_3(tmp_path, args, words):
+    proc = export(_env(tmp_path), *args, check=False)
+    assert proc.returncode == 3 and words in proc.stderr
+
+
+def test_help_and_listing():
+    from vramkit import cli
+
+    assert "export" in cli.COMMANDS
+    proc = subprocess.run([sys.executable, "-m", "vramkit", "export", "--help"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "--address" in proc.stdout and "127.0.0.1" in proc.stdout
+
+
+# ---- in process, and the dashboard -------------------------------------------------------
+
+def test_in_process_server_exposes_this_process(tmp_path, run):
+    pytest.importorskip("prometheus_client")
+    out = run("""
+        import json, urllib.request, vramkit, vramkit.prometheus
+        from prometheus_client.parser import text_string_to_metric_families
+        keep = vramkit.empty(24 << 20)
+        server, thread = vramkit.prometheus.start_http_server(0)
+        host, port = server.server_address[:2]
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+        got = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name.startswith("vramkit_"):
+                    got[sample.name] = (sample.value, sample.labels)
+        print(json.dumps({"host": host, "got": got, "stats": vramkit.memory_stats()}))
+    """, env={"VRAMKIT_PUBLISH_DIR": str(tmp_path)}).stdout
+    result = json.loads(out)
+    assert result["host"] == "127.0.0.1"
+    got, stats = result["got"], result["stats"]
+    assert got["vramkit_allocated_bytes"][0] == stats["allocated_bytes.all.current"]
+    assert got["vramkit_reserved_bytes"][0] == stats["reserved_bytes.all.current"]
+    assert got["vramkit_ooms_total"][0] == stats["num_ooms"]
+    assert got["vramkit_allocated_bytes"][1]["gpu"] == "0"
+    assert got["vramkit_allocated_bytes"][1]["source"] == "sim"
+
+
+def test_grafana_dashboard_queries_only_served_metrics(tmp_path):
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            if isinstance(node.get("expr"), str):
+                exprs.append(node["expr"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(dashboard)
+    assert len(exprs) >= 8
+    queried = {name for expr in exprs for name in re.findall(r"\bvramkit_[a-z_]+", expr)}
+    text = export(_env(tmp_path), "--once").stdout
+    served = set(re.findall(r"^# TYPE (\S+) ", text, re.M))
+    assert queried and queried <= served, queried - served
+    # The pool families the dashboard is for are all there.
+    assert {"vramkit_allocated_bytes", "vramkit_reserved_bytes", "vramkit_ooms_total",
+            "vramkit_gpu_memory_used_bytes", "vramkit_fragmentation_ratio"} <= queried
