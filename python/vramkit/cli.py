@@ -133,6 +133,13 @@ def _export(args: list[str]) -> int:
     return export_main(args)
 
 
+@command("top", "GPU memory per GPU and per process, live: NVML's view and vramkit's pools")
+def _top(args: list[str]) -> int:
+    from .top import main as top_main
+
+    return top_main(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``vramkit ARGS`` (the process's arguments when argv is None); returns the exit
     status, unless a C subcommand replaces the process."""
