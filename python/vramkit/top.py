@@ -75,7 +75,8 @@ def _gpu_of(device: _records.DeviceRecord, pid: int, uuids: list[str]) -> str | 
     if device.source.startswith("sim"):
         return None
     if device.uuid:
-        return device.uuid if device.uuid in uuids else None
+        # Compared as NVML writes them, whatever case the engine formatted the bytes in.
+        return next((uuid for uuid in uuids if uuid.lower() == device.uuid.lower()), None)
     environ = _environ(pid)
     if environ is None:
         return None
