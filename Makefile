@@ -20,10 +20,11 @@ DEBIAN_PACKAGES := build-essential cmake pkg-config clang libcmocka-dev zlib1g-d
                    python3 python3-dev python3-venv chromium
 # Python packages of the test environment, as distribution:module (the module is what we
 # try to import): the build backend (the package is built without build isolation, from
-# what is installed here), the test runner, numpy for the buffer-protocol tests, and
-# matplotlib for the PNG of `vramkit plot` (the package's optional `plot` extra).
+# what is installed here), the test runner, numpy for the buffer-protocol tests,
+# matplotlib for the PNG of `vramkit plot` (the package's optional `plot` extra), and
+# prometheus_client, whose parser checks `vramkit export`'s text (the `prometheus` extra).
 PYTHON_PACKAGES := scikit-build-core:scikit_build_core pytest:pytest numpy:numpy \
-                   matplotlib:matplotlib
+                   matplotlib:matplotlib prometheus_client:prometheus_client
 
 SHELL := /bin/bash
 PYTHON ?= python3
