@@ -261,6 +261,18 @@ def test_nvml_missing_and_bad_records_are_notes_not_failures(tmp_path, sleeper):
     assert not [s for s in samples(text) if s[0].startswith("vramkit_gpu_")]
 
 
+def test_another_users_record_is_not_served(tmp_path, sleeper):
+    path = write_record(tmp_path, sleeper, "theirs", [GPU_DEVICE], cmdline=SECRET)
+    try:
+        os.chown(path, 54321, -1)
+    except PermissionError:
+        pytest.skip("only root can give a file to another user here")
+    text = export(_env(tmp_path), "--once").stdout
+    assert re.search(r"^# vramkit: record skipped: .*owned by uid 54321", text, re.M), text
+    assert not [s for s in samples(text) if s[1].get("pid") == str(sleeper)]
+    assert one(text, "vramkit_processes") == 0 and SECRET not in text
+
+
 def test_nvml_init_failure(tmp_path, fake_nvml):
     text = export(_env(tmp_path, fake_nvml, FAKE_NVML_INIT_FAIL="1"), "--once").stdout
     assert one(text, "vramkit_nvml_up") == 0
