@@ -57,7 +57,7 @@ static const char random_usage[] =
     "\n" CLI_EXIT_STATUS_HELP;
 
 static const char pair_usage[] =
-    "usage: vramkit bench pair [--source S] [--sizes LIST] [--pairs N] [--json]\n"
+    "usage: vramkit bench pair [--source S] [--sizes LIST] [--pairs N] [--history] [--json]\n"
     "\n"
     "For each size: warm-up pairs (1,000, and 0.2 s at least), then 5 batches of N\n"
     "vram_malloc+vram_free pairs of that size on the default stream; prints the median\n"
@@ -67,6 +67,8 @@ static const char pair_usage[] =
     "  --source S    sim, sim:vmm, cuda, vmm, managed or auto (default auto).\n"
     "  --sizes LIST  comma-separated sizes with K/M/G suffixes (default 512,64K,2M,64M).\n"
     "  --pairs N     pairs per batch (default 200000).\n"
+    "  --history     record memory history (vram_history_start, no contexts) while timing,\n"
+    "                to measure what recording adds to a pair.\n"
     "  --json        one JSON object per size instead of text.\n"
     "\n" CLI_EXIT_STATUS_HELP;
 
@@ -361,12 +363,17 @@ static int bench_pair(int argc, char **argv) {
   size_t sizes[PAIR_MAX_SIZES] = {512, 64 << 10, 2 << 20, 64 << 20};
   int size_count = 4;
   long pairs = 200000;
+  int history = 0;
   for (int i = 1; i < argc; i++) {
     const char *value = NULL;
     int matched;
     if (cli_is_help(argv[i])) {
       fputs(pair_usage, stdout);
       return CLI_EXIT_OK;
+    }
+    if (strcmp(argv[i], "--history") == 0) {
+      history = 1;
+      continue;
     }
     if ((matched = parse_common(argc, argv, &i, &common)) != 0) {
       if (matched < 0) return CLI_EXIT_USAGE;
@@ -383,10 +390,15 @@ static int bench_pair(int argc, char **argv) {
   if (cli_base_options(&options, common.have_source, common.source) != 0) return CLI_EXIT_USAGE;
   vram_pool_t *pool = NULL;
   if (cli_pool_create(&pool, &options) != VRAM_OK) return CLI_EXIT_FAILURE;
+  if (history && vram_history_start(pool, 0, 0) != VRAM_OK) {
+    fprintf(stderr, "vramkit bench pair: vram_history_start failed\n");
+    vram_pool_destroy_force(pool);
+    return CLI_EXIT_FAILURE;
+  }
   vram_source_kind source = vram_pool_source(pool);
   if (!common.json)
-    printf("alloc+free pair on %s, median of %d batches of %ld pairs\n", vram_source_name(source),
-           PAIR_BATCHES, pairs);
+    printf("alloc+free pair on %s%s, median of %d batches of %ld pairs\n", vram_source_name(source),
+           history ? " recording history" : "", PAIR_BATCHES, pairs);
 
   for (int s = 0; s < size_count; s++) {
     size_t size = sizes[s];
@@ -402,8 +414,8 @@ static int bench_pair(int argc, char **argv) {
       printf("{\"bench\": \"pair\", \"source\": ");
       cli_json_string(stdout, vram_source_name(source));
       printf(", \"size\": %zu, \"ns_per_pair\": %.1f, \"min_ns_per_pair\": %.1f, "
-             "\"batches\": %d, \"pairs_per_batch\": %ld}\n",
-             size, median, batches[0], PAIR_BATCHES, pairs);
+             "\"batches\": %d, \"pairs_per_batch\": %ld, \"history\": %s}\n",
+             size, median, batches[0], PAIR_BATCHES, pairs, history ? "true" : "false");
     } else {
       printf("  size %12zu   %8.1f ns per pair   (fastest batch %.1f)\n", size, median,
              batches[0]);

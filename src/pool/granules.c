@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pool/events.h"
 #include "pool/granules.h"
 #include "pool/segment.h"
 
@@ -74,6 +75,8 @@ static void mark_mapped(vram_pool_t *pool, vram_segment *seg, size_t g0, size_t 
   if (g1 > seg->gran_hwm) seg->gran_hwm = g1;
   vram_stat_up(&pool->stats.reserved_bytes, (int64_t)((g1 - g0) * pool->granularity));
   pool->stats.num_device_alloc++;
+  _vram_note(pool, VRAM_EVENT_SEGMENT_MAP, seg->addr + g0 * pool->granularity,
+             (g1 - g0) * pool->granularity, 0, seg->arena->stream, 0);
 }
 
 static void mark_unmapped(vram_pool_t *pool, vram_segment *seg, size_t g0, size_t g1) {
@@ -85,6 +88,8 @@ static void mark_unmapped(vram_pool_t *pool, vram_segment *seg, size_t g0, size_
   seg->idle_granules -= g1 - g0;
   vram_stat_down(&pool->stats.reserved_bytes, (int64_t)((g1 - g0) * pool->granularity));
   pool->stats.num_device_free++;
+  _vram_note(pool, VRAM_EVENT_SEGMENT_UNMAP, seg->addr + g0 * pool->granularity,
+             (g1 - g0) * pool->granularity, 0, seg->arena->stream, 0);
 }
 
 size_t _vram_granules_unmapped_in(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size) {

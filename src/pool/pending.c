@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include "pool/block.h"
+#include "pool/events.h"
 #include "pool/pending.h"
 
 static int event_take(vram_pool_t *pool, void **event) {
@@ -36,6 +37,7 @@ static void pending_finish_block(vram_pool_t *pool, vram_block *b) {
   _vram_ptrmap_remove(&pool->ptrs, b->addr);
   pool->pending_bytes -= b->size;
   pool->pending_blocks--;
+  _vram_note_free_completed(pool, b->addr, b->size, b->requested, b->segment->arena->stream);
   free(b->uses);
   b->uses = NULL;
   _vram_block_make_free(pool, b);

@@ -21,6 +21,8 @@
 #include <stdlib.h>
 
 #include "pool/block.h"
+#include "pool/call.h"
+#include "pool/events.h"
 #include "pool/pending.h"
 #include "pool/pool.h"
 #include "pool/published.h"
@@ -36,40 +38,6 @@
 /* ---------------------------------------------------------------------------------------
  * The way in: one lock, one check, one lookup.
  * ------------------------------------------------------------------------------------- */
-
-/* The error callback as it was when the failing call held the lock, called after unlocking
- * so that it may call back into the pool. */
-typedef struct error_hook {
-  vram_error_fn fn;
-  void *user;
-} error_hook;
-
-#if VRAM_DEBUG >= 3
-#define CHECK_POOL_LOCKED(pool)                                                            \
-  do {                                                                                     \
-    if (!_vram_pool_check_locked(pool)) {                                                  \
-      fprintf(stderr, "vramkit: pool invariant broken at %s:%d\n", __FILE__, __LINE__);    \
-      abort();                                                                             \
-    }                                                                                      \
-  } while (0)
-#else
-#define CHECK_POOL_LOCKED(pool) ((void)0)
-#endif
-
-typedef int (*locked_fn)(vram_pool_t *pool, void *arg);
-
-/* Run fn(pool, arg) under the pool's lock and return what it returns. At VRAM_DEBUG >= 3
- * the whole pool is checked before the lock goes. When fn fails (a negative status) and
- * `hook` is given, the error callback is copied out for the caller to call unlocked.
- * Inlined with a known fn, it costs what the sequence written out would. */
-VRAM_HOT int locked_call(vram_pool_t *pool, locked_fn fn, void *arg, error_hook *hook) {
-  vram_lock_acquire(&pool->lock);
-  int rc = fn(pool, arg);
-  if (rc < 0 && hook) *hook = (error_hook){pool->on_error, pool->on_error_user};
-  CHECK_POOL_LOCKED(pool);
-  vram_lock_release(&pool->lock);
-  return rc;
-}
 
 static void report_error(vram_pool_t *pool, error_hook hook, int status, const char *message) {
   if (hook.fn) hook.fn(hook.user, pool, status, message);
@@ -186,12 +154,14 @@ static __attribute__((noinline, cold)) void note_oom(vram_pool_t *pool, size_t r
   _vram_pool_publish_slow(pool);
   vram_oom_request req = {.size = requested, .stream = stream, .max_request = max_request};
   _vram_format_oom_report(&snap, &req, pool->oom_report, sizeof pool->oom_report);
+  _vram_note(pool, VRAM_EVENT_OOM, snap.device_free, requested, requested, stream, 0);
 }
 
 typedef struct malloc_call {
   size_t size;
   vram_stream_t stream;
   vram_block *block;
+  uint64_t context; /* recording path only */
 } malloc_call;
 
 VRAM_HOT int malloc_locked(vram_pool_t *pool, void *arg) {
@@ -239,11 +209,38 @@ static __attribute__((noinline, cold)) int malloc_failed(vram_pool_t *pool, erro
   return rc;
 }
 
+/* The recording path: the same work, then the event. */
+static int malloc_recorded_locked(vram_pool_t *pool, void *arg) {
+  malloc_call *c = arg;
+  int rc = malloc_locked(pool, c);
+  vram_history *h = pool->history;
+  if (rc == VRAM_OK && h)
+    _vram_note_alloc(pool, h, c->block->addr, c->block->size, c->size, c->stream, c->context);
+  return rc;
+}
+
+/* Out of line, so that vram_malloc with history off pays one branch for it. The context
+ * function runs before the lock is taken: it may be slow and may call into the pool. */
+static __attribute__((noinline)) int malloc_recorded(vram_pool_t *pool, size_t size,
+                                                     vram_stream_t stream, void **out,
+                                                     void *call_site) {
+  unsigned flags = atomic_load_explicit(&pool->history_flags, memory_order_relaxed);
+  malloc_call c = {size, stream, NULL, 0};
+  if (flags & (VRAM_REC_CONTEXTS | VRAM_REC_LEAKS)) c.context = _vram_context_current(flags, call_site);
+  error_hook hook = {NULL, NULL};
+  int rc = locked_call(pool, malloc_recorded_locked, &c, &hook);
+  if (rc) return malloc_failed(pool, hook, size, rc);
+  *out = (void *)c.block->addr;
+  return VRAM_OK;
+}
+
 int vram_malloc(vram_pool_t *pool, size_t size, vram_stream_t stream, void **out) {
   if (!pool || !out) return VRAM_EINVAL;
   *out = NULL;
   if (size == 0) return VRAM_OK;
-  malloc_call c = {size, stream, NULL};
+  if (__builtin_expect(atomic_load_explicit(&pool->history_flags, memory_order_relaxed) != 0, 0))
+    return malloc_recorded(pool, size, stream, out, __builtin_return_address(0));
+  malloc_call c = {size, stream, NULL, 0};
   error_hook hook = {NULL, NULL};
   int rc = locked_call(pool, malloc_locked, &c, &hook);
   if (rc) return malloc_failed(pool, hook, size, rc);
@@ -264,10 +261,9 @@ static __attribute__((noinline)) void release_over_threshold(vram_pool_t *pool) 
   _vram_pool_publish_slow(pool);
 }
 
-VRAM_HOT int free_locked(vram_pool_t *pool, void *ptr) {
-  vram_block *b = NULL;
-  int rc = live_block(pool, ptr, &b);
-  if (rc) return rc;
+/* Free live block b; the release threshold is the caller's to apply. */
+VRAM_HOT int free_block(vram_pool_t *pool, vram_block *b) {
+  int rc;
   size_t size = b->size, requested = b->requested;
   if (b->uses && b->uses->count) {
     rc = _vram_pending_free(pool, b);
@@ -279,6 +275,31 @@ VRAM_HOT int free_locked(vram_pool_t *pool, void *ptr) {
   vram_stat_down(&pool->stats.requested_bytes, (int64_t)(requested));
   vram_stat_down(&pool->stats.allocation, 1);
   _vram_pool_publish_hot(pool);
+  return VRAM_OK;
+}
+
+VRAM_HOT int free_locked(vram_pool_t *pool, void *ptr) {
+  vram_block *b = NULL;
+  int rc = live_block(pool, ptr, &b);
+  if (!rc) rc = free_block(pool, b);
+  if (!rc && pool->opts.release_threshold != SIZE_MAX) release_over_threshold(pool);
+  return rc;
+}
+
+/* The recording path: the block's fields are read before the free may merge it away, and
+ * the free is recorded before the release threshold gives segments back. */
+static int free_recorded_locked(vram_pool_t *pool, void *ptr) {
+  vram_history *h = pool->history;
+  if (!h) return free_locked(pool, ptr);
+  vram_block *b = NULL;
+  int rc = live_block(pool, ptr, &b);
+  if (rc) return rc;
+  uint64_t addr = b->addr, size = b->size, requested = b->requested;
+  vram_stream_t stream = b->segment->arena->stream;
+  bool pending = b->uses && b->uses->count;
+  rc = free_block(pool, b);
+  if (rc) return rc;
+  _vram_note_free(pool, h, addr, size, requested, stream, pending);
   if (pool->opts.release_threshold != SIZE_MAX) release_over_threshold(pool);
   return VRAM_OK;
 }
@@ -287,7 +308,9 @@ int vram_free(vram_pool_t *pool, void *ptr) {
   if (!pool) return VRAM_EINVAL;
   if (!ptr) return VRAM_OK;
   error_hook hook = {NULL, NULL};
-  int rc = locked_call(pool, free_locked, ptr, &hook);
+  bool recorded = atomic_load_explicit(&pool->history_flags, memory_order_relaxed) != 0;
+  int rc = __builtin_expect(recorded, 0) ? locked_call(pool, free_recorded_locked, ptr, &hook)
+                                         : locked_call(pool, free_locked, ptr, &hook);
   if (rc && hook.fn) {
     char msg[128];
     snprintf(msg, sizeof msg, "vram_free(%p): %s", ptr, vram_strerror(rc));
@@ -376,6 +399,7 @@ int vram_for_each_block(vram_pool_t *pool, vram_block_fn fn, void *user) {
 
 static int empty_cache_locked(vram_pool_t *pool, void *arg) {
   int first_error = VRAM_OK;
+  _vram_note(pool, VRAM_EVENT_EMPTY_CACHE, 0, 0, 0, NULL, 0);
   _vram_pending_drain(pool, true);
   _vram_release_cached(pool, SIZE_MAX, &first_error);
   _vram_pool_publish_slow(pool);
@@ -536,6 +560,7 @@ int vram_set_error_callback(vram_pool_t *pool, vram_error_fn fn, void *user) {
 
 static void pool_free_everything(vram_pool_t *pool) {
   _vram_pool_publish_close(pool);
+  _vram_history_detach(pool);
   _vram_pending_destroy(pool);
   _vram_segments_destroy(pool);
   _vram_blocks_destroy(pool);
@@ -618,6 +643,7 @@ int vram_pool_create(vram_pool_t **out, const vram_options_t *opts) {
     return rc;
   }
   rc = pool_setup(pool);
+  if (!rc) rc = _vram_history_attach_env(pool);
   if (rc) {
     pool_free_everything(pool);
     return rc;
@@ -640,6 +666,7 @@ int vram_pool_destroy(vram_pool_t *pool) {
 
 int vram_pool_destroy_force(vram_pool_t *pool) {
   if (!pool) return VRAM_EINVAL;
+  _vram_leak_report_pool(pool);
   pool_free_everything(pool);
   return VRAM_OK;
 }

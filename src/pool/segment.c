@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "pool/block.h"
+#include "pool/events.h"
 #include "pool/segment.h"
 #include "prim/hostmem.h"
 
@@ -71,7 +72,10 @@ static int segment_release(vram_pool_t *pool, vram_segment *seg) {
     rc = pool->src->xFree(pool->src_state, seg->addr, seg->size);
   }
   if (rc) return rc;
-  if (!pool->src->is_vmm) vram_stat_down(&pool->stats.reserved_bytes, (int64_t)(seg->size));
+  if (!pool->src->is_vmm) {
+    vram_stat_down(&pool->stats.reserved_bytes, (int64_t)(seg->size));
+    _vram_note(pool, VRAM_EVENT_SEGMENT_FREE, seg->addr, seg->size, 0, seg->arena->stream, 0);
+  }
   pool->stats.num_device_free++;
   vram_stat_down(&pool->stats.segment, 1);
   _vram_tlsf_remove(seg->index, seg->first);
@@ -185,7 +189,10 @@ int _vram_segment_grow(vram_pool_t *pool, vram_arena *a, size_t rounded, bool sm
   seg->first = b;
   _vram_tlsf_insert(seg->index, b);
   _vram_idle_push(pool, seg);
-  if (!vmm) vram_stat_up(&pool->stats.reserved_bytes, (int64_t)size);
+  if (!vmm) {
+    vram_stat_up(&pool->stats.reserved_bytes, (int64_t)size);
+    _vram_note(pool, VRAM_EVENT_SEGMENT_ALLOC, addr, size, 0, a->stream, 0);
+  }
   vram_stat_up(&pool->stats.segment, 1);
   pool->stats.num_device_alloc += vmm ? 0 : 1;
   *out_free = b;

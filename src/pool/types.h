@@ -182,6 +182,11 @@ struct vram_pool {
    * publishes nothing: malloc and free store their counters there. */
   struct vram_device_record *published;
   vram_arena *last_arena;  /* one-entry cache for the common single-stream case */
+  /* Memory history (obs/history.h), NULL while nothing records. history_flags (VRAM_REC_*,
+   * pool/events.h) is read outside the lock: nonzero sends malloc and free down the
+   * recording path, so that with history off each costs one predictable branch. */
+  atomic_uint history_flags;
+  struct vram_history *history;
   vram_ptrmap ptrs;
   size_t pending_count;
   /* Blocks waiting on events (PENDING) are not allocated but still active. The active

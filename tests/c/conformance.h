@@ -54,5 +54,6 @@ void t_summary_and_json(void **state);
 void t_destroy_busy(void **state);
 void t_mem_info(void **state);
 void t_devices(void **state);
+void t_snapshot_tiles(void **state);
 
 #endif /* VT_CONFORMANCE_H */

@@ -150,6 +150,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(t_destroy_busy, teardown_pools),
       cmocka_unit_test_teardown(t_mem_info, teardown_pools),
       cmocka_unit_test_teardown(t_devices, teardown_pools),
+      cmocka_unit_test_teardown(t_snapshot_tiles, teardown_pools),
   };
   char group[64];
   snprintf(group, sizeof group, "conformance[%s]", g_src.name);

@@ -135,6 +135,8 @@ static void check_model(model *m, int full) {
         mfail(m, "blocks %p and %p overlap", set.v[i - 1].ptr, set.v[i].ptr);
     }
     vt_blkset_free(&set);
+    const char *why = vt_snapshot_problem(m->pool, NULL, NULL);
+    if (why) mfail(m, "snapshot: %s", why);
   } else if (m->nlive) {
     /* A few live blocks every time. */
     for (int k = 0; k < 3; k++) check_block(m, &m->live[(m->op * 7 + (uint64_t)k * 131) % m->nlive]);
@@ -261,6 +263,13 @@ static void random_run(void **state) {
 
   int rc = vram_pool_create(&mp->pool, &o);
   if (rc) mfail(mp, "pool_create = %s", vram_errname(rc));
+  /* A third of the runs record history (a small ring that overflows, half with contexts),
+   * so that the recording paths of malloc and free run under faults and the checker. */
+  uint64_t recording = vt_rng_below(&rng, 6);
+  if (recording < 2) {
+    rc = vram_history_start(mp->pool, 1000, recording ? VRAM_HISTORY_CONTEXTS : 0);
+    if (rc) mfail(mp, "history_start = %s", vram_errname(rc));
+  }
   check_model(mp, 1);
 
   for (mp->op = 1; mp->op <= rp->ops; mp->op++) {

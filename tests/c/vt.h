@@ -247,4 +247,70 @@ static inline int vt_mentions_size(const char *text, size_t bytes) {
   return 0;
 }
 
+/* vram_snapshot of the pool, checked: each segment is tiled by its blocks (contiguous,
+ * address order, from its start to its end), segments do not overlap, inactive blocks carry
+ * no request, and the states add up to the statistics (allocated and active bytes; the
+ * segments' bytes are the reserved bytes). Returns NULL if all holds, else what broke
+ * (a static buffer). *n_segs and *n_blocks (if non-NULL) get the counts. */
+static inline const char *vt_snapshot_problem(vram_pool_t *pool, size_t *n_segs_out,
+                                              size_t *n_blocks_out) {
+  static char why[256];
+  size_t ns = 0, nb = 0;
+  if (vram_snapshot(pool, NULL, 0, &ns, NULL, 0, &nb) != VRAM_OK) return "vram_snapshot failed";
+  vram_snapshot_segment_t *segs = calloc(ns + 1, sizeof *segs);
+  vram_snapshot_block_t *blocks = calloc(nb + 1, sizeof *blocks);
+  size_t ns2 = 0, nb2 = 0;
+  const char *bad = NULL;
+  if (vram_snapshot(pool, segs, ns, &ns2, blocks, nb, &nb2) != VRAM_OK || ns2 != ns || nb2 != nb)
+    bad = "second vram_snapshot disagrees with the first";
+  vram_stats_t st;
+  vram_get_stats(pool, &st);
+  uint64_t reserved = 0, allocated = 0, active = 0, covered = 0;
+  for (size_t i = 0; i < ns && !bad; i++) {
+    const vram_snapshot_segment_t *s = &segs[i];
+    uint64_t at = s->addr;
+    reserved += s->size;
+    if (i && segs[i - 1].addr + segs[i - 1].size > s->addr)
+      snprintf(why, sizeof why, "segments %zu and %zu overlap or are out of order", i - 1, i), bad = why;
+    if (s->n_blocks == 0 || s->first_block + s->n_blocks > nb)
+      snprintf(why, sizeof why, "segment %zu has blocks [%llu, +%llu) of %zu", i,
+               (unsigned long long)s->first_block, (unsigned long long)s->n_blocks, nb), bad = why;
+    for (uint64_t k = 0; k < s->n_blocks && !bad; k++) {
+      const vram_snapshot_block_t *b = &blocks[s->first_block + k];
+      if (b->addr != at || b->size == 0)
+        snprintf(why, sizeof why, "segment %zu: block %llu at %#llx, expected %#llx", i,
+                 (unsigned long long)k, (unsigned long long)b->addr, (unsigned long long)at), bad = why;
+      if (b->state == VRAM_SNAPSHOT_INACTIVE && (b->requested || b->context)) bad = "inactive block with a request";
+      if (b->state != VRAM_SNAPSHOT_INACTIVE && (b->requested == 0 || b->requested > b->size))
+        bad = "active block with a bad request";
+      if (b->state == VRAM_SNAPSHOT_ACTIVE_ALLOCATED) allocated += b->size;
+      if (b->state != VRAM_SNAPSHOT_INACTIVE) active += b->size;
+      at += b->size;
+      covered++;
+    }
+    if (!bad && at != s->addr + s->size)
+      snprintf(why, sizeof why, "segment %zu: blocks end at %#llx, segment at %#llx", i,
+               (unsigned long long)at, (unsigned long long)(s->addr + s->size)), bad = why;
+  }
+  if (!bad && covered != nb) bad = "blocks that belong to no segment";
+  if (!bad && (allocated != (uint64_t)st.allocated_bytes.current ||
+               active != (uint64_t)st.active_bytes.current ||
+               reserved != (uint64_t)st.reserved_bytes.current))
+    snprintf(why, sizeof why, "snapshot allocated/active/reserved %llu/%llu/%llu, stats %lld/%lld/%lld",
+             (unsigned long long)allocated, (unsigned long long)active, (unsigned long long)reserved,
+             (long long)st.allocated_bytes.current, (long long)st.active_bytes.current,
+             (long long)st.reserved_bytes.current), bad = why;
+  free(segs);
+  free(blocks);
+  if (n_segs_out) *n_segs_out = ns;
+  if (n_blocks_out) *n_blocks_out = nb;
+  return bad;
+}
+
+#define VT_TILES(pool)                                                                    \
+  do {                                                                                    \
+    const char *vt_why_ = vt_snapshot_problem(pool, NULL, NULL);                          \
+    if (vt_why_) fail_msg("%s:%d: snapshot: %s", __FILE__, __LINE__, vt_why_);           \
+  } while (0)
+
 #endif /* VT_H */

@@ -1,0 +1,193 @@
+/* history.c - the memory-history recorder (history.h): the event ring, the tick clock and
+ * its conversion to CLOCK_MONOTONIC microseconds, and the context side table. */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
+#include "obs/history.h"
+
+uint64_t _vram_monotonic_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* The TSC serves as a clock only where it ticks at one rate whatever the core does
+ * (CPUID 0x80000007, EDX bit 8: "invariant TSC"); elsewhere each event asks the kernel. */
+static bool tsc_is_invariant(void) {
+#if defined(__x86_64__)
+  unsigned a, b, c, d;
+  if (!__get_cpuid(0x80000000u, &a, &b, &c, &d) || a < 0x80000007u) return false;
+  __get_cpuid(0x80000007u, &a, &b, &c, &d);
+  return (d >> 8) & 1;
+#else
+  return false;
+#endif
+}
+
+int _vram_history_new(vram_history **out) {
+  vram_history *h = calloc(1, sizeof *h);
+  if (!h) return VRAM_EHOSTMEM;
+  h->use_tsc = tsc_is_invariant();
+  *out = h;
+  return VRAM_OK;
+}
+
+void _vram_history_free(vram_history *h) {
+  if (!h) return;
+  free(h->ring);
+  _vram_ctx_drop(&h->contexts);
+  free(h);
+}
+
+static void anchor(const vram_history *h, uint64_t *tick, uint64_t *ns) {
+  *tick = _vram_history_tick(h);
+  *ns = _vram_monotonic_ns();
+}
+
+int _vram_history_begin(vram_history *h, size_t max_entries) {
+  if (!max_entries) max_entries = VRAM_HISTORY_DEFAULT_ENTRIES;
+  if (max_entries > VRAM_HISTORY_MAX_ENTRIES) return VRAM_EHOSTMEM;
+  vram_event_t *ring = malloc(max_entries * sizeof *ring);
+  if (!ring) {
+    _vram_history_end(h);
+    return VRAM_EHOSTMEM;
+  }
+  free(h->ring);
+  h->ring = ring;
+  h->cap = max_entries;
+  h->next = 0;
+  h->written = 0;
+  h->stopped = false;
+  anchor(h, &h->tick0, &h->ns0);
+  h->recording = true;
+  return VRAM_OK;
+}
+
+void _vram_history_end(vram_history *h) {
+  if (!h->recording) return;
+  h->recording = false;
+  h->stopped = true;
+  anchor(h, &h->tick1, &h->ns1);
+}
+
+/* Ticks to CLOCK_MONOTONIC microseconds, by the line through the two anchors. */
+static uint64_t to_us(uint64_t tick, uint64_t t0, uint64_t n0, double ns_per_tick) {
+  double ns = (double)n0 + ((double)(int64_t)(tick - t0)) * ns_per_tick;
+  return ns > 0 ? (uint64_t)(ns / 1000.0) : 0;
+}
+
+void _vram_history_copy(const vram_history *h, vram_event_t *out, size_t cap, size_t *count,
+                        size_t *total, uint64_t *dropped) {
+  size_t held = h->written < h->cap ? (size_t)h->written : h->cap;
+  size_t n = held < cap ? held : cap;
+  if (count) *count = n;
+  if (total) *total = held;
+  if (dropped) *dropped = h->written - held;
+  if (!n) return;
+  uint64_t t1 = h->tick1, n1 = h->ns1;
+  if (!h->stopped) anchor(h, &t1, &n1);
+  double ns_per_tick = 1.0;
+  if (h->use_tsc && t1 > h->tick0) ns_per_tick = (double)(n1 - h->ns0) / (double)(t1 - h->tick0);
+  size_t first = held < h->cap ? 0 : h->next; /* the oldest entry */
+  for (size_t i = 0; i < n; i++) {
+    size_t j = first + i;
+    if (j >= h->cap) j -= h->cap;
+    out[i] = h->ring[j];
+    out[i].time_us = h->use_tsc ? to_us(out[i].time_us, h->tick0, h->ns0, ns_per_tick)
+                                : out[i].time_us / 1000u;
+  }
+}
+
+/* ---- the context side table */
+
+#define CTX_INITIAL_SLOTS 4096
+
+static inline size_t ctx_hash(uint64_t addr, size_t mask) {
+  return (size_t)((addr >> 9) * 0x9E3779B97F4A7C15ull >> 20) & mask;
+}
+
+int _vram_ctx_keep(vram_ctx_table *t) {
+  if (t->slots) return VRAM_OK;
+  t->slots = calloc(CTX_INITIAL_SLOTS, sizeof *t->slots);
+  if (!t->slots) return VRAM_EHOSTMEM;
+  t->mask = CTX_INITIAL_SLOTS - 1;
+  t->count = 0;
+  return VRAM_OK;
+}
+
+void _vram_ctx_drop(vram_ctx_table *t) {
+  free(t->slots);
+  t->slots = NULL;
+  t->mask = t->count = 0;
+}
+
+static void ctx_place(vram_ctx_slot *slots, size_t mask, uint64_t addr, uint64_t context) {
+  size_t i = ctx_hash(addr, mask);
+  while (slots[i].addr && slots[i].addr != addr) i = (i + 1) & mask;
+  slots[i].addr = addr;
+  slots[i].context = context;
+}
+
+/* Kept at most half full, so that probes stay short. */
+static bool ctx_grow(vram_ctx_table *t) {
+  size_t cap = (t->mask + 1) * 2;
+  vram_ctx_slot *slots = calloc(cap, sizeof *slots);
+  if (!slots) return false;
+  for (size_t i = 0; i <= t->mask; i++)
+    if (t->slots[i].addr) ctx_place(slots, cap - 1, t->slots[i].addr, t->slots[i].context);
+  free(t->slots);
+  t->slots = slots;
+  t->mask = cap - 1;
+  return true;
+}
+
+void _vram_ctx_set(vram_ctx_table *t, uint64_t addr, uint64_t context) {
+  if (!t->slots || !addr) return;
+  if (!context) {
+    _vram_ctx_take(t, addr);
+    return;
+  }
+  if ((t->count + 1) * 2 > t->mask + 1 && !ctx_grow(t)) return;
+  size_t i = ctx_hash(addr, t->mask);
+  while (t->slots[i].addr && t->slots[i].addr != addr) i = (i + 1) & t->mask;
+  if (!t->slots[i].addr) t->count++;
+  t->slots[i].addr = addr;
+  t->slots[i].context = context;
+}
+
+uint64_t _vram_ctx_get(const vram_ctx_table *t, uint64_t addr) {
+  if (!t->slots || !addr) return 0;
+  for (size_t i = ctx_hash(addr, t->mask);; i = (i + 1) & t->mask) {
+    if (t->slots[i].addr == addr) return t->slots[i].context;
+    if (!t->slots[i].addr) return 0;
+  }
+}
+
+/* Backward-shift deletion: no tombstones, so lookups stay as short as the load allows. */
+uint64_t _vram_ctx_take(vram_ctx_table *t, uint64_t addr) {
+  if (!t->slots || !addr) return 0;
+  size_t i = ctx_hash(addr, t->mask);
+  while (t->slots[i].addr != addr) {
+    if (!t->slots[i].addr) return 0;
+    i = (i + 1) & t->mask;
+  }
+  uint64_t context = t->slots[i].context;
+  t->count--;
+  for (size_t j = (i + 1) & t->mask;; j = (j + 1) & t->mask) {
+    if (!t->slots[j].addr) break;
+    size_t home = ctx_hash(t->slots[j].addr, t->mask);
+    /* Move j into the hole at i unless its home lies cyclically in (i, j]. */
+    bool stays = (i <= j) ? (home > i && home <= j) : (home > i || home <= j);
+    if (stays) continue;
+    t->slots[i] = t->slots[j];
+    i = j;
+  }
+  t->slots[i].addr = 0;
+  t->slots[i].context = 0;
+  return context;
+}

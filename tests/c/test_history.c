@@ -1,0 +1,370 @@
+/* test_history.c - memory history on the sim sources: every event kind with its fields,
+ * cross-stream frees completing later, vmm granule maps, OOM with the device's free
+ * memory, the ring's overflow and short reads, stop and start, contexts taken outside the
+ * lock, and bad input. The invariant checker runs after every operation. */
+#include <time.h>
+
+#include "vt.h"
+
+enum { CAP = 4096 };
+static vram_event_t g_ev[CAP];
+
+/* The recorded events, oldest first; their count. */
+static size_t read_all(vram_pool_t *pool) {
+  size_t count = 0, total = 0;
+  uint64_t dropped = 0;
+  VT_OK(vram_history_read(pool, g_ev, CAP, &count, &total, &dropped));
+  VT_VALID(pool);
+  assert_int_equal(count, total);
+  return count;
+}
+
+/* Index of the first event of `kind` at or after `from` (and at addr unless addr is 0). */
+static long find(size_t n, size_t from, int kind, uint64_t addr) {
+  for (size_t i = from; i < n; i++)
+    if (g_ev[i].kind == kind && (!addr || g_ev[i].addr == addr)) return (long)i;
+  return -1;
+}
+
+static void *xmalloc(vram_pool_t *pool, size_t size, vram_stream_t stream) {
+  void *p = NULL;
+  VT_OK(vram_malloc(pool, size, stream, &p));
+  VT_VALID(pool);
+  return p;
+}
+
+static void xfree(vram_pool_t *pool, void *p) {
+  VT_OK(vram_free(pool, p));
+  VT_VALID(pool);
+}
+
+static vram_pool_t *sim_pool(vram_source_kind kind, size_t capacity, int event_delay) {
+  vram_options_t o;
+  vram_options_init(&o);
+  o.source = kind;
+  o.sim_capacity = capacity;
+  o.sim_event_delay = event_delay;
+  o.device = 3;
+  return vt_pool_from(&o);
+}
+
+static uint64_t now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+static void t_event_kinds(void **state) {
+  (void)state;
+  vram_pool_t *pool = sim_pool(VRAM_SOURCE_SIM, 4 * VT_GiB, 0);
+  uint64_t before = now_us();
+  VT_OK(vram_history_start(pool, 0, 0));
+  VT_VALID(pool);
+  vram_stream_t s = VT_STREAM(0x77);
+  void *a = xmalloc(pool, 1000, s);
+  void *b = xmalloc(pool, 3 * VT_MiB, NULL);
+  xfree(pool, a);
+  VT_OK(vram_history_annotate(pool, 4242));
+  VT_VALID(pool);
+  xfree(pool, b);
+  VT_OK(vram_empty_cache(pool));
+  VT_VALID(pool);
+  size_t ns = 0, nb = 0;
+  VT_OK(vram_snapshot(pool, NULL, 0, &ns, NULL, 0, &nb));
+  VT_VALID(pool);
+  uint64_t after = now_us();
+  size_t n = read_all(pool);
+  /* Times: monotonic, within the test's span. */
+  for (size_t i = 0; i < n; i++) {
+    assert_true(g_ev[i].time_us + 1 >= before && g_ev[i].time_us <= after + 1);
+    if (i) assert_true(g_ev[i].time_us >= g_ev[i - 1].time_us);
+    assert_int_equal(g_ev[i].device, 3);
+  }
+  long seg = find(n, 0, VRAM_EVENT_SEGMENT_ALLOC, 0);
+  long al = find(n, 0, VRAM_EVENT_ALLOC, (uintptr_t)a);
+  assert_true(seg >= 0 && al > seg); /* the segment came first */
+  assert_int_equal(g_ev[seg].stream, 0x77);
+  assert_int_equal(g_ev[al].size, 1024);
+  assert_int_equal(g_ev[al].requested, 1000);
+  assert_int_equal(g_ev[al].stream, 0x77);
+  long fr = find(n, (size_t)al, VRAM_EVENT_FREE_REQUESTED, (uintptr_t)a);
+  long fc = find(n, (size_t)al, VRAM_EVENT_FREE_COMPLETED, (uintptr_t)a);
+  assert_true(fr > al && fc == fr + 1); /* same stream: reusable at once */
+  assert_int_equal(g_ev[fc].requested, 1000);
+  long an = find(n, 0, VRAM_EVENT_ANNOTATE, 0);
+  assert_true(an > fc);
+  assert_int_equal(g_ev[an].context, 4242);
+  long bl = find(n, 0, VRAM_EVENT_ALLOC, (uintptr_t)b);
+  assert_true(bl >= 0);
+  assert_int_equal(g_ev[bl].stream, 0);
+  long ec = find(n, 0, VRAM_EVENT_EMPTY_CACHE, 0);
+  long sf = find(n, (size_t)(ec < 0 ? 0 : ec), VRAM_EVENT_SEGMENT_FREE, 0);
+  assert_true(ec > an && sf > ec);
+  long sn = find(n, 0, VRAM_EVENT_SNAPSHOT, 0);
+  assert_int_equal(sn, (long)n - 1);
+  /* Every segment that came was given back, byte for byte. */
+  uint64_t got = 0, back = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (g_ev[i].kind == VRAM_EVENT_SEGMENT_ALLOC) got += g_ev[i].size;
+    if (g_ev[i].kind == VRAM_EVENT_SEGMENT_FREE) back += g_ev[i].size;
+  }
+  assert_true(got > 0);
+  assert_int_equal(got, back);
+  VT_OK(vram_pool_destroy(pool));
+}
+
+/* A free seen by another stream completes when its event does. */
+static void t_pending_free(void **state) {
+  (void)state;
+  vram_pool_t *pool = sim_pool(VRAM_SOURCE_SIM, 4 * VT_GiB, 1000000);
+  VT_OK(vram_history_start(pool, 0, 0));
+  void *p = xmalloc(pool, 8192, NULL);
+  VT_OK(vram_record_stream(pool, p, VT_STREAM(0x99)));
+  VT_VALID(pool);
+  xfree(pool, p);
+  size_t n = read_all(pool);
+  long fr = find(n, 0, VRAM_EVENT_FREE_REQUESTED, (uintptr_t)p);
+  assert_true(fr >= 0);
+  assert_int_equal(find(n, 0, VRAM_EVENT_FREE_COMPLETED, (uintptr_t)p), -1);
+  void *q = xmalloc(pool, 100, NULL); /* still waiting: no completion yet */
+  n = read_all(pool);
+  assert_int_equal(find(n, 0, VRAM_EVENT_FREE_COMPLETED, (uintptr_t)p), -1);
+  VT_OK(vram_empty_cache(pool)); /* waits for every pending free */
+  VT_VALID(pool);
+  n = read_all(pool);
+  long fc = find(n, 0, VRAM_EVENT_FREE_COMPLETED, (uintptr_t)p);
+  assert_true(fc > fr);
+  assert_int_equal(g_ev[fc].size, 8192);
+  assert_int_equal(g_ev[fc].requested, 8192);
+  assert_true(find(n, 0, VRAM_EVENT_EMPTY_CACHE, 0) < fc);
+  xfree(pool, q);
+  VT_OK(vram_pool_destroy(pool));
+}
+
+/* Virtual memory: granule maps and unmaps with their ranges, no whole segments. */
+static void t_vmm_map_unmap(void **state) {
+  (void)state;
+  vram_pool_t *pool = sim_pool(VRAM_SOURCE_SIM_VMM, 4 * VT_GiB, 0);
+  VT_OK(vram_history_start(pool, 0, 0));
+  void *p = xmalloc(pool, 5 * VT_MiB, NULL);
+  xfree(pool, p);
+  VT_OK(vram_empty_cache(pool));
+  VT_VALID(pool);
+  size_t n = read_all(pool);
+  assert_int_equal(find(n, 0, VRAM_EVENT_SEGMENT_ALLOC, 0), -1);
+  uint64_t mapped = 0, unmapped = 0;
+  long first_map = find(n, 0, VRAM_EVENT_SEGMENT_MAP, 0);
+  long al = find(n, 0, VRAM_EVENT_ALLOC, (uintptr_t)p);
+  assert_true(first_map >= 0 && first_map < al);
+  for (size_t i = 0; i < n; i++) {
+    if (g_ev[i].kind == VRAM_EVENT_SEGMENT_MAP) {
+      mapped += g_ev[i].size;
+      assert_true(g_ev[i].addr <= (uintptr_t)p || g_ev[i].addr >= (uintptr_t)p + 5 * VT_MiB ||
+                  g_ev[i].addr % (2 * VT_MiB) == 0);
+    }
+    if (g_ev[i].kind == VRAM_EVENT_SEGMENT_UNMAP) unmapped += g_ev[i].size;
+  }
+  assert_true(mapped >= 6 * VT_MiB && mapped % (2 * VT_MiB) == 0);
+  assert_int_equal(mapped, unmapped);
+  assert_int_equal(vt_stats(pool).reserved_bytes.current, 0);
+  VT_OK(vram_pool_destroy(pool));
+}
+
+/* A refused request: its size, and the device's free memory at that moment. */
+static void t_oom(void **state) {
+  (void)state;
+  vram_pool_t *pool = sim_pool(VRAM_SOURCE_SIM, 64 * VT_MiB, 0);
+  VT_OK(vram_history_start(pool, 0, 0));
+  void *held = xmalloc(pool, 20 * VT_MiB, NULL);
+  size_t fr = 0, total = 0;
+  VT_OK(vram_mem_get_info(pool, &fr, &total));
+  void *p = NULL;
+  VT_EXPECT(vram_malloc(pool, 50 * VT_MiB, NULL, &p), VRAM_ENOMEM);
+  VT_VALID(pool);
+  VT_EXPECT(vram_malloc(pool, 100 * VT_GiB, NULL, &p), VRAM_ENOMEM); /* more than it holds */
+  VT_VALID(pool);
+  size_t n = read_all(pool);
+  long o1 = find(n, 0, VRAM_EVENT_OOM, 0);
+  assert_true(o1 >= 0);
+  assert_int_equal(g_ev[o1].size, 50 * VT_MiB);
+  assert_int_equal(g_ev[o1].requested, 50 * VT_MiB);
+  assert_int_equal(g_ev[o1].addr, fr);
+  long o2 = find(n, (size_t)o1 + 1, VRAM_EVENT_OOM, 0);
+  assert_true(o2 > o1);
+  assert_int_equal(g_ev[o2].requested, 100 * VT_GiB);
+  xfree(pool, held);
+  VT_OK(vram_pool_destroy(pool));
+}
+
+/* A ring of 8: the newest 8 are kept, the rest counted; short reads give the oldest. */
+static void t_overflow_and_short_read(void **state) {
+  (void)state;
+  vram_pool_t *pool = sim_pool(VRAM_SOURCE_SIM, 4 * VT_GiB, 0);
+  VT_OK(vram_history_start(pool, 8, 0));
+  void *p[10];
+  for (int i = 0; i < 10; i++) p[i] = xmalloc(pool, 512 * (size_t)(i + 1), NULL);
+  size_t count = 0, total = 0;
+  uint64_t dropped = 0;
+  vram_event_t ev[8];
+  VT_OK(vram_history_read(pool, ev, 8, &count, &total, &dropped));
+  VT_VALID(pool);
+  assert_int_equal(count, 8);
+  assert_int_equal(total, 8);
+  /* 10 allocations and the one segment they share: 11 events, the oldest 3 overwritten. */
+  assert_int_equal(dropped, 3);
+  for (int i = 0; i < 8; i++) {
+    assert_int_equal(ev[i].kind, VRAM_EVENT_ALLOC);
+    assert_int_equal(ev[i].addr, (uintptr_t)p[i + 2]);
+  }
+  vram_event_t two[2];
+  VT_OK(vram_history_read(pool, two, 2, &count, &total, NULL));
+  assert_int_equal(count, 2);
+  assert_int_equal(total, 8);
+  assert_int_equal(two[0].addr, (uintptr_t)p[2]);
+  assert_int_equal(two[1].addr, (uintptr_t)p[3]);
+  VT_OK(vram_history_read(pool, NULL, 0, &count, &total, &dropped)); /* sizes only */
+  assert_int_equal(count, 0);
+  assert_int_equal(total, 8);
+  /* Stop: readable, nothing more recorded. Start: cleared. */
+  VT_OK(vram_history_stop(pool));
+  VT_VALID(pool);
+  for (int i = 0; i < 10; i++) xfree(pool, p[i]);
+  VT_OK(vram_history_read(pool, ev, 8, &count, &total, &dropped));
+  assert_int_equal(total, 8);
+  assert_int_equal(ev[7].addr, (uintptr_t)p[9]);
+  VT_OK(vram_history_start(pool, 8, 0));
+  VT_VALID(pool);
+  VT_OK(vram_history_read(pool, ev, 8, &count, &total, &dropped));
+  assert_int_equal(total, 0);
+  assert_int_equal(dropped, 0);
+  VT_OK(vram_history_stop(pool));
+  VT_OK(vram_history_stop(pool)); /* twice is fine */
+  VT_VALID(pool);
+  VT_OK(vram_pool_destroy(pool));
+}
+
+/* The context function runs outside the lock: it may call into the same pool. */
+static vram_pool_t *g_ctx_pool;
+static uint64_t g_ctx_calls;
+
+static uint64_t context_fn(void *user) {
+  vram_stats_t s;
+  VT_OK(vram_get_stats(g_ctx_pool, &s)); /* would deadlock under the pool's lock */
+  return (uint64_t)(uintptr_t)user + ++g_ctx_calls;
+}
+
+static void t_contexts(void **state) {
+  (void)state;
+  vram_pool_t *pool = sim_pool(VRAM_SOURCE_SIM, 4 * VT_GiB, 0);
+  g_ctx_pool = pool;
+  g_ctx_calls = 0;
+  vram_set_context_fn(context_fn, (void *)(uintptr_t)1000);
+  void *before = xmalloc(pool, 4096, NULL); /* not recording: no call */
+  assert_int_equal(g_ctx_calls, 0);
+  VT_OK(vram_history_start(pool, 0, 0)); /* no contexts asked for: no call */
+  void *plain = xmalloc(pool, 4096, NULL);
+  assert_int_equal(g_ctx_calls, 0);
+  VT_OK(vram_history_start(pool, 0, VRAM_HISTORY_CONTEXTS));
+  VT_VALID(pool);
+  void *a = xmalloc(pool, 10000, NULL);
+  void *b = xmalloc(pool, 2 * VT_MiB, VT_STREAM(5));
+  assert_int_equal(g_ctx_calls, 2);
+  size_t n = read_all(pool);
+  assert_int_equal(g_ev[find(n, 0, VRAM_EVENT_ALLOC, (uintptr_t)a)].context, 1001);
+  assert_int_equal(g_ev[find(n, 0, VRAM_EVENT_ALLOC, (uintptr_t)b)].context, 1002);
+  /* The snapshot shows each live block's context. */
+  size_t ns = 0, nb = 0;
+  VT_OK(vram_snapshot(pool, NULL, 0, &ns, NULL, 0, &nb));
+  vram_snapshot_segment_t *segs = calloc(ns, sizeof *segs);
+  vram_snapshot_block_t *blocks = calloc(nb, sizeof *blocks);
+  VT_OK(vram_snapshot(pool, segs, ns, &ns, blocks, nb, &nb));
+  VT_VALID(pool);
+  int seen = 0;
+  for (size_t i = 0; i < nb; i++) {
+    if (blocks[i].addr == (uintptr_t)a) seen += blocks[i].context == 1001;
+    if (blocks[i].addr == (uintptr_t)b) seen += blocks[i].context == 1002;
+    if (blocks[i].addr == (uintptr_t)before || blocks[i].addr == (uintptr_t)plain)
+      assert_int_equal(blocks[i].context, 0);
+  }
+  assert_int_equal(seen, 2);
+  free(segs);
+  free(blocks);
+  VT_TILES(pool);
+  xfree(pool, a);
+  n = read_all(pool);
+  assert_int_equal(g_ev[find(n, 0, VRAM_EVENT_FREE_COMPLETED, (uintptr_t)a)].context, 1001);
+  /* A block reusing a's address gets its own context. */
+  void *c = xmalloc(pool, 10000, NULL);
+  n = read_all(pool);
+  long ca = find(n, (size_t)find(n, 0, VRAM_EVENT_FREE_COMPLETED, (uintptr_t)a), VRAM_EVENT_ALLOC, (uintptr_t)c);
+  assert_true(ca >= 0);
+  assert_int_equal(g_ev[ca].context, 1003);
+  vram_set_context_fn(NULL, NULL);
+  void *d = xmalloc(pool, 64, NULL);
+  n = read_all(pool);
+  assert_int_equal(g_ev[find(n, 0, VRAM_EVENT_ALLOC, (uintptr_t)d)].context, 0);
+  VT_OK(vram_history_stop(pool));
+  xfree(pool, b);
+  xfree(pool, c);
+  xfree(pool, d);
+  xfree(pool, before);
+  xfree(pool, plain);
+  VT_OK(vram_pool_destroy(pool));
+}
+
+static void t_bad_input(void **state) {
+  (void)state;
+  vram_event_t ev[4];
+  size_t count = 7, total = 7;
+  uint64_t dropped = 7;
+  VT_EXPECT(vram_history_start(NULL, 0, 0), VRAM_EINVAL);
+  VT_EXPECT(vram_history_stop(NULL), VRAM_EINVAL);
+  VT_EXPECT(vram_history_read(NULL, ev, 4, &count, &total, &dropped), VRAM_EINVAL);
+  VT_EXPECT(vram_history_annotate(NULL, 1), VRAM_EINVAL);
+  VT_EXPECT(vram_snapshot(NULL, NULL, 0, NULL, NULL, 0, NULL), VRAM_EINVAL);
+  vram_pool_t *pool = sim_pool(VRAM_SOURCE_SIM, 4 * VT_GiB, 0);
+  void *p = xmalloc(pool, 4096, NULL);
+  /* Never started: nothing held, and no error. */
+  VT_OK(vram_history_read(pool, ev, 4, &count, &total, &dropped));
+  assert_int_equal(count + total + dropped, 0);
+  VT_OK(vram_history_stop(pool));
+  VT_OK(vram_history_annotate(pool, 5));
+  VT_VALID(pool);
+  VT_EXPECT(vram_history_read(pool, NULL, 4, &count, &total, &dropped), VRAM_EINVAL);
+  VT_VALID(pool);
+  VT_EXPECT(vram_snapshot(pool, NULL, 1, &count, NULL, 0, &total), VRAM_EINVAL);
+  VT_EXPECT(vram_snapshot(pool, NULL, 0, &count, NULL, 1, &total), VRAM_EINVAL);
+  VT_VALID(pool);
+  VT_EXPECT(vram_history_start(pool, SIZE_MAX, 0), VRAM_EHOSTMEM);
+  VT_VALID(pool);
+  VT_EXPECT(vram_history_start(pool, (size_t)1 << 40, 0), VRAM_EHOSTMEM);
+  VT_EXPECT(vram_history_start(pool, 0, 0x80u), VRAM_EINVAL);
+  VT_VALID(pool);
+  /* None of that started anything. */
+  xfree(pool, p);
+  VT_OK(vram_history_read(pool, ev, 4, &count, &total, &dropped));
+  assert_int_equal(total, 0);
+  /* A failed start while recording keeps what was recorded. */
+  VT_OK(vram_history_start(pool, 4, 0));
+  p = xmalloc(pool, 4096, NULL);
+  VT_EXPECT(vram_history_start(pool, SIZE_MAX / 2, 0), VRAM_EHOSTMEM);
+  VT_VALID(pool);
+  VT_OK(vram_history_read(pool, ev, 4, &count, &total, &dropped));
+  assert_true(total >= 1);
+  xfree(pool, p);
+  /* All out pointers NULL. */
+  VT_OK(vram_history_read(pool, NULL, 0, NULL, NULL, NULL));
+  VT_OK(vram_snapshot(pool, NULL, 0, NULL, NULL, 0, NULL));
+  VT_VALID(pool);
+  VT_OK(vram_pool_destroy(pool));
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(t_event_kinds),   cmocka_unit_test(t_pending_free),
+      cmocka_unit_test(t_vmm_map_unmap), cmocka_unit_test(t_oom),
+      cmocka_unit_test(t_overflow_and_short_read), cmocka_unit_test(t_contexts),
+      cmocka_unit_test(t_bad_input),
+  };
+  return cmocka_run_group_tests_name("history", tests, NULL, NULL);
+}
