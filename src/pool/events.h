@@ -14,6 +14,8 @@
 #define VRAM_REC_EVENTS 1u   /* events go to the ring */
 #define VRAM_REC_CONTEXTS 2u /* the user's context function is called at each allocation */
 #define VRAM_REC_LEAKS 4u    /* VRAMKIT_LEAK_REPORT: C stacks kept for the report at exit */
+#define VRAM_REC_KEEP 8u     /* after a stop: no events, but the contexts of live blocks are
+                                kept true (frees drop theirs, new blocks get none) */
 
 static inline uint64_t _vram_stream_id(vram_stream_t stream) { return (uint64_t)(uintptr_t)stream; }
 

@@ -81,10 +81,14 @@ static int stop_locked(vram_pool_t *pool, void *arg) {
   vram_history *h = pool->history;
   if (!h) return VRAM_OK;
   unsigned leaks = atomic_load(&pool->history_flags) & VRAM_REC_LEAKS;
-  atomic_store(&pool->history_flags, leaks);
+  /* Blocks allocated while recording keep their contexts after the stop, as PyTorch's keep
+   * their stacks, so a snapshot taken later still says where each came from. That needs
+   * the table kept true: malloc and free stay on their recording path (without events),
+   * frees drop their entries and blocks allocated from now on get none, until the next
+   * start. */
+  unsigned keep = _vram_ctx_kept(&h->contexts) ? VRAM_REC_KEEP : 0;
+  atomic_store(&pool->history_flags, leaks | keep);
   _vram_history_end(h);
-  /* Contexts not kept up to date would go stale: the leak report alone still needs them. */
-  if (!leaks) _vram_ctx_drop(&h->contexts);
   return VRAM_OK;
 }
 

@@ -107,9 +107,11 @@ static int snapshot_locked(vram_pool_t *pool, void *arg) {
   walk(pool, &l);
   if (c->n_segs) *c->n_segs = l.n_segs;
   if (c->n_blocks) *c->n_blocks = l.n_blocks;
+  /* A call that only asks for the totals (or whose arrays are too small) took no
+   * snapshot: only the call that fills the arrays is recorded as one. */
+  if (l.n_segs > c->seg_cap || l.n_blocks > c->block_cap) return VRAM_OK;
   _vram_note(pool, VRAM_EVENT_SNAPSHOT, 0, (uint64_t)pool->stats.reserved_bytes.current,
              (uint64_t)pool->stats.allocated_bytes.current, NULL, 0);
-  if (l.n_segs > c->seg_cap || l.n_blocks > c->block_cap) return VRAM_OK;
   l.n_segs = l.n_blocks = 0;
   l.fill = true;
   walk(pool, &l);

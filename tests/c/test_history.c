@@ -312,6 +312,64 @@ static void t_contexts(void **state) {
   VT_OK(vram_pool_destroy(pool));
 }
 
+/* The context a snapshot gives the block at addr (-1: no such block). */
+static int64_t snapshot_context(vram_pool_t *pool, void *addr) {
+  size_t ns = 0, nb = 0;
+  VT_OK(vram_snapshot(pool, NULL, 0, &ns, NULL, 0, &nb));
+  vram_snapshot_segment_t *segs = calloc(ns, sizeof *segs);
+  vram_snapshot_block_t *blocks = calloc(nb, sizeof *blocks);
+  VT_OK(vram_snapshot(pool, segs, ns, &ns, blocks, nb, &nb));
+  VT_VALID(pool);
+  int64_t found = -1;
+  for (size_t i = 0; i < nb; i++)
+    if (blocks[i].addr == (uintptr_t)addr && blocks[i].state == VRAM_SNAPSHOT_ACTIVE_ALLOCATED)
+      found = (int64_t)blocks[i].context;
+  free(segs);
+  free(blocks);
+  return found;
+}
+
+static size_t count_kind(size_t n, int kind) {
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) k += g_ev[i].kind == kind;
+  return k;
+}
+
+/* After a stop, live blocks keep the contexts they were allocated with (a snapshot taken
+ * later still says where they came from); a freed block's context goes, and a block that
+ * reuses its address has none. Only a snapshot that fills its arrays is an event. */
+static void t_contexts_after_stop(void **state) {
+  (void)state;
+  vram_pool_t *pool = sim_pool(VRAM_SOURCE_SIM, 4 * VT_GiB, 0);
+  g_ctx_pool = pool;
+  g_ctx_calls = 0;
+  vram_set_context_fn(context_fn, (void *)(uintptr_t)2000);
+  VT_OK(vram_history_start(pool, 0, VRAM_HISTORY_CONTEXTS));
+  void *a = xmalloc(pool, 10000, NULL);
+  void *b = xmalloc(pool, 3 * VT_MiB, NULL);
+  size_t n = read_all(pool);
+  size_t snaps = count_kind(n, VRAM_EVENT_SNAPSHOT);
+  size_t ns = 0, nb = 0;
+  VT_OK(vram_snapshot(pool, NULL, 0, &ns, NULL, 0, &nb)); /* totals only: no snapshot */
+  assert_int_equal(count_kind(read_all(pool), VRAM_EVENT_SNAPSHOT), snaps);
+  assert_int_equal(snapshot_context(pool, a), 2001);      /* a filled one: one event */
+  assert_int_equal(count_kind(read_all(pool), VRAM_EVENT_SNAPSHOT), snaps + 1);
+
+  VT_OK(vram_history_stop(pool));
+  VT_VALID(pool);
+  assert_int_equal(snapshot_context(pool, a), 2001);
+  assert_int_equal(snapshot_context(pool, b), 2002);
+  xfree(pool, a);
+  void *c = xmalloc(pool, 10000, NULL); /* not recording: no context, whatever address */
+  assert_int_equal(g_ctx_calls, 2);
+  assert_int_equal(snapshot_context(pool, c), 0);
+  assert_int_equal(snapshot_context(pool, b), 2002);
+  vram_set_context_fn(NULL, NULL);
+  xfree(pool, b);
+  xfree(pool, c);
+  VT_OK(vram_pool_destroy(pool));
+}
+
 static void t_bad_input(void **state) {
   (void)state;
   vram_event_t ev[4];
@@ -364,6 +422,7 @@ int main(void) {
       cmocka_unit_test(t_event_kinds),   cmocka_unit_test(t_pending_free),
       cmocka_unit_test(t_vmm_map_unmap), cmocka_unit_test(t_oom),
       cmocka_unit_test(t_overflow_and_short_read), cmocka_unit_test(t_contexts),
+      cmocka_unit_test(t_contexts_after_stop),
       cmocka_unit_test(t_bad_input),
   };
   return cmocka_run_group_tests_name("history", tests, NULL, NULL);
