@@ -167,11 +167,14 @@ def test_export_serves_two_vramkit_processes_and_a_plain_one(gpu_run, tmp_path):
         stats = [json.loads(child.stdout.readline()) for child in children]
         done = subprocess.run([sys.executable, "-m", "vramkit", "export", "--once"],
                               capture_output=True, text=True)
+        top = subprocess.run([sys.executable, "-m", "vramkit", "top", "--once", "--json"],
+                             capture_output=True, text=True)
         for child in children:
             child.communicate("")
         assert done.returncode == 0, done.stderr
+        assert top.returncode == 0, top.stderr
         print(json.dumps({"pids": [c.pid for c in children], "stats": stats,
-                          "text": done.stdout}))
+                          "text": done.stdout, "top": json.loads(top.stdout)}))
     """.replace("__TRAINER__", repr(TRAINER)).replace("__PLAIN__", repr(PLAIN)),
         env={"VRAMKIT_PUBLISH_DIR": str(tmp_path)}, timeout=600)
     result = json.loads(out.strip().splitlines()[-2])
@@ -203,3 +206,18 @@ def test_export_serves_two_vramkit_processes_and_a_plain_one(gpu_run, tmp_path):
     if set(map(str, result["pids"])) & nvml_pids:
         assert set(map(str, result["pids"])) <= nvml_pids
     print(text)
+
+    # vramkit top sees the same three: the two vramkit processes with the figures they print
+    # themselves, and the plain one through NVML alone.
+    doc = result["top"]
+    print(json.dumps(doc, indent=1))
+    rows = {p["pid"]: p for g in doc["gpus"] for p in g["processes"]}
+    rows.update({p["pid"]: p for p in doc.get("unmatched_processes", [])})
+    for pid, stats in zip(result["pids"][:2], result["stats"][:2]):
+        row = rows[pid]
+        assert row["vramkit"]["allocated_bytes"] == stats["allocated_bytes.all.current"]
+        assert row["vramkit"]["reserved_bytes"] == stats["reserved_bytes.all.current"]
+    if str(plain) in nvml_pids:                 # NVML's pids are ours: all three are there
+        assert rows[plain]["vramkit"] is None and rows[plain]["nvml_used_bytes"] >= 512 << 20
+        for pid in result["pids"][:2]:
+            assert rows[pid]["nvml_used_bytes"] > 0

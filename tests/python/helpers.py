@@ -20,15 +20,16 @@ OTHER_OPTIONS = ("VRAMKIT_LIMIT", "VRAMKIT_PREALLOCATE", "VRAMKIT_RELEASE_THRESH
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
 
-def run_python(code: str, env: dict | None = None, check: bool = True):
-    """Run code in a fresh interpreter (fresh default pools) on the sim source. Returns the
-    CompletedProcess; with check, a non-zero exit fails the test and shows the output."""
+def run_python(code: str, env: dict | None = None, check: bool = True, cwd=None):
+    """Run code in a fresh interpreter (fresh default pools) on the sim source, in cwd (the
+    current directory if None). Returns the CompletedProcess; with check, a non-zero exit
+    fails the test and shows the output."""
     full_env = dict(os.environ)
     full_env.update(SIM_ENV)
     full_env.update(env or {})
     proc = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
-        env=full_env, capture_output=True, text=True, timeout=120,
+        env=full_env, capture_output=True, text=True, timeout=120, cwd=cwd,
     )
     if check and proc.returncode != 0:
         pytest.fail(f"subprocess failed ({proc.returncode}):\n--- stdout\n{proc.stdout}"

@@ -10,6 +10,8 @@ import re
 
 import pytest
 
+from helpers import run_python
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOCS = (ROOT / "docs" / "python.md", ROOT / "README.md")
 BLOCK = re.compile(r"(?P<skip><!-- skip[^>]*-->\s*\n)?```python\n(?P<code>.*?)```", re.S)
@@ -32,5 +34,6 @@ def test_doc_has_examples():
 
 
 @pytest.mark.parametrize("code", _blocks())
-def test_doc_example(code, run):
-    run(code, env={"VRAMKIT_SIM_CAPACITY": "2G"})
+def test_doc_example(code, tmp_path):
+    # In a directory of its own: examples write files (snapshots, logs) where they run.
+    run_python(code, env={"VRAMKIT_SIM_CAPACITY": "2G"}, cwd=tmp_path)
