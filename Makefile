@@ -102,8 +102,14 @@ build-asan:
 
 # ---- the two commands --------------------------------------------------------------------
 
+# The replay summary, then the package from this tree into $(VENV) and a timeline page of
+# the training trace (build/timeline.html: allocations over time with reserved memory
+# above them; it opens offline in any browser).
 run: deps build
 	build/vramkit replay --summary $(TRACES)
+	@$(VENV_PYTHON) -m pip install -q --no-build-isolation .
+	$(VENV)/bin/vramkit plot data/traces/gpt2_train.trace.gz -o build/timeline.html
+	@echo "open build/timeline.html in a browser: the memory timeline of one GPT-2 training run"
 
 test: test-intro deps test-release test-debug test-asan pytest
 
