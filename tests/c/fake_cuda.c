@@ -161,6 +161,13 @@ FAKE_EXPORT CUresult cuDeviceGet(CUdevice *d, int ordinal) {
   *d = ordinal;
   return SUCCESS;
 }
+/* A fixed UUID per device, bytes 0x10*ordinal + i, so that two processes on the fake
+ * driver share a GPU as NVML's double (fake_nvml.c) sees it. */
+FAKE_EXPORT CUresult cuDeviceGetUuid_v2(char uuid[16], CUdevice d) {
+  if (d < 0 || d >= DEVICES) return ERROR_INVALID_DEVICE;
+  for (int i = 0; i < 16; i++) uuid[i] = (char)(0x10 * d + i);
+  return SUCCESS;
+}
 /* Every attribute asked (concurrent managed access, VMM support...) is "yes". */
 FAKE_EXPORT CUresult cuDeviceGetAttribute(int *v, int attribute, CUdevice d) {
   if (d < 0 || d >= DEVICES) return ERROR_INVALID_DEVICE;

@@ -1,0 +1,480 @@
+/* test_publish.c - the published per-process record and the OOM report's neighbours.
+ *
+ * The record is process-wide state, opened once: a test that needs a fresh process (another
+ * directory, publishing off, a record left by a killed process) runs this binary again as a
+ * child ("child SOURCE hang|exit"), with the environment it needs. Every record goes to
+ * temporary directories, never /dev/shm.
+ *
+ *   test_publish          the sim tests
+ *   test_publish nvml     the neighbours through the fake driver and fake NVML (run with
+ *                         both doubles first on LD_LIBRARY_PATH)
+ */
+#define _GNU_SOURCE
+#include "vt.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "obs/publish.h"
+
+static char base_dir[256]; /* mkdtemp'd; the parent's records go to base_dir/pub */
+static char pub_dir[300];
+static char self_exe[1024]; /* this binary's path: exec'd by name, so that its comm is ours */
+
+/* ---- the child: a pool, 4 MiB allocated and freed (so cached free), then exit or hang */
+static int child_main(const char *source, const char *mode) {
+  vram_options_t o;
+  vram_options_init(&o);
+  if (vram_source_parse(source, &o.source) != VRAM_OK) return 2;
+  o.sim_capacity = (size_t)1 << 30;
+  vram_pool_t *pool = NULL;
+  if (vram_pool_create(&pool, &o) != VRAM_OK) return 3;
+  void *p = NULL;
+  if (vram_malloc(pool, 4 << 20, NULL, &p) != VRAM_OK || vram_free(pool, p) != VRAM_OK) return 4;
+  char dir[300], path[400];
+  _vram_publish_dir(dir, sizeof dir);
+  snprintf(path, sizeof path, "%s/%d.rec", dir, (int)getpid());
+  printf("ready %d\n", access(path, F_OK) == 0);
+  fflush(stdout);
+  if (strcmp(mode, "hang") == 0)
+    for (;;) pause();
+  return vram_pool_destroy(pool) == VRAM_OK ? 0 : 5;
+}
+
+typedef struct child {
+  pid_t pid;
+  int out;  /* its stdout */
+  int had_record;
+} child;
+
+/* Starts the child with extra "NAME=value" settings (value "" unsets) and waits for its
+ * "ready" line; stderr goes to err_path when given. */
+static child spawn(const char *source, const char *mode, const char *const *env,
+                   const char *err_path) {
+  int fds[2];
+  assert_int_equal(pipe(fds), 0);
+  child c = {fork(), fds[0], -1};
+  assert_true(c.pid >= 0);
+  if (c.pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL); /* a failing test leaves no child hanging */
+    dup2(fds[1], 1);
+    if (err_path) {
+      int e = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      dup2(e, 2);
+    }
+    for (; env && *env; env++) {
+      char kv[512];
+      snprintf(kv, sizeof kv, "%s", *env);
+      char *eq = strchr(kv, '=');
+      *eq = 0;
+      if (eq[1]) setenv(kv, eq + 1, 1);
+      else unsetenv(kv);
+    }
+    execl(self_exe, "test_publish", "child", source, mode, (char *)NULL);
+    _exit(127);
+  }
+  close(fds[1]);
+  char line[64] = "";
+  ssize_t n = read(c.out, line, sizeof line - 1);
+  if (n > 0) {
+    line[n] = 0;
+    sscanf(line, "ready %d", &c.had_record);
+  }
+  return c;
+}
+
+static int finish(child *c) {
+  int status = 0;
+  waitpid(c->pid, &status, 0);
+  close(c->out);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+static void record_path(char *buf, size_t cap, const char *dir, int pid) {
+  snprintf(buf, cap, "%s/%d.rec", dir, pid);
+}
+
+/* This process's record, mapped read-only. */
+static const vram_process_record *map_record(const char *dir, int pid) {
+  char path[400];
+  record_path(path, sizeof path, dir, pid);
+  int fd = open(path, O_RDONLY);
+  if (fd < 0) return NULL;
+  void *m = mmap(NULL, sizeof(vram_process_record), PROT_READ, MAP_SHARED, fd, 0);
+  close(fd);
+  return m == MAP_FAILED ? NULL : m;
+}
+
+static vram_device_record read_slot(const vram_process_record *r, int device) {
+  vram_device_record d;
+  assert_int_equal(_vram_record_read_device(&r->devices[device], &d), 0);
+  return d;
+}
+
+static void expect_slot_equals_stats(vram_pool_t *pool, const vram_process_record *r) {
+  vram_stats_t s = vt_stats(pool);
+  vram_device_record d = read_slot(r, 0);
+  assert_int_equal(d.in_use, 1);
+  assert_int_equal(d.allocated_bytes, (uint64_t)s.allocated_bytes.current);
+  assert_int_equal(d.reserved_bytes, (uint64_t)s.reserved_bytes.current);
+  assert_int_equal(d.active_bytes, (uint64_t)s.active_bytes.current);
+  assert_int_equal(d.cached_free_bytes, (uint64_t)(s.reserved_bytes.current - s.active_bytes.current));
+  assert_int_equal(d.peak_allocated_bytes, (uint64_t)s.allocated_bytes.peak);
+  assert_int_equal(d.peak_reserved_bytes, (uint64_t)s.reserved_bytes.peak);
+}
+
+/* ---- the sim tests ------------------------------------------------------------------ */
+
+static void test_record_fields(void **state) {
+  vram_pool_t *pool = vt_pool_new(VRAM_SOURCE_SIM, (size_t)1 << 30);
+  struct stat st;
+  assert_int_equal(stat(pub_dir, &st), 0);
+  assert_int_equal(st.st_mode & 0777, 0700);
+  char path[400];
+  record_path(path, sizeof path, pub_dir, (int)getpid());
+  assert_int_equal(stat(path, &st), 0);
+  assert_int_equal(st.st_mode & 0777, 0600);
+  assert_int_equal(st.st_size, sizeof(vram_process_record));
+  const vram_process_record *r = map_record(pub_dir, (int)getpid());
+  assert_non_null(r);
+  assert_true(r->magic == VRAM_RECORD_MAGIC);
+  assert_int_equal(r->version, VRAM_RECORD_VERSION);
+  assert_int_equal(r->record_size, sizeof *r);
+  assert_int_equal(r->pid, getpid());
+  assert_int_equal(r->uid, geteuid());
+  assert_true(r->start_ticks > 0);
+  assert_string_equal(r->name, "test_publish");
+  assert_string_equal(r->cmdline, ""); /* no opt-in */
+  assert_int_equal(r->n_devices, 1);
+  vram_device_record d = read_slot(r, 0);
+  assert_string_equal(d.source, "sim");
+  assert_string_equal(d.uuid, "");
+  assert_int_equal(d.capacity_bytes, (size_t)1 << 30);
+
+  vt_rng rng;
+  vt_rng_seed(&rng, 7);
+  void *live[16] = {NULL};
+  for (int i = 0; i < 400; i++) {
+    int k = (int)vt_rng_below(&rng, 16);
+    if (live[k]) {
+      VT_OK(vram_free(pool, live[k]));
+      live[k] = NULL;
+    } else {
+      VT_OK(vram_malloc(pool, vt_rng_logsize(&rng, 256, 8 << 20), NULL, &live[k]));
+    }
+    VT_VALID(pool);
+    expect_slot_equals_stats(pool, r);
+  }
+  for (int k = 0; k < 16; k++) VT_OK(vram_free(pool, live[k]));
+  VT_OK(vram_set_limit(pool, 512 << 20, 0));
+  VT_VALID(pool);
+  void *big = NULL;
+  VT_EXPECT(vram_malloc(pool, 600 << 20, NULL, &big), VRAM_ENOMEM);
+  VT_VALID(pool);
+  d = read_slot(r, 0);
+  vram_stats_t s = vt_stats(pool);
+  assert_int_equal(d.limit_bytes, 512 << 20);
+  assert_int_equal(d.num_ooms, s.num_ooms);
+  assert_true(d.num_ooms >= 1);
+  assert_int_equal(d.num_alloc_retries, s.num_alloc_retries);
+  VT_OK(vram_empty_cache(pool));
+  VT_VALID(pool);
+  d = read_slot(r, 0);
+  s = vt_stats(pool);
+  assert_int_equal(d.largest_free_block, s.largest_free_block);
+  assert_int_equal(d.reserved_bytes, (uint64_t)s.reserved_bytes.current);
+  assert_true(d.updated_ns > 0);
+
+  /* A second pool of the same device publishes nothing: one writer per slot. */
+  vram_pool_t *second = vt_pool_new(VRAM_SOURCE_SIM, (size_t)1 << 30);
+  void *p = NULL;
+  VT_OK(vram_malloc(second, 1 << 20, NULL, &p));
+  VT_VALID(second);
+  expect_slot_equals_stats(pool, r);
+  VT_OK(vram_free(second, p));
+  VT_OK(vram_pool_destroy(second));
+  VT_OK(vram_pool_destroy(pool));
+  assert_int_equal(read_slot(r, 0).in_use, 0);
+  assert_int_equal(r->n_devices, 0);
+  munmap((void *)r, sizeof *r);
+}
+
+/* The child publishes while it lives and its record is gone once it exits; a forked
+ * child of a publishing process gets a record of its own and leaves the parent's alone. */
+static void test_removed_at_exit(void **state) {
+  const char *env[] = {NULL};
+  child c = spawn("sim", "exit", env, NULL);
+  assert_int_equal(c.had_record, 1);
+  assert_int_equal(finish(&c), 0);
+  char path[400];
+  record_path(path, sizeof path, pub_dir, c.pid);
+  assert_int_equal(access(path, F_OK), -1);
+
+  vram_pool_t *pool = vt_pool_new(VRAM_SOURCE_SIM, (size_t)1 << 30); /* the parent publishes */
+  pid_t f = fork();
+  if (f == 0) {
+    vram_pool_t *mine = NULL;
+    char own[400];
+    record_path(own, sizeof own, pub_dir, (int)getpid());
+    vram_options_t o;
+    vram_options_init(&o);
+    o.source = VRAM_SOURCE_SIM;
+    int ok = vram_pool_create(&mine, &o) == VRAM_OK && access(own, F_OK) == 0;
+    if (mine) vram_pool_destroy(mine);
+    exit(ok ? 0 : 1); /* exit, not _exit: the record goes with the atexit handlers */
+  }
+  int status = 0;
+  waitpid(f, &status, 0);
+  assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  record_path(path, sizeof path, pub_dir, f);
+  assert_int_equal(access(path, F_OK), -1);
+  record_path(path, sizeof path, pub_dir, (int)getpid());
+  assert_int_equal(access(path, F_OK), 0);
+  VT_OK(vram_pool_destroy(pool));
+}
+
+static void test_publish_off(void **state) {
+  char dir[400];
+  snprintf(dir, sizeof dir, "%s/off", base_dir);
+  char env_dir[450];
+  snprintf(env_dir, sizeof env_dir, "VRAMKIT_PUBLISH_DIR=%s", dir);
+  const char *env[] = {env_dir, "VRAMKIT_PUBLISH=0", NULL};
+  child c = spawn("sim", "exit", env, NULL);
+  assert_int_equal(c.had_record, 0);
+  assert_int_equal(finish(&c), 0);
+  assert_int_equal(access(dir, F_OK), -1); /* not even the directory */
+}
+
+/* A directory open to others, or another user's, is refused with one line on stderr; the
+ * child's allocations succeed all the same. */
+static void refused_dir(const char *name, mode_t mode, int chown_to) {
+  char dir[400], err[450], env_dir[450];
+  snprintf(dir, sizeof dir, "%s/%s", base_dir, name);
+  snprintf(err, sizeof err, "%s/%s.stderr", base_dir, name);
+  assert_int_equal(mkdir(dir, 0700), 0);
+  assert_int_equal(chmod(dir, mode), 0);
+  if (chown_to >= 0 && chown(dir, (uid_t)chown_to, (gid_t)-1) != 0) {
+    rmdir(dir);
+    return; /* not root: another user's directory cannot be made here */
+  }
+  snprintf(env_dir, sizeof env_dir, "VRAMKIT_PUBLISH_DIR=%s", dir);
+  const char *env[] = {env_dir, "VRAMKIT_PUBLISH=", NULL};
+  child c = spawn("sim", "exit", env, err);
+  assert_int_equal(c.had_record, 0);
+  assert_int_equal(finish(&c), 0);
+  char text[1024] = "";
+  int fd = open(err, O_RDONLY);
+  ssize_t n = read(fd, text, sizeof text - 1);
+  close(fd);
+  text[n > 0 ? n : 0] = 0;
+  assert_non_null(strstr(text, "refusing"));
+  assert_non_null(strstr(text, dir));
+  assert_ptr_equal(strchr(text, '\n'), text + strlen(text) - 1); /* one line */
+  char path[500];
+  record_path(path, sizeof path, dir, c.pid);
+  assert_int_equal(access(path, F_OK), -1);
+}
+
+static void test_refused_dirs(void **state) {
+  refused_dir("open", 0777, -1);
+  refused_dir("group", 0750, -1);
+  refused_dir("foreign", 0700, geteuid() == 0 ? 12345 : -1);
+}
+
+/* Writes a record for `pid` as if that process published it. */
+static void plant(const char *dir, int pid, uint64_t start_ticks, const char *name,
+                  uint64_t reserved, uint64_t allocated) {
+  vram_process_record r;
+  memset(&r, 0, sizeof r);
+  r.magic = VRAM_RECORD_MAGIC;
+  r.version = VRAM_RECORD_VERSION;
+  r.record_size = sizeof r;
+  r.pid = pid;
+  r.uid = geteuid();
+  r.start_ticks = start_ticks;
+  snprintf(r.name, sizeof r.name, "%s", name);
+  r.n_devices = 1;
+  r.devices[0].in_use = 1;
+  snprintf(r.devices[0].source, sizeof r.devices[0].source, "sim");
+  r.devices[0].reserved_bytes = reserved;
+  r.devices[0].allocated_bytes = r.devices[0].active_bytes = allocated;
+  r.devices[0].cached_free_bytes = reserved - allocated;
+  char path[400];
+  record_path(path, sizeof path, dir, pid);
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  assert_true(fd >= 0);
+  assert_int_equal(write(fd, &r, sizeof r), (ssize_t)sizeof r);
+  close(fd);
+}
+
+static uint64_t start_ticks_of(int pid) {
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  char *p = strrchr(buf, ')') + 1;
+  for (int field = 3; field < 22; field++) p = strchr(p + 1, ' ');
+  return strtoull(p, NULL, 10);
+}
+
+/* The OOM report of a fresh sim pool asked for more than it holds. */
+static void oom_report(char *buf, size_t cap) {
+  vram_pool_t *pool = vt_pool_new(VRAM_SOURCE_SIM, (size_t)64 << 20);
+  void *p = NULL;
+  VT_EXPECT(vram_malloc(pool, 32 << 20, NULL, &p), VRAM_OK);
+  void *q = NULL;
+  VT_EXPECT(vram_malloc(pool, 48 << 20, NULL, &q), VRAM_ENOMEM);
+  VT_VALID(pool);
+  assert_true(vram_oom_report(pool, buf, cap) > 0);
+  VT_OK(vram_free(pool, p));
+  VT_OK(vram_pool_destroy(pool));
+}
+
+/* A record planted for a live process (pid 1, as it started) is named with its cached
+ * free memory; the same record with another start time (a reused pid) is not. */
+static void test_planted_neighbour(void **state) {
+  plant(pub_dir, 1, start_ticks_of(1), "planted", 3ull << 30, 2ull << 30);
+  char report[4096];
+  oom_report(report, sizeof report);
+  assert_non_null(strstr(report, "Other processes on this GPU: pid 1 (planted)"));
+  assert_non_null(strstr(report, "reserved 3.00 GiB, 1.00 GiB cached free it could give back"));
+  plant(pub_dir, 1, start_ticks_of(1) + 1, "reused", 3ull << 30, 2ull << 30);
+  oom_report(report, sizeof report);
+  assert_null(strstr(report, "pid 1 "));
+  char path[400];
+  record_path(path, sizeof path, pub_dir, 1);
+  assert_int_equal(access(path, F_OK), -1); /* a dead process's record: deleted */
+}
+
+/* Garbage in the directory: a wrong size, a wrong magic, a symlink, a directory, a fifo,
+ * a name that is no pid. The writer and the reader carry on. */
+static void test_corrupt_files(void **state) {
+  char path[400];
+  snprintf(path, sizeof path, "%s/999999.rec", pub_dir);
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  assert_int_equal(write(fd, "garbage", 7), 7);
+  close(fd);
+  plant(pub_dir, 1, start_ticks_of(1), "badmagic", 1 << 20, 0);
+  record_path(path, sizeof path, pub_dir, 1);
+  fd = open(path, O_WRONLY);
+  assert_int_equal(pwrite(fd, "XXXXXXXX", 8, 0), 8);
+  close(fd);
+  snprintf(path, sizeof path, "%s/2.rec", pub_dir);
+  assert_int_equal(symlink("/etc/passwd", path), 0);
+  snprintf(path, sizeof path, "%s/3.rec", pub_dir);
+  assert_int_equal(mkdir(path, 0700), 0);
+  snprintf(path, sizeof path, "%s/4.rec", pub_dir);
+  assert_int_equal(mkfifo(path, 0600), 0);
+  snprintf(path, sizeof path, "%s/notapid.rec", pub_dir);
+  fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  close(fd);
+  char report[4096];
+  oom_report(report, sizeof report);
+  assert_null(strstr(report, "Other processes"));
+  assert_int_equal(_vram_publish_sweep(), 0); /* none of them is a dead process's record */
+  const char *names[] = {"999999.rec", "1.rec", "2.rec", "4.rec", "notapid.rec"};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    snprintf(path, sizeof path, "%s/%s", pub_dir, names[i]);
+    unlink(path);
+  }
+  snprintf(path, sizeof path, "%s/3.rec", pub_dir);
+  rmdir(path);
+}
+
+/* A live vramkit child is a neighbour with its cached free memory; killed, its record
+ * stays (no atexit), is ignored by the report and cleaned by it. */
+static void test_killed_child(void **state) {
+  const char *env[] = {NULL};
+  child c = spawn("sim", "hang", env, NULL);
+  assert_int_equal(c.had_record, 1);
+  char report[4096], want[64];
+  oom_report(report, sizeof report);
+  snprintf(want, sizeof want, "pid %d (test_publish)", (int)c.pid);
+  assert_non_null(strstr(report, want));
+  assert_non_null(strstr(report, "4.00 MiB cached free it could give back"));
+  kill(c.pid, SIGKILL);
+  assert_int_equal(finish(&c), 128 + SIGKILL);
+  char path[400];
+  record_path(path, sizeof path, pub_dir, c.pid);
+  assert_int_equal(access(path, F_OK), 0); /* stale: the process died without cleaning */
+  oom_report(report, sizeof report);
+  assert_null(strstr(report, want));
+  assert_int_equal(access(path, F_OK), -1);
+}
+
+/* ---- through the doubles of the driver and NVML ----------------------------------------- */
+
+static void test_nvml_neighbours(void **state) {
+  /* A vramkit child on the same (fake) GPU, and processes only NVML knows. */
+  const char *env[] = {NULL};
+  child c = spawn("cuda", "hang", env, NULL);
+  assert_int_equal(c.had_record, 1);
+  char procs[256];
+  snprintf(procs, sizeof procs, "4242:bigjob:5368709120,%d:trainer:67108864,4343:hidden:-,%d:self:1",
+           (int)c.pid, (int)getpid());
+  setenv("FAKE_NVML_PROCS", procs, 1);
+  vram_options_t o;
+  vram_options_init(&o);
+  o.source = VRAM_SOURCE_CUDA;
+  o.limit_bytes = 64 << 20;
+  vram_pool_t *pool = vt_pool_from(&o);
+  void *p = NULL;
+  VT_EXPECT(vram_malloc(pool, 128 << 20, NULL, &p), VRAM_ENOMEM);
+  VT_VALID(pool);
+  char report[4096], want[160];
+  vram_oom_report(pool, report, sizeof report);
+  assert_non_null(strstr(report, "Other processes on this GPU: pid 4242 (bigjob) 5.00 GiB;"));
+  snprintf(want, sizeof want, "pid %d (trainer) 64.00 MiB, vramkit: reserved", (int)c.pid);
+  assert_non_null(strstr(report, want));
+  assert_non_null(strstr(report, "pid 4343 (hidden).")); /* NVML gave no figure */
+  snprintf(want, sizeof want, "pid %d ", (int)getpid());
+  assert_null(strstr(report, want)); /* not itself */
+  VT_OK(vram_pool_destroy(pool));
+  /* The record names the GPU as NVML does. */
+  const vram_process_record *r = map_record(pub_dir, c.pid);
+  assert_non_null(r);
+  assert_string_equal(read_slot(r, 0).uuid, "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f");
+  munmap((void *)r, sizeof *r);
+  kill(c.pid, SIGKILL);
+  finish(&c);
+}
+
+int main(int argc, char **argv) {
+  if (argc == 4 && strcmp(argv[1], "child") == 0) return child_main(argv[2], argv[3]);
+  ssize_t n = readlink("/proc/self/exe", self_exe, sizeof self_exe - 1);
+  if (n <= 0) return 1;
+  self_exe[n] = 0;
+  snprintf(base_dir, sizeof base_dir, "%s/vramkit-publish-XXXXXX",
+           getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+  if (!mkdtemp(base_dir)) return 1;
+  snprintf(pub_dir, sizeof pub_dir, "%s/pub", base_dir);
+  setenv("VRAMKIT_PUBLISH_DIR", pub_dir, 1); /* children inherit it */
+  unsetenv("VRAMKIT_PUBLISH");
+  int failed;
+  if (argc > 1 && strcmp(argv[1], "nvml") == 0) {
+    setenv("VRAMKIT_TEST_GPU", "1", 1);
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_nvml_neighbours)};
+    failed = cmocka_run_group_tests(tests, NULL, NULL);
+  } else {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_record_fields),   cmocka_unit_test(test_removed_at_exit),
+        cmocka_unit_test(test_publish_off),     cmocka_unit_test(test_refused_dirs),
+        cmocka_unit_test(test_planted_neighbour), cmocka_unit_test(test_corrupt_files),
+        cmocka_unit_test(test_killed_child),
+    };
+    failed = cmocka_run_group_tests(tests, NULL, NULL);
+  }
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", base_dir);
+  if (system(cmd) != 0) failed++;
+  return failed;
+}
