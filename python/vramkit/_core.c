@@ -995,14 +995,36 @@ static uint64_t stacks_intern(const stack_frame *frames, uint32_t depth, uint64_
   return stacks.n_entries;
 }
 
+static uint64_t capture_stack_locked(void);
+
+/* Python is shutting down: no thread may take the GIL any more. */
+static int python_finalizing(void) {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing();
+#else
+  return _Py_IsFinalizing();
+#endif
+}
+
 /* The vram_context_fn: called by a pool at each allocation while it records with stacks,
- * on whatever thread allocates. Only a thread that holds the GIL may look at Python
- * frames; PyTorch's autograd workers allocate without it and get 0 ("no stack"). Nothing
- * here builds a Python object or looks anything up from Python: it reads (code, lasti)
- * pairs and hashes them. */
+ * on whatever thread allocates, outside the pool's lock. Python frames may only be read
+ * with the GIL, and PyTorch releases it around every operator it dispatches, so a thread
+ * that Python knows (it has a thread state, and with it its frames) takes the GIL back for
+ * the walk, as PyTorch's own recorder does. A thread Python never saw (a C++ worker) has
+ * no Python frames: 0, "no stack". */
 static uint64_t capture_stack(void *user) {
   (void)user;
-  if (!PyGILState_Check()) return 0;
+  if (PyGILState_Check()) return capture_stack_locked();
+  if (PyGILState_GetThisThreadState() == NULL || python_finalizing()) return 0;
+  PyGILState_STATE gil = PyGILState_Ensure();
+  uint64_t id = capture_stack_locked();
+  PyGILState_Release(gil);
+  return id;
+}
+
+/* The walk itself, with the GIL held. Nothing here builds a Python object or looks
+ * anything up from Python: it reads (code, lasti) pairs and hashes them. */
+static uint64_t capture_stack_locked(void) {
   stack_frame frames[STACK_MAX_DEPTH];
   uint32_t depth = 0;
   uint64_t hash = 0x84222325cbf29ce4ull;

@@ -125,7 +125,8 @@ def test_lightning_callback_logs_a_fit(gpu_run, tmp_path):
                             enable_checkpointing=False, enable_progress_bar=False,
                             enable_model_summary=False, callbacks=[MemoryCallback(__LOG__)])
         trainer.fit(Net(), data)
-        assert vramkit.memory_allocated(0) > 0
+        # Lightning moves the module back to the CPU when fit ends, so what was allocated
+        # during it is read from the log, not from the pool now.
     """.replace("__LOG__", repr(str(log))),
         env={"VRAMKIT_PUBLISH_DIR": str(tmp_path)})
     records = _records(log)

@@ -334,6 +334,7 @@ def test_bad_arguments_name_themselves_and_leave_the_pool_valid(run):
 
 
 def _memory_viz(snapshot_path, command):
+    """python -m torch.cuda._memory_viz COMMAND FILE; its `stats` action prints segsum."""
     proc = subprocess.run([sys.executable, "-m", "torch.cuda._memory_viz", command,
                            str(snapshot_path)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -355,7 +356,7 @@ def test_torch_memory_viz_reads_the_pickle(run, tmp_path):
         print(vramkit.memory_reserved(), vramkit.memory_allocated())
     """)
     reserved, allocated = map(int, out.stdout.split())
-    segsum = _memory_viz(path, "segsum")
+    segsum = _memory_viz(path, "stats")
     assert f"total_reserved: {Bytes(reserved)}" in segsum
     # segsum's allocated is what was asked for; vramkit's counts rounded blocks.
     snap = pickle.loads(path.read_bytes())
@@ -415,7 +416,7 @@ def test_torch_training_on_the_gpu(tmp_path):
     leak_line = inspect.cleandoc(TRAIN).splitlines().index(
         next(l for l in inspect.cleandoc(TRAIN).splitlines() if "PLANTED LEAK" in l)) + 1
     assert f"{script}:{leak_line}:<module>" in findings, findings
-    segsum = _memory_viz(tmp_path / "train.pickle", "segsum")
+    segsum = _memory_viz(tmp_path / "train.pickle", "stats")
     assert f"total_reserved: {Bytes(reserved)}" in segsum
     snap = pickle.loads((tmp_path / "train.pickle").read_bytes())
     assert sum(s["allocated_size"] for s in snap["segments"]) == allocated
