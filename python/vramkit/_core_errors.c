@@ -1,0 +1,328 @@
+/* _core_errors.c - how vramkit._core reports failure and reads its arguments: ONE function,
+ * status_type(), maps a vram_status to an exception type; the raise_* helpers build
+ * messages that name what the user gave (the device, the argument, the environment
+ * variable), never this module's own function names; the converters read sizes, streams
+ * and devices the way every function of the module accepts them. */
+#include "_core.h"
+
+typedef int (*text_fn)(vram_pool_t *, char *, size_t);
+
+PyObject *pool_text(vram_pool_t *pool, text_fn fn, int *status) {
+  char small[4096];
+  int need = fn(pool, small, sizeof small);
+  *status = need < 0 ? need : 0;
+  if (need < 0) return NULL;
+  if ((size_t)need < sizeof small) return PyUnicode_DecodeUTF8(small, need, "replace");
+  /* Too long for the stack buffer: ask again with room for all of it. */
+  char *big = PyMem_Malloc((size_t)need + 1);
+  if (big == NULL) return PyErr_NoMemory();
+  int again = fn(pool, big, (size_t)need + 1);
+  PyObject *text = again < 0 ? NULL : PyUnicode_DecodeUTF8(big, again < need ? again : need,
+                                                           "replace");
+  PyMem_Free(big);
+  *status = again < 0 ? again : 0;
+  return text;
+}
+
+/* THE mapping from a vram_status to the exception type that stands for it. */
+PyObject *status_type(core_state *st, int status) {
+  switch (status) {
+  case VRAM_ENOMEM: return st->OutOfMemoryError;
+  case VRAM_EHOSTMEM: return st->HostMemoryError;
+  case VRAM_EINVAL:
+  case VRAM_ETRACE: return st->InvalidArgumentError;
+  case VRAM_EDEVICE: return st->InvalidDeviceError;
+  case VRAM_EENV: return st->ConfigError;
+  case VRAM_EDOUBLEFREE: return st->DoubleFreeError;
+  case VRAM_EFOREIGN: return st->ForeignPointerError;
+  case VRAM_EBUSY: return st->BusyError;
+  case VRAM_ENODRIVER: return st->NoDriverError;
+  case VRAM_EUNSUPPORTED: return st->UnsupportedError;
+  case VRAM_EDRIVER:
+  case VRAM_EFAULT:
+  case VRAM_EIO: return st->DriverError;
+  default: return st->VramError;
+  }
+}
+
+/* The exception of `status` with this message, carrying .status, .errname and .report
+ * (the OOM report, else None), so callers can test the code rather than parse text. */
+PyObject *new_error(core_state *st, int status, PyObject *message, PyObject *report) {
+  PyObject *exc = PyObject_CallOneArg(status_type(st, status), message);
+  if (exc == NULL) return NULL;
+  PyObject *code = PyLong_FromLong(status);
+  PyObject *name = PyUnicode_FromString(vram_errname(status));
+  int failed = code == NULL || name == NULL || PyObject_SetAttrString(exc, "status", code) < 0 ||
+               PyObject_SetAttrString(exc, "errname", name) < 0 ||
+               PyObject_SetAttrString(exc, "report", report ? report : Py_None) < 0;
+  Py_XDECREF(code);
+  Py_XDECREF(name);
+  if (failed) Py_CLEAR(exc);
+  return exc;
+}
+
+/* Raise `status` with a message (a new reference, consumed; NULL passes an error on). */
+PyObject *raise_message(core_state *st, int status, PyObject *message, PyObject *report) {
+  if (message == NULL) return NULL;
+  PyObject *exc = new_error(st, status, message, report);
+  Py_DECREF(message);
+  if (exc == NULL) return NULL;
+  PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+  Py_DECREF(exc);
+  return NULL;
+}
+
+/* Sizes in messages: "80.00 GiB", the exact byte count going beside it. */
+static void format_bytes(char *out, size_t cap, double bytes) {
+  static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB",
+                                      "YiB"};
+  int unit = 0;
+  while (bytes >= 1024.0 && unit < 8) {
+    bytes /= 1024.0;
+    unit++;
+  }
+  PyOS_snprintf(out, cap, unit == 0 ? "%.0f %s" : "%.2f %s", bytes, units[unit]);
+}
+
+/* Messages of the engine's option table read "VRAMKIT_LIMIT: expected ..."; a message for a
+ * Python argument keeps only the reason, since the user never wrote the variable. */
+const char *reason_of(const char *why, const char *variable) {
+  size_t n = strlen(variable);
+  if (why == NULL) return "invalid value";
+  if (strncmp(why, variable, n) == 0 && why[n] == ':') return why + n + (why[n + 1] == ' ' ? 2 : 1);
+  return why;
+}
+
+/* A bad VRAMKIT_* variable: ask the engine which one (it keeps the reason) and quote what
+ * the environment holds, so the user sees the line to fix. */
+static PyObject *raise_env_error(core_state *st) {
+  vram_options_t probe;
+  const char *why = NULL;
+  vram_options_init(&probe);
+  vram_options_from_env(&probe, &why);
+  const char *colon = why ? strchr(why, ':') : NULL;
+  if (colon == NULL)
+    return raise_message(st, VRAM_EENV, PyUnicode_FromString(vram_strerror(VRAM_EENV)), NULL);
+  char variable[64];
+  PyOS_snprintf(variable, sizeof variable, "%.*s", (int)(colon - why), why);
+  const char *value = getenv(variable);
+  return raise_message(st, VRAM_EENV,
+                       PyUnicode_FromFormat("environment variable %s=%s: %s", variable,
+                                            value ? value : "", reason_of(why, variable)),
+                       NULL);
+}
+
+/* Where a device's pool takes its memory when none is configured: the source the
+ * environment names, AUTO read as the engine reads it (the GPU if one is seen, else sim). */
+static vram_source_kind env_source(void) {
+  vram_options_t probe;
+  vram_options_init(&probe);
+  if (vram_options_from_env(&probe, NULL) != VRAM_OK) return VRAM_SOURCE_AUTO;
+  if (probe.source != VRAM_SOURCE_AUTO) return probe.source;
+  int gpus = 0;
+  return vram_device_count(VRAM_SOURCE_CUDA, &gpus) == VRAM_OK && gpus > 0 ? VRAM_SOURCE_CUDA
+                                                                          : VRAM_SOURCE_SIM;
+}
+
+/* No such device: say how many there are, so "device 99" is not a riddle. */
+PyObject *raise_bad_device(core_state *st, int device, vram_source_kind kind) {
+  int count = 0;
+  if (kind == VRAM_SOURCE_AUTO) kind = env_source();
+  if (device < 0)
+    return raise_message(
+        st, VRAM_EDEVICE,
+        PyUnicode_FromFormat("device %d: invalid device ordinal (ordinals start at 0)", device),
+        NULL);
+  if (vram_device_count(kind, &count) != VRAM_OK)
+    return raise_message(
+        st, VRAM_EDEVICE, PyUnicode_FromFormat("device %d: invalid device ordinal", device),
+        NULL);
+  return raise_message(st, VRAM_EDEVICE,
+                       PyUnicode_FromFormat("device %d: invalid device ordinal (the %s source "
+                                            "has %d device%s)",
+                                            device, vram_source_name(kind), count,
+                                            count == 1 ? "" : "s"),
+                       NULL);
+}
+
+
+/* Raise the exception of a status from a call on `device`. `pool`, if known, supplies the
+ * OOM report, which names the size, the capacity, what is free and what to try: when there
+ * is one it is the whole message. Returns NULL for convenience. */
+PyObject *raise_status(core_state *st, int status, int device, vram_pool_t *pool) {
+  if (status == VRAM_EDEVICE) return raise_bad_device(st, device, VRAM_SOURCE_AUTO);
+  if (status == VRAM_EENV) return raise_env_error(st);
+  if (status == VRAM_ENOMEM && pool != NULL) {
+    int rs;
+    PyObject *report = pool_text(pool, vram_oom_report, &rs);
+    if (report == NULL) PyErr_Clear();
+    if (report != NULL && PyUnicode_GetLength(report) > 0) {
+      raise_message(st, status, Py_NewRef(report), report);
+      Py_DECREF(report);
+      return NULL;
+    }
+    Py_XDECREF(report);
+  }
+  if (device == NO_DEVICE)
+    return raise_message(st, status, PyUnicode_FromString(vram_strerror(status)), NULL);
+  return raise_message(st, status,
+                       PyUnicode_FromFormat("device %d: %s", device, vram_strerror(status)),
+                       NULL);
+}
+
+/* The default pool of a device, or NULL with an exception set. */
+vram_pool_t *get_pool(core_state *st, int device) {
+  vram_pool_t *pool = NULL;
+  int rc;
+  if (device >= 0 && device < VRAMKIT_MAX_TRACKED && pool_touched[device]) {
+    rc = vram_default_pool(device, &pool);
+  } else {
+    /* First use may preallocate from the driver: let other threads run meanwhile. */
+    Py_BEGIN_ALLOW_THREADS
+    rc = vram_default_pool(device, &pool);
+    Py_END_ALLOW_THREADS
+  }
+  if (rc != VRAM_OK) {
+    raise_status(st, rc, device, NULL);
+    return NULL;
+  }
+  if (device >= 0 && device < VRAMKIT_MAX_TRACKED) pool_touched[device] = 1;
+  return pool;
+}
+
+
+/* An int, or an object with __index__ (numpy's integers), never a bool or a float: a byte
+ * count has no fractions, and True is not a size. A negative size is refused here, naming
+ * the argument. One past size_t is not an overflow but a size no device holds; what that
+ * means is the caller's (empty(): out of memory), so it is only marked. */
+int size_converter(PyObject *obj, void *out) {
+  size_arg *arg = out;
+  arg->obj = obj;
+  arg->bytes = 0;
+  arg->too_big = 0;
+  if (PyBool_Check(obj) || !PyIndex_Check(obj)) {
+    PyErr_Format(PyExc_TypeError, "%s must be an int (a number of bytes), not %s", arg->name,
+                 Py_TYPE(obj)->tp_name);
+    return 0;
+  }
+  PyObject *value = PyLong_CheckExact(obj) ? Py_NewRef(obj) : PyNumber_Index(obj);
+  if (value == NULL) return 0;
+  int overflow = 0;
+  long long small = PyLong_AsLongLongAndOverflow(value, &overflow);
+  int ok = 1;
+  if (small == -1 && PyErr_Occurred()) {
+    ok = 0;
+  } else if (overflow < 0 || (overflow == 0 && small < 0)) {
+    raise_message(arg->st, VRAM_EINVAL,
+                  PyUnicode_FromFormat("%s must be >= 0, got %S", arg->name, value), NULL);
+    ok = 0;
+  } else if (overflow == 0) {
+    arg->bytes = (size_t)small;
+  } else {
+    unsigned long long big = PyLong_AsUnsignedLongLong(value);
+    if (big == (unsigned long long)-1 && PyErr_Occurred()) {
+      if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+        PyErr_Clear();
+        arg->too_big = 1;
+      } else {
+        ok = 0;
+      }
+    } else if (big > SIZE_MAX) {
+      arg->too_big = 1;
+    } else {
+      arg->bytes = (size_t)big;
+    }
+  }
+  Py_DECREF(value);
+  return ok;
+}
+
+/* empty() of a size past size_t, which the engine never sees: an out-of-memory error like
+ * the one the engine gives for sizes past its maximum, naming the size and the capacity. */
+PyObject *raise_too_big(core_state *st, vram_pool_t *pool, int device,
+                               const size_arg *size) {
+  size_t free_bytes = 0, total_bytes = 0;
+  vram_mem_get_info(pool, &free_bytes, &total_bytes);
+  PyObject *exact = PyNumber_Index(size->obj);
+  if (exact == NULL) return NULL;
+  char asked[48] = "", capacity[48];
+  double approx = PyLong_AsDouble(exact);
+  if (approx == -1.0 && PyErr_Occurred()) PyErr_Clear();
+  /* Past a thousand YiB a unit says nothing the exact figure does not. */
+  else if (approx < 0x1p90) format_bytes(asked, sizeof asked, approx);
+  format_bytes(capacity, sizeof capacity, (double)total_bytes);
+  PyObject *message = PyUnicode_FromFormat(
+      "vramkit: out of memory on device %d (%s source): tried to allocate %s%s%S bytes%s, "
+      "more than device %d's capacity of %s (%zu bytes).",
+      device, vram_source_name(vram_pool_source(pool)), asked, asked[0] ? " (" : "", exact,
+      asked[0] ? ")" : "", device, capacity, total_bytes);
+  Py_DECREF(exact);
+  /* The message is the report too, as the engine's out-of-memory reports are. */
+  return raise_message(st, VRAM_ENOMEM, message, message);
+}
+
+/* getattr that treats a missing attribute as "absent" (1: found, 0: absent, -1: error). */
+static int optional_attr(PyObject *obj, const char *name, PyObject **out) {
+  *out = PyObject_GetAttrString(obj, name);
+  if (*out != NULL) return 1;
+  if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return -1;
+  PyErr_Clear();
+  return 0;
+}
+
+/* "O&" converter: None -> NULL stream; an int is the CUstream handle itself; an object
+ * with .cuda_stream (torch.cuda.Stream) or .ptr (cupy.cuda.Stream) gives its handle. */
+int stream_converter(PyObject *obj, void *out) {
+  vram_stream_t *stream = out;
+  if (obj == Py_None) {
+    *stream = NULL;
+    return 1;
+  }
+  PyObject *handle = NULL;
+  if (PyLong_Check(obj)) {
+    handle = Py_NewRef(obj);
+  } else {
+    if (optional_attr(obj, "cuda_stream", &handle) < 0) return 0;
+    if (handle == NULL && optional_attr(obj, "ptr", &handle) < 0)
+      return 0;
+    if (handle == NULL || !PyLong_Check(handle)) {
+      Py_XDECREF(handle);
+      PyErr_Format(PyExc_TypeError,
+                   "stream must be None, an int (a CUstream handle) or a stream object "
+                   "with .cuda_stream or .ptr, not %s",
+                   Py_TYPE(obj)->tp_name);
+      return 0;
+    }
+  }
+  *stream = PyLong_AsVoidPtr(handle);
+  Py_DECREF(handle);
+  return !PyErr_Occurred();
+}
+
+
+static int long_to_int(core_state *st, PyObject *obj, int *out) {
+  int overflow = 0;
+  long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
+  if (v == -1 && PyErr_Occurred()) return 0;
+  if (overflow != 0 || v < INT_MIN || v > INT_MAX) {
+    /* No device has such an ordinal: the same error as any other missing device. */
+    raise_message(st, VRAM_EDEVICE,
+                  PyUnicode_FromFormat("device %S: invalid device ordinal", obj), NULL);
+    return 0;
+  }
+  *out = (int)v;
+  return 1;
+}
+
+int device_from_object(core_state *st, PyObject *obj, int *device) {
+  if (PyLong_CheckExact(obj)) return long_to_int(st, obj, device);
+  if (st->device_resolver == NULL) {
+    PyErr_SetString(PyExc_TypeError, "device must be an int");
+    return 0;
+  }
+  PyObject *ordinal = PyObject_CallOneArg(st->device_resolver, obj);
+  if (ordinal == NULL) return 0;
+  int ok = long_to_int(st, ordinal, device);
+  Py_DECREF(ordinal);
+  return ok;
+}
