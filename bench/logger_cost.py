@@ -7,8 +7,9 @@ record (JSON lines, CSV, a callback), on the pools of this machine's source.
 
 Each figure is the best of interleaved rounds (the least disturbed by other work on the
 machine), in microseconds per call, next to a bare loop for the floor. The pool holds a few
-live blocks, as a training loop's does. Writing figures include the flush after each record
-(the file is followed while training runs) and, off sim, the NVML query.
+live blocks, as a training loop's does. Writing figures are the step path only: the logger's
+thread samples NVML and flushes the file every logger.SAMPLE_PERIOD (0.1 s), so neither the
+NVML query nor the flush is in them (the thread's share of the CPU is, as it runs meanwhile).
 """
 
 from __future__ import annotations

@@ -20,17 +20,30 @@ step during which the overall peak happened even when only every tenth step is w
 
 The logger never creates a pool: until the device's pool is in use (vramkit.torch installed
 and used, or vramkit allocations), it records zeros, so that configure() stays possible.
+
+What a writing step costs. An NVML query takes tens of microseconds, a flush is a system
+call: neither is on the step path. A daemon thread per logger ("vramkit-logger") wakes every
+SAMPLE_PERIOD (0.1 s): it refreshes the NVML figures (the first record queries NVML itself,
+so that it has them) and flushes records written since its last wake. A record's NVML
+figures are therefore up to about 0.1 s old, and it says how old: nvml_age_s. A file holds
+each record within about 0.1 s; close(), the end of a with block and interpreter exit
+(atexit) flush what is left, so a crash (a kill, a segfault) loses at most the records of the
+last 0.1 s. Records are built in FIELDS order directly and encoded by a prebuilt JSON encoder
+or csv.writer.
 """
 
 from __future__ import annotations
 
+import atexit
 import csv
 import io
 import json
 import os
 import sys
+import threading
 import time
 import warnings
+import weakref
 from typing import Any, Callable
 
 from . import _core
@@ -40,7 +53,12 @@ __all__ = ["MemoryLogger", "tqdm_postfix"]
 # The fields every record has, in this order (CSV columns; JSON keys); extras follow.
 FIELDS = ("time", "step", "device", "allocated", "reserved", "peak_allocated",
           "peak_reserved", "active", "largest_free_block", "fragmentation", "nvml_used",
-          "nvml_process_used", "num_alloc_retries", "num_ooms", "step_time")
+          "nvml_process_used", "nvml_age_s", "num_alloc_retries", "num_ooms", "step_time")
+_FIELD_SET = frozenset(FIELDS)
+
+# How often the logger's thread refreshes NVML's figures and flushes the file, in seconds:
+# the most a record's NVML figures lag, and the most a crash loses.
+SAMPLE_PERIOD = 0.1
 
 _JSON_SUFFIXES = (".jsonl", ".ndjson", ".json")
 
@@ -55,6 +73,11 @@ def _pool_in_use(device: int) -> bool:
     from . import _pool_in_use as in_use
 
     return in_use(device)
+
+
+def _nvml_applies(device: int) -> bool:
+    """NVML has figures for the device: not on the sim sources, which have no GPU."""
+    return not _core.source(device).startswith("sim")
 
 
 def _size(n: float) -> str:
@@ -76,8 +99,19 @@ class _NvmlView:
         self.device = device
         self.index: int | None = None
         self.off = False
+        self.error: str | None = None
+        # The latest sample: (used, mine, time.monotonic() of the query), replaced whole by
+        # the sampler thread so that the step path reads it without a lock.
+        self.sample: tuple[int | None, int | None, float] | None = None
+        self.queries = 0
+
+    def refresh(self) -> None:
+        used, mine = self.read()
+        self.sample = (used, mine, time.monotonic())
 
     def read(self) -> tuple[int | None, int | None]:
+        """NVML's (GPU used, this process's used) now; (None, None) once off. A failure
+        sets self.error (the caller warns, on the training loop's thread) and turns it off."""
         if self.off:
             return None, None
         try:
@@ -92,11 +126,11 @@ class _NvmlView:
                     self.off = True  # no NVML, or no such GPU: nothing to report, no warning
                     return None, None
                 self.index = nvml().uuids().index(visible[self.device])
+            self.queries += 1
             gpu = nvml().device(self.index)
         except (NvmlError, ValueError, OSError) as error:
             self.off = True
-            warnings.warn(f"vramkit.MemoryLogger: NVML figures are off from now on: {error}",
-                          RuntimeWarning, stacklevel=4)
+            self.error = f"vramkit.MemoryLogger: NVML figures are off from now on: {error}"
             return None, None
         pid = os.getpid()
         mine = next((p.used_bytes for p in gpu.processes if p.pid == pid), None)
@@ -109,11 +143,14 @@ class MemoryLogger:
     path_or_callback: a file name ending in .jsonl/.ndjson/.json (one JSON object a line) or
     .csv (a header, then a row a record; extras not in the first record are dropped with a
     warning), or a callable that receives each record as a dict. The file is replaced, and
-    flushed after each record so that it can be followed while training runs.
+    flushed by the logger's thread within about SAMPLE_PERIOD (0.1 s) of each record, so that
+    it can be followed while training runs; close() and interpreter exit flush the rest (a
+    crash loses at most the last 0.1 s of records).
 
     device: the vramkit device (an ordinal, "cuda:1", a torch.device); None is device 0.
     nvml: add NVML's used bytes of the GPU and of this process (None where NVML or the GPU is
-    missing, and always on the sim source). reset_peaks: see the module's notes.
+    missing, and always on the sim source), sampled off the step path every SAMPLE_PERIOD;
+    nvml_age_s says how old the record's sample is (None without figures). reset_peaks: see the module's notes.
     summary: where close() prints its summary (a file object; None: sys.stderr; False: not at
     all).
     """
@@ -131,6 +168,7 @@ class MemoryLogger:
         self._file: io.TextIOBase | None = None
         self._csv = None
         self._csv_fields: list[str] | None = None
+        self._csv_extra: list[str] = []
         self._dropped: set[str] = set()
         self.path: str | None = None
         if callable(path_or_callback) and not isinstance(path_or_callback, (str, os.PathLike)):
@@ -178,6 +216,16 @@ class MemoryLogger:
         self._last_stats: dict | None = None
         self._t0 = time.time()
         self._closed = False
+        # The thread that samples NVML and flushes; started at the first record. The lock
+        # orders its flushes with the step path's writes (a TextIOWrapper is not
+        # thread-safe); _dirty says a record was written since the last flush.
+        self._lock = threading.Lock()
+        self._dirty = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._nvml_on = False        # NVML figures apply (decided at the first record)
+        if self._file is not None:
+            _open_logs.add(self)
 
     # -- reading ------------------------------------------------------------------------
 
@@ -244,40 +292,46 @@ class MemoryLogger:
     def _write(self, step, now, raw, step_time, extra) -> dict:
         if step_time is None and self._since and now > self._t_window:
             step_time = (now - self._t_window) / self._since
+        if self._thread is None:
+            self._start_thread(raw)
+        used = mine = age = None
+        if self._nvml_on:
+            nv = self._nvml
+            sample = nv.sample
+            if sample is not None:
+                used, mine, taken = sample
+                if used is not None:
+                    age = time.monotonic() - taken
+            if nv.error is not None:
+                message, nv.error = nv.error, None
+                warnings.warn(message, RuntimeWarning, stacklevel=3)
+        # Built in FIELDS order at once: the record is the dict written and returned.
         if raw is None:
-            record = dict.fromkeys(FIELDS, 0)
-            record["fragmentation"] = 0.0
+            record = {"time": time.time(), "step": step, "device": self.device,
+                      "allocated": 0, "reserved": 0, "peak_allocated": 0, "peak_reserved": 0,
+                      "active": 0, "largest_free_block": 0, "fragmentation": 0.0,
+                      "nvml_used": None, "nvml_process_used": None, "nvml_age_s": None,
+                      "num_alloc_retries": 0, "num_ooms": 0, "step_time": step_time}
         else:
-            record = {
-                "allocated": raw["allocated_bytes"][0],
-                "reserved": raw["reserved_bytes"][0],
-                "peak_allocated": self._win_alloc,
-                "peak_reserved": self._win_res,
-                "active": raw["active_bytes"][0],
-                "largest_free_block": raw["largest_free_block"],
-                "fragmentation": raw["fragmentation"],
-                "num_alloc_retries": raw["num_alloc_retries"],
-                "num_ooms": raw["num_ooms"],
-            }
-        record["time"] = time.time()
-        record["step"] = step
-        record["device"] = self.device
-        used = mine = None
-        if self._nvml is not None and raw is not None and \
-                not _core.source(self.device).startswith("sim"):
-            used, mine = self._nvml.read()
-        record["nvml_used"] = used
-        record["nvml_process_used"] = mine
-        record["step_time"] = step_time
-        ordered = {name: record[name] for name in FIELDS}
-        for key, value in extra.items():
-            if key in ordered:
-                raise ValueError(f"MemoryLogger.step(): extra field {key!r} would replace "
-                                 f"the record's own")
-            ordered[key] = value
-        self._emit(ordered)
+            record = {"time": time.time(), "step": step, "device": self.device,
+                      "allocated": raw["allocated_bytes"][0],
+                      "reserved": raw["reserved_bytes"][0],
+                      "peak_allocated": self._win_alloc, "peak_reserved": self._win_res,
+                      "active": raw["active_bytes"][0],
+                      "largest_free_block": raw["largest_free_block"],
+                      "fragmentation": raw["fragmentation"],
+                      "nvml_used": used, "nvml_process_used": mine, "nvml_age_s": age,
+                      "num_alloc_retries": raw["num_alloc_retries"],
+                      "num_ooms": raw["num_ooms"], "step_time": step_time}
+        if extra:
+            for key in extra:
+                if key in _FIELD_SET:
+                    raise ValueError(f"MemoryLogger.step(): extra field {key!r} would replace "
+                                     f"the record's own")
+            record.update(extra)
+        self._emit(record)
         self._records += 1
-        self._last_stats = ordered
+        self._last_stats = record
         if self.reset_peaks and raw is not None:
             _core.reset_peak_stats(self.device)
             after = _core.stats(self.device)
@@ -289,7 +343,7 @@ class MemoryLogger:
         self._win_rose = self._win_res_rose = False
         self._since = 0
         self._t_window = now
-        return ordered
+        return record
 
     def _emit(self, record: dict) -> None:
         if self._callback is not None:
@@ -297,21 +351,60 @@ class MemoryLogger:
             return
         assert self._file is not None
         if self._format == "jsonl":
-            self._file.write(json.dumps(record, default=_plain) + "\n")
+            line = _json_line(record)
         else:
             if self._csv is None:
                 self._csv_fields = list(record)
-                self._csv = csv.DictWriter(self._file, fieldnames=self._csv_fields,
-                                           extrasaction="ignore", restval="")
-                self._csv.writeheader()
-            new = set(record) - set(self._csv_fields or ()) - self._dropped
-            if new:
-                self._dropped |= new
-                warnings.warn(f"vramkit.MemoryLogger: {self.path}: the CSV columns were fixed "
-                              f"by the first record; dropping the new fields "
-                              f"{', '.join(sorted(new))}", RuntimeWarning, stacklevel=4)
-            self._csv.writerow({k: "" if v is None else v for k, v in record.items()})
-        self._file.flush()
+                self._csv_extra = self._csv_fields[len(FIELDS):]
+                self._csv = csv.writer(self._file)
+                with self._lock:
+                    self._csv.writerow(self._csv_fields)
+            if len(record) != len(self._csv_fields) or \
+                    (self._csv_extra and list(record)[len(FIELDS):] != self._csv_extra):
+                new = set(record) - set(self._csv_fields) - self._dropped
+                if new:
+                    self._dropped |= new
+                    warnings.warn(f"vramkit.MemoryLogger: {self.path}: the CSV columns were "
+                                  f"fixed by the first record; dropping the new fields "
+                                  f"{', '.join(sorted(new))}", RuntimeWarning, stacklevel=4)
+                row = [record.get(k, "") for k in self._csv_fields]
+            else:
+                row = record.values()
+            try:
+                line = ",".join([_CSV_CELL[type(v)](v) for v in row]) + "\r\n"
+            except KeyError:  # a string or another type that may need quoting
+                line = None
+            if line is None:
+                with self._lock:
+                    self._csv.writerow(row)  # None is an empty cell, as csv.writer writes it
+                    self._dirty = True
+                return
+        with self._lock:
+            self._file.write(line)
+            self._dirty = True
+
+    # -- the thread: NVML samples and flushes off the step path ---------------------------
+
+    def _start_thread(self, raw) -> None:
+        """At the first record: take the first NVML sample here (so that the first record has
+        figures), then start the thread that refreshes it and flushes the file."""
+        self._nvml_on = (self._nvml is not None and raw is not None
+                         and _nvml_applies(self.device))
+        if self._nvml_on:
+            self._nvml.refresh()
+        if not self._nvml_on and self._file is None:
+            self._thread = False  # nothing to do off the step path: no thread
+            return
+        # The thread holds the logger weakly: one dropped without close() ends it.
+        self._thread = threading.Thread(target=_run, args=(weakref.ref(self), self._stop),
+                                        name="vramkit-logger", daemon=True)
+        self._thread.start()
+
+    def _flush(self) -> None:
+        with self._lock:
+            if self._file is not None and not self._file.closed:
+                self._dirty = False
+                self._file.flush()
 
     # -- the end ------------------------------------------------------------------------
 
@@ -355,8 +448,13 @@ class MemoryLogger:
         if self._closed:
             return
         self._closed = True
+        self._stop.set()
+        if self._thread:
+            self._thread.join()
         if self._file is not None:
-            self._file.close()
+            _open_logs.discard(self)
+            with self._lock:
+                self._file.close()
         if self._summary_to is not False:
             out = self._summary_to if self._summary_to is not None else sys.stderr
             print(self.summary(), file=out, flush=True)
@@ -377,6 +475,78 @@ def _plain(value):
         except (TypeError, ValueError, RuntimeError):
             pass
     return str(value)
+
+
+def _run(ref, stop: threading.Event) -> None:
+    """The logger's thread: every SAMPLE_PERIOD, a fresh NVML sample and a flush of the
+    records written since the last one."""
+    while not stop.wait(SAMPLE_PERIOD):
+        log = ref()
+        if log is None:
+            return
+        if log._nvml_on and not log._nvml.off:
+            log._nvml.refresh()
+        if log._dirty:
+            log._flush()
+        del log
+
+
+# File loggers not closed yet: interpreter exit flushes them (their threads are daemons,
+# stopped without a last flush).
+_open_logs: "weakref.WeakSet[MemoryLogger]" = weakref.WeakSet()
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    for log in list(_open_logs):
+        log._stop.set()
+        log._flush()
+
+
+# Made once: json.dumps with any argument builds a new encoder at every call.
+_JSON = json.JSONEncoder(default=_plain)
+
+
+def _json_value(v) -> str:
+    """v as json.dumps writes it, without the encoder's per-call setup for the common types."""
+    if v is None:
+        return "null"
+    kind = type(v)
+    if kind is int or (kind is float and v - v == 0.0):  # finite floats; NaN/inf: the encoder
+        return repr(v)
+    return _JSON.encode(v)
+
+
+# The fixed part of a JSON line with its keys written once; the values the engine gives as
+# ints go in as %d, the others through _json_value. Equal to json.dumps(record).
+_JSON_HEAD = ('{"time": %s, "step": %s, "device": %d, "allocated": %d, "reserved": %d, '
+              '"peak_allocated": %d, "peak_reserved": %d, "active": %d, '
+              '"largest_free_block": %d, "fragmentation": %s, "nvml_used": %s, '
+              '"nvml_process_used": %s, "nvml_age_s": %s, "num_alloc_retries": %d, '
+              '"num_ooms": %d, "step_time": %s')
+
+
+def _json_line(r: dict) -> str:
+    v = _json_value
+    head = _JSON_HEAD % (
+        v(r["time"]), v(r["step"]), r["device"], r["allocated"], r["reserved"],
+        r["peak_allocated"], r["peak_reserved"], r["active"], r["largest_free_block"],
+        v(r["fragmentation"]), v(r["nvml_used"]), v(r["nvml_process_used"]),
+        v(r["nvml_age_s"]), r["num_alloc_retries"], r["num_ooms"], v(r["step_time"]))
+    if len(r) == len(FIELDS):
+        return head + "}\n"
+    # Extras are keyword arguments: str keys, escaped as json.dumps escapes them.
+    key = _json_key
+    return head + "".join([", " + key(k) + ": " + v(r[k]) for k in list(r)[len(FIELDS):]]) + \
+        "}\n"
+
+
+_json_key = json.encoder.encode_basestring_ascii
+
+
+# CSV cells as csv.writer writes them for the types that never need quoting (floats by
+# repr, None empty); any other type sends the row through csv.writer.
+_CSV_CELL = {int: int.__repr__, float: float.__repr__, type(None): lambda v: ""}
 
 
 def tqdm_postfix(device=None) -> dict[str, str]:

@@ -39,7 +39,7 @@ def train(log, steps=10):
 
 FIELDS = ["time", "step", "device", "allocated", "reserved", "peak_allocated", "peak_reserved",
           "active", "largest_free_block", "fragmentation", "nvml_used", "nvml_process_used",
-          "num_alloc_retries", "num_ooms", "step_time"]
+          "nvml_age_s", "num_alloc_retries", "num_ooms", "step_time"]
 
 
 @pytest.fixture
@@ -347,3 +347,78 @@ def test_lightning_callback_logs_batches(run, tmp_path):
     """, env={"VRAMKIT_PUBLISH_DIR": str(tmp_path)})
     lines = [json.loads(line) for line in log_path.read_text().splitlines()]
     assert [(r["step"], r["batch_idx"]) for r in lines] == [(1, 0), (2, 1), (3, 2)]
+
+
+def test_nvml_is_sampled_off_the_step_path(run, tmp_path):
+    # The fake NVML lists this process with 5 GiB on GPU 0 (10 GiB used by others); the
+    # logger is told the device is a GPU (sim has none, so it would not ask NVML). Steps in a
+    # tight loop for about 0.45 s: every record has the fake's figures and their age, and
+    # NVML was queried about once per SAMPLE_PERIOD, not once per record.
+    from test_nvml import build_fake_nvml
+    library = build_fake_nvml(tmp_path)
+    path = tmp_path / "nvml.jsonl"
+    proc = run(f"""
+        import json, os, time, vramkit
+        os.environ["FAKE_NVML_PROCESSES"] = f"0:{{os.getpid()}}:{5 << 30}"
+        from vramkit import logger
+        logger._nvml_applies = lambda device: True
+        keep = vramkit.empty(1 << 20)
+        log = vramkit.MemoryLogger({str(path)!r}, every=1, summary=False)
+        start = time.monotonic()
+        while time.monotonic() - start < 0.45:
+            log.step()
+        elapsed = time.monotonic() - start
+        queries = log._nvml.queries
+        log.close()
+        print(json.dumps({{"queries": queries, "elapsed": elapsed,
+                          "period": logger.SAMPLE_PERIOD}}))
+    """, env={"VRAMKIT_NVML_LIBRARY": str(library), "VRAMKIT_PUBLISH_DIR": str(tmp_path)})
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert all(r["nvml_used"] == 15 << 30 and r["nvml_process_used"] == 5 << 30
+               for r in records)
+    ages = [r["nvml_age_s"] for r in records]
+    assert ages[0] < seen["period"]          # the first record queried NVML itself
+    assert all(0 <= age < 5 * seen["period"] for age in ages)  # slack for a loaded machine
+    # Samples refresh: the age falls back at least once after growing.
+    assert any(later < earlier for earlier, later in zip(ages, ages[1:]))
+    assert 2 <= seen["queries"] <= seen["elapsed"] / seen["period"] + 2
+    assert len(records) > 10 * seen["queries"]
+
+
+def test_records_reach_the_file_within_a_period_and_at_close_or_exit(run, tmp_path):
+    # Open: the thread flushes within about SAMPLE_PERIOD. close() flushes at once. An exit
+    # without close() flushes at exit (atexit).
+    for suffix in ("jsonl", "csv"):
+        follow, closed, exited = (tmp_path / f"{n}.{suffix}" for n in ("follow", "closed", "exit"))
+        proc = run(f"""
+            import json, os, time, vramkit
+            keep = vramkit.empty(1 << 20)
+            log = vramkit.MemoryLogger({str(follow)!r}, summary=False)
+            for step in range(5):
+                log.step(step)
+            deadline, seen = time.monotonic() + 5, 0
+            while time.monotonic() < deadline:
+                with open({str(follow)!r}) as f:
+                    seen = len(f.read().splitlines())
+                if seen == 5 + ({suffix!r} == "csv"):
+                    break
+                time.sleep(0.01)
+            waited = 5 - (deadline - time.monotonic())
+            log.close()
+            closing = vramkit.MemoryLogger({str(closed)!r}, summary=False)
+            for step in range(7):
+                closing.step(step)
+            closing.close()
+            with open({str(closed)!r}) as f:
+                at_close = len(f.read().splitlines())
+            left_open = vramkit.MemoryLogger({str(exited)!r}, summary=False)
+            for step in range(3):
+                left_open.step(step)
+            print(json.dumps({{"seen": seen, "waited": waited, "at_close": at_close}}))
+        """, env={"VRAMKIT_PUBLISH_DIR": str(tmp_path)})
+        out = json.loads(proc.stdout.strip().splitlines()[-1])
+        header = 1 if suffix == "csv" else 0
+        assert out["seen"] == 5 + header and out["waited"] < 2, out
+        assert out["at_close"] == 7 + header
+        assert len(exited.read_text().splitlines()) == 3 + header
