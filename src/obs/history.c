@@ -1,5 +1,6 @@
-/* history.c - the memory-history recorder (history.h): the event ring, the tick clock and
- * its conversion to CLOCK_MONOTONIC microseconds, and the context side table. */
+/* history.c - the memory-history recorder (history.h): the event ring of packed slots and
+ * their expansion to vram_event_t, the tick clock and its conversion to CLOCK_MONOTONIC
+ * microseconds, and the context side table. */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -40,6 +41,7 @@ int _vram_history_new(vram_history **out) {
 void _vram_history_free(vram_history *h) {
   if (!h) return;
   free(h->ring);
+  free(h->wide);
   _vram_ctx_drop(&h->contexts);
   free(h);
 }
@@ -49,23 +51,59 @@ static void anchor(const vram_history *h, uint64_t *tick, uint64_t *ns) {
   *ns = _vram_monotonic_ns();
 }
 
+_Static_assert(VRAM_EVENT_ANNOTATE < VRAM_HSLOT_FREE_PAIR, "event kinds fit the slot's kind bits");
+_Static_assert(sizeof(vram_hslot) == 32 && sizeof(vram_hwide) == 32, "slots of half an event");
+
+/* The side slots are reserved with the ring but, written only by wide events, mostly never
+ * touched (so never resident): a ring whose events all go wide still holds max_entries. */
 int _vram_history_begin(vram_history *h, size_t max_entries) {
   if (!max_entries) max_entries = VRAM_HISTORY_DEFAULT_ENTRIES;
   if (max_entries > VRAM_HISTORY_MAX_ENTRIES) return VRAM_EHOSTMEM;
-  vram_event_t *ring = malloc(max_entries * sizeof *ring);
-  if (!ring) {
+  vram_hslot *ring = malloc(max_entries * sizeof *ring);
+  vram_hwide *wide = malloc(max_entries * sizeof *wide);
+  if (!ring || !wide) {
+    free(ring);
+    free(wide);
     _vram_history_end(h);
     return VRAM_EHOSTMEM;
   }
   free(h->ring);
+  free(h->wide);
   h->ring = ring;
+  h->wide = wide;
   h->cap = max_entries;
   h->next = 0;
-  h->written = 0;
+  h->written = h->slots = 0;
+  h->n_streams = 0;
+  h->stream_last = 0;
+  h->stream_last_index = 0;
   h->stopped = false;
   anchor(h, &h->tick0, &h->ns0);
   h->recording = true;
   return VRAM_OK;
+}
+
+uint64_t _vram_history_pack_slow(vram_history *h, size_t i, unsigned kind, uint64_t slack,
+                                 uint64_t requested, uint64_t stream, uint64_t context,
+                                 int device) {
+  uint64_t sindex = ~0ull;
+  if (stream == 0) sindex = 0;
+  for (unsigned k = 0; k < h->n_streams && sindex == ~0ull; k++)
+    if (h->streams[k] == stream) sindex = k + 1;
+  if (sindex == ~0ull && h->n_streams < VRAM_HSLOT_STREAMS) {
+    h->streams[h->n_streams++] = stream;
+    sindex = h->n_streams;
+  }
+  if (sindex != 0 && sindex != ~0ull) {
+    h->stream_last = stream;
+    h->stream_last_index = sindex;
+  }
+  if (slack < VRAM_HSLOT_SLACK_LIMIT && context < VRAM_HSLOT_CONTEXT_LIMIT &&
+      (unsigned)device < 256u && sindex != ~0ull)
+    return kind | sindex << VRAM_HSLOT_STREAM_SHIFT | (uint64_t)device << VRAM_HSLOT_DEVICE_SHIFT |
+           slack << VRAM_HSLOT_SLACK_SHIFT | context << VRAM_HSLOT_CONTEXT_SHIFT;
+  h->wide[i] = (vram_hwide){requested, stream, context, device, 0};
+  return kind | VRAM_HSLOT_WIDE;
 }
 
 void _vram_history_end(vram_history *h) {
@@ -81,6 +119,47 @@ static uint64_t to_us(uint64_t tick, uint64_t t0, uint64_t n0, double ns_per_tic
   return ns > 0 ? (uint64_t)(ns / 1000.0) : 0;
 }
 
+/* Slot i's event, time still in ticks; a FREE_PAIR slot gives its FREE_REQUESTED half,
+ * the caller turns it into the FREE_COMPLETED one. */
+static vram_event_t expand(const vram_history *h, size_t i) {
+  const vram_hslot *s = &h->ring[i];
+  uint64_t w = s->word;
+  unsigned kind = (unsigned)(w & ((1u << VRAM_HSLOT_KIND_BITS) - 1));
+  vram_event_t e = {.time_us = s->tick, .addr = s->addr, .size = s->size};
+  e.kind = kind == VRAM_HSLOT_FREE_PAIR ? VRAM_EVENT_FREE_REQUESTED : (int32_t)kind;
+  if (w & VRAM_HSLOT_WIDE) {
+    const vram_hwide *x = &h->wide[i];
+    e.requested = x->requested;
+    e.stream = x->stream;
+    e.context = x->context;
+    e.device = x->device;
+    return e;
+  }
+  unsigned sindex = (unsigned)(w >> VRAM_HSLOT_STREAM_SHIFT) & 15u;
+  e.stream = sindex ? h->streams[sindex - 1] : 0;
+  e.device = (int32_t)((w >> VRAM_HSLOT_DEVICE_SHIFT) & 255u);
+  e.requested = s->size - ((w >> VRAM_HSLOT_SLACK_SHIFT) & (VRAM_HSLOT_SLACK_LIMIT - 1));
+  e.context = w >> VRAM_HSLOT_CONTEXT_SHIFT;
+  return e;
+}
+
+static unsigned slot_events(const vram_history *h, size_t i) {
+  return (h->ring[i].word & ((1u << VRAM_HSLOT_KIND_BITS) - 1)) == VRAM_HSLOT_FREE_PAIR ? 2 : 1;
+}
+
+/* The oldest slot holding one of the last `held` events, and whether its first event (the
+ * requested half of a pair) fell out of the window: found walking back from the newest. */
+static size_t oldest_slot(const vram_history *h, size_t held, bool *skip_first) {
+  size_t valid = h->slots < h->cap ? (size_t)h->slots : h->cap, seen = 0, i = h->next;
+  *skip_first = false;
+  for (size_t k = 0; k < valid && seen < held; k++) {
+    i = i == 0 ? h->cap - 1 : i - 1;
+    seen += slot_events(h, i);
+  }
+  *skip_first = seen > held;
+  return i;
+}
+
 void _vram_history_copy(const vram_history *h, vram_event_t *out, size_t cap, size_t *count,
                         size_t *total, uint64_t *dropped) {
   size_t held = h->written < h->cap ? (size_t)h->written : h->cap;
@@ -93,13 +172,19 @@ void _vram_history_copy(const vram_history *h, vram_event_t *out, size_t cap, si
   if (!h->stopped) anchor(h, &t1, &n1);
   double ns_per_tick = 1.0;
   if (h->use_tsc && t1 > h->tick0) ns_per_tick = (double)(n1 - h->ns0) / (double)(t1 - h->tick0);
-  size_t first = held < h->cap ? 0 : h->next; /* the oldest entry */
-  for (size_t i = 0; i < n; i++) {
-    size_t j = first + i;
-    if (j >= h->cap) j -= h->cap;
-    out[i] = h->ring[j];
-    out[i].time_us = h->use_tsc ? to_us(out[i].time_us, h->tick0, h->ns0, ns_per_tick)
-                                : out[i].time_us / 1000u;
+  bool skip;
+  size_t j = oldest_slot(h, held, &skip), o = 0;
+  while (o < n) {
+    vram_event_t e = expand(h, j);
+    e.time_us = h->use_tsc ? to_us(e.time_us, h->tick0, h->ns0, ns_per_tick) : e.time_us / 1000u;
+    bool pair = slot_events(h, j) == 2;
+    if (!skip) out[o++] = e;
+    if (pair && o < n) {
+      e.kind = VRAM_EVENT_FREE_COMPLETED;
+      out[o++] = e;
+    }
+    skip = false;
+    if (++j == h->cap) j = 0;
   }
 }
 

@@ -44,7 +44,8 @@ static inline void _vram_note_alloc(vram_pool_t *pool, vram_history *h, uint64_t
 }
 
 /* A block was freed: reusable at once (same stream) or once its events complete (pending:
- * the completion comes from _vram_note_free_completed). One tick serves both events. */
+ * the completion comes from _vram_note_free_completed). A same-stream free's two events
+ * share one tick and one ring slot. */
 static inline void _vram_note_free(vram_pool_t *pool, vram_history *h, uint64_t addr,
                                    uint64_t size, uint64_t requested, vram_stream_t stream,
                                    bool pending) {
@@ -52,9 +53,8 @@ static inline void _vram_note_free(vram_pool_t *pool, vram_history *h, uint64_t 
   if (!h->recording) return;
   uint64_t tick = _vram_history_tick(h), sid = _vram_stream_id(stream);
   int device = pool->opts.device;
-  _vram_history_put(h, tick, VRAM_EVENT_FREE_REQUESTED, addr, size, requested, sid, context, device);
-  if (!pending)
-    _vram_history_put(h, tick, VRAM_EVENT_FREE_COMPLETED, addr, size, requested, sid, context, device);
+  _vram_history_put(h, tick, pending ? VRAM_EVENT_FREE_REQUESTED : VRAM_HSLOT_FREE_PAIR, addr,
+                    size, requested, sid, context, device);
 }
 
 /* A pending free's events completed. */

@@ -370,6 +370,87 @@ static void t_contexts_after_stop(void **state) {
   VT_OK(vram_pool_destroy(pool));
 }
 
+/* The ring keeps packed slots (a same-stream free is one slot, wide fields aside) and
+ * expands them when read: a fixed run of operations read back through rings of every small
+ * size gives exactly the tail of the run read through a ring that holds it all, a free's
+ * pair split at the ring's edge included, with the overwritten events counted. */
+static uint64_t g_wide_calls;
+
+static uint64_t wide_context_fn(void *user) {
+  (void)user;
+  g_wide_calls++; /* small ids fit a slot, large ones go to the side slots */
+  return g_wide_calls % 3 == 0 ? 0xFEDCBA9876543210ull + g_wide_calls : g_wide_calls;
+}
+
+static size_t run_mixed(vram_pool_t *pool, size_t max_entries, vram_event_t *out, size_t cap,
+                        uint64_t *dropped) {
+  g_wide_calls = 0;
+  vram_set_context_fn(wide_context_fn, NULL);
+  VT_OK(vram_history_start(pool, max_entries, VRAM_HISTORY_CONTEXTS));
+  for (int i = 0; i < 24; i++) {
+    /* 20 made-up streams: more than the stream table holds, so some go wide. */
+    vram_stream_t st = (i % 4 == 3) ? NULL : (vram_stream_t)(uintptr_t)(0x1000 + 0x100 * (i % 20));
+    void *p = xmalloc(pool, 512 * (size_t)(i + 1) + 3, st);
+    if (i % 5 == 0) VT_OK(vram_history_annotate(pool, i % 2 ? 7 : UINT64_MAX - (uint64_t)i));
+    xfree(pool, p);
+  }
+  size_t count = 0, total = 0;
+  VT_OK(vram_history_read(pool, out, cap, &count, &total, dropped));
+  VT_OK(vram_history_stop(pool));
+  vram_set_context_fn(NULL, NULL);
+  assert_int_equal(count, total);
+  return count;
+}
+
+static void t_packed_slots(void **state) {
+  (void)state;
+  static vram_event_t all[512], part[16];
+  vram_pool_t *pool = sim_pool(VRAM_SOURCE_SIM, 4 * VT_GiB, 0);
+  uint64_t dropped = 0;
+  run_mixed(pool, 0, all, 512, &dropped); /* the segments made once: later runs repeat */
+  uint64_t before = now_us();
+  size_t n = run_mixed(pool, 0, all, 512, &dropped);
+  uint64_t after = now_us();
+  assert_int_equal(dropped, 0);
+  size_t frees = 0, wide_ctx = 0, streams = 0;
+  for (size_t i = 0; i < n; i++) {
+    assert_true(all[i].time_us >= before && all[i].time_us <= after);
+    if (i) assert_true(all[i].time_us >= all[i - 1].time_us);
+    assert_int_equal(all[i].device, 3);
+    if (all[i].kind == VRAM_EVENT_ALLOC && all[i].context > 0xFFFFFFFFull) wide_ctx++;
+    if (all[i].kind == VRAM_EVENT_ALLOC && all[i].stream >= 0x1000 + 0x100 * 15) streams++;
+    if (all[i].kind == VRAM_EVENT_ALLOC) assert_int_equal(all[i].requested % 512, 3);
+    if (all[i].kind != VRAM_EVENT_FREE_REQUESTED) continue;
+    /* A same-stream free: its two events, back to back, alike but for the kind. */
+    frees++;
+    assert_true(i + 1 < n);
+    vram_event_t a = all[i], b = all[i + 1];
+    assert_int_equal(b.kind, VRAM_EVENT_FREE_COMPLETED);
+    b.kind = a.kind;
+    assert_memory_equal(&a, &b, sizeof a);
+    long alloc = (long)i; /* its allocation: the last one at that address */
+    while (--alloc >= 0 && !(all[alloc].kind == VRAM_EVENT_ALLOC && all[alloc].addr == a.addr)) {}
+    assert_true(alloc >= 0);
+    assert_int_equal(a.requested, all[alloc].requested);
+    assert_int_equal(a.stream, all[alloc].stream);
+    assert_int_equal(a.context, all[alloc].context);
+  }
+  assert_int_equal(frees, 24);
+  assert_true(wide_ctx >= 8 && streams >= 1);
+  for (size_t k = 1; k <= 16; k++) {
+    size_t got = run_mixed(pool, k, part, 16, &dropped);
+    assert_int_equal(got, k);
+    assert_int_equal(dropped, n - k);
+    for (size_t i = 0; i < k; i++) {
+      vram_event_t x = part[i], y = all[n - k + i];
+      x.time_us = y.time_us = 0;
+      assert_memory_equal(&x, &y, sizeof x);
+    }
+  }
+  VT_VALID(pool);
+  VT_OK(vram_pool_destroy(pool));
+}
+
 static void t_bad_input(void **state) {
   (void)state;
   vram_event_t ev[4];
@@ -423,7 +504,7 @@ int main(void) {
       cmocka_unit_test(t_vmm_map_unmap), cmocka_unit_test(t_oom),
       cmocka_unit_test(t_overflow_and_short_read), cmocka_unit_test(t_contexts),
       cmocka_unit_test(t_contexts_after_stop),
-      cmocka_unit_test(t_bad_input),
+      cmocka_unit_test(t_packed_slots),  cmocka_unit_test(t_bad_input),
   };
   return cmocka_run_group_tests_name("history", tests, NULL, NULL);
 }
