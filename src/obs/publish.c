@@ -48,26 +48,6 @@ void _vram_publish_dir(char *buf, size_t cap) {
   else snprintf(buf, cap, "/dev/shm/vramkit-%u", (unsigned)geteuid());
 }
 
-/* Field 22 of /proc/self/stat: the start time in clock ticks, which with the pid names a
- * process for good (a reused pid has another start time). The name may hold spaces and
- * parentheses, so fields are counted from the last ')'. */
-static uint64_t self_start_ticks(void) {
-  char buf[1024];
-  FILE *f = fopen("/proc/self/stat", "r");
-  if (!f) return 0;
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
-  buf[n] = 0;
-  char *p = strrchr(buf, ')');
-  if (!p) return 0;
-  p++;
-  for (int field = 3; field <= 22 && *p; field++) {
-    while (*p == ' ') p++;
-    if (field == 22) return strtoull(p, NULL, 10);
-    while (*p && *p != ' ') p++;
-  }
-  return 0;
-}
 
 /* Reads a small /proc file into buf (NUL-terminated); the length read. */
 static size_t read_proc(const char *path, char *buf, size_t cap) {
@@ -85,7 +65,7 @@ static void fill_header(vram_process_record *r, bool with_cmdline) {
   r->record_size = (uint32_t)sizeof *r;
   r->pid = (int32_t)getpid();
   r->uid = (uint32_t)geteuid();
-  r->start_ticks = self_start_ticks();
+  r->start_ticks = _vram_process_start_ticks(getpid());
   size_t n = read_proc("/proc/self/comm", r->name, sizeof r->name);
   while (n && r->name[n - 1] == '\n') r->name[--n] = 0;
   if (with_cmdline) {

@@ -57,6 +57,9 @@ int _vram_record_read_device(const vram_device_record *src, vram_device_record *
 
 /* The publish directory: $VRAMKIT_PUBLISH_DIR, else /dev/shm/vramkit-<uid>. */
 void _vram_publish_dir(char *buf, size_t cap);
+/* publish_read.c: the start time of a process (field 22 of its /proc stat), 0 if gone; the
+ * record keeps its writer's, readers compare it to tell a live writer from a reused pid. */
+uint64_t _vram_process_start_ticks(int pid);
 
 /* One record of another live process of this user, for the neighbours. */
 typedef struct vram_record_peer {

@@ -41,8 +41,10 @@ int _vram_record_read_device(const vram_device_record *src, vram_device_record *
   return -1;
 }
 
-/* Field 22 of /proc/<pid>/stat, 0 if the process is gone. */
-static uint64_t start_ticks_of(int pid) {
+/* Field 22 of /proc/<pid>/stat: the start time in clock ticks, which with the pid names a
+ * process for good (a reused pid has another start time); 0 if the process is gone. The
+ * name may hold spaces and parentheses, so fields are counted from the last ')'. */
+uint64_t _vram_process_start_ticks(int pid) {
   char path[64], buf[1024];
   snprintf(path, sizeof path, "/proc/%d/stat", pid);
   int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -76,7 +78,7 @@ static bool record_alive(const vram_process_record *r) {
     char *p = n > 0 ? (buf[n] = 0, strrchr(buf, ')')) : NULL;
     if (p && (p[2] == 'Z' || p[2] == 'X')) return false;
   }
-  uint64_t ticks = start_ticks_of(r->pid);
+  uint64_t ticks = _vram_process_start_ticks(r->pid);
   return ticks != 0 && ticks == r->start_ticks;
 }
 
