@@ -36,6 +36,13 @@ class Command(NamedTuple):
 COMMANDS: dict[str, Command] = {}
 
 
+def usage_error(command: str, message: str) -> int:
+    """What every Python subcommand does with a bad command line, as the C command does:
+    the message and where the help is on stderr, exit status 3."""
+    print(f"vramkit {command}: {message} (see vramkit {command} --help)", file=sys.stderr)
+    return EXIT_USAGE
+
+
 def command(name: str, summary: str) -> Callable[[Callable[[list[str]], int]], Callable[[list[str]], int]]:
     """Register the decorated function as the subcommand ``vramkit NAME``."""
 

@@ -29,6 +29,8 @@ import sys
 import threading
 import time
 
+from .cli import usage_error
+
 USAGE = """usage: vramkit export [--port PORT] [--address ADDRESS] [--once]
 
 Serve Prometheus metrics at http://ADDRESS:PORT/metrics for every GPU (from NVML) and every
@@ -302,8 +304,7 @@ class Server(http.server.ThreadingHTTPServer):
 
 
 def _usage(message: str) -> int:
-    print(f"vramkit export: {message} (see vramkit export --help)", file=sys.stderr)
-    return 3
+    return usage_error("export", message)
 
 
 def main(args: list[str]) -> int:

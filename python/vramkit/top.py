@@ -25,6 +25,7 @@ from pathlib import Path
 
 from . import records as _records
 from ._nvml import NvmlError, nvml, select_visible
+from .cli import EXIT_FAILURE, EXIT_OK, usage_error
 
 USAGE = """usage: vramkit top [--once] [--json] [--interval SECONDS] [--dir FOLDER]
 
@@ -41,7 +42,6 @@ Refreshed every second; q quits.
 
 exit status: 0 shown, 3 bad arguments, 4 the terminal cannot be used"""
 
-EXIT_OK, EXIT_USAGE, EXIT_FAILURE = 0, 3, 4
 
 # The smallest terminal the table fits in legibly; below it a line says so.
 MIN_COLUMNS, MIN_LINES = 60, 6
@@ -273,8 +273,7 @@ def _live(directory, interval: float) -> int:
 
 
 def _usage(message: str) -> int:
-    print(f"vramkit top: {message} (see vramkit top --help)", file=sys.stderr)
-    return EXIT_USAGE
+    return usage_error("top", message)
 
 
 def main(args: list[str]) -> int:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import sys
 
+from ..cli import usage_error
+
 USAGE = """usage: vramkit plot FILE -o OUT.html|OUT.png [--device N] [--no-replay]
 
 Draw the memory history in FILE: a vramkit trace (as vramkit replay reads), a snapshot
@@ -83,5 +85,4 @@ def main(args: list[str]) -> int:
 
 
 def _usage(message: str) -> int:
-    print(f"vramkit plot: {message} (see vramkit plot --help)", file=sys.stderr)
-    return 3
+    return usage_error("plot", message)
