@@ -24,6 +24,7 @@ DEBIAN_PACKAGES := build-essential cmake pkg-config clang libcmocka-dev zlib1g-d
 # matplotlib for the PNG of `vramkit plot` (the package's optional `plot` extra), and
 # prometheus_client, whose parser checks `vramkit export`'s text (the `prometheus` extra).
 PYTHON_PACKAGES := scikit-build-core:scikit_build_core pytest:pytest numpy:numpy \
+                   torch==2.11.0:torch transformers:transformers \
                    matplotlib:matplotlib prometheus_client:prometheus_client
 
 SHELL := /bin/bash

@@ -53,6 +53,8 @@ __all__ = [
     # Memory history, snapshots and leaks (history.py, leaks.py).
     "LeakDetector", "LeakReport", "MemoryLeakWarning", "dump_snapshot", "history_mark",
     "leak_check", "leaks", "memory_history", "record_memory_history", "save_trace",
+    # Estimates before a run (estimator/).
+    "Estimate", "estimate", "find_max_batch",
     "snapshot",
     # Training-loop logging (logger.py).
     "MemoryLogger", "tqdm_postfix",
@@ -70,6 +72,7 @@ _LAZY = {
     "LeakDetector": "leaks", "LeakReport": "leaks", "MemoryLeakWarning": "leaks",
     "history_mark": "leaks", "leak_check": "leaks", "leaks": "leaks",
     "MemoryLogger": "logger", "tqdm_postfix": "logger",
+    "Estimate": "estimator", "estimate": "estimator", "find_max_batch": "estimator",
 }
 
 

@@ -1,0 +1,282 @@
+"""Plan before you run: a training step's peak memory, predicted without a GPU.
+
+:func:`estimate` runs the user's step on PyTorch's fake tensors (shapes, no memory),
+records every storage the step creates and frees, in order (parameters, gradients,
+optimizer state, autocast copies, activations, temporaries), adds what fake tensors
+cannot see (cuBLAS workspaces, modelled from measurement on an H200), and replays the
+result on a simulated device under vramkit's placement policy and under a model of
+PyTorch's caching allocator. The answer: peak allocated, peak reserved under each
+allocator, whether it fits a given card, the smallest card it fits, a breakdown by
+category at the peak and the call sites that hold the most there. The trace is kept for
+``vramkit replay`` and ``vramkit plot``.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import tempfile
+import threading
+from dataclasses import dataclass, field
+
+from .. import _core
+
+# cuBLAS keeps one workspace per handle, and PyTorch gives each thread that runs a matrix
+# product its own handle: the thread that runs forward and autograd's thread that runs
+# backward. PyTorch allocates the workspace through its caching allocator, so it counts in
+# memory_allocated. Measured on an H200, PyTorch 2.11, CUDA 13.0 (bench/estimate_check.py,
+# "workspace" line): the bytes the first product on a thread adds to memory_allocated.
+CUBLAS_WORKSPACE_BYTES = 8_519_680
+_MATMUL_OPS = ("mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear",
+               "_scaled_mm", "convolution", "cudnn_convolution", "_convolution")
+
+# What the CUDA context and the driver take from the card before the first allocation,
+# so that a card of N bytes leaves N minus this to the allocator. Measured on an H200
+# (bench/estimate_check.py, "context" line): total minus free after CUDA initialises.
+CUDA_CONTEXT_BYTES = 536_870_912
+
+
+@dataclass
+class Estimate:
+    """What :func:`estimate` predicts for one step. Sizes in bytes."""
+
+    peak_allocated: int
+    peak_reserved: int               # vramkit on the chosen source
+    torch_peak_reserved: int         # PyTorch's caching allocator, default settings
+    torch_expandable_peak_reserved: int
+    device_memory: int | None        # the card asked about, if any
+    fits: bool | None                # vramkit, on that card
+    torch_fits: bool | None
+    torch_expandable_fits: bool | None
+    min_device_memory: int           # the smallest card vramkit runs the step on
+    breakdown: dict                  # category -> bytes live at the peak
+    top_sites: list                  # [(site, bytes, count)] live at the peak, largest first
+    source: str
+    emulated: bool                   # True: no GPU here, a CPU stood in for it
+    trace: str                       # the recorded step as a vramkit trace
+    fake_ops: int
+    notes: list = field(default_factory=list)
+
+    def __str__(self) -> str:
+        return format_estimate(self)
+
+
+def _gib(n: int | None) -> str:
+    return "-" if n is None else f"{n / (1 << 30):.2f} GiB"
+
+
+def format_estimate(e: Estimate) -> str:
+    verdict = {True: "fits", False: "does not fit", None: ""}
+    lines = ["vramkit estimate" + (" (no GPU here: a CPU stood in for it)" if e.emulated
+                                   else "")]
+    lines.append(f"  peak allocated            {_gib(e.peak_allocated)}")
+    card = f" on {_gib(e.device_memory)}" if e.device_memory else ""
+    lines.append(f"  peak reserved, vramkit    {_gib(e.peak_reserved)} ({e.source})"
+                 + (f"   {verdict[e.fits]}{card}" if e.device_memory else ""))
+    lines.append(f"  peak reserved, PyTorch    {_gib(e.torch_peak_reserved)}"
+                 + (f"   {verdict[e.torch_fits]}{card}" if e.device_memory else ""))
+    lines.append(f"    with expandable_segments {_gib(e.torch_expandable_peak_reserved)}"
+                 + (f"   {verdict[e.torch_expandable_fits]}{card}" if e.device_memory
+                    else ""))
+    lines.append(f"  smallest card (vramkit)   {_gib(e.min_device_memory)}")
+    lines.append("  at the peak:")
+    for category, nbytes in sorted(e.breakdown.items(), key=lambda kv: -kv[1]):
+        if nbytes:
+            lines.append(f"    {category:<22}{_gib(nbytes):>12}")
+    if e.top_sites:
+        lines.append("  largest call sites at the peak:")
+        for site, nbytes, count in e.top_sites[:5]:
+            lines.append(f"    {_gib(nbytes):>10}  {count:>5} blocks  {site}")
+    for note in e.notes:
+        lines.append(f"  note: {note}")
+    lines.append(f"  trace: {e.trace}")
+    return "\n".join(lines)
+
+
+def _workspace_model(enabled: bool):
+    """The cuBLAS workspaces: one per thread that runs a matrix product, kept to the end."""
+    if not enabled:
+        return None
+    seen_threads: set[int] = set()
+
+    def hook(recorder, op_name: str, thread: int) -> None:
+        if thread in seen_threads:
+            return
+        base = op_name.split(".")[0]
+        if base in _MATMUL_OPS:
+            seen_threads.add(thread)
+            recorder.allocate_modelled(CUBLAS_WORKSPACE_BYTES, "cuBLAS workspace",
+                                       "workspaces")
+
+    return hook
+
+
+def _size(value, what: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise TypeError(f"estimate(): {what} must be a size in bytes or a string like "
+                        f"'24G', not {type(value).__name__}")
+    if isinstance(value, int):
+        if value <= 0:
+            raise ValueError(f"estimate(): {what} must be positive, not {value}")
+        return value
+    nbytes, fraction = _core.parse_size(value)
+    if fraction or nbytes <= 0:
+        raise ValueError(f"estimate(): {what} must be a size like '24G', not {value!r}")
+    return nbytes
+
+
+def estimate(step_fn, *args, device_memory=None, source: str | None = None,
+             steps: int = 2, trace_path: str | None = None, device="cuda",
+             build=None, emulate: bool | None = None, memory_limit=None,
+             **kwargs) -> Estimate:
+    """Predict the memory of ``steps`` calls of ``step_fn(*args, **kwargs)`` on a GPU.
+
+    ``args``/``kwargs`` are what the step takes, built as usual (a model on the CPU or
+    on the ``meta`` device, its optimizer, a batch): the step runs on fake twins of them
+    on the GPU (or, on a machine without one, on a CPU standing in for it), and nothing
+    real is touched. Alternatively ``build`` is a function, run under the fake tensors,
+    that returns the first arguments (model, optimizer, batch), which avoids building a
+    large model for real. ``device_memory`` (bytes or "80G") is the card to check the fit
+    on; ``source`` the vramkit source to model ("cuda" by default, or "vmm").
+    ``memory_limit`` checks the fit under an allocator limit instead (VRAMKIT_LIMIT,
+    ``set_per_process_memory_fraction``), which the CUDA context does not count against.
+    ``emulate=True`` runs the CPU stand-in even where a GPU is present (to compare)."""
+    from . import _replay, _step
+
+    if not callable(step_fn):
+        raise TypeError("estimate(): step_fn must be callable")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"estimate(): steps must be a positive int, not {steps!r}")
+    card = _size(device_memory, "device_memory")
+    limit = _size(memory_limit, "memory_limit")
+    if card is not None and limit is not None:
+        raise ValueError("estimate(): give device_memory or memory_limit, not both")
+    source = source or os.environ.get("VRAMKIT_SOURCE") or "cuda"
+    if source == "auto":
+        source = "cuda"
+    if source not in _replay._SIM_OF_SOURCE:
+        raise ValueError(f"estimate(): source must be one of "
+                         f"{sorted(_replay._SIM_OF_SOURCE)}, not {source!r}")
+    target = _step.choose_target(device, emulate)
+    recording, _recorder = _step.record_step(
+        step_fn, args, kwargs, target=target, steps=steps, build=build,
+        workspace_hook=_workspace_model(True))
+    if recording.peak_allocated == 0:
+        raise _step.UntraceableStep("estimate(): the step allocated nothing on the GPU: "
+                                    "are its model and batch on a CUDA device?")
+    events = list(recording.events())
+    if trace_path is None:
+        fd, trace_path = tempfile.mkstemp(prefix="vramkit-estimate-", suffix=".trace.gz")
+        os.close(fd)
+    _replay.write_trace(events, trace_path, "recorded by vramkit.estimate under fake "
+                                            "tensors; times are op numbers")
+    usable = limit if card is None else max(card - CUDA_CONTEXT_BYTES, 0)
+    ours = _replay.vramkit_replay(trace_path, source, None, min_capacity=True)
+    native = _replay.torch_replay(events, False, None)
+    expandable = _replay.torch_replay(events, True, None)
+
+    def fits(peak_reserved: int) -> bool | None:
+        return None if usable is None else peak_reserved <= usable
+
+    fits_ours = None
+    if usable is not None:
+        capped = _replay.vramkit_replay(trace_path, source, usable)
+        fits_ours = capped.get("ooms", 1) == 0
+    breakdown = collections.Counter()
+    sites: dict[str, list[int]] = {}
+    for bid in recording.live_at_peak:
+        block = recording.blocks[bid]
+        breakdown[block.role] += block.size
+        entry = sites.setdefault(block.site, [0, 0])
+        entry[0] += block.size
+        entry[1] += 1
+    top = sorted(((s, b, c) for s, (b, c) in sites.items()), key=lambda x: -x[1])[:10]
+    notes = []
+    if target.emulated:
+        notes.append("no GPU here: the step ran on CPU kernels standing in for CUDA's "
+                     "(CPU autocast, fused attention); estimates on a GPU machine use "
+                     "CUDA's own kernels")
+    return Estimate(
+        peak_allocated=recording.peak_allocated,
+        peak_reserved=int(ours["peak_reserved_bytes"]),
+        torch_peak_reserved=native["peak_reserved"],
+        torch_expandable_peak_reserved=expandable["peak_reserved"],
+        device_memory=card if limit is None else limit, fits=fits_ours,
+        torch_fits=fits(native["peak_reserved"]),
+        torch_expandable_fits=fits(expandable["peak_reserved"]),
+        min_device_memory=int(ours.get("min_capacity_bytes", ours["peak_reserved_bytes"]))
+        + CUDA_CONTEXT_BYTES,
+        breakdown={c: breakdown.get(c, 0) for c in _record_categories()},
+        top_sites=top, source=source, emulated=target.emulated, trace=trace_path,
+        fake_ops=recording.fake_ops, notes=notes)
+
+
+def _record_categories():
+    from ._record import CATEGORIES
+    return CATEGORIES
+
+
+_FIT_OF = {"vramkit": "fits", "torch": "torch_fits", "torch-expandable": "torch_expandable_fits"}
+
+
+def find_max_batch(step_fn, make_batch, device_memory=None, mode: str = "predict", *,
+                   memory_limit=None, allocator: str = "vramkit", start: int = 1,
+                   most: int = 4096, **estimate_kwargs) -> int:
+    """The largest batch size whose step fits. ``make_batch(n)`` returns the arguments of
+    ``step_fn`` for batch size ``n`` (model, optimizer and batch, say).
+
+    ``mode="predict"``: a search on :func:`estimate` (seconds on a CPU, no GPU needed)
+    for the card ``device_memory`` or the limit ``memory_limit``, under ``allocator``
+    ("vramkit", "torch" or "torch-expandable"). ``mode="measure"``: real steps on the GPU,
+    starting from the prediction, recovering from each out-of-memory error (as
+    accelerate's ``find_executable_batch_size`` and Lightning's batch size finder do), so
+    it needs few real tries. Returns 0 if not even ``start`` fits."""
+    if mode not in ("predict", "measure"):
+        raise ValueError(f"find_max_batch(): mode must be 'predict' or 'measure', not {mode!r}")
+    if allocator not in _FIT_OF:
+        raise ValueError(f"find_max_batch(): allocator must be one of {sorted(_FIT_OF)}, "
+                         f"not {allocator!r}")
+    if device_memory is None and memory_limit is None:
+        raise ValueError("find_max_batch(): give device_memory or memory_limit")
+
+    def predicted_fit(n: int) -> bool:
+        e = estimate(step_fn, build=lambda: make_batch(n), device_memory=device_memory,
+                     memory_limit=memory_limit, **estimate_kwargs)
+        return bool(getattr(e, _FIT_OF[allocator]))
+
+    best = _largest(predicted_fit, start, most)
+    if mode == "predict":
+        return best
+    from . import _measure
+    return _measure.largest_batch(step_fn, make_batch, best or start,
+                                  memory_limit if memory_limit is not None else device_memory,
+                                  most)
+
+
+def _largest(fits, start: int, most: int, guess: int | None = None) -> int:
+    """The largest n in [start, most] with fits(n), for a monotone fits: doubling from
+    ``guess`` (or ``start``) to bracket it, then bisection."""
+    low = guess or start
+    if not fits(low):
+        if low == start:
+            return 0
+        high, low = low, start
+        if not fits(low):
+            return 0
+    else:
+        high = low * 2
+        while high <= most and fits(high):
+            low, high = high, high * 2
+        if high > most:
+            if fits(most):
+                return most
+            high = most
+    while high - low > 1:
+        mid = (low + high) // 2
+        if fits(mid):
+            low = mid
+        else:
+            high = mid
+    return low

@@ -1,0 +1,248 @@
+"""Run the user's training step on fake tensors, with the recorder watching.
+
+The user hands over what their step takes, built as usual (a model on the CPU or on the
+``meta`` device, its optimizer, a batch): each module, optimizer and tensor among the
+arguments is given a fake twin on the target device, sharing structure but no memory, and
+the step runs on the twins. The real objects are never touched.
+
+The recording starts with what exists before the step (parameters, buffers, the inputs),
+as the real program has them allocated before its first step; then ``steps`` steps run
+(two by default: the first creates the optimizer's state, the second runs with it, which
+is where a training loop's steady peak is).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import inspect
+from dataclasses import dataclass
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from . import _emulate
+from ._record import Recording, StorageRecorder, classify
+
+
+class UntraceableStep(RuntimeError):
+    """The step did something fake tensors cannot follow; the message says what and how to
+    work around it."""
+
+
+@dataclass
+class Target:
+    """Where the fake step runs: ``device`` for its tensors, ``emulated`` when a CPU
+    stands for the GPU (no CUDA driver on this machine)."""
+
+    device: torch.device
+    emulated: bool
+
+
+def choose_target(device: str | torch.device = "cuda", emulate: bool | None = None) -> Target:
+    """Fake CUDA tensors where a GPU is present, else (or if ``emulate``) a CPU for it."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"estimate(): device must be a CUDA device, not {device}")
+    if not emulate and torch.cuda.is_available():
+        return Target(torch.device("cuda", device.index or 0), False)
+    return Target(torch.device("cpu"), True)
+
+
+class _Twins:
+    """Fake twins of the user's objects, made once each (a parameter shared by two modules
+    stays shared)."""
+
+    def __init__(self, mode: FakeTensorMode, target: Target):
+        self.mode = mode
+        self.target = target
+        self.memo: dict[int, object] = {}
+
+    def tensor(self, t: torch.Tensor) -> torch.Tensor:
+        twin = self.memo.get(id(t))
+        if twin is None:
+            fake = self.mode.from_tensor(t.detach())
+            with self.mode:
+                fake = fake.to(self.target.device)
+            if isinstance(t, torch.nn.Parameter):
+                fake = torch.nn.Parameter(fake, requires_grad=t.requires_grad)
+            elif t.requires_grad:
+                fake.requires_grad_(True)
+            twin = self.memo[id(t)] = fake
+        return twin
+
+    def module(self, m: torch.nn.Module) -> torch.nn.Module:
+        memo = {id(t): self.tensor(t) for t in (*m.parameters(), *m.buffers())}
+        twin = copy.deepcopy(m, memo)
+        self.memo[id(m)] = twin
+        return twin
+
+    def optimizer(self, opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        groups = []
+        for group in opt.param_groups:
+            g = {k: v for k, v in group.items() if k != "params"}
+            g["params"] = [self.tensor(p) for p in group["params"]]
+            # On the GPU a group of plain CUDA tensors takes the multi-tensor ("foreach")
+            # implementation by default; fake tensors would get the per-tensor loop, whose
+            # temporaries are far smaller, so the default is made explicit.
+            if g.get("foreach", "absent") is None and not g.get("differentiable", False):
+                g["foreach"] = True
+            groups.append(g)
+        # The defaults hold every hyperparameter, some of which the class's constructor
+        # sets itself (AdamW's decoupled_weight_decay): pass only what it accepts.
+        accepted = inspect.signature(type(opt).__init__).parameters
+        twin = type(opt)(groups, **{k: v for k, v in opt.defaults.items()
+                                    if k in accepted and k != "params"})
+        self.memo[id(opt)] = twin
+        return twin
+
+    def any(self, value):
+        if id(value) in self.memo:
+            return self.memo[id(value)]
+        if isinstance(value, torch.nn.Module):
+            return self.module(value)
+        if isinstance(value, torch.optim.Optimizer):
+            return self.optimizer(value)
+        if isinstance(value, torch.Tensor):
+            return self.tensor(value)
+        if isinstance(value, (list, tuple)):
+            return type(value)(self.any(v) for v in value)
+        if isinstance(value, dict):
+            return {k: self.any(v) for k, v in value.items()}
+        return value
+
+
+def _optimizers(values) -> list[torch.optim.Optimizer]:
+    found = []
+    for v in values:
+        if isinstance(v, torch.optim.Optimizer):
+            found.append(v)
+        elif isinstance(v, (list, tuple)):
+            found.extend(_optimizers(v))
+        elif isinstance(v, dict):
+            found.extend(_optimizers(v.values()))
+    return found
+
+
+def _modules(values) -> list[torch.nn.Module]:
+    found = []
+    for v in values:
+        if isinstance(v, torch.nn.Module):
+            found.append(v)
+        elif isinstance(v, (list, tuple)):
+            found.extend(_modules(v))
+        elif isinstance(v, dict):
+            found.extend(_modules(v.values()))
+    return found
+
+
+def _tensors(values) -> list[torch.Tensor]:
+    found = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            found.append(v)
+        elif isinstance(v, (list, tuple)):
+            found.extend(_tensors(v))
+        elif isinstance(v, dict):
+            found.extend(_tensors(v.values()))
+    return found
+
+
+def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
+                workspace_hook=None, build=None) -> tuple[Recording, StorageRecorder]:
+    """Run ``steps`` calls of ``step_fn`` on fake twins of ``args``/``kwargs`` (or on what
+    ``build()`` returns, made under the fake mode) and return the recording."""
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    recorder = StorageRecorder()
+    recorder.workspace_hook = workspace_hook
+    recorder.device_type = None if target.emulated else "cuda"
+    emulation = _emulate.emulated_cuda() if target.emulated else contextlib.nullcontext()
+    with emulation:
+        if build is not None:
+            with mode, recorder, torch.device(target.device):
+                built = build()
+            args = (*built, *args) if isinstance(built, tuple) else (built, *args)
+        else:
+            twins = _Twins(mode, target)
+            args = twins.any(tuple(args))
+            kwargs = twins.any(dict(kwargs))
+        values = (*args, *kwargs.values())
+        with mode, recorder:
+            for m in _modules(values):
+                for p in m.parameters():
+                    recorder.set_role(p, "parameters")
+                for b in m.buffers():
+                    recorder.set_role(b, "parameters")
+            for t in _tensors(values):
+                if recorder.block_of(t) is None or not recorder.recording.blocks[
+                        recorder.block_of(t)].role:
+                    recorder.set_role(t, "inputs")
+            optimizers = _optimizers(values)
+            hooks = _phase_hooks(recorder, optimizers)
+            try:
+                for _ in range(steps):
+                    recorder.phase = "forward"
+                    try:
+                        step_fn(*args, **kwargs)
+                    except Exception as error:  # noqa: BLE001 - explained, then re-raised
+                        raise UntraceableStep(_explain(error)) from error
+            finally:
+                for h in hooks:
+                    h.remove()
+            for m in _modules(values):
+                for p in m.parameters():
+                    if p.grad is not None:
+                        recorder.set_role(p.grad, "gradients")
+            recorder.phase = "done"
+    classify(recorder.recording, recorder)
+    return recorder.recording, recorder
+
+
+def _phase_hooks(recorder: StorageRecorder, optimizers) -> list:
+    """Mark the optimizer's phase, its gradients when it starts and its state when it ends."""
+
+    def before(opt, _args, _kwargs):
+        recorder.phase = "optimizer"
+        for group in opt.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    recorder.set_role(p.grad, "gradients", "backward")
+
+    def after(opt, _args, _kwargs):
+        for state in opt.state.values():
+            for value in state.values():
+                if isinstance(value, torch.Tensor):
+                    recorder.set_role(value, "optimizer state", "optimizer")
+        recorder.phase = "after optimizer"
+
+    handles = []
+    for opt in optimizers:
+        handles.append(opt.register_step_pre_hook(before))
+        handles.append(opt.register_step_post_hook(after))
+    return handles
+
+
+# What fake tensors cannot do, as PyTorch says it, and what to do instead.
+_WORKAROUNDS = (
+    ("data-dependent", "the step reads a tensor's values (.item(), .tolist(), a Python "
+     "if on a tensor, nonzero() or a boolean mask): compute that value outside the step, "
+     "or give the step a fixed value for the estimate"),
+    ("item()", "the step reads a tensor's values with .item(): pass the value in instead"),
+    ("no fake impl", "an operation has no fake (meta) kernel, e.g. a custom CUDA "
+     "extension: register one with torch.library.register_fake, or estimate the rest of "
+     "the step without it"),
+    ("meta", "an operation has no meta kernel: register one with "
+     "torch.library.register_fake, or leave it out of the estimated step"),
+)
+
+
+def _explain(error: Exception) -> str:
+    text = f"{type(error).__name__}: {error}"
+    first = text.splitlines()[0] if text else type(error).__name__
+    for needle, advice in _WORKAROUNDS:
+        if needle in text.lower() or needle in text:
+            return (f"the step could not run on fake tensors ({first[:300]}); {advice}. "
+                    f"No estimate is given rather than one that leaves this out.")
+    return (f"the step could not run on fake tensors ({first[:300]}); the operation "
+            f"named there needs a real device or real values. No estimate is given "
+            f"rather than one that leaves it out.")
