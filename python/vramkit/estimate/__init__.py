@@ -1,0 +1,1 @@
+"""Estimates of the GPU memory a workload needs, under vramkit and under other allocators."""
