@@ -166,10 +166,13 @@ def estimates(workloads) -> None:
                 model, opt, batch = work.build()
             tracker = MemTracker()
             tracker.track_external(model, opt)
+            peak = 0
             with tracker:
-                for _ in range(2):
+                for _ in range(2):  # MemTracker wants its module statistics reset per step
                     work.step(model, opt, batch)
-            peak = tracker.get_tracker_snapshot("peak")[torch.device("cuda", 0)]["Total"]
+                    snap = tracker.get_tracker_snapshot("peak")[torch.device("cuda", 0)]
+                    peak = max(peak, snap["Total"])
+                    tracker.reset_mod_stats()
         print(json.dumps({"workload": _key(w), "allocator": "memtracker",
                           "peak_allocated": peak,
                           "seconds": round(time.perf_counter() - t0, 2)}), flush=True)

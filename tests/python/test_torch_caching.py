@@ -1,4 +1,4 @@
-"""Tests of vramkit.estimate.torch_caching, the model of PyTorch's CUDA caching allocator.
+"""Tests of vramkit.estimator.torch_caching, the model of PyTorch's CUDA caching allocator.
 
 The allocator's rules are checked one at a time on short hand-made sequences whose outcome
 can be worked out from CUDACachingAllocator.cpp; then the model is checked against PyTorch
@@ -14,7 +14,7 @@ import time
 import pytest
 
 from helpers import KiB, MiB
-from vramkit.estimate.torch_caching import (CachingAllocatorModel, min_capacity,
+from vramkit.estimator.torch_caching import (CachingAllocatorModel, min_capacity,
                                             read_trace, replay, round_request)
 from vramkit.plot import PlotInputError
 

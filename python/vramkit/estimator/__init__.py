@@ -25,15 +25,16 @@ from .. import _core
 # product its own handle: the thread that runs forward and autograd's thread that runs
 # backward. PyTorch allocates the workspace through its caching allocator, so it counts in
 # memory_allocated. Measured on an H200, PyTorch 2.11, CUDA 13.0 (bench/estimate_check.py,
-# "workspace" line): the bytes the first product on a thread adds to memory_allocated.
-CUBLAS_WORKSPACE_BYTES = 8_519_680
+# "workspace" line): the first product on a thread adds 32 MiB to memory_allocated.
+CUBLAS_WORKSPACE_BYTES = 32 << 20
 _MATMUL_OPS = ("mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear",
                "_scaled_mm", "convolution", "cudnn_convolution", "_convolution")
 
 # What the CUDA context and the driver take from the card before the first allocation,
 # so that a card of N bytes leaves N minus this to the allocator. Measured on an H200
-# (bench/estimate_check.py, "context" line): total minus free after CUDA initialises.
-CUDA_CONTEXT_BYTES = 536_870_912
+# (bench/estimate_check.py, "context" line): the memory NVML counts for a process that
+# has initialised CUDA and allocated nothing, 518 MiB.
+CUDA_CONTEXT_BYTES = 543_162_368
 
 
 @dataclass
