@@ -48,6 +48,13 @@ WORKLOADS = [
 ]
 
 
+# The batch finder's check: the largest batch under a 24 GiB allocator cap, predicted and
+# measured, for these (model, precision, seq).
+FINDER = [("gpt2", "fp32", 1024), ("gpt2", "bf16-amp", 1024), ("resnet50", "fp32", 0),
+          ("resnet50", "fp16-amp", 0)]
+CAP = 24 << 30
+
+
 def _workload(w):
     from vramkit.estimator import models
     model, precision, batch, seq, ckpt = w
@@ -178,6 +185,62 @@ def estimates(workloads) -> None:
                           "seconds": round(time.perf_counter() - t0, 2)}), flush=True)
 
 
+def _finder_workload(f, batch):
+    from vramkit.estimator import models
+    model, precision, seq = f
+    return models.workload(model, batch, seq=seq or 1024, precision=precision)
+
+
+def predict_batches() -> dict:
+    """Largest batch under CAP by the estimate, for vramkit and PyTorch's allocator."""
+    import vramkit
+    from vramkit.estimator import predict_largest
+    out = {}
+    for f in FINDER:
+        cache = {}
+
+        def est(n, f=f, cache=cache):
+            if n not in cache:
+                w = _finder_workload(f, n)
+                cache[n] = vramkit.estimate(w.step, build=w.build, memory_limit=CAP)
+            return cache[n]
+        t0 = time.perf_counter()
+        for allocator, attr in (("vramkit", "fits"), ("native", "torch_fits")):
+            best = predict_largest(est, attr)
+            out[f"{f[0]} {f[1]} {allocator}"] = best
+            print(json.dumps({"finder": f"{f[0]} {f[1]}", "allocator": allocator,
+                              "predicted": best, "estimates": len(cache),
+                              "seconds": round(time.perf_counter() - t0, 1)}), flush=True)
+    return out
+
+
+def measure_batches(allocator: str, predicted: dict) -> None:
+    """Largest batch under CAP by real steps, starting from the prediction."""
+    if allocator == "vramkit":
+        import vramkit.torch
+        vramkit.torch.install()
+    import torch
+    from vramkit.estimator import _measure
+    for f in FINDER:
+        guess = predicted.get(f"{f[0]} {f[1]} {allocator}") or 1
+        tries = []
+
+        def make_batch(n, f=f):
+            tries.append(n)
+            w = _finder_workload(f, n)
+            make_batch.step = w.step
+            return w.build()
+
+        def step(model, opt, batch):
+            make_batch.step(model, opt, batch)
+
+        t0 = time.perf_counter()
+        best = _measure.largest_batch(step, make_batch, guess, CAP, 4096)
+        print(json.dumps({"finder": f"{f[0]} {f[1]}", "allocator": allocator,
+                          "measured": best, "tries": tries,
+                          "seconds": round(time.perf_counter() - t0, 1)}), flush=True)
+
+
 def _pct(estimate, real) -> str:
     if not estimate or not real:
         return "-"
@@ -214,23 +277,39 @@ def main() -> int:
     parser.add_argument("--out", default=".")
     parser.add_argument("--only", default=None, help="only workloads whose name has this")
     parser.add_argument("--role", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--skip-accuracy", action="store_true")
+    parser.add_argument("--skip-finder", action="store_true")
     args = parser.parse_args()
     workloads = [w for w in WORKLOADS if not args.only or args.only in _key(w)]
     if args.role == "estimate":
         estimates(workloads)
         return 0
+    if args.role == "predict":
+        predict_batches()
+        return 0
+    if args.role and args.role.startswith("finder-"):
+        measure_batches(args.role[len("finder-"):], json.loads(os.environ["PREDICTED"]))
+        return 0
     if args.role:
         measure(args.role, workloads)
         return 0
     rows = []
-    for role in ("native", "expandable", "vramkit", "estimate"):
+    roles = [] if args.skip_accuracy else ["native", "expandable", "vramkit", "estimate"]
+    if not args.skip_finder:
+        roles += ["predict", "finder-native", "finder-vramkit"]
+    predicted = {}
+    for role in roles:
         cmd = [sys.executable, __file__, "--role", role] + (["--only", args.only]
                                                             if args.only else [])
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        env = dict(os.environ, PREDICTED=json.dumps(predicted))
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         sys.stderr.write(proc.stderr[-3000:])
         for line in proc.stdout.splitlines():
             if line.startswith("{"):
-                rows.append(json.loads(line))
+                row = json.loads(line)
+                rows.append(row)
+                if "predicted" in row:
+                    predicted[f"{row['finder']} {row['allocator']}"] = row["predicted"]
                 print(line, flush=True)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "estimate_check.jsonl"), "w") as f:

@@ -178,13 +178,14 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
     native = _replay.torch_replay(events, False, None)
     expandable = _replay.torch_replay(events, True, None)
 
-    def fits(peak_reserved: int) -> bool | None:
-        return None if usable is None else peak_reserved <= usable
-
-    fits_ours = None
+    # Under a cap an allocator frees its cache and retries before it fails, so what fits
+    # is decided by replaying under the cap, not by comparing the uncapped peak with it.
+    fits_ours = fits_native = fits_expandable = None
     if usable is not None:
         capped = _replay.vramkit_replay(trace_path, source, usable)
         fits_ours = capped.get("ooms", 1) == 0
+        fits_native = _replay.torch_replay(events, False, usable)["ooms"] == 0
+        fits_expandable = _replay.torch_replay(events, True, usable)["ooms"] == 0
     breakdown = collections.Counter()
     sites: dict[str, list[int]] = {}
     for bid in recording.live_at_peak:
@@ -205,8 +206,7 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
         torch_peak_reserved=native["peak_reserved"],
         torch_expandable_peak_reserved=expandable["peak_reserved"],
         device_memory=card if limit is None else limit, fits=fits_ours,
-        torch_fits=fits(native["peak_reserved"]),
-        torch_expandable_fits=fits(expandable["peak_reserved"]),
+        torch_fits=fits_native, torch_expandable_fits=fits_expandable,
         min_device_memory=int(ours.get("min_capacity_bytes", ours["peak_reserved_bytes"]))
         + CUDA_CONTEXT_BYTES,
         breakdown={c: breakdown.get(c, 0) for c in _record_categories()},
@@ -242,12 +242,16 @@ def find_max_batch(step_fn, make_batch, device_memory=None, mode: str = "predict
     if device_memory is None and memory_limit is None:
         raise ValueError("find_max_batch(): give device_memory or memory_limit")
 
-    def predicted_fit(n: int) -> bool:
-        e = estimate(step_fn, build=lambda: make_batch(n), device_memory=device_memory,
-                     memory_limit=memory_limit, **estimate_kwargs)
-        return bool(getattr(e, _FIT_OF[allocator]))
+    cache: dict[int, Estimate] = {}
 
-    best = _largest(predicted_fit, start, most)
+    def estimated(n: int) -> Estimate:
+        if n not in cache:
+            cache[n] = estimate(step_fn, build=lambda: make_batch(n),
+                                device_memory=device_memory, memory_limit=memory_limit,
+                                **estimate_kwargs)
+        return cache[n]
+
+    best = predict_largest(estimated, _FIT_OF[allocator], start, most)
     if mode == "predict":
         return best
     from . import _measure
@@ -256,24 +260,44 @@ def find_max_batch(step_fn, make_batch, device_memory=None, mode: str = "predict
                                   most)
 
 
+def predict_largest(estimated, fit_attribute: str, start: int = 1, most: int = 4096) -> int:
+    """The largest batch whose estimate fits. Memory grows about linearly with the batch,
+    so the estimates at ``start`` and ``start + 1`` give a first guess; the search from
+    there needs a handful of estimates instead of a doubling from 1."""
+    first = estimated(start)
+    if not getattr(first, fit_attribute):
+        return 0
+    second = estimated(start + 1)
+    per_sample = second.peak_reserved - first.peak_reserved
+    guess = start
+    room = (first.device_memory or 0) - first.peak_reserved
+    if per_sample > 0 and room > 0:
+        guess = max(start, min(most, start + int(room // per_sample)))
+    return _largest(lambda n: bool(getattr(estimated(n), fit_attribute)), start, most, guess)
+
+
 def _largest(fits, start: int, most: int, guess: int | None = None) -> int:
-    """The largest n in [start, most] with fits(n), for a monotone fits: doubling from
-    ``guess`` (or ``start``) to bracket it, then bisection."""
-    low = guess or start
-    if not fits(low):
-        if low == start:
-            return 0
-        high, low = low, start
-        if not fits(low):
-            return 0
+    """The largest n in [start, most] with fits(n), for a monotone fits: galloping from
+    ``guess`` (steps of 1, 2, 4... away from it) to bracket the answer, then bisection."""
+    guess = min(max(guess or start, start), most)
+    if fits(guess):
+        low, step = guess, 1
+        while True:
+            high = min(low + step, most)
+            if high == low:
+                return low
+            if not fits(high):
+                break
+            low, step = high, step * 2
     else:
-        high = low * 2
-        while high <= most and fits(high):
-            low, high = high, high * 2
-        if high > most:
-            if fits(most):
-                return most
-            high = most
+        high, step = guess, 1
+        while True:
+            low = max(high - step, start)
+            if fits(low):
+                break
+            if low == start:
+                return 0
+            high, step = low, step * 2
     while high - low > 1:
         mid = (low + high) // 2
         if fits(mid):
