@@ -158,8 +158,14 @@ def estimates(workloads) -> None:
         work = _workload(w)
         for emulate in (False, True):
             t0 = time.perf_counter()
-            e = vramkit.estimate(work.step, build=work.build, device_memory="24G",
-                                 emulate=emulate)
+            try:
+                e = vramkit.estimate(work.step, build=work.build, device_memory="24G",
+                                     emulate=emulate)
+            except vramkit.estimator.UntraceableStep as error:
+                print(json.dumps({"workload": _key(w), "allocator": "estimate-cpu"
+                                  if emulate else "estimate", "error": str(error)[:300]}),
+                      flush=True)
+                continue
             print(json.dumps({"workload": _key(w), "allocator": "estimate-cpu" if emulate
                               else "estimate", "peak_allocated": e.peak_allocated,
                               "peak_reserved": e.peak_reserved,
@@ -275,12 +281,14 @@ def table(rows: list[dict]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=".")
-    parser.add_argument("--only", default=None, help="only workloads whose name has this")
+    parser.add_argument("--only", default=None,
+                        help="only workloads whose name has one of these (comma-separated)")
     parser.add_argument("--role", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--skip-accuracy", action="store_true")
     parser.add_argument("--skip-finder", action="store_true")
     args = parser.parse_args()
-    workloads = [w for w in WORKLOADS if not args.only or args.only in _key(w)]
+    wanted = args.only.split(",") if args.only else None
+    workloads = [w for w in WORKLOADS if not wanted or any(x in _key(w) for x in wanted)]
     if args.role == "estimate":
         estimates(workloads)
         return 0

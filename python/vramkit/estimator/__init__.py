@@ -214,6 +214,13 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
         fake_ops=recording.fake_ops, notes=notes)
 
 
+def __getattr__(name):
+    if name == "UntraceableStep":
+        from ._step import UntraceableStep
+        return UntraceableStep
+    raise AttributeError(f"module 'vramkit.estimator' has no attribute {name!r}")
+
+
 def _record_categories():
     from ._record import CATEGORIES
     return CATEGORIES
