@@ -82,11 +82,6 @@ class _Twins:
         for group in opt.param_groups:
             g = {k: v for k, v in group.items() if k != "params"}
             g["params"] = [self.tensor(p) for p in group["params"]]
-            # On the GPU a group of plain CUDA tensors takes the multi-tensor ("foreach")
-            # implementation by default; fake tensors would get the per-tensor loop, whose
-            # temporaries are far smaller, so the default is made explicit.
-            if g.get("foreach", "absent") is None and not g.get("differentiable", False):
-                g["foreach"] = True
             groups.append(g)
         # The defaults hold every hyperparameter, some of which the class's constructor
         # sets itself (AdamW's decoupled_weight_decay): pass only what it accepts.
@@ -178,6 +173,8 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
                         recorder.block_of(t)].role:
                     recorder.set_role(t, "inputs")
             optimizers = _optimizers(values)
+            for opt in optimizers:
+                _as_on_the_gpu(opt)
             hooks = _phase_hooks(recorder, optimizers)
             try:
                 for _ in range(steps):
@@ -196,6 +193,18 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
             recorder.phase = "done"
     classify(recorder.recording, recorder)
     return recorder.recording, recorder
+
+
+def _as_on_the_gpu(opt: torch.optim.Optimizer) -> None:
+    """On the GPU a group of plain CUDA tensors takes the multi-tensor ("foreach")
+    implementation by default, whose temporaries are the size of all the group's
+    parameters (AdamW's square roots of the second moments, say); fake tensors are not
+    plain tensors, so PyTorch would pick the per-tensor loop for them, whose temporaries
+    are one parameter's size. The GPU's default is made explicit on the fake optimizer."""
+    for group in opt.param_groups:
+        if "foreach" in group and group["foreach"] is None \
+                and not group.get("differentiable", False) and not group.get("fused"):
+            group["foreach"] = True
 
 
 def _phase_hooks(recorder: StorageRecorder, optimizers) -> list:
