@@ -57,7 +57,8 @@ static const char random_usage[] =
     "\n" CLI_EXIT_STATUS_HELP;
 
 static const char pair_usage[] =
-    "usage: vramkit bench pair [--source S] [--sizes LIST] [--pairs N] [--history] [--json]\n"
+    "usage: vramkit bench pair [--source S] [--sizes LIST] [--pairs N] [--history]\n"
+    "                          [--history-entries N] [--json]\n"
     "\n"
     "For each size: warm-up pairs (1,000, and 0.2 s at least), then 5 batches of N\n"
     "vram_malloc+vram_free pairs of that size on the default stream; prints the median\n"
@@ -69,6 +70,9 @@ static const char pair_usage[] =
     "  --pairs N     pairs per batch (default 200000).\n"
     "  --history     record memory history (vram_history_start, no contexts) while timing,\n"
     "                to measure what recording adds to a pair.\n"
+    "  --history-entries N\n"
+    "                the ring's max_entries under --history (default 0: the library's\n"
+    "                100,000, 32 bytes a slot), to see what the ring's size costs.\n"
     "  --json        one JSON object per size instead of text.\n"
     "\n" CLI_EXIT_STATUS_HELP;
 
@@ -364,6 +368,7 @@ static int bench_pair(int argc, char **argv) {
   int size_count = 4;
   long pairs = 200000;
   int history = 0;
+  long history_entries = 0;
   for (int i = 1; i < argc; i++) {
     const char *value = NULL;
     int matched;
@@ -382,6 +387,10 @@ static int bench_pair(int argc, char **argv) {
     } else if ((matched = cli_option_value(argc, argv, &i, "--pairs", &value)) != 0) {
       if (matched < 0 || cli_parse_long("--pairs", value, 1, 1000000000L, &pairs) != 0)
         return CLI_EXIT_USAGE;
+    } else if ((matched = cli_option_value(argc, argv, &i, "--history-entries", &value)) != 0) {
+      if (matched < 0 ||
+          cli_parse_long("--history-entries", value, 0, 1L << 30, &history_entries) != 0)
+        return CLI_EXIT_USAGE;
     } else {
       return unknown_option("pair", argv[i]);
     }
@@ -390,7 +399,7 @@ static int bench_pair(int argc, char **argv) {
   if (cli_base_options(&options, common.have_source, common.source) != 0) return CLI_EXIT_USAGE;
   vram_pool_t *pool = NULL;
   if (cli_pool_create(&pool, &options) != VRAM_OK) return CLI_EXIT_FAILURE;
-  if (history && vram_history_start(pool, 0, 0) != VRAM_OK) {
+  if (history && vram_history_start(pool, (size_t)history_entries, 0) != VRAM_OK) {
     fprintf(stderr, "vramkit bench pair: vram_history_start failed\n");
     vram_pool_destroy_force(pool);
     return CLI_EXIT_FAILURE;

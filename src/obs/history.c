@@ -1,6 +1,8 @@
 /* history.c - the memory-history recorder (history.h): the event ring of packed slots and
  * their expansion to vram_event_t, the tick clock and its conversion to CLOCK_MONOTONIC
  * microseconds, and the context side table. */
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -10,6 +12,7 @@
 #endif
 
 #include "obs/history.h"
+#include "prim/hostmem.h"
 
 uint64_t _vram_monotonic_ns(void) {
   struct timespec ts;
@@ -18,7 +21,12 @@ uint64_t _vram_monotonic_ns(void) {
 }
 
 /* The TSC serves as a clock only where it ticks at one rate whatever the core does
- * (CPUID 0x80000007, EDX bit 8: "invariant TSC"); elsewhere each event asks the kernel. */
+ * (CPUID 0x80000007, EDX bit 8: "invariant TSC", /proc/cpuinfo's nonstop_tsc), or where
+ * the kernel keeps CLOCK_MONOTONIC on it (its clocksource is "tsc", which it picks only
+ * for a TSC it found in step across CPUs and drops if that stops holding): virtual
+ * machines often hide the CPUID bit and still run their clock on the TSC. Elsewhere each
+ * event asks the kernel, through clock_gettime: +51 ns on the C alloc+free pair here
+ * (vDSO over the TSC), where two TSC reads cost about 10. */
 static bool tsc_is_invariant(void) {
 #if defined(__x86_64__)
   unsigned a, b, c, d;
@@ -30,62 +38,103 @@ static bool tsc_is_invariant(void) {
 #endif
 }
 
+static bool kernel_clock_is_tsc(void) {
+#if defined(__x86_64__)
+  FILE *f = fopen("/sys/devices/system/clocksource/clocksource0/current_clocksource", "re");
+  if (!f) return false;
+  char name[16];
+  bool tsc = fgets(name, sizeof name, f) && strcmp(name, "tsc\n") == 0;
+  fclose(f);
+  return tsc;
+#else
+  return false;
+#endif
+}
+
+/* Asked once per process: 1 TSC, 2 not. */
+static bool tsc_usable(void) {
+  static _Atomic int known;
+  int k = atomic_load_explicit(&known, memory_order_relaxed);
+  if (!k) {
+    k = tsc_is_invariant() || kernel_clock_is_tsc() ? 1 : 2;
+    atomic_store_explicit(&known, k, memory_order_relaxed);
+  }
+  return k == 1;
+}
+
+/* The recorder and its ring come from hostmem (prim/hostmem.h): on whole cache lines, so
+ * that the hot fields share one and no slot straddles two (malloc's 16-byte alignment
+ * would split every other slot's stores), and a large ring on huge pages. */
 int _vram_history_new(vram_history **out) {
-  vram_history *h = calloc(1, sizeof *h);
+  vram_history *h = _vram_host_zalloc(sizeof *h);
   if (!h) return VRAM_EHOSTMEM;
-  h->use_tsc = tsc_is_invariant();
+  h->use_tsc = tsc_usable();
   *out = h;
   return VRAM_OK;
 }
 
 void _vram_history_free(vram_history *h) {
   if (!h) return;
-  free(h->ring);
+  _vram_host_free(h->ring, h->cap * sizeof *h->ring);
   free(h->wide);
   _vram_ctx_drop(&h->contexts);
-  free(h);
+  _vram_host_free(h, sizeof *h);
 }
 
 static void anchor(const vram_history *h, uint64_t *tick, uint64_t *ns) {
-  *tick = _vram_history_tick(h);
+  *tick = h->use_tsc ? _vram_tsc() : _vram_monotonic_ns();
   *ns = _vram_monotonic_ns();
 }
 
 _Static_assert(VRAM_EVENT_ANNOTATE < VRAM_HSLOT_FREE_PAIR, "event kinds fit the slot's kind bits");
 _Static_assert(sizeof(vram_hslot) == 32 && sizeof(vram_hwide) == 32, "slots of half an event");
+_Static_assert(offsetof(vram_history, mode) < 64, "the fields an event touches fit one line");
 
 /* The side slots are reserved with the ring but, written only by wide events, mostly never
  * touched (so never resident): a ring whose events all go wide still holds max_entries. */
-int _vram_history_begin(vram_history *h, size_t max_entries) {
+int _vram_history_begin(vram_history *h, size_t max_entries, int device) {
   if (!max_entries) max_entries = VRAM_HISTORY_DEFAULT_ENTRIES;
   if (max_entries > VRAM_HISTORY_MAX_ENTRIES) return VRAM_EHOSTMEM;
-  vram_hslot *ring = malloc(max_entries * sizeof *ring);
+  vram_hslot *ring = _vram_host_zalloc(max_entries * sizeof *ring);
   vram_hwide *wide = malloc(max_entries * sizeof *wide);
   if (!ring || !wide) {
-    free(ring);
+    _vram_host_free(ring, max_entries * sizeof *ring);
     free(wide);
     _vram_history_end(h);
     return VRAM_EHOSTMEM;
   }
-  free(h->ring);
+  _vram_host_free(h->ring, h->cap * sizeof *h->ring);
   free(h->wide);
   h->ring = ring;
   h->wide = wide;
   h->cap = max_entries;
-  h->next = 0;
-  h->written = h->slots = 0;
+  h->cur = ring;
+  h->end = ring + max_entries;
+  h->pairs = h->wraps = 0;
   h->n_streams = 0;
+  h->device = device;
+  /* A device that does not fit the packed word's 8 bits sends every event wide. */
+  bool fits = (unsigned)device < 256u;
+  h->word0 = fits ? (uint64_t)device << VRAM_HSLOT_DEVICE_SHIFT : 0;
+  h->slack_limit = fits ? VRAM_HSLOT_SLACK_LIMIT : 0;
   h->stream_last = 0;
-  h->stream_last_index = 0;
+  h->stream_word = 0;
   h->stopped = false;
   anchor(h, &h->tick0, &h->ns0);
-  h->recording = true;
+  h->mode = h->use_tsc ? VRAM_HREC_TSC : VRAM_HREC_NS;
   return VRAM_OK;
 }
 
-uint64_t _vram_history_pack_slow(vram_history *h, size_t i, unsigned kind, uint64_t slack,
-                                 uint64_t requested, uint64_t stream, uint64_t context,
-                                 int device) {
+vram_hslot *_vram_history_wrap(vram_history *h) {
+  h->wraps++;
+  return h->ring;
+}
+
+uint64_t _vram_history_pack_slow(vram_history *h, const vram_hslot *s, unsigned kind,
+                                 uint64_t slack, uint64_t requested, uint64_t stream,
+                                 uint64_t context) {
+  size_t i = (size_t)(s - h->ring);
+  int device = h->device;
   uint64_t sindex = ~0ull;
   if (stream == 0) sindex = 0;
   for (unsigned k = 0; k < h->n_streams && sindex == ~0ull; k++)
@@ -94,21 +143,22 @@ uint64_t _vram_history_pack_slow(vram_history *h, size_t i, unsigned kind, uint6
     h->streams[h->n_streams++] = stream;
     sindex = h->n_streams;
   }
-  if (sindex != 0 && sindex != ~0ull) {
+  bool device_fits = (unsigned)device < 256u;
+  uint64_t bits = sindex << VRAM_HSLOT_STREAM_SHIFT | (uint64_t)device << VRAM_HSLOT_DEVICE_SHIFT;
+  if (sindex != 0 && sindex != ~0ull && device_fits) {
     h->stream_last = stream;
-    h->stream_last_index = sindex;
+    h->stream_word = bits;
   }
-  if (slack < VRAM_HSLOT_SLACK_LIMIT && context < VRAM_HSLOT_CONTEXT_LIMIT &&
-      (unsigned)device < 256u && sindex != ~0ull)
-    return kind | sindex << VRAM_HSLOT_STREAM_SHIFT | (uint64_t)device << VRAM_HSLOT_DEVICE_SHIFT |
-           slack << VRAM_HSLOT_SLACK_SHIFT | context << VRAM_HSLOT_CONTEXT_SHIFT;
+  if (slack < VRAM_HSLOT_SLACK_LIMIT && context < VRAM_HSLOT_CONTEXT_LIMIT && device_fits &&
+      sindex != ~0ull)
+    return kind | bits | slack << VRAM_HSLOT_SLACK_SHIFT | context << VRAM_HSLOT_CONTEXT_SHIFT;
   h->wide[i] = (vram_hwide){requested, stream, context, device, 0};
   return kind | VRAM_HSLOT_WIDE;
 }
 
 void _vram_history_end(vram_history *h) {
-  if (!h->recording) return;
-  h->recording = false;
+  if (h->mode == VRAM_HREC_OFF) return;
+  h->mode = VRAM_HREC_OFF;
   h->stopped = true;
   anchor(h, &h->tick1, &h->ns1);
 }
@@ -147,10 +197,16 @@ static unsigned slot_events(const vram_history *h, size_t i) {
   return (h->ring[i].word & ((1u << VRAM_HSLOT_KIND_BITS) - 1)) == VRAM_HSLOT_FREE_PAIR ? 2 : 1;
 }
 
+/* The index of the next slot to be written (0 before the first start). */
+static size_t next_index(const vram_history *h) {
+  return h->ring ? (size_t)(h->cur - h->ring) : 0;
+}
+
 /* The oldest slot holding one of the last `held` events, and whether its first event (the
  * requested half of a pair) fell out of the window: found walking back from the newest. */
 static size_t oldest_slot(const vram_history *h, size_t held, bool *skip_first) {
-  size_t valid = h->slots < h->cap ? (size_t)h->slots : h->cap, seen = 0, i = h->next;
+  size_t next = next_index(h);
+  size_t valid = h->wraps ? h->cap : next, seen = 0, i = next;
   *skip_first = false;
   for (size_t k = 0; k < valid && seen < held; k++) {
     i = i == 0 ? h->cap - 1 : i - 1;
@@ -162,11 +218,12 @@ static size_t oldest_slot(const vram_history *h, size_t held, bool *skip_first) 
 
 void _vram_history_copy(const vram_history *h, vram_event_t *out, size_t cap, size_t *count,
                         size_t *total, uint64_t *dropped) {
-  size_t held = h->written < h->cap ? (size_t)h->written : h->cap;
+  uint64_t written = h->wraps * h->cap + next_index(h) + h->pairs; /* events: slots + pairs */
+  size_t held = written < h->cap ? (size_t)written : h->cap;
   size_t n = held < cap ? held : cap;
   if (count) *count = n;
   if (total) *total = held;
-  if (dropped) *dropped = h->written - held;
+  if (dropped) *dropped = written - held;
   if (!n) return;
   uint64_t t1 = h->tick1, n1 = h->ns1;
   if (!h->stopped) anchor(h, &t1, &n1);
@@ -174,9 +231,15 @@ void _vram_history_copy(const vram_history *h, vram_event_t *out, size_t cap, si
   if (h->use_tsc && t1 > h->tick0) ns_per_tick = (double)(n1 - h->ns0) / (double)(t1 - h->tick0);
   bool skip;
   size_t j = oldest_slot(h, held, &skip), o = 0;
+  uint64_t last_us = 0;
   while (o < n) {
     vram_event_t e = expand(h, j);
     e.time_us = h->use_tsc ? to_us(e.time_us, h->tick0, h->ns0, ns_per_tick) : e.time_us / 1000u;
+    /* The tick is read without a barrier, so the event after a lock handed between threads
+     * can hold a tick a little older than the one before it; its call was under way at that
+     * one's time, which is then its time too. */
+    if (e.time_us < last_us) e.time_us = last_us;
+    last_us = e.time_us;
     bool pair = slot_events(h, j) == 2;
     if (!skip) out[o++] = e;
     if (pair && o < n) {

@@ -37,24 +37,24 @@ uint64_t _vram_context_current(unsigned flags, void *call_site);
 static inline void _vram_note_alloc(vram_pool_t *pool, vram_history *h, uint64_t addr,
                                     uint64_t size, uint64_t requested, vram_stream_t stream,
                                     uint64_t context) {
+  (void)pool;
   if (_vram_ctx_kept(&h->contexts)) _vram_ctx_set(&h->contexts, addr, context);
-  if (h->recording)
-    _vram_history_put(h, _vram_history_tick(h), VRAM_EVENT_ALLOC, addr, size, requested,
-                      _vram_stream_id(stream), context, pool->opts.device);
+  _vram_history_record(h, VRAM_EVENT_ALLOC, addr, size, requested, _vram_stream_id(stream),
+                       context);
 }
 
 /* A block was freed: reusable at once (same stream) or once its events complete (pending:
  * the completion comes from _vram_note_free_completed). A same-stream free's two events
- * share one tick and one ring slot. */
+ * share one tick and one ring slot. Without a context table there is no call to make. */
 static inline void _vram_note_free(vram_pool_t *pool, vram_history *h, uint64_t addr,
                                    uint64_t size, uint64_t requested, vram_stream_t stream,
                                    bool pending) {
-  uint64_t context = pending ? _vram_ctx_get(&h->contexts, addr) : _vram_ctx_take(&h->contexts, addr);
-  if (!h->recording) return;
-  uint64_t tick = _vram_history_tick(h), sid = _vram_stream_id(stream);
-  int device = pool->opts.device;
-  _vram_history_put(h, tick, pending ? VRAM_EVENT_FREE_REQUESTED : VRAM_HSLOT_FREE_PAIR, addr,
-                    size, requested, sid, context, device);
+  (void)pool;
+  uint64_t context = 0;
+  if (_vram_ctx_kept(&h->contexts))
+    context = pending ? _vram_ctx_get(&h->contexts, addr) : _vram_ctx_take(&h->contexts, addr);
+  _vram_history_record(h, pending ? VRAM_EVENT_FREE_REQUESTED : VRAM_HSLOT_FREE_PAIR, addr, size,
+                       requested, _vram_stream_id(stream), context);
 }
 
 /* A pending free's events completed. */
@@ -63,9 +63,8 @@ static inline void _vram_note_free_completed(vram_pool_t *pool, uint64_t addr, u
   vram_history *h = pool->history;
   if (__builtin_expect(h == NULL, 1)) return;
   uint64_t context = _vram_ctx_take(&h->contexts, addr);
-  if (h->recording)
-    _vram_history_put(h, _vram_history_tick(h), VRAM_EVENT_FREE_COMPLETED, addr, size,
-                      requested, _vram_stream_id(stream), context, pool->opts.device);
+  _vram_history_record(h, VRAM_EVENT_FREE_COMPLETED, addr, size, requested,
+                       _vram_stream_id(stream), context);
 }
 
 /* history.c: at pool creation, VRAMKIT_LEAK_REPORT=1 gives the pool a recorder that keeps

@@ -35,10 +35,8 @@ uint64_t _vram_context_current(unsigned flags, void *call_site) {
 
 void _vram_emit(vram_pool_t *pool, int kind, uint64_t addr, uint64_t size, uint64_t requested,
                 vram_stream_t stream, uint64_t context) {
-  vram_history *h = pool->history;
-  if (!h->recording) return;
-  _vram_history_put(h, _vram_history_tick(h), kind, addr, size, requested,
-                    _vram_stream_id(stream), context, pool->opts.device);
+  _vram_history_record(pool->history, (unsigned)kind, addr, size, requested,
+                       _vram_stream_id(stream), context);
 }
 
 /* ---- start, stop, read, annotate */
@@ -59,7 +57,7 @@ static int start_locked(vram_pool_t *pool, void *arg) {
   unsigned leaks = atomic_load(&pool->history_flags) & VRAM_REC_LEAKS;
   bool contexts = c->flags & VRAM_HISTORY_CONTEXTS;
   int rc = (contexts || leaks) ? _vram_ctx_keep(&h->contexts) : VRAM_OK;
-  if (!rc) rc = _vram_history_begin(h, c->max_entries);
+  if (!rc) rc = _vram_history_begin(h, c->max_entries, pool->opts.device);
   if (rc) return rc;
   if (!contexts && !leaks) _vram_ctx_drop(&h->contexts);
   atomic_store(&pool->history_flags, VRAM_REC_EVENTS | (contexts ? VRAM_REC_CONTEXTS : 0) | leaks);
