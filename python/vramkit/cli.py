@@ -147,6 +147,13 @@ def _top(args: list[str]) -> int:
     return top_main(args)
 
 
+@command("estimate", "a model's training step before it runs: peak memory, fit, largest batch")
+def _estimate(args: list[str]) -> int:
+    from .estimator.command import main as estimate_main
+
+    return estimate_main(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``vramkit ARGS`` (the process's arguments when argv is None); returns the exit
     status, unless a C subcommand replaces the process."""

@@ -76,13 +76,21 @@ def _fused_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
     return out
 
 
+class Emulation:
+    """What the stand-in saw: whether the step used autocast, whose CPU lists differ."""
+
+    autocast_used = False
+
+
 @contextlib.contextmanager
-def cuda_autocast_on_cpu():
+def cuda_autocast_on_cpu(seen: Emulation):
     """``torch.autocast("cuda", dtype)`` (and ``torch.cuda.amp.autocast``) as CPU autocast."""
     autocast = torch.amp.autocast_mode.autocast
     original = autocast.__init__
 
     def init(self, device_type, *args, **kwargs):
+        if device_type == "cuda" and kwargs.get("enabled", True):
+            seen.autocast_used = True
         original(self, "cpu" if device_type == "cuda" else device_type, *args, **kwargs)
 
     autocast.__init__ = init
@@ -93,7 +101,7 @@ def cuda_autocast_on_cpu():
 
 
 @contextlib.contextmanager
-def emulated_cuda():
+def emulated_cuda(seen: Emulation):
     """Everything above, for the length of one estimate."""
-    with cuda_autocast_on_cpu(), CudaOnCpu():
+    with cuda_autocast_on_cpu(seen), CudaOnCpu():
         yield

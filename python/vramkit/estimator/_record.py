@@ -68,6 +68,10 @@ class Recording:
             yield (op[0], op[1], op[2], 0) if op[0] == "a" else ("f", op[1], 0)
 
 
+# The steps `vramkit estimate --model` runs are the user's code there: not folded.
+_MODELS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models.py")
+
+
 def _folded_prefixes() -> tuple[str, ...]:
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep, here + os.sep)
@@ -208,7 +212,8 @@ class StorageRecorder(TorchDispatchMode):
             path = frame.f_code.co_filename
             if innermost is None:
                 innermost = frame
-            if not path.startswith(self._folded) and not path.startswith("<"):
+            if (not path.startswith(self._folded) or path == _MODELS_FILE) \
+                    and not path.startswith("<"):
                 break
             frame = frame.f_back
         frame = frame or innermost

@@ -151,7 +151,8 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
     recorder = StorageRecorder()
     recorder.workspace_hook = workspace_hook
     recorder.device_type = None if target.emulated else "cuda"
-    emulation = _emulate.emulated_cuda() if target.emulated else contextlib.nullcontext()
+    seen = _emulate.Emulation()
+    emulation = _emulate.emulated_cuda(seen) if target.emulated else contextlib.nullcontext()
     with emulation:
         if build is not None:
             with mode, recorder, torch.device(target.device):
@@ -182,6 +183,8 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
                     try:
                         step_fn(*args, **kwargs)
                     except Exception as error:  # noqa: BLE001 - explained, then re-raised
+                        if target.emulated and type(error).__name__ == "CheckpointError":
+                            raise UntraceableStep(_CHECKPOINT_ON_CPU) from error
                         raise UntraceableStep(_explain(error)) from error
             finally:
                 for h in hooks:
@@ -192,6 +195,7 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
                         recorder.set_role(p.grad, "gradients")
             recorder.phase = "done"
     classify(recorder.recording, recorder)
+    recorder.autocast_emulated = seen.autocast_used
     return recorder.recording, recorder
 
 
@@ -233,6 +237,11 @@ def _phase_hooks(recorder: StorageRecorder, optimizers) -> list:
 
 # What fake tensors cannot do, as PyTorch says it, and what to do instead.
 _WORKAROUNDS = (
+    ("datadependent", "the step reads a tensor's values (.item(), .tolist(), a Python "
+     "if on a tensor, nonzero() or a boolean mask): compute that value outside the step, "
+     "or give the step a fixed value for the estimate"),
+    ("local_scalar_dense", "the step reads a tensor's value (.item(), float(t), a Python "
+     "if on a tensor): pass the value in instead, or give the step a fixed value"),
     ("data-dependent", "the step reads a tensor's values (.item(), .tolist(), a Python "
      "if on a tensor, nonzero() or a boolean mask): compute that value outside the step, "
      "or give the step a fixed value for the estimate"),
@@ -240,16 +249,22 @@ _WORKAROUNDS = (
     ("no fake impl", "an operation has no fake (meta) kernel, e.g. a custom CUDA "
      "extension: register one with torch.library.register_fake, or estimate the rest of "
      "the step without it"),
-    ("meta", "an operation has no meta kernel: register one with "
+    ("meta kernel", "an operation has no meta kernel: register one with "
      "torch.library.register_fake, or leave it out of the estimated step"),
 )
+
+# Activation checkpointing recomputes forward inside backward; without a GPU the CPU
+# stand-in's device and attention mapping do not reach that recomputation (PyTorch 2.11).
+_CHECKPOINT_ON_CPU = ("activation checkpointing recomputes the forward pass during "
+                      "backward, which the CPU stand-in (this machine has no GPU) cannot "
+                      "follow; estimate a checkpointed step on a machine with a GPU")
 
 
 def _explain(error: Exception) -> str:
     text = f"{type(error).__name__}: {error}"
     first = text.splitlines()[0] if text else type(error).__name__
     for needle, advice in _WORKAROUNDS:
-        if needle in text.lower() or needle in text:
+        if needle in text.lower():
             return (f"the step could not run on fake tensors ({first[:300]}); {advice}. "
                     f"No estimate is given rather than one that leaves this out.")
     return (f"the step could not run on fake tensors ({first[:300]}); the operation "

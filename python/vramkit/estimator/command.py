@@ -1,0 +1,163 @@
+"""`vramkit estimate`: a model's training step, estimated from its configuration alone.
+
+    vramkit estimate --model gpt2 --batch 8 --seq 1024 --precision bf16-amp \\
+                     --optimizer adamw [--checkpointing] [--device-memory 24G] [--json]
+
+The model is built from its Hugging Face configuration (models.py: no weights are
+downloaded) under fake tensors; the estimate (vramkit.estimate) says the peak allocated,
+the peak reserved under vramkit and under PyTorch's allocator, whether it fits the card,
+the breakdown at the peak and the call sites. --max-batch asks for the largest batch that
+fits the card instead. Exit statuses as the other subcommands: 0, 1 the step does not
+fit the card (or not even batch 1 does), 3 a bad command line, 4 the step could not be
+estimated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+
+from ..cli import EXIT_FAILURE, EXIT_OK, usage_error
+
+EXIT_DOES_NOT_FIT = 1
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # the project's usage error, not argparse's exit 2
+        raise _Usage(message)
+
+
+class _Usage(Exception):
+    pass
+
+
+def _parser() -> argparse.ArgumentParser:
+    from . import models
+    p = _Parser(prog="vramkit estimate", description=(
+        "Estimate the GPU memory of one model's training step from its configuration "
+        "alone (no weights downloaded, no GPU needed): peak allocated, peak reserved "
+        "under vramkit and under PyTorch's allocator, and whether it fits the card."))
+    p.add_argument("--model", required=True,
+                   help="a family (gpt2, llama, bert, vit, resnet...), a named size "
+                        "(gpt2-medium, llama-1b, vit-b16, resnet50), a config.json path, "
+                        "or a model id in the local Hugging Face cache")
+    p.add_argument("--batch", type=int, default=8, help="batch size (default 8)")
+    p.add_argument("--seq", type=int, default=1024,
+                   help="tokens per sample for language models (default 1024)")
+    p.add_argument("--precision", choices=models.PRECISIONS, default="fp32")
+    p.add_argument("--optimizer", choices=models.OPTIMIZERS, default="adamw")
+    p.add_argument("--checkpointing", action="store_true",
+                   help="activation checkpointing of every block")
+    p.add_argument("--device-memory", default=None, metavar="SIZE",
+                   help="the card to check the fit on, e.g. 24G or 80G")
+    p.add_argument("--source", default=None, choices=("cuda", "vmm"),
+                   help="the vramkit source to model (default cuda)")
+    p.add_argument("--max-batch", action="store_true",
+                   help="find the largest batch that fits --device-memory instead")
+    p.add_argument("--trace", default=None, metavar="PATH",
+                   help="where to keep the recorded step (a vramkit trace)")
+    p.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    return p
+
+
+class _Progress:
+    """A spinner on stderr once the estimate has taken more than a second (a terminal
+    only), so a long estimate does not look hung."""
+
+    def __init__(self, what: str):
+        self.what = what
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        if self.done.wait(1.0) or not sys.stderr.isatty():
+            return
+        start = time.monotonic()
+        frames = "|/-\\"
+        i = 0
+        while not self.done.wait(0.2):
+            sys.stderr.write(f"\r{frames[i % 4]} {self.what} "
+                             f"{time.monotonic() - start + 1.0:.0f} s")
+            sys.stderr.flush()
+            i += 1
+        sys.stderr.write("\r" + " " * (len(self.what) + 12) + "\r")
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join()
+
+
+def _as_json(e) -> dict:
+    return {"peak_allocated": e.peak_allocated, "peak_reserved": e.peak_reserved,
+            "torch_peak_reserved": e.torch_peak_reserved,
+            "torch_expandable_peak_reserved": e.torch_expandable_peak_reserved,
+            "device_memory": e.device_memory, "fits": e.fits, "torch_fits": e.torch_fits,
+            "torch_expandable_fits": e.torch_expandable_fits,
+            "min_device_memory": e.min_device_memory, "breakdown": e.breakdown,
+            "top_sites": [{"site": s, "bytes": b, "blocks": c} for s, b, c in e.top_sites],
+            "source": e.source, "emulated": e.emulated, "trace": e.trace,
+            "notes": e.notes}
+
+
+def main(argv: list[str]) -> int:
+    try:
+        args = _parser().parse_args(argv)
+    except _Usage as error:
+        return usage_error("estimate", str(error))
+    except SystemExit as done:  # --help
+        return int(done.code or 0)
+    if args.batch < 1 or args.seq < 1:
+        return usage_error("estimate", "--batch and --seq must be at least 1")
+    if args.max_batch and not args.device_memory:
+        return usage_error("estimate", "--max-batch needs --device-memory")
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("vramkit estimate: needs PyTorch (pip install 'vramkit[torch]' transformers)",
+              file=sys.stderr)
+        return EXIT_FAILURE
+    from . import Estimate, estimate, find_max_batch, models
+    from ._step import UntraceableStep
+
+    def work(batch: int):
+        return models.workload(args.model, batch, seq=args.seq, precision=args.precision,
+                               optimizer=args.optimizer, checkpointing=args.checkpointing)
+
+    try:
+        first = work(args.batch)
+        with _Progress("estimating"):
+            if args.max_batch:
+                best = find_max_batch(first.step, lambda n: work(n).build(),
+                                      device_memory=args.device_memory, source=args.source)
+            else:
+                result: Estimate = estimate(first.step, build=first.build,
+                                            device_memory=args.device_memory,
+                                            source=args.source, trace_path=args.trace)
+    except models.UnknownModel as error:
+        return usage_error("estimate", str(error))
+    except ValueError as error:
+        return usage_error("estimate", str(error))
+    except UntraceableStep as error:
+        print(f"vramkit estimate: {error}", file=sys.stderr)
+        return EXIT_FAILURE
+    if args.max_batch:
+        if args.json:
+            print(json.dumps({"model": args.model, "max_batch": best,
+                              "device_memory": args.device_memory}))
+        else:
+            print(f"largest batch of {first.name.split(' batch ')[0]} that fits "
+                  f"{args.device_memory} under vramkit: {best}")
+        return EXIT_OK if best else EXIT_DOES_NOT_FIT
+    if args.json:
+        print(json.dumps({"model": args.model, "workload": first.name, **_as_json(result)}))
+    else:
+        print(f"{first.name}")
+        print(result)
+    return EXIT_DOES_NOT_FIT if result.fits is False else EXIT_OK

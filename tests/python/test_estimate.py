@@ -1,0 +1,210 @@
+"""Tests of vramkit.estimate, find_max_batch and `vramkit estimate`, on a machine without a
+GPU (the CPU stand-in for CUDA; the GPU path is checked on the H200 by
+bench/estimate_check.py). Sizes are checked against hand counts of what the step must hold.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import vramkit  # noqa: E402
+from vramkit.estimator import UntraceableStep, _largest, models  # noqa: E402
+
+WIDTH = 1024
+BATCH = 64
+
+
+def _rounded(n: int) -> int:
+    return max(512, -(-n // 512) * 512)
+
+
+def _mlp_build(batch=BATCH, optimizer="adamw"):
+    def build():
+        net = torch.nn.Sequential(torch.nn.Linear(WIDTH, 4 * WIDTH), torch.nn.ReLU(),
+                                  torch.nn.Linear(4 * WIDTH, WIDTH))
+        opt = (torch.optim.AdamW(net.parameters()) if optimizer == "adamw"
+               else torch.optim.SGD(net.parameters(), lr=0.1))
+        return net, opt, torch.randn(batch, WIDTH)
+    return build
+
+
+def _step(net, opt, x):
+    net(x).pow(2).mean().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+PARAM_BYTES = sum(_rounded(n * 4) for n in (4 * WIDTH * WIDTH, 4 * WIDTH, WIDTH * 4 * WIDTH, WIDTH))
+
+
+def test_parameters_gradients_and_adam_state_are_counted_exactly():
+    """At the peak of the second step the weights, their gradients and AdamW's two moments
+    are all live: each category holds exactly what the parameters' sizes say."""
+    e = vramkit.estimate(_step, build=_mlp_build())
+    assert e.breakdown["parameters"] == PARAM_BYTES
+    # The two moments per parameter; on the CPU stand-in AdamW's step counters (host
+    # tensors on a GPU) are 512-byte blocks too.
+    assert 2 * PARAM_BYTES <= e.breakdown["optimizer state"] <= 2 * PARAM_BYTES + 4 * 512
+    assert e.breakdown["workspaces"] == vramkit.estimator.CUBLAS_WORKSPACE_BYTES
+    assert e.peak_allocated == sum(e.breakdown.values())
+    # The multi-tensor AdamW the GPU runs holds one parameter-sized temporary at its peak.
+    assert e.peak_allocated >= 4 * PARAM_BYTES
+    assert e.emulated and e.notes
+
+
+def test_activations_are_what_forward_keeps_for_backward():
+    """A deep, narrow network on a large batch with SGD (no state): the peak is where
+    backward starts, and what forward kept for it dominates: at least each ReLU's output
+    (the next Linear saves it as its input), the input itself counted apart."""
+    layers, batch = 6, 8192
+
+    def build():
+        blocks = []
+        for _ in range(layers):
+            blocks += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU()]
+        net = torch.nn.Sequential(*blocks)
+        return net, torch.optim.SGD(net.parameters(), lr=0.1), torch.randn(batch, WIDTH)
+
+    e = vramkit.estimate(_step, build=build)
+    assert e.breakdown["optimizer state"] == 0
+    assert e.breakdown["inputs"] == _rounded(batch * WIDTH * 4)
+    relu_outputs = (layers - 1) * _rounded(batch * WIDTH * 4)
+    assert e.breakdown["activations"] >= relu_outputs
+    assert e.breakdown["activations"] > e.breakdown["parameters"]
+
+
+def test_the_trace_replays_to_the_estimated_peak(tmp_path):
+    """The saved trace is an ordinary vramkit trace: `vramkit replay` on it finds the
+    estimate's peak allocated as its peak live bytes, and the estimate's reserved."""
+    path = tmp_path / "step.trace.gz"
+    e = vramkit.estimate(_step, build=_mlp_build(), trace_path=str(path))
+    assert e.trace == str(path)
+    with gzip.open(path, "rt") as f:
+        assert f.readline().startswith("# vramkit-trace v1")
+    out = subprocess.run([sys.executable, "-m", "vramkit", "replay", "--json",
+                          "--source", "sim", str(path)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    row = json.loads(out.stdout.splitlines()[-1])
+    assert row["peak_live_bytes"] == e.peak_allocated
+    assert row["peak_reserved_bytes"] == e.peak_reserved
+    assert e.peak_reserved >= e.peak_allocated
+    assert e.torch_peak_reserved >= e.peak_allocated
+    assert e.torch_expandable_peak_reserved >= e.peak_allocated
+    assert e.min_device_memory >= e.peak_allocated + vramkit.estimator.CUDA_CONTEXT_BYTES
+
+
+def test_fit_under_a_limit_is_decided_by_a_capped_replay():
+    e = vramkit.estimate(_step, build=_mlp_build())
+    roomy = vramkit.estimate(_step, build=_mlp_build(), memory_limit=4 * e.peak_reserved)
+    assert roomy.fits and roomy.torch_fits and roomy.torch_expandable_fits
+    tight = vramkit.estimate(_step, build=_mlp_build(), memory_limit=e.peak_allocated // 2)
+    assert tight.fits is False and tight.torch_fits is False
+    card = vramkit.estimate(_step, build=_mlp_build(), device_memory="200G")
+    assert card.fits and card.device_memory == 200 << 30
+    assert "fits" in str(card) and "peak allocated" in str(card)
+
+
+def test_real_objects_are_left_untouched():
+    """The step runs on fake twins: the user's model keeps its weights, the optimizer no
+    state, and no gradient appears."""
+    net, opt, x = _mlp_build()()
+    before = [p.detach().clone() for p in net.parameters()]
+    e = vramkit.estimate(_step, net, opt, x)
+    assert e.breakdown["parameters"] == PARAM_BYTES
+    assert not opt.state
+    for p, old in zip(net.parameters(), before):
+        assert p.grad is None and p.device.type == "cpu" and torch.equal(p.detach(), old)
+
+
+def test_a_step_that_reads_values_is_refused_with_the_reason():
+    def step(net, opt, x):
+        loss = net(x).sum()
+        if loss.item() > 0:  # data-dependent: fake tensors have no values
+            loss.backward()
+
+    with pytest.raises(UntraceableStep) as info:
+        vramkit.estimate(step, build=_mlp_build())
+    text = str(info.value)
+    assert "fake tensors" in text and "No estimate is given" in text
+    assert "item" in text.lower() or "data-dependent" in text.lower()
+
+
+@pytest.mark.parametrize("kwargs, error", [
+    (dict(steps=0), ValueError), (dict(device_memory="lots"), ValueError),
+    (dict(device_memory=-5), ValueError), (dict(device_memory=1.5), TypeError),
+    (dict(source="nope"), ValueError), (dict(device_memory="8G", memory_limit="4G"), ValueError),
+    (dict(device="cpu"), ValueError),
+])
+def test_bad_arguments_are_refused_before_anything_runs(kwargs, error):
+    with pytest.raises(error):
+        vramkit.estimate(_step, build=_mlp_build(), **kwargs)
+    with pytest.raises(TypeError):
+        vramkit.estimate("not callable")
+
+
+def test_find_max_batch_predicts_the_edge():
+    """The predicted batch fits and the next one does not, by the same estimate."""
+    limit = 400 << 20
+
+    def make(n):
+        return _mlp_build(batch=n)()
+
+    best = vramkit.find_max_batch(_step, make, memory_limit=limit, most=4096)
+    assert best > 1
+    fits = lambda n: vramkit.estimate(_step, build=_mlp_build(batch=n),  # noqa: E731
+                                      memory_limit=limit).fits
+    assert fits(best) and not fits(best + 1)
+    assert vramkit.find_max_batch(_step, make, memory_limit=1 << 20) == 0
+    with pytest.raises(ValueError):
+        vramkit.find_max_batch(_step, make)
+    with pytest.raises(ValueError):
+        vramkit.find_max_batch(_step, make, memory_limit=limit, mode="guess")
+
+
+def test_the_search_finds_the_largest_from_any_guess():
+    for answer in (0, 1, 7, 63, 64):
+        for guess in (None, 1, 5, 40, 64):
+            tried = []
+            got = _largest(lambda n: tried.append(n) or n <= answer, 1, 64, guess)
+            assert got == min(answer, 64)
+            assert all(1 <= n <= 64 for n in tried)
+
+
+def test_a_model_by_family_name_from_its_configuration(tmp_path):
+    """GPT-2 from transformers' default configuration (GPT-2 124M), nothing downloaded:
+    the parameters are its 124M weights (wte tied to the head) in fp32."""
+    pytest.importorskip("transformers")
+    w = models.workload("gpt2", 1, seq=64, precision="fp32")
+    e = vramkit.estimate(w.step, build=w.build)
+    params = 124_439_808  # GPT-2 small, with the position embeddings
+    assert abs(e.breakdown["parameters"] - 4 * params) < 4 * params * 0.01
+    with pytest.raises(models.UnknownModel):
+        models.workload("no-such-model-anywhere", 1)
+    with pytest.raises(ValueError):
+        models.workload("gpt2", 0)
+
+
+def test_the_command_line(tmp_path):
+    pytest.importorskip("transformers")
+    trace = tmp_path / "gpt2.trace.gz"
+    run = lambda *a: subprocess.run([sys.executable, "-m", "vramkit", "estimate", *a],  # noqa: E731
+                                    capture_output=True, text=True)
+    out = run("--model", "gpt2", "--batch", "1", "--seq", "32", "--device-memory", "80G",
+              "--json", "--trace", str(trace))
+    assert out.returncode == 0, out.stderr
+    row = json.loads(out.stdout)
+    assert row["fits"] is True and row["peak_allocated"] > 4 * 124_000_000
+    assert trace.exists() and row["trace"] == str(trace)
+    small = run("--model", "gpt2", "--batch", "1", "--seq", "32", "--device-memory", "1G")
+    assert small.returncode == 1 and "does not fit" in small.stdout
+    for bad in (["--model", "nope"], ["--model", "gpt2", "--batch", "0"],
+                ["--model", "gpt2", "--precision", "fp8"], ["--batch", "2"],
+                ["--model", "gpt2", "--max-batch"]):
+        r = run(*bad)
+        assert r.returncode == 3 and "vramkit estimate:" in r.stderr, (bad, r.stderr)
