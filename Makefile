@@ -21,8 +21,10 @@ DEBIAN_PACKAGES := build-essential cmake pkg-config clang libcmocka-dev zlib1g-d
 # Python packages of the test environment, as distribution:module (the module is what we
 # try to import): the build backend (the package is built without build isolation, from
 # what is installed here), the test runner, numpy for the buffer-protocol tests,
-# matplotlib for the PNG of `vramkit plot` (the package's optional `plot` extra), and
-# prometheus_client, whose parser checks `vramkit export`'s text (the `prometheus` extra).
+# matplotlib for the PNG of `vramkit plot` (the package's optional `plot` extra),
+# prometheus_client, whose parser checks `vramkit export`'s text (the `prometheus` extra),
+# and PyTorch (the version the GPU machine runs) with transformers, on which the
+# estimator's tests run training steps under fake tensors (the `estimate` extra).
 PYTHON_PACKAGES := scikit-build-core:scikit_build_core pytest:pytest numpy:numpy \
                    torch==2.11.0:torch transformers:transformers \
                    matplotlib:matplotlib prometheus_client:prometheus_client
