@@ -107,39 +107,16 @@ class _Twins:
         return value
 
 
-def _optimizers(values) -> list[torch.optim.Optimizer]:
+def _found(values, kind) -> list:
+    """The objects of type ``kind`` among ``values``, looking into lists, tuples, dicts."""
     found = []
     for v in values:
-        if isinstance(v, torch.optim.Optimizer):
+        if isinstance(v, kind):
             found.append(v)
         elif isinstance(v, (list, tuple)):
-            found.extend(_optimizers(v))
+            found.extend(_found(v, kind))
         elif isinstance(v, dict):
-            found.extend(_optimizers(v.values()))
-    return found
-
-
-def _modules(values) -> list[torch.nn.Module]:
-    found = []
-    for v in values:
-        if isinstance(v, torch.nn.Module):
-            found.append(v)
-        elif isinstance(v, (list, tuple)):
-            found.extend(_modules(v))
-        elif isinstance(v, dict):
-            found.extend(_modules(v.values()))
-    return found
-
-
-def _tensors(values) -> list[torch.Tensor]:
-    found = []
-    for v in values:
-        if isinstance(v, torch.Tensor):
-            found.append(v)
-        elif isinstance(v, (list, tuple)):
-            found.extend(_tensors(v))
-        elif isinstance(v, dict):
-            found.extend(_tensors(v.values()))
+            found.extend(_found(v.values(), kind))
     return found
 
 
@@ -164,16 +141,16 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
             kwargs = twins.any(dict(kwargs))
         values = (*args, *kwargs.values())
         with mode, recorder:
-            for m in _modules(values):
+            for m in _found(values, torch.nn.Module):
                 for p in m.parameters():
                     recorder.set_role(p, "parameters")
                 for b in m.buffers():
                     recorder.set_role(b, "parameters")
-            for t in _tensors(values):
+            for t in _found(values, torch.Tensor):
                 if recorder.block_of(t) is None or not recorder.recording.blocks[
                         recorder.block_of(t)].role:
                     recorder.set_role(t, "inputs")
-            optimizers = _optimizers(values)
+            optimizers = _found(values, torch.optim.Optimizer)
             for opt in optimizers:
                 _as_on_the_gpu(opt)
             hooks = _phase_hooks(recorder, optimizers)
@@ -189,7 +166,7 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
             finally:
                 for h in hooks:
                     h.remove()
-            for m in _modules(values):
+            for m in _found(values, torch.nn.Module):
                 for p in m.parameters():
                     if p.grad is not None:
                         recorder.set_role(p.grad, "gradients")
