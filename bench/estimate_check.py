@@ -247,6 +247,42 @@ def measure_batches(allocator: str, predicted: dict) -> None:
                           "seconds": round(time.perf_counter() - t0, 1)}), flush=True)
 
 
+def check_plan() -> None:
+    """The checkpoint planner on the card: GPT-2 fp32 at batch 8 (15.8 GB at its peak)
+    under a 10 GiB cap. The planned blocks are checkpointed in the real model and two
+    real steps run under vramkit with the cap; without the plan the step runs out."""
+    import vramkit
+    import vramkit.torch
+    vramkit.torch.install()
+    import torch
+    from vramkit.estimator import models, variants
+    cap = 10 << 30
+    work = models.workload("gpt2", 8, seq=1024, precision="fp32")
+    t0 = time.perf_counter()
+    plan = vramkit.plan_checkpointing(work.step, build=work.build, memory_limit=cap)
+    seconds = round(time.perf_counter() - t0, 1)
+    vramkit.set_per_process_memory_fraction(cap / torch.cuda.get_device_properties(0).total_memory, 0)
+    results = {}
+    for label, names in (("planned", plan.names), ("none", [])):
+        gc.collect()
+        vramkit.empty_cache(0)
+        vramkit.reset_peak_memory_stats(0)
+        try:
+            with torch.device("cuda"):
+                model, opt, batch = work.build()
+            variants.apply_checkpointing(model, names)
+            for _ in range(2):
+                work.step(model, opt, batch)
+            torch.cuda.synchronize()
+            results[label] = {"ok": True, "peak_reserved": vramkit.max_memory_reserved(0)}
+        except torch.OutOfMemoryError:
+            results[label] = {"ok": False}
+        model = opt = batch = None
+    print(json.dumps({"plan": plan.names, "blocks": plan.blocks, "seconds": seconds,
+                      "predicted_peak_reserved": plan.estimate.peak_reserved,
+                      "cap": cap, **{f"real_{k}": v for k, v in results.items()}}), flush=True)
+
+
 def _pct(estimate, real) -> str:
     if not estimate or not real:
         return "-"
@@ -286,11 +322,15 @@ def main() -> int:
     parser.add_argument("--role", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--skip-accuracy", action="store_true")
     parser.add_argument("--skip-finder", action="store_true")
+    parser.add_argument("--plan-only", action="store_true")
     args = parser.parse_args()
     wanted = args.only.split(",") if args.only else None
     workloads = [w for w in WORKLOADS if not wanted or any(x in _key(w) for x in wanted)]
     if args.role == "estimate":
         estimates(workloads)
+        return 0
+    if args.role == "plan":
+        check_plan()
         return 0
     if args.role == "predict":
         predict_batches()
@@ -305,6 +345,9 @@ def main() -> int:
     roles = [] if args.skip_accuracy else ["native", "expandable", "vramkit", "estimate"]
     if not args.skip_finder:
         roles += ["predict", "finder-native", "finder-vramkit"]
+    roles += ["plan"]
+    if args.plan_only:
+        roles = ["plan"]
     predicted = {}
     for role in roles:
         cmd = [sys.executable, __file__, "--role", role] + (["--only", args.only]

@@ -54,8 +54,9 @@ __all__ = [
     "LeakDetector", "LeakReport", "MemoryLeakWarning", "dump_snapshot", "history_mark",
     "leak_check", "leaks", "memory_history", "record_memory_history", "save_trace",
     # Estimates before a run (estimator/).
-    "Estimate", "estimate", "find_max_batch",
+    "Estimate", "advise", "estimate", "find_max_batch", "plan_checkpointing",
     "snapshot",
+    "diagnose",  # the OOM doctor (doctor.py)
     # Training-loop logging (logger.py).
     "MemoryLogger", "tqdm_postfix",
 ]
@@ -72,7 +73,9 @@ _LAZY = {
     "LeakDetector": "leaks", "LeakReport": "leaks", "MemoryLeakWarning": "leaks",
     "history_mark": "leaks", "leak_check": "leaks", "leaks": "leaks",
     "MemoryLogger": "logger", "tqdm_postfix": "logger",
+    "diagnose": "doctor",
     "Estimate": "estimator", "estimate": "estimator", "find_max_batch": "estimator",
+    "advise": "estimator", "plan_checkpointing": "estimator",
 }
 
 

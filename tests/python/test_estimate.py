@@ -208,3 +208,89 @@ def test_the_command_line(tmp_path):
                 ["--model", "gpt2", "--max-batch"]):
         r = run(*bad)
         assert r.returncode == 3 and "vramkit estimate:" in r.stderr, (bad, r.stderr)
+
+
+class _Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.Linear(WIDTH, 2 * WIDTH)
+        self.down = torch.nn.Linear(2 * WIDTH, WIDTH)
+
+    def forward(self, x):
+        return x + self.down(torch.relu(self.up(x)))
+
+
+class _Net(torch.nn.Module):
+    def __init__(self, depth=8):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(_Block() for _ in range(depth))
+        self.head = torch.nn.Linear(WIDTH, 8)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def _net_build(batch=2048):
+    def build():
+        net = _Net()
+        return net, torch.optim.SGD(net.parameters(), lr=0.1), torch.randn(batch, WIDTH)
+    return build
+
+
+def test_repeated_blocks_are_the_model_trunk():
+    from vramkit.estimator.variants import repeated_blocks
+    assert repeated_blocks(_Net()) == [f"blocks.{i}" for i in range(8)]
+    pytest.importorskip("transformers")
+    w = models.workload("gpt2", 1, seq=32)
+    assert repeated_blocks(w.build()[0]) == [f"transformer.h.{i}" for i in range(12)]
+
+
+def test_checkpointing_keeps_results_and_gradients():
+    """apply_checkpointing changes what is kept, not what is computed (real tensors)."""
+    from vramkit.estimator.variants import apply_checkpointing
+    torch.manual_seed(0)
+    plain, x = _Net(depth=3), torch.randn(16, WIDTH)
+    checked = _Net(depth=3)
+    checked.load_state_dict(plain.state_dict())
+    assert apply_checkpointing(checked, ["blocks.0", "blocks.2"]) == ["blocks.0", "blocks.2"]
+    plain(x).sum().backward()
+    checked(x).sum().backward()
+    for a, b in zip(plain.parameters(), checked.parameters()):
+        assert torch.allclose(a.grad, b.grad, atol=1e-5)
+    with pytest.raises(KeyError):
+        apply_checkpointing(checked, ["blocks.9"])
+
+
+def test_advise_ranks_the_changes():
+    advice = vramkit.advise(_step, build=_net_build(), memory_limit="64G")
+    rows = {r.variant: r for r in advice.rows}
+    assert advice.rows[0].variant == "as written" and advice.rows[0].saves == 0
+    full = rows["checkpointing all 8 blocks"]
+    assert full.peak_allocated < rows["as written"].peak_allocated
+    assert full.extra_compute > 0.1        # the blocks' forward runs twice
+    assert rows["bf16 autocast"].extra_compute == 0
+    half = rows["bf16 weights and optimizer state"]
+    assert half.peak_allocated < rows["as written"].peak_allocated
+    savings = [r.saves for r in advice.rows[1:]]
+    assert savings == sorted(savings, reverse=True)
+    assert "checkpointing all 8 blocks" in str(advice)
+
+
+def test_plan_checkpointing_finds_the_fewest_blocks():
+    from vramkit.estimator import variants
+    plain = vramkit.estimate(_step, build=_net_build())
+    full = vramkit.estimate(_step, build=_net_build(),
+                            variant=variants.Variant("all", checkpoint_every=1))
+    limit = (plain.peak_reserved + full.peak_reserved) // 2
+    plan = vramkit.plan_checkpointing(_step, build=_net_build(), memory_limit=limit)
+    assert plan.fits and plan.estimate.fits and 0 < len(plan.names) < 8
+    assert set(plan.names) <= {f"blocks.{i}" for i in range(8)}
+    fewer = variants._spread([f"blocks.{i}" for i in range(8)], len(plan.names) - 1)
+    one_less = vramkit.estimate(_step, build=_net_build(), memory_limit=limit,
+                                variant=variants.Variant("fewer", checkpoint_names=fewer))
+    assert not one_less.fits
+    assert vramkit.plan_checkpointing(_step, build=_net_build(), memory_limit="64G").names == []
+    tiny = vramkit.plan_checkpointing(_step, build=_net_build(), memory_limit=1 << 20)
+    assert not tiny.fits

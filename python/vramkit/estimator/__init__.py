@@ -131,7 +131,7 @@ def _size(value, what: str) -> int | None:
 def estimate(step_fn, *args, device_memory=None, source: str | None = None,
              steps: int = 2, trace_path: str | None = None, device="cuda",
              build=None, emulate: bool | None = None, memory_limit=None,
-             **kwargs) -> Estimate:
+             variant=None, **kwargs) -> Estimate:
     """Predict the memory of ``steps`` calls of ``step_fn(*args, **kwargs)`` on a GPU.
 
     ``args``/``kwargs`` are what the step takes, built as usual (a model on the CPU or
@@ -143,7 +143,9 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
     on; ``source`` the vramkit source to model ("cuda" by default, or "vmm").
     ``memory_limit`` checks the fit under an allocator limit instead (VRAMKIT_LIMIT,
     ``set_per_process_memory_fraction``), which the CUDA context does not count against.
-    ``emulate=True`` runs the CPU stand-in even where a GPU is present (to compare)."""
+    ``emulate=True`` runs the CPU stand-in even where a GPU is present (to compare).
+    ``variant`` (a :class:`vramkit.estimator.variants.Variant`) estimates the step with
+    one change made to it: autocast, bf16 weights, checkpointing, 8-bit states."""
     from . import _replay, _step
 
     if not callable(step_fn):
@@ -163,7 +165,7 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
     target = _step.choose_target(device, emulate)
     recording, _recorder = _step.record_step(
         step_fn, args, kwargs, target=target, steps=steps, build=build,
-        workspace_hook=_workspace_model(True))
+        workspace_hook=_workspace_model(True), variant=variant)
     if recording.peak_allocated == 0:
         raise _step.UntraceableStep("estimate(): the step allocated nothing on the GPU: "
                                     "are its model and batch on a CUDA device?")
@@ -199,11 +201,6 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
     if target.emulated:
         notes.append("no GPU here: the step ran on CPU kernels standing in for CUDA's; "
                      "on a machine with a GPU the estimate uses CUDA's own")
-        if getattr(_recorder, "autocast_emulated", False):
-            notes.append("CPU autocast casts other operations than CUDA autocast: on an "
-                         "H200, bf16-autocast GPT-2 estimated this way came 8 to 13% under "
-                         "the real peak (fp32 within 3%); estimate on a GPU machine for "
-                         "autocast steps")
     return Estimate(
         peak_allocated=recording.peak_allocated,
         peak_reserved=int(ours["peak_reserved_bytes"]),
@@ -228,6 +225,126 @@ def __getattr__(name):
 def _record_categories():
     from ._record import CATEGORIES
     return CATEGORIES
+
+
+def _model_blocks(args, build, target) -> list[str]:
+    """The repeated blocks of the (first) model the step takes, built on fake tensors."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    import torch
+    from . import _emulate, _step, variants
+    import contextlib
+    if build is None:
+        models_ = [a for a in args if isinstance(a, torch.nn.Module)]
+        return variants.repeated_blocks(models_[0]) if models_ else []
+    emulation = _emulate.emulated_cuda() if target.emulated else contextlib.nullcontext()
+    with emulation, FakeTensorMode(allow_non_fake_inputs=True), torch.device(target.device):
+        built = build()
+    built = built if isinstance(built, tuple) else (built,)
+    models_ = [b for b in built if isinstance(b, torch.nn.Module)]
+    return variants.repeated_blocks(models_[0]) if models_ else []
+
+
+def advise(step_fn, *args, build=None, device_memory=None, memory_limit=None,
+           make_batch=None, batch: int | None = None, variants=None, source=None,
+           **kwargs):
+    """The step as written and under each change the guide suggests (bf16 or fp16
+    autocast, bf16 weights and states, 8-bit optimizer states, activation checkpointing
+    of all or every 2nd repeated block, and with ``make_batch(n)`` and ``batch`` smaller
+    batches): predicted peaks, what each saves, whether it fits, and the compute it adds
+    (FLOPs counted on fake tensors), most saving first. Returns an :class:`Advice`,
+    printable as a table."""
+    from . import _step, variants as _variants
+
+    target = _step.choose_target(kwargs.pop("device", "cuda"), kwargs.pop("emulate", None))
+    blocks = _model_blocks(args, build, target)
+    chosen = variants if variants is not None else _variants.standard_variants(len(blocks))
+    common = dict(device_memory=device_memory, memory_limit=memory_limit, source=source,
+                  emulate=target.emulated)
+    base_flops = None
+    rows = []
+    base = None
+    for v in chosen:
+        note = ""
+        try:
+            e = estimate(step_fn, *args, build=build, variant=v, **common, **kwargs)
+            flops = _variants.flops_of(step_fn, args, kwargs, target=target, build=build,
+                                       variant=v)
+        except _step.UntraceableStep as error:
+            rows.append(_variants.AdviceRow(v.name, 0, 0, 0, None, 0, None,
+                                            f"not estimated: {str(error)[:120]}"))
+            continue
+        if base is None:
+            base, base_flops = e, flops
+        rows.append(_variants.AdviceRow(
+            v.name, e.peak_allocated, e.peak_reserved, e.torch_peak_reserved, e.fits,
+            base.peak_reserved - e.peak_reserved,
+            (flops / base_flops - 1.0) if base_flops else None, note))
+    if make_batch is not None and batch:
+        for n in sorted({max(1, batch // 2), max(1, batch // 4)} - {batch}, reverse=True):
+            e = estimate(step_fn, build=lambda n=n: make_batch(n), **common, **kwargs)
+            rows.append(_variants.AdviceRow(
+                f"batch {n} instead of {batch}", e.peak_allocated, e.peak_reserved,
+                e.torch_peak_reserved, e.fits, base.peak_reserved - e.peak_reserved,
+                None, "same compute per sample"))
+    head, rest = rows[:1], sorted(rows[1:], key=lambda r: -r.saves)
+    return _variants.Advice(head + rest, base.device_memory if base else None,
+                            base.min_device_memory if base else None)
+
+
+@dataclass
+class CheckpointPlan:
+    """The fewest repeated blocks to checkpoint for the step to fit: ``names`` for
+    :func:`vramkit.estimator.variants.apply_checkpointing` on the real model, and the
+    estimate of the planned step that verifies it."""
+
+    names: list
+    blocks: int
+    estimate: Estimate
+    fits: bool
+
+    def __str__(self) -> str:
+        if not self.names:
+            verdict = "fits without checkpointing" if self.fits else "does not fit"
+            return f"checkpoint plan: the step {verdict}"
+        head = (f"checkpoint plan: {len(self.names)} of {self.blocks} blocks"
+                + ("" if self.fits else " (all of them, and it still does not fit)"))
+        return head + "\n  " + "\n  ".join(self.names) + \
+            f"\n  planned step: peak reserved {_gib(self.estimate.peak_reserved)}"
+
+
+def plan_checkpointing(step_fn, *args, build=None, device_memory=None,
+                       memory_limit=None, **kwargs) -> CheckpointPlan:
+    """Given a card or a limit, the fewest of the model's repeated blocks (spread evenly)
+    to checkpoint so that the step fits under vramkit, by a search on the estimate."""
+    from . import _step, variants as _variants
+
+    if device_memory is None and memory_limit is None:
+        raise ValueError("plan_checkpointing(): give device_memory or memory_limit")
+    target = _step.choose_target(kwargs.pop("device", "cuda"), kwargs.pop("emulate", None))
+    blocks = _model_blocks(args, build, target)
+    cache: dict[int, Estimate] = {}
+
+    def planned(k: int) -> Estimate:
+        if k not in cache:
+            v = _variants.Variant(f"checkpointing {k} blocks",
+                                  checkpoint_names=_variants._spread(blocks, k))
+            cache[k] = estimate(step_fn, *args, build=build, device_memory=device_memory,
+                                memory_limit=memory_limit, variant=v,
+                                emulate=target.emulated, **kwargs)
+        return cache[k]
+
+    if planned(0).fits or not blocks:
+        return CheckpointPlan([], len(blocks), planned(0), bool(planned(0).fits))
+    if not planned(len(blocks)).fits:
+        return CheckpointPlan(list(blocks), len(blocks), planned(len(blocks)), False)
+    low, high = 0, len(blocks)  # planned(low) does not fit, planned(high) does
+    while high - low > 1:
+        mid = (low + high) // 2
+        if planned(mid).fits:
+            high = mid
+        else:
+            low = mid
+    return CheckpointPlan(_variants._spread(blocks, high), len(blocks), planned(high), True)
 
 
 _FIT_OF = {"vramkit": "fits", "torch": "torch_fits", "torch-expandable": "torch_expandable_fits"}

@@ -8,23 +8,27 @@ step on fake *CPU* tensors and makes the CPU behave, for memory, as the GPU woul
 - device arguments that name CUDA (``device="cuda"``, ``.cuda()``, ``.to("cuda:0")``)
   name the CPU instead, so the user's step runs unchanged;
 - ``torch.autocast("cuda", ...)`` becomes CPU autocast with the same dtype;
-- ``scaled_dot_product_attention`` takes the fused kernel the GPU would take (flash or
-  memory-efficient attention: an output and a log-sum-exp per row, never the
-  sequence-by-sequence score matrix that the CPU's fallback materialises).
+- ``scaled_dot_product_attention`` allocates what the GPU's fused kernels allocate (flash
+  or memory-efficient attention: an output and a log-sum-exp per row, never the
+  sequence-by-sequence score matrix that the CPU's fallback materialises), and dropout
+  keeps the GPU's one-byte mask rather than the CPU's noise tensor;
+- the operations CUDA autocast runs in fp32 (layer norm, softmax, exp, log...) run in
+  fp32 under the CPU's autocast too.
 
-What stays different is named in the estimate's notes: CPU autocast casts a few
-operations CUDA autocast leaves alone and the other way round, and cuBLAS workspaces are
-modelled, not seen. On a machine with a GPU none of this is used: the step runs on fake
-CUDA tensors with the GPU's own kernels.
+What stays different: kernels that choose their own workspaces (cuDNN's convolutions),
+and any other operation whose CPU kernel keeps different tensors than its CUDA one. The
+estimate says in its notes that it ran this way. On a machine with a GPU none of this is
+used: the step runs on fake CUDA tensors with the GPU's own kernels.
 """
 
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
+from torch.utils._device import DeviceContext
 
 _TENSOR_MOVES = {torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.type}
 
@@ -41,8 +45,15 @@ def _on_cpu(value):
     return torch.device("cpu") if _is_cuda(value) else value
 
 
-class CudaOnCpu(TorchFunctionMode):
-    """Maps every CUDA device argument to the CPU and steers attention to a fused kernel."""
+class CudaOnCpu(DeviceContext):
+    """Maps every CUDA device argument to the CPU and steers attention to a fused kernel.
+
+    It is a device context (the mode ``with torch.device(...)`` enters) because that is
+    the one function mode activation checkpointing carries into its recomputation during
+    backward; any other mode would be gone there."""
+
+    def __init__(self):
+        super().__init__("cpu")
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
@@ -54,6 +65,11 @@ class CudaOnCpu(TorchFunctionMode):
                                          if k in ("non_blocking", "memory_format")})
         if func in _TENSOR_MOVES and len(args) > 1:
             args = (args[0], *(_on_cpu(a) for a in args[1:]))
+        if func is F.dropout and _training_dropout(*args, **kwargs):
+            # On a GPU dropout is one fused kernel that keeps a one-byte mask for backward;
+            # the CPU's keeps a noise tensor of the input's dtype (four bytes in fp32).
+            x, p = args[0], kwargs.get("p", args[1] if len(args) > 1 else 0.5)
+            return torch.ops.aten.native_dropout(x, p, True)[0]
         if func is F.scaled_dot_product_attention:
             fused = _fused_attention(*args, **kwargs)
             if fused is not None:
@@ -61,36 +77,74 @@ class CudaOnCpu(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def _training_dropout(input, p=0.5, training=True, inplace=False):
+    return training and not inplace and 0.0 < p < 1.0 and input.is_floating_point()
+
+
 def _fused_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                      scale=None, enable_gqa=False):
-    """The CPU's flash kernel, which keeps what the GPU's fused kernels keep; None where
-    the GPU too would fall back (an explicit mask on a shape the fused kernels refuse)."""
+    """What the GPU's fused attention allocates, None where the GPU too would fall back
+    to the unfused kernel (an explicit mask with a batch of heads the kernels refuse)."""
     if query.dim() != 4 or query.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         return None
-    if enable_gqa and key.size(-3) != query.size(-3):
-        repeat = query.size(-3) // key.size(-3)
-        key = key.repeat_interleave(repeat, dim=-3)
-        value = value.repeat_interleave(repeat, dim=-3)
-    out, _logsumexp = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
-    return out
+    if attn_mask is not None and attn_mask.dtype == torch.bool and attn_mask.dim() != 4:
+        return None
+    return _FusedAttention.apply(query, key, value)
 
 
-class Emulation:
-    """What the stand-in saw: whether the step used autocast, whose CPU lists differ."""
+class _FusedAttention(torch.autograd.Function):
+    """A memory model of CUDA's fused attention kernels (flash attention for 16-bit
+    inputs, memory-efficient attention for fp32), as PyTorch 2.11 calls them. Forward
+    makes the output and one fp32 log-sum-exp per query row (rounded up to 32 rows for
+    the memory-efficient kernel) and keeps both with the inputs; backward makes the three
+    gradients, an fp32 row sum of output times its gradient, and for flash attention an
+    fp32 accumulator the size of the query. Keys and values with fewer heads (grouped
+    queries) are handled by the kernels without repeating them; their gradients are
+    computed for every query head and then summed. The values are fake, so only the
+    shapes and dtypes of what is made matter."""
 
-    autocast_used = False
+    @staticmethod
+    def forward(ctx, query, key, value):
+        batch, heads, rows, _ = query.shape
+        padded = rows if query.dtype != torch.float32 else -(-rows // 32) * 32
+        # The kernels write the output as (batch, rows, heads, dim) and return it
+        # transposed, so merging the heads afterwards is a view, not a copy.
+        out = torch.empty(batch, rows, heads, value.shape[-1], dtype=query.dtype,
+                          device=query.device).transpose(1, 2)
+        logsumexp = torch.empty(batch, heads, padded, dtype=torch.float32,
+                                device=query.device)
+        ctx.save_for_backward(query, key, value, out, logsumexp)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        query, key, value, out, logsumexp = ctx.saved_tensors
+        row_sums = torch.empty_like(logsumexp)  # noqa: F841 - allocated as the kernel does
+        if query.dtype != torch.float32:
+            accumulator = torch.empty(query.shape, dtype=torch.float32,  # noqa: F841
+                                      device=query.device)
+        grad_query = torch.empty_like(query)
+        if key.size(-3) != query.size(-3):
+            wide = query.shape[:-1] + key.shape[-1:]
+            grad_key = torch.empty(wide, dtype=key.dtype, device=key.device)
+            grad_value = torch.empty(query.shape[:-1] + value.shape[-1:], dtype=value.dtype,
+                                     device=value.device)
+            groups = query.size(-3) // key.size(-3)
+            grad_key = grad_key.unflatten(-3, (key.size(-3), groups)).sum(-3)
+            grad_value = grad_value.unflatten(-3, (value.size(-3), groups)).sum(-3)
+        else:
+            grad_key = torch.empty_like(key)
+            grad_value = torch.empty_like(value)
+        return grad_query, grad_key, grad_value
 
 
 @contextlib.contextmanager
-def cuda_autocast_on_cpu(seen: Emulation):
+def cuda_autocast_on_cpu():
     """``torch.autocast("cuda", dtype)`` (and ``torch.cuda.amp.autocast``) as CPU autocast."""
     autocast = torch.amp.autocast_mode.autocast
     original = autocast.__init__
 
     def init(self, device_type, *args, **kwargs):
-        if device_type == "cuda" and kwargs.get("enabled", True):
-            seen.autocast_used = True
         original(self, "cpu" if device_type == "cuda" else device_type, *args, **kwargs)
 
     autocast.__init__ = init
@@ -100,8 +154,69 @@ def cuda_autocast_on_cpu(seen: Emulation):
         autocast.__init__ = original
 
 
+# What CUDA autocast runs in fp32 that CPU autocast leaves in the lower precision (as
+# documented for CUDA autocast's "float32" ops): the input is cast to fp32, so the output,
+# and what backward keeps of it, is fp32.
+_CUDA_FP32_OPS = (
+    "layer_norm", "group_norm", "exp", "expm1", "log", "log10", "log2", "log1p",
+    "reciprocal", "rsqrt", "pow.Tensor_Scalar", "pow.Tensor_Tensor", "acos", "asin",
+    "cosh", "sinh", "tan", "erfinv", "softplus", "logsumexp", "renorm", "dist", "pdist",
+    "cosine_similarity",
+)
+# ... and the ones it runs with an fp32 output dtype instead of casting the input.
+_CUDA_FP32_OUTPUT_OPS = ("softmax.int", "log_softmax.int", "cumsum", "cumprod",
+                         "sum", "sum.dim_IntList", "prod")
+_LOWER = (torch.float16, torch.bfloat16)
+
+
+def _without_cpu_autocast(op, args, kwargs):
+    guard = torch._C._ExcludeDispatchKeyGuard(
+        torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU))
+    with guard:
+        return op(*args, **kwargs)
+
+
+def _fp32_inputs(op):
+    def kernel(*args, **kwargs):
+        cast = [a.to(torch.float32) if isinstance(a, torch.Tensor) and a.dtype in _LOWER
+                else a for a in args]
+        return _without_cpu_autocast(op, cast, kwargs)
+    return kernel
+
+
+def _fp32_output(op):
+    def kernel(*args, **kwargs):
+        first = args[0] if args else None
+        if isinstance(first, torch.Tensor) and first.dtype in _LOWER \
+                and kwargs.get("dtype") is None:
+            kwargs = dict(kwargs, dtype=torch.float32)
+        return _without_cpu_autocast(op, args, kwargs)
+    return kernel
+
+
 @contextlib.contextmanager
-def emulated_cuda(seen: Emulation):
+def cuda_autocast_lists_on_cpu():
+    """CPU autocast, for the length of one estimate, with CUDA's fp32 operations."""
+    lib = torch.library.Library("aten", "IMPL")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "overriding a previously registered kernel"
+            for name in _CUDA_FP32_OPS:
+                lib.impl(name, _fp32_inputs(_overload(name)), "AutocastCPU")
+            for name in _CUDA_FP32_OUTPUT_OPS:
+                lib.impl(name, _fp32_output(_overload(name)), "AutocastCPU")
+        yield
+    finally:
+        lib._destroy()
+
+
+def _overload(name: str):
+    base, _, overload = name.partition(".")
+    return getattr(getattr(torch.ops.aten, base), overload or "default")
+
+
+@contextlib.contextmanager
+def emulated_cuda():
     """Everything above, for the length of one estimate."""
-    with cuda_autocast_on_cpu(seen), CudaOnCpu():
+    with cuda_autocast_on_cpu(), cuda_autocast_lists_on_cpu(), CudaOnCpu():
         yield

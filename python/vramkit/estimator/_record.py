@@ -93,7 +93,9 @@ class StorageRecorder(TorchDispatchMode):
         self._live: dict[int, int] = {}      # block id -> size
         self._allocated = 0
         self._next_id = 0
-        self._lock = threading.Lock()        # backward runs on autograd's threads
+        # Backward runs on autograd's threads; reentrant because a storage can die (and its
+        # weak reference call back into _freed) while this thread is inside track().
+        self._lock = threading.RLock()
         self._folded = _folded_prefixes()
         self.backward_starts: list[int] = []  # op index where each backward began
         self._in_backward = False

@@ -121,26 +121,34 @@ def _found(values, kind) -> list:
 
 
 def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
-                workspace_hook=None, build=None) -> tuple[Recording, StorageRecorder]:
+                workspace_hook=None, build=None, variant=None,
+                around_step=None) -> tuple[Recording, StorageRecorder]:
     """Run ``steps`` calls of ``step_fn`` on fake twins of ``args``/``kwargs`` (or on what
-    ``build()`` returns, made under the fake mode) and return the recording."""
+    ``build()`` returns, made under the fake mode) and return the recording. ``variant``
+    (variants.Variant) changes the twins and the call first; ``around_step`` is a context
+    entered around the steps (a FLOP counter)."""
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     recorder = StorageRecorder()
     recorder.workspace_hook = workspace_hook
     recorder.device_type = None if target.emulated else "cuda"
-    seen = _emulate.Emulation()
-    emulation = _emulate.emulated_cuda(seen) if target.emulated else contextlib.nullcontext()
+    emulation = _emulate.emulated_cuda() if target.emulated else contextlib.nullcontext()
     with emulation:
+        # What exists before the step is recorded from the objects themselves below, as
+        # the real program holds it before its first step (building leaves nothing else).
         if build is not None:
-            with mode, recorder, torch.device(target.device):
+            with mode, torch.device(target.device):
                 built = build()
             args = (*built, *args) if isinstance(built, tuple) else (built, *args)
         else:
             twins = _Twins(mode, target)
             args = twins.any(tuple(args))
             kwargs = twins.any(dict(kwargs))
+        if variant is not None:
+            with mode:
+                args = tuple(variant.transform(list(args)))
+            step_fn = variant.wrap(step_fn)
         values = (*args, *kwargs.values())
-        with mode, recorder:
+        with mode, recorder, (around_step or contextlib.nullcontext()):
             for m in _found(values, torch.nn.Module):
                 for p in m.parameters():
                     recorder.set_role(p, "parameters")
@@ -172,7 +180,6 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
                         recorder.set_role(p.grad, "gradients")
             recorder.phase = "done"
     classify(recorder.recording, recorder)
-    recorder.autocast_emulated = seen.autocast_used
     return recorder.recording, recorder
 
 

@@ -7,7 +7,8 @@ The model is built from its Hugging Face configuration (models.py: no weights ar
 downloaded) under fake tensors; the estimate (vramkit.estimate) says the peak allocated,
 the peak reserved under vramkit and under PyTorch's allocator, whether it fits the card,
 the breakdown at the peak and the call sites. --max-batch asks for the largest batch that
-fits the card instead. Exit statuses as the other subcommands: 0, 1 the step does not
+fits the card instead, --what-if for the table of changes (vramkit.advise), and
+--plan-checkpointing for the fewest blocks to checkpoint (vramkit.plan_checkpointing). Exit statuses as the other subcommands: 0, 1 the step does not
 fit the card (or not even batch 1 does), 3 a bad command line, 4 the step could not be
 estimated.
 """
@@ -57,6 +58,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="the vramkit source to model (default cuda)")
     p.add_argument("--max-batch", action="store_true",
                    help="find the largest batch that fits --device-memory instead")
+    p.add_argument("--what-if", action="store_true",
+                   help="the same step under autocast, bf16 weights, 8-bit optimizer "
+                        "states, checkpointing and smaller batches: a table")
+    p.add_argument("--plan-checkpointing", action="store_true",
+                   help="the fewest blocks to checkpoint for the step to fit "
+                        "--device-memory")
     p.add_argument("--trace", default=None, metavar="PATH",
                    help="where to keep the recorded step (a vramkit trace)")
     p.add_argument("--json", action="store_true", help="one JSON object instead of text")
@@ -115,15 +122,19 @@ def main(argv: list[str]) -> int:
         return int(done.code or 0)
     if args.batch < 1 or args.seq < 1:
         return usage_error("estimate", "--batch and --seq must be at least 1")
-    if args.max_batch and not args.device_memory:
-        return usage_error("estimate", "--max-batch needs --device-memory")
+    if (args.max_batch or args.plan_checkpointing) and not args.device_memory:
+        return usage_error("estimate", "--max-batch and --plan-checkpointing need "
+                                       "--device-memory")
+    if args.max_batch + args.what_if + args.plan_checkpointing > 1:
+        return usage_error("estimate", "--max-batch, --what-if and --plan-checkpointing "
+                                       "are separate questions: ask one")
     try:
         import torch  # noqa: F401
     except ImportError:
         print("vramkit estimate: needs PyTorch (pip install 'vramkit[torch]' transformers)",
               file=sys.stderr)
         return EXIT_FAILURE
-    from . import Estimate, estimate, find_max_batch, models
+    from . import Estimate, advise, estimate, find_max_batch, models, plan_checkpointing
     from ._step import UntraceableStep
 
     def work(batch: int):
@@ -136,6 +147,14 @@ def main(argv: list[str]) -> int:
             if args.max_batch:
                 best = find_max_batch(first.step, lambda n: work(n).build(),
                                       device_memory=args.device_memory, source=args.source)
+            elif args.what_if:
+                advice = advise(first.step, build=first.build,
+                                device_memory=args.device_memory, source=args.source,
+                                make_batch=lambda n: work(n).build(), batch=args.batch)
+            elif args.plan_checkpointing:
+                plan = plan_checkpointing(first.step, build=first.build,
+                                          device_memory=args.device_memory,
+                                          source=args.source)
             else:
                 result: Estimate = estimate(first.step, build=first.build,
                                             device_memory=args.device_memory,
@@ -147,6 +166,25 @@ def main(argv: list[str]) -> int:
     except UntraceableStep as error:
         print(f"vramkit estimate: {error}", file=sys.stderr)
         return EXIT_FAILURE
+    if args.what_if:
+        if args.json:
+            print(json.dumps({"model": args.model, "workload": first.name,
+                              "rows": [vars(r) for r in advice.rows],
+                              "min_device_memory": advice.min_device_memory}))
+        else:
+            print(first.name)
+            print(advice)
+        return EXIT_OK
+    if args.plan_checkpointing:
+        if args.json:
+            print(json.dumps({"model": args.model, "workload": first.name,
+                              "checkpoint": plan.names, "blocks": plan.blocks,
+                              "fits": plan.fits,
+                              "peak_reserved": plan.estimate.peak_reserved}))
+        else:
+            print(first.name)
+            print(plan)
+        return EXIT_OK if plan.fits else EXIT_DOES_NOT_FIT
     if args.max_batch:
         if args.json:
             print(json.dumps({"model": args.model, "max_batch": best,
