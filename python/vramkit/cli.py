@@ -154,6 +154,13 @@ def _estimate(args: list[str]) -> int:
     return estimate_main(args)
 
 
+@command("doctor", "why an allocation ran out of memory, from a snapshot or a trace, and the fixes")
+def _doctor(args: list[str]) -> int:
+    from .doctor import main as doctor_main
+
+    return doctor_main(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``vramkit ARGS`` (the process's arguments when argv is None); returns the exit
     status, unless a C subcommand replaces the process."""

@@ -147,6 +147,119 @@ static void format_neighbours(text_out *o, const vram_neighbours *nb) {
   if (nb->note[0]) out_printf(o, "  (NVML: %s; only vramkit processes are listed.)\n", nb->note);
 }
 
+/* Why a request failed, one word a program can match ("  cause: <kind>: ...") and one
+ * sentence with the numbers. Exactly one kind is chosen, in this order:
+ *
+ *   fragmentation  live memory and the request fit under the limit and in what the device
+ *                  leaves us (allocated + request <= min(limit, reserved + device free)),
+ *                  so only placement failed: cached free memory (with what the pool may
+ *                  still reserve) covers the request but no block is large enough. First,
+ *                  because its fixes cost no memory at all; raising a limit or stopping a
+ *                  neighbour would also make it fit, but would hand more memory to a
+ *                  placement problem.
+ *   limit          a limit is set, live memory and the request exceed it, and the device
+ *                  itself has room for them (allocated + request <= reserved + device
+ *                  free). Second: it is one setting, the user's own, and the only thing in
+ *                  the way.
+ *   live           live memory and the request are more than the whole device, or more
+ *                  than the limit while the device has no room either: packed perfectly and
+ *                  with the GPU to itself the pool still could not serve it, so live memory
+ *                  is what must shrink. A request past the device's addressable limit is
+ *                  this kind too.
+ *   others         last: live memory and the request would fit the device and the limit,
+ *                  but the device's free memory plus what we reserve falls short: other
+ *                  processes hold the difference (device total - reserved - device free).
+ *
+ * The conditions cover every case: not fragmentation means over the limit (limit or live)
+ * or over what the device leaves us (live if over the whole device, else others). The
+ * report is made after the ladder gave every free segment back, so cached free here is
+ * memory inside segments that still hold live blocks. */
+typedef enum oom_cause { OOM_FRAGMENTATION, OOM_LIMIT, OOM_LIVE, OOM_OTHERS } oom_cause;
+
+static const char *const oom_cause_names[] = {"fragmentation", "limit", "live", "others"};
+
+/* a + b, saturating: a request near SIZE_MAX must not wrap into a small sum. */
+static size_t add_sat(size_t a, size_t b) { return a > SIZE_MAX - b ? SIZE_MAX : a + b; }
+
+static oom_cause classify_oom(const vram_pool_snapshot *snap, const vram_oom_request *req) {
+  const vram_stats_t *s = &snap->stats;
+  size_t limit = s->limit_bytes, reserved = (size_t)s->reserved_bytes.current;
+  size_t needed = add_sat((size_t)s->allocated_bytes.current, req->size);
+  if (req->max_request) return OOM_LIVE;
+  bool under_limit = !limit || needed <= limit;
+  bool device_has_room = needed <= add_sat(reserved, snap->device_free);
+  bool fits_whole_device = needed <= snap->device_total;
+  if (under_limit && device_has_room) return OOM_FRAGMENTATION;
+  if (!under_limit) return device_has_room ? OOM_LIMIT : OOM_LIVE;
+  return fits_whole_device ? OOM_OTHERS : OOM_LIVE;
+}
+
+/* The cause line, with the numbers that chose it. */
+static void format_oom_cause(text_out *o, const vram_pool_snapshot *snap,
+                             const vram_oom_request *req) {
+  const vram_stats_t *s = &snap->stats;
+  size_t limit = s->limit_bytes, reserved = (size_t)s->reserved_bytes.current;
+  size_t allocated = (size_t)s->allocated_bytes.current;
+  size_t needed = add_sat(allocated, req->size);
+  char rq[32], nd[32], lim[32], res[32], fre[32], tot[32], cfr[32], lfb[32], alc[32], more[32];
+  human_size_1(rq, sizeof rq, req->size);
+  human_size_1(nd, sizeof nd, needed);
+  human_size_1(lim, sizeof lim, limit);
+  human_size_1(res, sizeof res, reserved);
+  human_size_1(fre, sizeof fre, snap->device_free);
+  human_size_1(tot, sizeof tot, snap->device_total);
+  human_size_1(cfr, sizeof cfr, snap->cached_free);
+  human_size_1(lfb, sizeof lfb, s->largest_free_block);
+  human_size_1(alc, sizeof alc, allocated);
+  oom_cause cause = classify_oom(snap, req);
+  out_printf(o, "  cause: %s: ", oom_cause_names[cause]);
+  switch (cause) {
+  case OOM_FRAGMENTATION: {
+    /* What the pool may still take from the device, under the limit if one is set. */
+    size_t room = snap->device_free;
+    if (limit) room = limit > reserved ? (limit - reserved < room ? limit - reserved : room) : 0;
+    human_size_1(more, sizeof more, room);
+    out_printf(o, "%s is cached free and the pool may reserve %s more, against a request "
+                  "of %s, but the largest free block is %s: the room is there, not in one "
+                  "piece (live memory plus the request, %s, would fit).\n",
+               cfr, more, rq, lfb, nd);
+    break;
+  }
+  case OOM_LIMIT: {
+    /* Enough to take a segment of the request's size beside everything reserved now. */
+    size_t raise = add_sat(reserved, req->size) - limit;
+    human_size_1(more, sizeof more, raise);
+    out_printf(o, "the limit of %s refused it: reserved %s plus the request %s is more, while "
+                  "the device has %s free; raise the limit by %s (%zu bytes).\n",
+               lim, res, rq, fre, more, raise);
+    break;
+  }
+  case OOM_LIVE:
+    if (req->max_request)
+      out_printf(o, "the request alone (%s) is more than the device can hold.\n", rq);
+    else if (needed > snap->device_total)
+      out_printf(o, "live memory %s plus the request %s is %s, more than the device's %s: "
+                    "live memory itself is too much.\n", alc, rq, nd, tot);
+    else
+      out_printf(o, "live memory %s plus the request %s is %s, more than the limit of %s, "
+                    "and the device has only %s free besides: live memory itself is too "
+                    "much.\n", alc, rq, nd, lim, fre);
+    break;
+  case OOM_OTHERS: {
+    /* The device less what we reserve and what is free: someone else's. */
+    size_t ours = reserved < snap->device_total ? reserved : snap->device_total;
+    size_t held = snap->device_total - ours;
+    held = held > snap->device_free ? held - snap->device_free : 0;
+    human_size_1(more, sizeof more, held);
+    out_printf(o, "other processes hold %s of the device's %s: free on the device %s plus "
+                  "cached free %s cannot serve the request %s, though live memory and the "
+                  "request (%s) would fit on the device alone.\n",
+               more, tot, fre, cfr, rq, nd);
+    break;
+  }
+  }
+}
+
 int _vram_format_oom_report(const vram_pool_snapshot *snap, const vram_oom_request *req, char *buf,
                             size_t cap) {
   text_out o = {buf, cap, 0};
@@ -178,6 +291,7 @@ int _vram_format_oom_report(const vram_pool_snapshot *snap, const vram_oom_reque
   } else {
     out_printf(&o, "tried to allocate %s (%zu bytes) on %s.\n", rq, requested, where);
   }
+  format_oom_cause(&o, snap, req);
   out_printf(&o,
              "  device capacity %s, free on device %s, limit %s;\n"
              "  reserved by vramkit %s, allocated %s, cached free %s, largest free block %s, "

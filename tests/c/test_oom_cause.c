@@ -1,0 +1,383 @@
+/* test_oom_cause.c - the OOM report's cause line: "  cause: <kind>: <sentence>", right
+ * after the headline, with exactly one of fragmentation, limit, live and others.
+ *
+ * Two layers. The formatter is a pure function of a snapshot, so every boundary and every
+ * precedence between the kinds is planted there directly (numbers a real pool would take
+ * long to reach). Then one real pool per kind: on sim with a capacity and a limit for
+ * fragmentation, limit and live, and through the fake driver for others, where a second
+ * pool in this process holds device memory the way another process would (the fake
+ * driver's capacity is process-wide; sim's is per pool, so sim cannot plant a neighbour).
+ * After each real OOM the pool must be valid and its live blocks untouched.
+ *
+ *   test_oom_cause          the formatter and the sim pools
+ *   test_oom_cause cuda     others, through the fake driver (on LD_LIBRARY_PATH first)
+ */
+#include "vt.h"
+
+#include "obs/format.h"
+
+/* ---- the formatter, on planted snapshots ---------------------------------------------- */
+
+/* A fixed-segment snapshot of device 0 on "sim" with these figures; the rest zero. */
+typedef struct planted {
+  size_t total, device_free, limit, reserved, allocated, cached, largest;
+} planted;
+
+static vram_pool_snapshot plant(planted p) {
+  vram_pool_snapshot snap;
+  memset(&snap, 0, sizeof snap);
+  snap.device = 0;
+  snap.source_name = "sim";
+  snap.tight_threshold = 1.0;
+  snap.device_total = p.total;
+  snap.device_free = p.device_free;
+  snap.cached_free = p.cached;
+  snap.stats.limit_bytes = p.limit;
+  snap.stats.reserved_bytes.current = (int64_t)p.reserved;
+  snap.stats.allocated_bytes.current = (int64_t)p.allocated;
+  snap.stats.largest_free_block = p.largest;
+  snap.stats.fragmentation = p.cached ? 1.0 - (double)p.largest / (double)p.cached : 0.0;
+  return snap;
+}
+
+/* The report of a request of `size` against the planted figures. */
+static void report_of(planted p, size_t size, size_t max_request, char *buf, size_t cap) {
+  vram_pool_snapshot snap = plant(p);
+  vram_oom_request req = {.size = size, .stream = NULL, .max_request = max_request};
+  int n = _vram_format_oom_report(&snap, &req, buf, cap);
+  assert_true(n > 0);
+  assert_true((size_t)n < cap);
+  assert_int_equal((size_t)n, strlen(buf));
+}
+
+/* The cause line is the second line, names `kind`, and is the only cause line. */
+static void expect_cause(const char *report, const char *kind) {
+  const char *second = strchr(report, '\n');
+  char want[64];
+  snprintf(want, sizeof want, "\n  cause: %s: ", kind);
+  if (!second || strncmp(second, want, strlen(want)) != 0)
+    fail_msg("expected the cause '%s' on the second line:\n%s", kind, report);
+  if (strstr(second + strlen(want), "  cause: "))
+    fail_msg("more than one cause line:\n%s", report);
+}
+
+static void expect_text(const char *report, const char *text) {
+  if (!strstr(report, text)) fail_msg("the report lacks '%s':\n%s", text, report);
+}
+
+static void t_planted_fragmentation(void **state) {
+  (void)state;
+  char report[4096];
+  /* 30 MiB cached in pieces of 10 MiB, 4 MiB left on a 64 MiB device, 20 MiB asked. */
+  planted p = {.total = 64 * VT_MiB, .device_free = 4 * VT_MiB, .reserved = 60 * VT_MiB,
+               .allocated = 30 * VT_MiB, .cached = 30 * VT_MiB, .largest = 10 * VT_MiB};
+  report_of(p, 20 * VT_MiB, 0, report, sizeof report);
+  expect_cause(report, "fragmentation");
+  expect_text(report, "30.0 MiB is cached free and the pool may reserve 4.0 MiB more");
+  expect_text(report, "the largest free block is 10.0 MiB");
+  /* The lines that were there before stay. */
+  expect_text(report, "largest free block 10.00 MiB, fragmentation 66.7%");
+  expect_text(report, "try the vmm source");
+  /* Cached free below the request, but with the room the device leaves it is enough: a
+   * source that maps memory where it is needed would serve it, so still fragmentation. */
+  p.cached = 12 * VT_MiB;
+  p.largest = 6 * VT_MiB;
+  p.allocated = 48 * VT_MiB;
+  p.device_free = 8 * VT_MiB;
+  report_of(p, 16 * VT_MiB, 0, report, sizeof report);
+  expect_cause(report, "fragmentation");
+}
+
+/* A limit in the way, but the memory already reserved would serve the request if it were
+ * in one piece: fragmentation comes first (its fixes cost no memory). */
+static void t_fragmentation_before_limit(void **state) {
+  (void)state;
+  char report[4096];
+  planted p = {.total = 1 * VT_GiB, .device_free = 984 * VT_MiB, .limit = 64 * VT_MiB,
+               .reserved = 40 * VT_MiB, .allocated = 8 * VT_MiB, .cached = 32 * VT_MiB,
+               .largest = 32 * VT_MiB};
+  report_of(p, 40 * VT_MiB, 0, report, sizeof report);
+  expect_cause(report, "fragmentation");
+  /* What the pool may still reserve is bounded by the limit, not by the device. */
+  expect_text(report, "32.0 MiB is cached free and the pool may reserve 24.0 MiB more");
+  /* The older advice about the limit stays: reserved + request is over it. */
+  expect_text(report, "The limit of 64.00 MiB is what refused it");
+}
+
+static void t_planted_limit(void **state) {
+  (void)state;
+  char report[4096];
+  planted p = {.total = 1 * VT_GiB, .device_free = 984 * VT_MiB, .limit = 64 * VT_MiB,
+               .reserved = 40 * VT_MiB, .allocated = 40 * VT_MiB};
+  report_of(p, 40 * VT_MiB, 0, report, sizeof report);
+  expect_cause(report, "limit");
+  expect_text(report, "the limit of 64.0 MiB refused it");
+  expect_text(report, "the device has 984.0 MiB free");
+  /* Reserved plus the request less the limit: room for a segment of the request's size. */
+  char raise[96];
+  snprintf(raise, sizeof raise, "raise the limit by 16.0 MiB (%zu bytes)", 16 * VT_MiB);
+  expect_text(report, raise);
+}
+
+static void t_planted_live(void **state) {
+  (void)state;
+  char report[4096];
+  /* More than the whole device, no limit. */
+  planted p = {.total = 64 * VT_MiB, .device_free = 24 * VT_MiB, .reserved = 40 * VT_MiB,
+               .allocated = 40 * VT_MiB};
+  report_of(p, 40 * VT_MiB, 0, report, sizeof report);
+  expect_cause(report, "live");
+  expect_text(report, "live memory 40.0 MiB plus the request 40.0 MiB is 80.0 MiB, more than "
+                      "the device's 64.0 MiB");
+  /* More than the limit, and the device has no room for it either: raising the limit
+   * alone would not do, so the live memory is what is too much. */
+  planted q = {.total = 8 * VT_GiB, .device_free = 1 * VT_GiB, .limit = 4 * VT_GiB,
+               .reserved = 3 * VT_GiB, .allocated = 3 * VT_GiB};
+  report_of(q, 2 * VT_GiB, 0, report, sizeof report);
+  expect_cause(report, "live");
+  expect_text(report, "more than the limit of 4.0 GiB, and the device has only 1.0 GiB free");
+  /* A request past what the device could ever hold. */
+  report_of(p, (size_t)1 << 50, 64 * VT_MiB, report, sizeof report);
+  expect_cause(report, "live");
+  expect_text(report, "the request alone (1.0 PiB) is more than the device can hold");
+  expect_text(report, "No memory setting can serve a request this large");
+  /* SIZE_MAX: the sums saturate instead of wrapping into a small number. */
+  report_of(p, SIZE_MAX, 0, report, sizeof report);
+  expect_cause(report, "live");
+}
+
+static void t_planted_others(void **state) {
+  (void)state;
+  char report[4096];
+  /* 8 GiB device, we reserve 1 GiB, 1 GiB is free: 6 GiB is someone else's. */
+  planted p = {.total = 8 * VT_GiB, .device_free = 1 * VT_GiB, .reserved = 1 * VT_GiB,
+               .allocated = 1 * VT_GiB};
+  report_of(p, 2 * VT_GiB, 0, report, sizeof report);
+  expect_cause(report, "others");
+  expect_text(report, "other processes hold 6.0 GiB of the device's 8.0 GiB");
+  expect_text(report, "free on the device 1.0 GiB plus cached free 0 B cannot serve the "
+                      "request 2.0 GiB");
+  /* A limit that live memory stays under does not change it. */
+  p.limit = 4 * VT_GiB;
+  report_of(p, 2 * VT_GiB, 0, report, sizeof report);
+  expect_cause(report, "others");
+}
+
+/* The boundaries between kinds, one byte apart. */
+static void t_planted_boundaries(void **state) {
+  (void)state;
+  char report[4096];
+  /* allocated + request == reserved + device free: everything fits, so placement failed. */
+  planted p = {.total = 8 * VT_GiB, .device_free = 1 * VT_GiB, .reserved = 1 * VT_GiB,
+               .allocated = 1 * VT_GiB};
+  report_of(p, 1 * VT_GiB, 0, report, sizeof report);
+  expect_cause(report, "fragmentation");
+  report_of(p, 1 * VT_GiB + 1, 0, report, sizeof report);
+  expect_cause(report, "others");
+  /* allocated + request == device total: others; one byte more: live. */
+  report_of(p, 7 * VT_GiB, 0, report, sizeof report);
+  expect_cause(report, "others");
+  report_of(p, 7 * VT_GiB + 1, 0, report, sizeof report);
+  expect_cause(report, "live");
+  /* allocated + request == limit with room on the device: fragmentation; one more: limit. */
+  planted q = {.total = 8 * VT_GiB, .device_free = 6 * VT_GiB, .limit = 2 * VT_GiB,
+               .reserved = 1 * VT_GiB + 512 * VT_MiB, .allocated = 1 * VT_GiB,
+               .cached = 512 * VT_MiB, .largest = 256 * VT_MiB};
+  report_of(q, 1 * VT_GiB, 0, report, sizeof report);
+  expect_cause(report, "fragmentation");
+  report_of(q, 1 * VT_GiB + 1, 0, report, sizeof report);
+  expect_cause(report, "limit");
+}
+
+/* A report too long for its buffer is cut, never overrun, and its length still says so. */
+static void t_short_buffer(void **state) {
+  (void)state;
+  planted p = {.total = 64 * VT_MiB, .device_free = 24 * VT_MiB, .reserved = 40 * VT_MiB,
+               .allocated = 40 * VT_MiB};
+  vram_pool_snapshot snap = plant(p);
+  vram_oom_request req = {.size = 40 * VT_MiB};
+  char full[4096], cut[100];
+  int n = _vram_format_oom_report(&snap, &req, full, sizeof full);
+  memset(cut, 'x', sizeof cut);
+  assert_int_equal(_vram_format_oom_report(&snap, &req, cut, 64), n);
+  assert_int_equal(strlen(cut), 63);
+  assert_int_equal(cut[64], 'x');
+  assert_memory_equal(cut, full, 63);
+}
+
+/* ---- real pools ----------------------------------------------------------------------- */
+
+/* The pool's current report, which must be non-empty. */
+static void pool_report(vram_pool_t *pool, char *buf, size_t cap) {
+  int n = vram_oom_report(pool, buf, cap);
+  assert_true(n > 0);
+  assert_true((size_t)n < cap);
+}
+
+/* Each live block is still there with the size it was asked for. */
+static void expect_intact(vram_pool_t *pool, void **blocks, const size_t *sizes, int count) {
+  VT_VALID(pool);
+  for (int i = 0; i < count; i++) {
+    if (!blocks[i]) continue;
+    size_t requested = 0;
+    VT_OK(vram_block_info(pool, blocks[i], &requested, NULL));
+    assert_int_equal(requested, sizes[i]);
+  }
+}
+
+static void free_all(vram_pool_t *pool, void **blocks, int count) {
+  for (int i = 0; i < count; i++)
+    if (blocks[i]) VT_OK(vram_free(pool, blocks[i]));
+  VT_VALID(pool);
+}
+
+/* A 60 MiB segment carved into six 10 MiB blocks, every other one freed: 30 MiB cached in
+ * three pieces, 4 MiB left on the 64 MiB device, and 20 MiB asked for. */
+static void t_sim_fragmentation(void **state) {
+  (void)state;
+  vram_pool_t *pool = vt_pool_new(VRAM_SOURCE_SIM, 64 * VT_MiB);
+  void *whole = NULL;
+  VT_OK(vram_malloc(pool, 60 * VT_MiB, NULL, &whole));
+  VT_OK(vram_free(pool, whole)); /* its segment stays cached */
+  void *blocks[6];
+  size_t sizes[6];
+  for (int i = 0; i < 6; i++) {
+    sizes[i] = 10 * VT_MiB;
+    VT_OK(vram_malloc(pool, sizes[i], NULL, &blocks[i]));
+  }
+  assert_int_equal(vt_stats(pool).reserved_bytes.current, 60 * VT_MiB);
+  for (int i = 1; i < 6; i += 2) {
+    VT_OK(vram_free(pool, blocks[i]));
+    blocks[i] = NULL;
+  }
+  void *p = NULL;
+  VT_EXPECT(vram_malloc(pool, 20 * VT_MiB, NULL, &p), VRAM_ENOMEM);
+  assert_null(p);
+  expect_intact(pool, blocks, sizes, 6);
+  char report[4096];
+  pool_report(pool, report, sizeof report);
+  expect_cause(report, "fragmentation");
+  expect_text(report, "30.0 MiB is cached free and the pool may reserve 4.0 MiB more");
+  expect_text(report, "the largest free block is 10.0 MiB");
+  /* The pool goes on: a request that fits a freed piece is served. */
+  VT_OK(vram_malloc(pool, 10 * VT_MiB, NULL, &p));
+  VT_OK(vram_free(pool, p));
+  free_all(pool, blocks, 6);
+  VT_OK(vram_pool_destroy(pool));
+}
+
+/* A 64 MiB limit on a 1 GiB device: 40 MiB held, 40 MiB more asked. */
+static void t_sim_limit(void **state) {
+  (void)state;
+  vram_options_t o;
+  vram_options_init(&o);
+  o.source = VRAM_SOURCE_SIM;
+  o.sim_capacity = 1 * VT_GiB;
+  o.limit_bytes = 64 * VT_MiB;
+  vram_pool_t *pool = vt_pool_from(&o);
+  void *blocks[1];
+  size_t sizes[1] = {40 * VT_MiB};
+  VT_OK(vram_malloc(pool, sizes[0], NULL, &blocks[0]));
+  void *p = NULL;
+  VT_EXPECT(vram_malloc(pool, 40 * VT_MiB, NULL, &p), VRAM_ENOMEM);
+  expect_intact(pool, blocks, sizes, 1);
+  char report[4096];
+  pool_report(pool, report, sizeof report);
+  expect_cause(report, "limit");
+  expect_text(report, "the limit of 64.0 MiB refused it");
+  expect_text(report, "the device has 984.0 MiB free; raise the limit by 16.0 MiB");
+  /* Raised by that much, the same request fits. */
+  VT_OK(vram_set_limit(pool, 80 * VT_MiB, 0.0));
+  VT_OK(vram_malloc(pool, 40 * VT_MiB, NULL, &p));
+  VT_OK(vram_free(pool, p));
+  free_all(pool, blocks, 1);
+  VT_OK(vram_pool_destroy(pool));
+}
+
+/* A 64 MiB device, no limit: 40 MiB live and 40 MiB more asked; then the same under a
+ * limit the device cannot honour either. */
+static void t_sim_live(void **state) {
+  (void)state;
+  vram_pool_t *pool = vt_pool_new(VRAM_SOURCE_SIM, 64 * VT_MiB);
+  void *blocks[2] = {NULL, NULL};
+  size_t sizes[2] = {40 * VT_MiB, 8 * VT_MiB};
+  VT_OK(vram_malloc(pool, sizes[0], NULL, &blocks[0]));
+  void *p = NULL;
+  VT_EXPECT(vram_malloc(pool, 40 * VT_MiB, NULL, &p), VRAM_ENOMEM);
+  expect_intact(pool, blocks, sizes, 2);
+  char report[4096];
+  pool_report(pool, report, sizeof report);
+  expect_cause(report, "live");
+  expect_text(report, "is 80.0 MiB, more than the device's 64.0 MiB");
+  VT_OK(vram_malloc(pool, sizes[1], NULL, &blocks[1]));
+  expect_intact(pool, blocks, sizes, 2);
+  free_all(pool, blocks, 2);
+  VT_OK(vram_pool_destroy(pool));
+}
+
+static void t_sim_vmm_live(void **state) {
+  (void)state;
+  /* The virtual-memory model has no fragmentation to speak of: live memory is the cause. */
+  vram_pool_t *pool = vt_pool_new(VRAM_SOURCE_SIM_VMM, 64 * VT_MiB);
+  void *blocks[1];
+  size_t sizes[1] = {40 * VT_MiB};
+  VT_OK(vram_malloc(pool, sizes[0], NULL, &blocks[0]));
+  void *p = NULL;
+  VT_EXPECT(vram_malloc(pool, 30 * VT_MiB, NULL, &p), VRAM_ENOMEM);
+  expect_intact(pool, blocks, sizes, 1);
+  char report[4096];
+  pool_report(pool, report, sizeof report);
+  expect_cause(report, "live");
+  free_all(pool, blocks, 1);
+  VT_OK(vram_pool_destroy(pool));
+}
+
+/* ---- others, through the fake driver -------------------------------------------------- */
+
+/* A second pool on the same fake GPU holds 6 GiB of its 8 GiB: to the first pool that is
+ * memory another process holds. 1 GiB live and 2 GiB more asked would fit the device. */
+static void t_fake_driver_others(void **state) {
+  (void)state;
+  vram_options_t o;
+  vram_options_init(&o);
+  o.source = VRAM_SOURCE_CUDA;
+  vram_pool_t *neighbour = NULL;
+  if (vram_pool_create(&neighbour, &o) != VRAM_OK) skip(); /* no fake driver on the path */
+  vram_pool_t *pool = vt_pool_from(&o);
+  void *theirs = NULL;
+  VT_OK(vram_malloc(neighbour, 6 * VT_GiB, NULL, &theirs));
+  void *blocks[1];
+  size_t sizes[1] = {1 * VT_GiB};
+  VT_OK(vram_malloc(pool, sizes[0], NULL, &blocks[0]));
+  void *p = NULL;
+  VT_EXPECT(vram_malloc(pool, 2 * VT_GiB, NULL, &p), VRAM_ENOMEM);
+  expect_intact(pool, blocks, sizes, 1);
+  char report[4096];
+  pool_report(pool, report, sizeof report);
+  expect_cause(report, "others");
+  expect_text(report, "other processes hold 6.0 GiB of the device's 8.0 GiB");
+  /* Once the neighbour lets go, the same request fits. */
+  VT_OK(vram_free(neighbour, theirs));
+  VT_OK(vram_empty_cache(neighbour));
+  VT_OK(vram_malloc(pool, 2 * VT_GiB, NULL, &p));
+  VT_OK(vram_free(pool, p));
+  free_all(pool, blocks, 1);
+  VT_OK(vram_pool_destroy(pool));
+  VT_OK(vram_pool_destroy(neighbour));
+}
+
+int main(int argc, char **argv) {
+  if (argc > 1 && strcmp(argv[1], "cuda") == 0) {
+    const struct CMUnitTest tests[] = {cmocka_unit_test(t_fake_driver_others)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+  }
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(t_planted_fragmentation), cmocka_unit_test(t_fragmentation_before_limit),
+      cmocka_unit_test(t_planted_limit),         cmocka_unit_test(t_planted_live),
+      cmocka_unit_test(t_planted_others),        cmocka_unit_test(t_planted_boundaries),
+      cmocka_unit_test(t_short_buffer),          cmocka_unit_test(t_sim_fragmentation),
+      cmocka_unit_test(t_sim_limit),             cmocka_unit_test(t_sim_live),
+      cmocka_unit_test(t_sim_vmm_live),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

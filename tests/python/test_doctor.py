@@ -1,0 +1,381 @@
+"""The OOM doctor (vramkit.diagnose, `vramkit doctor`): one planted case of each cause.
+
+live, limit and fragmentation are planted on sim through the real API, each in a fresh
+interpreter (the pool's capacity and limit are fixed when it is created), and each checks
+that the pool is still whole after the failure: the live buffers keep their addresses and
+sizes, the snapshot's blocks tile their segments, and a request that fits is served. sim
+keeps one device per pool, so no other process can hold its memory: others is planted as
+the report the engine writes on a real GPU and as a PyTorch snapshot whose oom entry has
+little device_free. The command runs on a trace, on snapshots, and on bad files.
+"""
+
+import gzip
+import json
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import vramkit
+import vramkit.cli
+from helpers import GiB, MiB, run_python
+from vramkit.doctor import DoctorInputError, Fix, diagnose
+
+TRACES = Path(__file__).resolve().parents[2] / "data" / "traces"
+
+# Run in each child: the checks that the pool survived the OOM, then the diagnosis as JSON
+# on the last line of stdout.
+_INTACT = """
+import json, vramkit
+MiB = 1 << 20
+
+def intact(buffers, device=0, probe=True):
+    '''Each live buffer where it was, with its size; the blocks tile their segments; the
+    allocated figure is the live buffers' sum; and (probe) a small request is served.'''
+    expected = {b.ptr: b.nbytes for b in buffers}
+    snap = vramkit.snapshot(device)
+    live = {}
+    for seg in snap["segments"]:
+        at = seg["address"]
+        for block in seg["blocks"]:
+            assert block["address"] == at, "blocks do not tile their segment"
+            at += block["size"]
+            if block["state"] == "active_allocated":
+                live[block["address"]] = block["size"]
+        assert at == seg["address"] + seg["total_size"], "blocks do not fill their segment"
+    for ptr, nbytes in expected.items():
+        assert ptr in live and live[ptr] >= nbytes, f"buffer at {ptr:#x} is gone"
+    assert vramkit.memory_allocated(device) == sum(live.values())
+    if probe:
+        small = vramkit.empty(1 << 20, device=device)
+        small.free()
+
+def show(d):
+    print(json.dumps(d.to_dict()))
+"""
+
+
+def _child(code: str, env: dict | None = None) -> dict:
+    done = run_python(_INTACT + code, env=env)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _doctor(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "vramkit", "doctor", *map(str, args)],
+                          capture_output=True, text=True, timeout=300)
+
+
+# ---------------------------------------------------------------------------------------
+# One planted case of each cause, through the real API.
+# ---------------------------------------------------------------------------------------
+
+def test_live_memory_over_the_device():
+    d = _child("""
+vramkit.configure(0, source="sim", sim_capacity="64M")
+kept = [vramkit.empty(40 * MiB)]
+try:
+    vramkit.empty(40 * MiB)
+    raise SystemExit("no OOM")
+except vramkit.OutOfMemoryError as exc:
+    error = exc
+intact(kept)
+import torch
+peaks = {"baseline": 100, "half_batch": 60, "bf16_autocast": 80, "checkpointing": 30}
+show(vramkit.diagnose(error, estimate_fn=lambda v: peaks[v] * MiB,
+                      model=torch.nn.Linear(1000, 100)))
+""")
+    assert d["cause"] == "live"
+    assert "80.0 MiB, more than the device's 64.0 MiB" in d["summary"]
+    n = d["numbers"]
+    assert n["requested"] == 40 * MiB and n["allocated"] == 40 * MiB
+    assert n["device_total"] == 64 * MiB
+    # The parameter count, the guide's first step: 1000 x 100 weights and 100 biases.
+    assert n["parameters"] == 100_100 and n["parameter_bytes"] == 400_400
+    # Ranked by the savings estimate_fn predicts: 70, 40, then 20 MiB.
+    effects = [f["effect_bytes"] for f in d["fixes"]]
+    assert effects == [70 * MiB, 40 * MiB, 20 * MiB]
+    assert "checkpointing" in d["fixes"][0]["text"]
+    assert "batch" in d["fixes"][1]["text"] and "bf16" in d["fixes"][2]["text"]
+
+
+def test_limit_set_too_low():
+    # VRAMKIT_LIMIT on a 1 GiB device: the device has room, the limit refuses.
+    d = _child("""
+kept = [vramkit.empty(40 * MiB)]
+try:
+    vramkit.empty(40 * MiB)
+    raise SystemExit("no OOM")
+except vramkit.OutOfMemoryError as exc:
+    error = exc
+intact(kept)
+d = vramkit.diagnose(error)
+# The predicted raise is enough: with it, the same request is served.
+vramkit.set_memory_limit(0, 64 * MiB + d.fixes[0].effect)
+again = vramkit.empty(40 * MiB)
+intact(kept + [again], probe=False)  # full to the new limit
+show(d)
+""", env={"VRAMKIT_LIMIT": "64M", "VRAMKIT_SIM_CAPACITY": "1G"})
+    assert d["cause"] == "limit"
+    assert "the limit of 64.0 MiB refused it" in d["summary"]
+    assert d["numbers"]["limit"] == 64 * MiB
+    first = d["fixes"][0]
+    assert first["effect_bytes"] == 16 * MiB  # reserved 40 + asked 40 - limit 64
+    assert "VRAMKIT_LIMIT" in first["text"] and "to at least 80.0 MiB" in first["text"]
+    assert "fraction" in first["text"]
+
+
+def test_fragmentation_every_other_block_freed():
+    # A 60 MiB segment carved into six 10 MiB buffers, every other one freed: 30 MiB free in
+    # three pieces, 4 MiB left on the device, 20 MiB asked.
+    d = _child("""
+vramkit.configure(0, source="sim", sim_capacity="64M")
+vramkit.record_memory_history()
+def make_activations():
+    return [vramkit.empty(10 * MiB) for _ in range(6)]
+whole = vramkit.empty(60 * MiB)
+del whole
+buffers = make_activations()
+kept = buffers[0::2]
+del buffers
+try:
+    vramkit.empty(20 * MiB)
+    raise SystemExit("no OOM")
+except vramkit.OutOfMemoryError as exc:
+    error = exc
+d = vramkit.diagnose(error)
+intact(kept)
+show(d)
+""")
+    assert d["cause"] == "fragmentation"
+    n = d["numbers"]
+    assert n["cached_free"] == 30 * MiB and n["largest_free_block"] == 10 * MiB
+    assert n["allocated"] == 30 * MiB and n["device_free"] == 4 * MiB
+    # The vmm source first: what it gains is the cached free memory it could use.
+    assert "vmm" in d["fixes"][0]["text"] and d["fixes"][0]["effect_bytes"] == 30 * MiB
+    texts = " ".join(f["text"] for f in d["fixes"])
+    assert "VRAMKIT_TIGHT_THRESHOLD=0" in texts and "empty_cache" in texts
+    # The live call sites, from the recorded stacks.
+    assert d["call_sites"][0]["bytes"] == 30 * MiB
+    assert "make_activations" in d["call_sites"][0]["site"]
+
+
+# The report a pool on a real GPU writes when other processes hold it (src/obs/stats.c's
+# format: the headline, the cause line, the figures, the neighbours from NVML and the
+# published records).
+OTHERS_REPORT = """\
+vramkit: out of memory on device 0 (cuda source): tried to allocate 2.00 GiB (2147483648 bytes) on the default stream.
+  cause: others: other processes hold 5.5 GiB of the device's 8.0 GiB: free on the device 1.0 GiB plus cached free 512.0 MiB cannot serve the request 2.0 GiB, though live memory and the request (3.0 GiB) would fit on the device alone.
+  device capacity 8.00 GiB, free on device 1.00 GiB, limit none;
+  reserved by vramkit 1.50 GiB, allocated 1.00 GiB, cached free 512.00 MiB, largest free block 512.00 MiB, fragmentation 0.0%.
+  Other processes on this GPU: pid 4242 (bigjob) 5.00 GiB; pid 77 (trainer) 512.00 MiB, vramkit: reserved 512.00 MiB, 256.00 MiB cached free it could give back (empty_cache).
+  Reduce the batch size, drop references to buffers and tensors you no longer need."""
+
+
+def test_others_from_a_report():
+    d = diagnose(OTHERS_REPORT)
+    assert d.cause == "others"
+    assert d.numbers["others_bytes"] == int(5.5 * GiB)
+    assert [(p["pid"], p["name"], p["bytes"]) for p in d.processes] == \
+        [(4242, "bigjob", 5 * GiB), (77, "trainer", 512 * MiB)]
+    assert d.processes[1]["cached_free"] == 256 * MiB
+    # Ranked by what each gives back: the big job, the vramkit neighbour, its cache.
+    assert [f.effect for f in d.fixes] == [5 * GiB, 512 * MiB, 256 * MiB]
+    assert "pid 4242 (bigjob)" in d.fixes[0].text
+    assert "empty_cache" in d.fixes[2].text
+    text = str(d)
+    assert "cause: others" in text and "pid 4242 (bigjob)" in text
+    assert len(text.splitlines()) <= 30  # one screen
+    # The same report carried by an exception, as vramkit.torch raises it.
+    error = MemoryError("CUDA out of memory. " + OTHERS_REPORT)
+    assert diagnose(error).cause == "others"
+
+
+def test_a_report_without_a_cause_line_is_classified_here():
+    old = "\n".join(line for line in OTHERS_REPORT.splitlines() if "cause:" not in line)
+    d = diagnose(old)
+    assert d.cause == "others"
+    assert "no cause line" in d.summary
+
+
+def _torch_snapshot(blocks, oom_size, device_free, expandable=False):
+    """A snapshot in PyTorch's format (no vramkit keys): one segment of these (size,
+    state, frames) blocks and an oom entry in the trace of device 0."""
+    segment_blocks, address = [], 0x7F0000000000
+    for size, state, frames in blocks:
+        segment_blocks.append({"address": address, "size": size, "requested_size": size,
+                               "state": state, "frames": frames})
+        address += size
+    total = sum(size for size, _, _ in blocks)
+    return {
+        "segments": [{"device": 0, "address": 0x7F0000000000, "total_size": total,
+                      "allocated_size": sum(s for s, st, _ in blocks if st != "inactive"),
+                      "active_size": 0, "requested_size": 0, "stream": 0,
+                      "segment_type": "large", "segment_pool_id": (0, 0),
+                      "is_expandable": expandable, "frames": [], "blocks": segment_blocks}],
+        "device_traces": [[
+            {"action": "alloc", "addr": 0x7F0000000000, "size": blocks[0][0], "stream": 0,
+             "time_us": 1, "frames": []},
+            {"action": "oom", "device_free": device_free, "size": oom_size, "stream": 0,
+             "time_us": 2, "frames": []},
+        ]],
+        "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": ""},
+        "external_annotations": [],
+    }
+
+
+MODEL = [{"filename": "/usr/lib/python3/site-packages/torch/nn/modules/linear.py", "line": 125,
+          "name": "forward"}, {"filename": "train.py", "line": 42, "name": "step"}]
+
+
+def test_others_from_a_pytorch_snapshot(tmp_path):
+    # 1 GiB live, 2 GiB asked, 256 MiB free on an 8 GiB device.
+    snap = _torch_snapshot([(1 * GiB, "active_allocated", MODEL)], 2 * GiB, 256 * MiB)
+    path = tmp_path / "torch_snapshot.pickle"
+    path.write_bytes(pickle.dumps(snap, protocol=4))
+    d = diagnose(path, capacity="8G")
+    assert d.cause == "others"
+    assert d.numbers["others_bytes"] == 8 * GiB - 1 * GiB - 256 * MiB
+    assert d.fixes[0].effect == d.numbers["others_bytes"]
+    # The call site is the user's frame, not PyTorch's.
+    assert d.call_sites == [("train.py:42:step", 1 * GiB)]
+    # Without the capacity a snapshot cannot tell others from live memory, and says so.
+    d = diagnose(path)
+    assert d.cause == "live" and "capacity" in d.notes[0]
+    # The command says the same.
+    done = _doctor(path, "--capacity", "8G", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["cause"] == "others"
+
+
+def test_pytorch_snapshots_of_fragmentation_and_a_limit(tmp_path):
+    pieces = [(20 * MiB, "active_allocated", MODEL), (10 * MiB, "inactive", []),
+              (20 * MiB, "active_allocated", MODEL), (10 * MiB, "inactive", [])]
+    frag = tmp_path / "frag.pickle"
+    frag.write_bytes(pickle.dumps(_torch_snapshot(pieces, 16 * MiB, 2 * MiB)))
+    d = diagnose(frag, capacity=1 * GiB)
+    assert d.cause == "fragmentation"
+    assert d.numbers["cached_free"] == 20 * MiB and d.numbers["largest_free_block"] == 10 * MiB
+    assert d.fixes[0].effect == 20 * MiB and "vmm" in d.fixes[0].text
+    assert not any("after the OOM" in note for note in d.notes)
+    # Memory that moved after the failure makes the blocks those of a later moment.
+    later = _torch_snapshot(pieces, 16 * MiB, 2 * MiB)
+    later["device_traces"][0].append({"action": "free_requested", "addr": 0, "size": 1,
+                                      "stream": 0, "time_us": 3, "frames": []})
+    frag.write_bytes(pickle.dumps(later))
+    assert any("after the OOM" in note for note in diagnose(frag).notes)
+    # The device had room for the whole request in a segment of its own: a limit refused it.
+    limited = tmp_path / "limit.pickle"
+    limited.write_bytes(pickle.dumps(_torch_snapshot(pieces[:1], 64 * MiB, 4 * GiB)))
+    d = diagnose(limited)
+    assert d.cause == "limit"
+    assert "to at least 84.0 MiB" in d.fixes[0].text
+
+
+# ---------------------------------------------------------------------------------------
+# The command, on a trace and on a snapshot.
+# ---------------------------------------------------------------------------------------
+
+def test_command_on_a_trace_that_fragments():
+    trace = TRACES / "bert_infer_varlen.trace.gz"
+    done = _doctor(trace, "--capacity", "800M", "--json")
+    assert done.returncode == 0, done.stderr
+    d = json.loads(done.stdout)
+    assert d["cause"] == "fragmentation"
+    n = d["numbers"]
+    assert n["peak_live"] <= 800 * MiB < n["min_capacity_fixed"]
+    assert n["ooms_fixed"] > 0 and n["ooms_vmm"] == 0
+    # The vmm source's gain is measured: fixed segments' need less the vmm source's.
+    first = d["fixes"][0]
+    assert "vmm" in first["text"] and "no OOM" in first["text"]
+    assert first["effect_bytes"] == n["min_capacity_fixed"] - n["min_capacity_vmm"] > 0
+    # Text: one screen with the cause first.
+    text = _doctor(trace, "--capacity", "800M")
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.splitlines()[1].startswith("cause: fragmentation")
+    assert len(text.stdout.splitlines()) <= 30
+
+
+def test_command_on_a_trace_too_large_and_one_that_fits():
+    trace = TRACES / "bert_infer_varlen.trace.gz"
+    d = json.loads(_doctor(trace, "--capacity", "600M", "--json").stdout)
+    assert d["cause"] == "live"
+    assert d["numbers"]["peak_live"] > 600 * MiB
+    assert f"by {(d['numbers']['peak_live'] - 600 * MiB) / MiB:.1f} MiB" in d["summary"]
+    d = json.loads(_doctor(trace, "--capacity", "2G", "--json").stdout)
+    assert d["cause"] is None and "no out-of-memory" in d["summary"]
+    d = json.loads(_doctor(trace, "--json").stdout)
+    assert d["cause"] is None and "no capacity given" in d["summary"]
+
+
+def test_command_on_a_vramkit_snapshot(tmp_path):
+    path = tmp_path / "snapshot.pickle"
+    run_python(f"""
+import vramkit
+MiB = 1 << 20
+vramkit.configure(0, source="sim", sim_capacity="64M")
+vramkit.record_memory_history()
+def carve():
+    return [vramkit.empty(10 * MiB) for _ in range(6)]
+whole = vramkit.empty(60 * MiB)
+del whole
+kept = carve()[0::2]
+try:
+    vramkit.empty(20 * MiB)
+except vramkit.OutOfMemoryError:
+    pass
+vramkit.dump_snapshot({str(path)!r})
+""")
+    done = _doctor(path, "--capacity", "64M")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[1].startswith("cause: fragmentation")
+    assert any("carve" in line and "30.0 MiB" in line for line in lines), done.stdout
+
+
+# ---------------------------------------------------------------------------------------
+# Bad input.
+# ---------------------------------------------------------------------------------------
+
+def test_bad_files_exit_2_with_the_reason(tmp_path):
+    corrupt = tmp_path / "corrupt.pickle"
+    corrupt.write_bytes(b"\x80\x04\x95garbage")
+    done = _doctor(corrupt)
+    assert done.returncode == 2
+    assert str(corrupt) in done.stderr and "pickle" in done.stderr
+    assert done.stdout == ""
+    missing = tmp_path / "nowhere.pickle"
+    done = _doctor(missing)
+    assert done.returncode == 2 and "cannot read" in done.stderr and str(missing) in done.stderr
+    bad_trace = tmp_path / "bad.trace.gz"
+    bad_trace.write_bytes(gzip.compress(b"# vramkit-trace v1\na 0 100 0 1\nx what\n"))
+    done = _doctor(bad_trace, "--capacity", "1G")
+    assert done.returncode == 2 and "bad.trace.gz" in done.stderr
+    not_a_snapshot = tmp_path / "list.pickle"
+    not_a_snapshot.write_bytes(pickle.dumps([1, 2, 3]))
+    done = _doctor(not_a_snapshot)
+    assert done.returncode == 2 and "not a memory snapshot" in done.stderr
+    with pytest.raises(DoctorInputError, match="cannot read"):
+        diagnose(missing)
+    with pytest.raises(DoctorInputError, match="not a vramkit out-of-memory report"):
+        diagnose(MemoryError("out of memory"))
+
+
+def test_bad_command_lines_exit_3():
+    for args in ([], ["a", "b"], ["--capacity"], ["x.pickle", "--capacity", "lots"],
+                 ["x.pickle", "--capacity", "0"], ["x.pickle", "--frobnicate"]):
+        done = _doctor(*args)
+        assert done.returncode == 3, (args, done.stderr)
+        assert "vramkit doctor:" in done.stderr and "--help" in done.stderr
+    done = _doctor("--help")
+    assert done.returncode == 0 and "SNAPSHOT_OR_TRACE" in done.stdout
+
+
+def test_exported_lazily():
+    assert "diagnose" in vramkit.__all__
+    assert vramkit.diagnose is diagnose
+    assert isinstance(Fix("x", None), tuple)
+    assert "doctor" in vramkit.cli.COMMANDS
+    done = run_python("import sys, vramkit; print('vramkit.doctor' in sys.modules)")
+    assert done.stdout.strip() == "False"
