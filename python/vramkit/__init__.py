@@ -54,7 +54,8 @@ __all__ = [
     "LeakDetector", "LeakReport", "MemoryLeakWarning", "dump_snapshot", "history_mark",
     "leak_check", "leaks", "memory_history", "record_memory_history", "save_trace",
     # Estimates before a run (estimator/).
-    "Estimate", "advise", "estimate", "find_max_batch", "plan_checkpointing",
+    "Estimate", "advise", "doctor_estimates", "estimate", "find_max_batch",
+    "plan_checkpointing",
     "snapshot",
     "diagnose",  # the OOM doctor (doctor.py)
     # Training-loop logging (logger.py).
@@ -76,6 +77,7 @@ _LAZY = {
     "diagnose": "doctor",
     "Estimate": "estimator", "estimate": "estimator", "find_max_batch": "estimator",
     "advise": "estimator", "plan_checkpointing": "estimator",
+    "doctor_estimates": "estimator",
 }
 
 

@@ -294,3 +294,23 @@ def test_plan_checkpointing_finds_the_fewest_blocks():
     assert vramkit.plan_checkpointing(_step, build=_net_build(), memory_limit="64G").names == []
     tiny = vramkit.plan_checkpointing(_step, build=_net_build(), memory_limit=1 << 20)
     assert not tiny.fits
+
+
+def test_the_doctor_ranks_fixes_by_the_estimates_of_this_step():
+    """An OOM whose cause is live memory: the doctor, given the estimator's callback for
+    the step, ranks its fixes by the savings the estimates predict."""
+    fn = vramkit.doctor_estimates(_step, build=_net_build(),
+                                  make_batch=lambda n: _net_build(batch=n)(), batch=2048)
+    base = fn("baseline")
+    assert fn("half_batch") < base and fn("checkpointing") < base
+    assert fn("baseline") == base  # asked once, estimated once
+    report = ("vramkit: out of memory on device 0 (sim source): tried to allocate 2.00 GiB "
+              "(2147483648 bytes) on the default stream.\n"
+              "  cause: live: live memory of 7.50 GiB plus this request exceeds the "
+              "device's 8.00 GiB.\n")
+    d = vramkit.diagnose(report, estimate_fn=fn)
+    assert d.cause == "live"
+    effects = [f.effect for f in d.fixes if f.effect is not None]
+    assert effects and effects == sorted(effects, reverse=True)
+    with pytest.raises(KeyError):
+        vramkit.doctor_estimates(_step, build=_net_build())("half_batch")

@@ -347,6 +347,44 @@ def plan_checkpointing(step_fn, *args, build=None, device_memory=None,
     return CheckpointPlan(_variants._spread(blocks, high), len(blocks), planned(high), True)
 
 
+def doctor_estimates(step_fn, *args, build=None, make_batch=None, batch: int | None = None,
+                     **kwargs):
+    """The ``estimate_fn`` of :func:`vramkit.diagnose` for this step: the predicted peak
+    reserved of the step as written ("baseline"), at half the batch ("half_batch", needs
+    ``make_batch(n)`` and ``batch``), under bf16 autocast ("bf16_autocast") and with all
+    repeated blocks checkpointed ("checkpointing"), so that the doctor ranks its fixes by
+    what they would save on this very step. Estimates are made on first use, once each."""
+    from . import variants as _variants
+
+    plans = {
+        "baseline": dict(build=build),
+        "bf16_autocast": dict(build=build,
+                              variant=_variants.Variant("bf16", autocast=_bf16())),
+        "checkpointing": dict(build=build,
+                              variant=_variants.Variant("ckpt", checkpoint_every=1)),
+    }
+    if make_batch is not None and batch:
+        plans["half_batch"] = dict(build=lambda: make_batch(max(1, batch // 2)))
+    cache: dict[str, int] = {}
+
+    def estimate_fn(name: str) -> int:
+        if name not in plans:
+            raise KeyError(f"no estimate for {name!r}: "
+                           + ("give make_batch and batch" if name == "half_batch"
+                              else f"known: {sorted(plans)}"))
+        if name not in cache:
+            use_args = () if name == "half_batch" else args
+            cache[name] = estimate(step_fn, *use_args, **plans[name], **kwargs).peak_reserved
+        return cache[name]
+
+    return estimate_fn
+
+
+def _bf16():
+    import torch
+    return torch.bfloat16
+
+
 _FIT_OF = {"vramkit": "fits", "torch": "torch_fits", "torch-expandable": "torch_expandable_fits"}
 
 
