@@ -105,14 +105,18 @@ build-asan:
 
 # ---- the two commands --------------------------------------------------------------------
 
-# The replay summary, then the package from this tree into $(VENV) and a timeline page of
+# The replay summary, then the package from this tree into $(VENV), a timeline page of
 # the training trace (build/timeline.html: allocations over time with reserved memory
-# above them; it opens offline in any browser).
+# above them; it opens offline in any browser), and an estimate of a GPT-2 training step
+# made before running it (no GPU needed).
 run: deps build
 	build/vramkit replay --summary $(TRACES)
 	@$(VENV_PYTHON) -m pip install -q --no-build-isolation .
 	$(VENV)/bin/vramkit plot data/traces/gpt2_train.trace.gz -o build/timeline.html
 	@echo "open build/timeline.html in a browser: the memory timeline of one GPT-2 training run"
+	@echo "and before a run: will GPT-2 at batch 8 in bf16 fit a 24 GB card?"
+	$(VENV)/bin/vramkit estimate --model gpt2 --batch 8 --seq 1024 --precision bf16-amp \
+	  --device-memory 24G --trace build/gpt2_estimate.trace.gz
 
 test: test-intro deps test-release test-debug test-asan pytest
 

@@ -203,9 +203,17 @@ def test_the_command_line(tmp_path):
     assert trace.exists() and row["trace"] == str(trace)
     small = run("--model", "gpt2", "--batch", "1", "--seq", "32", "--device-memory", "1G")
     assert small.returncode == 1 and "does not fit" in small.stdout
+    plan = run("--model", "gpt2", "--batch", "4", "--seq", "512", "--plan-checkpointing",
+               "--device-memory", "5G", "--json")
+    assert plan.returncode in (0, 1), plan.stderr
+    row = json.loads(plan.stdout)
+    assert row["blocks"] == 12 and set(row["checkpoint"]) <= {f"transformer.h.{i}"
+                                                              for i in range(12)}
+    assert (plan.returncode == 0) == row["fits"]
     for bad in (["--model", "nope"], ["--model", "gpt2", "--batch", "0"],
                 ["--model", "gpt2", "--precision", "fp8"], ["--batch", "2"],
-                ["--model", "gpt2", "--max-batch"]):
+                ["--model", "gpt2", "--max-batch"], ["--model", "gpt2", "--plan-checkpointing"],
+                ["--model", "gpt2", "--what-if", "--max-batch", "--device-memory", "8G"]):
         r = run(*bad)
         assert r.returncode == 3 and "vramkit estimate:" in r.stderr, (bad, r.stderr)
 
