@@ -244,9 +244,23 @@ _CHECKPOINT_ON_CPU = ("activation checkpointing recomputes the forward pass duri
                       "follow; estimate a checkpointed step on a machine with a GPU")
 
 
+def _where(error: BaseException) -> str:
+    """The innermost frame of the failing call outside PyTorch and vramkit: the line of the
+    user's (or the model library's) code that asked for what fake tensors cannot give."""
+    import os
+    import traceback
+    folded = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
+              os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)
+    found = ""
+    for frame in traceback.extract_tb(error.__traceback__):
+        if not os.path.abspath(frame.filename).startswith(folded):
+            found = f" at {frame.filename}:{frame.lineno} in {frame.name}"
+    return found
+
+
 def _explain(error: Exception) -> str:
     text = f"{type(error).__name__}: {error}"
-    first = text.splitlines()[0] if text else type(error).__name__
+    first = (text.splitlines()[0] if text else type(error).__name__) + _where(error)
     for needle, advice in _WORKAROUNDS:
         if needle in text.lower():
             return (f"the step could not run on fake tensors ({first[:300]}); {advice}. "
