@@ -99,6 +99,19 @@ def test_the_trace_replays_to_the_estimated_peak(tmp_path):
     assert e.min_device_memory >= e.peak_allocated + vramkit.estimator.CUDA_CONTEXT_BYTES
 
 
+def test_traces_not_asked_for_are_gone_when_the_process_exits(tmp_path):
+    """A search makes many estimates: the traces nobody asked to keep go with the process."""
+    code = ("import torch, vramkit, os\n"
+            "step = lambda m, x: m(x).sum().backward()\n"
+            "e = vramkit.estimate(step, torch.nn.Linear(64, 64), torch.randn(8, 64))\n"
+            "assert os.path.exists(e.trace)\n"
+            "print(os.path.dirname(e.trace))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    folder = out.stdout.strip().splitlines()[-1]
+    assert folder and not __import__("os").path.exists(folder)
+
+
 def test_fit_under_a_limit_is_decided_by_a_capped_replay():
     e = vramkit.estimate(_step, build=_mlp_build())
     roomy = vramkit.estimate(_step, build=_mlp_build(), memory_limit=4 * e.peak_reserved)

@@ -54,12 +54,33 @@ class Estimate:
     top_sites: list                  # [(site, bytes, count)] live at the peak, largest first
     source: str
     emulated: bool                   # True: no GPU here, a CPU stood in for it
-    trace: str                       # the recorded step as a vramkit trace
+    trace: str                       # the recorded step as a vramkit trace (kept until the
+                                     # process exits unless estimate() got trace_path)
     fake_ops: int
     notes: list = field(default_factory=list)
 
     def __str__(self) -> str:
         return format_estimate(self)
+
+
+_scratch: list[str] = []
+
+
+def _scratch_dir() -> str:
+    """Where the traces of estimates not given a trace_path go: one folder per process,
+    removed when it exits, so that a search over many estimates leaves nothing behind."""
+    if not _scratch:
+        import atexit
+        import shutil
+        path = tempfile.mkdtemp(prefix="vramkit-estimates-")
+        atexit.register(shutil.rmtree, path, True)
+        _scratch.append(path)
+    return _scratch[0]
+
+
+def trace_is_kept(e: "Estimate") -> bool:
+    """Whether ``e.trace`` outlives this process (estimate() was given trace_path)."""
+    return not (_scratch and e.trace.startswith(_scratch[0] + os.sep))
 
 
 def _gib(n: int | None) -> str:
@@ -90,7 +111,8 @@ def format_estimate(e: Estimate) -> str:
             lines.append(f"    {_gib(nbytes):>10}  {count:>5} blocks  {site}")
     for note in e.notes:
         lines.append(f"  note: {note}")
-    lines.append(f"  trace: {e.trace}")
+    lines.append(f"  trace: {e.trace}" + ("" if trace_is_kept(e) else
+                 " (removed at exit: trace_path, or --trace, keeps it)"))
     return "\n".join(lines)
 
 
@@ -171,7 +193,8 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
                                     "are its model and batch on a CUDA device?")
     events = list(recording.events())
     if trace_path is None:
-        fd, trace_path = tempfile.mkstemp(prefix="vramkit-estimate-", suffix=".trace.gz")
+        fd, trace_path = tempfile.mkstemp(prefix="estimate-", suffix=".trace.gz",
+                                          dir=_scratch_dir())
         os.close(fd)
     _replay.write_trace(events, trace_path, "recorded by vramkit.estimate under fake "
                                             "tensors; times are op numbers")

@@ -65,7 +65,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="the fewest blocks to checkpoint for the step to fit "
                         "--device-memory")
     p.add_argument("--trace", default=None, metavar="PATH",
-                   help="where to keep the recorded step (a vramkit trace)")
+                   help="keep the recorded step there (a vramkit trace, for vramkit "
+                        "replay and vramkit plot); without it the trace is not kept")
     p.add_argument("--json", action="store_true", help="one JSON object instead of text")
     return p
 
@@ -102,6 +103,7 @@ class _Progress:
 
 
 def _as_json(e) -> dict:
+    from . import trace_is_kept
     return {"peak_allocated": e.peak_allocated, "peak_reserved": e.peak_reserved,
             "torch_peak_reserved": e.torch_peak_reserved,
             "torch_expandable_peak_reserved": e.torch_expandable_peak_reserved,
@@ -109,7 +111,8 @@ def _as_json(e) -> dict:
             "torch_expandable_fits": e.torch_expandable_fits,
             "min_device_memory": e.min_device_memory, "breakdown": e.breakdown,
             "top_sites": [{"site": s, "bytes": b, "blocks": c} for s, b, c in e.top_sites],
-            "source": e.source, "emulated": e.emulated, "trace": e.trace,
+            "source": e.source, "emulated": e.emulated,
+            "trace": e.trace if trace_is_kept(e) else None,
             "notes": e.notes}
 
 
