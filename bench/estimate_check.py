@@ -225,7 +225,6 @@ def measure_batches(allocator: str, predicted: dict) -> None:
     if allocator == "vramkit":
         import vramkit.torch
         vramkit.torch.install()
-    import torch
     from vramkit.estimator import _measure
     for f in FINDER:
         guess = predicted.get(f"{f[0]} {f[1]} {allocator}") or 1

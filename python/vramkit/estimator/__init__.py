@@ -16,7 +16,6 @@ from __future__ import annotations
 import collections
 import os
 import tempfile
-import threading
 from dataclasses import dataclass, field
 
 from .. import _core
@@ -252,10 +251,12 @@ def _record_categories():
 
 def _model_blocks(args, build, target) -> list[str]:
     """The repeated blocks of the (first) model the step takes, built on fake tensors."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    import torch
-    from . import _emulate, _step, variants
     import contextlib
+
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from . import _emulate, variants
     if build is None:
         models_ = [a for a in args if isinstance(a, torch.nn.Module)]
         return variants.repeated_blocks(models_[0]) if models_ else []
