@@ -445,9 +445,11 @@ def find_max_batch(step_fn, make_batch, device_memory=None, mode: str = "predict
     if mode == "predict":
         return best
     from . import _measure
-    return _measure.largest_batch(step_fn, make_batch, best or start,
-                                  memory_limit if memory_limit is not None else device_memory,
-                                  most)
+    # A card of device_memory leaves the allocator that less the CUDA context, as the
+    # prediction assumed; on the real card that is the cap the measurement runs under.
+    cap = (memory_limit if memory_limit is not None
+           else _size(device_memory, "device_memory") - CUDA_CONTEXT_BYTES)
+    return _measure.largest_batch(step_fn, make_batch, best or start, cap, most)
 
 
 def predict_largest(estimated, fit_attribute: str, start: int = 1, most: int = 4096) -> int:
