@@ -442,29 +442,36 @@ def save_trace(path, device=None) -> int:
                       f"oldest events overwritten; raise max_entries): the trace starts "
                       f"mid-way and its peak may differ from the program's", stacklevel=2)
     t0 = events[start][0] if start < len(events) else time.monotonic_ns() // 1000
-    lines = [f"# vramkit-trace v1 recorded by vramkit.save_trace on device {d} "
-             f"({_pkg().source(d)} source)\n"]
     live: dict[int, int] = {}
     next_id = 0
-    ops = 0
+    ops = []
     if dropped == 0:
         for b in rec.baseline:
             live[b[0]] = next_id
-            lines.append(f"a {next_id} {b[1]} {b[4]} {t0 + _UNIX_OFFSET_US}\n")
+            ops.append(("a", next_id, b[1], b[4], t0 + _UNIX_OFFSET_US))
             next_id += 1
-            ops += 1
     for e in events[start:]:
         kind = e[7]
         if kind == _ALLOC:
             live[e[1]] = next_id
-            lines.append(f"a {next_id} {e[2]} {e[4]} {e[0] + _UNIX_OFFSET_US}\n")
+            ops.append(("a", next_id, e[2], e[4], e[0] + _UNIX_OFFSET_US))
             next_id += 1
-            ops += 1
         elif kind == _FREE_REQUESTED:
             block = live.pop(e[1], None)
             if block is not None:  # a block from before an overflow: nothing to free
-                lines.append(f"f {block} {e[4]} {e[0] + _UNIX_OFFSET_US}\n")
-                ops += 1
+                ops.append(("f", block, e[4], e[0] + _UNIX_OFFSET_US))
+    return write_trace(path, ops, f"recorded by vramkit.save_trace on device {d} "
+                                  f"({_pkg().source(d)} source)")
+
+
+def write_trace(path, ops, header: str) -> int:
+    """Write ``ops`` as a vramkit trace (format v1: gzip text, a ``# vramkit-trace v1``
+    line carrying ``header``, then ``a ID SIZE STREAM T_US`` for ("a", id, size, stream,
+    t_us) and ``f ID STREAM T_US`` for ("f", id, stream, t_us)). Returns the ops written."""
+    count = 0
     with gzip.open(os.fspath(path), "wt", encoding="ascii") as f:
-        f.writelines(lines)
-    return ops
+        f.write(f"# vramkit-trace v1 {header}\n")
+        for op in ops:
+            f.write(" ".join(map(str, op)) + "\n")
+            count += 1
+    return count

@@ -9,7 +9,6 @@ expandable segments), for users who keep PyTorch's.
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import subprocess
@@ -23,18 +22,12 @@ _SIM_OF_SOURCE = {"cuda": "sim", "sim": "sim", "managed": "sim", "vmm": "sim:vmm
 
 
 def write_trace(events, path: str, comment: str) -> int:
-    """Write ``events`` (("a", id, size, stream), ("f", id, stream)) as trace v1."""
-    n = 0
-    with gzip.open(path, "wt") as out:
-        out.write("# vramkit-trace v1\n")
-        out.write(f"# {comment}\n")
-        for t, event in enumerate(events):
-            if event[0] == "a":
-                out.write(f"a {event[1]} {event[2]} {event[3]} {t}\n")
-            else:
-                out.write(f"f {event[1]} {event[2]} {t}\n")
-            n += 1
-    return n
+    """Write ``events`` (("a", id, size, stream), ("f", id, stream)) as a trace whose
+    times are the ops' numbers, through the package's one trace writer."""
+    from ..history import write_trace as write
+
+    timed = (event + (t,) for t, event in enumerate(events))
+    return write(path, timed, comment)
 
 
 def vramkit_replay(trace: str, source: str, capacity: int | None,
