@@ -165,6 +165,18 @@ VRAM_API int vram_record_stream(vram_pool_t *pool, void *ptr, vram_stream_t stre
 /* Size the block was asked for, and the stream it belongs to. */
 VRAM_API int vram_block_info(vram_pool_t *pool, void *ptr, size_t *requested,
                              vram_stream_t *stream);
+/* The segment holding the live block at `ptr`: its first address and size (for virtual
+ * memory, the reserved range). VRAM_EFOREIGN when `ptr` is not a live block of this pool,
+ * found by the pointer alone: a caller may ask several pools which one owns a pointer.
+ * Either out pointer may be NULL. */
+VRAM_API int vram_segment_of(vram_pool_t *pool, void *ptr, void **base, size_t *size);
+/* Allocate the block of `size` bytes (rounded up to 512) that starts exactly at `ptr`, from
+ * free memory this pool holds for `stream`; nothing is taken from the source. For callers
+ * that put a pool back into a layout it had (PyTorch's CUDA graph trees restore a graph
+ * pool to a checkpoint). VRAM_EBUSY if any byte of the range is in use, VRAM_EFOREIGN if
+ * the pool holds no memory there for that stream, VRAM_EINVAL for a pointer not 512-byte
+ * aligned or size 0; on failure nothing changes. Free the block with vram_free. */
+VRAM_API int vram_malloc_at(vram_pool_t *pool, void *ptr, size_t size, vram_stream_t stream);
 /* Return every fully free cached segment to the driver. */
 VRAM_API int vram_empty_cache(vram_pool_t *pool);
 /* Change the hard limit (0 = none); a fraction in (0,1] of total memory if bytes == 0. */

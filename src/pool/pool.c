@@ -324,6 +324,7 @@ typedef struct block_call {
   vram_stream_t stream;
   size_t size, *requested;
   vram_stream_t *stream_out;
+  void *base_out;
   int to_device;
 } block_call;
 
@@ -355,6 +356,121 @@ int vram_block_info(vram_pool_t *pool, void *ptr, size_t *requested, vram_stream
   if (!pool || !ptr) return VRAM_EINVAL;
   block_call c = {.ptr = ptr, .requested = requested, .stream_out = stream};
   return locked_call(pool, block_info_locked, &c, NULL);
+}
+
+/* The live block at `ptr` by its pointer alone: no search of freed memory, so that a caller
+ * asking each of several pools which one owns a pointer pays one hash probe per pool. */
+static int segment_of_locked(vram_pool_t *pool, void *arg) {
+  block_call *c = arg;
+  vram_block *b = _vram_ptrmap_get(&pool->ptrs, (uintptr_t)c->ptr);
+  if (!b || b->state != VRAM_BLOCK_LIVE) return VRAM_EFOREIGN;
+  c->base_out = (void *)b->segment->addr;
+  c->size = b->segment->size;
+  return VRAM_OK;
+}
+
+int vram_segment_of(vram_pool_t *pool, void *ptr, void **base, size_t *size) {
+  if (!pool || !ptr) return VRAM_EINVAL;
+  block_call c = {.ptr = ptr};
+  int rc = locked_call(pool, segment_of_locked, &c, NULL);
+  if (rc) return rc;
+  if (base) *base = c.base_out;
+  if (size) *size = c.size;
+  return VRAM_OK;
+}
+
+/* The arena of `stream` if the pool has one; unlike _vram_arena_get it never makes one. */
+static vram_arena *arena_of(const vram_pool_t *pool, vram_stream_t stream) {
+  for (vram_arena *a = pool->arenas; a; a = a->next)
+    if (a->stream == stream) return a;
+  return NULL;
+}
+
+/* The free block of `a` holding [addr, addr + size), or why there is none. */
+static int free_block_holding(vram_arena *a, uintptr_t addr, size_t size, vram_block **out) {
+  for (vram_segment *s = a->segments; s; s = s->next) {
+    if (addr < s->addr || addr >= s->addr + s->size) continue;
+    for (vram_block *b = s->first; b; b = b->addr_next) {
+      if (addr >= b->addr + b->size) continue;
+      if (b->state != VRAM_BLOCK_FREE || addr + size > b->addr + b->size) return VRAM_EBUSY;
+      *out = b;
+      return VRAM_OK;
+    }
+  }
+  return VRAM_EFOREIGN;
+}
+
+/* Split free block `b` at `addr` (inside it): the front becomes a free block of its own in
+ * the index, `b` keeps the back. Undone by merge_front_back. */
+static int split_front_off(vram_pool_t *pool, vram_block *b, uintptr_t addr) {
+  vram_block *front = _vram_block_new(pool);
+  if (!front) return VRAM_EHOSTMEM;
+  vram_segment *seg = b->segment;
+  front->addr = b->addr;
+  front->size = addr - b->addr;
+  front->segment = seg;
+  front->addr_prev = b->addr_prev;
+  front->addr_next = b;
+  if (front->addr_prev) front->addr_prev->addr_next = front;
+  else seg->first = front;
+  b->addr_prev = front;
+  b->addr = addr;
+  _vram_tlsf_resize(seg->index, b, b->size - front->size);
+  front->state = VRAM_BLOCK_FREE;
+  _vram_tlsf_insert(seg->index, front);
+  return VRAM_OK;
+}
+
+static void merge_front_back(vram_pool_t *pool, vram_block *b) {
+  vram_block *front = b->addr_prev;
+  vram_tlsf *index = b->segment->index;
+  size_t size = front->size + b->size;
+  _vram_tlsf_remove(index, front);
+  b->addr = front->addr;
+  _vram_block_unlink(pool, front);
+  _vram_tlsf_resize(index, b, size);
+}
+
+typedef struct malloc_at_call {
+  uintptr_t addr;
+  size_t size;
+  vram_stream_t stream;
+} malloc_at_call;
+
+static int malloc_at_locked(vram_pool_t *pool, void *arg) {
+  malloc_at_call *c = arg;
+  size_t rounded = _vram_round_up(c->size, VRAM_ALIGN);
+  vram_arena *a = arena_of(pool, c->stream);
+  if (!a) return VRAM_EFOREIGN;
+  /* Parked blocks are free memory to the caller: merge them so the range reads as free. */
+  _vram_cache_flush_all(pool);
+  vram_block *b = NULL;
+  int rc = free_block_holding(a, c->addr, rounded, &b);
+  if (rc) return rc;
+  bool split = b->addr < c->addr;
+  if (split && (rc = split_front_off(pool, b, c->addr)) != VRAM_OK) return rc;
+  vram_block *live = NULL;
+  rc = _vram_block_take(pool, b, rounded, c->size, &live);
+  if (rc) {
+    if (split) merge_front_back(pool, b);
+    return rc;
+  }
+  vram_stat_up(&pool->stats.allocated_bytes, (int64_t)live->size);
+  vram_stat_up(&pool->stats.requested_bytes, (int64_t)c->size);
+  vram_stat_up(&pool->stats.allocation, 1);
+  if (pool->pending_blocks) _vram_active_peaks_note(pool);
+  vram_history *h = pool->history;
+  if (h) _vram_note_alloc(pool, h, live->addr, live->size, c->size, c->stream, 0);
+  _vram_pool_publish_hot(pool);
+  return VRAM_OK;
+}
+
+int vram_malloc_at(vram_pool_t *pool, void *ptr, size_t size, vram_stream_t stream) {
+  if (!pool || !ptr || size == 0 || size > VRAM_MAX_REQUEST ||
+      (uintptr_t)ptr % VRAM_ALIGN)
+    return VRAM_EINVAL;
+  malloc_at_call c = {(uintptr_t)ptr, size, stream};
+  return locked_call(pool, malloc_at_locked, &c, NULL);
 }
 
 static int prefetch_locked(vram_pool_t *pool, void *arg) {
