@@ -106,6 +106,17 @@ def build(include_dir: str | None = None, lib_dir: str | None = None, abi: int |
         include_dir = t_include if include_dir is None else include_dir
         lib_dir = t_lib if lib_dir is None else lib_dir
         abi = t_abi if abi is None else abi
+    compiler = _require_compiler(compiler)
+    source = os.path.join(package_dir(), _SOURCE_NAME)
+    hooks_dir = os.path.dirname(c_hooks_path())
+    command = lambda output: build_command(compiler, source, output, include_dir, lib_dir, abi,
+                                           hooks_dir)
+    return _compile_cached(source, "libvramkit_torch_oom",
+                           [_BUILD_RECIPE, compiler, include_dir, lib_dir, str(abi), hooks_dir],
+                           command, directory)
+
+
+def _require_compiler(compiler: str | None) -> str:
     compiler = compiler or find_compiler()
     if compiler is None:
         raise BuildError(
@@ -115,11 +126,15 @@ def build(include_dir: str | None = None, lib_dir: str | None = None, abi: int |
             "Install one (Debian/Ubuntu: apt-get install "
             "g++), or set VRAMKIT_TORCH_HOOKS to a library built by `python -m vramkit.torch "
             "build` where a compiler exists.")
-    source = os.path.join(package_dir(), _SOURCE_NAME)
-    hooks_dir = os.path.dirname(c_hooks_path())
-    key = _cache_key([_BUILD_RECIPE, compiler, include_dir, lib_dir, str(abi), hooks_dir], source)
+    return compiler
+
+
+def _compile_cached(source: str, prefix: str, key_parts: list[str], command_for,
+                    directory: str | None) -> str:
+    """Run command_for(output) once per key into the cache and return the library's path."""
+    key = _cache_key(key_parts, source)
     directory = directory or cache_dir()
-    target = os.path.join(directory, f"libvramkit_torch_oom-{key}.so")
+    target = os.path.join(directory, f"{prefix}-{key}.so")
     if os.path.exists(target):
         return target
     os.makedirs(directory, exist_ok=True)
@@ -127,18 +142,110 @@ def build(include_dir: str | None = None, lib_dir: str | None = None, abi: int |
     # and none may load a half-written file.
     fd, partial = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=directory)
     os.close(fd)
-    command = build_command(compiler, source, partial, include_dir, lib_dir, abi, hooks_dir)
+    command = command_for(partial)
     try:
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
             raise BuildError(
-                f"vramkit could not build its PyTorch hook library (exit {done.returncode}):"
-                f"\n$ {' '.join(command)}\n{done.stderr.strip()[-4000:]}")
+                f"vramkit could not build its PyTorch library {prefix} (exit "
+                f"{done.returncode}):\n$ {' '.join(command)}\n{done.stderr.strip()[-4000:]}")
         os.replace(partial, target)
     finally:
         if os.path.exists(partial):
             os.unlink(partial)
     return target
+
+
+# ---- the complete backend (torch_backend.cpp) -------------------------------------------
+
+_BACKEND_SOURCE_NAME = "torch_backend.cpp"
+_BACKEND_RECIPE = "1"
+
+
+def cuda_runtime() -> tuple[str, str]:
+    """(include dir, library path) of the CUDA runtime the installed torch loaded: the
+    backend calls cudaMemcpyAsync and the IPC functions itself, and must use torch's copy.
+    Read from the process's own mappings once torch is imported, so it is the very file."""
+    import torch  # noqa: F401  (loads libc10_cuda and, through it, libcudart)
+
+    library = None
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.rstrip("\n").split(" ")[-1]
+            if "/libcudart.so" in path:
+                library = path
+                break
+    if library is None:
+        raise BuildError("vramkit: this torch has no CUDA runtime loaded (a CPU-only build?)")
+    # The wheel's own headers first (they match the runtime), where they are complete: some
+    # images ship cuda_runtime_api.h without the crt/ headers cuda_runtime.h includes.
+    candidates = [os.path.join(os.path.dirname(os.path.dirname(library)), "include")]
+    for env in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(env):
+            candidates.append(os.path.join(os.environ[env], "include"))
+    candidates.append("/usr/local/cuda/include")
+    for include in candidates:
+        if all(os.path.isfile(os.path.join(include, name))
+               for name in ("cuda_runtime_api.h", os.path.join("crt", "host_config.h"))):
+            return include, library
+    raise BuildError("vramkit: no complete CUDA runtime headers (cuda_runtime_api.h and "
+                     f"crt/host_config.h) in {', '.join(candidates)}; set CUDA_HOME to a "
+                     "CUDA toolkit")
+
+
+def vramkit_include_dir() -> str:
+    """include/vramkit.h as installed inside the package."""
+    return os.path.join(package_dir(), "include")
+
+
+def backend_command(compiler: str, source: str, output: str, include_dir: str, lib_dir: str,
+                    abi: int, cuda_include: str, cudart: str, package: str,
+                    vramkit_include: str) -> list[str]:
+    """The backend's compiler run: c10 and c10_cuda for the interface, torch_cuda for
+    changeCurrentAllocator, torch's CUDA runtime, and vramkit's two libraries."""
+    return [
+        compiler, "-O2", "-std=c++17", "-fPIC", "-shared", "-fvisibility=hidden",
+        f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+        "-isystem", include_dir,
+        "-isystem", os.path.join(include_dir, "torch", "csrc", "api", "include"),
+        "-isystem", cuda_include, "-I", vramkit_include,
+        source, "-o", output,
+        f"-L{lib_dir}", "-lc10", "-lc10_cuda", "-ltorch_cuda", f"-Wl,-rpath,{lib_dir}",
+        cudart, f"-Wl,-rpath,{os.path.dirname(cudart)}",
+        f"-L{package}", "-l:" + _C_HOOKS_NAME, "-l:libvramkit.so", f"-Wl,-rpath,{package}",
+    ]
+
+
+def build_backend(compiler: str | None = None, directory: str | None = None) -> str:
+    """Path of the complete backend for the installed torch, compiling it (once per torch,
+    compiler and vramkit build) if the cache lacks it."""
+    include_dir, lib_dir, abi = torch_paths()
+    cuda_include, cudart = cuda_runtime()
+    compiler = _require_compiler(compiler)
+    source = os.path.join(package_dir(), _BACKEND_SOURCE_NAME)
+    package = package_dir()
+    vk_include = vramkit_include_dir()
+    header = os.path.join(vk_include, "vramkit.h")
+    if not os.path.isfile(header):
+        raise BuildError(f"vramkit: {header} is missing; reinstall vramkit")
+    with open(header, "rb") as f:
+        header_digest = hashlib.sha256(f.read()).hexdigest()
+    command = lambda output: backend_command(compiler, source, output, include_dir, lib_dir, abi,
+                                             cuda_include, cudart, package, vk_include)
+    return _compile_cached(source, "libvramkit_torch_backend",
+                           [_BACKEND_RECIPE, compiler, include_dir, lib_dir, str(abi), cudart,
+                            package, header_digest], command, directory)
+
+
+def backend_library() -> str:
+    """The backend install() loads: $VRAMKIT_TORCH_BACKEND_LIB if set, else the cached
+    build for the installed torch."""
+    prebuilt = os.environ.get("VRAMKIT_TORCH_BACKEND_LIB")
+    if prebuilt:
+        if not os.path.isfile(prebuilt):
+            raise BuildError(f"VRAMKIT_TORCH_BACKEND_LIB={prebuilt!r}: no such file")
+        return prebuilt
+    return build_backend()
 
 
 def hook_library() -> str:

@@ -3,11 +3,22 @@
     import vramkit.torch
     vramkit.torch.install()          # before PyTorch allocates any CUDA memory
 
-PyTorch then allocates through torch.cuda.memory.CUDAPluggableAllocator and vramkit's
-hooks; torch.cuda.empty_cache(), torch.cuda.set_per_process_memory_fraction() and
-Tensor.record_stream() reach vramkit. PyTorch's own memory_stats()/memory_summary() do not
-work under a pluggable allocator: use vramkit.memory_stats() and vramkit.memory_summary(),
-which see every PyTorch allocation (the hooks and vramkit._core share one libvramkit).
+vramkit then is PyTorch's CUDA allocator backend, in the place of PyTorch's own caching
+allocator (torch_backend.cpp, c10's CUDAAllocator interface): everything PyTorch does with
+its allocator reaches vramkit. CUDA graphs get private pools (torch.cuda.graph, graph trees,
+torch.compile(mode="reduce-overhead"), torch.cuda.MemPool); torch.cuda.memory_stats(),
+memory_allocated(), max_memory_allocated(), memory_summary() and reset_peak_memory_stats()
+report vramkit's figures; torch.cuda.memory._record_memory_history() and _snapshot() record
+and describe vramkit's pools in PyTorch's format; the profiler sees memory events;
+empty_cache(), set_per_process_memory_fraction(), record_stream() and torch.multiprocessing's
+CUDA sharing (on the "cuda" source) work. vramkit.memory_stats() sees the same default
+pools.
+
+Where the backend cannot be built (no CUDA runtime headers, say), or with
+install(backend="pluggable") or VRAMKIT_TORCH_BACKEND=pluggable, install() falls back to
+torch.cuda.memory.CUDAPluggableAllocator: allocation, frees, streams, empty_cache and the
+memory fraction work, PyTorch's own memory tools and graph pools do not. install() returns
+which path it took ("backend" or "pluggable"); backend() says it later.
 
 An allocation that cannot be served raises torch.OutOfMemoryError, as PyTorch's own
 allocator does: its message starts "CUDA out of memory." and carries vramkit's report, and
@@ -22,6 +33,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
+import warnings
 
 try:
     import torch
@@ -34,7 +47,10 @@ import vramkit
 from . import _torch_build
 
 _hooks = None  # ctypes.CDLL of libvramkit_torch once installed
-_allocator = None  # the CUDAPluggableAllocator, kept alive for the life of the process
+_allocator = None  # what PyTorch allocates through, kept alive for the life of the process
+_backend_lib = None  # ctypes.CDLL of the complete backend, when that path was taken
+_path = None  # "backend" or "pluggable"
+_PATHS = ("backend", "pluggable")
 
 
 def library_path() -> str:
@@ -67,26 +83,55 @@ def _refuse_if_cuda_in_use() -> None:
         f"start of the program, before the first tensor or module is moved to CUDA.")
 
 
-def install(device=None, **options) -> None:
+def backend() -> str | None:
+    """Which path install() took: "backend" (the complete c10 backend), "pluggable" (the
+    CUDAPluggableAllocator fallback), or None before install()."""
+    return _path
+
+
+def _chosen_path(requested: str | None) -> str | None:
+    choice = requested or os.environ.get("VRAMKIT_TORCH_BACKEND") or None
+    if choice is not None and choice not in _PATHS:
+        raise ValueError(f"vramkit.torch.install(backend={choice!r}): expected one of "
+                         f"{', '.join(_PATHS)}")
+    return choice
+
+
+def install(device=None, backend: str | None = None, **options) -> str:
     """Make vramkit PyTorch's CUDA allocator. Call before PyTorch allocates CUDA memory.
 
+    backend: "backend" (require the complete c10 backend), "pluggable" (the
+    CUDAPluggableAllocator fallback), or None (default; $VRAMKIT_TORCH_BACKEND, else the
+    backend where it builds, else the fallback, with a warning that says why).
     options are vramkit.configure()'s (source, limit, preallocate, release_threshold,
     tight_threshold); they configure the pool of `device` (default: every visible device)
-    before first use. Raises vramkit._torch_build.BuildError (a RuntimeError), leaving
-    PyTorch's own allocator in place, if the hook library cannot be built.
+    before first use. Returns the path taken. Raises vramkit._torch_build.BuildError (a
+    RuntimeError), leaving PyTorch's own allocator in place, if no path can be built.
     """
-    global _hooks, _allocator
+    global _hooks, _allocator, _backend_lib, _path
+    choice = _chosen_path(backend)
     if _allocator is not None:
-        if options:
-            raise RuntimeError("vramkit.torch.install(): already installed; options can no "
-                               "longer change")
-        return
+        if options or (choice is not None and choice != _path):
+            raise RuntimeError("vramkit.torch.install(): already installed "
+                               f"({_path}); options can no longer change")
+        return _path
     if not torch.cuda.is_available():
         raise RuntimeError("vramkit.torch.install(): PyTorch sees no CUDA device")
     _refuse_if_cuda_in_use()
     # Built (or found in the cache) before anything changes, so that a failure leaves
     # PyTorch exactly as it was.
-    path = _torch_build.hook_library()
+    backend_path = None
+    if choice != "pluggable":
+        try:
+            backend_path = _torch_build.backend_library()
+        except _torch_build.BuildError as exc:
+            if choice == "backend":
+                raise
+            warnings.warn(f"vramkit.torch: the complete backend could not be built, so "
+                          f"PyTorch's memory tools and CUDA graph pools will not work under "
+                          f"vramkit (falling back to CUDAPluggableAllocator): {exc}",
+                          RuntimeWarning, stacklevel=2)
+    path = None if backend_path else _torch_build.hook_library()
 
     if options:
         devices = ([device] if device is not None
@@ -95,6 +140,22 @@ def install(device=None, **options) -> None:
             vramkit.configure(d, **options)
 
     lib = ctypes.CDLL(library_path())
+    lib.vramkit_torch_last_oom_device.restype = ctypes.c_int
+    lib.vramkit_torch_last_status.restype = ctypes.c_int
+    lib.vramkit_torch_device_used.restype = ctypes.c_int
+    lib.vramkit_torch_device_used.argtypes = [ctypes.c_int]
+    if backend_path:
+        native = ctypes.CDLL(backend_path)
+        native.vramkit_torch_backend_install.restype = ctypes.c_int
+        native.vramkit_torch_backend_install.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+        native.vramkit_torch_backend_last_status.restype = ctypes.c_int
+        message = ctypes.create_string_buffer(4096)
+        if native.vramkit_torch_backend_install(message, len(message)) != 0:
+            raise RuntimeError(
+                "vramkit.torch.install() must run before PyTorch allocates CUDA memory: "
+                f"PyTorch refused to change its allocator ({message.value.decode()})")
+        _hooks, _allocator, _backend_lib, _path = lib, native, native, "backend"
+        return _path
     allocator = torch.cuda.memory.CUDAPluggableAllocator(
         path, "vramkit_torch_malloc", "vramkit_torch_free_block")
     native = allocator.allocator()
@@ -110,15 +171,15 @@ def install(device=None, **options) -> None:
         raise RuntimeError(
             "vramkit.torch.install() must run before PyTorch allocates CUDA memory: "
             f"PyTorch refused to change its allocator ({exc})") from exc
-    lib.vramkit_torch_last_oom_device.restype = ctypes.c_int
-    lib.vramkit_torch_last_status.restype = ctypes.c_int
-    lib.vramkit_torch_device_used.restype = ctypes.c_int
-    lib.vramkit_torch_device_used.argtypes = [ctypes.c_int]
-    _hooks, _allocator = lib, allocator
+    _hooks, _allocator, _path = lib, allocator, "pluggable"
+    return _path
 
 
 def last_status() -> int:
-    """Status code of the last failure inside the hooks (0 if none)."""
+    """Status code of the last failure inside the hooks or the backend's deleters (0 if
+    none): frees cannot raise, so a refused one is kept here."""
+    if _backend_lib is not None and _backend_lib.vramkit_torch_backend_last_status():
+        return _backend_lib.vramkit_torch_backend_last_status()
     return _hooks.vramkit_torch_last_status() if _hooks is not None else 0
 
 
@@ -153,6 +214,7 @@ def _main(argv: list[str]) -> int:
         return 2
     try:
         print(_torch_build.build())
+        print(_torch_build.backend_library())
     except _torch_build.BuildError as exc:
         print(exc)
         return 1

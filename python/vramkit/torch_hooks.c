@@ -76,8 +76,8 @@ static void format_size(char *buf, size_t cap, size_t bytes) {
  * words PyTorch's own allocator uses and that batch-size finders (Hugging Face accelerate,
  * Lightning) look for, and carries the engine's report: sizes, limit, fragmentation, what
  * to try. */
-static void compose_message(char *msg, size_t cap, int status, int device, size_t size,
-                            vram_pool_t *pool) {
+VRAMKIT_TORCH_API void vramkit_torch_compose_message(char *msg, size_t cap, int status,
+                                                   int device, size_t size, vram_pool_t *pool) {
   if (msg == NULL || cap == 0) return;
   char want[32];
   format_size(want, sizeof want, size);
@@ -90,6 +90,12 @@ static void compose_message(char *msg, size_t cap, int status, int device, size_
                  device, vram_strerror(status), vram_errname(status));
   if (n < 0 || (size_t)n >= cap || status != VRAM_ENOMEM || pool == NULL) return;
   vram_oom_report(pool, msg + n, cap - (size_t)n);
+}
+
+/* The default pool of `device` for the C++ backend (torch_backend.cpp), counted as used by
+ * PyTorch like the pools these hooks reach. */
+VRAMKIT_TORCH_API int vramkit_torch_pool(int device, vram_pool_t **pool) {
+  return pool_of(device, pool);
 }
 
 /* Allocate `size` bytes on `device` for `stream`. On success *out is a block (NULL only for
@@ -109,7 +115,7 @@ VRAMKIT_TORCH_API int vramkit_torch_alloc(size_t size, int device, void *stream,
     }
     note_failure(device, rc);
   }
-  compose_message(msg, msg_cap, rc, device, size, pool);
+  vramkit_torch_compose_message(msg, msg_cap, rc, device, size, pool);
   return rc == VRAM_ENOMEM ? VRAMKIT_TORCH_OOM : VRAMKIT_TORCH_ERROR;
 }
 

@@ -37,9 +37,10 @@ def emit(**fields):
 # train: GPT-2 losses, step time, peak reserved.
 # ---------------------------------------------------------------------------------------
 def run_train(allocator: str, steps: int = 8, batch: int = 8, seq: int = 512):
+    path = None
     if allocator == "vramkit":
         import vramkit.torch
-        vramkit.torch.install()
+        path = vramkit.torch.install()
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -87,7 +88,7 @@ def run_train(allocator: str, steps: int = 8, batch: int = 8, seq: int = 512):
     emit(check="train", allocator=allocator, losses=[repr(v) for v in losses],
          step_ms=1e3 * warm[len(warm) // 2], max_reserved_bytes=max_reserved,
          max_allocated_bytes=max_allocated,
-         device_calls_warm=device_calls() - calls_at_warm,
+         device_calls_warm=device_calls() - calls_at_warm, path=path,
          tight_threshold=os.environ.get("VRAMKIT_TIGHT_THRESHOLD"))
 
 

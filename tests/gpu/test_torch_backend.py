@@ -1,0 +1,272 @@
+"""PyTorch's memory features under vramkit's complete backend, side by side with PyTorch's
+own allocator: every test runs twice, once per allocator ([native] and [vramkit]), each in a
+fresh interpreter, with the same assertions (plus, under vramkit, that PyTorch's figures
+are vramkit's). The -v listing of this file is the pass table of docs/performance.md.
+
+Covered: memory statistics and their resets, out of memory as torch.OutOfMemoryError with
+the out-of-memory observer called, streams with record_stream, a hand-made CUDA graph and
+its private pool, torch.cuda.MemPool, torch.compile(mode="reduce-overhead") (graph trees,
+inference over changing shapes and training) against eager, memory history and snapshots
+read by torch.cuda._memory_viz, the profiler's memory events, and a CUDA tensor shared with
+another process through torch.multiprocessing.
+"""
+
+import pytest
+
+ALLOCATORS = ["native", "vramkit"]
+
+PRELUDE = """
+    import os
+    try:
+        import torch
+    except ImportError:
+        print("SKIP: PyTorch is not installed")
+        raise SystemExit(0)
+    import vramkit, vramkit.torch
+    ALLOC = os.environ["VK_ALLOC"]
+    VRAMKIT = ALLOC == "vramkit"
+    if VRAMKIT:
+        took = vramkit.torch.install()
+        assert took == "backend", took
+        assert vramkit.torch.backend() == "backend"
+    MiB = 1 << 20
+"""
+
+
+@pytest.fixture(params=ALLOCATORS)
+def run(request, gpu_run):
+    def go(body, timeout=300):
+        return gpu_run(PRELUDE, body, env={"VK_ALLOC": request.param}, timeout=timeout)
+    return go
+
+
+def test_memory_stats_are_the_allocators(run):
+    run("""
+        x = torch.empty(10 * MiB, dtype=torch.uint8, device="cuda")
+        a = torch.cuda.memory_allocated()
+        assert a >= 10 * MiB, a
+        stats = torch.cuda.memory_stats()
+        assert stats["allocated_bytes.all.current"] == a
+        assert stats["allocation.all.current"] >= 1
+        assert torch.cuda.memory_reserved() >= a
+        torch.cuda.reset_peak_memory_stats()
+        y = torch.empty(64 * MiB, dtype=torch.uint8, device="cuda")
+        del y
+        assert torch.cuda.max_memory_allocated() >= a + 64 * MiB
+        assert torch.cuda.memory_allocated() == a
+        torch.cuda.reset_peak_memory_stats()
+        assert torch.cuda.max_memory_allocated() == a
+        summary = torch.cuda.memory_summary()
+        assert "Allocated memory" in summary, summary[:400]
+        if VRAMKIT:
+            assert vramkit.memory_allocated(0) == a
+            assert vramkit.memory_reserved(0) == torch.cuda.memory_reserved()
+        torch.cuda.reset_accumulated_memory_stats()
+        assert torch.cuda.memory_stats()["allocation.all.allocated"] == 0
+        z = torch.empty(MiB, device="cuda")
+        assert torch.cuda.memory_stats()["allocation.all.allocated"] == 1
+        del x, z
+        torch.cuda.empty_cache()
+        assert torch.cuda.memory_allocated() == 0
+        assert torch.cuda.memory_reserved() == 0
+        free, total = torch.cuda.mem_get_info()
+        assert 0 < free <= total
+    """)
+
+
+def test_out_of_memory_raises_and_tells_the_observer(run):
+    run("""
+        seen = []
+        torch._C._cuda_attach_out_of_memory_observer(lambda *args: seen.append(args))
+        torch.cuda.set_per_process_memory_fraction(0.02)
+        keep = torch.ones(MiB, device="cuda")
+        try:
+            torch.empty(8 << 30, dtype=torch.uint8, device="cuda")
+        except torch.OutOfMemoryError as exc:
+            assert str(exc).startswith("CUDA out of memory."), str(exc)[:300]
+        else:
+            raise AssertionError("no OutOfMemoryError")
+        assert len(seen) == 1 and seen[0][0] == 0, seen
+        assert torch.cuda.memory_stats()["num_ooms"] == 1
+        assert float((keep * 2).sum()) == 2 * MiB    # the context and the live block live
+    """)
+
+
+def test_side_stream_with_record_stream(run):
+    run("""
+        side = torch.cuda.Stream()
+        for _ in range(20):
+            x = torch.full((4 * MiB,), 3.0, device="cuda")
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                torch.cuda._sleep(2_000_000)
+                y = x * 2
+            x.record_stream(side)
+            del x    # must not be reused before the side stream is done with it
+            z = torch.full((4 * MiB,), -1.0, device="cuda")
+            torch.cuda.synchronize()
+            assert float(y.min()) == 6.0 and float(y.max()) == 6.0
+            assert float(z.max()) == -1.0
+    """)
+
+
+def test_cuda_graph_replays_into_its_own_pool(run):
+    run("""
+        w = torch.randn(1024, 1024, device="cuda")
+        static_in = torch.randn(1024, device="cuda")
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                (w @ static_in).relu()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            hidden = (w @ static_in).relu()
+            static_out = hidden * 3
+        del hidden       # freed inside the capture: the graph still owns its memory
+        junk = [torch.full((MiB,), 7.0, device="cuda") for _ in range(8)]
+        for _ in range(5):
+            static_in.copy_(torch.randn(1024, device="cuda"))
+            graph.replay()
+            assert torch.allclose(static_out, (w @ static_in).relu() * 3)
+        assert all(bool((j == 7).all()) for j in junk)   # eager memory left alone
+        segments = torch.cuda.memory._snapshot()["segments"]
+        pools = {tuple(s["segment_pool_id"]) for s in segments}
+        assert (0, 0) in pools and len(pools) >= 2, pools
+        owner = [s for s in segments if tuple(s["segment_pool_id"]) != (0, 0)]
+        ptr = static_out.data_ptr()
+        assert any(s["address"] <= ptr < s["address"] + s["total_size"] for s in owner)
+        reserved = torch.cuda.memory_reserved()
+        del graph, static_out
+        torch.cuda.empty_cache()
+        assert torch.cuda.memory_reserved() < reserved
+    """)
+
+
+def test_mempool_routes_allocations(run):
+    run("""
+        pool = torch.cuda.MemPool()
+        assert pool.use_count() == 1
+        with torch.cuda.use_mem_pool(pool):
+            inside = torch.empty(4 * MiB, dtype=torch.uint8, device="cuda")
+        outside = torch.empty(4 * MiB, dtype=torch.uint8, device="cuda")
+        segments = pool.snapshot()
+        live = [b for s in segments for b in s["blocks"] if b["state"] == "active_allocated"]
+        assert sum(b["size"] for b in live) >= 4 * MiB
+        def holds(ptr):
+            return any(s["address"] <= ptr < s["address"] + s["total_size"] for s in segments)
+        assert holds(inside.data_ptr()) and not holds(outside.data_ptr())
+        inside.fill_(1)
+        assert int(inside.sum()) == 4 * MiB
+        del inside
+        del pool
+        torch.cuda.empty_cache()
+    """)
+
+
+def test_compile_reduce_overhead_matches_eager(run):
+    run("""
+        import copy
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(),
+                                    torch.nn.Linear(512, 256)).cuda()
+        compiled = torch.compile(model, mode="reduce-overhead", dynamic=False)
+        # Changing shapes record new graphs in the tree, some of them while another path
+        # is executing: the pool is checkpointed and restored (graph trees' own steps).
+        with torch.no_grad():
+            for rows in [64, 64, 64, 32, 64, 32, 16, 64, 16, 32]:
+                x = torch.randn(rows, 256, device="cuda")
+                out = compiled(x).clone()
+                assert torch.allclose(out, model(x), atol=1e-4, rtol=1e-4), rows
+        eager_model = copy.deepcopy(model)
+        train_model = copy.deepcopy(model)
+        step = torch.compile(train_model, mode="reduce-overhead", dynamic=False)
+        opt_e = torch.optim.SGD(eager_model.parameters(), lr=0.01)
+        opt_c = torch.optim.SGD(train_model.parameters(), lr=0.01)
+        data = [torch.randn(64, 256, device="cuda") for _ in range(8)]
+        for x in data:
+            loss_e = eager_model(x).square().mean()
+            loss_e.backward(); opt_e.step(); opt_e.zero_grad()
+            loss_c = step(x).square().mean()
+            loss_c.backward(); opt_c.step(); opt_c.zero_grad()
+            assert abs(float(loss_c) - float(loss_e)) <= 1e-3 * abs(float(loss_e)) + 1e-5, \\
+                (float(loss_c), float(loss_e))
+        print("graph-tree checks passed")
+    """, timeout=540)
+
+
+def test_history_and_snapshot_open_in_memory_viz(run):
+    run("""
+        import pickle, tempfile
+        from torch.cuda import _memory_viz
+        torch.cuda.memory._record_memory_history(max_entries=10000)
+        def make_weights():
+            return torch.empty(3 * MiB, dtype=torch.uint8, device="cuda")
+        kept = make_weights()
+        gone = torch.empty(1000, device="cuda")
+        del gone
+        snap = torch.cuda.memory._snapshot()
+        torch.cuda.memory._record_memory_history(enabled=None)
+        blocks = [b for s in snap["segments"] for b in s["blocks"]
+                  if b["state"] == "active_allocated"]
+        named = [b for b in blocks
+                 if b["size"] >= 3 * MiB and any(f["name"] == "make_weights" for f in b["frames"])]
+        assert named, [b["frames"][:2] for b in blocks]
+        for seg in snap["segments"]:    # blocks tile each segment
+            assert sum(b["size"] for b in seg["blocks"]) == seg["total_size"]
+        trace = snap["device_traces"][0]
+        actions = {e["action"] for e in trace}
+        assert {"alloc", "free_requested"} <= actions or {"alloc", "free_completed"} <= actions, actions
+        assert any(e["action"] == "alloc" and any(f["name"] == "make_weights" for f in e["frames"])
+                   for e in trace)
+        times = [e["time_us"] for e in trace]
+        assert times == sorted(times) and times[0] > 1.6e15   # Unix microseconds
+        with tempfile.NamedTemporaryFile(suffix=".pickle", delete=False) as f:
+            pickle.dump(snap, f)
+        with open(f.name, "rb") as f:
+            again = pickle.load(f)
+        assert len(_memory_viz.trace_plot(again)) > 1000
+        assert len(_memory_viz.segment_plot(again)) > 1000
+        assert "segment" in _memory_viz.segsum(again)
+        del kept
+    """)
+
+
+def test_profiler_records_memory_events(run):
+    run("""
+        from torch.profiler import profile, ProfilerActivity
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                     profile_memory=True) as prof:
+            a = torch.randn(4 * MiB, device="cuda")
+            b = a * 2
+            del a
+            torch.cuda.synchronize()
+        usage = [getattr(e, "self_device_memory_usage", 0) for e in prof.key_averages()]
+        assert any(u > 0 for u in usage), usage
+        assert any(u < 0 for u in usage), usage     # the free of `a`
+        del b
+    """)
+
+
+def test_cuda_tensor_shared_with_another_process(run, tmp_path):
+    (tmp_path / "vk_child.py").write_text(
+        "def child(inbox, outbox):\n"
+        "    t = inbox.get()\n"
+        "    outbox.put(float(t.sum()))\n"
+        "    del t\n")
+    run(f"""
+        import sys
+        sys.path.insert(0, {str(tmp_path)!r})
+        import torch.multiprocessing as mp
+        import vk_child
+        ctx = mp.get_context("spawn")
+        inbox, outbox = ctx.Queue(), ctx.Queue()
+        proc = ctx.Process(target=vk_child.child, args=(inbox, outbox))
+        proc.start()
+        shared = torch.arange(1000, dtype=torch.float32, device="cuda")
+        inbox.put(shared)
+        assert outbox.get(timeout=240) == float(sum(range(1000)))
+        proc.join(timeout=60)
+        assert proc.exitcode == 0, proc.exitcode
+    """)
