@@ -181,17 +181,19 @@ class Backend final : public cca::CUDAAllocator {
     if (capturing) {
       // A capture in CUDA's default (global) mode refuses cuMemAlloc on any thread; the
       // engine may need a segment, which is safe here: relax the mode for this thread.
-      c10::cuda::CUDAStreamCaptureModeGuard relaxed(cudaStreamCaptureModeRelaxed);
+      cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+      bool relaxed = cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
       rc = vram_malloc(pool, n, static_cast<vram_stream_t>(stream), &ptr);
+      if (relaxed) cudaThreadExchangeStreamCaptureMode(&mode);
     } else {
       rc = vram_malloc(pool, n, static_cast<vram_stream_t>(stream), &ptr);
     }
     if (rc != VRAM_OK) fail(device, n, pool, rc);
+    *is_private = pp != nullptr;
     if (pp) {
       std::lock_guard<std::mutex> g(mutex_);
       private_blocks_[ptr] = pp;
       pp->live++;
-      *is_private = true;
     }
     note_alloc(device, ptr, n, stream, pool);
     return ptr;

@@ -1,0 +1,233 @@
+// torch_backend_driver.cpp - the complete PyTorch backend's own logic, on sim, with no GPU:
+// compiled together with python/vramkit/torch_backend.cpp (included below, so that the
+// class itself is called, not a copy) against the real torch headers, by
+// tests/python/test_torch_backend.py, and run with VRAMKIT_SOURCE=sim.
+//
+// What needs no CUDA device is exercised as PyTorch would call it: default-pool allocation
+// and the per-device deleters, statistics and their resets, private pools for a capture
+// (streams a filter claims go to the pool, the rest to the default pool), live checks,
+// a graph-tree checkpoint taken, the pool changed, and the checkpoint restored at the very
+// addresses, a pool kept while a block lives and destroyed with it, out of memory as
+// c10::OutOfMemoryError with the observer called, history with PyTorch-style contexts,
+// snapshots, and the errors bad calls must raise without changing anything. The same
+// class runs under PyTorch itself on the GPU in tests/gpu/test_torch_backend.py.
+//
+// Prints "backend driver: all checks passed" and exits 0, or names the failed check.
+#include "torch_backend.cpp"
+
+#include <cstdlib>
+
+#define CHECK(cond)                                                                   \
+  do {                                                                                \
+    if (!(cond)) {                                                                    \
+      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);   \
+      std::exit(1);                                                                   \
+    }                                                                                 \
+  } while (0)
+
+// The call must raise a c10 error of type E whose message contains `words`.
+#define CHECK_THROWS(E, words, call)                                                  \
+  do {                                                                                \
+    bool thrown_ = false;                                                             \
+    try {                                                                             \
+      call;                                                                           \
+    } catch (const E &e_) {                                                           \
+      thrown_ = std::string(e_.what()).find(words) != std::string::npos;              \
+      if (!thrown_) std::fprintf(stderr, "unexpected message: %s\n", e_.what());      \
+    }                                                                                 \
+    CHECK(thrown_);                                                                   \
+  } while (0)
+
+using namespace vramkit_torch;
+using c10::MempoolId_t;
+
+namespace {
+
+struct TaggedContext : c10::GatheredContext {
+  int tag = 0;
+};
+int g_tags = 0;
+std::shared_ptr<c10::GatheredContext> tagged_context() {
+  auto context = std::make_shared<TaggedContext>();
+  context->tag = ++g_tags;
+  return context;
+}
+
+const cudaStream_t kDefault = nullptr;
+const cudaStream_t kCapturing = reinterpret_cast<cudaStream_t>(0x7);
+
+size_t live_bytes(Backend &b) { return b.getDeviceStats(0).allocated_bytes[0].current; }
+
+size_t segments_of(Backend &b, MempoolId_t owner) {
+  size_t n = 0;
+  for (auto &seg : b.snapshot({0, 0}, false).segments)
+    if (seg.owner_private_pool_id == owner) n++;
+  return n;
+}
+
+std::set<void *> as_set(const std::vector<void *> &v) { return {v.begin(), v.end()}; }
+
+void default_pool_and_statistics(Backend &b) {
+  bool is_private = true;
+  void *p = b.malloc_on(0, 1000, kDefault, &is_private);
+  CHECK(p != nullptr && !is_private);
+  DeviceStats st = b.getDeviceStats(0);
+  CHECK(st.allocated_bytes[0].current == 1024 && st.requested_bytes[0].current == 1000);
+  CHECK(st.allocation[0].current == 1 && st.reserved_bytes[0].current >= 1024);
+  b.deleter_of(0, false)(p);  // the device's own deleter: no lookup
+  st = b.getDeviceStats(0);
+  CHECK(st.allocated_bytes[0].current == 0);
+  CHECK(st.allocation[0].allocated == 1 && st.allocation[0].freed == 1);
+  CHECK(st.allocated_bytes[0].peak == 1024);
+  b.resetAccumulatedStats(0);
+  b.resetPeakStats(0);
+  st = b.getDeviceStats(0);
+  CHECK(st.allocation[0].allocated == 0 && st.allocation[0].freed == 0);
+  CHECK(st.allocated_bytes[0].peak == 0);
+  // raw_delete and raw_deleter() find a default-pool pointer by asking the pools.
+  void *q = b.malloc_on(0, 5000, kDefault, &is_private);
+  b.raw_delete(q);
+  CHECK(live_bytes(b) == 0);
+  void *r = b.malloc_on(0, 5000, kDefault, &is_private);
+  b.raw_deleter()(r);
+  CHECK(live_bytes(b) == 0);
+  b.setMemoryFraction(0.5, 0);
+  CHECK(b.getMemoryFraction(0) == 0.5);
+  b.setMemoryFraction(1.0, 0);
+  CHECK_THROWS(c10::Error, "invalid memory fraction", b.setMemoryFraction(1.5, 0));
+}
+
+void capture_checkpoint_and_restore(Backend &b) {
+  const MempoolId_t id{1, 0};
+  bool is_private = false;
+  b.beginAllocateToPool(0, id, [](cudaStream_t s) { return s == kCapturing; });
+  CHECK(b.getPoolUseCount(0, id) == 1);
+  void *g1 = b.malloc_on(0, 4096, kCapturing, &is_private);
+  CHECK(is_private);
+  void *eager = b.malloc_on(0, 4096, kDefault, &is_private);
+  CHECK(!is_private);  // a stream the filter does not claim stays in the default pool
+  void *g2 = b.malloc_on(0, 1 << 20, kCapturing, &is_private);
+  CHECK(b.checkPoolLiveAllocations(0, id, {g1, g2}));
+  CHECK(!b.checkPoolLiveAllocations(0, id, {g1}));
+  CHECK(!b.checkPoolLiveAllocations(0, id, {g1, eager}));
+  auto checkpoint = b.getCheckpointState(0, id);
+  free_private(g1);
+  void *g3 = b.malloc_on(0, 8192, kCapturing, &is_private);
+  CHECK(b.checkPoolLiveAllocations(0, id, {g2, g3}));
+  CHECK_THROWS(c10::Error, "already allocating",
+               b.beginAllocateToPool(0, id, [](cudaStream_t) { return true; }));
+  b.endAllocateToPool(0, id);
+  CHECK_THROWS(c10::Error, "is not being allocated to", b.endAllocateToPool(0, id));
+  CHECK(segments_of(b, id) >= 1);
+
+  // Restore: what is live now is freed, the checkpoint's blocks come back where they were.
+  {
+    auto delta = b.setCheckpointPoolState(0, checkpoint);
+    CHECK(as_set(delta.ptrs_freed) == (std::set<void *>{g2, g3}));
+    std::set<void *> allocd;
+    for (auto &dp : delta.dataptrs_allocd) allocd.insert(dp.get());
+    CHECK(allocd == (std::set<void *>{g1, g2}));
+    CHECK(b.checkPoolLiveAllocations(0, id, {g1, g2}));
+  }  // the DataPtrs go: their deleters free the restored blocks
+  CHECK(b.checkPoolLiveAllocations(0, id, {}));
+  // A checkpoint that is not vramkit's is refused; the pool is untouched.
+  auto foreign = std::make_shared<cca::AllocatorState>();
+  CHECK_THROWS(c10::Error, "not a checkpoint", b.setCheckpointPoolState(0, foreign));
+  b.releasePool(0, id);
+  CHECK(b.getPoolUseCount(0, id) == 0 && segments_of(b, id) == 0);  // given back
+  CHECK_THROWS(c10::Error, "no pool", b.releasePool(0, id));
+  b.deleter_of(0, false)(eager);
+  CHECK(live_bytes(b) == 0);
+}
+
+void a_pool_lives_as_long_as_its_blocks(Backend &b) {
+  const MempoolId_t id{0, 5};  // a MemPool's id
+  b.createOrIncrefPool(0, id, nullptr);
+  b.beginAllocateToPool(0, id, [](cudaStream_t) { return true; });
+  bool is_private = false;
+  void *kept = b.malloc_on(0, 3 << 20, kDefault, &is_private);
+  CHECK(is_private);
+  b.endAllocateToPool(0, id);
+  b.releasePool(0, id);  // the context manager's release
+  b.releasePool(0, id);  // the MemPool's own
+  CHECK(segments_of(b, id) >= 1);  // still holds `kept`
+  CHECK(live_bytes(b) == size_t{3} << 20);
+  free_private(kept);
+  CHECK(segments_of(b, id) == 0 && live_bytes(b) == 0);
+  // Freeing a pointer nobody handed out is recorded, changes nothing, and does not throw.
+  g_last_status.store(0);
+  int local = 0;
+  free_private(&local);
+  CHECK(g_last_status.load() == VRAM_EFOREIGN);
+}
+
+void out_of_memory_raises_and_tells_observers(Backend &b) {
+  std::vector<int64_t> seen;
+  b.attachOutOfMemoryObserver(
+      [&](int64_t device, size_t, size_t, size_t) { seen.push_back(device); });
+  bool is_private = false;
+  void *keep = b.malloc_on(0, 4096, kDefault, &is_private);
+  CHECK_THROWS(c10::OutOfMemoryError, "CUDA out of memory. Tried to allocate 2.00 GiB",
+               b.malloc_on(0, size_t{2} << 30, kDefault, &is_private));
+  CHECK(seen.size() == 1 && seen[0] == 0);
+  CHECK(b.getDeviceStats(0).num_ooms == 1);
+  CHECK(live_bytes(b) == 4096);  // the live block is untouched
+  b.deleter_of(0, false)(keep);
+}
+
+void history_carries_pytorch_contexts(Backend &b) {
+  b.recordHistory(true, &tagged_context, 1000, RecordContext::ALL, false, {});
+  CHECK(b.isHistoryEnabled());
+  bool is_private = false;
+  void *p = b.malloc_on(0, 3000, kDefault, &is_private);
+  void *gone = b.malloc_on(0, 100, kDefault, &is_private);
+  b.deleter_of(0, false)(gone);
+  cca::SnapshotInfo snap = b.snapshot({0, 0}, true);
+  int tag = 0;
+  for (auto &seg : snap.segments) {
+    size_t tiled = 0, address = seg.address;
+    for (auto &block : seg.blocks) {
+      if (block.allocated && address == reinterpret_cast<size_t>(p)) {
+        auto *context = dynamic_cast<TaggedContext *>(block.context_when_allocated.get());
+        CHECK(context != nullptr);
+        tag = context->tag;
+      }
+      address += block.size;
+      tiled += block.size;
+    }
+    CHECK(tiled == seg.total_size);  // blocks tile their segment, as PyTorch's viewer needs
+  }
+  CHECK(tag != 0);
+  CHECK(!snap.device_traces.empty());
+  bool alloc_with_context = false, free_seen = false;
+  int64_t last_time = 0;
+  for (auto &e : snap.device_traces[0]) {
+    if (e.action_ == TraceEntry::ALLOC && e.addr_ == reinterpret_cast<size_t>(p))
+      alloc_with_context = e.context_ != nullptr;
+    if (e.action_ == TraceEntry::FREE_COMPLETED || e.action_ == TraceEntry::FREE_REQUESTED)
+      free_seen = free_seen || e.addr_ == reinterpret_cast<size_t>(gone);
+    CHECK(static_cast<int64_t>(e.time_.t_) >= last_time);
+    last_time = static_cast<int64_t>(e.time_.t_);
+  }
+  CHECK(alloc_with_context && free_seen);
+  CHECK(last_time > int64_t{1600000000} * 1000000);  // Unix microseconds
+  b.recordHistory(false, nullptr, 0, RecordContext::NEVER, false, {});
+  CHECK(!b.isHistoryEnabled());
+  b.deleter_of(0, false)(p);
+  b.emptyCache({0, 0});
+  CHECK(b.getDeviceStats(0).reserved_bytes[0].current == 0);
+}
+
+}  // namespace
+
+int main() {
+  auto backend = std::make_shared<Backend>();
+  g_backend = backend.get();
+  default_pool_and_statistics(*backend);
+  capture_checkpoint_and_restore(*backend);
+  a_pool_lives_as_long_as_its_blocks(*backend);
+  out_of_memory_raises_and_tells_observers(*backend);
+  history_carries_pytorch_contexts(*backend);
+  std::printf("backend driver: all checks passed\n");
+  return 0;
+}
