@@ -1,19 +1,23 @@
-"""vramkit._torch_build: build, once, the library through which PyTorch allocates.
+"""vramkit._torch_build: build, once, the libraries through which PyTorch allocates.
 
-PyTorch's CUDAPluggableAllocator takes any alloc function, but it does not check what the
-function returns: only a C++ exception of c10's own types becomes a Python exception. The
-function that throws one (torch_oom.cpp) must be compiled against the PyTorch in use, whose
-C++ ABI and c10 library a wheel built for no particular torch cannot know. So the first
-vramkit.torch.install() compiles it (a few seconds, one C++ compiler run) and keeps the
+Two C++ libraries must be compiled against the PyTorch in use, whose C++ ABI and c10
+library a wheel built for no particular torch cannot know:
+- the complete backend (torch_backend.cpp), a subclass of c10's CUDAAllocator that
+  vramkit.torch.install() makes PyTorch's allocator; it needs torch's headers and
+  libraries and the CUDA runtime's headers (torch's wheel or a CUDA toolkit);
+- the fallback's alloc function (torch_oom.cpp) for CUDAPluggableAllocator, which does not
+  check what an alloc function returns: only a c10 exception becomes a Python exception.
+The first install() compiles what it uses (seconds, one C++ compiler run) and keeps the
 result in a cache keyed by everything the build depends on; later runs, other ranks and
 other processes find it there.
 
 Where it goes: $VRAMKIT_CACHE_DIR, else $XDG_CACHE_HOME/vramkit, else ~/.cache/vramkit.
 Which compiler: $CXX, else c++, g++ or clang++ from the PATH. Without one, install()
 refuses with BuildError, and PyTorch keeps its own allocator: vramkit never falls back to
-an alloc function that could hand PyTorch a NULL pointer. A library built elsewhere (say,
-in a container image that has a compiler, by ``python -m vramkit.torch build``) is used
-as it is when $VRAMKIT_TORCH_HOOKS names it.
+an alloc function that could hand PyTorch a NULL pointer. Libraries built elsewhere (say,
+in a container image that has a compiler, by ``python -m vramkit.torch build``) are used
+as they are when $VRAMKIT_TORCH_BACKEND_LIB (the backend) or $VRAMKIT_TORCH_HOOKS (the
+fallback) names them.
 """
 
 from __future__ import annotations
@@ -124,8 +128,8 @@ def _require_compiler(compiler: str | None) -> str:
             "allocates (it raises torch.OutOfMemoryError when memory runs out); none was "
             f"found (CXX={os.environ.get('CXX', '')!r}, else c++, g++, clang++ on the PATH). "
             "Install one (Debian/Ubuntu: apt-get install "
-            "g++), or set VRAMKIT_TORCH_HOOKS to a library built by `python -m vramkit.torch "
-            "build` where a compiler exists.")
+            "g++), or set VRAMKIT_TORCH_BACKEND_LIB to the backend built by `python -m "
+            "vramkit.torch build` where a compiler exists.")
     return compiler
 
 

@@ -24,9 +24,10 @@ An allocation that cannot be served raises torch.OutOfMemoryError, as PyTorch's 
 allocator does: its message starts "CUDA out of memory." and carries vramkit's report, and
 the process and its CUDA context go on (free something and allocate again). Inside
 ``with vramkit.torch.oom_report():`` the exception also gains a ``.report`` attribute.
-Raising needs a small C++ library built against the installed torch: install() builds it
-once with the C++ compiler it finds and caches it (vramkit._torch_build says where and how;
-``python -m vramkit.torch build`` builds it ahead, for images without a compiler).
+The backend (and the fallback's alloc function) is C++ built against the installed torch:
+install() builds it once with the C++ compiler it finds and caches it (vramkit._torch_build
+says where and how; ``python -m vramkit.torch build`` builds both ahead, for images without
+a compiler).
 """
 
 from __future__ import annotations
@@ -206,9 +207,10 @@ def oom_report():
 
 
 def _main(argv: list[str]) -> int:
-    """python -m vramkit.torch build: build the hook library for this torch and print its
-    path (for container images: build where a compiler exists, then point
-    VRAMKIT_TORCH_HOOKS at the file or keep the cache directory)."""
+    """python -m vramkit.torch build: build the fallback's hook library and the backend for
+    this torch and print their paths (for container images: build where a compiler exists,
+    then point VRAMKIT_TORCH_HOOKS and VRAMKIT_TORCH_BACKEND_LIB at the files or keep the
+    cache directory)."""
     if argv[:1] != ["build"] or len(argv) != 1:
         print("usage: python -m vramkit.torch build", flush=True)
         return 2

@@ -1078,9 +1078,12 @@ void free_any(void *ptr) { g_backend->free_anywhere(ptr); }
 // in `message` (it refuses once its own allocator has been used).
 VRAMKIT_TORCH_EXPORT int vramkit_torch_backend_install(char *message, size_t cap) {
   using vramkit_torch::g_backend;
+  // Immortal, as PyTorch's own allocator is: tensors are freed during and after the
+  // interpreter's shutdown, and the history's contexts hold Python stacks that must not be
+  // released once Python is gone. No destructor ever runs.
   static std::shared_ptr<vramkit_torch::Backend> backend;
   try {
-    if (!backend) backend = std::make_shared<vramkit_torch::Backend>();
+    if (!backend) backend.reset(new vramkit_torch::Backend, [](vramkit_torch::Backend *) {});
     g_backend = backend.get();
     torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(backend);
     return 0;

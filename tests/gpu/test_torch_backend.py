@@ -5,10 +5,12 @@ are vramkit's). The -v listing of this file is the pass table of docs/performanc
 
 Covered: memory statistics and their resets, out of memory as torch.OutOfMemoryError with
 the out-of-memory observer called, streams with record_stream, a hand-made CUDA graph and
-its private pool, torch.cuda.MemPool, torch.compile(mode="reduce-overhead") (graph trees,
-inference over changing shapes and training) against eager, memory history and snapshots
-read by torch.cuda._memory_viz, the profiler's memory events, and a CUDA tensor shared with
-another process through torch.multiprocessing.
+its private pool, two graphs sharing a pool, make_graphed_callables training, raw
+allocations (caching_allocator_alloc) and cuDNN's benchmark mode, torch.cuda.MemPool,
+torch.compile(mode="reduce-overhead") (graph trees, inference over changing shapes with
+checkpoints restored, and training) against eager, memory history and snapshots read by
+torch.cuda._memory_viz and its command, the profiler's memory events, and a CUDA tensor
+shared with another process through torch.multiprocessing.
 """
 
 import pytest
@@ -144,6 +146,53 @@ def test_cuda_graph_replays_into_its_own_pool(run):
     """)
 
 
+def test_graphs_share_a_pool_and_graphed_callables_train(run):
+    run("""
+        pool = torch.cuda.graph_pool_handle()
+        a = torch.randn(4096, device="cuda")
+        first, second = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+        with torch.cuda.graph(first, pool=pool):
+            b = a * 2
+        with torch.cuda.graph(second, pool=pool):
+            c = b + 1
+        for _ in range(3):
+            a.copy_(torch.randn(4096, device="cuda"))
+            first.replay()
+            second.replay()
+            assert torch.allclose(c, a * 2 + 1)
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(),
+                                    torch.nn.Linear(128, 64)).cuda()
+        x = torch.randn(32, 64, device="cuda", requires_grad=True)
+        graphed = torch.cuda.make_graphed_callables(model, (x,))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        losses = []
+        for _ in range(10):
+            loss = graphed(torch.randn(32, 64, device="cuda")).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=False)
+            losses.append(float(loss))
+        assert losses[-1] < losses[0], losses
+    """)
+
+
+def test_raw_allocations_and_cudnn_benchmark(run):
+    run("""
+        ptr = torch.cuda.caching_allocator_alloc(3 * MiB)
+        assert ptr and torch.cuda.memory_allocated() >= 3 * MiB
+        torch.cuda.caching_allocator_delete(ptr)
+        assert torch.cuda.memory_allocated() == 0
+        torch.backends.cudnn.benchmark = True     # sizes workspaces from the cache's state
+        conv = torch.nn.Conv2d(64, 128, 3, padding=1).cuda()
+        image = torch.randn(16, 64, 56, 56, device="cuda")
+        out = conv(image)
+        ref = torch.nn.functional.conv2d(image.double(), conv.weight.double(),
+                                         conv.bias.double(), padding=1)
+        assert torch.allclose(out.double(), ref, atol=1e-2), float((out.double() - ref).abs().max())
+    """)
+
+
 def test_mempool_routes_allocations(run):
     run("""
         pool = torch.cuda.MemPool()
@@ -192,6 +241,10 @@ def test_compile_reduce_overhead_matches_eager(run):
             loss_c.backward(); opt_c.step(); opt_c.zero_grad()
             assert abs(float(loss_c) - float(loss_e)) <= 1e-3 * abs(float(loss_e)) + 1e-5, \\
                 (float(loss_c), float(loss_e))
+        # The tree really did checkpoint and restore its pool on the way.
+        from torch._inductor import cudagraph_trees
+        manager = cudagraph_trees.get_container(0).tree_manager
+        assert manager.debug_checkpointing_counter > 0, manager.debug_checkpointing_counter
         print("graph-tree checks passed")
     """, timeout=540)
 
@@ -229,7 +282,19 @@ def test_history_and_snapshot_open_in_memory_viz(run):
         assert len(_memory_viz.trace_plot(again)) > 1000
         assert len(_memory_viz.segment_plot(again)) > 1000
         assert "segment" in _memory_viz.segsum(again)
-        del kept
+        # PyTorch's own dump and viewer command, as users run them.
+        import subprocess, sys
+        dump = f.name + ".dump.pickle"
+        torch.cuda.memory._record_memory_history(max_entries=1000)
+        extra = torch.empty(MiB, device="cuda")
+        torch.cuda.memory._dump_snapshot(dump)
+        torch.cuda.memory._record_memory_history(enabled=None)
+        page = dump + ".html"
+        done = subprocess.run([sys.executable, "-m", "torch.cuda._memory_viz", "trace_plot",
+                               dump, "-o", page], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert os.path.getsize(page) > 1000
+        del kept, extra
     """)
 
 
