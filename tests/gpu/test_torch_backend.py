@@ -335,3 +335,18 @@ def test_cuda_tensor_shared_with_another_process(run, tmp_path):
         proc.join(timeout=60)
         assert proc.exitcode == 0, proc.exitcode
     """)
+
+
+def test_sharing_from_a_virtual_memory_pool_is_refused_clearly(gpu_run):
+    # vramkit only: PyTorch has no such source. cuMemMap'd granules have no cudaIpc handle.
+    gpu_run(PRELUDE, """
+        import torch.multiprocessing.reductions as reductions
+        shared = torch.arange(1000, dtype=torch.float32, device="cuda")
+        try:
+            reductions.reduce_tensor(shared)
+        except RuntimeError as exc:
+            assert "only from the 'cuda' source" in str(exc), str(exc)[:300]
+        else:
+            raise AssertionError("a vmm block was shared")
+        assert float(shared.sum()) == float(sum(range(1000)))   # nothing lost
+    """, env={"VK_ALLOC": "vramkit", "VRAMKIT_SOURCE": "vmm"})
