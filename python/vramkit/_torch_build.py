@@ -128,8 +128,9 @@ def _require_compiler(compiler: str | None) -> str:
             "allocates (it raises torch.OutOfMemoryError when memory runs out); none was "
             f"found (CXX={os.environ.get('CXX', '')!r}, else c++, g++, clang++ on the PATH). "
             "Install one (Debian/Ubuntu: apt-get install "
-            "g++), or set VRAMKIT_TORCH_BACKEND_LIB to the backend built by `python -m "
-            "vramkit.torch build` where a compiler exists.")
+            "g++), or set VRAMKIT_TORCH_BACKEND_LIB (the backend) or VRAMKIT_TORCH_HOOKS (the "
+            "fallback) to the libraries `python -m vramkit.torch build` builds where a "
+            "compiler exists.")
     return compiler
 
 
@@ -241,23 +242,23 @@ def build_backend(compiler: str | None = None, directory: str | None = None) -> 
                             package, header_digest], command, directory)
 
 
+def _prebuilt_or(variable: str, build_it) -> str:
+    """The file $variable names (it must exist), else build_it()."""
+    prebuilt = os.environ.get(variable)
+    if prebuilt:
+        if not os.path.isfile(prebuilt):
+            raise BuildError(f"{variable}={prebuilt!r}: no such file")
+        return prebuilt
+    return build_it()
+
+
 def backend_library() -> str:
     """The backend install() loads: $VRAMKIT_TORCH_BACKEND_LIB if set, else the cached
     build for the installed torch."""
-    prebuilt = os.environ.get("VRAMKIT_TORCH_BACKEND_LIB")
-    if prebuilt:
-        if not os.path.isfile(prebuilt):
-            raise BuildError(f"VRAMKIT_TORCH_BACKEND_LIB={prebuilt!r}: no such file")
-        return prebuilt
-    return build_backend()
+    return _prebuilt_or("VRAMKIT_TORCH_BACKEND_LIB", build_backend)
 
 
 def hook_library() -> str:
-    """The library install() gives PyTorch: $VRAMKIT_TORCH_HOOKS if set, else the cached
-    build for the installed torch."""
-    prebuilt = os.environ.get("VRAMKIT_TORCH_HOOKS")
-    if prebuilt:
-        if not os.path.isfile(prebuilt):
-            raise BuildError(f"VRAMKIT_TORCH_HOOKS={prebuilt!r}: no such file")
-        return prebuilt
-    return build()
+    """The fallback's library install() gives PyTorch: $VRAMKIT_TORCH_HOOKS if set, else the
+    cached build for the installed torch."""
+    return _prebuilt_or("VRAMKIT_TORCH_HOOKS", build)
