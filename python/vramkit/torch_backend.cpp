@@ -465,12 +465,14 @@ class Backend final : public cca::CUDAAllocator {
   DeviceStats getDeviceStats(c10::DeviceIndex device) override {
     DeviceStats out;
     AccumulatedBase base;
-    std::vector<vram_pool_t *> pools = pools_of(device, &base);
     vram_stats_t sum{};
-    for (vram_pool_t *pool : pools) {
-      vram_stats_t s{};
-      if (vram_get_stats(pool, &s) != VRAM_OK) continue;
-      add_stats(&sum, s);
+    {
+      std::lock_guard<std::mutex> g(mutex_);
+      for (vram_pool_t *pool : pools_of_locked(device)) {
+        vram_stats_t s{};
+        if (vram_get_stats(pool, &s) == VRAM_OK) add_stats(&sum, s);
+      }
+      base = bases_[device];
     }
     c10::CachingAllocator::Stat *targets[7] = {
         &out.allocated_bytes[0], &out.requested_bytes[0], &out.reserved_bytes[0],
@@ -513,7 +515,8 @@ class Backend final : public cca::CUDAAllocator {
   }
 
   void resetPeakStats(c10::DeviceIndex device) override {
-    for (vram_pool_t *pool : pools_of(device, nullptr)) vram_reset_peak_stats(pool);
+    std::lock_guard<std::mutex> g(mutex_);
+    for (vram_pool_t *pool : pools_of_locked(device)) vram_reset_peak_stats(pool);
   }
 
   void cacheInfo(c10::DeviceIndex device, size_t *largest) override {
@@ -528,21 +531,20 @@ class Backend final : public cca::CUDAAllocator {
 
   // ---- cache and limits --------------------------------------------------------------
   void emptyCache(MempoolId_t id) override {
-    std::vector<vram_pool_t *> targets;
-    {
-      std::lock_guard<std::mutex> g(mutex_);
-      // No memory may go back to the driver while a stream captures a graph.
-      if (!capture_filters_.empty()) return;
-      for (auto &entry : private_pools_) {
-        PrivatePool *pp = entry.second.get();
-        if (id == MempoolId_t{0, 0} ? pp->use_count == 0 : pp->id == id)
-          targets.push_back(pp->pool);
-      }
+    std::lock_guard<std::mutex> g(mutex_);
+    // No memory may go back to the driver while a stream captures a graph.
+    if (!capture_filters_.empty()) return;
+    std::vector<PrivatePool *> unused;
+    for (auto &entry : private_pools_) {
+      PrivatePool *pp = entry.second.get();
+      if (id == MempoolId_t{0, 0} ? pp->use_count > 0 : pp->id != id) continue;
+      if (pp->use_count == 0 && pp->live == 0) unused.push_back(pp);  // kept by a capture
+      else vram_empty_cache(pp->pool);
     }
+    for (PrivatePool *pp : unused) maybe_destroy(pp);
     if (id == MempoolId_t{0, 0})
       for (int d = 0; d < kMaxDevices; d++)
-        if (vram_pool_t *pool = used_[d].load()) targets.push_back(pool);
-    for (vram_pool_t *pool : targets) vram_empty_cache(pool);
+        if (vram_pool_t *pool = used_[d].load()) vram_empty_cache(pool);
   }
 
   double getMemoryFraction(c10::DeviceIndex device) override {
@@ -578,16 +580,14 @@ class Backend final : public cca::CUDAAllocator {
   cca::SnapshotInfo snapshot(MempoolId_t id, bool include_traces) override {
     cca::SnapshotInfo info;
     std::vector<std::pair<vram_pool_t *, std::pair<c10::DeviceIndex, MempoolId_t>>> pools;
-    {
-      std::lock_guard<std::mutex> g(mutex_);
-      if (id == MempoolId_t{0, 0})
-        for (int d = 0; d < kMaxDevices; d++)
-          if (vram_pool_t *pool = used_[d].load())
-            pools.push_back({pool, {static_cast<c10::DeviceIndex>(d), MempoolId_t{0, 0}}});
-      for (auto &entry : private_pools_)
-        if (id == MempoolId_t{0, 0} || entry.second->id == id)
-          pools.push_back({entry.second->pool, {entry.second->device, entry.second->id}});
-    }
+    std::lock_guard<std::mutex> g(mutex_);  // held throughout: no pool goes meanwhile
+    if (id == MempoolId_t{0, 0})
+      for (int d = 0; d < kMaxDevices; d++)
+        if (vram_pool_t *pool = used_[d].load())
+          pools.push_back({pool, {static_cast<c10::DeviceIndex>(d), MempoolId_t{0, 0}}});
+    for (auto &entry : private_pools_)
+      if (id == MempoolId_t{0, 0} || entry.second->id == id)
+        pools.push_back({entry.second->pool, {entry.second->device, entry.second->id}});
     std::vector<std::vector<TraceEntry>> traces;
     for (auto &p : pools) {
       append_segments(p.first, p.second.first, p.second.second, &info.segments);
@@ -609,14 +609,14 @@ class Backend final : public cca::CUDAAllocator {
 
   void recordHistory(bool enabled, cca::CreateContextFn recorder, size_t max_entries,
                      RecordContext when, bool clear, const std::vector<std::string> &) override {
-    std::vector<vram_pool_t *> pools = all_pools();
-    std::lock_guard<std::mutex> g(history_mutex_);
+    std::lock_guard<std::mutex> g(mutex_);
+    std::lock_guard<std::mutex> h(history_mutex_);
     recording_ = enabled;
     recorder_ = enabled && when != RecordContext::NEVER ? recorder : nullptr;
     max_entries_ = max_entries;
     trace_wanted_.store(enabled && when != RecordContext::STATE);
     if (clear || enabled) contexts_.clear();
-    for (vram_pool_t *pool : pools) start_or_stop_history(pool);
+    for (vram_pool_t *pool : all_pools_locked()) start_or_stop_history(pool);
     vram_set_context_fn(recorder_ ? &context_of_this_allocation : nullptr, this);
   }
 
@@ -801,22 +801,20 @@ class Backend final : public cca::CUDAAllocator {
   }
 
   // The pools of a device PyTorch has used (none for another: asking creates nothing).
-  std::vector<vram_pool_t *> pools_of(c10::DeviceIndex device, AccumulatedBase *base) {
+  // Under mutex_, which keeps private pools from being destroyed while they are read.
+  std::vector<vram_pool_t *> pools_of_locked(c10::DeviceIndex device) {
     std::vector<vram_pool_t *> out;
     if (device >= 0 && device < kMaxDevices)
       if (vram_pool_t *pool = used_[device].load()) out.push_back(pool);
-    std::lock_guard<std::mutex> g(mutex_);
     for (auto &entry : private_pools_)
       if (entry.second->device == device) out.push_back(entry.second->pool);
-    if (base) *base = bases_[device];
     return out;
   }
 
-  std::vector<vram_pool_t *> all_pools() {
+  std::vector<vram_pool_t *> all_pools_locked() {
     std::vector<vram_pool_t *> out;
     for (int d = 0; d < kMaxDevices; d++)
       if (vram_pool_t *pool = used_[d].load()) out.push_back(pool);
-    std::lock_guard<std::mutex> g(mutex_);
     for (auto &entry : private_pools_) out.push_back(entry.second->pool);
     return out;
   }
@@ -913,11 +911,12 @@ class Backend final : public cca::CUDAAllocator {
   // made, not yet in any ring). Run with no lock held: it reads every pool.
   void prune_contexts(uint64_t newest) {
     std::unordered_set<uint64_t> named{newest};
-    for (vram_pool_t *pool : all_pools()) {
+    std::lock_guard<std::mutex> g(mutex_);
+    for (vram_pool_t *pool : all_pools_locked()) {
       for (auto &e : read_history(pool)) named.insert(e.context);
       for (auto &b : read_blocks(pool)) named.insert(b.context);
     }
-    std::lock_guard<std::mutex> g(history_mutex_);
+    std::lock_guard<std::mutex> h(history_mutex_);
     for (auto it = contexts_.begin(); it != contexts_.end();)
       it = named.count(it->first) || it->first > newest ? std::next(it) : contexts_.erase(it);
   }
