@@ -106,6 +106,41 @@ size_t _vram_granules_idle_total(const vram_pool_t *pool) {
   return n;
 }
 
+/* The first mapped granule at or after g, below n (n if none), a word at a time: the
+ * unmapped tail of a reserved range runs to tens of thousands of granules. */
+static size_t next_mapped(const vram_segment *seg, size_t g, size_t n) {
+  while (g < n) {
+    uint64_t word = seg->gran_mapped[g / BITS] >> (g % BITS);
+    if (word) return g + (size_t)__builtin_ctzll(word) < n ? g + (size_t)__builtin_ctzll(word) : n;
+    g = (g / BITS + 1) * BITS;
+  }
+  return n;
+}
+
+bool _vram_granules_mapped_window(vram_pool_t *pool, vram_segment *seg, uintptr_t addr,
+                                  size_t span, size_t size, uintptr_t *start) {
+  size_t G = pool->granularity;
+  /* Nothing at or above the high-water granule was ever mapped. */
+  uintptr_t end = addr + span, hwm_end = seg->addr + seg->gran_hwm * G;
+  if (end > hwm_end) end = hwm_end;
+  uintptr_t at = addr;
+  while (at + size <= end) {
+    size_t g0, g1;
+    granule_span(seg, G, at, size, &g0, &g1);
+    size_t g = g0;
+    while (g < g1 && bit_get(seg->gran_mapped, g)) g++;
+    if (g == g1) {
+      *start = at;
+      return true;
+    }
+    /* The window cannot hold unmapped granule g: start again at the next mapped one. */
+    size_t next = next_mapped(seg, g + 1, seg->gran_hwm);
+    if (next >= seg->gran_hwm) return false;
+    at = seg->addr + next * G;
+  }
+  return false;
+}
+
 /* Unmap idle granules, highest addresses first (the dense low end of a segment is the most
  * likely to be reused), skipping [skip_g0, skip_g1) of skip_seg. Each arena's stream is
  * waited for once before its first unmap: a block freed on it may still be in use by
@@ -173,6 +208,13 @@ static size_t mapped_allowance(const vram_pool_t *pool, size_t request) {
   size_t allowance = allocated + (allocated >> VRAM_VMM_SLACK_SHIFT);
   size_t high_water = (size_t)pool->stats.reserved_bytes.peak;
   return allowance > high_water ? allowance : high_water;
+}
+
+bool _vram_granules_must_trim(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size) {
+  size_t need = _vram_granules_unmapped_in(pool, seg, addr, size);
+  if (!need) return false;
+  size_t after = (size_t)pool->stats.reserved_bytes.current + need * pool->granularity;
+  return after > mapped_allowance(pool, size) || (pool->limit && after > pool->limit);
 }
 
 int _vram_granules_acquire(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size) {

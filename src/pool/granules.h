@@ -9,6 +9,9 @@ int _vram_granules_init(vram_pool_t *pool, vram_segment *seg);
 void _vram_granules_destroy(vram_segment *seg);
 /* Count the granules of [addr, addr+size) that are not mapped yet. */
 size_t _vram_granules_unmapped_in(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size);
+/* Whether taking [addr, addr+size) would map granules past the pool's allowance or limit,
+ * so that idle granules elsewhere would be unmapped first. */
+bool _vram_granules_must_trim(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size);
 /* Account a block becoming live or pending over [addr, addr+size), mapping what is needed. */
 int _vram_granules_acquire(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size);
 /* Account a block becoming free; granules nothing uses become idle (mapped, unused). */
@@ -18,6 +21,10 @@ void _vram_granules_release(vram_pool_t *pool, vram_segment *seg, uintptr_t addr
  * *first_error (if non-NULL and still 0). */
 size_t _vram_granules_trim(vram_pool_t *pool, size_t want, int *first_error);
 size_t _vram_granules_idle_total(const vram_pool_t *pool);
+/* The lowest address at or after `addr` where `size` bytes fit inside [addr, addr+span)
+ * on granules that are all mapped already, in *start; false if there is none. */
+bool _vram_granules_mapped_window(vram_pool_t *pool, vram_segment *seg, uintptr_t addr,
+                                  size_t span, size_t size, uintptr_t *start);
 /* Unmap every mapped granule of a segment (pool teardown). */
 void _vram_granules_unmap_all(vram_pool_t *pool, vram_segment *seg);
 bool _vram_granules_check(vram_pool_t *pool, vram_segment *seg);

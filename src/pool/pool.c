@@ -91,6 +91,38 @@ static bool wants_own_segment(const vram_pool_t *pool, const vram_block *b, size
          pool->opts.tight_threshold * (double)cap;
 }
 
+static int split_front_off(vram_pool_t *pool, vram_block *b, uintptr_t addr);
+
+/* Virtual memory: where in free space a request lands decides whether the driver is
+ * called. When the index's fit would map granules while idle mapped granules exist, look
+ * through a bounded number of free blocks of the request's size and above for a window
+ * whose granules are all mapped, and carve the request there: no map call now, and no
+ * trim of idle granules elsewhere to stay within the allowance. A training loop whose
+ * blocks land in other places each step then reuses the mapped memory it has instead of
+ * unmapping and mapping granules every step. NULL: no such window; b stays the fit. */
+#define VRAM_MAPPED_SCAN_LIMIT 64
+static __attribute__((noinline)) vram_block *mapped_fit(vram_pool_t *pool, vram_tlsf *index,
+                                                        size_t rounded) {
+  if (_vram_granules_idle_total(pool) * pool->granularity < rounded) return NULL;
+  int fl, sl, budget = VRAM_MAPPED_SCAN_LIMIT;
+  _vram_tlsf_mapping(rounded, &fl, &sl);
+  for (int f = fl; f < VRAM_TLSF_FL_COUNT && budget > 0; f++) {
+    if (!((index->fl_bitmap >> f) & 1)) continue;
+    for (int s = f == fl ? sl : 0; s < VRAM_TLSF_SL_COUNT && budget > 0; s++) {
+      if (!((index->sl_bitmap[f] >> s) & 1)) continue;
+      for (vram_block *c = index->heads[f][s]; c && budget > 0; c = c->free_next, budget--) {
+        uintptr_t start;
+        if (c->size < rounded ||
+            !_vram_granules_mapped_window(pool, c->segment, c->addr, c->size, rounded, &start))
+          continue;
+        if (start != c->addr && split_front_off(pool, c, start) != VRAM_OK) return NULL;
+        return c;
+      }
+    }
+  }
+  return NULL;
+}
+
 /* One attempt: reuse a cached block, else grow. */
 VRAM_HOT int alloc_attempt(vram_pool_t *pool, vram_arena *a, size_t rounded, size_t requested,
                            vram_block **out) {
@@ -120,6 +152,10 @@ VRAM_HOT int alloc_attempt(vram_pool_t *pool, vram_arena *a, size_t rounded, siz
        (b->segment->gran_used && _vram_granules_unmapped_in(pool, b->segment, b->addr, rounded)))) {
     _vram_pending_drain(pool, false);
     b = _vram_tlsf_find(index, rounded);
+  }
+  if (b && b->segment->gran_used && _vram_granules_must_trim(pool, b->segment, b->addr, rounded)) {
+    vram_block *mapped = mapped_fit(pool, index, rounded);
+    if (mapped) b = mapped;
   }
   /* The threshold first: off by default, it keeps the common path to one predictable test. */
   if (pool->opts.tight_threshold < 1.0 && b && wants_own_segment(pool, b, rounded, small)) {
