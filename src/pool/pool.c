@@ -100,7 +100,7 @@ static int split_front_off(vram_pool_t *pool, vram_block *b, uintptr_t addr);
  * trim of idle granules elsewhere to stay within the allowance. A training loop whose
  * blocks land in other places each step then reuses the mapped memory it has instead of
  * unmapping and mapping granules every step. NULL: no such window; b stays the fit. */
-#define VRAM_MAPPED_SCAN_LIMIT 64
+#define VRAM_MAPPED_SCAN_LIMIT 16
 static __attribute__((noinline)) vram_block *mapped_fit(vram_pool_t *pool, vram_tlsf *index,
                                                         size_t rounded) {
   if (_vram_granules_idle_total(pool) * pool->granularity < rounded) return NULL;
