@@ -44,6 +44,21 @@ static inline void _vram_block_unlink(vram_pool_t *pool, vram_block *gone) {
   _vram_block_delete(pool, gone);
 }
 
+/* Put the new block `fresh` in front of `b` in b's segment: it takes the front `size`
+ * bytes of b's range, which b gives up. The free index is the caller's business. */
+static inline void _vram_block_link_before(vram_block *fresh, vram_block *b, size_t size) {
+  vram_segment *seg = b->segment;
+  fresh->addr = b->addr;
+  fresh->size = size;
+  fresh->segment = seg;
+  fresh->addr_prev = b->addr_prev;
+  fresh->addr_next = b;
+  if (fresh->addr_prev) fresh->addr_prev->addr_next = fresh;
+  else seg->first = fresh;
+  b->addr_prev = fresh;
+  b->addr += size;
+}
+
 /* Give block `b` (in use, not in the pointer map) back to its segment's free space. A free
  * neighbour grows over it in place and keeps its slot in the index unless its new size
  * maps to another bin: most merges then cost no index update at all. */
@@ -99,15 +114,7 @@ VRAM_HOT int _vram_block_take(vram_pool_t *pool, vram_block *b, size_t rounded, 
   if (live == b) {
     _vram_tlsf_remove(index, b); /* clears the links, so requested and uses start at 0 */
   } else {
-    live->addr = b->addr;
-    live->size = rounded;
-    live->segment = seg;
-    live->addr_prev = b->addr_prev;
-    live->addr_next = b;
-    if (live->addr_prev) live->addr_prev->addr_next = live;
-    else seg->first = live;
-    b->addr_prev = live;
-    b->addr += rounded;
+    _vram_block_link_before(live, b, rounded);
     _vram_tlsf_resize(index, b, b->size - rounded);
   }
   live->state = VRAM_BLOCK_LIVE;

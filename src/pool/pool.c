@@ -442,15 +442,7 @@ static int split_front_off(vram_pool_t *pool, vram_block *b, uintptr_t addr) {
   vram_block *front = _vram_block_new(pool);
   if (!front) return VRAM_EHOSTMEM;
   vram_segment *seg = b->segment;
-  front->addr = b->addr;
-  front->size = addr - b->addr;
-  front->segment = seg;
-  front->addr_prev = b->addr_prev;
-  front->addr_next = b;
-  if (front->addr_prev) front->addr_prev->addr_next = front;
-  else seg->first = front;
-  b->addr_prev = front;
-  b->addr = addr;
+  _vram_block_link_before(front, b, addr - b->addr);
   _vram_tlsf_resize(seg->index, b, b->size - front->size);
   front->state = VRAM_BLOCK_FREE;
   _vram_tlsf_insert(seg->index, front);
