@@ -9,7 +9,9 @@
 // a graph-tree checkpoint taken, the pool changed, and the checkpoint restored at the very
 // addresses, a pool kept while a block lives and destroyed with it, out of memory as
 // c10::OutOfMemoryError with the observer called, history with PyTorch-style contexts,
-// snapshots, and the errors bad calls must raise without changing anything. The same
+// snapshots, base allocations, and the errors bad calls must raise without changing
+// anything (foreign pointers, IPC where the source has none, MemPool options vramkit does
+// not serve, a fraction of 0). The same
 // class runs under PyTorch itself on the GPU in tests/gpu/test_torch_backend.py.
 //
 // Prints "backend driver: all checks passed" and exits 0, or names the failed check.
@@ -218,6 +220,39 @@ void history_carries_pytorch_contexts(Backend &b) {
   CHECK(b.getDeviceStats(0).reserved_bytes[0].current == 0);
 }
 
+void refusals_are_clear_and_change_nothing(Backend &b) {
+  bool is_private = false;
+  void *p = b.malloc_on(0, 3 << 20, kDefault, &is_private);
+  size_t live = live_bytes(b);
+  // The base of a live block is its segment's; a pointer not handed out is refused.
+  size_t size = 0;
+  void *base = b.getBaseAllocation(static_cast<char *>(p), &size);
+  CHECK(base <= p && static_cast<char *>(p) + (3 << 20) <= static_cast<char *>(base) + size);
+  int local = 0;
+  CHECK_THROWS(c10::Error, "is not a live block", b.getBaseAllocation(&local, &size));
+  CHECK_THROWS(c10::Error, "is not a live block", b.shareIpcHandle(&local));
+  // The sim source has no IPC: refused by name before any driver call.
+  CHECK_THROWS(c10::Error, "only from the 'cuda' source", b.shareIpcHandle(p));
+  CHECK_THROWS(c10::Error, "cannot open this CUDA IPC handle", b.getIpcDevPtr("short"));
+  // MemPool options vramkit does not serve.
+  const MempoolId_t id{0, 9};
+  CHECK_THROWS(c10::Error, "allocator of its own",
+               b.createOrIncrefPool(0, id, std::make_shared<Backend>()));
+  CHECK(b.getPoolUseCount(0, id) == 0);
+  CHECK_THROWS(c10::Error, "use_on_oom", b.setUseOnOOM(0, id, true));
+  b.setUseOnOOM(0, id, false);  // the default asks for nothing
+  CHECK_THROWS(c10::Error, "no_split", b.setNoSplit(0, id));
+  // A fraction of 0 is PyTorch's "nothing at all": the next request fails, the live block
+  // stays.
+  b.setMemoryFraction(0.0, 0);
+  CHECK_THROWS(c10::OutOfMemoryError, "CUDA out of memory",
+               b.malloc_on(0, 4 << 20, kDefault, &is_private));
+  b.setMemoryFraction(1.0, 0);
+  CHECK(live_bytes(b) == live);
+  b.deleter_of(0, false)(p);
+  CHECK(live_bytes(b) == 0);
+}
+
 }  // namespace
 
 int main() {
@@ -228,6 +263,7 @@ int main() {
   a_pool_lives_as_long_as_its_blocks(*backend);
   out_of_memory_raises_and_tells_observers(*backend);
   history_carries_pytorch_contexts(*backend);
+  refusals_are_clear_and_change_nothing(*backend);
   std::printf("backend driver: all checks passed\n");
   return 0;
 }
