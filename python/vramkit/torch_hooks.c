@@ -75,7 +75,7 @@ static void format_size(char *buf, size_t cap, size_t bytes) {
 /* The message PyTorch's user sees. An out-of-memory one starts "CUDA out of memory.", the
  * words PyTorch's own allocator uses and that batch-size finders (Hugging Face accelerate,
  * Lightning) look for, and carries the engine's report: sizes, limit, fragmentation, what
- * to try. */
+ * to try. Exported: the complete backend (torch_backend.cpp) throws the same message. */
 VRAMKIT_TORCH_API void vramkit_torch_compose_message(char *msg, size_t cap, int status,
                                                    int device, size_t size, vram_pool_t *pool) {
   if (msg == NULL || cap == 0) return;

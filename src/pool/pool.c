@@ -43,19 +43,28 @@ static void report_error(vram_pool_t *pool, error_hook hook, int status, const c
   if (hook.fn) hook.fn(hook.user, pool, status, message);
 }
 
+/* The block of arena `a`, in any state, whose bytes hold `addr`; NULL if none. A walk of
+ * the segments' address lists: for the rare calls that start from an address. */
+static vram_block *block_at(const vram_arena *a, uintptr_t addr) {
+  for (vram_segment *s = a->segments; s; s = s->next) {
+    if (addr < s->addr || addr >= s->addr + s->size) continue;
+    for (vram_block *b = s->first; b; b = b->addr_next)
+      if (b->addr <= addr && addr < b->addr + b->size) return b;
+  }
+  return NULL;
+}
+
 /* Why a pointer that is not live is refused: a freed block of ours, or not ours at all. */
 static __attribute__((noinline, cold)) int classify_unknown_pointer(const vram_pool_t *pool,
                                                                     uintptr_t addr) {
-  for (vram_arena *a = pool->arenas; a; a = a->next)
-    for (vram_segment *s = a->segments; s; s = s->next) {
-      if (addr < s->addr || addr >= s->addr + s->size) continue;
-      /* An aligned address in free memory of ours was handed out once and freed (maybe
-       * since merged with a neighbour): a double free. Anything else is not a block. */
-      for (vram_block *b = s->first; b; b = b->addr_next)
-        if (b->addr <= addr && addr < b->addr + b->size)
-          return (b->state == VRAM_BLOCK_FREE && addr % VRAM_ALIGN == 0) ? VRAM_EDOUBLEFREE
-                                                                          : VRAM_EFOREIGN;
-    }
+  for (vram_arena *a = pool->arenas; a; a = a->next) {
+    const vram_block *b = block_at(a, addr);
+    /* An aligned address in free memory of ours was handed out once and freed (maybe
+     * since merged with a neighbour): a double free. Anything else is not a block. */
+    if (b)
+      return (b->state == VRAM_BLOCK_FREE && addr % VRAM_ALIGN == 0) ? VRAM_EDOUBLEFREE
+                                                                      : VRAM_EFOREIGN;
+  }
   return VRAM_EFOREIGN;
 }
 
@@ -424,16 +433,11 @@ static vram_arena *arena_of(const vram_pool_t *pool, vram_stream_t stream) {
 
 /* The free block of `a` holding [addr, addr + size), or why there is none. */
 static int free_block_holding(vram_arena *a, uintptr_t addr, size_t size, vram_block **out) {
-  for (vram_segment *s = a->segments; s; s = s->next) {
-    if (addr < s->addr || addr >= s->addr + s->size) continue;
-    for (vram_block *b = s->first; b; b = b->addr_next) {
-      if (addr >= b->addr + b->size) continue;
-      if (b->state != VRAM_BLOCK_FREE || addr + size > b->addr + b->size) return VRAM_EBUSY;
-      *out = b;
-      return VRAM_OK;
-    }
-  }
-  return VRAM_EFOREIGN;
+  vram_block *b = block_at(a, addr);
+  if (!b) return VRAM_EFOREIGN;
+  if (b->state != VRAM_BLOCK_FREE || addr + size > b->addr + b->size) return VRAM_EBUSY;
+  *out = b;
+  return VRAM_OK;
 }
 
 /* Split free block `b` at `addr` (inside it): the front becomes a free block of its own in
