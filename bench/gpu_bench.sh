@@ -21,7 +21,10 @@
 # vramkit bench scale; tight placement (VRAMKIT_TIGHT_THRESHOLD=0): bench random and replay
 # on cuda, replay on sim; the C tests with VRAMKIT_TEST_GPU=1 (ctest); torch_bench native and
 # expandable_segments; torch_replay through cudaMallocAsync, then PyTorch native and
-# expandable_segments; tests/python/gpu_check.py (the package installed from a wheel
+# expandable_segments; rmm_replay, RAPIDS RMM's pool and arena resources on the same traces
+# (bench/rmm_replay.cpp, built by bench/rmm_build.sh from the librmm-cu13 and rapids-logger
+# wheels carried in .gpu/rmm/; without them the step is recorded as skipped);
+# tests/python/gpu_check.py (the package installed from a wheel
 # carried in .whl/, or built from the tree if scikit-build-core is there). Failures are
 # allowed everywhere: each is recorded and the run goes on.
 #
@@ -31,8 +34,11 @@
 # anchor unchanged without it); a trace whose bisection times out is rerun without one, so
 # its reserved/live ratio still comes, with min_capacity null.
 #
+# rmm_replay bisects the same way (RMM_BISECT_MIB, default 1), one trace and resource per
+# call, with the same fallback on a timeout.
+#
 # GPU_BENCH_STEPS picks step groups, run in this order (default: all of them): micro
-# vramkit ctest torch_bench torch_replay gpu_check gpu_tests (gpu_tests: the pytest suite of
+# vramkit ctest torch_bench torch_replay rmm gpu_check gpu_tests (gpu_tests: the pytest suite of
 # tests/gpu, out of memory through PyTorch, CuPy, Numba and vramkit.empty, on the installed
 # package). A step the budget cut off is listed as
 # skipped in steps.txt; a second call for just its group (say GPU_BENCH_STEPS=gpu_check)
@@ -44,11 +50,14 @@ GPU_DIR=$ROOT/.gpu
 OUT=${OUT:-$GPU_DIR/out}
 BUDGET=${GPU_BENCH_BUDGET_S:-450}
 BERT_MIB=${TORCH_BISECT_MIB_BERT:-4}
-STEPS=${GPU_BENCH_STEPS:-micro vramkit ctest torch_bench torch_replay gpu_check gpu_tests}
+RMM_MIB=${RMM_BISECT_MIB:-1}
+STEPS=${GPU_BENCH_STEPS:-micro vramkit ctest torch_bench torch_replay rmm gpu_check gpu_tests}
 JOBS=$(nproc 2>/dev/null || echo 8)
 BUILD=$ROOT/build-gpu
 ANCHORS=$GPU_DIR/anchors
 ANCHOR_BUILD=$GPU_DIR/anchors-build
+RMM_WHEELS=$GPU_DIR/rmm
+RMM_BUILD=$GPU_DIR/rmm-build
 TRACES_DIR=$GPU_DIR/traces
 [ -d "$TRACES_DIR" ] || TRACES_DIR=$ROOT/data/traces
 mkdir -p "$OUT" "$ANCHOR_BUILD"
@@ -132,6 +141,11 @@ build_torch_tool() {
     -Wl,-rpath,"$TORCH/lib" -Wl,-rpath,"$CUDA_HOME/lib64"
 }
 
+# RMM's C++ library comes as Python wheels (librmm-cu13, rapids-logger) carried in .gpu/rmm/.
+have_rmm_wheels() {
+  compgen -G "$RMM_WHEELS/librmm_cu13-*.whl" >/dev/null && compgen -G "$RMM_WHEELS/rapids_logger-*.whl" >/dev/null
+}
+
 note "building vramkit and the anchors"
 began=$SECONDS
 build_vramkit >"$OUT/build_vramkit.txt" 2>&1 &
@@ -142,7 +156,13 @@ build_torch_tool torch_bench >"$OUT/build_torch_bench.txt" 2>&1 &
 pid_torch_bench=$!
 build_torch_tool torch_replay >"$OUT/build_torch_replay.txt" 2>&1 &
 pid_torch_replay=$!
-for job in vramkit micro torch_bench torch_replay; do
+build_jobs="vramkit micro torch_bench torch_replay"
+if wants rmm && have_rmm_wheels; then
+  bash "$ROOT/bench/rmm_build.sh" "$RMM_WHEELS" "$RMM_BUILD" >"$OUT/build_rmm.txt" 2>&1 &
+  pid_rmm=$!
+  build_jobs="$build_jobs rmm"
+fi
+for job in $build_jobs; do
   pid_var=pid_$job
   wait "${!pid_var}"
   echo "build_$job rc=$? seconds=$((SECONDS - began))" >>"$OUT/steps.txt"
@@ -220,6 +240,38 @@ if wants torch_replay && have "$ANCHOR_BUILD/torch_replay"; then
       fi
     done
   done
+fi
+
+# ---- RAPIDS RMM's pool and arena on the same traces -------------------------------------------
+# One trace and one resource per call, as torch_replay: a slow bisection costs only its own
+# figure, and on a timeout the call is rerun without bisection (min_capacity null).
+if wants rmm; then
+  if ! have_rmm_wheels; then
+    echo "rmm skipped: no wheels in .gpu/rmm" >>"$OUT/steps.txt"
+  elif ! have "$RMM_BUILD/rmm_replay"; then
+    echo "rmm skipped: build failed (build_rmm.txt)" >>"$OUT/steps.txt"
+  else
+    : >"$OUT/rmm_replay.jsonl"
+    for trace in "${TRACES[@]}"; do
+      name=$(basename "$trace" .trace.gz)
+      for allocator in rmm-pool rmm-arena; do
+        file="rmm_replay_${allocator#rmm-}_$name.jsonl"
+        step "$file" 60 env RMM_REPLAY_ALLOCATORS=$allocator RMM_REPLAY_BISECT_MIB="$RMM_MIB" \
+          "$RMM_BUILD/rmm_replay" "$trace"
+        rc=$?
+        ((rc == 99)) && continue
+        if ((rc == 124 || rc == 137)); then
+          step "${file%.jsonl}_nobisect.jsonl" 30 env RMM_REPLAY_ALLOCATORS=$allocator \
+            RMM_REPLAY_BISECT_MIB=1000000000 "$RMM_BUILD/rmm_replay" "$trace" || continue
+          sed -e 's/"min_capacity_bytes": [0-9]*, "min_capacity_over_live": [0-9.]*/"min_capacity_bytes": null, "min_capacity_over_live": null/' \
+            -e 's/"bisection": "[^"]*"/"bisection": "skipped (timeout)"/' \
+            "$OUT/${file%.jsonl}_nobisect.jsonl" >>"$OUT/rmm_replay.jsonl"
+        else
+          sed "s/}\$/, \"bisection_resolution_mib\": $RMM_MIB}/" "$OUT/$file" >>"$OUT/rmm_replay.jsonl"
+        fi
+      done
+    done
+  fi
 fi
 
 # ---- the Python package's GPU checks (the longest step, so the last) -------------------------

@@ -7,7 +7,6 @@ alternated before/after rounds of bench/ab_rounds.sh when the run made them, and
 log. A figure whose step failed or was skipped shows as "-", so the
 table always prints and says what is missing. Usage: gpu_table.py [OUT]
 """
-import glob
 import json
 import os
 import re
@@ -186,9 +185,12 @@ def main():
             results[(f"torch {mode}", row["trace"])] = row
     for row in read_jsonl(out, "torch_replay_async.jsonl"):
         results[("cudaMallocAsync", row["trace"])] = row
+    # bench/rmm_replay.cpp: allocator "rmm-pool" or "rmm-arena", one line per trace.
+    for row in read_jsonl(out, "rmm_replay.jsonl"):
+        results[(row["allocator"].replace("-", " "), row["trace"])] = row
     names = sorted({trace for (_, trace) in results})
     allocators = ["vramkit cuda", "vramkit vmm", "vramkit sim", "vramkit sim:vmm", "torch native",
-                  "torch expandable", "cudaMallocAsync"]
+                  "torch expandable", "cudaMallocAsync", "rmm pool", "rmm arena"]
     tight = ["vramkit cuda tight", "vramkit sim tight"]
 
     def cell(allocator, trace, key, digits):
@@ -196,19 +198,23 @@ def main():
         return fmt(row.get(key) if row else None, digits)
 
     rows = [[t] + [cell(a, t, "reserved_over_live", 3) for a in allocators] for t in names]
-    sections.append(table("traces: peak reserved / peak live", ["trace"] + allocators, rows or [["-"] * 8]))
-    capped = allocators[:6]
+    sections.append(table("traces: peak reserved / peak live (rmm arena: the high-water extent of its "
+                          "arena, which it takes whole up front)", ["trace"] + allocators,
+                          rows or [["-"] * (1 + len(allocators))]))
+    capped = allocators[:6] + ["rmm pool", "rmm arena"]
     rows = [[t] + [cell(a, t, "min_capacity_over_live", 3) for a in capped] for t in names]
     sections.append(table("traces: smallest cap without OOM / peak live (vramkit: bisection on the sim "
-                          "model of its family; torch: setMemoryFraction)", ["trace"] + capped,
-                          rows or [["-"] * 7]))
+                          "model of its family; torch: setMemoryFraction; rmm pool: a limiting_resource_adaptor "
+                          "between it and cudaMalloc; rmm arena: its size)", ["trace"] + capped,
+                          rows or [["-"] * (1 + len(capped))]))
     rows = [[t] + [cell(a, t, "ns_per_op", 1) for a in allocators]
             + [cell("vramkit cuda", t, "ns_per_op_warm", 1), cell("vramkit vmm", t, "ns_per_op_warm", 1),
                cell("vramkit sim", t, "baseline_ns_per_op", 2), cell("vramkit sim", t, "ns_over_baseline", 2)]
             for t in names]
-    sections.append(table("traces: ns per op (cold pass; torch after a warm-up pass then emptyCache)",
+    sections.append(table("traces: ns per op (cold pass; torch after a warm-up pass then emptyCache, "
+                          "rmm on a fresh resource after a warm-up pass)",
                           ["trace"] + allocators + ["cuda warm", "vmm warm", "baseline", "sim/baseline"],
-                          rows or [["-"] * 12]))
+                          rows or [["-"] * (5 + len(allocators))]))
 
     rows = [[t] + [cell(a, t, key, digits) for a in tight
                    for key, digits in (("reserved_over_live", 3), ("min_capacity_over_live", 3),
