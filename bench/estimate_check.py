@@ -172,6 +172,9 @@ def estimates(workloads) -> None:
                               "torch_peak_reserved": e.torch_peak_reserved,
                               "torch_expandable_peak_reserved":
                                   e.torch_expandable_peak_reserved,
+                              "torch_peak_allocated": e.torch_peak_allocated,
+                              "torch_expandable_peak_allocated":
+                                  e.torch_expandable_peak_allocated,
                               "seconds": round(time.perf_counter() - t0, 2)}), flush=True)
         t0 = time.perf_counter()
         with FakeTensorMode():
@@ -197,12 +200,12 @@ def _finder_workload(f, batch):
     return models.workload(model, batch, seq=seq or 1024, precision=precision)
 
 
-def predict_batches() -> dict:
+def predict_batches(finders) -> dict:
     """Largest batch under CAP by the estimate, for vramkit and PyTorch's allocator."""
     import vramkit
     from vramkit.estimator import predict_largest
     out = {}
-    for f in FINDER:
+    for f in finders:
         cache = {}
 
         def est(n, f=f, cache=cache):
@@ -220,13 +223,13 @@ def predict_batches() -> dict:
     return out
 
 
-def measure_batches(allocator: str, predicted: dict) -> None:
+def measure_batches(allocator: str, predicted: dict, finders) -> None:
     """Largest batch under CAP by real steps, starting from the prediction."""
     if allocator == "vramkit":
         import vramkit.torch
         vramkit.torch.install()
     from vramkit.estimator import _measure
-    for f in FINDER:
+    for f in finders:
         guess = predicted.get(f"{f[0]} {f[1]} {allocator}") or 1
         tries = []
 
@@ -289,21 +292,30 @@ def _pct(estimate, real) -> str:
 
 
 def table(rows: list[dict]) -> str:
+    """Each estimate against the real figure of the allocator it predicts: peak allocated
+    as each allocator counts it (PyTorch's large pool counts unsplit remainders, vramkit
+    and expandable segments do not), then peak reserved. MemTracker's allocated is set
+    against PyTorch's, the figure it aims at."""
     by = {}
     for r in rows:
         if "workload" in r:
             by.setdefault(r["workload"], {})[r["allocator"]] = r
     gb = lambda n: f"{n / 1e9:.2f}" if n else "-"
-    out = ["| workload | allocated real | est. (GPU) | est. (CPU) | MemTracker | "
-           "reserved native real | est. | expandable real | est. | vramkit real | est. |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    out = ["| workload | allocated PyTorch | est. | CPU stand-in | MemTracker | "
+           "allocated vramkit | est. | allocated expandable | est. | "
+           "reserved PyTorch | est. | expandable | est. | vramkit | est. |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in by.items():
         nat, exp, vk = r.get("native", {}), r.get("expandable", {}), r.get("vramkit", {})
         est, cpu, mt = r.get("estimate", {}), r.get("estimate-cpu", {}), r.get("memtracker", {})
         real = nat.get("peak_allocated")
         out.append(" | ".join([
-            f"| {name}", gb(real), _pct(est.get("peak_allocated"), real),
-            _pct(cpu.get("peak_allocated"), real), _pct(mt.get("peak_allocated"), real),
+            f"| {name}", gb(real), _pct(est.get("torch_peak_allocated"), real),
+            _pct(cpu.get("torch_peak_allocated"), real), _pct(mt.get("peak_allocated"), real),
+            gb(vk.get("peak_allocated")), _pct(est.get("peak_allocated"),
+                                              vk.get("peak_allocated")),
+            gb(exp.get("peak_allocated")), _pct(est.get("torch_expandable_peak_allocated"),
+                                               exp.get("peak_allocated")),
             gb(nat.get("peak_reserved")), _pct(est.get("torch_peak_reserved"),
                                               nat.get("peak_reserved")),
             gb(exp.get("peak_reserved")), _pct(est.get("torch_expandable_peak_reserved"),
@@ -322,9 +334,11 @@ def main() -> int:
     parser.add_argument("--skip-accuracy", action="store_true")
     parser.add_argument("--skip-finder", action="store_true")
     parser.add_argument("--plan-only", action="store_true")
+    parser.add_argument("--skip-plan", action="store_true")
     args = parser.parse_args()
     wanted = args.only.split(",") if args.only else None
     workloads = [w for w in WORKLOADS if not wanted or any(x in _key(w) for x in wanted)]
+    finders = [f for f in FINDER if not wanted or any(x in f"{f[0]} {f[1]}" for x in wanted)]
     if args.role == "estimate":
         estimates(workloads)
         return 0
@@ -332,10 +346,11 @@ def main() -> int:
         check_plan()
         return 0
     if args.role == "predict":
-        predict_batches()
+        predict_batches(finders)
         return 0
     if args.role and args.role.startswith("finder-"):
-        measure_batches(args.role[len("finder-"):], json.loads(os.environ["PREDICTED"]))
+        measure_batches(args.role[len("finder-"):], json.loads(os.environ["PREDICTED"]),
+                        finders)
         return 0
     if args.role:
         measure(args.role, workloads)
@@ -344,7 +359,8 @@ def main() -> int:
     roles = [] if args.skip_accuracy else ["native", "expandable", "vramkit", "estimate"]
     if not args.skip_finder:
         roles += ["predict", "finder-native", "finder-vramkit"]
-    roles += ["plan"]
+    if not args.skip_plan:
+        roles += ["plan"]
     if args.plan_only:
         roles = ["plan"]
     predicted = {}

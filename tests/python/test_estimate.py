@@ -335,3 +335,26 @@ def test_the_doctor_ranks_fixes_by_the_estimates_of_this_step():
     assert effects and effects == sorted(effects, reverse=True)
     with pytest.raises(KeyError):
         vramkit.doctor_estimates(_step, build=_net_build())("half_batch")
+
+
+def test_peak_allocated_as_each_allocator_counts_it():
+    """A 19.5 MiB tensor live at the peak: PyTorch's large pool gives it a 20 MiB segment
+    of its own and keeps the 0.5 MiB remainder inside its block (a remainder of 1 MiB or
+    less is not split off), so torch.cuda.max_memory_allocated() counts 20 MiB where
+    vramkit and expandable segments count the request rounded to 512 bytes."""
+    MiB = 1 << 20
+    n = (39 * MiB // 2) // 4  # 19.5 MiB of float32
+
+    def build():
+        net = torch.nn.Linear(16, 16)
+        return net, torch.optim.SGD(net.parameters(), lr=0.1), torch.randn(4, 16)
+
+    def step(net, opt, x):
+        big = torch.ones(n, device=x.device)
+        (net(x).sum() + big.sum()).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    e = vramkit.estimate(step, build=build, model_workspaces=False)
+    assert e.torch_peak_allocated - e.peak_allocated == MiB // 2
+    assert e.torch_expandable_peak_allocated == e.peak_allocated

@@ -3,12 +3,13 @@
 :func:`estimate` runs the user's step on PyTorch's fake tensors (shapes, no memory),
 records every storage the step creates and frees, in order (parameters, gradients,
 optimizer state, autocast copies, activations, temporaries), adds what fake tensors
-cannot see (cuBLAS workspaces, modelled from measurement on an H200), and replays the
-result on a simulated device under vramkit's placement policy and under a model of
-PyTorch's caching allocator. The answer: peak allocated, peak reserved under each
-allocator, whether it fits a given card, the smallest card it fits, a breakdown by
-category at the peak and the call sites that hold the most there. The trace is kept for
-``vramkit replay`` and ``vramkit plot``.
+cannot see (cuBLAS workspaces, modelled from measurement on an H200; cuDNN's convolution
+workspaces, measured on the GPU where there is one, else taken from a table of H200
+measurements: workspaces.py), and replays the result on a simulated device under
+vramkit's placement policy and under a model of PyTorch's caching allocator. The answer:
+peak allocated, peak reserved under each allocator, whether it fits a given card, the
+smallest card it fits, a breakdown by category at the peak and the call sites that hold
+the most there. The trace is kept for ``vramkit replay`` and ``vramkit plot``.
 """
 
 from __future__ import annotations
@@ -40,10 +41,16 @@ CUDA_CONTEXT_BYTES = 543_162_368
 class Estimate:
     """What :func:`estimate` predicts for one step. Sizes in bytes."""
 
-    peak_allocated: int
+    peak_allocated: int              # what vramkit (and expandable segments) count: each
+                                     # block at its request rounded to 512 bytes
     peak_reserved: int               # vramkit on the chosen source
     torch_peak_reserved: int         # PyTorch's caching allocator, default settings
     torch_expandable_peak_reserved: int
+    # What torch.cuda.max_memory_allocated() reports under PyTorch's allocator: its large
+    # pool leaves a remainder of up to 1 MiB unsplit inside the block it hands out, and
+    # counts it as allocated (a 19.5 MiB request in a 20 MiB segment counts 20 MiB).
+    torch_peak_allocated: int
+    torch_expandable_peak_allocated: int
     device_memory: int | None        # the card asked about, if any
     fits: bool | None                # vramkit, on that card
     torch_fits: bool | None
@@ -90,7 +97,8 @@ def format_estimate(e: Estimate) -> str:
     verdict = {True: "fits", False: "does not fit", None: ""}
     lines = ["vramkit estimate" + (" (no GPU here: a CPU stood in for it)" if e.emulated
                                    else "")]
-    lines.append(f"  peak allocated            {_gib(e.peak_allocated)}")
+    lines.append(f"  peak allocated            {_gib(e.peak_allocated)}"
+                 f"   (PyTorch's allocator counts {_gib(e.torch_peak_allocated)})")
     card = f" on {_gib(e.device_memory)}" if e.device_memory else ""
     lines.append(f"  peak reserved, vramkit    {_gib(e.peak_reserved)} ({e.source})"
                  + (f"   {verdict[e.fits]}{card}" if e.device_memory else ""))
@@ -113,6 +121,28 @@ def format_estimate(e: Estimate) -> str:
     lines.append(f"  trace: {e.trace}" + ("" if trace_is_kept(e) else
                  " (removed at exit: trace_path, or --trace, keeps it)"))
     return "\n".join(lines)
+
+
+# The libraries whose workspaces estimate(model_workspaces=...) can model.
+WORKSPACE_LIBRARIES = ("cublas", "cudnn")
+
+
+def _workspace_libraries(value) -> frozenset:
+    """model_workspaces as the set of libraries it names: True all, False none, or one
+    name or several of WORKSPACE_LIBRARIES."""
+    if value is True:
+        return frozenset(WORKSPACE_LIBRARIES)
+    if value is False or value is None:
+        return frozenset()
+    names = (value,) if isinstance(value, str) else value
+    try:
+        chosen = frozenset(names)
+    except TypeError:
+        chosen = None
+    if chosen is None or not chosen <= set(WORKSPACE_LIBRARIES):
+        raise ValueError(f"estimate(): model_workspaces must be True, False, or names "
+                         f"among {WORKSPACE_LIBRARIES}, not {value!r}")
+    return chosen
 
 
 def _workspace_model(enabled: bool):
@@ -152,7 +182,7 @@ def _size(value, what: str) -> int | None:
 def estimate(step_fn, *args, device_memory=None, source: str | None = None,
              steps: int = 2, trace_path: str | None = None, device="cuda",
              build=None, emulate: bool | None = None, memory_limit=None,
-             variant=None, **kwargs) -> Estimate:
+             variant=None, model_workspaces=True, **kwargs) -> Estimate:
     """Predict the memory of ``steps`` calls of ``step_fn(*args, **kwargs)`` on a GPU.
 
     ``args``/``kwargs`` are what the step takes, built as usual (a model on the CPU or
@@ -166,7 +196,13 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
     ``set_per_process_memory_fraction``), which the CUDA context does not count against.
     ``emulate=True`` runs the CPU stand-in even where a GPU is present (to compare).
     ``variant`` (a :class:`vramkit.estimator.variants.Variant`) estimates the step with
-    one change made to it: autocast, bf16 weights, checkpointing, 8-bit states."""
+    one change made to it: autocast, bf16 weights, checkpointing, 8-bit states.
+    ``model_workspaces`` adds the library workspaces fake tensors cannot see: True (the
+    default) cuBLAS's and cuDNN's, False neither, or "cublas" or "cudnn" (or both in a
+    tuple) only those. cuDNN's convolution workspaces are measured on the GPU where the
+    estimate runs with one (which resets its peak memory statistics), else taken from
+    the table of H200 measurements (vramkit.estimator.workspaces); the notes say which,
+    and what was not modelled."""
     from . import _replay, _step
 
     if not callable(step_fn):
@@ -183,10 +219,23 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
     if source not in _replay._SIM_OF_SOURCE:
         raise ValueError(f"estimate(): source must be one of "
                          f"{sorted(_replay._SIM_OF_SOURCE)}, not {source!r}")
+    libraries = _workspace_libraries(model_workspaces)
     target = _step.choose_target(device, emulate)
-    recording, _recorder = _step.record_step(
-        step_fn, args, kwargs, target=target, steps=steps, build=build,
-        workspace_hook=_workspace_model(True), variant=variant)
+    convolutions = None
+    if "cudnn" in libraries:
+        from .workspaces import ConvWorkspaceModel
+        # The CPU stand-in (no GPU, or emulate=True) sizes them from the table, as a
+        # machine without a GPU must; fake CUDA tensors measure them on that GPU.
+        convolutions = ConvWorkspaceModel(None if target.emulated else target.device,
+                                          device_type=None if target.emulated else "cuda")
+    try:
+        recording, _recorder = _step.record_step(
+            step_fn, args, kwargs, target=target, steps=steps, build=build,
+            workspace_hook=_workspace_model("cublas" in libraries), variant=variant,
+            after_outputs_hook=convolutions.hook if convolutions else None)
+    finally:
+        if convolutions is not None:
+            convolutions.finish()
     if recording.peak_allocated == 0:
         raise _step.UntraceableStep("estimate(): the step allocated nothing on the GPU: "
                                     "are its model and batch on a CUDA device?")
@@ -223,11 +272,15 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
     if target.emulated:
         notes.append("no GPU here: the step ran on CPU kernels standing in for CUDA's; "
                      "on a machine with a GPU the estimate uses CUDA's own")
+    if convolutions is not None:
+        notes.extend(convolutions.notes())
     return Estimate(
         peak_allocated=recording.peak_allocated,
         peak_reserved=int(ours["peak_reserved_bytes"]),
         torch_peak_reserved=native["peak_reserved"],
         torch_expandable_peak_reserved=expandable["peak_reserved"],
+        torch_peak_allocated=native["peak_allocated"],
+        torch_expandable_peak_allocated=expandable["peak_allocated"],
         device_memory=card if limit is None else limit, fits=fits_ours,
         torch_fits=fits_native, torch_expandable_fits=fits_expandable,
         min_device_memory=int(ours.get("min_capacity_bytes", ours["peak_reserved_bytes"]))
@@ -282,8 +335,10 @@ def advise(step_fn, *args, build=None, device_memory=None, memory_limit=None,
     target = _step.choose_target(kwargs.pop("device", "cuda"), kwargs.pop("emulate", None))
     blocks = _model_blocks(args, build, target)
     chosen = variants if variants is not None else _variants.standard_variants(len(blocks))
+    # An estimate's own option, not the step's: the FLOP count below gets the rest.
     common = dict(device_memory=device_memory, memory_limit=memory_limit, source=source,
-                  emulate=target.emulated)
+                  emulate=target.emulated,
+                  model_workspaces=kwargs.pop("model_workspaces", True))
     base_flops = None
     rows = []
     base = None

@@ -15,8 +15,9 @@ step on fake *CPU* tensors and makes the CPU behave, for memory, as the GPU woul
 - the operations CUDA autocast runs in fp32 (layer norm, softmax, exp, log...) run in
   fp32 under the CPU's autocast too.
 
-What stays different: kernels that choose their own workspaces (cuDNN's convolutions),
-and any other operation whose CPU kernel keeps different tensors than its CUDA one. The
+What stays different: kernels that choose their own workspaces (cuDNN's convolutions,
+whose workspaces come from the table of H200 measurements instead: workspaces.py), and
+any other operation whose CPU kernel keeps different tensors than its CUDA one. The
 estimate says in its notes that it ran this way. On a machine with a GPU none of this is
 used: the step runs on fake CUDA tensors with the GPU's own kernels.
 """

@@ -8,6 +8,10 @@ size PyTorch's caching allocator would give it (rounded up to 512 bytes, what
 into the matching free, in the order the real step would free it, because CPython frees
 a storage the moment its last tensor goes.
 
+What an op allocates and frees inside itself, fake tensors do not show; the estimator's
+hooks add what it knows of (a cuBLAS workspace kept from a thread's first matrix product,
+a cuDNN convolution's workspaces after the op's outputs, freed at once).
+
 Each block carries what the estimate reports about it: the phase that made it (before
 the step, forward, backward, optimizer), the role it turns out to have (parameter,
 gradient, optimizer state, input, activation kept for backward, autocast copy of a
@@ -101,6 +105,11 @@ class StorageRecorder(TorchDispatchMode):
         self._in_backward = False
         self.device_type: str | None = None  # count only storages on this device type
         self.workspace_hook = None           # called with (recorder, op name, thread id)
+        # Called with (recorder, func, args, kwargs, out) once an op's outputs are
+        # recorded: what the op allocates and frees inside itself after making them (a
+        # cuDNN convolution's workspace) goes there, before the next op.
+        self.after_outputs_hook = None
+        self.op_phase = "setup"              # the phase of the op being dispatched
 
     # -- the dispatch hook ------------------------------------------------------------
 
@@ -113,6 +122,7 @@ class StorageRecorder(TorchDispatchMode):
             if not self._in_backward:
                 self.backward_starts.append(len(self.recording.ops))
         self._in_backward = in_backward
+        self.op_phase = phase
         self.recording.fake_ops += 1
         name = func.__name__ if hasattr(func, "__name__") else str(func)
         if self.workspace_hook is not None:
@@ -124,6 +134,8 @@ class StorageRecorder(TorchDispatchMode):
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 self.track(t, phase, name, cast_of_weight)
+        if self.after_outputs_hook is not None:
+            self.after_outputs_hook(self, func, args, kwargs or {}, out)
         return out
 
     def _role_of(self, t: torch.Tensor) -> str:
@@ -164,6 +176,16 @@ class StorageRecorder(TorchDispatchMode):
             bid = self._next_id
             self._next_id += 1
             self._allocate(bid, Block(rounded(size), size, self.phase, op, op, role))
+            return bid
+
+    def allocate_transient(self, size: int, op: str, site: str, role: str) -> int:
+        """An allocation an op makes and frees inside itself (a library workspace): it
+        counts toward the peak at the point it is made, and is freed at once."""
+        with self._lock:
+            bid = self._next_id
+            self._next_id += 1
+            self._allocate(bid, Block(rounded(size), size, self.op_phase, op, site, role))
+            self._freed(bid)
             return bid
 
     def _allocate(self, bid: int, block: Block) -> None:

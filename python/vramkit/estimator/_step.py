@@ -23,6 +23,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from . import _emulate
 from ._record import Recording, StorageRecorder, classify
+from .workspaces import WorkspaceTableError
 
 
 class UntraceableStep(RuntimeError):
@@ -122,14 +123,16 @@ def _found(values, kind) -> list:
 
 def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
                 workspace_hook=None, build=None, variant=None,
-                around_step=None) -> tuple[Recording, StorageRecorder]:
+                around_step=None, after_outputs_hook=None) -> tuple[Recording, StorageRecorder]:
     """Run ``steps`` calls of ``step_fn`` on fake twins of ``args``/``kwargs`` (or on what
     ``build()`` returns, made under the fake mode) and return the recording. ``variant``
     (variants.Variant) changes the twins and the call first; ``around_step`` is a context
-    entered around the steps (a FLOP counter)."""
+    entered around the steps (a FLOP counter). ``workspace_hook`` and
+    ``after_outputs_hook`` are the recorder's (StorageRecorder says when each is called)."""
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     recorder = StorageRecorder()
     recorder.workspace_hook = workspace_hook
+    recorder.after_outputs_hook = after_outputs_hook
     recorder.device_type = None if target.emulated else "cuda"
     emulation = _emulate.emulated_cuda() if target.emulated else contextlib.nullcontext()
     with emulation:
@@ -167,6 +170,8 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
                     recorder.phase = "forward"
                     try:
                         step_fn(*args, **kwargs)
+                    except WorkspaceTableError:
+                        raise  # the estimator's own data, not the step, is at fault
                     except Exception as error:  # noqa: BLE001 - explained, then re-raised
                         if target.emulated and type(error).__name__ == "CheckpointError":
                             raise UntraceableStep(_CHECKPOINT_ON_CPU) from error

@@ -107,6 +107,8 @@ def _as_json(e) -> dict:
     return {"peak_allocated": e.peak_allocated, "peak_reserved": e.peak_reserved,
             "torch_peak_reserved": e.torch_peak_reserved,
             "torch_expandable_peak_reserved": e.torch_expandable_peak_reserved,
+            "torch_peak_allocated": e.torch_peak_allocated,
+            "torch_expandable_peak_allocated": e.torch_expandable_peak_allocated,
             "device_memory": e.device_memory, "fits": e.fits, "torch_fits": e.torch_fits,
             "torch_expandable_fits": e.torch_expandable_fits,
             "min_device_memory": e.min_device_memory, "breakdown": e.breakdown,

@@ -1,0 +1,899 @@
+"""Measure cuDNN's convolution workspaces on the GPU, for vramkit.estimate's workspace table.
+
+PyTorch's cuDNN convolutions (forward, backward data, backward weight) allocate a workspace
+through PyTorch's caching allocator inside each call and free it before returning; fake
+tensors never see it. This probe measures those transient blocks:
+
+  in_step   real training steps (ResNet-50 in fp32 and fp16 autocast at batches 32, 128
+            and 256, ViT-B/16, whose one convolution is its patch embedding), under a
+            dispatch mode that reads the allocator around every ATen op: memory_allocated
+            before, the peak during (reset_peak_memory_stats, then max_memory_allocated)
+            and allocated after. For convolution and convolution_backward it also keeps
+            the op's signature and, from the allocator's memory history, the blocks
+            allocated and freed inside the op, in order (the workspaces); the other ops
+            that allocate transiently are summed up by name in "other_ops".
+  isolated  each distinct convolution part of those steps (forward, backward input,
+            backward weight, backward bias), and a sweep of shapes (channels, sizes,
+            strides, kernels, groups, batches, dtypes, layouts, cuDNN flags), run on their
+            own exactly as vramkit.estimate measures one on a GPU: a first call (cuDNN
+            chooses its algorithm), then a second with the peak reset; the workspace is
+            the peak during it less what the allocator holds before and after.
+
+The JSON written to --out (format vramkit-cudnn-workspace-probe/1) holds every record and
+the environment (device, PyTorch, CUDA and cuDNN versions, cuDNN flags, allocator
+settings); a summary goes to stdout. The isolated records fill the estimator's table:
+
+    python3 bench/cudnn_workspace_probe.py --out bench/results/cudnn_workspaces.json
+    python -m vramkit.estimator.workspaces import bench/results/cudnn_workspaces.json \\
+        --table python/vramkit/estimator/data/cudnn_workspaces.json
+
+Needs a CUDA GPU and PyTorch; torchvision for the models (else transformers' ResNet-50 and
+ViT-B/16, whose convolutions have the same shapes). It runs in about three minutes on an
+H200 (--budget-s stops the sweep in time) and never lets PyTorch's allocator take more than
+--max-memory (30 GiB; set_per_process_memory_fraction). --dry-run runs the record path on
+the CPU with made-up allocator figures (no GPU needed), to check the probe itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+PROBE_FORMAT = "vramkit-cudnn-workspace-probe/1"
+PARTS = ("forward", "backward_input", "backward_weight", "backward_bias")
+# Requests of these odd byte counts mark where an op begins and ends in the allocator's
+# memory history: no tensor of the steps asks for them (their sizes are whole elements).
+MARK_START, MARK_END = 333, 337
+GiB = 1 << 30
+ENV_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUDNN_CONV_WSCAP_DBG",
+            "TORCH_CUDNN_V8_API_DISABLED", "TORCH_CUDNN_V8_API_LRU_CACHE_LIMIT",
+            "TORCH_CUDNN_SDPA_ENABLED", "CUBLAS_WORKSPACE_CONFIG", "CUDA_VISIBLE_DEVICES",
+            "CUDA_MODULE_LOADING")
+
+# The in-step workloads: (model, precision, batch), most wanted first (the budget may
+# leave the last out).
+WORKLOADS = [("resnet50", "fp32", 32), ("resnet50", "fp16-amp", 128),
+             ("resnet50", "fp32", 128), ("resnet50", "fp16-amp", 256),
+             ("vit_b16", "fp32", 32), ("vit_b16", "fp16-amp", 128)]
+QUICK_WORKLOADS = [("resnet50", "fp32", 32), ("resnet50", "fp16-amp", 128),
+                   ("vit_b16", "fp32", 32)]
+
+# The sweep's layers, (in channels, out channels, size, kernel, stride, padding, groups):
+# ResNet-50's kinds of layer (stem, 1x1 and 3x3 at each stage, strided ones, projections)
+# plus a depthwise, a 5x5 and ViT-B/16's patch embedding.
+SWEEP_LAYERS = [
+    (3, 64, 224, 7, 2, 3, 1),
+    (64, 64, 56, 1, 1, 0, 1),
+    (64, 64, 56, 3, 1, 1, 1),
+    (64, 256, 56, 1, 1, 0, 1),
+    (256, 512, 56, 1, 2, 0, 1),
+    (128, 128, 56, 3, 2, 1, 1),
+    (128, 128, 28, 3, 1, 1, 1),
+    (512, 128, 28, 1, 1, 0, 1),
+    (256, 256, 14, 3, 1, 1, 1),
+    (1024, 2048, 14, 1, 2, 0, 1),
+    (512, 512, 7, 3, 1, 1, 1),
+    (2048, 512, 7, 1, 1, 0, 1),
+    (256, 256, 28, 3, 1, 1, 256),
+    (64, 64, 56, 5, 1, 2, 1),
+    (3, 768, 224, 16, 16, 0, 1),
+]
+SWEEP_BATCHES = (8, 32, 128, 256)
+QUICK_BATCHES = (32, 128)
+SWEEP_DTYPES = ("float32", "float16", "bfloat16")
+# Layers the sweep also runs under other cuDNN flags (at batch 32, fp32 and fp16).
+FLAG_LAYERS = (1, 2, 8)
+FLAG_VARIANTS = ({"benchmark": True}, {"deterministic": True}, {"tf32": False})
+# A sweep configuration whose input and output together exceed this is left out.
+SWEEP_TENSOR_LIMIT = 4 * GiB
+
+
+# ---------------------------------------------------------------------------------------
+# Reading the allocator.
+# ---------------------------------------------------------------------------------------
+
+class CudaReader:
+    """PyTorch's allocator statistics on one device."""
+
+    def __init__(self, device):
+        self.device = device
+
+    def allocated(self):
+        return torch.cuda.memory_allocated(self.device)
+
+    def reset_peak(self):
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def peak(self):
+        return torch.cuda.max_memory_allocated(self.device)
+
+    def reserved(self):
+        return torch.cuda.memory_reserved(self.device)
+
+    def observe(self, out, convolution):
+        """Told each op's outputs; the real allocator needs nothing of them."""
+
+
+class DryReader:
+    """Made-up figures for --dry-run on a CPU: each op's outputs count their bytes, and a
+    convolution 'uses' a workspace of a quarter of its outputs, written to a fake memory
+    history as the real allocator would write it, so that every path of the record code
+    runs on figures of the right shape."""
+
+    def __init__(self, trace):
+        self.trace = trace
+        self.level = 0
+        self.top = 0
+        self.address = 1 << 40
+
+    def allocated(self):
+        return self.level
+
+    def reset_peak(self):
+        self.top = self.level
+
+    def peak(self):
+        return self.top
+
+    def reserved(self):
+        return self.level
+
+    def _block(self, size):
+        self.address += 1 << 30
+        self.trace.append({"action": "alloc", "addr": self.address, "size": size})
+        return self.address
+
+    def observe(self, out, convolution):
+        sizes = [t.untyped_storage().nbytes() for t in tree_leaves(out)
+                 if isinstance(t, torch.Tensor)]
+        for size in sizes:
+            self._block(size)
+        self.level += sum(-(-s // 512) * 512 for s in sizes)
+        self.top = max(self.top, self.level)
+        if convolution and sizes:
+            workspace = max(512, -(-sum(sizes) // 4 // 512) * 512)
+            address = self._block(workspace)
+            self.top = max(self.top, self.level + workspace)
+            for action in ("free_requested", "free_completed"):
+                self.trace.append({"action": action, "addr": address, "size": workspace})
+
+
+class History:
+    """The allocator's memory history (torch.cuda.memory._record_memory_history, without
+    stack traces), split into the windows between a start and an end mark."""
+
+    def __init__(self, device, enabled=True):
+        self.device = device
+        self.enabled = enabled
+        self.marks = 0
+        self.error = None
+
+    def start(self):
+        self.marks = 0
+        if not self.enabled:
+            return
+        try:
+            torch.cuda.memory._record_memory_history(
+                enabled="all", context=None, stacks="python", max_entries=4_000_000,
+                clear_history=True, device=self.device)
+        except Exception as error:  # noqa: BLE001 - the probe goes on without it
+            self.enabled, self.error = False, f"{type(error).__name__}: {error}"
+
+    def _mark(self, size):
+        if self.enabled:  # made and freed at once: an alloc and a free in the history
+            torch.empty(size, dtype=torch.uint8, device=self.device)
+
+    def mark_start(self) -> int | None:
+        if not self.enabled:
+            return None
+        self._mark(MARK_START)
+        self.marks += 1
+        return self.marks - 1
+
+    def mark_end(self):
+        self._mark(MARK_END)
+
+    def entries(self):
+        snapshot = torch.cuda.memory._snapshot(self.device)
+        return snapshot["device_traces"][self.device.index or 0]
+
+    def windows(self) -> list:
+        if not self.enabled:
+            return []
+        windows = split_windows(self.entries())
+        torch.cuda.memory._record_memory_history(enabled=None, device=self.device)
+        return windows
+
+
+class DryHistory(History):
+    """--dry-run's memory history: the list DryReader writes, marks added to it."""
+
+    def __init__(self, trace):
+        super().__init__(torch.device("cpu"))
+        self.trace = trace
+        self.address = 1
+
+    def start(self):
+        self.marks = 0
+        self.trace.clear()
+
+    def _mark(self, size):
+        self.address += 2
+        for action in ("alloc", "free_requested", "free_completed"):
+            self.trace.append({"action": action, "addr": self.address, "size": size})
+
+    def entries(self):
+        return list(self.trace)
+
+    def windows(self):
+        return split_windows(self.entries())
+
+
+def split_windows(entries) -> list:
+    """The trace entries between each start and end mark, as the blocks the op made: the
+    events in order (["a", id, size], ["f", id, size]; "f" with id None frees a block
+    from before the op; segment_* and oom entries as [action, None, size]), the sizes of
+    the blocks made and freed inside it (transient: the workspaces), made and kept (the
+    outputs), and freed from before."""
+    windows, current = [], None
+    markers = {}   # address -> the frees of a marker still to come
+    for entry in entries:
+        action, address, size = entry.get("action"), entry.get("addr"), entry.get("size")
+        if action == "alloc" and size in (MARK_START, MARK_END):
+            markers[address] = 2
+            if size == MARK_START:
+                current = {"events": [], "open": {}, "transient": [], "freed_from_before": []}
+            elif current is not None:
+                windows.append({"events": current["events"], "transient": current["transient"],
+                                "kept": [s for _, s in current["open"].values()],
+                                "freed_from_before": current["freed_from_before"]})
+                current = None
+            continue
+        if address in markers:
+            if action in ("free_requested", "free_completed"):
+                markers[address] -= 1
+                if markers[address] == 0:
+                    del markers[address]
+                continue
+            del markers[address]  # the address serves a real block now
+        if current is None:
+            continue
+        if action == "alloc":
+            ident = len(current["events"])
+            current["open"][address] = (ident, size)
+            current["events"].append(["a", ident, size])
+        elif action == "free_requested":
+            if address in current["open"]:
+                ident, size = current["open"].pop(address)
+                current["events"].append(["f", ident, size])
+                current["transient"].append(size)
+            else:
+                current["events"].append(["f", None, size])
+                current["freed_from_before"].append(size)
+        elif action in ("segment_alloc", "segment_free", "segment_map", "segment_unmap",
+                        "oom"):
+            current["events"].append([action, None, size])
+    return windows
+
+
+# ---------------------------------------------------------------------------------------
+# Signatures: the fields vramkit.estimator.workspaces.ConvSignature is made of.
+# ---------------------------------------------------------------------------------------
+
+def _conv_kinds():
+    aten = torch.ops.aten
+    return {aten.convolution.default: "forward", aten._convolution.default: "forward",
+            aten.convolution_backward.default: "backward"}
+
+
+_KINDS = None
+
+
+def _bound(func, args, kwargs):
+    bound = {a.name: v for a, v in zip(func._schema.arguments, args)}
+    bound.update(kwargs)
+    for a in func._schema.arguments:
+        if a.name not in bound and a.has_default_value():
+            bound[a.name] = a.default_value
+    return bound
+
+
+def _expand(values, dims):
+    values = [int(v) for v in (values if isinstance(values, (list, tuple)) else [values])]
+    return values * dims if len(values) == 1 else values
+
+
+def _layout(x, w):
+    for t in (x, w):
+        if t.is_contiguous():
+            continue
+        if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last):
+            return "channels_last"
+        if t.dim() == 5 and t.is_contiguous(memory_format=torch.channels_last_3d):
+            return "channels_last_3d"
+    return "contiguous" if x.is_contiguous() and w.is_contiguous() else "strided"
+
+
+def cudnn_flags():
+    cudnn = torch.backends.cudnn
+    return {"benchmark": bool(cudnn.benchmark),
+            "deterministic": bool(cudnn.deterministic
+                                  or torch.are_deterministic_algorithms_enabled()),
+            "tf32": bool(cudnn.allow_tf32), "cudnn": bool(cudnn.enabled)}
+
+
+def conv_signature(func, args, kwargs):
+    """(fields, parts) of a dispatched convolution op, None for any other op. The fields
+    are those of vramkit.estimator.workspaces.signatures_of_call, less the part."""
+    global _KINDS
+    if _KINDS is None:
+        _KINDS = _conv_kinds()
+    kind = _KINDS.get(func)
+    if kind is None:
+        return None
+    bound = _bound(func, args, kwargs)
+    x, w = bound["input"], bound["weight"]
+    if x.dim() != w.dim() or x.shape[0] == 0:
+        return None
+    dims = w.dim() - 2
+    transposed = bool(bound["transposed"])
+    if "cudnn_enabled" in bound:
+        flags = {"benchmark": bool(bound["benchmark"]),
+                 "deterministic": bool(bound["deterministic"]),
+                 "tf32": bool(bound["allow_tf32"]), "cudnn": bool(bound["cudnn_enabled"])}
+    else:
+        flags = cudnn_flags()
+    fields = {"batch": int(x.shape[0]), "input": [int(v) for v in x.shape[1:]],
+              "weight": [int(v) for v in w.shape],
+              "stride": _expand(bound["stride"], dims),
+              "padding": _expand(bound["padding"], dims),
+              "dilation": _expand(bound["dilation"], dims), "transposed": transposed,
+              "output_padding": _expand(bound["output_padding"], dims) if transposed
+              else [0] * dims,
+              "groups": int(bound["groups"]), "dtype": str(x.dtype).replace("torch.", ""),
+              "layout": _layout(x, w), **flags}
+    if kind == "forward":
+        return fields, ["forward"]
+    mask = [bool(m) for m in bound["output_mask"]]
+    fields["output_mask"] = mask
+    return fields, [p for p, m in zip(PARTS[1:], mask) if m]
+
+
+def output_of(fields):
+    """One sample's output shape (channels, spatial sizes) of a signature."""
+    kernel = fields["weight"][2:]
+    spatial = []
+    for i, size in enumerate(fields["input"][1:]):
+        s, p, d, k = (fields["stride"][i], fields["padding"][i], fields["dilation"][i],
+                      kernel[i])
+        if fields["transposed"]:
+            spatial.append((size - 1) * s - 2 * p + d * (k - 1)
+                           + fields["output_padding"][i] + 1)
+        else:
+            spatial.append((size + 2 * p - d * (k - 1) - 1) // s + 1)
+    channels = (fields["weight"][1] * fields["groups"] if fields["transposed"]
+                else fields["weight"][0])
+    return [channels, *spatial]
+
+
+# ---------------------------------------------------------------------------------------
+# The in-step records.
+# ---------------------------------------------------------------------------------------
+
+class StepProbe(TorchDispatchMode):
+    """Reads the allocator around every op of a real step; keeps the convolutions."""
+
+    def __init__(self, reader, history, workload):
+        super().__init__()
+        self.reader = reader
+        self.history = history
+        self.workload = workload
+        self.step = 0
+        self.phase = "forward"
+        self.index = 0
+        self.records = []
+        self.other = {}
+        self.step_peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        signature = conv_signature(func, args, kwargs)
+        window = self.history.mark_start() if signature else None
+        before = self.reader.allocated()
+        self.reader.reset_peak()
+        out = func(*args, **kwargs)
+        self.reader.observe(out, signature is not None)
+        peak, after = self.reader.peak(), self.reader.allocated()
+        if signature:
+            self.history.mark_end()
+        self.step_peak = max(self.step_peak, peak)
+        excess = max(0, peak - max(before, after))
+        phase = "backward" if torch._C._current_graph_task_id() != -1 else self.phase
+        name = getattr(func, "__name__", str(func))
+        if signature:
+            fields, parts = signature
+            self.records.append({"workload": self.workload, "step": self.step,
+                                 "phase": phase, "index": self.index, "op": name,
+                                 "signature": fields, "parts": parts, "before": before,
+                                 "peak": peak, "after": after, "excess": excess,
+                                 "window": window})
+        elif excess:
+            entry = self.other.setdefault(name, {"count": 0, "total_excess": 0,
+                                                 "max_excess": 0, "shapes_at_max": None})
+            entry["count"] += 1
+            entry["total_excess"] += excess
+            if excess > entry["max_excess"]:
+                entry["max_excess"] = excess
+                entry["shapes_at_max"] = [list(a.shape) for a in tree_leaves(args)
+                                          if isinstance(a, torch.Tensor)][:4]
+        self.index += 1
+        return out
+
+
+def _tiny_net():
+    """--dry-run's model: two convolutions (one with a bias, one strided), a batch norm
+    and a classifier, small enough for a CPU."""
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, stride=2, padding=1), torch.nn.BatchNorm2d(8),
+        torch.nn.ReLU(), torch.nn.Conv2d(8, 16, 3, padding=1, bias=False), torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(16, 10))
+
+
+def tiny_batch(batch=4):
+    """--dry-run's batch, for the tiny model."""
+    return torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
+
+
+def build_model(name):
+    """The model, with random weights: torchvision's, else transformers' of the same
+    shapes. Returns (module, where it came from)."""
+    if name == "tiny":
+        return _tiny_net(), "dry run"
+    try:
+        import torchvision
+        model = {"resnet50": torchvision.models.resnet50,
+                 "vit_b16": torchvision.models.vit_b_16}[name](weights=None)
+        return model, f"torchvision {torchvision.__version__}"
+    except ImportError:
+        import transformers
+        if name == "resnet50":
+            model = transformers.ResNetForImageClassification(transformers.ResNetConfig())
+        else:
+            model = transformers.ViTForImageClassification(transformers.ViTConfig())
+        return model, f"transformers {transformers.__version__}"
+
+
+def _logits(out):
+    return out if isinstance(out, torch.Tensor) else out.logits
+
+
+def run_workload(name, precision, batch, device, reader, history, optimizer, log):
+    """Two training steps of the model under StepProbe; (records, other ops, info)."""
+    model, origin = build_model(name)
+    model = model.to(device).train()
+    opt = (torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9) if optimizer == "sgd"
+           else torch.optim.AdamW(model.parameters(), lr=1e-4))
+    if name == "tiny":
+        x, y = tiny_batch(batch)
+        x, y = x.to(device), y.to(device)
+    else:
+        x = torch.randn(batch, 3, 224, 224, device=device)
+        # Two classes: transformers' models have two by default, torchvision's 1000.
+        y = torch.randint(0, 2, (batch,), device=device)
+    amp_dtype = {"fp16-amp": torch.float16, "bf16-amp": torch.bfloat16}.get(precision)
+    scaler = (torch.amp.GradScaler(device.type) if precision == "fp16-amp"
+              and device.type == "cuda" else None)
+    key = f"{name} {precision} b{batch}"
+    probe = StepProbe(reader, history, key)
+    history.start()
+    times = []
+    for step in range(2):
+        probe.step, probe.phase, probe.index = step, "forward", 0
+        t0 = time.perf_counter()
+        autocast = (torch.autocast(device.type, dtype=amp_dtype) if amp_dtype
+                    else contextlib.nullcontext())
+        with probe:
+            with autocast:
+                loss = F.cross_entropy(_logits(model(x)).float(), y)
+            (scaler.scale(loss) if scaler else loss).backward()
+            probe.phase = "optimizer"
+            if scaler:
+                scaler.step(opt)
+                scaler.update()
+            else:
+                opt.step()
+            opt.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(round(time.perf_counter() - t0, 3))
+        del loss
+    windows = history.windows()
+    for record in probe.records:
+        index = record.pop("window")
+        if index is not None and index < len(windows):
+            record["trace"] = windows[index]
+    info = {"workload": key, "model": origin, "optimizer": optimizer,
+            "step_seconds": times, "max_op_peak": probe.step_peak,
+            "convolution_ops": len(probe.records),
+            "history": history.enabled, "windows": len(windows)}
+    log(f"  {key}: {len(probe.records)} convolution ops in 2 steps, "
+        f"{times} s, peak over ops {probe.step_peak / GiB:.2f} GiB")
+    del model, opt, x, y, scaler
+    return probe.records, probe.other, info
+
+
+# ---------------------------------------------------------------------------------------
+# The isolated measurements.
+# ---------------------------------------------------------------------------------------
+
+def make_runner(fields, part, device):
+    """A call of one part on real (uninitialised) tensors of the signature's shapes:
+    vramkit.estimator.workspaces._runner, which the estimator measures a GPU with."""
+    dtype = getattr(torch, fields["dtype"])
+    memory_format = {"channels_last": torch.channels_last,
+                     "channels_last_3d": torch.channels_last_3d}.get(fields["layout"])
+    dims = len(fields["weight"])
+
+    def make(shape):
+        if memory_format is not None and len(shape) == dims:
+            return torch.empty(shape, dtype=dtype, device=device, memory_format=memory_format)
+        return torch.empty(shape, dtype=dtype, device=device)
+
+    x = make((fields["batch"], *fields["input"]))
+    w = make(fields["weight"])
+    geometry = (fields["stride"], fields["padding"], fields["dilation"],
+                fields["transposed"], fields["output_padding"], fields["groups"])
+    aten = torch.ops.aten
+    if part == "forward":
+        return lambda: aten.convolution.default(x, w, None, *geometry)
+    out = output_of(fields)
+    grad_out = make((fields["batch"], *out))
+    mask = [part == p for p in PARTS[1:]]
+    bias_sizes = [out[0]] if part == "backward_bias" else None
+    return lambda: aten.convolution_backward.default(grad_out, x, w, bias_sizes, *geometry,
+                                                     mask)
+
+
+def measure_part(fields, part, device, reader, history, source):
+    """One part on its own: the first call's excess, then the steady call's (the
+    workspace the table keeps), with its blocks from the memory history."""
+    fields = {k: v for k, v in fields.items() if k != "output_mask"}
+    record = {"source": source, "signature": dict(fields, part=part)}
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *_: None)
+    try:
+        with torch.no_grad(), torch.autocast(device.type, enabled=False), \
+                torch.backends.cudnn.flags(enabled=fields["cudnn"],
+                                           benchmark=fields["benchmark"],
+                                           deterministic=fields["deterministic"],
+                                           allow_tf32=fields["tf32"]):
+            run = make_runner(fields, part, device)
+            t0 = time.perf_counter()
+            before = reader.allocated()
+            reader.reset_peak()
+            out = run()
+            reader.observe(out, True)
+            peak, after = reader.peak(), reader.allocated()
+            del out
+            sync(device)
+            record["first_call_excess"] = max(0, peak - max(before, after))
+            record["first_call_s"] = round(time.perf_counter() - t0, 4)
+            window = history.mark_start()
+            before = reader.allocated()
+            reader.reset_peak()
+            out = run()
+            reader.observe(out, True)
+            peak, after = reader.peak(), reader.allocated()
+            history.mark_end()
+            del out, run
+            sync(device)
+    except torch.OutOfMemoryError:
+        record["error"] = "out of memory"
+        return record, None
+    except RuntimeError as error:  # a configuration cuDNN or PyTorch refuses
+        record["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
+        return record, None
+    record.update(workspace=max(0, peak - max(before, after)), before=before, peak=peak,
+                  after=after)
+    return record, window
+
+
+# --dry-run's sweep: two small layers a CPU runs at once.
+DRY_LAYERS = [(8, 16, 16, 3, 1, 1, 1), (16, 16, 8, 1, 2, 0, 1)]
+
+
+def sweep_configs(quick, dry_run=False):
+    """The sweep's (fields, parts, source), in order."""
+    layers = DRY_LAYERS if dry_run else SWEEP_LAYERS
+    batches = (2, 4) if dry_run else QUICK_BATCHES if quick else SWEEP_BATCHES
+    dtypes = ("float32", "bfloat16") if dry_run else ("float32", "float16") if quick \
+        else SWEEP_DTYPES
+    flag_layers = () if dry_run else FLAG_LAYERS
+    defaults = cudnn_flags()
+    for index, (cin, cout, size, k, s, p, g) in enumerate(layers):
+        with_bias = cin == 3 and k == 16  # ViT's patch embedding has a bias
+        parts = ["forward", "backward_input", "backward_weight"] + (
+            ["backward_bias"] if with_bias else [])
+        for dtype in dtypes:
+            layouts = ("contiguous",) if dtype == "float32" or quick or dry_run else \
+                ("contiguous", "channels_last")
+            for layout in layouts:
+                for batch in batches:
+                    fields = {"batch": batch, "input": [cin, size, size],
+                              "weight": [cout, cin // g, k, k], "stride": [s, s],
+                              "padding": [p, p], "dilation": [1, 1], "transposed": False,
+                              "output_padding": [0, 0], "groups": g, "dtype": dtype,
+                              "layout": layout, **defaults}
+                    yield fields, parts, "sweep"
+        if index in flag_layers:
+            for dtype in ("float32", "float16"):
+                for variant in FLAG_VARIANTS:
+                    if "tf32" in variant and dtype != "float32":
+                        continue
+                    fields = {"batch": 32, "input": [cin, size, size],
+                              "weight": [cout, cin // g, k, k], "stride": [s, s],
+                              "padding": [p, p], "dilation": [1, 1], "transposed": False,
+                              "output_padding": [0, 0], "groups": g, "dtype": dtype,
+                              "layout": "contiguous", **dict(defaults, **variant)}
+                    name = ",".join(f"{k}={v}" for k, v in variant.items())
+                    yield fields, ["forward", "backward_input", "backward_weight"], \
+                        f"sweep flags {name}"
+
+
+def tensor_bytes(fields):
+    itemsize = torch.empty((), dtype=getattr(torch, fields["dtype"])).element_size()
+    count = fields["batch"] * (_prod(fields["input"]) + _prod(output_of(fields)))
+    return count * itemsize
+
+
+def _prod(values):
+    out = 1
+    for v in values:
+        out *= v
+    return out
+
+
+def run_isolated(signatures, device, reader, history, log, deadline):
+    """Measure each (fields, parts, source) until the deadline; (records, skipped)."""
+    records, windows_of = [], []
+    skipped = 0
+    history.start()
+    for fields, parts, source in signatures:
+        if time.perf_counter() > deadline:
+            skipped += len(parts)
+            continue
+        if tensor_bytes(fields) > SWEEP_TENSOR_LIMIT:
+            records.append({"source": source, "signature": dict(fields, part=parts[0]),
+                            "skipped": "tensors over the probe's limit"})
+            continue
+        for part in parts:
+            record, window = measure_part(fields, part, device, reader, history, source)
+            records.append(record)
+            windows_of.append((record, window))
+    windows = history.windows()
+    for record, window in windows_of:
+        if window is not None and window < len(windows):
+            record["trace"] = windows[window]
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return records, skipped
+
+
+def distinct_parts(in_step):
+    """Each (fields, parts) of the steps' convolutions once, by signature less the mask."""
+    seen = {}
+    for record in in_step:
+        fields = {k: v for k, v in record["signature"].items() if k != "output_mask"}
+        key = json.dumps(fields, sort_keys=True)
+        parts = seen.setdefault(key, (fields, []))[1]
+        for part in record["parts"]:
+            if part not in parts:
+                parts.append(part)
+    return list(seen.values())
+
+
+# ---------------------------------------------------------------------------------------
+# The run.
+# ---------------------------------------------------------------------------------------
+
+def environment(device, cap, dry_run):
+    env = {"python": platform.python_version(), "torch": torch.__version__,
+           "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
+           "cudnn_flags": cudnn_flags(), "dry_run": dry_run,
+           "env": {k: os.environ[k] for k in ENV_VARS if k in os.environ},
+           "memory_cap": cap}
+    for module in ("torchvision", "transformers"):
+        try:
+            env[module] = __import__(module).__version__
+        except ImportError:
+            env[module] = None
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        env.update(device=torch.cuda.get_device_name(device), total_memory=props.total_memory,
+                   capability=f"{props.major}.{props.minor}",
+                   allocator_backend=torch.cuda.get_allocator_backend())
+    else:
+        env.update(device="cpu (dry run)", total_memory=None)
+    return env
+
+
+def _size(text):
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = str(text).strip().upper().rstrip("B").rstrip("I")
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description="Measure cuDNN's convolution workspaces on "
+                                            "the GPU (for vramkit.estimate's table).")
+    p.add_argument("--out", required=True, help="the JSON file to write")
+    p.add_argument("--quick", action="store_true",
+                   help="fewer workloads, batches and dtypes (about a minute)")
+    p.add_argument("--budget-s", type=float, default=170.0,
+                   help="stop starting measurements after this many seconds (default 170)")
+    p.add_argument("--max-memory", type=_size, default=30 * GiB,
+                   help="the most PyTorch's allocator may take (default 30G)")
+    p.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
+    p.add_argument("--only", default="resnet50,vit_b16,sweep",
+                   help="comma list of resnet50, vit_b16, sweep (default all)")
+    p.add_argument("--benchmark", action="store_true",
+                   help="run everything with torch.backends.cudnn.benchmark = True")
+    p.add_argument("--no-history", action="store_true",
+                   help="skip the memory history (no per-block traces)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="on the CPU, with made-up allocator figures: checks the probe")
+    return p.parse_args(argv)
+
+
+def summarize(result, log):
+    log("\nin-step convolutions (the workspace of an op: peak during it less what is "
+        "held before and after)")
+    by_workload = {}
+    for record in result["in_step"]:
+        by_workload.setdefault(record["workload"], []).append(record)
+    for workload, records in by_workload.items():
+        steady = [r for r in records if r["step"] == 1] or records
+        with_ws = [r for r in steady if r["excess"]]
+        biggest = max(steady, key=lambda r: r["excess"])
+        transient = sum(len(r.get("trace", {}).get("transient", [])) for r in steady)
+        log(f"  {workload:<28} {len(steady):>4} ops/step, {len(with_ws):>4} with a "
+            f"workspace, {transient:>4} transient blocks, largest "
+            f"{biggest['excess'] / (1 << 20):8.1f} MiB ({biggest['op']} "
+            f"{biggest['signature']['input']} w={biggest['signature']['weight']})")
+    measured = [r for r in result["isolated"] if "workspace" in r]
+    failed = [r for r in result["isolated"] if "error" in r]
+    log(f"\nisolated parts: {len(measured)} measured, {len(failed)} failed, "
+        f"{result['skipped']} left out by the time budget")
+    table = {}
+    for record in measured:
+        sig = record["signature"]
+        key = (sig["part"], sig["dtype"], sig["layout"])
+        entry = table.setdefault(key, [0, 0, 0])
+        entry[0] += 1
+        entry[1] += record["workspace"] > 0
+        entry[2] = max(entry[2], record["workspace"])
+    log(f"  {'part':<16}{'dtype':<10}{'layout':<15}{'parts':>6}{'with ws':>9}"
+        f"{'largest MiB':>13}")
+    for (part, dtype, layout), (count, nonzero, largest) in sorted(table.items()):
+        log(f"  {part:<16}{dtype:<10}{layout:<15}{count:>6}{nonzero:>9}"
+            f"{largest / (1 << 20):>13.1f}")
+    others = {}
+    for ops in result["other_ops"].values():
+        for name, entry in ops.items():
+            others[name] = max(others.get(name, 0), entry["max_excess"])
+    if others:
+        top = sorted(others.items(), key=lambda kv: -kv[1])[:8]
+        log("\nother ops with transient blocks (largest): " + ", ".join(
+            f"{name} {size / (1 << 20):.1f} MiB" for name, size in top))
+    for error in result["errors"]:
+        log(f"error: {error['where']}: {error['error']}")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    start = time.perf_counter()
+    deadline = start + args.budget_s
+
+    def log(text):
+        print(text, flush=True)
+
+    trace = []
+    if args.dry_run:
+        device = torch.device("cpu")
+        reader, history = DryReader(trace), DryHistory(trace)
+        workloads = [("tiny", "fp32", 4), ("tiny", "bf16-amp", 4)]
+    else:
+        if not torch.cuda.is_available():
+            print("cudnn_workspace_probe: needs a CUDA GPU (or --dry-run)", file=sys.stderr)
+            return 1
+        device = torch.device("cuda", 0)
+        torch.cuda.init()
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.max_memory / total), device)
+        reader, history = CudaReader(device), History(device, not args.no_history)
+        workloads = QUICK_WORKLOADS if args.quick else WORKLOADS
+    if args.benchmark:
+        torch.backends.cudnn.benchmark = True
+    only = set(args.only.split(","))
+    torch.manual_seed(0)
+    result = {"format": PROBE_FORMAT, "dry_run": args.dry_run,
+              "environment": environment(device, None if args.dry_run else args.max_memory,
+                                         args.dry_run),
+              "workloads": [], "in_step": [], "other_ops": {}, "isolated": [],
+              "skipped": 0, "errors": [], "seconds": None}
+
+    def write():
+        result["seconds"] = round(time.perf_counter() - start, 1)
+        folder = os.path.dirname(os.path.abspath(args.out))
+        os.makedirs(folder, exist_ok=True)
+        scratch = args.out + ".partial"
+        with open(scratch, "w") as f:
+            json.dump(result, f)
+        os.replace(scratch, args.out)
+
+    log(f"cudnn_workspace_probe on {result['environment']['device']}, PyTorch "
+        f"{torch.__version__}, cuDNN {torch.backends.cudnn.version()}")
+    for name, precision, batch in workloads:
+        if name not in only and name != "tiny":
+            continue
+        if time.perf_counter() > deadline:
+            result["errors"].append({"where": f"{name} {precision} b{batch}",
+                                     "error": "left out by the time budget"})
+            continue
+        try:
+            records, other, info = run_workload(name, precision, batch, device, reader,
+                                                history, args.optimizer, log)
+        except Exception as error:  # noqa: BLE001 - recorded; the rest goes on
+            result["errors"].append({"where": f"{name} {precision} b{batch}",
+                                     "error": f"{type(error).__name__}: {error}"[:500],
+                                     "traceback": traceback.format_exc()[-2000:]})
+            log(f"  {name} {precision} b{batch}: {type(error).__name__}: {error}"[:300])
+            records, other, info = [], {}, None
+        finally:
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        result["in_step"].extend(records)
+        if other:
+            result["other_ops"][f"{name} {precision} b{batch}"] = other
+        if info:
+            result["workloads"].append(info)
+            # The parts of this workload's convolutions, measured on their own at once,
+            # while the budget is surest to allow it.
+            parts = [(fields, parts, info["workload"])
+                     for fields, parts in distinct_parts(records)]
+            isolated, skipped = run_isolated(parts, device, reader, history, log, deadline)
+            result["isolated"].extend(isolated)
+            result["skipped"] += skipped
+        write()
+    if history.error:
+        result["errors"].append({"where": "memory history", "error": history.error})
+    if "sweep" in only:
+        configs = list(sweep_configs(args.quick, args.dry_run))
+        isolated, skipped = run_isolated(configs, device, reader, history, log, deadline)
+        result["isolated"].extend(isolated)
+        result["skipped"] += skipped
+        log(f"  sweep: {len(isolated)} parts measured or tried, {skipped} left out "
+            f"by the time budget")
+    write()
+    summarize(result, log)
+    log(f"\nwrote {args.out} in {result['seconds']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,981 @@
+"""cuDNN's convolution workspaces: the blocks inside a convolution that fake tensors never see.
+
+PyTorch's cuDNN convolutions (forward, backward data, backward weight) each ask PyTorch's
+caching allocator for a workspace inside the call and free it before they return. Under
+fake tensors no kernel runs, so a recorded step has no such block; in the real step these
+transient blocks raise the peak where they sit and split PyTorch's cached segments (on an
+H200, PyTorch 2.11, ResNet-50's peak reserved was predicted 6.6% to 9% low without them).
+
+The model gives each convolution op of the recorded step, right after its outputs, one
+allocation and at once its free for each part the op computes (forward; backward input,
+weight, bias), of the size that part's workspace has. A part's size is found by its
+signature (:class:`ConvSignature`: the part, shapes, stride, padding, dilation, groups,
+dtype, memory layout and cuDNN flags), in this order:
+
+1. on a machine with the GPU: measured there, once per signature, by running that part on
+   real tensors of the same shapes (:func:`measure_on_device`); kept for the process and
+   on disk (:func:`cache_path`, per device name, PyTorch version and cuDNN version);
+2. without one, or where the device lacks the memory to run the part: the table shipped
+   with the package (``data/cudnn_workspaces.json``, the measurements of
+   ``bench/cudnn_workspace_probe.py`` on an H200), by :meth:`Table.lookup`: the exact
+   signature, else the same layer measured at other batch sizes, scaled to this batch,
+   else the table's size rule, fitted to all its measurements;
+3. else 0, and the estimate's notes say convolution workspaces were not modelled.
+
+``python -m vramkit.estimator.workspaces import PROBE.json [--table PATH]`` fills a table
+from the probe's output; ``show`` says what a table holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import statistics
+import sys
+import tempfile
+import warnings
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, replace
+
+TABLE_FORMAT = "vramkit-cudnn-workspaces/1"
+PROBE_FORMAT = "vramkit-cudnn-workspace-probe/1"
+TABLE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data",
+                          "cudnn_workspaces.json")
+LABEL = "cuDNN workspace"
+PARTS = ("forward", "backward_input", "backward_weight", "backward_bias")
+LAYOUTS = ("contiguous", "channels_last", "channels_last_3d", "strided")
+
+# How a workspace grows with the batch where the table has one batch size of a layer and
+# no layer measured at two to fit the exponent from: in proportion, as the workspaces of
+# cuDNN's layout transforms and GEMM-based algorithms, which cover the whole batch, do.
+ASSUMED_BATCH_EXPONENT = 1.0
+
+_ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
+             "float8_e4m3fn": 1, "float8_e5m2": 1}
+# The key's short names for the signature's fields.
+_KEY_NAMES = {"n": "batch", "in": "input", "w": "weight", "stride": "stride",
+              "pad": "padding", "dil": "dilation", "groups": "groups",
+              "transposed": "transposed", "out_pad": "output_padding", "dtype": "dtype",
+              "layout": "layout", "benchmark": "benchmark",
+              "deterministic": "deterministic", "tf32": "tf32", "cudnn": "cudnn"}
+_SHAPES = ("input", "weight", "stride", "padding", "dilation", "output_padding")
+_FLAGS = ("transposed", "benchmark", "deterministic", "tf32", "cudnn")
+
+
+class WorkspaceTableError(ValueError):
+    """A workspace table, or a probe's output to import, that cannot be read as one."""
+
+
+# ---------------------------------------------------------------------------------------
+# Signatures.
+# ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ConvSignature:
+    """What decides one convolution part's workspace: cuDNN picks its algorithm, and with
+    it the workspace, from these alone (and from the memory free, in benchmark mode)."""
+
+    part: str                    # one of PARTS
+    batch: int
+    input: tuple                 # one sample: channels, then the spatial sizes
+    weight: tuple                # out channels, in channels / groups, kernel sizes
+    stride: tuple
+    padding: tuple
+    dilation: tuple
+    transposed: bool
+    output_padding: tuple        # zeros unless transposed
+    groups: int
+    dtype: str                   # "float32", "float16", "bfloat16"...
+    layout: str                  # one of LAYOUTS
+    benchmark: bool = False      # torch.backends.cudnn.benchmark
+    deterministic: bool = False  # cudnn.deterministic or use_deterministic_algorithms
+    tf32: bool = True            # cudnn.allow_tf32 (True for other dtypes than fp32)
+    cudnn: bool = True           # torch.backends.cudnn.enabled
+
+    def key(self) -> str:
+        """The table's key: every field, in a fixed order, readable."""
+        def dims(values):
+            return "x".join(str(v) for v in values)
+
+        def flag(value):
+            return "1" if value else "0"
+
+        return (f"{self.part} n={self.batch} in={dims(self.input)} w={dims(self.weight)} "
+                f"stride={dims(self.stride)} pad={dims(self.padding)} "
+                f"dil={dims(self.dilation)} groups={self.groups} "
+                f"transposed={flag(self.transposed)} out_pad={dims(self.output_padding)} "
+                f"dtype={self.dtype} layout={self.layout} "
+                f"benchmark={flag(self.benchmark)} deterministic={flag(self.deterministic)} "
+                f"tf32={flag(self.tf32)} cudnn={flag(self.cudnn)}")
+
+    @classmethod
+    def from_key(cls, key: str) -> "ConvSignature":
+        tokens = key.split()
+        if not tokens:
+            raise ValueError("an empty key")
+        fields: dict = {"part": tokens[0]}
+        for token in tokens[1:]:
+            name, sep, value = token.partition("=")
+            if not sep or name not in _KEY_NAMES:
+                raise ValueError(f"{token!r} is not a field of a signature")
+            field = _KEY_NAMES[name]
+            if field in _SHAPES:
+                fields[field] = [int(v) for v in value.split("x")] if value else []
+            elif field in _FLAGS:
+                if value not in ("0", "1"):
+                    raise ValueError(f"{token!r}: a flag is 0 or 1")
+                fields[field] = value == "1"
+            elif field in ("batch", "groups"):
+                fields[field] = int(value)
+            else:
+                fields[field] = value
+        signature = cls.from_fields(fields)
+        if signature.key() != key:
+            raise ValueError(f"not in the canonical form {signature.key()!r}")
+        return signature
+
+    @classmethod
+    def from_fields(cls, fields: dict) -> "ConvSignature":
+        """A signature from a mapping of its fields (a probe's record), checked and put in
+        the canonical form (tf32 is True for dtypes it does not apply to)."""
+        missing = [f for f in ("part", "batch", "input", "weight", "stride", "padding",
+                               "dilation", "groups", "dtype", "layout") if f not in fields]
+        if missing:
+            raise ValueError(f"missing {', '.join(missing)}")
+        part = fields["part"]
+        if part not in PARTS:
+            raise ValueError(f"part {part!r} is not one of {', '.join(PARTS)}")
+        shapes = {}
+        for name in _SHAPES:
+            value = fields.get(name, [])
+            if isinstance(value, (str, bytes)) or not all(
+                    isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+                raise ValueError(f"{name} must be a list of non-negative ints, not {value!r}")
+            shapes[name] = tuple(value)
+        spatial = len(shapes["weight"]) - 2
+        if spatial < 1 or len(shapes["input"]) != spatial + 1:
+            raise ValueError(f"input {list(shapes['input'])} and weight "
+                             f"{list(shapes['weight'])} do not make a convolution")
+        if not all(shapes["input"]) or not all(shapes["weight"]):
+            raise ValueError("input and weight sizes must be positive")
+        transposed = fields.get("transposed", False)
+        if transposed not in (0, 1):
+            raise ValueError(f"transposed must be a bool, not {transposed!r}")
+        transposed = bool(transposed)
+        if not transposed:
+            shapes["output_padding"] = (0,) * spatial
+        for name in ("stride", "padding", "dilation", "output_padding"):
+            if len(shapes[name]) != spatial:
+                raise ValueError(f"{name} {list(shapes[name])} has not {spatial} dims")
+        if not all(shapes["stride"]) or not all(shapes["dilation"]):
+            raise ValueError("stride and dilation must be positive")
+        for name in ("batch", "groups"):
+            value = fields[name]
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive int, not {value!r}")
+        dtype = fields["dtype"]
+        if not isinstance(dtype, str) or not dtype.isidentifier():
+            raise ValueError(f"dtype must be a name like 'float32', not {dtype!r}")
+        if fields["layout"] not in LAYOUTS:
+            raise ValueError(f"layout {fields['layout']!r} is not one of {', '.join(LAYOUTS)}")
+        flags = {}
+        for name, default in (("benchmark", False), ("deterministic", False),
+                              ("tf32", True), ("cudnn", True)):
+            value = fields.get(name, default)
+            if value not in (0, 1):  # True, False, 0 and 1
+                raise ValueError(f"{name} must be a bool, not {value!r}")
+            flags[name] = bool(value)
+        if dtype != "float32":
+            flags["tf32"] = True  # TF32 applies to fp32 only: one key for either setting
+        signature = cls(part=part, batch=fields["batch"], transposed=transposed,
+                        groups=fields["groups"], dtype=dtype, layout=fields["layout"],
+                        **shapes, **flags)
+        if signature.activation_bytes() <= 0:
+            raise ValueError("the convolution has an empty output")
+        return signature
+
+    def fields(self) -> dict:
+        """The signature as a JSON-ready mapping (what a probe's record holds)."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+    def layer(self) -> "ConvSignature":
+        """The same signature at no particular batch size."""
+        return replace(self, batch=0)
+
+    def size_group(self) -> str:
+        """The signatures the size rule gives one ratio: same part, dtype, layout, flags."""
+        key = self.key()
+        return f"{self.part} " + key[key.index(" dtype=") + 1:]
+
+    def output(self) -> tuple:
+        """One sample's output: channels, then the spatial sizes."""
+        kernel = self.weight[2:]
+        spatial = []
+        for i, size in enumerate(self.input[1:]):
+            s, p, d, k = self.stride[i], self.padding[i], self.dilation[i], kernel[i]
+            if self.transposed:
+                spatial.append((size - 1) * s - 2 * p + d * (k - 1)
+                               + self.output_padding[i] + 1)
+            else:
+                spatial.append((size + 2 * p - d * (k - 1) - 1) // s + 1)
+        channels = self.weight[1] * self.groups if self.transposed else self.weight[0]
+        return (channels, *spatial)
+
+    def activation_bytes(self) -> int:
+        """Bytes of the batch's input and output: what the size rule scales."""
+        out = self.output()
+        if min(out) <= 0:
+            return 0
+        return self.batch * (math.prod(self.input) + math.prod(out)) * \
+            _ITEMSIZE.get(self.dtype, 4)
+
+
+_CONV_OPS = None
+
+
+def _conv_ops() -> dict:
+    """The ATen ops a convolution reaches the dispatch modes as, and their kind."""
+    global _CONV_OPS
+    if _CONV_OPS is None:
+        import torch
+        aten = torch.ops.aten
+        _CONV_OPS = {aten.convolution.default: "forward",
+                     aten._convolution.default: "forward",
+                     aten.convolution_backward.default: "backward"}
+    return _CONV_OPS
+
+
+def _bound(func, args, kwargs) -> dict:
+    """The op's arguments by name, defaults filled in."""
+    bound = {}
+    schema = func._schema.arguments
+    for argument, value in zip(schema, args):
+        bound[argument.name] = value
+    bound.update(kwargs or {})
+    for argument in schema:
+        if argument.name not in bound and argument.has_default_value():
+            bound[argument.name] = argument.default_value
+    return bound
+
+
+def _expand(values, dims: int) -> tuple:
+    values = [int(v) for v in (values if isinstance(values, (list, tuple)) else [values])]
+    return tuple(values * dims) if len(values) == 1 else tuple(values)
+
+
+def _layout(x, w) -> str:
+    """The memory layout cuDNN runs in: channels-last when the input or the weight is (as
+    PyTorch's cudnn_conv_suggest_memory_format decides)."""
+    import torch
+    for t in (x, w):
+        if t.is_contiguous():
+            continue
+        if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last):
+            return "channels_last"
+        if t.dim() == 5 and t.is_contiguous(memory_format=torch.channels_last_3d):
+            return "channels_last_3d"
+    return "contiguous" if x.is_contiguous() and w.is_contiguous() else "strided"
+
+
+def _flags(bound: dict) -> dict:
+    import torch
+    if "cudnn_enabled" in bound:  # aten._convolution carries its own
+        return dict(benchmark=bool(bound["benchmark"]),
+                    deterministic=bool(bound["deterministic"]),
+                    tf32=bool(bound["allow_tf32"]), cudnn=bool(bound["cudnn_enabled"]))
+    cudnn = torch.backends.cudnn
+    return dict(benchmark=bool(cudnn.benchmark),
+                deterministic=bool(cudnn.deterministic
+                                   or torch.are_deterministic_algorithms_enabled()),
+                tf32=bool(cudnn.allow_tf32), cudnn=bool(cudnn.enabled))
+
+
+def signatures_of_call(func, args, kwargs, device_type: str | None = None) -> list:
+    """The signatures of the parts one dispatched op computes, in the order it computes
+    them; empty for an op that is no convolution (or whose input is not on device_type)."""
+    kind = _conv_ops().get(func)
+    if kind is None:
+        return []
+    import torch
+    bound = _bound(func, args, kwargs)
+    x, w = bound.get("input"), bound.get("weight")
+    if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor) \
+            or x.dim() != w.dim() or x.dim() < 3 or x.shape[0] == 0:
+        return []
+    if device_type is not None and x.device.type != device_type:
+        return []
+    spatial = w.dim() - 2
+    transposed = bool(bound["transposed"])
+    fields = dict(batch=int(x.shape[0]), input=[int(v) for v in x.shape[1:]],
+                  weight=[int(v) for v in w.shape],
+                  stride=list(_expand(bound["stride"], spatial)),
+                  padding=list(_expand(bound["padding"], spatial)),
+                  dilation=list(_expand(bound["dilation"], spatial)),
+                  transposed=transposed,
+                  output_padding=list(_expand(bound["output_padding"], spatial))
+                  if transposed else [0] * spatial,
+                  groups=int(bound["groups"]), dtype=str(x.dtype).replace("torch.", ""),
+                  layout=_layout(x, w), **_flags(bound))
+    if kind == "forward":
+        parts = ["forward"]
+    else:
+        parts = [p for p, wanted in zip(PARTS[1:], bound["output_mask"]) if wanted]
+    try:
+        return [ConvSignature.from_fields(dict(fields, part=p)) for p in parts]
+    except ValueError:
+        return []  # a shape no kernel runs (an empty output): nothing to model
+
+
+# ---------------------------------------------------------------------------------------
+# The table.
+# ---------------------------------------------------------------------------------------
+
+def _table_error(path: str, problem: str) -> WorkspaceTableError:
+    error = WorkspaceTableError(
+        f"{path}: not a usable cuDNN workspace table ({problem}). The estimator reads it "
+        f"to model convolution workspaces without a GPU: reinstall vramkit to restore the "
+        f"shipped table, rebuild it with `python -m vramkit.estimator.workspaces import "
+        f"PROBE.json --table {path} --replace`, or estimate with model_workspaces=\"cublas\" "
+        f"(or False) to leave convolution workspaces out.")
+    error.problem = problem
+    return error
+
+
+class Table:
+    """Measured workspace sizes by signature key, and the rule fitted to them."""
+
+    def __init__(self, entries: dict, rule: dict | None = None,
+                 measured_on: dict | None = None, path: str | None = None):
+        self.entries = dict(entries)
+        self.rule = dict(rule or {})
+        self.measured_on = measured_on
+        self.path = path
+        self._layers: dict = defaultdict(list)
+        for key, size in self.entries.items():
+            signature = ConvSignature.from_key(key)
+            self._layers[signature.layer()].append((signature.batch, size))
+        for points in self._layers.values():
+            points.sort()
+
+    @classmethod
+    def load(cls, path: str) -> "Table":
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except FileNotFoundError:
+            raise _table_error(path, "the file is missing") from None
+        except (OSError, UnicodeDecodeError) as error:
+            raise _table_error(path, f"unreadable: {error}") from None
+        except json.JSONDecodeError as error:
+            raise _table_error(path, f"not JSON: {error}") from None
+        return cls.from_json(data, path)
+
+    @classmethod
+    def from_json(cls, data, path: str = "<table>") -> "Table":
+        if not isinstance(data, dict) or data.get("format") != TABLE_FORMAT:
+            found = data.get("format") if isinstance(data, dict) else type(data).__name__
+            raise _table_error(path, f"format {found!r}, expected {TABLE_FORMAT!r}")
+        entries = data.get("entries")
+        if not isinstance(entries, dict):
+            raise _table_error(path, "'entries' must be an object of key: bytes")
+        for key, size in entries.items():
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise _table_error(path, f"entry {key!r}: {size!r} is not a size in bytes")
+            try:
+                ConvSignature.from_key(key)
+            except ValueError as error:
+                raise _table_error(path, f"entry {key!r}: {error}") from None
+        rule = data.get("rule", {})
+        if not isinstance(rule, dict):
+            raise _table_error(path, "'rule' must be an object")
+        for name, allowed in (("batch_exponent", set(PARTS)),
+                              ("workspace_per_activation_byte", None)):
+            values = rule.get(name, {})
+            if not isinstance(values, dict) or not all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool)
+                    and math.isfinite(v) and v >= 0 for v in values.values()):
+                raise _table_error(path, f"rule {name!r} must map names to numbers >= 0")
+            if allowed is not None and not set(values) <= allowed:
+                raise _table_error(path, f"rule {name!r} names parts not in "
+                                         f"{', '.join(PARTS)}")
+        measured_on = data.get("measured_on")
+        if measured_on is not None and not isinstance(measured_on, dict):
+            raise _table_error(path, "'measured_on' must be an object or null")
+        return cls(entries, rule, measured_on, path)
+
+    def to_json(self) -> dict:
+        return {"format": TABLE_FORMAT,
+                "about": "cuDNN convolution workspace sizes in bytes by signature "
+                         "(vramkit.estimator.workspaces.ConvSignature.key), measured by "
+                         "bench/cudnn_workspace_probe.py; `python -m "
+                         "vramkit.estimator.workspaces import PROBE.json --table FILE` "
+                         "fills it and fits the rule.",
+                "measured_on": self.measured_on,
+                "entries": dict(sorted(self.entries.items())),
+                "rule": self.rule}
+
+    def save(self, path: str) -> None:
+        """Write the table in one step (a reader never sees half a file)."""
+        folder = os.path.dirname(os.path.abspath(path))
+        os.makedirs(folder, exist_ok=True)
+        fd, scratch = tempfile.mkstemp(prefix=".workspaces-", suffix=".json", dir=folder)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(self.to_json(), f, indent=1)
+                f.write("\n")
+            os.replace(scratch, path)
+        except BaseException:
+            if os.path.exists(scratch):
+                os.unlink(scratch)
+            raise
+
+    def describe_source(self) -> str:
+        on = self.measured_on or {}
+        if not on.get("device"):
+            return "an unnamed device"
+        return (f"{on['device']} (PyTorch {on.get('torch', '?')}, "
+                f"cuDNN {on.get('cudnn', '?')})")
+
+    def batch_exponent(self, part: str) -> float:
+        return float(self.rule.get("batch_exponent", {}).get(part, ASSUMED_BATCH_EXPONENT))
+
+    def lookup(self, signature: ConvSignature) -> tuple:
+        """(bytes, how) for a signature: how is "exact" (measured), "batch" (the layer
+        measured at other batch sizes: interpolated between the nearest two along the
+        power law through them, or beyond them scaled by batch ** the table's fitted
+        exponent), "size" (the size rule: the median, over the table's signatures of
+        the same part, dtype, layout and flags, of workspace bytes per byte of input and
+        output, times this one's) or (None, None) when none of these applies."""
+        key = signature.key()
+        if key in self.entries:
+            return self.entries[key], "exact"
+        points = self._layers.get(signature.layer())
+        if points:
+            return self._scaled(signature, points), "batch"
+        ratio = self.rule.get("workspace_per_activation_byte", {}).get(signature.size_group())
+        if ratio is not None:
+            return int(round(ratio * signature.activation_bytes())), "size"
+        return None, None
+
+    def _scaled(self, signature: ConvSignature, points: list) -> int:
+        n = signature.batch
+        below = [p for p in points if p[0] < n]
+        above = [p for p in points if p[0] > n]
+        if below and above:
+            (b1, s1), (b2, s2) = below[-1], above[0]
+            if s1 > 0 and s2 > 0:
+                exponent = math.log(s2 / s1) / math.log(b2 / b1)
+                return int(round(s1 * (n / b1) ** exponent))
+            return int(round(s1 + (s2 - s1) * (n - b1) / (b2 - b1)))
+        b0, s0 = below[-1] if below else above[0]
+        return int(round(s0 * (n / b0) ** self.batch_exponent(signature.part)))
+
+
+def fit_rule(entries: dict) -> dict:
+    """The rule Table.lookup falls back on, fitted to measured entries: per part, the
+    median exponent of workspace against batch over layers measured at two batch sizes
+    (clamped to [0, 2]); per size group, the median workspace per activation byte."""
+    signatures = [(ConvSignature.from_key(k), v) for k, v in entries.items()]
+    layers: dict = defaultdict(list)
+    for signature, size in signatures:
+        layers[signature.layer()].append((signature.batch, size))
+    exponents: dict = defaultdict(list)
+    for layer, points in layers.items():
+        points.sort()
+        for (b1, s1), (b2, s2) in zip(points, points[1:]):
+            if s1 > 0 and s2 > 0 and b2 > b1:
+                exponents[layer.part].append(math.log(s2 / s1) / math.log(b2 / b1))
+    ratios: dict = defaultdict(list)
+    for signature, size in signatures:
+        ratios[signature.size_group()].append(size / signature.activation_bytes())
+    rule: dict = {}
+    if exponents:
+        rule["batch_exponent"] = {part: round(min(2.0, max(0.0, statistics.median(v))), 4)
+                                  for part, v in sorted(exponents.items())}
+    if ratios:
+        rule["workspace_per_activation_byte"] = {
+            group: float(f"{statistics.median(v):.6g}") for group, v in sorted(ratios.items())}
+    return rule
+
+
+def empty_table(path: str | None = None) -> Table:
+    return Table({}, {}, None, path)
+
+
+# ---------------------------------------------------------------------------------------
+# Measuring on the device.
+# ---------------------------------------------------------------------------------------
+
+class _TorchReader:
+    """PyTorch's allocator statistics: its caching allocator's, or vramkit's complete
+    backend's, which reports through the same functions."""
+
+    def allocated(self, device) -> int:
+        import torch
+        return torch.cuda.memory_allocated(device)
+
+    def reset_peak(self, device) -> None:
+        import torch
+        torch.cuda.reset_peak_memory_stats(device)
+
+    def peak(self, device) -> int:
+        import torch
+        return torch.cuda.max_memory_allocated(device)
+
+    def reserved(self, device) -> int:
+        import torch
+        return torch.cuda.memory_reserved(device)
+
+    def empty_cache(self, device) -> None:
+        import torch
+        torch.cuda.empty_cache()
+
+    def observe(self, out) -> None:
+        """Told each measured call's outputs (a reader without real figures uses them)."""
+
+
+class _VramkitReader(_TorchReader):
+    """vramkit's own statistics, under vramkit.torch's CUDAPluggableAllocator fallback,
+    where PyTorch's memory functions report nothing."""
+
+    def allocated(self, device) -> int:
+        import vramkit
+        return vramkit.memory_allocated(device.index or 0)
+
+    def reset_peak(self, device) -> None:
+        import vramkit
+        vramkit.reset_peak_memory_stats(device.index or 0)
+
+    def peak(self, device) -> int:
+        import vramkit
+        return vramkit.max_memory_allocated(device.index or 0)
+
+    def reserved(self, device) -> int:
+        import vramkit
+        return vramkit.memory_reserved(device.index or 0)
+
+    def empty_cache(self, device) -> None:
+        import vramkit
+        vramkit.empty_cache(device.index or 0)
+
+
+def allocator_reader():
+    """The statistics of whichever allocator PyTorch allocates CUDA memory through."""
+    hooks = sys.modules.get("vramkit.torch")
+    if hooks is not None and hooks.installed() and hooks.backend() == "pluggable":
+        return _VramkitReader()
+    return _TorchReader()
+
+
+def _runner(signature: ConvSignature, device):
+    """A call of the signature's part on real (uninitialised) tensors of its shapes."""
+    import torch
+    dtype = getattr(torch, signature.dtype)
+    memory_format = {"channels_last": torch.channels_last,
+                     "channels_last_3d": torch.channels_last_3d}.get(signature.layout)
+    dims = len(signature.weight)
+
+    def make(shape):
+        if memory_format is not None and len(shape) == dims:
+            return torch.empty(shape, dtype=dtype, device=device, memory_format=memory_format)
+        return torch.empty(shape, dtype=dtype, device=device)
+
+    x = make((signature.batch, *signature.input))
+    w = make(signature.weight)
+    geometry = (list(signature.stride), list(signature.padding), list(signature.dilation),
+                signature.transposed, list(signature.output_padding), signature.groups)
+    aten = torch.ops.aten
+    if signature.part == "forward":
+        return lambda: aten.convolution.default(x, w, None, *geometry)
+    grad_out = make((signature.batch, *signature.output()))
+    mask = [signature.part == p for p in PARTS[1:]]
+    bias_sizes = [signature.output()[0]] if signature.part == "backward_bias" else None
+    return lambda: aten.convolution_backward.default(grad_out, x, w, bias_sizes, *geometry,
+                                                     mask)
+
+
+def measure_on_device(signature: ConvSignature, device, reader=None) -> int | None:
+    """One part's workspace, measured: the part runs on real tensors of the signature's
+    shapes with its cuDNN flags, once to let cuDNN choose its algorithm (and, in
+    benchmark mode, time them all), then again with the allocator's peak reset. The
+    workspace is the peak during that call less what the allocator holds before and after
+    it (the inputs, then also the outputs). None when the device lacks the memory. It
+    resets the device's peak statistics (reset_peak_memory_stats); everything it
+    allocates is freed before it returns."""
+    import contextlib
+
+    import torch
+    from torch.utils._python_dispatch import _disable_current_modes
+    reader = reader or allocator_reader()
+    with contextlib.ExitStack() as stack:
+        # Out of the recording: no fake tensors, no recorder, no autocast, no autograd.
+        stack.enter_context(_disable_current_modes())
+        stack.enter_context(torch.no_grad())
+        stack.enter_context(torch.autocast(device.type, enabled=False))
+        stack.enter_context(torch.backends.cudnn.flags(
+            enabled=signature.cudnn, benchmark=signature.benchmark,
+            deterministic=signature.deterministic, allow_tf32=signature.tf32))
+        if device.type == "cuda":
+            stack.enter_context(torch.cuda.device(device))
+        try:
+            run = _runner(signature, device)
+            first = run()
+            del first
+            before = reader.allocated(device)
+            reader.reset_peak(device)
+            out = run()
+            reader.observe(out)
+            peak = reader.peak(device)
+            after = reader.allocated(device)
+            del out, run
+        except torch.OutOfMemoryError:
+            return None
+    return max(0, peak - max(before, after))
+
+
+def device_identity(device) -> dict:
+    """What a measurement holds for: the device's name, PyTorch's and cuDNN's versions."""
+    import torch
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    return {"device": name, "torch": torch.__version__,
+            "cudnn": torch.backends.cudnn.version()}
+
+
+def cache_path(identity: dict) -> str:
+    """Where the measurements on one kind of device are kept: $VRAMKIT_CACHE_DIR, else
+    $XDG_CACHE_HOME/vramkit, else ~/.cache/vramkit, then cudnn-workspaces/<identity>.json."""
+    from .._torch_build import cache_dir
+    name = f"{identity['device']}-torch{identity['torch']}-cudnn{identity['cudnn']}"
+    return os.path.join(cache_dir(), "cudnn-workspaces",
+                        re.sub(r"[^A-Za-z0-9._+-]+", "_", name) + ".json")
+
+
+# Measurements made in this process, by cache file: a search over batch sizes measures
+# each signature once.
+_MEASURED: dict = {}
+
+
+def _read_cache(path: str) -> dict:
+    if not os.path.exists(path):
+        return {}
+    try:
+        return Table.load(path).entries
+    except WorkspaceTableError as error:
+        warnings.warn(f"vramkit.estimate: {path}, the cache of measured cuDNN workspaces, "
+                      f"is ignored and will be rewritten: {getattr(error, 'problem', error)}",
+                      RuntimeWarning, stacklevel=3)
+        return {}
+
+
+# ---------------------------------------------------------------------------------------
+# The model the recorder calls.
+# ---------------------------------------------------------------------------------------
+
+class ConvWorkspaceModel:
+    """The recorder's hook for convolutions: one transient block per part with a
+    workspace, after the op's outputs. ``device``: the real device to measure on (None:
+    use the table); ``device_type``: count only convolutions whose input is there."""
+
+    def __init__(self, device=None, *, device_type: str | None = None,
+                 table_path: str | None = None, reader=None):
+        self.device = device
+        self.device_type = device_type
+        self.table_path = table_path or TABLE_PATH
+        self._reader = reader
+        self._table: Table | None = None
+        self._size: dict = {}          # key -> bytes, once found
+        self._how: dict = {}           # key -> "measured", "cached", "exact", "batch"...
+        self._no_memory: set = set()   # keys the device lacked the memory to measure
+        self._failed: dict = {}        # keys whose measurement failed otherwise: why
+        self._measured: dict | None = None
+        self._identity: dict | None = None
+        self._cache_file: str | None = None
+        self._measured_new = False
+        self._reserved_before: int | None = None
+
+    def table(self) -> Table:
+        if self._table is None:
+            self._table = Table.load(self.table_path)
+        return self._table
+
+    def hook(self, recorder, func, args, kwargs, out) -> None:
+        signatures = signatures_of_call(func, args, kwargs, self.device_type)
+        if not signatures:
+            return
+        op = getattr(func, "__name__", str(func))
+        for signature in signatures:
+            size = self.size_of(signature)
+            if size > 0:
+                recorder.allocate_transient(size, op, LABEL, "workspaces")
+
+    def size_of(self, signature: ConvSignature) -> int:
+        key = signature.key()
+        size = self._size.get(key)
+        if size is not None:
+            return size
+        how = None
+        if self.device is not None:
+            size, how = self._from_device(signature, key)
+        if size is None:
+            size, how = self.table().lookup(signature)
+        if size is None:
+            size, how = 0, "none"
+        self._size[key], self._how[key] = size, how
+        return size
+
+    def _reader_here(self):
+        return self._reader or allocator_reader()
+
+    def _from_device(self, signature: ConvSignature, key: str) -> tuple:
+        if self._measured is None:
+            self._identity = device_identity(self.device)
+            self._cache_file = cache_path(self._identity)
+            if self._cache_file not in _MEASURED:
+                _MEASURED[self._cache_file] = _read_cache(self._cache_file)
+            self._measured = _MEASURED[self._cache_file]
+        if key in self._measured:
+            return self._measured[key], "cached"
+        reader = self._reader_here()
+        if self._reserved_before is None:
+            self._reserved_before = reader.reserved(self.device)
+        try:
+            size = measure_on_device(signature, self.device, reader)
+        except RuntimeError as error:
+            # A configuration the real kernels refuse in isolation (say, a cuDNN status
+            # error) is no reason to give no estimate: the table stands in for it.
+            self._failed[key] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+            return None, None
+        if size is None:
+            self._no_memory.add(key)
+            return None, None
+        self._measured[key] = size
+        self._measured_new = True
+        return size, "measured"
+
+    def finish(self) -> None:
+        """After the recording: keep the new measurements on disk, and give back what
+        measuring added to the allocator's cache."""
+        if self._measured_new and self._cache_file:
+            entries = _read_cache(self._cache_file)
+            entries.update(self._measured)
+            try:
+                Table(entries, {}, self._identity).save(self._cache_file)
+                self._measured_new = False
+            except OSError as error:
+                warnings.warn(f"vramkit.estimate: could not keep the measured cuDNN "
+                              f"workspaces in {self._cache_file} ({error}); they will be "
+                              f"measured again", RuntimeWarning, stacklevel=2)
+        if self._reserved_before is not None:
+            reader = self._reader_here()
+            if reader.reserved(self.device) > self._reserved_before:
+                reader.empty_cache(self.device)
+            self._reserved_before = None
+
+    def counts(self) -> Counter:
+        """How many of the step's convolution signatures got their size each way."""
+        return Counter(self._how.values())
+
+    def notes(self) -> list:
+        if not self._how:
+            return []
+        counts = self.counts()
+        total = len(self._how)
+        notes = []
+        on_device = counts["measured"] + counts["cached"]
+        if on_device:
+            kept = (f", {counts['cached']} of them from earlier measurements kept in "
+                    f"{self._cache_file}" if counts["cached"] else "")
+            notes.append(f"cuDNN workspaces measured on this GPU "
+                         f"({self._identity['device']}) for {on_device} of the step's "
+                         f"{total} convolution signatures{kept}")
+        if self._no_memory:
+            notes.append(f"the GPU lacked the memory to measure the cuDNN workspaces of "
+                         f"{len(self._no_memory)} convolution signatures: the table's "
+                         f"sizes were used for them where it has some")
+        if self._failed:
+            notes.append(f"the cuDNN workspaces of {len(self._failed)} convolution "
+                         f"signatures could not be measured on this GPU (the first: "
+                         f"{next(iter(self._failed.values()))}): the table's sizes were "
+                         f"used for them where it has some")
+        from_table = counts["exact"] + counts["batch"] + counts["size"]
+        if from_table:
+            notes.append(f"cuDNN workspaces from the table measured on "
+                         f"{self.table().describe_source()}: {counts['exact']} of the "
+                         f"step's {total} convolution signatures measured as they are, "
+                         f"{counts['batch']} scaled from other batch sizes, "
+                         f"{counts['size']} by the table's size rule (rough)")
+        if counts["none"]:
+            notes.append(f"convolution workspaces were not modelled for {counts['none']} "
+                         f"of the step's {total} convolution signatures (no measurement in "
+                         f"{self.table_path} fits them), so the predicted peaks may be low "
+                         f"by cuDNN's workspaces; bench/cudnn_workspace_probe.py measures "
+                         f"them on a GPU, and `python -m vramkit.estimator.workspaces "
+                         f"import PROBE.json` adds them to the table")
+        return notes
+
+
+# ---------------------------------------------------------------------------------------
+# Filling the table from the probe.
+# ---------------------------------------------------------------------------------------
+
+def _read_json(path: str, what: str):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, UnicodeDecodeError) as error:
+        raise WorkspaceTableError(f"{path}: cannot read the {what}: {error}") from None
+    except json.JSONDecodeError as error:
+        raise WorkspaceTableError(f"{path}: the {what} is not JSON: {error}") from None
+
+
+def measurements_of_probe(data, path: str = "<probe>") -> tuple:
+    """({key: bytes}, measured_on) from a probe's output: its isolated measurements (one
+    part on its own, as measure_on_device does it), the largest where one signature was
+    measured more than once."""
+    if not isinstance(data, dict) or data.get("format") != PROBE_FORMAT:
+        raise WorkspaceTableError(f"{path}: not the output of bench/cudnn_workspace_probe.py "
+                                  f"(format {PROBE_FORMAT!r} expected)")
+    records = data.get("isolated")
+    if not isinstance(records, list):
+        raise WorkspaceTableError(f"{path}: no list of isolated measurements")
+    measured: dict = {}
+    for index, record in enumerate(records):
+        if not isinstance(record, dict) or "workspace" not in record:
+            continue  # a part that could not be measured: the record says why
+        size = record["workspace"]
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise WorkspaceTableError(f"{path}: isolated record {index}: workspace "
+                                      f"{size!r} is not a size in bytes")
+        try:
+            key = ConvSignature.from_fields(record["signature"]).key()
+        except (KeyError, TypeError, ValueError) as error:
+            raise WorkspaceTableError(f"{path}: isolated record {index}: its signature: "
+                                      f"{error}") from None
+        measured[key] = max(measured.get(key, 0), size)
+    environment = data.get("environment") or {}
+    measured_on = {k: environment.get(k) for k in ("device", "torch", "cudnn", "cuda")}
+    return measured, measured_on
+
+
+def import_probe(probe_path: str, table_path: str = TABLE_PATH, *, replace: bool = False,
+                 allow_dry_run: bool = False) -> tuple:
+    """Add a probe's measurements to the table at table_path (created if missing) and fit
+    its rule again over all its entries. Returns (table, signatures imported)."""
+    data = _read_json(probe_path, "probe output")
+    if isinstance(data, dict) and data.get("dry_run") and not allow_dry_run:
+        raise WorkspaceTableError(f"{probe_path}: the output of a --dry-run, whose sizes "
+                                  f"are made up; not imported")
+    measured, measured_on = measurements_of_probe(data, probe_path)
+    existing = Table.load(table_path) if os.path.exists(table_path) else empty_table()
+    if not replace and existing.entries and (existing.measured_on or {}).get("device") \
+            != measured_on.get("device"):
+        raise WorkspaceTableError(
+            f"{table_path} holds measurements on {existing.describe_source()}, and "
+            f"{probe_path} ran on {measured_on.get('device')!r}: a table is one device's; "
+            f"--replace starts it again from this probe")
+    entries = {} if replace else dict(existing.entries)
+    entries.update(measured)
+    table = Table(entries, fit_rule(entries), measured_on, table_path)
+    table.save(table_path)
+    return table, len(measured)
+
+
+def rule_errors(table: Table) -> dict:
+    """How well the table's rules predict its own entries: each entry measured at another
+    batch of its layer too, predicted by the batch rule from those other batches; each
+    entry predicted by the size rule. Per rule: the count and the median and 90th
+    percentile of |predicted - measured| / measured (entries above 0 bytes)."""
+    batch, size = [], []
+    ratios = table.rule.get("workspace_per_activation_byte", {})
+    for key, measured in table.entries.items():
+        if measured <= 0:
+            continue
+        signature = ConvSignature.from_key(key)
+        others = [p for p in table._layers[signature.layer()] if p[0] != signature.batch]
+        if others:
+            batch.append(abs(table._scaled(signature, others) - measured) / measured)
+        ratio = ratios.get(signature.size_group())
+        if ratio is not None:
+            size.append(abs(ratio * signature.activation_bytes() - measured) / measured)
+
+    def summary(errors):
+        if not errors:
+            return {"count": 0}
+        errors = sorted(errors)
+        return {"count": len(errors), "median": statistics.median(errors),
+                "p90": errors[min(len(errors) - 1, int(0.9 * len(errors)))]}
+
+    return {"batch": summary(batch), "size": summary(size)}
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def _show(table: Table) -> str:
+    lines = [f"{table.path}: {len(table.entries)} signatures measured on "
+             f"{table.describe_source()}"]
+    by_part = Counter(ConvSignature.from_key(k).part for k in table.entries)
+    for part in PARTS:
+        if by_part[part]:
+            sizes = [v for k, v in table.entries.items() if k.startswith(part + " ")]
+            lines.append(f"  {part:<16} {by_part[part]:>5} signatures, largest "
+                         f"{_bytes(max(sizes))}, median {_bytes(int(statistics.median(sizes)))}, "
+                         f"{sum(1 for v in sizes if v == 0)} without a workspace")
+    for name, values in sorted(table.rule.items()):
+        for group, value in sorted(values.items()):
+            lines.append(f"  rule {name} [{group}] = {value:g}")
+    for rule, errors in rule_errors(table).items():
+        if errors["count"]:
+            lines.append(f"  {rule} rule on the table's own {errors['count']} entries: "
+                         f"median error {100 * errors['median']:.0f}%, 90% of them within "
+                         f"{100 * errors['p90']:.0f}%")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    """``import PROBE.json [--table PATH] [--replace]`` and ``show [--table PATH]``.
+    Exit 0, 2 for a file that cannot be read as a probe's output or a table, 3 for a bad
+    command line."""
+    parser = argparse.ArgumentParser(
+        prog="python -m vramkit.estimator.workspaces",
+        description="The table of cuDNN convolution workspaces vramkit.estimate uses "
+                    "without a GPU.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    add = commands.add_parser("import", help="add a bench/cudnn_workspace_probe.py "
+                                             "output to the table and fit its rule")
+    add.add_argument("probe", help="the probe's JSON output (its --out)")
+    add.add_argument("--table", default=TABLE_PATH,
+                     help=f"the table to write (default: this installation's, {TABLE_PATH})")
+    add.add_argument("--replace", action="store_true",
+                     help="start the table again from this probe, dropping its entries")
+    add.add_argument("--allow-dry-run", action="store_true",
+                     help="import a --dry-run's made-up sizes (for tests)")
+    show = commands.add_parser("show", help="what a table holds")
+    show.add_argument("--table", default=TABLE_PATH)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as done:
+        return 3 if done.code else 0
+    try:
+        if args.command == "import":
+            table, count = import_probe(args.probe, args.table, replace=args.replace,
+                                        allow_dry_run=args.allow_dry_run)
+            print(f"imported {count} signatures from {args.probe}")
+        else:
+            table = Table.load(args.table)
+        print(_show(table))
+    except WorkspaceTableError as error:
+        print(f"vramkit.estimator.workspaces: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
