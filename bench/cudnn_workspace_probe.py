@@ -1,4 +1,5 @@
-"""Measure cuDNN's convolution workspaces on the GPU, for vramkit.estimate's workspace table.
+"""Measure cuDNN's convolution workspaces on the GPU, for vramkit.estimate's workspace table,
+and check the estimator's measurement of other ops' scratch buffers against real steps.
 
 PyTorch's cuDNN convolutions (forward, backward data, backward weight) allocate a workspace
 through PyTorch's caching allocator inside each call and free it before returning; fake
@@ -10,14 +11,20 @@ tensors never see it. This probe measures those transient blocks:
             before, the peak during (reset_peak_memory_stats, then max_memory_allocated)
             and allocated after. For convolution and convolution_backward it also keeps
             the op's signature and, from the allocator's memory history, the blocks
-            allocated and freed inside the op, in order (the workspaces); the other ops
-            that allocate transiently are summed up by name in "other_ops".
+            allocated and freed inside the op, in order (the workspaces). The ops
+            vramkit.estimate models as having scratch buffers (layer norm, reductions,
+            attention, softmax, losses: vramkit.estimator.scratch.SCRATCH_OPS) are kept
+            the same way by their signature, in "scratch"; the other ops that allocate
+            transiently are summed up by name in "other_ops".
   isolated  each distinct convolution part of those steps (forward, backward input,
             backward weight, backward bias), and a sweep of shapes (channels, sizes,
             strides, kernels, groups, batches, dtypes, layouts, cuDNN flags), run on their
             own exactly as vramkit.estimate measures one on a GPU: a first call (cuDNN
             chooses its algorithm), then a second with the peak reset; the workspace is
-            the peak during it less what the allocator holds before and after.
+            the peak during it less what the allocator holds before and after. Each
+            distinct signature of the scratch ops of a step is measured on its own too,
+            by vramkit.estimator.scratch.measure_op, the estimator's own code, and the
+            summary compares it with what the op took inside the step.
 
 The JSON written to --out (format vramkit-cudnn-workspace-probe/1) holds every record and
 the environment (device, PyTorch, CUDA and cuDNN versions, cuDNN flags, allocator
@@ -50,6 +57,11 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+
+try:  # the estimator's scratch model: its signatures and its measuring code
+    from vramkit.estimator import scratch as op_scratch
+except ImportError:  # vramkit not installed: the convolutions only
+    op_scratch = None
 
 PROBE_FORMAT = "vramkit-cudnn-workspace-probe/1"
 PARTS = ("forward", "backward_input", "backward_weight", "backward_bias")
@@ -122,15 +134,16 @@ class CudaReader:
     def reserved(self):
         return torch.cuda.memory_reserved(self.device)
 
-    def observe(self, out, convolution):
-        """Told each op's outputs; the real allocator needs nothing of them."""
+    def observe(self, out, kind):
+        """Told each op's outputs, and "conv", "scratch" or None for what the op is; the
+        real allocator needs nothing of them."""
 
 
 class DryReader:
-    """Made-up figures for --dry-run on a CPU: each op's outputs count their bytes, and a
-    convolution 'uses' a workspace of a quarter of its outputs, written to a fake memory
-    history as the real allocator would write it, so that every path of the record code
-    runs on figures of the right shape."""
+    """Made-up figures for --dry-run on a CPU: each op's outputs count their bytes, a
+    convolution 'uses' a workspace of a quarter of its outputs and a scratch op one of an
+    eighth, written to a fake memory history as the real allocator would write it, so that
+    every path of the record code runs on figures of the right shape."""
 
     def __init__(self, trace):
         self.trace = trace
@@ -155,15 +168,16 @@ class DryReader:
         self.trace.append({"action": "alloc", "addr": self.address, "size": size})
         return self.address
 
-    def observe(self, out, convolution):
+    def observe(self, out, kind):
         sizes = [t.untyped_storage().nbytes() for t in tree_leaves(out)
                  if isinstance(t, torch.Tensor)]
         for size in sizes:
             self._block(size)
         self.level += sum(-(-s // 512) * 512 for s in sizes)
         self.top = max(self.top, self.level)
-        if convolution and sizes:
-            workspace = max(512, -(-sum(sizes) // 4 // 512) * 512)
+        if kind in ("conv", "scratch") and sizes:
+            share = 4 if kind == "conv" else 8
+            workspace = max(512, -(-sum(sizes) // share // 512) * 512)
             address = self._block(workspace)
             self.top = max(self.top, self.level + workspace)
             for action in ("free_requested", "free_completed"):
@@ -393,30 +407,39 @@ def output_of(fields):
 # ---------------------------------------------------------------------------------------
 
 class StepProbe(TorchDispatchMode):
-    """Reads the allocator around every op of a real step; keeps the convolutions."""
+    """Reads the allocator around every op of a real step; keeps the convolutions and the
+    estimator's scratch ops (with the template of each scratch signature, to measure it on
+    its own afterwards)."""
 
-    def __init__(self, reader, history, workload):
+    def __init__(self, reader, history, workload, device_type="cuda"):
         super().__init__()
         self.reader = reader
         self.history = history
         self.workload = workload
+        self.device_type = device_type
         self.step = 0
         self.phase = "forward"
         self.index = 0
         self.records = []
+        self.scratch_records = []
+        self.scratch_calls = {}   # key -> vramkit.estimator.scratch.OpCall
         self.other = {}
         self.step_peak = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         signature = conv_signature(func, args, kwargs)
-        window = self.history.mark_start() if signature else None
+        call = None
+        if signature is None and op_scratch is not None:
+            call = op_scratch.call_of(func, args, kwargs, self.device_type)
+        kind = "conv" if signature else "scratch" if call is not None else None
+        window = self.history.mark_start() if kind else None
         before = self.reader.allocated()
         self.reader.reset_peak()
         out = func(*args, **kwargs)
-        self.reader.observe(out, signature is not None)
+        self.reader.observe(out, kind)
         peak, after = self.reader.peak(), self.reader.allocated()
-        if signature:
+        if kind:
             self.history.mark_end()
         self.step_peak = max(self.step_peak, peak)
         excess = max(0, peak - max(before, after))
@@ -429,6 +452,13 @@ class StepProbe(TorchDispatchMode):
                                  "signature": fields, "parts": parts, "before": before,
                                  "peak": peak, "after": after, "excess": excess,
                                  "window": window})
+        elif call is not None:
+            self.scratch_calls.setdefault(call.key, call)
+            self.scratch_records.append({"workload": self.workload, "step": self.step,
+                                         "phase": phase, "index": self.index, "op": name,
+                                         "key": call.key, "before": before, "peak": peak,
+                                         "after": after, "excess": excess,
+                                         "window": window})
         elif excess:
             entry = self.other.setdefault(name, {"count": 0, "total_excess": 0,
                                                  "max_excess": 0, "shapes_at_max": None})
@@ -480,7 +510,8 @@ def _logits(out):
 
 
 def run_workload(name, precision, batch, device, reader, history, optimizer, log):
-    """Two training steps of the model under StepProbe; (records, other ops, info)."""
+    """Two training steps of the model under StepProbe; (records, other ops, info, probe):
+    the probe holds the scratch ops' records and signatures."""
     model, origin = build_model(name)
     model = model.to(device).train()
     opt = (torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9) if optimizer == "sgd"
@@ -496,7 +527,7 @@ def run_workload(name, precision, batch, device, reader, history, optimizer, log
     scaler = (torch.amp.GradScaler(device.type) if precision == "fp16-amp"
               and device.type == "cuda" else None)
     key = f"{name} {precision} b{batch}"
-    probe = StepProbe(reader, history, key)
+    probe = StepProbe(reader, history, key, device.type)
     history.start()
     times = []
     for step in range(2):
@@ -520,18 +551,21 @@ def run_workload(name, precision, batch, device, reader, history, optimizer, log
         times.append(round(time.perf_counter() - t0, 3))
         del loss
     windows = history.windows()
-    for record in probe.records:
+    for record in (*probe.records, *probe.scratch_records):
         index = record.pop("window")
         if index is not None and index < len(windows):
             record["trace"] = windows[index]
     info = {"workload": key, "model": origin, "optimizer": optimizer,
             "step_seconds": times, "max_op_peak": probe.step_peak,
             "convolution_ops": len(probe.records),
+            "scratch_ops": len(probe.scratch_records),
+            "scratch_signatures": len(probe.scratch_calls),
             "history": history.enabled, "windows": len(windows)}
-    log(f"  {key}: {len(probe.records)} convolution ops in 2 steps, "
+    log(f"  {key}: {len(probe.records)} convolution ops, {len(probe.scratch_records)} "
+        f"scratch ops ({len(probe.scratch_calls)} signatures) in 2 steps, "
         f"{times} s, peak over ops {probe.step_peak / GiB:.2f} GiB")
     del model, opt, x, y, scaler
-    return probe.records, probe.other, info
+    return probe.records, probe.other, info, probe
 
 
 # ---------------------------------------------------------------------------------------
@@ -583,7 +617,7 @@ def measure_part(fields, part, device, reader, history, source):
             before = reader.allocated()
             reader.reset_peak()
             out = run()
-            reader.observe(out, True)
+            reader.observe(out, "conv")
             peak, after = reader.peak(), reader.allocated()
             del out
             sync(device)
@@ -593,7 +627,7 @@ def measure_part(fields, part, device, reader, history, source):
             before = reader.allocated()
             reader.reset_peak()
             out = run()
-            reader.observe(out, True)
+            reader.observe(out, "conv")
             peak, after = reader.peak(), reader.allocated()
             history.mark_end()
             del out, run
@@ -704,6 +738,105 @@ def distinct_parts(in_step):
     return list(seen.values())
 
 
+class EstimatorReader:
+    """A probe reader as vramkit.estimator's measuring code reads the allocator (its
+    methods take the device), so that an isolated scratch measurement here runs exactly
+    the estimator's code."""
+
+    def __init__(self, reader, device, cap=None):
+        self.reader = reader
+        self.cuda = device.type == "cuda"
+        self.cap = cap
+
+    def allocated(self, device):
+        return self.reader.allocated()
+
+    def reset_peak(self, device):
+        self.reader.reset_peak()
+
+    def peak(self, device):
+        return self.reader.peak()
+
+    def reserved(self, device):
+        return self.reader.reserved()
+
+    def empty_cache(self, device):
+        if self.cuda:
+            torch.cuda.empty_cache()
+
+    def available(self, device):
+        if not self.cuda:
+            return 1 << 62  # --dry-run: no bound
+        free, _total = torch.cuda.mem_get_info(device)
+        room = free + max(0, self.reserved(device) - self.allocated(device))
+        if self.cap is not None:
+            # Under the probe's cap (set_per_process_memory_fraction) the allocator may
+            # take less than the device has free.
+            room = min(room, max(0, self.cap - self.allocated(device)))
+        return room
+
+    def observe(self, out):
+        self.reader.observe(out, "scratch")
+
+
+def run_scratch_isolated(workload, calls, device, reader, deadline, cap=None):
+    """Each scratch signature of a workload's steps measured on its own, as the estimator
+    measures it on a GPU; (records, skipped by the time budget)."""
+    records, skipped = [], 0
+    wrapped = EstimatorReader(reader, device, cap)
+    for key, call in calls.items():
+        if time.perf_counter() > deadline:
+            skipped += 1
+            continue
+        record = {"workload": workload, "op": call.op, "key": key,
+                  "input_bytes": call.input_bytes(),
+                  "largest_elements": max((_prod(t.shape) for t in call.tensors()),
+                                          default=0)}
+        t0 = time.perf_counter()
+        try:
+            size = op_scratch.measure_op(call, device, wrapped)
+        except Exception as error:  # noqa: BLE001 - recorded, as the estimator counts it
+            record["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
+        else:
+            if size is None:
+                record["error"] = "out of memory (or over the estimator's share)"
+            else:
+                record["isolated"] = size
+        record["seconds"] = round(time.perf_counter() - t0, 4)
+        records.append(record)
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return records, skipped
+
+
+def scratch_comparison(result) -> list:
+    """Per scratch signature of each workload: the largest excess inside the steady step
+    (the second; the first where there is none) beside the isolated measurement."""
+    in_step = {}
+    for record in result["scratch"]["in_step"]:
+        entry = in_step.setdefault((record["workload"], record["key"]), {})
+        entry.setdefault(record["step"], []).append(record["excess"])
+    rows = []
+    for record in result["scratch"]["isolated"]:
+        steps = in_step.get((record["workload"], record["key"]))
+        if not steps or "isolated" not in record:
+            continue
+        seen = max(steps.get(1) or steps[min(steps)])
+        rows.append({"workload": record["workload"], "op": record["op"],
+                     "key": record["key"], "in_step": seen, "isolated": record["isolated"],
+                     "largest_elements": record["largest_elements"],
+                     "match": abs(seen - record["isolated"])
+                     <= max(SCRATCH_MATCH_BYTES, SCRATCH_MATCH_SHARE * max(seen, 1))})
+    return rows
+
+
+# In-step and isolated sizes of a scratch signature agree within this (the allocator's
+# rounding, a block of the small pool).
+SCRATCH_MATCH_BYTES = 64 << 10
+SCRATCH_MATCH_SHARE = 0.05
+
+
 # ---------------------------------------------------------------------------------------
 # The run.
 # ---------------------------------------------------------------------------------------
@@ -791,13 +924,43 @@ def summarize(result, log):
     for (part, dtype, layout), (count, nonzero, largest) in sorted(table.items()):
         log(f"  {part:<16}{dtype:<10}{layout:<15}{count:>6}{nonzero:>9}"
             f"{largest / (1 << 20):>13.1f}")
+    rows = scratch_comparison(result)
+    if rows:
+        log(f"\nscratch ops, in the steady step vs on their own (as the estimator measures "
+            f"them): {sum(r['match'] for r in rows)} of {len(rows)} signatures agree "
+            f"within {SCRATCH_MATCH_SHARE:.0%} or {SCRATCH_MATCH_BYTES >> 10} KiB")
+        log(f"  {'op':<52}{'sigs':>5}{'agree':>6}{'in step MiB':>13}{'isolated':>10}"
+            f"{'B/elem':>8}")
+        by_op = {}
+        for row in rows:
+            by_op.setdefault(row["op"], []).append(row)
+        for op, group in sorted(by_op.items(), key=lambda kv: -max(r["in_step"]
+                                                                 for r in kv[1])):
+            top = max(group, key=lambda r: r["in_step"])
+            # Isolated bytes per element of the op's largest tensor, the most over its
+            # signatures: what a size rule for machines without a GPU would be fitted from.
+            per = max((r["isolated"] / r["largest_elements"] for r in group
+                       if r["largest_elements"]), default=0.0)
+            log(f"  {op:<52}{len(group):>5}{sum(r['match'] for r in group):>6}"
+                f"{top['in_step'] / (1 << 20):>13.2f}{top['isolated'] / (1 << 20):>10.2f}"
+                f"{per:>8.2f}")
+        worst = sorted((r for r in rows if not r["match"]),
+                       key=lambda r: -abs(r["in_step"] - r["isolated"]))[:5]
+        for row in worst:
+            log(f"  differs: {row['workload']}: {row['key'][:150]}: in step "
+                f"{row['in_step'] / (1 << 20):.2f} MiB, isolated "
+                f"{row['isolated'] / (1 << 20):.2f} MiB")
+    failed = [r for r in result["scratch"]["isolated"] if "error" in r]
+    if failed:
+        log(f"  {len(failed)} scratch signatures not measured on their own (the first: "
+            f"{failed[0]['op']}: {failed[0]['error'][:200]})")
     others = {}
     for ops in result["other_ops"].values():
         for name, entry in ops.items():
             others[name] = max(others.get(name, 0), entry["max_excess"])
     if others:
         top = sorted(others.items(), key=lambda kv: -kv[1])[:8]
-        log("\nother ops with transient blocks (largest): " + ", ".join(
+        log("\nother ops with transient blocks, not modelled (largest): " + ", ".join(
             f"{name} {size / (1 << 20):.1f} MiB" for name, size in top))
     for error in result["errors"]:
         log(f"error: {error['where']}: {error['error']}")
@@ -834,6 +997,8 @@ def main(argv=None) -> int:
               "environment": environment(device, None if args.dry_run else args.max_memory,
                                          args.dry_run),
               "workloads": [], "in_step": [], "other_ops": {}, "isolated": [],
+              "scratch": {"in_step": [], "isolated": [], "skipped": 0,
+                          "available": op_scratch is not None},
               "skipped": 0, "errors": [], "seconds": None}
 
     def write():
@@ -855,14 +1020,14 @@ def main(argv=None) -> int:
                                      "error": "left out by the time budget"})
             continue
         try:
-            records, other, info = run_workload(name, precision, batch, device, reader,
-                                                history, args.optimizer, log)
+            records, other, info, probe = run_workload(name, precision, batch, device,
+                                                       reader, history, args.optimizer, log)
         except Exception as error:  # noqa: BLE001 - recorded; the rest goes on
             result["errors"].append({"where": f"{name} {precision} b{batch}",
                                      "error": f"{type(error).__name__}: {error}"[:500],
                                      "traceback": traceback.format_exc()[-2000:]})
             log(f"  {name} {precision} b{batch}: {type(error).__name__}: {error}"[:300])
-            records, other, info = [], {}, None
+            records, other, info, probe = [], {}, None, None
         finally:
             gc.collect()
             if device.type == "cuda":
@@ -879,6 +1044,14 @@ def main(argv=None) -> int:
             isolated, skipped = run_isolated(parts, device, reader, history, log, deadline)
             result["isolated"].extend(isolated)
             result["skipped"] += skipped
+        if probe is not None and probe.scratch_calls:
+            result["scratch"]["in_step"].extend(probe.scratch_records)
+            isolated, skipped = run_scratch_isolated(
+                info["workload"], probe.scratch_calls, device, reader, deadline,
+                None if args.dry_run else args.max_memory)
+            result["scratch"]["isolated"].extend(isolated)
+            result["scratch"]["skipped"] += skipped
+        del probe
         write()
     if history.error:
         result["errors"].append({"where": "memory history", "error": history.error})

@@ -5,7 +5,8 @@ records every storage the step creates and frees, in order (parameters, gradient
 optimizer state, autocast copies, activations, temporaries), adds what fake tensors
 cannot see (cuBLAS workspaces, modelled from measurement on an H200; cuDNN's convolution
 workspaces, measured on the GPU where there is one, else taken from a table of H200
-measurements: workspaces.py), and replays the result on a simulated device under
+measurements: workspaces.py; other ops' scratch buffers, measured on the GPU where there
+is one: scratch.py), and replays the result on a simulated device under
 vramkit's placement policy and under a model of PyTorch's caching allocator. The answer:
 peak allocated, peak reserved under each allocator, whether it fits a given card, the
 smallest card it fits, a breakdown by category at the peak and the call sites that hold
@@ -123,8 +124,10 @@ def format_estimate(e: Estimate) -> str:
     return "\n".join(lines)
 
 
-# The libraries whose workspaces estimate(model_workspaces=...) can model.
-WORKSPACE_LIBRARIES = ("cublas", "cudnn")
+# The libraries whose workspaces estimate(model_workspaces=...) can model: cuBLAS's,
+# cuDNN's convolutions', and "scratch", the scratch buffers other ATen ops allocate and
+# free inside themselves (layer norm, reductions, attention, softmax, losses: scratch.py).
+WORKSPACE_LIBRARIES = ("cublas", "cudnn", "scratch")
 
 
 def _workspace_libraries(value) -> frozenset:
@@ -159,6 +162,22 @@ def _workspace_model(enabled: bool):
             seen_threads.add(thread)
             recorder.allocate_modelled(CUBLAS_WORKSPACE_BYTES, "cuBLAS workspace",
                                        "workspaces")
+
+    return hook
+
+
+def _after_outputs(models_: list):
+    """The recorder's after-outputs hook calling each model's in turn (None for none): a
+    convolution and an op with scratch are different ops, so at most one adds blocks."""
+    if not models_:
+        return None
+    if len(models_) == 1:
+        return models_[0].hook
+    hooks = [m.hook for m in models_]
+
+    def hook(recorder, func, args, kwargs, out) -> None:
+        for h in hooks:
+            h(recorder, func, args, kwargs, out)
 
     return hook
 
@@ -198,11 +217,13 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
     ``variant`` (a :class:`vramkit.estimator.variants.Variant`) estimates the step with
     one change made to it: autocast, bf16 weights, checkpointing, 8-bit states.
     ``model_workspaces`` adds the library workspaces fake tensors cannot see: True (the
-    default) cuBLAS's and cuDNN's, False neither, or "cublas" or "cudnn" (or both in a
+    default) all of them, False none, or "cublas", "cudnn" or "scratch" (or several in a
     tuple) only those. cuDNN's convolution workspaces are measured on the GPU where the
     estimate runs with one (which resets its peak memory statistics), else taken from
-    the table of H200 measurements (vramkit.estimator.workspaces); the notes say which,
-    and what was not modelled."""
+    the table of H200 measurements (vramkit.estimator.workspaces); the scratch buffers
+    of other ops (layer norm, reductions, attention, softmax, losses:
+    vramkit.estimator.scratch) are measured on the GPU too, and without one count 0.
+    The notes say which, and what was not modelled."""
     from . import _replay, _step
 
     if not callable(step_fn):
@@ -221,21 +242,26 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
                          f"{sorted(_replay._SIM_OF_SOURCE)}, not {source!r}")
     libraries = _workspace_libraries(model_workspaces)
     target = _step.choose_target(device, emulate)
-    convolutions = None
+    # The CPU stand-in (no GPU, or emulate=True) sizes convolutions from the table and
+    # other ops' scratch not at all, as a machine without a GPU must; fake CUDA tensors
+    # measure both on that GPU.
+    on_device = None if target.emulated else target.device
+    device_type = None if target.emulated else "cuda"
+    models_ = []
     if "cudnn" in libraries:
         from .workspaces import ConvWorkspaceModel
-        # The CPU stand-in (no GPU, or emulate=True) sizes them from the table, as a
-        # machine without a GPU must; fake CUDA tensors measure them on that GPU.
-        convolutions = ConvWorkspaceModel(None if target.emulated else target.device,
-                                          device_type=None if target.emulated else "cuda")
+        models_.append(ConvWorkspaceModel(on_device, device_type=device_type))
+    if "scratch" in libraries:
+        from . import scratch
+        models_.append(scratch.OpScratchModel(on_device, device_type=device_type))
     try:
         recording, _recorder = _step.record_step(
             step_fn, args, kwargs, target=target, steps=steps, build=build,
             workspace_hook=_workspace_model("cublas" in libraries), variant=variant,
-            after_outputs_hook=convolutions.hook if convolutions else None)
+            after_outputs_hook=_after_outputs(models_))
     finally:
-        if convolutions is not None:
-            convolutions.finish()
+        for model in models_:
+            model.finish()
     if recording.peak_allocated == 0:
         raise _step.UntraceableStep("estimate(): the step allocated nothing on the GPU: "
                                     "are its model and batch on a CUDA device?")
@@ -272,8 +298,8 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
     if target.emulated:
         notes.append("no GPU here: the step ran on CPU kernels standing in for CUDA's; "
                      "on a machine with a GPU the estimate uses CUDA's own")
-    if convolutions is not None:
-        notes.extend(convolutions.notes())
+    for model in models_:
+        notes.extend(model.notes())
     return Estimate(
         peak_allocated=recording.peak_allocated,
         peak_reserved=int(ours["peak_reserved_bytes"]),

@@ -13,8 +13,10 @@ signature (:class:`ConvSignature`: the part, shapes, stride, padding, dilation, 
 dtype, memory layout and cuDNN flags), in this order:
 
 1. on a machine with the GPU: measured there, once per signature, by running that part on
-   real tensors of the same shapes (:func:`measure_on_device`); kept for the process and
-   on disk (:func:`cache_path`, per device name, PyTorch version and cuDNN version);
+   real tensors of the same shapes (:func:`measure_on_device`, through
+   :func:`measure_transient`, the measuring path the other ops' scratch buffers of
+   scratch.py share); kept for the process and on disk (:func:`cache_path`, per device
+   name, PyTorch version and cuDNN version);
 2. without one, or where the device lacks the memory to run the part: the table shipped
    with the package (``data/cudnn_workspaces.json``, the measurements of
    ``bench/cudnn_workspace_probe.py`` on an H200), by :meth:`Table.lookup`: the exact
@@ -419,18 +421,7 @@ class Table:
 
     def save(self, path: str) -> None:
         """Write the table in one step (a reader never sees half a file)."""
-        folder = os.path.dirname(os.path.abspath(path))
-        os.makedirs(folder, exist_ok=True)
-        fd, scratch = tempfile.mkstemp(prefix=".workspaces-", suffix=".json", dir=folder)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(self.to_json(), f, indent=1)
-                f.write("\n")
-            os.replace(scratch, path)
-        except BaseException:
-            if os.path.exists(scratch):
-                os.unlink(scratch)
-            raise
+        write_json_atomic(path, self.to_json())
 
     def describe_source(self) -> str:
         on = self.measured_on or {}
@@ -505,6 +496,24 @@ def empty_table(path: str | None = None) -> Table:
     return Table({}, {}, None, path)
 
 
+def write_json_atomic(path: str, data) -> None:
+    """Write ``data`` as JSON to ``path`` in one step: a scratch file in the same folder,
+    then renamed over it, so that a reader (another estimate, at the same time) never
+    sees half a file."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, scratch = tempfile.mkstemp(prefix=".workspaces-", suffix=".json", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1)
+            f.write("\n")
+        os.replace(scratch, path)
+    except BaseException:
+        if os.path.exists(scratch):
+            os.unlink(scratch)
+        raise
+
+
 # ---------------------------------------------------------------------------------------
 # Measuring on the device.
 # ---------------------------------------------------------------------------------------
@@ -532,6 +541,13 @@ class _TorchReader:
     def empty_cache(self, device) -> None:
         import torch
         torch.cuda.empty_cache()
+
+    def available(self, device) -> int:
+        """What an allocation could still get: the device's free memory, and what the
+        allocator holds cached but unused."""
+        import torch
+        free, _total = torch.cuda.mem_get_info(device)
+        return free + max(0, self.reserved(device) - self.allocated(device))
 
     def observe(self, out) -> None:
         """Told each measured call's outputs (a reader without real figures uses them)."""
@@ -597,14 +613,19 @@ def _runner(signature: ConvSignature, device):
                                                      mask)
 
 
-def measure_on_device(signature: ConvSignature, device, reader=None) -> int | None:
-    """One part's workspace, measured: the part runs on real tensors of the signature's
-    shapes with its cuDNN flags, once to let cuDNN choose its algorithm (and, in
-    benchmark mode, time them all), then again with the allocator's peak reset. The
-    workspace is the peak during that call less what the allocator holds before and after
-    it (the inputs, then also the outputs). None when the device lacks the memory. It
-    resets the device's peak statistics (reset_peak_memory_stats); everything it
-    allocates is freed before it returns."""
+def measure_transient(make_call, device, reader=None, settings=None) -> int | None:
+    """What one call allocates and frees inside itself, measured on the device: the bytes
+    the allocator's peak during the call rises above what it holds before and after it.
+
+    ``make_call()`` builds the call's real inputs (here, out of the recording: real
+    tensors, not fake ones) and returns a function of no arguments that makes the call.
+    The call runs once to let the libraries set themselves up (cuDNN chooses its
+    algorithm, or times them all in benchmark mode; attention kernels build their plans),
+    then again with the allocator's peak reset: that second call is measured, as a
+    training loop's steady steps run it. ``settings`` is a context the calls run under
+    (cuDNN's flags). None when the device lacks the memory; any other error of the call
+    reaches the caller. It resets the device's peak statistics (reset_peak_memory_stats);
+    everything it allocates is freed before it returns."""
     import contextlib
 
     import torch
@@ -615,13 +636,16 @@ def measure_on_device(signature: ConvSignature, device, reader=None) -> int | No
         stack.enter_context(_disable_current_modes())
         stack.enter_context(torch.no_grad())
         stack.enter_context(torch.autocast(device.type, enabled=False))
-        stack.enter_context(torch.backends.cudnn.flags(
-            enabled=signature.cudnn, benchmark=signature.benchmark,
-            deterministic=signature.deterministic, allow_tf32=signature.tf32))
+        # A call that draws random numbers (attention with dropout) would move the user's
+        # generators on: their state is put back afterwards.
+        stack.enter_context(torch.random.fork_rng(
+            devices=[device] if device.type == "cuda" else [], device_type="cuda"))
+        if settings is not None:
+            stack.enter_context(settings)
         if device.type == "cuda":
             stack.enter_context(torch.cuda.device(device))
         try:
-            run = _runner(signature, device)
+            run = make_call()
             first = run()
             del first
             before = reader.allocated(device)
@@ -636,6 +660,17 @@ def measure_on_device(signature: ConvSignature, device, reader=None) -> int | No
     return max(0, peak - max(before, after))
 
 
+def measure_on_device(signature: ConvSignature, device, reader=None) -> int | None:
+    """One convolution part's workspace, measured (:func:`measure_transient`): the part
+    runs on real tensors of the signature's shapes under its cuDNN flags. None when the
+    device lacks the memory."""
+    import torch
+    flags = torch.backends.cudnn.flags(
+        enabled=signature.cudnn, benchmark=signature.benchmark,
+        deterministic=signature.deterministic, allow_tf32=signature.tf32)
+    return measure_transient(lambda: _runner(signature, device), device, reader, flags)
+
+
 def device_identity(device) -> dict:
     """What a measurement holds for: the device's name, PyTorch's and cuDNN's versions."""
     import torch
@@ -644,17 +679,18 @@ def device_identity(device) -> dict:
             "cudnn": torch.backends.cudnn.version()}
 
 
-def cache_path(identity: dict) -> str:
+def cache_path(identity: dict, folder: str = "cudnn-workspaces") -> str:
     """Where the measurements on one kind of device are kept: $VRAMKIT_CACHE_DIR, else
-    $XDG_CACHE_HOME/vramkit, else ~/.cache/vramkit, then cudnn-workspaces/<identity>.json."""
+    $XDG_CACHE_HOME/vramkit, else ~/.cache/vramkit, then <folder>/<identity>.json (the
+    convolutions' in cudnn-workspaces, the other ops' scratch buffers in op-scratch)."""
     from .._torch_build import cache_dir
     name = f"{identity['device']}-torch{identity['torch']}-cudnn{identity['cudnn']}"
-    return os.path.join(cache_dir(), "cudnn-workspaces",
+    return os.path.join(cache_dir(), folder,
                         re.sub(r"[^A-Za-z0-9._+-]+", "_", name) + ".json")
 
 
-# Measurements made in this process, by cache file: a search over batch sizes measures
-# each signature once.
+# Measurements made in this process, by cache file (the convolutions' and the other ops'
+# each have their own): a search over batch sizes measures each signature once.
 _MEASURED: dict = {}
 
 
