@@ -13,7 +13,7 @@ tensors never see it. This probe measures those transient blocks:
             the op's signature and, from the allocator's memory history, the blocks
             allocated and freed inside the op, in order (the workspaces). The ops
             vramkit.estimate models as having scratch buffers (layer norm, reductions,
-            attention, softmax, losses: vramkit.estimator.scratch.SCRATCH_OPS) are kept
+            softmax, losses: vramkit.estimator.scratch.SCRATCH_OPS) are kept
             the same way by their signature, in "scratch"; the other ops that allocate
             transiently are summed up by name in "other_ops".
   isolated  each distinct convolution part of those steps (forward, backward input,

@@ -126,7 +126,7 @@ def format_estimate(e: Estimate) -> str:
 
 # The libraries whose workspaces estimate(model_workspaces=...) can model: cuBLAS's,
 # cuDNN's convolutions', and "scratch", the scratch buffers other ATen ops allocate and
-# free inside themselves (layer norm, reductions, attention, softmax, losses: scratch.py).
+# free inside themselves (layer norm, reductions, softmax, losses: scratch.py).
 WORKSPACE_LIBRARIES = ("cublas", "cudnn", "scratch")
 
 
@@ -221,7 +221,7 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
     tuple) only those. cuDNN's convolution workspaces are measured on the GPU where the
     estimate runs with one (which resets its peak memory statistics), else taken from
     the table of H200 measurements (vramkit.estimator.workspaces); the scratch buffers
-    of other ops (layer norm, reductions, attention, softmax, losses:
+    of other ops (layer norm, reductions, softmax, losses; not fused attention's:
     vramkit.estimator.scratch) are measured on the GPU too, and without one count 0.
     The notes say which, and what was not modelled."""
     from . import _replay, _step

@@ -4,7 +4,8 @@ Many CUDA kernels behind PyTorch's ops ask the caching allocator for scratch mem
 the call and give it back before they return: a reduction's staging buffer and its
 accumulation buffer (ATen/native/cuda/Reduce.cuh), a layer norm backward's partial
 gradients of the weight and bias, batch norm's staging data, CUB's temporary storage
-behind sorts and scans (ATen/cuda/cub.cuh), the attention kernels' scratch in backward,
+behind sorts and scans (ATen/cuda/cub.cuh) (not the fused attention kernels': see
+SCRATCH_OPS),
 a copy of an input a kernel needs contiguous. Under fake tensors no kernel runs, so a
 recorded step has none of these blocks; on an H200 (PyTorch 2.11) ViT-B/16's steps reached
 148 MiB in one layer norm backward, and its predicted peaks were 1% to 3% low without them.
@@ -28,6 +29,8 @@ that choose the kernel), in this order:
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 import warnings
 from collections import Counter
@@ -110,18 +113,12 @@ SCRATCH_OPS = {
     "sort.default": "scan or sort",
     "sort.stable": "scan or sort",
     "topk.default": "scan or sort",
-    # The fused attention kernels: the backward's accumulators and scratch, forward's
-    # plans (which SDPA backend ran is the op's own name).
-    "_scaled_dot_product_efficient_attention.default": "attention",
-    "_scaled_dot_product_efficient_attention_backward.default": "attention",
-    "_scaled_dot_product_flash_attention.default": "attention",
-    "_scaled_dot_product_flash_attention_backward.default": "attention",
-    "_scaled_dot_product_cudnn_attention.default": "attention",
-    "_scaled_dot_product_cudnn_attention_backward.default": "attention",
-    "_efficient_attention_forward.default": "attention",
-    "_efficient_attention_backward.default": "attention",
-    "_flash_attention_forward.default": "attention",
-    "_flash_attention_backward.default": "attention",
+    # Not the fused attention kernels (_scaled_dot_product_*_attention and their
+    # backwards, up to 75 MiB of scratch on ViT-B/16's step): their backwards take the
+    # forward's random-number state (philox seed and offset tensors) and its logsumexp,
+    # and rebuilt from zeros those crashed the process on an H200 (efficient attention's
+    # backward with dropout, a segmentation fault, 2026-12-01). A measurement must never
+    # put the user's process at risk, so their scratch is left out and named in the notes.
     # Softmax and the parts of cross entropy: contiguous copies, and the losses' reductions.
     "_softmax.default": "softmax or loss",
     "_log_softmax.default": "softmax or loss",
@@ -407,6 +404,8 @@ def measure_op(call: OpCall, device, reader=None, out_bytes: int = 0) -> int | N
         room = available(device)
         if call.input_bytes() + out_bytes > MEMORY_SHARE * room:
             return None
+    if os.environ.get("VRAMKIT_DEBUG_SCRATCH"):
+        print("vramkit scratch: measuring", call.key, file=sys.stderr, flush=True)
     return _ws.measure_transient(lambda: call.runner(device), device, reader)
 
 
@@ -567,9 +566,10 @@ class OpScratchModel:
         if on_device:
             kept = (f", {counts['cached']} of them from earlier measurements kept in "
                     f"{self._cache_file}" if counts["cached"] else "")
-            notes.append(f"op scratch buffers (layer norm, reductions, attention, "
-                         f"softmax, losses) measured on this GPU ({self._identity['device']}) "
-                         f"for {on_device} of the step's {total} op signatures{kept}")
+            notes.append(f"op scratch buffers (layer norm, reductions, softmax, losses; "
+                         f"not fused attention's) measured on this GPU "
+                         f"({self._identity['device']}) for {on_device} of the step's "
+                         f"{total} op signatures{kept}")
         if counts["no_memory"]:
             notes.append(f"the GPU lacked the memory to measure the scratch buffers of "
                          f"{counts['no_memory']} op signatures: they count 0")
