@@ -447,26 +447,18 @@ def _read_cache(path: str) -> dict:
 # The model the recorder calls.
 # ---------------------------------------------------------------------------------------
 
-class OpScratchModel:
+class OpScratchModel(_ws.DeviceMeasuredSizes):
     """The recorder's hook for the ops of SCRATCH_OPS: one transient block per call with
     scratch, after the op's outputs. ``device``: the real device to measure on (None:
     nothing to measure on, and every signature counts 0); ``device_type``: count only
     calls with a tensor there."""
 
+    _what = "op scratch buffers"
+
     def __init__(self, device=None, *, device_type: str | None = None, reader=None,
                  time_budget_s: float = TIME_BUDGET_S):
-        self.device = device
-        self.device_type = device_type
+        super().__init__(device, device_type, reader, CACHE_FOLDER)
         self.time_budget_s = time_budget_s
-        self._reader = reader
-        self._size: dict = {}          # key -> bytes, once found
-        self._how: dict = {}           # key -> "measured", "cached", "none", ...
-        self._failed: dict = {}        # key -> why its measurement failed
-        self._measured: dict | None = None
-        self._identity: dict | None = None
-        self._cache_file: str | None = None
-        self._measured_new = False
-        self._reserved_before: int | None = None
         self._spent_s = 0.0
 
     def hook(self, recorder, func, args, kwargs, out) -> None:
@@ -490,23 +482,25 @@ class OpScratchModel:
         self._size[call.key], self._how[call.key] = size, how
         return size
 
-    def _reader_here(self):
-        return self._reader or _ws.allocator_reader()
+    def _read_kept(self, path: str) -> dict:
+        return _read_cache(path)
+
+    def _save_kept(self, path: str, entries: dict) -> None:
+        _ws.write_json_atomic(path, {
+            "format": CACHE_FORMAT,
+            "about": "scratch bytes that ATen ops allocate and free inside themselves, by "
+                     "signature (vramkit.estimator.scratch.OpCall.key), measured by "
+                     "vramkit.estimate on this kind of device",
+            "measured_on": self._identity, "entries": dict(sorted(entries.items()))})
 
     def _from_device(self, call: OpCall, out) -> tuple:
-        if self._measured is None:
-            self._identity = _ws.device_identity(self.device)
-            self._cache_file = _ws.cache_path(self._identity, CACHE_FOLDER)
-            if self._cache_file not in _ws._MEASURED:
-                _ws._MEASURED[self._cache_file] = _read_cache(self._cache_file)
-            self._measured = _ws._MEASURED[self._cache_file]
-        if call.key in self._measured:
-            return self._measured[call.key], "cached"
+        measured = self._kept_measurements()
+        if call.key in measured:
+            return measured[call.key], "cached"
         if self._spent_s > self.time_budget_s:
             return 0, "budget"
         reader = self._reader_here()
-        if self._reserved_before is None:
-            self._reserved_before = reader.reserved(self.device)
+        self._before_measuring(reader)
         start = time.perf_counter()
         try:
             size = measure_op(call, self.device, reader, _out_bytes(out))
@@ -523,34 +517,6 @@ class OpScratchModel:
         self._measured[call.key] = size
         self._measured_new = True
         return size, "measured"
-
-    def finish(self) -> None:
-        """After the recording: keep the new measurements on disk, and give back what
-        measuring added to the allocator's cache."""
-        if self._measured_new and self._cache_file:
-            entries = _read_cache(self._cache_file)
-            entries.update(self._measured)
-            try:
-                _ws.write_json_atomic(self._cache_file, {
-                    "format": CACHE_FORMAT,
-                    "about": "scratch bytes that ATen ops allocate and free inside "
-                             "themselves, by signature (vramkit.estimator.scratch.OpCall"
-                             ".key), measured by vramkit.estimate on this kind of device",
-                    "measured_on": self._identity, "entries": dict(sorted(entries.items()))})
-                self._measured_new = False
-            except OSError as error:
-                warnings.warn(f"vramkit.estimate: could not keep the measured op scratch "
-                              f"buffers in {self._cache_file} ({error}); they will be "
-                              f"measured again", RuntimeWarning, stacklevel=2)
-        if self._reserved_before is not None:
-            reader = self._reader_here()
-            if reader.reserved(self.device) > self._reserved_before:
-                reader.empty_cache(self.device)
-            self._reserved_before = None
-
-    def counts(self) -> Counter:
-        """How many of the step's op signatures got their size each way."""
-        return Counter(self._how.values())
 
     def by_op(self) -> Counter:
         """How many of the step's signatures each op has."""

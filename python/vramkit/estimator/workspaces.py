@@ -707,30 +707,92 @@ def _read_cache(path: str) -> dict:
 
 
 # ---------------------------------------------------------------------------------------
-# The model the recorder calls.
+# The models the recorder calls.
 # ---------------------------------------------------------------------------------------
 
-class ConvWorkspaceModel:
-    """The recorder's hook for convolutions: one transient block per part with a
-    workspace, after the op's outputs. ``device``: the real device to measure on (None:
-    use the table); ``device_type``: count only convolutions whose input is there."""
+class DeviceMeasuredSizes:
+    """What the two models of transient blocks share (convolutions' workspaces here,
+    other ops' scratch in scratch.py): sizes by signature key, measured on ``device``
+    once per kind of device and kept on disk in ``cache_folder``, how each size was found,
+    and the allocator's cache given back after measuring. A subclass says how its cache
+    file is read and written (_read_kept, _save_kept) and what it measures (_what)."""
 
-    def __init__(self, device=None, *, device_type: str | None = None,
-                 table_path: str | None = None, reader=None):
+    _what = "sizes"
+
+    def __init__(self, device, device_type, reader, cache_folder: str):
         self.device = device
         self.device_type = device_type
-        self.table_path = table_path or TABLE_PATH
         self._reader = reader
-        self._table: Table | None = None
+        self._cache_folder = cache_folder
         self._size: dict = {}          # key -> bytes, once found
-        self._how: dict = {}           # key -> "measured", "cached", "exact", "batch"...
-        self._no_memory: set = set()   # keys the device lacked the memory to measure
-        self._failed: dict = {}        # keys whose measurement failed otherwise: why
+        self._how: dict = {}           # key -> how it was found ("measured", "cached", ...)
+        self._failed: dict = {}        # key -> why its measurement failed
         self._measured: dict | None = None
         self._identity: dict | None = None
         self._cache_file: str | None = None
         self._measured_new = False
         self._reserved_before: int | None = None
+
+    def _reader_here(self):
+        return self._reader or allocator_reader()
+
+    def _kept_measurements(self) -> dict:
+        """This kind of device's measurements, read from disk once per process."""
+        if self._measured is None:
+            self._identity = device_identity(self.device)
+            self._cache_file = cache_path(self._identity, self._cache_folder)
+            if self._cache_file not in _MEASURED:
+                _MEASURED[self._cache_file] = self._read_kept(self._cache_file)
+            self._measured = _MEASURED[self._cache_file]
+        return self._measured
+
+    def _before_measuring(self, reader) -> None:
+        if self._reserved_before is None:
+            self._reserved_before = reader.reserved(self.device)
+
+    def _read_kept(self, path: str) -> dict:
+        raise NotImplementedError
+
+    def _save_kept(self, path: str, entries: dict) -> None:
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        """After the recording: keep the new measurements on disk, and give back what
+        measuring added to the allocator's cache."""
+        if self._measured_new and self._cache_file:
+            entries = self._read_kept(self._cache_file)
+            entries.update(self._measured)
+            try:
+                self._save_kept(self._cache_file, entries)
+                self._measured_new = False
+            except OSError as error:
+                warnings.warn(f"vramkit.estimate: could not keep the measured {self._what} "
+                              f"in {self._cache_file} ({error}); they will be measured "
+                              f"again", RuntimeWarning, stacklevel=2)
+        if self._reserved_before is not None:
+            reader = self._reader_here()
+            if reader.reserved(self.device) > self._reserved_before:
+                reader.empty_cache(self.device)
+            self._reserved_before = None
+
+    def counts(self) -> Counter:
+        """How many of the step's signatures got their size each way."""
+        return Counter(self._how.values())
+
+
+class ConvWorkspaceModel(DeviceMeasuredSizes):
+    """The recorder's hook for convolutions: one transient block per part with a
+    workspace, after the op's outputs. ``device``: the real device to measure on (None:
+    use the table); ``device_type``: count only convolutions whose input is there."""
+
+    _what = "cuDNN workspaces"
+
+    def __init__(self, device=None, *, device_type: str | None = None,
+                 table_path: str | None = None, reader=None):
+        super().__init__(device, device_type, reader, "cudnn-workspaces")
+        self.table_path = table_path or TABLE_PATH
+        self._table: Table | None = None
+        self._no_memory: set = set()   # keys the device lacked the memory to measure
 
     def table(self) -> Table:
         if self._table is None:
@@ -762,21 +824,18 @@ class ConvWorkspaceModel:
         self._size[key], self._how[key] = size, how
         return size
 
-    def _reader_here(self):
-        return self._reader or allocator_reader()
+    def _read_kept(self, path: str) -> dict:
+        return _read_cache(path)
+
+    def _save_kept(self, path: str, entries: dict) -> None:
+        Table(entries, {}, self._identity).save(path)
 
     def _from_device(self, signature: ConvSignature, key: str) -> tuple:
-        if self._measured is None:
-            self._identity = device_identity(self.device)
-            self._cache_file = cache_path(self._identity)
-            if self._cache_file not in _MEASURED:
-                _MEASURED[self._cache_file] = _read_cache(self._cache_file)
-            self._measured = _MEASURED[self._cache_file]
-        if key in self._measured:
-            return self._measured[key], "cached"
+        measured = self._kept_measurements()
+        if key in measured:
+            return measured[key], "cached"
         reader = self._reader_here()
-        if self._reserved_before is None:
-            self._reserved_before = reader.reserved(self.device)
+        self._before_measuring(reader)
         try:
             size = measure_on_device(signature, self.device, reader)
         except RuntimeError as error:
@@ -790,29 +849,6 @@ class ConvWorkspaceModel:
         self._measured[key] = size
         self._measured_new = True
         return size, "measured"
-
-    def finish(self) -> None:
-        """After the recording: keep the new measurements on disk, and give back what
-        measuring added to the allocator's cache."""
-        if self._measured_new and self._cache_file:
-            entries = _read_cache(self._cache_file)
-            entries.update(self._measured)
-            try:
-                Table(entries, {}, self._identity).save(self._cache_file)
-                self._measured_new = False
-            except OSError as error:
-                warnings.warn(f"vramkit.estimate: could not keep the measured cuDNN "
-                              f"workspaces in {self._cache_file} ({error}); they will be "
-                              f"measured again", RuntimeWarning, stacklevel=2)
-        if self._reserved_before is not None:
-            reader = self._reader_here()
-            if reader.reserved(self.device) > self._reserved_before:
-                reader.empty_cache(self.device)
-            self._reserved_before = None
-
-    def counts(self) -> Counter:
-        """How many of the step's convolution signatures got their size each way."""
-        return Counter(self._how.values())
 
     def notes(self) -> list:
         if not self._how:
