@@ -527,15 +527,8 @@ class OpScratchModel(_ws.DeviceMeasuredSizes):
             return []
         counts = self.counts()
         total = len(self._how)
-        notes = []
-        on_device = counts["measured"] + counts["cached"]
-        if on_device:
-            kept = (f", {counts['cached']} of them from earlier measurements kept in "
-                    f"{self._cache_file}" if counts["cached"] else "")
-            notes.append(f"op scratch buffers (layer norm, reductions, softmax, losses; "
-                         f"not fused attention's) measured on this GPU "
-                         f"({self._identity['device']}) for {on_device} of the step's "
-                         f"{total} op signatures{kept}")
+        notes = self._on_device_note("op scratch buffers (layer norm, reductions, softmax, "
+                                     "losses; not fused attention's)", "op signatures")
         if counts["no_memory"]:
             notes.append(f"the GPU lacked the memory to measure the scratch buffers of "
                          f"{counts['no_memory']} op signatures: they count 0")

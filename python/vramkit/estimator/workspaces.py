@@ -779,6 +779,17 @@ class DeviceMeasuredSizes:
         """How many of the step's signatures got their size each way."""
         return Counter(self._how.values())
 
+    def _on_device_note(self, what: str, signatures: str) -> list:
+        """The note on the sizes measured on this GPU, now or earlier (none if none)."""
+        counts = self.counts()
+        on_device = counts["measured"] + counts["cached"]
+        if not on_device:
+            return []
+        kept = (f", {counts['cached']} of them from earlier measurements kept in "
+                f"{self._cache_file}" if counts["cached"] else "")
+        return [f"{what} measured on this GPU ({self._identity['device']}) for {on_device} "
+                f"of the step's {len(self._how)} {signatures}{kept}"]
+
 
 class ConvWorkspaceModel(DeviceMeasuredSizes):
     """The recorder's hook for convolutions: one transient block per part with a
@@ -855,14 +866,7 @@ class ConvWorkspaceModel(DeviceMeasuredSizes):
             return []
         counts = self.counts()
         total = len(self._how)
-        notes = []
-        on_device = counts["measured"] + counts["cached"]
-        if on_device:
-            kept = (f", {counts['cached']} of them from earlier measurements kept in "
-                    f"{self._cache_file}" if counts["cached"] else "")
-            notes.append(f"cuDNN workspaces measured on this GPU "
-                         f"({self._identity['device']}) for {on_device} of the step's "
-                         f"{total} convolution signatures{kept}")
+        notes = self._on_device_note("cuDNN workspaces", "convolution signatures")
         if self._no_memory:
             notes.append(f"the GPU lacked the memory to measure the cuDNN workspaces of "
                          f"{len(self._no_memory)} convolution signatures: the table's "
