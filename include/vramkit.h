@@ -98,6 +98,15 @@ typedef struct vram_options {
    * Fewer bytes for more driver calls, like PyTorch's max_split_size_mb. In [0, 1]; 0 =
    * always, 1 = never (default). */
   double tight_threshold;
+  /* Virtual growth, for fixed segments whose source can also map virtual memory (cuda, sim).
+   * Once reserved memory would pass this share of the cap (the limit, else the device's
+   * total memory), an arena's large requests are carved from a reserved virtual range whose
+   * granules are mapped where live blocks are, as on the vmm source; its fixed large
+   * segments stop taking new blocks, drain, and go back when the range needs their memory.
+   * Far from the cap a pool runs on fixed segments alone; near it, it fits as tightly as vmm.
+   * In [0, 1]; 0 = from the first large request, 1 = never (fixed segments only, every block
+   * shareable by CUDA IPC). Default 0.5. */
+  double virtual_threshold;
   size_t sim_capacity;          /* capacity of the sim device (default 80 GiB) */
   int sim_event_delay;          /* sim: queries before a recorded event completes (default 0) */
   /* Fault injection (tests): the source call numbered fail_at (1-based) fails, and every
@@ -111,9 +120,10 @@ typedef struct vram_options {
 VRAM_API void vram_options_init(vram_options_t *opts);
 
 /* Overlay the VRAMKIT_* environment variables on opts: VRAMKIT_SOURCE, VRAMKIT_LIMIT,
- * VRAMKIT_PREALLOCATE, VRAMKIT_RELEASE_THRESHOLD, VRAMKIT_TIGHT_THRESHOLD, VRAMKIT_SIM_CAPACITY
- * (sizes take K/M/G/T suffixes; LIMIT and PREALLOCATE also take a percentage such as "50%";
- * TIGHT_THRESHOLD is a fraction such as 0.9 or a percentage such as 90%). A bad value
+ * VRAMKIT_PREALLOCATE, VRAMKIT_RELEASE_THRESHOLD, VRAMKIT_TIGHT_THRESHOLD,
+ * VRAMKIT_VIRTUAL_THRESHOLD, VRAMKIT_SIM_CAPACITY (sizes take K/M/G/T suffixes; LIMIT and
+ * PREALLOCATE also take a percentage such as "50%"; the two thresholds are fractions such
+ * as 0.9 or percentages such as 90%). A bad value
  * returns VRAM_EENV, names the variable in *why (if non-NULL, a static string), and
  * leaves opts unchanged. */
 VRAM_API int vram_options_from_env(vram_options_t *opts, const char **why);

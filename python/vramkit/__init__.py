@@ -3,7 +3,7 @@
 The pools are the C library's process-wide default pools, one per device, created on first
 use from the ``VRAMKIT_*`` environment variables (``VRAMKIT_SOURCE``, ``VRAMKIT_LIMIT``,
 ``VRAMKIT_PREALLOCATE``, ``VRAMKIT_RELEASE_THRESHOLD``, ``VRAMKIT_TIGHT_THRESHOLD``,
-``VRAMKIT_SIM_CAPACITY``) or from
+``VRAMKIT_VIRTUAL_THRESHOLD``, ``VRAMKIT_SIM_CAPACITY``) or from
 :func:`configure` called before that first use.
 
 ``import vramkit`` needs no GPU and imports no framework: the integrations live in
@@ -414,6 +414,7 @@ def configure(
     preallocate=None,
     release_threshold=None,
     tight_threshold=None,
+    virtual_threshold=None,
     sim_capacity=None,
 ) -> None:
     """Create the device's pool now with these options (each None: from VRAMKIT_*).
@@ -423,7 +424,11 @@ def configure(
     memory. release_threshold, sim_capacity: bytes or a size string. tight_threshold: a
     share of the memory cap from 0 to 1 (or "90%") past which large requests get segments of
     their own size instead of cuts of bigger cached ones: less memory, more driver calls
-    (0 = always; default 1 = never; fixed-segment sources only). Must come before the
+    (0 = always; default 1 = never; fixed-segment sources only). virtual_threshold: the
+    share of the cap past which the cuda (and sim) source's large requests go to virtual
+    memory mapped where live blocks are, so that a pool near its cap fits as tightly as the
+    vmm source (0 = from the start; default 0.5; 1 = never: fixed segments only, every
+    tensor shareable between processes by CUDA IPC). Must come before the
     device's pool is first used; afterwards it raises RuntimeError (use set_memory_limit or
     set_per_process_memory_fraction to change the limit of a live pool).
     """
@@ -444,9 +449,11 @@ def configure(
     for name, variable, value, allow_percent in sizes:
         if value is not None:
             env[variable] = (name, _size_text(name, value, allow_percent))
-    if tight_threshold is not None:
-        env["VRAMKIT_TIGHT_THRESHOLD"] = ("tight_threshold",
-                                          _share_text("tight_threshold", tight_threshold))
+    for name, variable, value in (("tight_threshold", "VRAMKIT_TIGHT_THRESHOLD", tight_threshold),
+                                  ("virtual_threshold", "VRAMKIT_VIRTUAL_THRESHOLD",
+                                   virtual_threshold)):
+        if value is not None:
+            env[variable] = (name, _share_text(name, value))
     with _config_lock:
         if _pool_in_use(d):
             raise RuntimeError(

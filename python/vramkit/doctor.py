@@ -27,9 +27,11 @@ rules itself to a snapshot or a trace. The source may be:
   whose ``oom`` entries carry the request's size and ``device_free``; a snapshot does not
   say the device's capacity, so ``capacity=`` gives it;
 - a vramkit trace (format v1, what ``vramkit replay`` reads): with ``capacity=`` it is
-  replayed under that cap by the packaged C command, on fixed segments, on ``sim:vmm`` and
-  with ``VRAMKIT_TIGHT_THRESHOLD=0``, each with ``--min-capacity``, so that each fix's
-  effect is a measured number rather than a guess.
+  replayed under that cap by the packaged C command on the default settings (``sim``, the
+  cuda source's model, virtual growth included), on fixed segments alone
+  (``VRAMKIT_VIRTUAL_THRESHOLD=1``), on ``sim:vmm``, with virtual growth from the start
+  (``VRAMKIT_VIRTUAL_THRESHOLD=0``) and with ``VRAMKIT_TIGHT_THRESHOLD=0``, each with
+  ``--min-capacity``, so that each fix's effect is a measured number rather than a guess.
 
 ``vramkit doctor SNAPSHOT_OR_TRACE [--capacity SIZE] [--json]`` prints the same after the
 fact (:func:`main`).
@@ -72,7 +74,8 @@ SNAPSHOT_OR_TRACE is a memory snapshot pickle (vramkit.dump_snapshot or PyTorch'
 torch.cuda.memory._dump_snapshot, recorded with the OOM in its trace), a vramkit trace
 (format v1, as vramkit replay reads), or a saved OOM report.
 
-  --capacity SIZE  a trace: replay it under this cap (and on sim:vmm, and with
+  --capacity SIZE  a trace: replay it under this cap (on the default settings, on fixed
+                   segments alone, on sim:vmm, and with VRAMKIT_VIRTUAL_THRESHOLD=0 and
                    VRAMKIT_TIGHT_THRESHOLD=0) to find the cause and what each fix gains;
                    a snapshot: the device's capacity, which a snapshot does not record
   --json           one JSON document instead of the text
@@ -256,6 +259,11 @@ def _fragmentation_fixes(source: str | None, cached_free: int | None) -> list[Fi
         fixes.append(Fix("the vmm source (VRAMKIT_SOURCE=vmm, or configure(source='vmm')): "
                          "cached free pieces serve one request wherever they lie",
                          cached_free or None))
+        if source in ("cuda", "sim", None):
+            fixes.append(Fix("a lower VRAMKIT_VIRTUAL_THRESHOLD (0: from the first large "
+                             "request; the default 0.5 starts at half the cap): large requests "
+                             "go to virtual memory before fixed segments fill with holes",
+                             None))
         fixes.append(Fix("VRAMKIT_TIGHT_THRESHOLD=0: large requests get segments of their own "
                          "size instead of cuts of cached ones, which pin them (more driver "
                          "calls)", None))
@@ -573,7 +581,8 @@ def _segment_for(requested: int, expandable: bool, pytorch: bool) -> int:
 # Options of the user's shell that would change the pools the replays measure: the
 # doctor compares the sources at their defaults, and says which change it tries.
 _POOL_VARIABLES = ("VRAMKIT_SOURCE", "VRAMKIT_LIMIT", "VRAMKIT_PREALLOCATE",
-                   "VRAMKIT_RELEASE_THRESHOLD", "VRAMKIT_TIGHT_THRESHOLD", "VRAMKIT_SIM_CAPACITY")
+                   "VRAMKIT_RELEASE_THRESHOLD", "VRAMKIT_TIGHT_THRESHOLD",
+                   "VRAMKIT_VIRTUAL_THRESHOLD", "VRAMKIT_SIM_CAPACITY")
 
 
 class MissingCommand(Exception):
@@ -609,46 +618,60 @@ def _replay(path: str, source: str, capacity: int | None, extra_env: dict | None
 
 
 def _from_trace(path: str, capacity: int | None, estimate_fn, origin: str) -> Diagnosis:
-    fixed, fixed_err = _replay(path, "sim", capacity)
+    # The default settings are the cuda source's (sim models it, virtual growth included);
+    # fixed segments alone are what VRAMKIT_VIRTUAL_THRESHOLD=1 gives.
+    default, default_err = _replay(path, "sim", capacity)
+    fixed, _ = _replay(path, "sim", capacity, {"VRAMKIT_VIRTUAL_THRESHOLD": "1"})
     vmm, _ = _replay(path, "sim:vmm", capacity)
-    peak_live = fixed["peak_live_bytes"]
+    peak_live = default["peak_live_bytes"]
+    need_default = default.get("min_capacity_bytes")
     need_fixed, need_vmm = fixed.get("min_capacity_bytes"), vmm.get("min_capacity_bytes")
     numbers = {"peak_live": peak_live, "capacity": capacity,
-               "peak_reserved": fixed["peak_reserved_bytes"],
-               "min_capacity_fixed": need_fixed, "min_capacity_vmm": need_vmm,
+               "peak_reserved": default["peak_reserved_bytes"],
+               "min_capacity_default": need_default, "min_capacity_fixed": need_fixed,
+               "min_capacity_vmm": need_vmm, "ooms_default": default["ooms"],
                "ooms_fixed": fixed["ooms"], "ooms_vmm": vmm["ooms"]}
     notes = []
-    where = f"trace {fixed['trace']} ({fixed['ops']} ops)"
+    where = f"trace {default['trace']} ({default['ops']} ops)"
     if capacity is None:
-        summary = (f"no capacity given: the trace needs {_size(need_fixed)} on fixed segments "
-                   f"and {_size(need_vmm)} on the vmm source (peak live {_size(peak_live)}); "
+        summary = (f"no capacity given: the trace needs {_size(need_default)} on the default "
+                   f"settings, {_size(need_fixed)} on fixed segments alone and "
+                   f"{_size(need_vmm)} on the vmm source (peak live {_size(peak_live)}); "
                    f"pass capacity= (--capacity) to diagnose it under a cap")
         return Diagnosis(None, summary, where, numbers, [], [], [], notes)
-    first = _CAUSE.search(fixed_err)
+    first = _CAUSE.search(default_err)
     if first:
-        notes.append(f"the first allocation that failed on fixed segments, as the pool "
+        notes.append(f"the first allocation that failed on the default settings, as the pool "
                      f"reported it: {first.group(1)}: {first.group(2)}")
-    if fixed["ooms"] == 0:
-        summary = (f"it replays with no out-of-memory under {_size(capacity)} (peak reserved "
-                   f"{_size(fixed['peak_reserved_bytes'])}, peak live {_size(peak_live)})")
+    if default["ooms"] == 0:
+        summary = (f"it replays with no out-of-memory under {_size(capacity)} on the default "
+                   f"settings (peak reserved {_size(default['peak_reserved_bytes'])}, peak "
+                   f"live {_size(peak_live)})")
+        if fixed["ooms"]:
+            summary += (f"; on fixed segments alone (VRAMKIT_VIRTUAL_THRESHOLD=1) "
+                        f"{fixed['ooms']} allocations fail: it needs {_size(need_fixed)} there")
         return Diagnosis(None, summary, where, numbers, [], [], [], notes)
     if peak_live > capacity:
         shortfall = peak_live - capacity
         summary = (f"peak live memory {_size(peak_live)} is more than the capacity "
                    f"{_size(capacity)}: live memory itself is too much, by {_size(shortfall)} "
-                   f"({fixed['ooms']} allocations failed on fixed segments, {vmm['ooms']} on vmm)")
+                   f"({default['ooms']} allocations failed on the default settings, "
+                   f"{vmm['ooms']} on vmm)")
         fixes = _live_fixes(shortfall, estimate_fn, notes)
         return Diagnosis("live", summary, where, numbers, fixes, [], [], notes)
+    early, _ = _replay(path, "sim", capacity, {"VRAMKIT_VIRTUAL_THRESHOLD": "0"})
     tight, _ = _replay(path, "sim", capacity, {"VRAMKIT_TIGHT_THRESHOLD": "0"})
-    need_tight = tight.get("min_capacity_bytes")
-    numbers.update(min_capacity_tight=need_tight, ooms_tight=tight["ooms"],
+    need_early, need_tight = early.get("min_capacity_bytes"), tight.get("min_capacity_bytes")
+    numbers.update(min_capacity_virtual_early=need_early, ooms_virtual_early=early["ooms"],
+                   min_capacity_tight=need_tight, ooms_tight=tight["ooms"],
                    peak_reserved_vmm=vmm["peak_reserved_bytes"])
     summary = (f"peak live memory {_size(peak_live)} fits the capacity {_size(capacity)}, but "
-               f"on fixed segments {fixed['ooms']} allocations failed: the trace needs "
-               f"{_size(need_fixed)} there, the free memory is not in pieces large enough")
+               f"on the default settings {default['ooms']} allocations failed: the trace "
+               f"needs {_size(need_default)} there, the free memory is not in pieces large "
+               f"enough")
 
     def gain(need):
-        return need_fixed - need if need_fixed is not None and need is not None else None
+        return need_default - need if need_default is not None and need is not None else None
 
     def outcome(run, need):
         fits = "no OOM" if run["ooms"] == 0 else f"{run['ooms']} OOMs"
@@ -657,6 +680,8 @@ def _from_trace(path: str, capacity: int | None, estimate_fn, origin: str) -> Di
     fixes = [
         Fix(f"the vmm source (VRAMKIT_SOURCE=vmm): replayed on sim:vmm {outcome(vmm, need_vmm)}, "
             f"peak reserved {_size(vmm['peak_reserved_bytes'])}", gain(need_vmm)),
+        Fix(f"VRAMKIT_VIRTUAL_THRESHOLD=0 (large requests in virtual memory from the start): "
+            f"replayed {outcome(early, need_early)}", gain(need_early)),
         Fix(f"VRAMKIT_TIGHT_THRESHOLD=0 (segments of their own size for large requests): "
             f"replayed {outcome(tight, need_tight)}", gain(need_tight)),
         Fix("vramkit.empty_cache() between phases of the run (the OOM path already gives back "

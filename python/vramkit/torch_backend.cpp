@@ -648,7 +648,19 @@ class Backend final : public cca::CUDAAllocator {
                 vram_source_name(vram_pool_source(pool)),
                 "'. Set VRAMKIT_SOURCE=cuda in the producing process.");
     cudaIpcMemHandle_t handle;
-    C10_CUDA_CHECK(cudaIpcGetMemHandle(&handle, base));
+    cudaError_t err = cudaIpcGetMemHandle(&handle, base);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      // Past VRAMKIT_VIRTUAL_THRESHOLD of its cap a cuda pool grows into virtual ranges
+      // (cuMemMap'd granules), which have no CUDA IPC handle.
+      TORCH_CHECK(false,
+                  "vramkit: this CUDA tensor cannot be shared between processes: it lies in "
+                  "virtual memory, which a 'cuda' pool grows into past "
+                  "VRAMKIT_VIRTUAL_THRESHOLD of its cap (",
+                  cudaGetErrorString(err),
+                  "). Set VRAMKIT_VIRTUAL_THRESHOLD=1 in the producing process to keep every "
+                  "block in cuMemAlloc segments.");
+    }
     // The unversioned form (the handle's bytes alone): PyTorch's own allocator reads it too,
     // so a consumer process need not run vramkit.
     return {static_cast<char *>(ptr) - static_cast<char *>(base),

@@ -308,11 +308,18 @@ int _vram_format_oom_report(const vram_pool_snapshot *snap, const vram_oom_reque
   if (limit && (size_t)s->reserved_bytes.current + requested > limit)
     out_printf(&o, "  The limit of %s is what refused it: raise it (VRAMKIT_LIMIT, "
                    "set_per_process_memory_fraction) if the device has room.\n", lim);
-  if (cached >= requested)
+  if (cached >= requested) {
     out_printf(&o, "  %.1f%% of reserved memory is free but fragmented: try the vmm source "
-                   "(VRAMKIT_SOURCE=vmm), which maps physical memory where it is needed.\n",
+                   "(VRAMKIT_SOURCE=vmm), which maps physical memory where it is needed",
                s->reserved_bytes.current ? 100.0 * (double)cached / (double)s->reserved_bytes.current
                                          : 0.0);
+    /* Fixed segments that turn virtual near the cap: starting sooner leaves fewer holes. */
+    if (!snap->is_vmm && snap->virtual_threshold < 1.0)
+      out_printf(&o, ", or a lower VRAMKIT_VIRTUAL_THRESHOLD (now %.2f%s), so that this pool "
+                     "turns to virtual memory sooner", snap->virtual_threshold,
+                 snap->grows_virtual ? ", passed" : ", not reached");
+    out_printf(&o, ".\n");
+  }
   /* Live bytes plus the request fit under the cap: the free memory around live blocks is
    * what failed it, the waste tight placement avoids on fixed segments. */
   size_t cap_bytes = limit ? limit : total;

@@ -28,7 +28,7 @@
 typedef struct tally {
   int64_t allocated, requested, active, live, active_blocks, segments, reserved;
   size_t in_map, idle_bytes;
-  size_t free_small, free_large, cached; /* of the arena being walked */
+  size_t free_small, free_large, free_retired, cached; /* of the arena being walked */
 } tally;
 
 /* A parked block: its arena's cached one, still in the pointer map. */
@@ -75,7 +75,8 @@ static bool check_segment_blocks(vram_pool_t *pool, const vram_arena *a, const v
     if (b->state == VRAM_BLOCK_FREE) {
       REQUIRE(!b->addr_next || b->addr_next->state != VRAM_BLOCK_FREE,
               "free neighbours not coalesced at %#lx", (unsigned long)b->addr);
-      if (s->is_small) t->free_small++;
+      if (s->index == &a->retired) t->free_retired++;
+      else if (s->is_small) t->free_small++;
       else t->free_large++;
       continue;
     }
@@ -97,7 +98,11 @@ static bool check_segment(vram_pool_t *pool, const vram_arena *a, vram_segment *
                           const vram_segment *prev, tally *t) {
   t->segments++;
   REQUIRE(s->arena == a && s->prev == prev, "segment %p badly linked", (void *)s);
-  REQUIRE(s->index == (s->is_small ? &a->free_small : &a->free_large) &&
+  /* A retired segment (virtual growth): a fixed large one of an arena that grows virtual. */
+  bool retired = s->index == &a->retired;
+  REQUIRE(!retired || (a->grows_virtual && !s->is_small && !s->gran_used),
+          "segment %p retired but not a fixed large one of an arena growing virtual", (void *)s);
+  REQUIRE((s->index == (s->is_small ? &a->free_small : &a->free_large) || retired) &&
               s->cached == (s->is_small ? &a->cached_small : &a->cached_large),
           "segment %p names another kind's index or cache", (void *)s);
   REQUIRE(s->first && s->first->addr == s->addr && !s->first->addr_prev,
@@ -105,10 +110,10 @@ static bool check_segment(vram_pool_t *pool, const vram_arena *a, vram_segment *
   size_t used = 0;
   if (!check_segment_blocks(pool, a, s, t, &used)) return false;
   REQUIRE(used == s->used_bytes, "segment used bytes %zu, blocks say %zu", s->used_bytes, used);
-  REQUIRE(s->idle == (!pool->src->is_vmm && !s->keep && !s->used_bytes),
+  REQUIRE(s->idle == (!s->gran_used && !s->keep && !s->used_bytes),
           "segment %p idle flag disagrees with its usage", (void *)s);
   if (s->idle) t->idle_bytes += s->size;
-  if (!pool->src->is_vmm) {
+  if (!s->gran_used) {
     t->reserved += (int64_t)s->size;
     return true;
   }
@@ -119,7 +124,7 @@ static bool check_segment(vram_pool_t *pool, const vram_arena *a, vram_segment *
 
 typedef struct index_visit {
   const vram_arena *arena;
-  bool small;
+  bool small, retired;
   size_t blocks;
 } index_visit;
 
@@ -127,23 +132,25 @@ static bool visit_index_block(void *ctx, const vram_block *b) {
   index_visit *v = ctx;
   v->blocks++;
   return b->state == VRAM_BLOCK_FREE && b->segment && b->segment->arena == v->arena &&
-         b->segment->is_small == v->small;
+         b->segment->is_small == v->small &&
+         (b->segment->index == &v->arena->retired) == v->retired;
 }
 
 /* One arena: its segments, its one-block caches, and its two free indexes. */
 static bool check_arena(vram_pool_t *pool, vram_arena *a, tally *t) {
-  t->free_small = t->free_large = t->cached = 0;
+  t->free_small = t->free_large = t->free_retired = t->cached = 0;
   vram_segment *prev = NULL;
   for (vram_segment *s = a->segments; s; prev = s, s = s->next)
     if (!check_segment(pool, a, s, prev, t)) return false;
   REQUIRE(t->cached == (size_t)(a->cached_small != NULL) + (size_t)(a->cached_large != NULL),
           "arena cache names blocks that are not cached");
-  index_visit vs = {a, true, 0}, vl = {a, false, 0};
+  index_visit vs = {a, true, false, 0}, vl = {a, false, false, 0}, vr = {a, false, true, 0};
   REQUIRE(_vram_tlsf_check(&a->free_small, visit_index_block, &vs), "small free index corrupt");
   REQUIRE(_vram_tlsf_check(&a->free_large, visit_index_block, &vl), "large free index corrupt");
-  REQUIRE(vs.blocks == t->free_small && vl.blocks == t->free_large,
-          "free index holds %zu+%zu blocks, segments %zu+%zu", vs.blocks, vl.blocks,
-          t->free_small, t->free_large);
+  REQUIRE(_vram_tlsf_check(&a->retired, visit_index_block, &vr), "retired free index corrupt");
+  REQUIRE(vs.blocks == t->free_small && vl.blocks == t->free_large && vr.blocks == t->free_retired,
+          "free indexes hold %zu+%zu+%zu blocks, segments %zu+%zu+%zu", vs.blocks, vl.blocks,
+          vr.blocks, t->free_small, t->free_large, t->free_retired);
   return true;
 }
 

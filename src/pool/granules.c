@@ -230,6 +230,10 @@ int _vram_granules_acquire(vram_pool_t *pool, vram_segment *seg, uintptr_t addr,
     if (pool->limit && reserved + bytes > pool->limit) {
       trim(pool, (reserved + bytes - pool->limit + G - 1) / G, seg, g0, g1, NULL);
       reserved = (size_t)pool->stats.reserved_bytes.current;
+      if (reserved + bytes > pool->limit && pool->idle_bytes) {
+        _vram_release_fixed_idle(pool, reserved + bytes - pool->limit, NULL);
+        reserved = (size_t)pool->stats.reserved_bytes.current;
+      }
       if (reserved + bytes > pool->limit) return VRAM_ENOMEM;
     }
     size_t allowance = mapped_allowance(pool, size);

@@ -18,6 +18,7 @@ void vram_options_init(vram_options_t *opts) {
   opts->source = VRAM_SOURCE_AUTO;
   opts->release_threshold = SIZE_MAX;
   opts->tight_threshold = 1.0;
+  opts->virtual_threshold = 0.5;
   opts->sim_capacity = DEFAULT_SIM_CAPACITY;
   opts->managed_prefetch = 1;
 }
@@ -99,7 +100,7 @@ static int parse_release_threshold(vram_options_t *o, const char *v) {
   return vram_parse_size(v, 0, &o->release_threshold, NULL);
 }
 /* A share in [0, 1], written as a fraction ("0.9") or a percentage ("90%"). */
-static int parse_tight_threshold(vram_options_t *o, const char *v) {
+static int parse_share(const char *v, double *out) {
   char *end = NULL;
   errno = 0;
   double value = strtod(v, &end);
@@ -109,8 +110,14 @@ static int parse_tight_threshold(vram_options_t *o, const char *v) {
     end++;
   }
   if (*end || value < 0 || value > 1) return VRAM_EINVAL;
-  o->tight_threshold = value;
+  *out = value;
   return VRAM_OK;
+}
+static int parse_tight_threshold(vram_options_t *o, const char *v) {
+  return parse_share(v, &o->tight_threshold);
+}
+static int parse_virtual_threshold(vram_options_t *o, const char *v) {
+  return parse_share(v, &o->virtual_threshold);
 }
 static int parse_sim_capacity(vram_options_t *o, const char *v) {
   int rc = vram_parse_size(v, 0, &o->sim_capacity, NULL);
@@ -132,6 +139,8 @@ static const struct {
      "VRAMKIT_RELEASE_THRESHOLD: expected a size such as 1G"},
     {"VRAMKIT_TIGHT_THRESHOLD", parse_tight_threshold,
      "VRAMKIT_TIGHT_THRESHOLD: expected a share of the memory cap from 0 to 1, such as 0.9 or 90%"},
+    {"VRAMKIT_VIRTUAL_THRESHOLD", parse_virtual_threshold,
+     "VRAMKIT_VIRTUAL_THRESHOLD: expected a share of the memory cap from 0 to 1, such as 0.5 or 50%"},
     {"VRAMKIT_SIM_CAPACITY", parse_sim_capacity,
      "VRAMKIT_SIM_CAPACITY: expected a positive size such as 16G"},
 };
@@ -149,7 +158,8 @@ int vram_options_set(vram_options_t *opts, const char *name, const char *value, 
     return VRAM_OK;
   }
   if (why) *why = "unknown setting: expected VRAMKIT_SOURCE, VRAMKIT_LIMIT, VRAMKIT_PREALLOCATE, "
-                  "VRAMKIT_RELEASE_THRESHOLD, VRAMKIT_TIGHT_THRESHOLD or VRAMKIT_SIM_CAPACITY";
+                  "VRAMKIT_RELEASE_THRESHOLD, VRAMKIT_TIGHT_THRESHOLD, VRAMKIT_VIRTUAL_THRESHOLD or "
+                  "VRAMKIT_SIM_CAPACITY";
   return VRAM_EINVAL;
 }
 

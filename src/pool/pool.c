@@ -92,7 +92,7 @@ VRAM_HOT int live_block(vram_pool_t *pool, const void *ptr, vram_block **out) {
 static bool wants_own_segment(const vram_pool_t *pool, const vram_block *b, size_t rounded,
                               bool small) {
   const vram_segment *seg = b->segment;
-  if (small || seg->used_bytes || seg->keep || pool->src->is_vmm) return false;
+  if (small || seg->used_bytes || seg->keep || seg->gran_used) return false;
   size_t own = _vram_fixed_segment_size(pool, rounded, false);
   if (seg->size <= own) return false;
   size_t cap = pool->limit ? pool->limit : pool->device_total;
@@ -228,6 +228,12 @@ VRAM_HOT int malloc_locked(vram_pool_t *pool, void *arg) {
     _vram_pending_drain(pool, true);
     _vram_release_cached(pool, SIZE_MAX, NULL);
     rc = alloc_attempt(pool, a, rounded, requested, &c->block);
+    /* Last: a hole of a retired fixed segment (virtual growth), kept out of the way so
+     * that those segments drain, is still better than failing. */
+    if (rc == VRAM_ENOMEM && a->retired.fl_bitmap) {
+      vram_block *hole = _vram_tlsf_find(&a->retired, rounded);
+      if (hole) rc = _vram_block_take(pool, hole, rounded, requested, &c->block);
+    }
     _vram_pool_publish_slow(pool);
   }
   if (rc == VRAM_OK) {
@@ -299,8 +305,7 @@ int vram_malloc(vram_pool_t *pool, size_t size, vram_stream_t stream, void **out
 
 /* Keep cached memory under the release threshold. */
 static __attribute__((noinline)) void release_over_threshold(vram_pool_t *pool) {
-  size_t cached = pool->src->is_vmm ? _vram_granules_idle_total(pool) * pool->granularity
-                                    : pool->idle_bytes;
+  size_t cached = _vram_granules_idle_total(pool) * pool->granularity + pool->idle_bytes;
   if (cached > pool->opts.release_threshold)
     _vram_release_cached(pool, cached - pool->opts.release_threshold, NULL);
   _vram_pool_publish_slow(pool);
@@ -758,6 +763,10 @@ static int pool_setup(vram_pool_t *pool) {
   pool->max_request = max_request_of(pool);
   rc = _vram_ptrmap_init(&pool->ptrs, PTRMAP_INITIAL_BLOCKS);
   if (!rc) rc = limit_from(pool, o->limit_bytes, o->limit_fraction, &pool->limit);
+  pool->has_virtual = pool->src->is_vmm != 0;
+  /* Virtual growth needs both families from the source and one rounding unit for both. */
+  pool->virtual_growth = !pool->src->is_vmm && pool->src->xReserve && pool->src->xMap &&
+                         o->virtual_threshold < 1.0;
   pool->vmm_reserve_size =
       _vram_round_up(pool->device_total + pool->device_total / 4, pool->granularity);
   size_t pre = 0;
@@ -774,6 +783,7 @@ int vram_pool_create(vram_pool_t **out, const vram_options_t *opts) {
   else vram_options_init(&o);
   if (o.device < 0) return VRAM_EDEVICE;
   if (!(o.tight_threshold >= 0 && o.tight_threshold <= 1)) return VRAM_EINVAL; /* NaN too */
+  if (!(o.virtual_threshold >= 0 && o.virtual_threshold <= 1)) return VRAM_EINVAL;
   vram_source_kind kind;
   int rc = _vram_resolve_source(o.source, &kind);
   if (rc) return rc;

@@ -24,6 +24,7 @@ vram_arena *_vram_arena_find_or_create(vram_pool_t *pool, vram_stream_t stream) 
   a->stream = stream;
   _vram_tlsf_init(&a->free_small);
   _vram_tlsf_init(&a->free_large);
+  _vram_tlsf_init(&a->retired);
   a->next = pool->arenas;
   pool->arenas = a;
   pool->last_arena = a;
@@ -65,14 +66,15 @@ static void segment_unlink(vram_segment *seg) {
 static int segment_release(vram_pool_t *pool, vram_segment *seg) {
   vram_assert(seg->used_bytes == 0 && seg->first && !seg->first->addr_next);
   int rc;
-  if (pool->src->is_vmm) {
+  bool virtual = seg->gran_used != NULL;
+  if (virtual) {
     if (seg->mapped_granules) return VRAM_EBUSY; /* unmap first (granules.c) */
     rc = pool->src->xUnreserve(pool->src_state, seg->addr, seg->size);
   } else {
     rc = pool->src->xFree(pool->src_state, seg->addr, seg->size);
   }
   if (rc) return rc;
-  if (!pool->src->is_vmm) {
+  if (!virtual) {
     vram_stat_down(&pool->stats.reserved_bytes, (int64_t)(seg->size));
     _vram_note(pool, VRAM_EVENT_SEGMENT_FREE, seg->addr, seg->size, 0, seg->arena->stream, 0);
   }
@@ -92,26 +94,10 @@ static inline void note_error(int *first_error, int rc) {
   if (rc && first_error && !*first_error) *first_error = rc;
 }
 
-size_t _vram_release_cached(vram_pool_t *pool, size_t want, int *first_error) {
+/* Fully free fixed segments, longest unused first; each arena's stream is waited for once
+ * per release. */
+size_t _vram_release_fixed_idle(vram_pool_t *pool, size_t want, int *first_error) {
   size_t released = 0;
-  _vram_cache_flush_all(pool);
-  if (pool->src->is_vmm) {
-    size_t granules = want == SIZE_MAX ? SIZE_MAX : (want + pool->granularity - 1) / pool->granularity;
-    released = _vram_granules_trim(pool, granules, first_error) * pool->granularity;
-    if (want != SIZE_MAX) return released;
-    /* Everything: empty virtual ranges go back too. */
-    for (vram_arena *a = pool->arenas; a; a = a->next) {
-      vram_segment *next;
-      for (vram_segment *s = a->segments; s; s = next) {
-        next = s->next;
-        if (s->used_bytes || s->mapped_granules || s->keep) continue;
-        note_error(first_error, segment_release(pool, s));
-      }
-    }
-    return released;
-  }
-  /* Fixed sources: the idle list, longest unused first; each arena's stream is waited
-   * for once per release. */
   pool->release_epoch++;
   vram_segment *prev;
   for (vram_segment *s = pool->idle_tail; s && released < want; s = prev) {
@@ -136,15 +122,69 @@ size_t _vram_release_cached(vram_pool_t *pool, size_t want, int *first_error) {
   return released;
 }
 
+size_t _vram_release_cached(vram_pool_t *pool, size_t want, int *first_error) {
+  _vram_cache_flush_all(pool);
+  /* Fixed segments first: a granule can back any request, a fixed segment only what fits
+   * in it. */
+  size_t released = pool->idle_bytes ? _vram_release_fixed_idle(pool, want, first_error) : 0;
+  if (!pool->has_virtual || released >= want) return released;
+  size_t left = want == SIZE_MAX ? SIZE_MAX : want - released;
+  size_t granules = left == SIZE_MAX ? SIZE_MAX : (left + pool->granularity - 1) / pool->granularity;
+  released += _vram_granules_trim(pool, granules, first_error) * pool->granularity;
+  if (want != SIZE_MAX) return released;
+  /* Everything: empty virtual ranges go back too. */
+  for (vram_arena *a = pool->arenas; a; a = a->next) {
+    vram_segment *next;
+    for (vram_segment *s = a->segments; s; s = next) {
+      next = s->next;
+      if (!s->gran_used || s->used_bytes || s->mapped_granules || s->keep) continue;
+      note_error(first_error, segment_release(pool, s));
+    }
+  }
+  return released;
+}
+
 static size_t vmm_reserve_size(const vram_pool_t *pool, size_t rounded) {
   size_t size = pool->vmm_reserve_size;
   if (size < 2 * rounded) size = _vram_round_up(2 * rounded, pool->granularity);
   return size;
 }
 
+/* Virtual growth (vram_options_t.virtual_threshold): a large request that would take
+ * reserved memory past the threshold's share of the cap makes its arena grow virtual. */
+static bool grow_virtual(const vram_pool_t *pool, const vram_arena *a, size_t rounded, bool small) {
+  if (pool->src->is_vmm) return true;
+  if (small || !pool->virtual_growth) return false;
+  if (a->grows_virtual) return true; /* its range is full: another one */
+  size_t cap = pool->limit ? pool->limit : pool->device_total;
+  size_t own = _vram_fixed_segment_size(pool, rounded, false);
+  return (double)((size_t)pool->stats.reserved_bytes.current + own) >
+         pool->opts.virtual_threshold * (double)cap;
+}
+
+/* The arena's large requests go to virtual ranges from now on: the free blocks of its fixed
+ * large segments leave the index for the retired one, so that those segments drain as
+ * their blocks are freed and go back (the idle list) when granules need the memory. Their
+ * holes, fixed in size and place, are what keeps fixed segments from fitting a cap
+ * tightly. */
+static void retire_fixed_large(vram_pool_t *pool, vram_arena *a) {
+  _vram_cache_flush_all(pool);
+  for (vram_segment *s = a->segments; s; s = s->next) {
+    if (s->is_small || s->gran_used || s->keep) continue;
+    for (vram_block *b = s->first; b; b = b->addr_next)
+      if (b->state == VRAM_BLOCK_FREE) {
+        _vram_tlsf_remove(&a->free_large, b);
+        _vram_tlsf_insert(&a->retired, b);
+      }
+    s->index = &a->retired;
+  }
+  a->grows_virtual = true;
+  pool->has_virtual = true;
+}
+
 int _vram_segment_grow(vram_pool_t *pool, vram_arena *a, size_t rounded, bool small,
                        vram_block **out_free) {
-  bool vmm = pool->src->is_vmm;
+  bool vmm = grow_virtual(pool, a, rounded, small);
   size_t size = vmm ? vmm_reserve_size(pool, rounded) : _vram_fixed_segment_size(pool, rounded, small);
   if (!vmm && pool->limit && (size_t)pool->stats.reserved_bytes.current + size > pool->limit)
     return VRAM_ENOMEM;
@@ -167,6 +207,11 @@ int _vram_segment_grow(vram_pool_t *pool, vram_arena *a, size_t rounded, bool sm
   if (rc) {
     _vram_host_free(seg, sizeof *seg);
     _vram_block_delete(pool, b);
+    if (rc == VRAM_EUNSUPPORTED && vmm && !pool->src->is_vmm) {
+      /* A device or driver without virtual memory: fixed segments from now on. */
+      pool->virtual_growth = false;
+      return _vram_segment_grow(pool, a, rounded, small, out_free);
+    }
     return rc;
   }
   seg->addr = addr;
@@ -181,6 +226,7 @@ int _vram_segment_grow(vram_pool_t *pool, vram_arena *a, size_t rounded, bool sm
       return rc;
     }
   }
+  if (vmm && !a->grows_virtual) retire_fixed_large(pool, a);
   segment_link(a, seg);
   b->addr = addr;
   b->size = size;
@@ -218,7 +264,11 @@ int _vram_pool_preallocate(vram_pool_t *pool, size_t bytes) {
     pool->keep_mapped = rounded / pool->granularity;
     return VRAM_OK;
   }
+  /* One fixed segment held for good, whatever virtual growth would choose for its size. */
+  bool virtual_growth = pool->virtual_growth;
+  pool->virtual_growth = false;
   int rc = _vram_segment_grow(pool, a, rounded, false, &b);
+  pool->virtual_growth = virtual_growth;
   if (rc) return rc;
   _vram_idle_remove(pool, b->segment);
   b->segment->keep = true;
@@ -235,7 +285,7 @@ void _vram_segments_destroy(vram_pool_t *pool) {
       sn = s->next;
       for (vram_block *b = s->first; b; b = b->addr_next)
         if (b->state != VRAM_BLOCK_FREE) free(b->uses);
-      if (pool->src->is_vmm) {
+      if (s->gran_used) {
         _vram_granules_unmap_all(pool, s);
         pool->src->xUnreserve(pool->src_state, s->addr, s->size);
       } else {

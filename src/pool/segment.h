@@ -33,7 +33,7 @@ int _vram_arena_quiesce(vram_pool_t *pool, vram_arena *arena);
 
 /* Fixed sources: keep the list of fully free segments in step with their usage. */
 static inline void _vram_idle_push(vram_pool_t *pool, vram_segment *seg) {
-  if (seg->keep || seg->idle || pool->src->is_vmm) return;
+  if (seg->keep || seg->idle || seg->gran_used) return;
   seg->idle = true;
   seg->idle_prev = NULL;
   seg->idle_next = pool->idle_head;
@@ -72,6 +72,8 @@ int _vram_segment_grow(vram_pool_t *pool, vram_arena *a, size_t rounded, bool sm
  * `want` bytes went back or nothing is left; SIZE_MAX releases everything cached. The
  * first failure goes to *first_error (if non-NULL and still 0). */
 size_t _vram_release_cached(vram_pool_t *pool, size_t want, int *first_error);
+/* Fixed segments only: release fully free ones until `want` bytes went back. */
+size_t _vram_release_fixed_idle(vram_pool_t *pool, size_t want, int *first_error);
 
 /* Preallocate mode: hold `bytes` from the start and serve every size from them. */
 int _vram_pool_preallocate(vram_pool_t *pool, size_t bytes);

@@ -14,7 +14,33 @@ static size_t merged_size(const vram_block *b) {
   return size;
 }
 
+/* A pool with virtual segments next to fixed ones (virtual growth): its free fixed blocks
+ * (parked ones merged as they will be) and the largest of them, walked block by block; the
+ * rest of its cached memory is mapped virtual space, which serves any request. */
+static void fixed_free_of(const vram_pool_t *pool, size_t *bytes, size_t *largest) {
+  *bytes = *largest = 0;
+  for (vram_arena *a = pool->arenas; a; a = a->next)
+    for (vram_segment *s = a->segments; s; s = s->next) {
+      if (s->gran_used) continue;
+      for (vram_block *b = s->first; b; b = b->addr_next) {
+        if (b->state != VRAM_BLOCK_FREE && b->state != VRAM_BLOCK_CACHED) continue;
+        *bytes += b->size;
+        size_t merged = b->state == VRAM_BLOCK_CACHED ? merged_size(b) : b->size;
+        if (merged > *largest) *largest = merged;
+      }
+    }
+}
+
 size_t _vram_pool_largest_free(const vram_pool_t *pool) {
+  /* Virtual segments: physical granules are interchangeable and a free range can always
+   * be found in the reserved address space, so all cached memory serves one request. */
+  if (pool->src->is_vmm) return _vram_pool_cached_free(pool);
+  if (pool->has_virtual) {
+    size_t fixed_bytes, fixed_largest;
+    fixed_free_of(pool, &fixed_bytes, &fixed_largest);
+    size_t mapped = _vram_pool_cached_free(pool) - fixed_bytes;
+    return mapped > fixed_largest ? mapped : fixed_largest;
+  }
   size_t largest = 0;
   for (vram_arena *a = pool->arenas; a; a = a->next) {
     size_t s = _vram_tlsf_largest(&a->free_small), l = _vram_tlsf_largest(&a->free_large);
@@ -24,14 +50,13 @@ size_t _vram_pool_largest_free(const vram_pool_t *pool) {
     if (cs > largest) largest = cs;
     if (cl > largest) largest = cl;
   }
-  /* Virtual segments: physical granules are interchangeable and a free range can always
-   * be found in the reserved address space, so all cached memory serves one request. */
-  if (pool->src->is_vmm) return _vram_pool_cached_free(pool);
   return largest;
 }
 
 size_t _vram_pool_cached_free(const vram_pool_t *pool) {
-  if (pool->src->is_vmm)
+  /* Every reserved byte is allocated, waiting on an event, or cached: for virtual segments
+   * the free bytes of mapped granules, for fixed ones their free and parked blocks. */
+  if (pool->has_virtual)
     return (size_t)pool->stats.reserved_bytes.current -
            ((size_t)pool->stats.allocated_bytes.current + pool->pending_bytes);
   size_t bytes = 0;
@@ -67,6 +92,8 @@ void _vram_pool_snapshot(const vram_pool_t *pool, bool ask_device, vram_pool_sna
   out->device = pool->opts.device;
   out->source_name = pool->src->zName;
   out->is_vmm = pool->src->is_vmm != 0;
+  out->grows_virtual = pool->has_virtual && !pool->src->is_vmm;
+  out->virtual_threshold = pool->virtual_growth || out->grows_virtual ? pool->opts.virtual_threshold : 1.0;
   out->tight_threshold = pool->opts.tight_threshold;
   _vram_pool_fill_stats(pool, &out->stats);
   out->cached_free = _vram_pool_cached_free(pool);

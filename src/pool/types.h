@@ -134,6 +134,11 @@ _Static_assert(offsetof(vram_segment, idle) < 64, "a segment's hot fields share 
 struct vram_arena {
   vram_stream_t stream;
   vram_tlsf free_small, free_large;
+  /* Virtual growth (vram_options_t.virtual_threshold): once the arena's large requests go
+   * to a virtual range, the free blocks of its fixed large segments move here, where no
+   * request looks except the last step before an out-of-memory; the segments drain. */
+  vram_tlsf retired;
+  bool grows_virtual;
   vram_segment *segments; /* doubly linked list, both kinds */
   vram_block *cached_small, *cached_large; /* the one-block caches, or NULL */
   vram_arena *next;
@@ -215,6 +220,8 @@ struct vram_pool {
   size_t n_spare_events, cap_spare_events;
 
   size_t vmm_reserve_size; /* virtual range reserved per vmm segment */
+  bool virtual_growth;      /* fixed source that may grow virtual (opts.virtual_threshold) */
+  bool has_virtual;         /* some segment is a virtual range (granules.c) */
   size_t keep_mapped;      /* vmm preallocation: granules never trimmed below this */
 
   vram_error_fn on_error;

@@ -1,8 +1,12 @@
-/* cuda.c - the `cuda` source: fixed device segments from cuMemAlloc / cuMemFree.
+/* cuda.c - the `cuda` source: fixed device segments from cuMemAlloc / cuMemFree, and the
+ * virtual ranges the engine grows into near the cap (vram_options_t.virtual_threshold).
  *
- * The simplest GPU source and the one `sim` models. Segments are whole driver allocations,
- * rounded by the engine to xGranularity (2 MiB, the size the driver itself rounds large
- * allocations to, so asking for less would only hide the waste). Device, context, memory
+ * The source `sim` models. Segments are whole driver allocations, rounded by the engine to
+ * xGranularity (2 MiB, the size the driver itself rounds large allocations to, so asking for
+ * less would only hide the waste). The virtual methods are the vmm source's, on a vmm state
+ * opened on first use: a pool that never nears its cap never touches the virtual memory
+ * API. Where the device or driver lacks it, or maps in another unit than 2 MiB, they answer
+ * VRAM_EUNSUPPORTED and the engine stays on fixed segments. Device, context, memory
  * information and events come from the shared helpers in prim/cuda_driver.c.
  */
 #include <stdlib.h>
@@ -14,6 +18,8 @@
 
 typedef struct cuda_state {
   vram_cuda_device dev; /* first: the shared event and info helpers take the state as it */
+  void *vmm;            /* the vmm source's state, once a virtual range was asked for */
+  int vmm_status;       /* VRAM_OK until opening it failed: then why, for every later ask */
 } cuda_state;
 
 static int cuda_open(const vram_source_config *cfg, void **state) {
@@ -31,6 +37,7 @@ static int cuda_open(const vram_source_config *cfg, void **state) {
 static void cuda_close(void *state) {
   cuda_state *s = state;
   if (!s) return;
+  if (s->vmm) _vram_source_vmm.xClose(s->vmm);
   _vram_cuda_device_close(&s->dev);
   free(s);
 }
@@ -64,6 +71,63 @@ static int cuda_free(void *state, uintptr_t addr, size_t size) {
   return st;
 }
 
+/* The vmm state behind the virtual methods, opened on first use; NULL with *status set when
+ * this device cannot have one (tried once). */
+static void *virtual_state(cuda_state *s, int *status) {
+  if (!s->vmm && s->vmm_status == VRAM_OK) {
+    vram_source_config cfg = {.device = s->dev.ordinal};
+    void *v = NULL;
+    int st = _vram_source_vmm.xOpen(&cfg, &v);
+    /* One rounding unit for both families: the engine's granularity is the segment unit. */
+    if (st == VRAM_OK && _vram_source_vmm.xGranularity(v) != VRAM_CUDA_SEGMENT_UNIT) {
+      _vram_source_vmm.xClose(v);
+      _vram_cuda_set_error("cuda", "virtual memory maps in another unit than 2 MiB");
+      st = VRAM_EUNSUPPORTED;
+    }
+    if (st != VRAM_OK) {
+      /* Anything that stops virtual memory here means fixed segments for this pool. */
+      s->vmm_status = VRAM_EUNSUPPORTED;
+    } else {
+      s->vmm = v;
+    }
+  }
+  *status = s->vmm ? VRAM_OK : s->vmm_status;
+  return s->vmm;
+}
+
+static int cuda_reserve(void *state, size_t size, uintptr_t *addr) {
+  int st;
+  void *v = virtual_state(state, &st);
+  return v ? _vram_source_vmm.xReserve(v, size, addr) : st;
+}
+
+static int cuda_unreserve(void *state, uintptr_t addr, size_t size) {
+  int st;
+  void *v = virtual_state(state, &st);
+  return v ? _vram_source_vmm.xUnreserve(v, addr, size) : st;
+}
+
+static int cuda_map(void *state, uintptr_t addr, size_t size) {
+  int st;
+  void *v = virtual_state(state, &st);
+  return v ? _vram_source_vmm.xMap(v, addr, size) : st;
+}
+
+static int cuda_unmap(void *state, uintptr_t addr, size_t size) {
+  int st;
+  void *v = virtual_state(state, &st);
+  return v ? _vram_source_vmm.xUnmap(v, addr, size) : st;
+}
+
+/* Peers reach fixed segments through the context's peer access (cuCtxEnablePeerAccess, the
+ * caller's); virtual ranges need each mapping opened to them, which the vmm state does for
+ * what it maps now and later. */
+static int cuda_enable_peer(void *state, int peer) {
+  int st;
+  void *v = virtual_state(state, &st);
+  return v ? _vram_source_vmm.xEnablePeer(v, peer) : st;
+}
+
 const vram_source_methods _vram_source_cuda = {
   .zName = "cuda",
   .is_vmm = 0,
@@ -73,11 +137,11 @@ const vram_source_methods _vram_source_cuda = {
   .xMemInfo = _vram_cuda_mem_info,
   .xAlloc = cuda_alloc,
   .xFree = cuda_free,
-  .xReserve = NULL,
-  .xUnreserve = NULL,
-  .xMap = NULL,
-  .xUnmap = NULL,
-  .xEnablePeer = NULL,
+  .xReserve = cuda_reserve,
+  .xUnreserve = cuda_unreserve,
+  .xMap = cuda_map,
+  .xUnmap = cuda_unmap,
+  .xEnablePeer = cuda_enable_peer,
   .xEventCreate = _vram_cuda_event_create,
   .xEventDestroy = _vram_cuda_event_destroy,
   .xEventRecord = _vram_cuda_event_record,

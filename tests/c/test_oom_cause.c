@@ -29,6 +29,7 @@ static vram_pool_snapshot plant(planted p) {
   snap.device = 0;
   snap.source_name = "sim";
   snap.tight_threshold = 1.0;
+  snap.virtual_threshold = 1.0;
   snap.device_total = p.total;
   snap.device_free = p.device_free;
   snap.cached_free = p.cached;
@@ -235,7 +236,14 @@ static void free_all(vram_pool_t *pool, void **blocks, int count) {
  * three pieces, 4 MiB left on the 64 MiB device, and 20 MiB asked for. */
 static void t_sim_fragmentation(void **state) {
   (void)state;
-  vram_pool_t *pool = vt_pool_new(VRAM_SOURCE_SIM, 64 * VT_MiB);
+  /* Fixed segments only: with virtual growth on (the default) the pool would turn to a
+   * virtual range at half the device and serve the request (test_virtual_growth.c). */
+  vram_options_t o;
+  vram_options_init(&o);
+  o.source = VRAM_SOURCE_SIM;
+  o.sim_capacity = 64 * VT_MiB;
+  o.virtual_threshold = 1.0;
+  vram_pool_t *pool = vt_pool_from(&o);
   void *whole = NULL;
   VT_OK(vram_malloc(pool, 60 * VT_MiB, NULL, &whole));
   VT_OK(vram_free(pool, whole)); /* its segment stays cached */

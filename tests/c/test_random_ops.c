@@ -259,6 +259,8 @@ static void random_run(void **state) {
   if (vt_rng_below(&rng, 3) == 0) o.limit_bytes = o.sim_capacity / 2;
   if (vt_rng_below(&rng, 4) == 0) o.release_threshold = vt_rng_below(&rng, 64 << 20);
   if (vt_rng_below(&rng, 3) == 0) o.tight_threshold = (double)vt_rng_below(&rng, 3) / 2; /* 0, .5, 1 */
+  /* Virtual growth from the first large request, at a quarter of the cap, or never. */
+  if (vt_rng_below(&rng, 2) == 0) o.virtual_threshold = (double)vt_rng_below(&rng, 3) / 2 * 0.5;
   size_t max_live = 50 + (size_t)vt_rng_below(&rng, MAX_LIVE - 50 + 1);
 
   int rc = vram_pool_create(&mp->pool, &o);
@@ -398,7 +400,8 @@ typedef struct sweep_params {
   vram_source_kind kind;
   uint64_t every;
   int variant; /* 0: defaults; 1: release_threshold 0 (frees unmap); 2: preallocate;
-                 3: tight placement always (tight_threshold 0) */
+                 3: tight placement always (tight_threshold 0); 4: fixed small segments
+                 beside virtual large ranges from the start (virtual_threshold 0) */
 } sweep_params;
 
 static size_t sweep_run(const sweep_params *sp, uint64_t k, uint64_t every, int *sig,
@@ -419,6 +422,7 @@ static size_t sweep_run(const sweep_params *sp, uint64_t k, uint64_t every, int 
   if (sp->variant == 1) o.release_threshold = 0;
   if (sp->variant == 2) o.preallocate_bytes = 40 << 20;
   if (sp->variant == 3) o.tight_threshold = 0;
+  if (sp->variant == 4) o.virtual_threshold = 0;
   o.fault_fail_at = k;
   o.fault_fail_every = every;
   size_t n = 0;
@@ -555,8 +559,8 @@ int main(int argc, char **argv) {
     return _cmocka_run_group_tests(group, tests, (size_t)nseeds, NULL, NULL) ? 1 : 0;
   }
   if (!strcmp(argv[1], "sweep")) {
-    sweep_params p[8];
-    for (int v = 0; v < 4; v++) {
+    sweep_params p[10];
+    for (int v = 0; v < 5; v++) {
       p[2 * v] = (sweep_params){src.name, src.kind, 0, v};
       p[2 * v + 1] = (sweep_params){src.name, src.kind, 1, v};
     }
@@ -569,6 +573,8 @@ int main(int argc, char **argv) {
         {"sweep_preallocate_fail_from_kth_call_on", sweep, NULL, teardown_model, &p[5]},
         {"sweep_tight_fail_kth_call", sweep, NULL, teardown_model, &p[6]},
         {"sweep_tight_fail_from_kth_call_on", sweep, NULL, teardown_model, &p[7]},
+        {"sweep_virtual_fail_kth_call", sweep, NULL, teardown_model, &p[8]},
+        {"sweep_virtual_fail_from_kth_call_on", sweep, NULL, teardown_model, &p[9]},
     };
     char group[64];
     snprintf(group, sizeof group, "fault_sweep[%s]", src.name);

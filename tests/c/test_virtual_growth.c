@@ -1,0 +1,238 @@
+/* test_virtual_growth.c - fixed segments that turn virtual near the cap
+ * (vram_options_t.virtual_threshold), on sim, whose fixed source can also reserve and map.
+ *
+ * Below the threshold a pool is the fixed-segment pool it always was. Past it, an arena's
+ * large requests go to a virtual range; its fixed large segments are retired: their holes
+ * serve nothing while the range can map, they drain, and once empty they give their memory
+ * to the granules. A retired hole is still the last step before an out-of-memory. Every
+ * step is followed by the invariant checker (VT_VALID), and each refusal must leave every
+ * live block as it was. */
+#include "vt.h"
+
+/* A sim pool of `capacity` bytes with this threshold; the cap is the device. */
+static vram_pool_t *pool_with(size_t capacity, double threshold) {
+  vram_options_t o;
+  vram_options_init(&o);
+  o.source = VRAM_SOURCE_SIM;
+  o.sim_capacity = capacity;
+  o.virtual_threshold = threshold;
+  return vt_pool_from(&o);
+}
+
+/* 1 if ptr lies in a virtual range of the pool, 0 in a fixed segment, -1 not found. */
+static int in_virtual(vram_pool_t *pool, void *ptr) {
+  vram_snapshot_segment_t segs[64];
+  vram_snapshot_block_t blocks[512];
+  size_t n_segs = 0, n_blocks = 0;
+  VT_OK(vram_snapshot(pool, segs, 64, &n_segs, blocks, 512, &n_blocks));
+  assert_true(n_segs <= 64 && n_blocks <= 512);
+  uint64_t p = (uint64_t)(uintptr_t)ptr;
+  for (size_t i = 0; i < n_segs; i++)
+    for (uint64_t b = segs[i].first_block; b < segs[i].first_block + segs[i].n_blocks; b++)
+      if (blocks[b].addr == p && blocks[b].state == VRAM_SNAPSHOT_ACTIVE_ALLOCATED)
+        return segs[i].is_expandable != 0;
+  return -1;
+}
+
+static size_t fixed_segments(vram_pool_t *pool) {
+  vram_snapshot_segment_t segs[64];
+  vram_snapshot_block_t blocks[512];
+  size_t n_segs = 0, n_blocks = 0;
+  VT_OK(vram_snapshot(pool, segs, 64, &n_segs, blocks, 512, &n_blocks));
+  assert_true(n_segs <= 64 && n_blocks <= 512);
+  size_t n = 0;
+  for (size_t i = 0; i < n_segs; i++) n += !segs[i].is_expandable;
+  return n;
+}
+
+static void *take(vram_pool_t *pool, size_t size) {
+  void *p = NULL;
+  VT_OK(vram_malloc(pool, size, NULL, &p));
+  assert_non_null(p);
+  VT_VALID(pool);
+  return p;
+}
+
+static void give(vram_pool_t *pool, void *p) {
+  VT_OK(vram_free(pool, p));
+  VT_VALID(pool);
+}
+
+/* Below half of a 256 MiB device every block is in a fixed segment; the request that would
+ * pass 128 MiB reserved goes to a virtual range. */
+static void t_fixed_then_virtual(void **state) {
+  (void)state;
+  vram_pool_t *pool = pool_with(256 * VT_MiB, 0.5);
+  void *a = take(pool, 60 * VT_MiB), *b = take(pool, 60 * VT_MiB);
+  assert_int_equal(in_virtual(pool, a), 0);
+  assert_int_equal(in_virtual(pool, b), 0);
+  void *c = take(pool, 20 * VT_MiB); /* 120 + 20 > 128 */
+  assert_int_equal(in_virtual(pool, c), 1);
+  /* The arena now grows virtual: even a request that would fit under the threshold. */
+  give(pool, a);
+  void *d = take(pool, 70 * VT_MiB);
+  assert_int_equal(in_virtual(pool, d), 1);
+  /* Small requests keep their fixed 2 MiB segments. */
+  void *s = take(pool, 4096);
+  assert_int_equal(in_virtual(pool, s), 0);
+  vram_stats_t st = vt_stats(pool);
+  assert_true(st.reserved_bytes.current <= (int64_t)(256 * VT_MiB));
+  give(pool, b);
+  give(pool, c);
+  give(pool, d);
+  give(pool, s);
+  VT_OK(vram_empty_cache(pool));
+  assert_int_equal(vt_stats(pool).reserved_bytes.current, 0);
+  VT_OK(vram_pool_destroy(pool));
+}
+
+/* virtual_threshold 1: fixed segments only, up to the device. */
+static void t_threshold_one_never_virtual(void **state) {
+  (void)state;
+  vram_pool_t *pool = pool_with(256 * VT_MiB, 1.0);
+  void *p[4];
+  for (int i = 0; i < 4; i++) {
+    p[i] = take(pool, 60 * VT_MiB);
+    assert_int_equal(in_virtual(pool, p[i]), 0);
+  }
+  for (int i = 0; i < 4; i++) give(pool, p[i]);
+  VT_OK(vram_pool_destroy(pool));
+}
+
+/* Six 10 MiB blocks carved from a cached 60 MiB fixed segment, every other one freed: 30
+ * MiB of holes. Fixed segments alone cannot serve 20 MiB on this 64 MiB device. With virtual
+ * growth the holes are retired: still no room for 20 MiB while they stay pinned by their
+ * neighbours, but a 10 MiB request is served from one of them as the last step, and once
+ * the neighbours are freed the segment gives its memory to a virtual range. */
+static void t_retired_holes(void **state) {
+  (void)state;
+  vram_pool_t *pool = pool_with(64 * VT_MiB, 0.95);
+  void *whole = take(pool, 60 * VT_MiB);
+  give(pool, whole); /* its segment stays cached */
+  void *blocks[6];
+  for (int i = 0; i < 6; i++) {
+    blocks[i] = take(pool, 10 * VT_MiB);
+    assert_int_equal(in_virtual(pool, blocks[i]), 0);
+  }
+  for (int i = 1; i < 6; i += 2) {
+    give(pool, blocks[i]);
+    blocks[i] = NULL;
+  }
+  /* 60 + 20 passes 0.95 of 64 MiB: the arena turns virtual, and the 4 MiB left cannot map
+   * 20. Nothing live moves. */
+  void *p = NULL;
+  VT_EXPECT(vram_malloc(pool, 20 * VT_MiB, NULL, &p), VRAM_ENOMEM);
+  assert_null(p);
+  VT_VALID(pool);
+  for (int i = 0; i < 6; i += 2) assert_int_equal(in_virtual(pool, blocks[i]), 0);
+  char report[4096];
+  assert_true(vram_oom_report(pool, report, sizeof report) > 0);
+  assert_non_null(strstr(report, "VRAMKIT_VIRTUAL_THRESHOLD"));
+  /* 10 MiB cannot map either; a retired hole serves it. */
+  void *hole = take(pool, 10 * VT_MiB);
+  assert_int_equal(in_virtual(pool, hole), 0);
+  give(pool, hole);
+  /* Free the neighbours: the retired segment drains, goes back, and its memory maps the
+   * 40 MiB that fixed holes could never have held. */
+  for (int i = 0; i < 6; i += 2) give(pool, blocks[i]);
+  void *big = take(pool, 40 * VT_MiB);
+  assert_int_equal(in_virtual(pool, big), 1);
+  assert_int_equal(fixed_segments(pool), 0);
+  assert_true(vt_stats(pool).reserved_bytes.current <= (int64_t)(64 * VT_MiB));
+  give(pool, big);
+  VT_OK(vram_pool_destroy(pool));
+}
+
+/* A retired segment's holes stay out of the way while the virtual range can map: a request
+ * that would fit one goes to the range, so that the segment drains. */
+static void t_retired_holes_left_alone(void **state) {
+  (void)state;
+  vram_pool_t *pool = pool_with(256 * VT_MiB, 0.25);
+  void *whole = take(pool, 60 * VT_MiB);
+  give(pool, whole);
+  void *a = take(pool, 10 * VT_MiB), *b = take(pool, 10 * VT_MiB), *c = take(pool, 10 * VT_MiB);
+  give(pool, b); /* a 10 MiB hole between a and c, and 30 MiB free at the segment's end */
+  /* Growth is what turns an arena virtual: 40 MiB fits no free block, and 60 + 40 > 64. */
+  void *v = take(pool, 40 * VT_MiB);
+  assert_int_equal(in_virtual(pool, v), 1);
+  void *w = take(pool, 10 * VT_MiB); /* fits the retired hole, but goes to the range */
+  assert_int_equal(in_virtual(pool, w), 1);
+  give(pool, a);
+  give(pool, c);
+  /* Fully free now, the retired segment is cached memory that a release gives back. */
+  VT_OK(vram_empty_cache(pool));
+  assert_int_equal(fixed_segments(pool), 0);
+  give(pool, v);
+  give(pool, w);
+  VT_OK(vram_pool_destroy(pool));
+}
+
+/* A limit is the cap: the threshold is a share of it, and mapping stays under it. */
+static void t_limit_is_the_cap(void **state) {
+  (void)state;
+  vram_options_t o;
+  vram_options_init(&o);
+  o.source = VRAM_SOURCE_SIM;
+  o.sim_capacity = 1 * VT_GiB;
+  o.limit_bytes = 100 * VT_MiB;
+  vram_pool_t *pool = vt_pool_from(&o);
+  void *a = take(pool, 40 * VT_MiB);
+  assert_int_equal(in_virtual(pool, a), 0);
+  void *b = take(pool, 20 * VT_MiB); /* 40 + 20 > 50 */
+  assert_int_equal(in_virtual(pool, b), 1);
+  void *p = NULL;
+  VT_EXPECT(vram_malloc(pool, 50 * VT_MiB, NULL, &p), VRAM_ENOMEM);
+  VT_VALID(pool);
+  assert_true(vt_stats(pool).reserved_bytes.current <= (int64_t)(100 * VT_MiB));
+  give(pool, a);
+  void *c = take(pool, 70 * VT_MiB); /* a's fixed segment goes back to make room */
+  assert_int_equal(in_virtual(pool, c), 1);
+  assert_true(vt_stats(pool).reserved_bytes.current <= (int64_t)(100 * VT_MiB));
+  give(pool, b);
+  give(pool, c);
+  VT_OK(vram_pool_destroy(pool));
+}
+
+/* Out-of-range thresholds are refused before any pool exists; the environment names the
+ * variable. */
+static void t_bad_thresholds(void **state) {
+  (void)state;
+  const double bad[] = {-0.1, 1.5, NAN};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    vram_options_t o;
+    vram_options_init(&o);
+    o.source = VRAM_SOURCE_SIM;
+    o.virtual_threshold = bad[i];
+    vram_pool_t *pool = (vram_pool_t *)0x1;
+    VT_EXPECT(vram_pool_create(&pool, &o), VRAM_EINVAL);
+    assert_null(pool);
+  }
+  const char *texts[] = {"2", "-1", "half", "150%", "0.5x", "nan"};
+  for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
+    vram_options_t o;
+    vram_options_init(&o);
+    const char *why = NULL;
+    VT_EXPECT(vram_options_set(&o, "VRAMKIT_VIRTUAL_THRESHOLD", texts[i], &why), VRAM_EENV);
+    assert_non_null(why);
+    assert_non_null(strstr(why, "VRAMKIT_VIRTUAL_THRESHOLD"));
+    assert_true(o.virtual_threshold == 0.5); /* unchanged */
+  }
+  vram_options_t o;
+  vram_options_init(&o);
+  VT_OK(vram_options_set(&o, "VRAMKIT_VIRTUAL_THRESHOLD", "80%", NULL));
+  assert_true(o.virtual_threshold > 0.7999 && o.virtual_threshold < 0.8001);
+  VT_OK(vram_options_set(&o, "VRAMKIT_VIRTUAL_THRESHOLD", "1", NULL));
+  assert_true(o.virtual_threshold == 1.0);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(t_fixed_then_virtual),
+      cmocka_unit_test(t_threshold_one_never_virtual),
+      cmocka_unit_test(t_retired_holes),
+      cmocka_unit_test(t_retired_holes_left_alone),
+      cmocka_unit_test(t_limit_is_the_cap),
+      cmocka_unit_test(t_bad_thresholds),
+  };
+  return cmocka_run_group_tests_name("virtual_growth", tests, NULL, NULL);
+}
