@@ -1,6 +1,7 @@
 """fit_check.py - issue 14's training-loop table on a GPU machine: step time, peak memory,
 driver calls in the steady state and the largest batch under a cap, for PyTorch's
-allocator (native and expandable_segments) and vramkit (its default source and vmm),
+allocator (native and expandable_segments) and vramkit (its default source, the same on fixed
+segments alone with VRAMKIT_VIRTUAL_THRESHOLD=1, and vmm),
 each in a fresh process, side by side in one run.
 
 The workload is GPT-2 124M (random weights) trained with AdamW under bf16 autocast at
@@ -32,6 +33,7 @@ ALLOCATORS = {
     "native": {},
     "expandable": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
     "vramkit": {},
+    "vramkit-fixed": {"VRAMKIT_VIRTUAL_THRESHOLD": "1"},
     "vramkit-vmm": {"VRAMKIT_SOURCE": "vmm"},
 }
 

@@ -18,7 +18,8 @@
 # (per their README, into .gpu/anchors-build/); the anchors' micro (cudaMalloc,
 # cudaMallocAsync, VMM map); vramkit bench pair and random on cuda, vmm and managed;
 # vramkit replay --json --min-capacity --baseline --warm on cuda, vmm, sim and sim:vmm;
-# vramkit bench scale; tight placement (VRAMKIT_TIGHT_THRESHOLD=0): bench random and replay
+# vramkit bench scale; each trace on cuda under a limit of 1.03x its peak live, with and
+# without virtual growth (vramkit_capfit.jsonl); tight placement (VRAMKIT_TIGHT_THRESHOLD=0): bench random and replay
 # on cuda, replay on sim; the C tests with VRAMKIT_TEST_GPU=1 (ctest); torch_bench native and
 # expandable_segments; torch_replay through cudaMallocAsync, then PyTorch native and
 # expandable_segments; rmm_replay, RAPIDS RMM's pool and arena resources on the same traces
@@ -191,6 +192,23 @@ if wants vramkit && have "$VRAMKIT"; then
       --baseline --warm --source "$source" "${TRACES[@]}"
   done
   step vramkit_scale.jsonl 60 "$VRAMKIT" bench scale --json
+  # The fit under a cap on the card: each trace replayed on the cuda source under a limit of
+  # 1.03x its peak live bytes, on the default settings (virtual growth past half the cap)
+  # and on fixed segments alone (VRAMKIT_VIRTUAL_THRESHOLD=1); "ooms" says whether it fit.
+  : >"$OUT/vramkit_capfit.jsonl"
+  for trace in "${TRACES[@]}"; do
+    name=$(basename "$trace" .trace.gz)
+    live=$("$VRAMKIT" replay --json --repeat 1 --source sim "$trace" 2>/dev/null |
+      python3 -c "import json, sys; print(json.loads(sys.stdin.read())['peak_live_bytes'])")
+    [ -n "$live" ] || continue
+    cap=$(python3 -c "print(int($live * 1.03))")
+    for threshold in 0.5 1; do
+      step "vramkit_capfit_${name}_$threshold.jsonl" 60 env VRAMKIT_VIRTUAL_THRESHOLD=$threshold \
+        "$VRAMKIT" replay --json --warm --repeat 1 --capacity "$cap" --source cuda "$trace"
+      sed "s/}\$/, \"virtual_threshold\": $threshold, \"cap_over_live\": 1.03}/" \
+        "$OUT/vramkit_capfit_${name}_$threshold.jsonl" >>"$OUT/vramkit_capfit.jsonl"
+    done
+  done
   # Tight placement (VRAMKIT_TIGHT_THRESHOLD=0): the memory it saves, on the host model, and
   # what its extra driver calls cost, on the card.
   step vramkit_random_cuda_tight.jsonl 90 env VRAMKIT_TIGHT_THRESHOLD=0 "$VRAMKIT" bench random \

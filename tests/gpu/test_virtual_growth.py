@@ -1,0 +1,113 @@
+"""A cuda pool near its cap grows into virtual memory (VRAMKIT_VIRTUAL_THRESHOLD, default
+0.5 of the cap), on the real driver, through PyTorch, CuPy and Numba: below the threshold
+every block is in a cuMemAlloc segment; past it, blocks are in cuMemMap'd ranges that
+PyTorch's snapshot shows as expandable segments; the data in both kinds is right through
+every framework's kernels; the fixed segments left behind go back when the virtual range
+needs their memory; and sharing a tensor in virtual memory with another process is refused
+with a message that says how to keep every block shareable."""
+
+TORCH = """
+    try:
+        import torch
+    except ImportError:
+        print("SKIP: PyTorch is not installed")
+        raise SystemExit(0)
+    import vramkit, vramkit.torch
+    assert vramkit.torch.install() == "backend"
+    MiB = 1 << 20
+
+    def segment_of(t):
+        p = t.data_ptr()
+        for s in torch.cuda.memory_snapshot():
+            if s["address"] <= p < s["address"] + s["total_size"]:
+                return s
+        raise AssertionError(f"{p:#x} is in no segment")
+"""
+
+
+def test_torch_tensors_on_both_sides_of_the_threshold(gpu_run):
+    gpu_run(TORCH, """
+        # A 1 GiB limit is the cap: fixed segments up to 512 MiB reserved.
+        a = torch.full((300 * MiB // 4,), 1.0, device="cuda")
+        assert not segment_of(a)["is_expandable"]
+        b = torch.full((300 * MiB // 4,), 2.0, device="cuda")     # 300 + 300 > 512
+        assert segment_of(b)["is_expandable"]
+        c = torch.randn(2048, 2048, device="cuda")                 # 16 MiB, virtual too
+        assert segment_of(c)["is_expandable"]
+        assert float((a + b).sum()) == 3.0 * (300 * MiB // 4)
+        ref = (c.double() @ c.double()).float()
+        assert torch.allclose(c @ c, ref, rtol=1e-2, atol=1e-1)
+        # Small requests keep their 2 MiB fixed segments.
+        s = torch.ones(1000, device="cuda")
+        assert not segment_of(s)["is_expandable"] and float(s.sum()) == 1000.0
+        # The fixed segment left behind goes back when the range needs its memory: 650 MiB
+        # fits beside b and c only once a's 300 MiB are given to the granules.
+        del a, ref
+        d = torch.full((650 * MiB // 4,), 3.0, device="cuda")
+        assert segment_of(d)["is_expandable"]
+        assert torch.cuda.memory_reserved() <= 1 << 30
+        assert float(d[-5:].sum()) == 15.0 and float(b[:5].sum()) == 10.0
+        stats = vramkit.memory_stats(0)
+        assert stats["reserved_bytes.all.current"] == torch.cuda.memory_reserved()
+        del b, c, d, s
+        torch.cuda.empty_cache()
+        assert torch.cuda.memory_reserved() == 0
+    """, env={"VRAMKIT_LIMIT": "1G"})
+
+
+def test_threshold_one_keeps_fixed_segments(gpu_run):
+    gpu_run(TORCH, """
+        a = torch.ones(300 * MiB // 4, device="cuda")
+        b = torch.ones(300 * MiB // 4, device="cuda")
+        assert not segment_of(a)["is_expandable"] and not segment_of(b)["is_expandable"]
+    """, env={"VRAMKIT_LIMIT": "1G", "VRAMKIT_VIRTUAL_THRESHOLD": "1"})
+
+
+def test_sharing_a_tensor_in_virtual_memory_is_refused_clearly(gpu_run):
+    gpu_run(TORCH, """
+        import torch.multiprocessing.reductions as reductions
+        fixed = torch.arange(1000, dtype=torch.float32, device="cuda")
+        reductions.reduce_tensor(fixed)                           # a cuMemAlloc segment: fine
+        big = torch.ones(600 * MiB // 4, device="cuda")           # past half of 1 GiB
+        assert segment_of(big)["is_expandable"]
+        try:
+            reductions.reduce_tensor(big)
+        except RuntimeError as exc:
+            assert "VRAMKIT_VIRTUAL_THRESHOLD=1" in str(exc), str(exc)[:400]
+        else:
+            raise AssertionError("a tensor in virtual memory was shared")
+        assert float(big[:10].sum()) == 10.0 and float(fixed.sum()) == 499500.0
+    """, env={"VRAMKIT_LIMIT": "1G"})
+
+
+def test_cupy_and_numba_arrays_in_virtual_memory(gpu_run):
+    gpu_run("""
+        try:
+            import cupy
+            from numba import cuda
+        except ImportError:
+            print("SKIP: CuPy or Numba is not installed")
+            raise SystemExit(0)
+        import numpy as np
+        import vramkit, vramkit.cupy, vramkit.numba
+        vramkit.configure(0, limit="1G")
+        vramkit.cupy.install()
+        MiB = 1 << 20
+        fixed = cupy.arange(300 * MiB // 4, dtype=cupy.float32)
+        virtual = cupy.arange(300 * MiB // 4, dtype=cupy.float32)   # past half of the cap
+        n = 300 * MiB // 4
+        assert float((virtual - fixed).sum()) == 0.0
+        assert float(virtual[-1]) == float(n - 1)
+        # Numba (the EMM plugin on the same pool): its array is virtual memory too.
+        arr = cuda.to_device(np.arange(1 << 20, dtype=np.float64))
+        @cuda.jit
+        def twice(x):
+            i = cuda.grid(1)
+            if i < x.size:
+                x[i] *= 2
+        twice[(1 << 20) // 256, 256](arr)
+        host = arr.copy_to_host()
+        assert host[-1] == 2.0 * ((1 << 20) - 1) and host[0] == 0.0
+        assert type(cuda.current_context().memory_manager).__name__ == "VramkitMemoryManager"
+        assert vramkit.memory_reserved(0) <= 1 << 30
+    """, env={"NUMBA_CUDA_MEMORY_MANAGER": "vramkit.numba"})
