@@ -494,6 +494,8 @@ static int replay_trace(const replay_settings_t *settings, const trace_t *trace,
     int vmm_family = result->source == VRAM_SOURCE_VMM || result->source == VRAM_SOURCE_SIM_VMM;
     vram_options_t family = settings->options;
     family.source = vmm_family ? VRAM_SOURCE_SIM_VMM : VRAM_SOURCE_SIM;
+    /* Managed memory has no virtual ranges to grow into: its model is fixed segments. */
+    if (result->source == VRAM_SOURCE_MANAGED) family.virtual_threshold = 1.0;
     result->min_capacity_source = family.source;
     status = find_min_capacity(trace, &family, &buffers, &result->min_capacity,
                                &result->have_min_capacity);

@@ -161,6 +161,19 @@ def test_bad_arguments_are_refused_before_anything_runs(kwargs, error):
         vramkit.estimate("not callable")
 
 
+def test_estimate_follows_the_placement_settings(monkeypatch):
+    """The replay keeps the user's VRAMKIT_VIRTUAL_THRESHOLD: under 400 MiB the MLP at batch
+    4096 (352 MiB live) fits once the pool turns virtual at half the cap (the default), not
+    on fixed segments alone."""
+    limit = 400 << 20
+    monkeypatch.delenv("VRAMKIT_VIRTUAL_THRESHOLD", raising=False)
+    default = vramkit.estimate(_step, build=_mlp_build(batch=4096), memory_limit=limit)
+    monkeypatch.setenv("VRAMKIT_VIRTUAL_THRESHOLD", "1")
+    fixed = vramkit.estimate(_step, build=_mlp_build(batch=4096), memory_limit=limit)
+    assert default.peak_allocated == fixed.peak_allocated < limit
+    assert default.fits and not fixed.fits
+
+
 def test_find_max_batch_predicts_the_edge():
     """The predicted batch fits and the next one does not, by the same estimate."""
     limit = 300 << 20  # between the MLP's peak live at batch 2048 (248 MiB) and 4096 (352)

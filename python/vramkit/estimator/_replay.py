@@ -19,6 +19,8 @@ from . import torch_caching
 # Sources whose placement ``vramkit replay`` reproduces on a simulated device.
 _SIM_OF_SOURCE = {"cuda": "sim", "sim": "sim", "managed": "sim", "vmm": "sim:vmm",
                   "sim:vmm": "sim:vmm", "sim:cuda": "sim"}
+# VRAMKIT_* variables that change where blocks go, and so what fits: kept for the replay.
+_PLACEMENT_SETTINGS = ("VRAMKIT_TIGHT_THRESHOLD", "VRAMKIT_VIRTUAL_THRESHOLD")
 
 
 def write_trace(events, path: str, comment: str) -> int:
@@ -47,7 +49,12 @@ def vramkit_replay(trace: str, source: str, capacity: int | None,
     if min_capacity:
         args.append("--min-capacity")
     args.append(trace)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VRAMKIT_")}
+    # The placement settings of the user's allocator stay (they change what fits); sizes,
+    # limits and the source are this call's.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("VRAMKIT_") or k in _PLACEMENT_SETTINGS}
+    if source == "managed":  # no virtual ranges to grow into
+        env["VRAMKIT_VIRTUAL_THRESHOLD"] = "1"
     proc = subprocess.run(args, capture_output=True, text=True, env=env)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode not in (0, 1) or not lines:
