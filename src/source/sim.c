@@ -1,5 +1,6 @@
-/* sim.c - the host-only sources: "sim" models cuMemAlloc's fixed segments and "sim:vmm"
- * models the virtual-memory source (reserve, map and unmap at 2 MiB granularity).
+/* sim.c - the host-only sources: "sim" models the cuda source (cuMemAlloc's fixed segments,
+ * and the virtual ranges it grows into near its cap) and "sim:vmm" the virtual-memory
+ * source (reserve, map and unmap at 2 MiB granularity). Both count one capacity.
  *
  * The sim is a real source, not a mock: it hands out device-like addresses that no host
  * page backs (never dereference them), enforces a capacity, rounds fixed segments up to

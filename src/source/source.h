@@ -6,8 +6,11 @@
  *  - fixed segments (cuda, managed, sim): xAlloc/xFree hand out whole segments;
  *  - virtual memory (vmm, sim:vmm): xReserve/xUnreserve manage address ranges and
  *    xMap/xUnmap back granules of them with physical memory.
- * A source fills what it supports and leaves the rest NULL; `granularity` tells the engine
- * the rounding unit of segments or mappings. Events order reuse across streams.
+ * A fixed source may fill the virtual methods too (cuda, sim): its pools grow into virtual
+ * ranges near their cap (vram_options_t.virtual_threshold), in the same rounding unit;
+ * is_vmm says which family a pool starts in. A source fills what it supports and leaves the
+ * rest NULL; `granularity` tells the engine the rounding unit of segments or mappings.
+ * Events order reuse across streams.
  *
  * Every method returns a vram_status. A failing method must leave the source as it was
  * (a half-done map is undone before returning), so the engine can always retry later.
