@@ -305,7 +305,9 @@ int vram_malloc(vram_pool_t *pool, size_t size, vram_stream_t stream, void **out
 
 /* Keep cached memory under the release threshold. */
 static __attribute__((noinline)) void release_over_threshold(vram_pool_t *pool) {
-  size_t cached = _vram_granules_idle_total(pool) * pool->granularity + pool->idle_bytes;
+  /* The idle granules are counted by a walk of the segments: only where there are any. */
+  size_t cached = pool->idle_bytes;
+  if (pool->has_virtual) cached += _vram_granules_idle_total(pool) * pool->granularity;
   if (cached > pool->opts.release_threshold)
     _vram_release_cached(pool, cached - pool->opts.release_threshold, NULL);
   _vram_pool_publish_slow(pool);

@@ -221,7 +221,7 @@ struct vram_pool {
 
   size_t vmm_reserve_size; /* virtual range reserved per vmm segment */
   bool virtual_growth;      /* fixed source that may grow virtual (opts.virtual_threshold) */
-  bool has_virtual;         /* some segment is a virtual range (granules.c) */
+  bool has_virtual;         /* a virtual range (granules.c) was reserved at some point */
   size_t keep_mapped;      /* vmm preallocation: granules never trimmed below this */
 
   vram_error_fn on_error;
