@@ -11,9 +11,11 @@
  *
  * For fault injection it exports fake_cuda_fail_call(n): the n-th call from now of the
  * physical-memory path (cuMemAlloc, cuMemAllocManaged, cuMemCreate, cuMemMap,
- * cuMemSetAccess, cuMemUnmap, cuMemRelease) fails; fake_cuda_used_bytes() and
- * fake_cuda_mapped_bytes() tell what is held and mapped, so a test can check that a failure
- * left nothing behind that the pool does not account for. */
+ * cuMemSetAccess, cuMemUnmap, cuMemRelease) fails; fake_cuda_used_bytes(),
+ * fake_cuda_allocated_bytes() and fake_cuda_mapped_bytes() tell what is held, allocated and
+ * mapped, so a test can check that a failure left nothing behind that the pool does not
+ * account for. fake_cuda_set_vmm_supported(0) makes the device say it has no virtual
+ * memory management, as old GPUs and some virtualised ones do. */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -95,6 +97,16 @@ FAKE_EXPORT size_t fake_cuda_used_bytes(void) {
   return n;
 }
 
+/* Device 0's cuMemAlloc and cuMemAllocManaged allocations (handles not included). */
+FAKE_EXPORT size_t fake_cuda_allocated_bytes(void) {
+  size_t bytes = 0;
+  pthread_mutex_lock(&lock);
+  for (int i = 0; i < MAX_RANGES; i++)
+    if (ranges[i].kind == 1 && ranges[i].device == 0) bytes += ranges[i].size;
+  pthread_mutex_unlock(&lock);
+  return bytes;
+}
+
 FAKE_EXPORT size_t fake_cuda_mapped_bytes(void) {
   size_t bytes = 0;
   pthread_mutex_lock(&lock);
@@ -168,10 +180,20 @@ FAKE_EXPORT CUresult cuDeviceGetUuid_v2(char uuid[16], CUdevice d) {
   for (int i = 0; i < 16; i++) uuid[i] = (char)(0x10 * d + i);
   return SUCCESS;
 }
-/* Every attribute asked (concurrent managed access, VMM support...) is "yes". */
+/* Every attribute asked (concurrent managed access, VMM support...) is "yes", but VMM
+ * support while a test has turned it off. */
+#define ATTRIBUTE_VMM_SUPPORTED 102
+static int vmm_supported = 1;
+FAKE_EXPORT void fake_cuda_set_vmm_supported(int yes) {
+  pthread_mutex_lock(&lock);
+  vmm_supported = yes;
+  pthread_mutex_unlock(&lock);
+}
 FAKE_EXPORT CUresult cuDeviceGetAttribute(int *v, int attribute, CUdevice d) {
   if (d < 0 || d >= DEVICES) return ERROR_INVALID_DEVICE;
-  *v = 1;
+  pthread_mutex_lock(&lock);
+  *v = attribute == ATTRIBUTE_VMM_SUPPORTED ? vmm_supported : 1;
+  pthread_mutex_unlock(&lock);
   return SUCCESS;
 }
 FAKE_EXPORT CUresult cuDeviceCanAccessPeer(int *can, CUdevice d, CUdevice peer) {

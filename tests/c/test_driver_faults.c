@@ -5,8 +5,11 @@
  * frees and empties its cache. After every operation the pool must be valid, every live
  * block intact, and what the driver holds must be what the pool says it holds: a failure
  * part-way through a map leaves no mapping the pool does not know of (PyTorch's expandable
- * segments asserts on every later allocation after such a failure). Runs with
- * LD_LIBRARY_PATH pointing at the fake libcuda.so.1 (see CMakeLists.txt). */
+ * segments asserts on every later allocation after such a failure). The cuda source is
+ * swept twice: far from its cap, and under a limit that makes it grow into virtual ranges
+ * (vram_options_t.virtual_threshold), where it must also fall back to fixed segments on a
+ * device without virtual memory management. Runs with LD_LIBRARY_PATH pointing at the fake
+ * libcuda.so.1 (see CMakeLists.txt). */
 #include <dlfcn.h>
 #include <string.h>
 
@@ -16,7 +19,9 @@ typedef struct fake_driver {
   void (*fail_call)(long n);
   long (*fault_pending)(void);
   size_t (*used_bytes)(void);
+  size_t (*allocated_bytes)(void);
   size_t (*mapped_bytes)(void);
+  void (*set_vmm_supported)(int yes);
 } fake_driver;
 
 static fake_driver fake;
@@ -27,8 +32,11 @@ static void load_fake(void) {
   *(void **)&fake.fail_call = dlsym(lib, "fake_cuda_fail_call");
   *(void **)&fake.fault_pending = dlsym(lib, "fake_cuda_fault_pending");
   *(void **)&fake.used_bytes = dlsym(lib, "fake_cuda_used_bytes");
+  *(void **)&fake.allocated_bytes = dlsym(lib, "fake_cuda_allocated_bytes");
   *(void **)&fake.mapped_bytes = dlsym(lib, "fake_cuda_mapped_bytes");
-  if (!fake.fail_call || !fake.fault_pending || !fake.used_bytes || !fake.mapped_bytes)
+  *(void **)&fake.set_vmm_supported = dlsym(lib, "fake_cuda_set_vmm_supported");
+  if (!fake.fail_call || !fake.fault_pending || !fake.used_bytes || !fake.allocated_bytes ||
+      !fake.mapped_bytes || !fake.set_vmm_supported)
     fail_msg("libcuda.so.1 on the path is not the fake driver");
 }
 
@@ -40,8 +48,10 @@ typedef struct live_set {
 } live_set;
 
 /* Valid, every live block still answering with its size, and the driver holding exactly
- * what the pool counts as reserved. */
-static void check(vram_pool_t *pool, const live_set *live, int is_vmm) {
+ * what the pool counts as reserved: its allocations and its mapped granules (a handle the
+ * driver refused to release after its unmap is counted by the source, not held as
+ * reserved, so handles themselves are not compared). */
+static void check(vram_pool_t *pool, const live_set *live) {
   VT_VALID(pool);
   for (int i = 0; i < live->n; i++) {
     size_t requested = 0;
@@ -49,10 +59,10 @@ static void check(vram_pool_t *pool, const live_set *live, int is_vmm) {
     assert_int_equal(requested, live->size[i]);
   }
   int64_t reserved = vt_stats(pool).reserved_bytes.current;
-  assert_int_equal(reserved, (int64_t)(is_vmm ? fake.mapped_bytes() : fake.used_bytes()));
+  assert_int_equal(reserved, (int64_t)(fake.allocated_bytes() + fake.mapped_bytes()));
 }
 
-static void try_malloc(vram_pool_t *pool, live_set *live, size_t size, int is_vmm) {
+static void try_malloc(vram_pool_t *pool, live_set *live, size_t size) {
   void *p = NULL;
   int rc = vram_malloc(pool, size, NULL, &p);
   if (rc == VRAM_OK) {
@@ -61,38 +71,40 @@ static void try_malloc(vram_pool_t *pool, live_set *live, size_t size, int is_vm
   } else if (rc != VRAM_ENOMEM && rc != VRAM_EDRIVER) {
     fail_msg("vram_malloc(%zu) under a driver fault returned %s", size, vram_errname(rc));
   }
-  check(pool, live, is_vmm);
+  check(pool, live);
 }
 
-static void free_at(vram_pool_t *pool, live_set *live, int i, int is_vmm) {
+static void free_at(vram_pool_t *pool, live_set *live, int i) {
   VT_OK(vram_free(pool, live->ptr[i]));
   live->ptr[i] = live->ptr[--live->n];
   live->size[i] = live->size[live->n];
-  check(pool, live, is_vmm);
+  check(pool, live);
 }
 
-static void sweep(vram_source_kind kind) {
+/* limit: 0 for none; a small one makes a cuda pool grow into virtual ranges. */
+static void sweep(vram_source_kind kind, size_t limit) {
   static const size_t sizes[] = {5 << 20, 300 << 10, 40 << 20, (1 << 20) + 1, 9 << 20, 3000};
-  int is_vmm = kind == VRAM_SOURCE_VMM, fired = 0;
+  int fired = 0;
   for (long k = 1; k <= 40; k++) {
     vram_options_t o;
     vram_options_init(&o);
     o.source = kind;
+    o.limit_bytes = limit;
     vram_pool_t *pool = NULL;
     VT_OK(vram_pool_create(&pool, &o));
     live_set live = {{0}, {0}, 0};
     fake.fail_call(k);
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) try_malloc(pool, &live, sizes[i], is_vmm);
-    for (int i = live.n - 1; i >= 0; i -= 2) free_at(pool, &live, i, is_vmm);
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) try_malloc(pool, &live, sizes[i]);
+    for (int i = live.n - 1; i >= 0; i -= 2) free_at(pool, &live, i);
     int rc = vram_empty_cache(pool);
     assert_true(rc == VRAM_OK || rc == VRAM_EDRIVER);
-    check(pool, &live, is_vmm);
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) try_malloc(pool, &live, sizes[i] * 2, is_vmm);
+    check(pool, &live);
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) try_malloc(pool, &live, sizes[i] * 2);
     if (fake.fault_pending() == 0) fired++;
     fake.fail_call(0);
-    while (live.n) free_at(pool, &live, live.n - 1, is_vmm);
+    while (live.n) free_at(pool, &live, live.n - 1);
     VT_OK(vram_empty_cache(pool));
-    check(pool, &live, is_vmm);
+    check(pool, &live);
     assert_int_equal(vt_stats(pool).reserved_bytes.current, 0);
     VT_OK(vram_pool_destroy(pool));
     assert_int_equal(fake.mapped_bytes(), 0);
@@ -100,9 +112,53 @@ static void sweep(vram_source_kind kind) {
   assert_true(fired >= 10); /* the sweep did reach into the scenario */
 }
 
-static void t_cuda(void **state) { (void)state; sweep(VRAM_SOURCE_CUDA); }
-static void t_vmm(void **state) { (void)state; sweep(VRAM_SOURCE_VMM); }
-static void t_managed(void **state) { (void)state; sweep(VRAM_SOURCE_MANAGED); }
+static void t_cuda(void **state) { (void)state; sweep(VRAM_SOURCE_CUDA, 0); }
+static void t_vmm(void **state) { (void)state; sweep(VRAM_SOURCE_VMM, 0); }
+static void t_managed(void **state) { (void)state; sweep(VRAM_SOURCE_MANAGED, 0); }
+/* Past half of 96 MiB the cuda pool maps granules: its faults are the vmm source's too. */
+static void t_cuda_virtual(void **state) { (void)state; sweep(VRAM_SOURCE_CUDA, 96 << 20); }
+
+/* 1 if ptr lies in a virtual range of the pool (PyTorch's "expandable" segment). */
+static int in_virtual(vram_pool_t *pool, void *ptr) {
+  vram_snapshot_segment_t segs[32];
+  vram_snapshot_block_t blocks[256];
+  size_t n_segs = 0, n_blocks = 0;
+  VT_OK(vram_snapshot(pool, segs, 32, &n_segs, blocks, 256, &n_blocks));
+  assert_true(n_segs <= 32 && n_blocks <= 256);
+  for (size_t i = 0; i < n_segs; i++)
+    if ((uintptr_t)ptr >= segs[i].addr && (uintptr_t)ptr < segs[i].addr + segs[i].size)
+      return segs[i].is_expandable != 0;
+  fail_msg("%p is in no segment", ptr);
+  return -1;
+}
+
+/* Past the threshold a cuda pool's large request lands in a virtual range; on a device
+ * without virtual memory management it gets a fixed segment instead, and the pool stays
+ * on fixed segments from then on. */
+static void t_cuda_virtual_or_fixed(void **state) {
+  (void)state;
+  for (int supported = 1; supported >= 0; supported--) {
+    fake.set_vmm_supported(supported);
+    vram_options_t o;
+    vram_options_init(&o);
+    o.source = VRAM_SOURCE_CUDA;
+    o.limit_bytes = 96 << 20;
+    vram_pool_t *pool = NULL;
+    VT_OK(vram_pool_create(&pool, &o));
+    live_set live = {{0}, {0}, 0};
+    try_malloc(pool, &live, 40 << 20);
+    try_malloc(pool, &live, 20 << 20); /* 40 + 20 > 48 */
+    assert_int_equal(live.n, 2);
+    assert_int_equal(in_virtual(pool, live.ptr[0]), 0);
+    assert_int_equal(in_virtual(pool, live.ptr[1]), supported);
+    assert_int_equal(fake.mapped_bytes(), supported ? (size_t)20 << 20 : 0);
+    while (live.n) free_at(pool, &live, live.n - 1);
+    VT_OK(vram_empty_cache(pool));
+    check(pool, &live);
+    VT_OK(vram_pool_destroy(pool));
+  }
+  fake.set_vmm_supported(1);
+}
 
 int main(void) {
   load_fake();
@@ -110,6 +166,8 @@ int main(void) {
       cmocka_unit_test(t_cuda),
       cmocka_unit_test(t_vmm),
       cmocka_unit_test(t_managed),
+      cmocka_unit_test(t_cuda_virtual),
+      cmocka_unit_test(t_cuda_virtual_or_fixed),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
