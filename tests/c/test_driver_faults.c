@@ -118,20 +118,6 @@ static void t_managed(void **state) { (void)state; sweep(VRAM_SOURCE_MANAGED, 0)
 /* Past half of 96 MiB the cuda pool maps granules: its faults are the vmm source's too. */
 static void t_cuda_virtual(void **state) { (void)state; sweep(VRAM_SOURCE_CUDA, 96 << 20); }
 
-/* 1 if ptr lies in a virtual range of the pool (PyTorch's "expandable" segment). */
-static int in_virtual(vram_pool_t *pool, void *ptr) {
-  vram_snapshot_segment_t segs[32];
-  vram_snapshot_block_t blocks[256];
-  size_t n_segs = 0, n_blocks = 0;
-  VT_OK(vram_snapshot(pool, segs, 32, &n_segs, blocks, 256, &n_blocks));
-  assert_true(n_segs <= 32 && n_blocks <= 256);
-  for (size_t i = 0; i < n_segs; i++)
-    if ((uintptr_t)ptr >= segs[i].addr && (uintptr_t)ptr < segs[i].addr + segs[i].size)
-      return segs[i].is_expandable != 0;
-  fail_msg("%p is in no segment", ptr);
-  return -1;
-}
-
 /* Past the threshold a cuda pool's large request lands in a virtual range; on a device
  * without virtual memory management it gets a fixed segment instead, and the pool stays
  * on fixed segments from then on. */
@@ -149,8 +135,8 @@ static void t_cuda_virtual_or_fixed(void **state) {
     try_malloc(pool, &live, 40 << 20);
     try_malloc(pool, &live, 20 << 20); /* 40 + 20 > 48 */
     assert_int_equal(live.n, 2);
-    assert_int_equal(in_virtual(pool, live.ptr[0]), 0);
-    assert_int_equal(in_virtual(pool, live.ptr[1]), supported);
+    assert_int_equal(vt_in_virtual(pool, live.ptr[0]), 0);
+    assert_int_equal(vt_in_virtual(pool, live.ptr[1]), supported);
     assert_int_equal(fake.mapped_bytes(), supported ? (size_t)20 << 20 : 0);
     while (live.n) free_at(pool, &live, live.n - 1);
     VT_OK(vram_empty_cache(pool));

@@ -19,21 +19,6 @@ static vram_pool_t *pool_with(size_t capacity, double threshold) {
   return vt_pool_from(&o);
 }
 
-/* 1 if ptr lies in a virtual range of the pool, 0 in a fixed segment, -1 not found. */
-static int in_virtual(vram_pool_t *pool, void *ptr) {
-  vram_snapshot_segment_t segs[64];
-  vram_snapshot_block_t blocks[512];
-  size_t n_segs = 0, n_blocks = 0;
-  VT_OK(vram_snapshot(pool, segs, 64, &n_segs, blocks, 512, &n_blocks));
-  assert_true(n_segs <= 64 && n_blocks <= 512);
-  uint64_t p = (uint64_t)(uintptr_t)ptr;
-  for (size_t i = 0; i < n_segs; i++)
-    for (uint64_t b = segs[i].first_block; b < segs[i].first_block + segs[i].n_blocks; b++)
-      if (blocks[b].addr == p && blocks[b].state == VRAM_SNAPSHOT_ACTIVE_ALLOCATED)
-        return segs[i].is_expandable != 0;
-  return -1;
-}
-
 static size_t fixed_segments(vram_pool_t *pool) {
   vram_snapshot_segment_t segs[64];
   vram_snapshot_block_t blocks[512];
@@ -64,17 +49,17 @@ static void t_fixed_then_virtual(void **state) {
   (void)state;
   vram_pool_t *pool = pool_with(256 * VT_MiB, 0.5);
   void *a = take(pool, 60 * VT_MiB), *b = take(pool, 60 * VT_MiB);
-  assert_int_equal(in_virtual(pool, a), 0);
-  assert_int_equal(in_virtual(pool, b), 0);
+  assert_int_equal(vt_in_virtual(pool, a), 0);
+  assert_int_equal(vt_in_virtual(pool, b), 0);
   void *c = take(pool, 20 * VT_MiB); /* 120 + 20 > 128 */
-  assert_int_equal(in_virtual(pool, c), 1);
+  assert_int_equal(vt_in_virtual(pool, c), 1);
   /* The arena now grows virtual: even a request that would fit under the threshold. */
   give(pool, a);
   void *d = take(pool, 70 * VT_MiB);
-  assert_int_equal(in_virtual(pool, d), 1);
+  assert_int_equal(vt_in_virtual(pool, d), 1);
   /* Small requests keep their fixed 2 MiB segments. */
   void *s = take(pool, 4096);
-  assert_int_equal(in_virtual(pool, s), 0);
+  assert_int_equal(vt_in_virtual(pool, s), 0);
   vram_stats_t st = vt_stats(pool);
   assert_true(st.reserved_bytes.current <= (int64_t)(256 * VT_MiB));
   give(pool, b);
@@ -93,7 +78,7 @@ static void t_threshold_one_never_virtual(void **state) {
   void *p[4];
   for (int i = 0; i < 4; i++) {
     p[i] = take(pool, 60 * VT_MiB);
-    assert_int_equal(in_virtual(pool, p[i]), 0);
+    assert_int_equal(vt_in_virtual(pool, p[i]), 0);
   }
   for (int i = 0; i < 4; i++) give(pool, p[i]);
   VT_OK(vram_pool_destroy(pool));
@@ -112,7 +97,7 @@ static void t_retired_holes(void **state) {
   void *blocks[6];
   for (int i = 0; i < 6; i++) {
     blocks[i] = take(pool, 10 * VT_MiB);
-    assert_int_equal(in_virtual(pool, blocks[i]), 0);
+    assert_int_equal(vt_in_virtual(pool, blocks[i]), 0);
   }
   for (int i = 1; i < 6; i += 2) {
     give(pool, blocks[i]);
@@ -124,19 +109,19 @@ static void t_retired_holes(void **state) {
   VT_EXPECT(vram_malloc(pool, 20 * VT_MiB, NULL, &p), VRAM_ENOMEM);
   assert_null(p);
   VT_VALID(pool);
-  for (int i = 0; i < 6; i += 2) assert_int_equal(in_virtual(pool, blocks[i]), 0);
+  for (int i = 0; i < 6; i += 2) assert_int_equal(vt_in_virtual(pool, blocks[i]), 0);
   char report[4096];
   assert_true(vram_oom_report(pool, report, sizeof report) > 0);
   assert_non_null(strstr(report, "VRAMKIT_VIRTUAL_THRESHOLD"));
   /* 10 MiB cannot map either; a retired hole serves it. */
   void *hole = take(pool, 10 * VT_MiB);
-  assert_int_equal(in_virtual(pool, hole), 0);
+  assert_int_equal(vt_in_virtual(pool, hole), 0);
   give(pool, hole);
   /* Free the neighbours: the retired segment drains, goes back, and its memory maps the
    * 40 MiB that fixed holes could never have held. */
   for (int i = 0; i < 6; i += 2) give(pool, blocks[i]);
   void *big = take(pool, 40 * VT_MiB);
-  assert_int_equal(in_virtual(pool, big), 1);
+  assert_int_equal(vt_in_virtual(pool, big), 1);
   assert_int_equal(fixed_segments(pool), 0);
   assert_true(vt_stats(pool).reserved_bytes.current <= (int64_t)(64 * VT_MiB));
   give(pool, big);
@@ -154,9 +139,9 @@ static void t_retired_holes_left_alone(void **state) {
   give(pool, b); /* a 10 MiB hole between a and c, and 30 MiB free at the segment's end */
   /* Growth is what turns an arena virtual: 40 MiB fits no free block, and 60 + 40 > 64. */
   void *v = take(pool, 40 * VT_MiB);
-  assert_int_equal(in_virtual(pool, v), 1);
+  assert_int_equal(vt_in_virtual(pool, v), 1);
   void *w = take(pool, 10 * VT_MiB); /* fits the retired hole, but goes to the range */
-  assert_int_equal(in_virtual(pool, w), 1);
+  assert_int_equal(vt_in_virtual(pool, w), 1);
   give(pool, a);
   give(pool, c);
   /* Fully free now, the retired segment is cached memory that a release gives back. */
@@ -177,16 +162,16 @@ static void t_limit_is_the_cap(void **state) {
   o.limit_bytes = 100 * VT_MiB;
   vram_pool_t *pool = vt_pool_from(&o);
   void *a = take(pool, 40 * VT_MiB);
-  assert_int_equal(in_virtual(pool, a), 0);
+  assert_int_equal(vt_in_virtual(pool, a), 0);
   void *b = take(pool, 20 * VT_MiB); /* 40 + 20 > 50 */
-  assert_int_equal(in_virtual(pool, b), 1);
+  assert_int_equal(vt_in_virtual(pool, b), 1);
   void *p = NULL;
   VT_EXPECT(vram_malloc(pool, 50 * VT_MiB, NULL, &p), VRAM_ENOMEM);
   VT_VALID(pool);
   assert_true(vt_stats(pool).reserved_bytes.current <= (int64_t)(100 * VT_MiB));
   give(pool, a);
   void *c = take(pool, 70 * VT_MiB); /* a's fixed segment goes back to make room */
-  assert_int_equal(in_virtual(pool, c), 1);
+  assert_int_equal(vt_in_virtual(pool, c), 1);
   assert_true(vt_stats(pool).reserved_bytes.current <= (int64_t)(100 * VT_MiB));
   give(pool, b);
   give(pool, c);

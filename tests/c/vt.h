@@ -139,6 +139,25 @@ static inline vram_pool_t *vt_pool_new(vram_source_kind kind, size_t sim_capacit
 }
 
 /* ---- statistics and live blocks ------------------------------------------------------ */
+/* 1 if the live block at `ptr` lies in a virtual range of the pool (a snapshot's
+ * expandable segment), 0 if in a fixed segment; a pointer that is no live block fails the
+ * test. For pools of at most 64 segments and 512 blocks. */
+static inline int vt_in_virtual(vram_pool_t *pool, void *ptr) {
+  vram_snapshot_segment_t segs[64];
+  vram_snapshot_block_t blocks[512];
+  size_t n_segs = 0, n_blocks = 0;
+  VT_OK(vram_snapshot(pool, segs, 64, &n_segs, blocks, 512, &n_blocks));
+  assert_true(n_segs <= 64 && n_blocks <= 512);
+  uint64_t p = (uint64_t)(uintptr_t)ptr;
+  for (size_t i = 0; i < n_segs; i++)
+    for (uint64_t b = segs[i].first_block; b < segs[i].first_block + segs[i].n_blocks; b++)
+      if (blocks[b].addr == p && blocks[b].state == VRAM_SNAPSHOT_ACTIVE_ALLOCATED)
+        return segs[i].is_expandable != 0;
+  fail_msg("%p is no live block of the pool", ptr);
+  return -1;
+}
+
+
 static inline vram_stats_t vt_stats(vram_pool_t *pool) {
   vram_stats_t s;
   memset(&s, 0, sizeof s);
