@@ -1,7 +1,10 @@
 /* vmm_cost.c - what the CUDA driver charges for the calls a virtual-memory pool makes, by
  * size: one physical handle of N bytes (cuMemCreate + cuMemMap + cuMemSetAccess, then
  * cuMemUnmap + cuMemRelease) against N / 2 MiB handles of one granule each mapped side by
- * side with one cuMemSetAccess, and cuMemAlloc + cuMemFree of the same N. The vmm source's
+ * side with one cuMemSetAccess, the cost of moving one granule to another address (unmap,
+ * map, access), and cuMemAlloc + cuMemFree of the same N. It first asks whether part of a
+ * handle can be mapped on its own (a nonzero offset into it): if it could, one handle could
+ * back a run whose granules are later unmapped one by one. The vmm source's
  * mapping policy (docs/performance.md) rests on these figures.
  *
  * Needs the CUDA toolkit's cuda.h. Build and run from the repository root on the GPU:
@@ -32,17 +35,39 @@ int main(void) {
   CUmemAccessDesc access;
   CUdevice dev = probe_open(&prop, &access);
   CUdeviceptr range;
-  CHECK(cuMemAddressReserve(&range, MAX_GRANULES * GRANULE, GRANULE, 0, 0));
+  /* One granule past the largest size: where a moved granule goes. */
+  CHECK(cuMemAddressReserve(&range, (MAX_GRANULES + 1) * GRANULE, GRANULE, 0, 0));
 
-  printf("%8s %10s %10s %10s %10s %10s %10s | %12s %12s | %10s %10s\n", "MiB", "create", "map",
-         "setaccess", "unmap", "release", "one-handle", "per-granule", "(map side)", "cuMemAlloc",
-         "cuMemFree");
+  {
+    CUmemGenericAllocationHandle two;
+    CHECK(cuMemCreate(&two, 2 * GRANULE, &prop, 0));
+    CUresult r = cuMemMap(range, GRANULE, GRANULE, two, 0);
+    printf("map of the second granule of a 2-granule handle (offset %zu): %s\n", GRANULE,
+           probe_error_name(r));
+    if (r == CUDA_SUCCESS) CHECK(cuMemUnmap(range, GRANULE));
+    CHECK(cuMemRelease(two));
+    /* And whether one unmap may span two neighbouring mappings. */
+    CUmemGenericAllocationHandle h2[2];
+    for (int k = 0; k < 2; k++) {
+      CHECK(cuMemCreate(&h2[k], GRANULE, &prop, 0));
+      CHECK(cuMemMap(range + k * GRANULE, GRANULE, 0, h2[k], 0));
+    }
+    r = cuMemUnmap(range, 2 * GRANULE);
+    printf("one unmap over two neighbouring mappings: %s\n", probe_error_name(r));
+    if (r != CUDA_SUCCESS)
+      for (int k = 0; k < 2; k++) CHECK(cuMemUnmap(range + k * GRANULE, GRANULE));
+    for (int k = 0; k < 2; k++) CHECK(cuMemRelease(h2[k]));
+  }
+  printf("%8s %10s %10s %10s %10s %10s %10s | %12s %12s | %10s | %10s %10s\n", "MiB",
+         "create", "map", "setaccess", "unmap", "release", "one-handle", "per-granule", "(map side)",
+         "move-one", "cuMemAlloc", "cuMemFree");
   size_t sizes_mib[] = {2, 4, 8, 16, 32, 64, 128, 256, 512};
   for (size_t si = 0; si < sizeof sizes_mib / sizeof *sizes_mib; si++) {
     size_t size = sizes_mib[si] << 20, n = size / GRANULE;
     if (n > MAX_GRANULES) break;
     double create[REPS], map[REPS], setacc[REPS], unmap[REPS], release[REPS], whole[REPS];
-    double per_gran[REPS], per_gran_map[REPS], alloc[REPS], dfree[REPS];
+    double per_gran[REPS], per_gran_map[REPS], move[REPS];
+    double alloc[REPS], dfree[REPS];
     for (int r = 0; r < REPS; r++) {
       /* One handle for the whole size. */
       CUmemGenericAllocationHandle h;
@@ -87,6 +112,20 @@ int main(void) {
       per_gran_map[r] = t1 - t0;
       per_gran[r] = (t1 - t0) + (t3 - t2);
 
+      /* A granule of the run moved past its end: unmap, map again elsewhere, access. */
+      CUmemGenericAllocationHandle one;
+      CHECK(cuMemCreate(&one, GRANULE, &prop, 0));
+      CHECK(cuMemMap(range, GRANULE, 0, one, 0));
+      CHECK(cuMemSetAccess(range, GRANULE, &access, 1));
+      t0 = now_us();
+      CHECK(cuMemUnmap(range, GRANULE));
+      CHECK(cuMemMap(range + size, GRANULE, 0, one, 0));
+      CHECK(cuMemSetAccess(range + size, GRANULE, &access, 1));
+      t1 = now_us();
+      CHECK(cuMemUnmap(range + size, GRANULE));
+      CHECK(cuMemRelease(one));
+      move[r] = t1 - t0;
+
       /* The cuda source's pair. */
       CUdeviceptr p;
       t0 = now_us();
@@ -100,13 +139,13 @@ int main(void) {
       alloc[r] = t1 - t0;
       dfree[r] = t3 - t2;
     }
-    printf("%8zu %10.1f %10.1f %10.1f %10.1f %10.1f %10.1f | %12.1f %12.1f | %10.1f %10.1f\n",
+    printf("%8zu %10.1f %10.1f %10.1f %10.1f %10.1f %10.1f | %12.1f %12.1f | %10.1f |"
+           " %10.1f %10.1f\n",
            sizes_mib[si], median(create), median(map), median(setacc), median(unmap),
-           median(release), median(whole), median(per_gran), median(per_gran_map), median(alloc),
-           median(dfree));
+           median(release), median(whole), median(per_gran), median(per_gran_map), median(move), median(alloc), median(dfree));
     fflush(stdout);
   }
-  CHECK(cuMemAddressFree(range, MAX_GRANULES * GRANULE));
+  CHECK(cuMemAddressFree(range, (MAX_GRANULES + 1) * GRANULE));
   CHECK(cuDevicePrimaryCtxRelease(dev));
   return 0;
 }
