@@ -428,7 +428,9 @@ def configure(
     share of the cap past which the cuda (and sim) source's large requests go to virtual
     memory mapped where live blocks are, so that a pool near its cap fits as tightly as the
     vmm source (0 = from the start; default 0.5; 1 = never: fixed segments only, every
-    tensor shareable between processes by CUDA IPC). Must come before the
+    tensor shareable between processes by CUDA IPC); on the vmm source with no limit, the
+    share of device memory up to which it maps in pieces of up to 128 MiB and keeps them
+    (0: 2 MiB granules one by one from the start, as under any limit). Must come before the
     device's pool is first used; afterwards it raises RuntimeError (use set_memory_limit or
     set_per_process_memory_fraction to change the limit of a live pool).
     """

@@ -1,19 +1,26 @@
-/* granules.c - physical backing of virtual-memory segments (vmm and sim:vmm sources).
+/* granules.c - physical backing of virtual-memory segments (the vmm and sim:vmm sources,
+ * and the virtual ranges a cuda pool grows into near its cap).
  *
  * A virtual segment is a large reserved address range; blocks are carved from it as from
  * any segment, but only the granules (2 MiB on current GPUs) that live blocks touch are
  * mapped to physical memory. Per granule this file keeps the bytes of the live, pending
- * and parked blocks on it, a mapped bit and an idle bit (mapped but unused: cached memory).
+ * and parked blocks on it, a mapped bit, an idle bit (mapped but unused: cached memory),
+ * and a head bit where a mapping begins: each mapping is one physical handle, and the
+ * driver unmaps only whole mappings.
  *
  * (Blocks parked in their arena's one-block cache count as used until they are merged.)
  *
- * Physical granules are interchangeable, which is what makes this layout tight: when a
- * request needs new granules and the pool would otherwise pass its limit or its
- * allowance (its high-water mark, or its allocated peak plus 1/64), idle granules anywhere
- * are unmapped first and their memory mapped where it is needed. So the pool's footprint
- * follows the granules that live blocks touch, not the history of holes. Mapping is slow
- * (tens of microseconds per granule, bench/vmm_cost.c), so runs of granules are mapped with
- * one call, and idle granules stay mapped until memory is actually needed. */
+ * Two regimes (keeps_mappings). Far from the cap (no limit, and reserved memory within the
+ * virtual threshold's share of the device) runs are mapped in mappings of up to 128 MiB
+ * and kept: a handle costs about the same at 2 and at 128 MiB, and the pool then behaves
+ * like PyTorch's expandable segments with best-fit placement. Near the cap, or under a
+ * limit, each granule is its own mapping, and physical granules are interchangeable,
+ * which is what makes this layout tight: when a request needs new granules and the pool
+ * would otherwise pass its limit or its allowance (its high-water mark, or its allocated
+ * peak plus 1/64), idle granules anywhere are unmapped first and their memory mapped where
+ * it is needed. So the footprint follows the granules that live blocks touch, not the
+ * history of holes. Mapping costs tens of microseconds per handle (bench/vmm_cost.c), so
+ * idle granules stay mapped until memory is actually needed. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -48,7 +55,8 @@ int _vram_granules_init(vram_pool_t *pool, vram_segment *seg) {
   seg->gran_used = calloc(n, sizeof *seg->gran_used);
   seg->gran_mapped = calloc(words, sizeof *seg->gran_mapped);
   seg->gran_idle = calloc(words, sizeof *seg->gran_idle);
-  if (!seg->gran_used || !seg->gran_mapped || !seg->gran_idle) {
+  seg->gran_head = calloc(words, sizeof *seg->gran_head);
+  if (!seg->gran_used || !seg->gran_mapped || !seg->gran_idle || !seg->gran_head) {
     _vram_granules_destroy(seg);
     return VRAM_EHOSTMEM;
   }
@@ -60,16 +68,18 @@ void _vram_granules_destroy(vram_segment *seg) {
   free(seg->gran_used);
   free(seg->gran_mapped);
   free(seg->gran_idle);
+  free(seg->gran_head);
   seg->gran_used = NULL;
-  seg->gran_mapped = seg->gran_idle = NULL;
+  seg->gran_mapped = seg->gran_idle = seg->gran_head = NULL;
 }
 
-/* Mark granules [g0, g1) mapped (and idle: nothing uses them yet). */
+/* Mark granules [g0, g1) mapped as one mapping (and idle: nothing uses them yet). */
 static void mark_mapped(vram_pool_t *pool, vram_segment *seg, size_t g0, size_t g1) {
   for (size_t g = g0; g < g1; g++) {
     bit_set(seg->gran_mapped, g);
     bit_set(seg->gran_idle, g);
   }
+  bit_set(seg->gran_head, g0);
   seg->mapped_granules += g1 - g0;
   seg->idle_granules += g1 - g0;
   if (g1 > seg->gran_hwm) seg->gran_hwm = g1;
@@ -79,15 +89,17 @@ static void mark_mapped(vram_pool_t *pool, vram_segment *seg, size_t g0, size_t 
              (g1 - g0) * pool->granularity, 0, seg->arena->stream, 0);
 }
 
+/* Mark the whole mappings [g0, g1) unmapped; each was one physical handle given back. */
 static void mark_unmapped(vram_pool_t *pool, vram_segment *seg, size_t g0, size_t g1) {
   for (size_t g = g0; g < g1; g++) {
+    pool->stats.num_device_free += bit_get(seg->gran_head, g);
     bit_clear(seg->gran_mapped, g);
     bit_clear(seg->gran_idle, g);
+    bit_clear(seg->gran_head, g);
   }
   seg->mapped_granules -= g1 - g0;
   seg->idle_granules -= g1 - g0;
   vram_stat_down(&pool->stats.reserved_bytes, (int64_t)((g1 - g0) * pool->granularity));
-  pool->stats.num_device_free++;
   _vram_note(pool, VRAM_EVENT_SEGMENT_UNMAP, seg->addr + g0 * pool->granularity,
              (g1 - g0) * pool->granularity, 0, seg->arena->stream, 0);
 }
@@ -141,10 +153,32 @@ bool _vram_granules_mapped_window(vram_pool_t *pool, vram_segment *seg, uintptr_
   return false;
 }
 
+static inline bool trimmable(const vram_segment *s, size_t g, const vram_segment *skip_seg,
+                             size_t skip_g0, size_t skip_g1) {
+  return bit_get(s->gran_idle, g) && !(s == skip_seg && g >= skip_g0 && g < skip_g1);
+}
+
+/* The whole mappings inside [lo, hi), a run of trimmable granules, as [*from, *to): a
+ * mapping runs from its head granule to the next head or unmapped granule, and the driver
+ * unmaps only whole mappings. Empty when one partly used mapping covers the whole run. */
+static void whole_mappings(const vram_segment *s, size_t lo, size_t hi, size_t *from, size_t *to) {
+  size_t x = lo;
+  while (x < hi && !bit_get(s->gran_head, x)) x++;
+  size_t y = hi;
+  if (hi < s->gran_hwm && bit_get(s->gran_mapped, hi) && !bit_get(s->gran_head, hi)) {
+    /* The mapping holding granule hi - 1 goes on past the run: leave it out. */
+    y = hi - 1;
+    while (y > x && !bit_get(s->gran_head, y)) y--;
+  }
+  *from = x;
+  *to = y > x ? y : x;
+}
+
 /* Unmap idle granules, highest addresses first (the dense low end of a segment is the most
- * likely to be reused), skipping [skip_g0, skip_g1) of skip_seg. Each arena's stream is
- * waited for once before its first unmap: a block freed on it may still be in use by
- * work queued there. Returns the granules unmapped. */
+ * likely to be reused), whole mappings at a time, skipping [skip_g0, skip_g1) of skip_seg.
+ * Each arena's stream is waited for once before its first unmap: a block freed on it may
+ * still be in use by work queued there. Returns the granules unmapped, which may pass
+ * `want` by less than one mapping. */
 static size_t trim(vram_pool_t *pool, size_t want, vram_segment *skip_seg, size_t skip_g0,
                    size_t skip_g1, int *first_error) {
   size_t done = 0;
@@ -156,16 +190,23 @@ static size_t trim(vram_pool_t *pool, size_t want, vram_segment *skip_seg, size_
       while (g > 0 && done < want && s->idle_granules && mapped_total > pool->keep_mapped) {
         /* Find the next run of idle granules below g. */
         size_t hi = g;
-        while (hi > 0 && !(bit_get(s->gran_idle, hi - 1) && !(s == skip_seg && hi - 1 >= skip_g0 && hi - 1 < skip_g1)))
-          hi--;
+        while (hi > 0 && !trimmable(s, hi - 1, skip_seg, skip_g0, skip_g1)) hi--;
         if (hi == 0) break;
         size_t lo = hi - 1;
-        size_t limit = want - done;
-        if (mapped_total - pool->keep_mapped < limit) limit = mapped_total - pool->keep_mapped;
-        while (lo > 0 && hi - lo < limit && bit_get(s->gran_idle, lo - 1) &&
-               !(s == skip_seg && lo - 1 >= skip_g0 && lo - 1 < skip_g1))
-          lo--;
+        while (lo > 0 && trimmable(s, lo - 1, skip_seg, skip_g0, skip_g1)) lo--;
         g = lo;
+        size_t from, to;
+        whole_mappings(s, lo, hi, &from, &to);
+        /* Mappings from the top of the run down until enough, within what preallocation
+         * lets go: [cut, to). */
+        size_t need = want - done, room = mapped_total - pool->keep_mapped, cut = to;
+        for (size_t h = to; h > from && to - cut < need;) {
+          h--;
+          if (!bit_get(s->gran_head, h)) continue;
+          if (to - h > room) break;
+          cut = h;
+        }
+        if (cut == to) continue;
         if (!quiesced) {
           int rc = _vram_arena_quiesce(pool, a);
           if (rc) {
@@ -174,15 +215,15 @@ static size_t trim(vram_pool_t *pool, size_t want, vram_segment *skip_seg, size_
           }
           quiesced = true;
         }
-        int rc = pool->src->xUnmap(pool->src_state, s->addr + lo * pool->granularity,
-                                   (hi - lo) * pool->granularity);
+        int rc = pool->src->xUnmap(pool->src_state, s->addr + cut * pool->granularity,
+                                   (to - cut) * pool->granularity);
         if (rc) { /* still mapped and idle: consistent, tried again later */
           if (first_error && !*first_error) *first_error = rc;
           continue;
         }
-        mark_unmapped(pool, s, lo, hi);
-        done += hi - lo;
-        mapped_total -= hi - lo;
+        mark_unmapped(pool, s, cut, to);
+        done += to - cut;
+        mapped_total -= to - cut;
       }
       while (s->gran_hwm > 0 && !bit_get(s->gran_mapped, s->gran_hwm - 1) && !s->gran_used[s->gran_hwm - 1])
         s->gran_hwm--;
@@ -195,13 +236,28 @@ size_t _vram_granules_trim(vram_pool_t *pool, size_t want, int *first_error) {
   return trim(pool, want, NULL, 0, 0, first_error);
 }
 
+/* Far from the cap a pool keeps what it maps: with no limit, while its reserved memory
+ * (this request's included) stays within the virtual threshold's share of the device. It
+ * then maps in mappings of up to VRAM_VMM_MAP_UNIT granules and unmaps nothing to stay
+ * within an allowance, as PyTorch's expandable segments do: a physical handle costs about
+ * as much at 128 MiB as at 2 MiB (bench/vmm_cost.c), and a loop's blocks then land on
+ * mapped memory after its first pass. Under a limit, or past the threshold, it fits: one
+ * granule per mapping, and idle granules give their memory to new mappings. */
+static bool keeps_mappings(const vram_pool_t *pool, size_t bytes) {
+  if (pool->limit) return false;
+  size_t after = (size_t)pool->stats.reserved_bytes.current + bytes;
+  return (double)after <= pool->opts.virtual_threshold * (double)pool->device_total;
+}
+
 /* What the pool may hold mapped before new mappings first take idle granules back: its
  * high-water mark of mapped bytes, or the peak of allocated bytes (this request included)
  * plus 1/2^VRAM_VMM_SLACK_SHIFT of it, whichever is larger. Without the slack a pool that
  * reached its peak would unmap and map again on almost every request that lands on
  * unmapped space; with it a training loop's steady state makes no driver call on
- * stream_prefetch and a quarter of them on gpt2_train. */
+ * stream_prefetch and a quarter of them on gpt2_train. Far from the cap there is no
+ * allowance. */
 static size_t mapped_allowance(const vram_pool_t *pool, size_t request) {
+  if (keeps_mappings(pool, request)) return SIZE_MAX;
   size_t allocated = (size_t)pool->stats.allocated_bytes.current + request;
   if ((size_t)pool->stats.allocated_bytes.peak > allocated)
     allocated = (size_t)pool->stats.allocated_bytes.peak;
@@ -215,6 +271,35 @@ bool _vram_granules_must_trim(vram_pool_t *pool, vram_segment *seg, uintptr_t ad
   if (!need) return false;
   size_t after = (size_t)pool->stats.reserved_bytes.current + need * pool->granularity;
   return after > mapped_allowance(pool, size) || (pool->limit && after > pool->limit);
+}
+
+/* The mappings one acquire made, so that a map failing part way gives them back: the
+ * memory it could not use then goes to others. A few fit on the stack; the list grows on
+ * the heap past that, and if even that fails the rest stay mapped and idle, which is
+ * valid cached memory that the next trim returns. */
+typedef struct fresh_list {
+  size_t stack[16], *at, n, cap;
+} fresh_list;
+
+static void fresh_add(fresh_list *f, size_t g0, size_t g1) {
+  if (f->n + 2 > f->cap) {
+    size_t cap = f->cap * 2;
+    size_t *more = f->at == f->stack ? malloc(cap * sizeof *more) : realloc(f->at, cap * sizeof *more);
+    if (!more) return;
+    if (f->at == f->stack) memcpy(more, f->stack, sizeof f->stack);
+    f->at = more;
+    f->cap = cap;
+  }
+  f->at[f->n++] = g0;
+  f->at[f->n++] = g1;
+}
+
+/* Unmap the fresh mappings: no stream has used them, so none is waited for. */
+static void fresh_undo(vram_pool_t *pool, vram_segment *seg, fresh_list *f) {
+  for (size_t i = 0; i < f->n; i += 2)
+    if (pool->src->xUnmap(pool->src_state, seg->addr + f->at[i] * pool->granularity,
+                          (f->at[i + 1] - f->at[i]) * pool->granularity) == VRAM_OK)
+      mark_unmapped(pool, seg, f->at[i], f->at[i + 1]);
 }
 
 int _vram_granules_acquire(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size) {
@@ -241,23 +326,33 @@ int _vram_granules_acquire(vram_pool_t *pool, vram_segment *seg, uintptr_t addr,
       size_t over = (reserved + bytes - allowance + G - 1) / G;
       trim(pool, over, seg, g0, g1, NULL);
     }
-    /* Map each run of unmapped granules with one call; undo this call's runs on failure. */
-    for (size_t g = g0; g < g1;) {
+    /* Map each run of unmapped granules (in pieces, below); undo this call's on failure. */
+    fresh_list fresh = {.n = 0, .cap = 16};
+    fresh.at = fresh.stack;
+    int rc = VRAM_OK;
+    for (size_t g = g0; g < g1 && rc == VRAM_OK;) {
       if (bit_get(seg->gran_mapped, g)) {
         g++;
         continue;
       }
       size_t run_end = g;
       while (run_end < g1 && !bit_get(seg->gran_mapped, run_end)) run_end++;
-      int rc = pool->src->xMap(pool->src_state, seg->addr + g * G, (run_end - g) * G);
-      if (rc) {
-        /* Granules mapped by this call stay mapped but idle: valid cached memory that the
-         * next trim returns. Unmapping here could fail too and gains nothing. */
-        return rc;
+      /* One mapping, one physical handle, per piece of the run; pieces end at multiples
+       * of the unit in granules of the segment, so that memory goes back in those units. */
+      size_t unit = keeps_mappings(pool, (run_end - g) * G) ? VRAM_VMM_MAP_UNIT : 1;
+      while (g < run_end) {
+        size_t piece_end = (g / unit + 1) * unit;
+        if (piece_end > run_end) piece_end = run_end;
+        rc = pool->src->xMap(pool->src_state, seg->addr + g * G, (piece_end - g) * G);
+        if (rc) break;
+        mark_mapped(pool, seg, g, piece_end);
+        fresh_add(&fresh, g, piece_end);
+        g = piece_end;
       }
-      mark_mapped(pool, seg, g, run_end);
-      g = run_end;
     }
+    if (rc) fresh_undo(pool, seg, &fresh);
+    if (fresh.at != fresh.stack) free(fresh.at);
+    if (rc) return rc;
   }
   for (size_t g = g0; g < g1; g++) {
     if (!seg->gran_used[g]) {
@@ -313,16 +408,19 @@ bool _vram_granules_check(vram_pool_t *pool, vram_segment *seg) {
   size_t mapped = 0, idle = 0;
   for (size_t g = 0; g < n && ok; g++) {
     bool m = bit_get(seg->gran_mapped, g), i = bit_get(seg->gran_idle, g);
+    bool h = bit_get(seg->gran_head, g);
     if (expect[g] != seg->gran_used[g]) ok = false;
     if (seg->gran_used[g] && !m) ok = false;       /* a used granule is always mapped */
     if (i != (m && !seg->gran_used[g])) ok = false; /* idle = mapped and unused */
+    if (h && !m) ok = false;                        /* a mapping starts on a mapped granule */
+    if (m && (g == 0 || !bit_get(seg->gran_mapped, g - 1)) && !h) ok = false; /* and after a gap */
     mapped += m;
     idle += i;
   }
   for (size_t w = n / BITS; ok && w < (seg->n_granules + BITS - 1) / BITS; w++) {
-    uint64_t m = seg->gran_mapped[w], i = seg->gran_idle[w];
-    if (w == n / BITS && n % BITS) { m >>= n % BITS; i >>= n % BITS; }
-    if (m || i) ok = false; /* nothing mapped at or above the high-water index */
+    uint64_t m = seg->gran_mapped[w], i = seg->gran_idle[w], h = seg->gran_head[w];
+    if (w == n / BITS && n % BITS) { m >>= n % BITS; i >>= n % BITS; h >>= n % BITS; }
+    if (m || i || h) ok = false; /* nothing mapped at or above the high-water index */
   }
   free(expect);
   return ok && mapped == seg->mapped_granules && idle == seg->idle_granules;

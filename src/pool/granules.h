@@ -10,7 +10,7 @@ void _vram_granules_destroy(vram_segment *seg);
 /* Count the granules of [addr, addr+size) that are not mapped yet. */
 size_t _vram_granules_unmapped_in(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size);
 /* Whether taking [addr, addr+size) would map granules past the pool's allowance or limit,
- * so that idle granules elsewhere would be unmapped first. */
+ * so that idle granules elsewhere would be unmapped first (never far from the cap). */
 bool _vram_granules_must_trim(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size);
 /* Account a block becoming live or pending over [addr, addr+size), mapping what is needed. */
 int _vram_granules_acquire(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size);

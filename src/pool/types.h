@@ -33,6 +33,10 @@
 /* Virtual memory: idle granules stay mapped while the pool holds at most its allocated peak
  * plus 1/2^this of it (granules.c, mapped_allowance). */
 #define VRAM_VMM_SLACK_SHIFT 6
+/* Virtual memory far from the cap: granules per mapping at most, one physical handle each
+ * (granules.c, keeps_mappings): 128 MiB at 2 MiB granules, where a handle's cost is still
+ * close to one granule's (bench/vmm_cost.c). */
+#define VRAM_VMM_MAP_UNIT ((size_t)64)
 /* No device addresses more than this: larger requests are refused as out of memory before
  * any rounding, which could otherwise overflow. */
 #define VRAM_MAX_REQUEST ((size_t)1 << 48)
@@ -124,6 +128,7 @@ struct vram_segment {
    * of mapped granules no block uses. */
   uint64_t *gran_mapped;
   uint64_t *gran_idle;
+  uint64_t *gran_head;    /* first granule of each mapping (one physical handle each) */
   size_t n_granules;
   size_t gran_hwm;        /* granules at and above this index were never mapped */
   size_t mapped_granules;

@@ -4,8 +4,8 @@
  *
  * The sim is a real source, not a mock: it hands out device-like addresses that no host
  * page backs (never dereference them), enforces a capacity, rounds fixed segments up to
- * 2 MiB as the driver does, and checks the engine's use of it (mapping a mapped granule or
- * unmapping an unmapped one is an error). Events complete after a configurable number of
+ * 2 MiB as the driver does, and checks the engine's use of it as the driver would (mapping a
+ * mapped granule, unmapping an unmapped one, or unmapping part of a mapping is an error). Events complete after a configurable number of
  * queries, or at once when synchronized, so cross-stream ordering can be tested. Every
  * fragmentation figure of the project is measured on it. */
 #include <stdbool.h>
@@ -23,7 +23,9 @@ typedef struct sim_range {
   size_t size;
 } sim_range;
 
-/* A reserved virtual range of sim:vmm, with one mapped bit per granule. */
+/* A reserved virtual range of sim:vmm, with one byte per granule: GRANULE_UNMAPPED, or the
+ * first granule of a mapping (one physical handle), or one that continues it. */
+enum { GRANULE_UNMAPPED, GRANULE_HEAD, GRANULE_TAIL };
 typedef struct sim_reservation {
   uintptr_t addr;
   size_t size;
@@ -200,7 +202,13 @@ static sim_reservation *granule_span(sim_state *s, uintptr_t addr, size_t size, 
   *g0 = (addr - r->addr) / SIM_GRANULE;
   *n = size / SIM_GRANULE;
   for (size_t g = *g0; g < *g0 + *n; g++)
-    if (r->mapped[g] != want_mapped) return NULL;
+    if ((r->mapped[g] != GRANULE_UNMAPPED) != want_mapped) return NULL;
+  if (want_mapped) {
+    /* Whole mappings only: the range starts one and the next granule does not go on one. */
+    size_t end = *g0 + *n;
+    if (r->mapped[*g0] != GRANULE_HEAD) return NULL;
+    if (end < r->size / SIM_GRANULE && r->mapped[end] == GRANULE_TAIL) return NULL;
+  }
   return r;
 }
 
@@ -210,7 +218,8 @@ static int sim_map(void *state, uintptr_t addr, size_t size) {
   sim_reservation *r = granule_span(s, addr, size, false, &g0, &n);
   if (!r) return VRAM_EINVAL;
   if (size > s->capacity - s->used) return VRAM_ENOMEM;
-  memset(r->mapped + g0, 1, n);
+  r->mapped[g0] = GRANULE_HEAD;
+  memset(r->mapped + g0 + 1, GRANULE_TAIL, n - 1);
   s->used += size;
   return VRAM_OK;
 }
@@ -220,7 +229,7 @@ static int sim_unmap(void *state, uintptr_t addr, size_t size) {
   size_t g0, n;
   sim_reservation *r = granule_span(s, addr, size, true, &g0, &n);
   if (!r) return VRAM_EINVAL;
-  memset(r->mapped + g0, 0, n);
+  memset(r->mapped + g0, GRANULE_UNMAPPED, n);
   s->used -= size;
   return VRAM_OK;
 }

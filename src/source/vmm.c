@@ -1,16 +1,17 @@
-/* vmm.c - the `vmm` source: reserved virtual ranges backed granule by granule with
- * physical memory (cuMemAddressReserve + cuMemCreate + cuMemMap + cuMemSetAccess).
+/* vmm.c - the `vmm` source: reserved virtual ranges backed with physical memory
+ * (cuMemAddressReserve + cuMemCreate + cuMemMap + cuMemSetAccess).
  *
- * Why one physical handle per granule: the driver unmaps only whole mappings, and the
- * engine must be able to give back any granule-aligned piece of what it mapped (the holes
- * between live blocks). With one handle per granule every granule is its own mapping, so
- * any subrange can be unmapped and its memory released, and granules are interchangeable
- * (the engine unmaps them from holes and maps them behind a fresh range). The handles are
- * kept in an open-addressing table keyed by the granule's address.
+ * One map call is one physical handle and one mapping of the whole range asked for. The
+ * driver unmaps only whole mappings and maps no part of a handle on its own (a nonzero
+ * offset is refused: bench/vmm_cost.c), so the engine decides the unit: granule-sized
+ * mappings where it must give back any piece of what it mapped (the holes between live
+ * blocks, near the cap), runs of up to 128 MiB where it keeps what it maps (granules.c).
+ * An unmap names one or more whole mappings side by side. The table maps every granule's
+ * address to its mapping (start, size, handle), in open addressing.
  *
- * Every method leaves the source exactly as it found it when it fails: a map that fails on
- * granule k unmaps and releases granules 0..k-1 before returning; an unmap that fails on
- * granule k maps 0..k-1 back with their still-held handles.
+ * Every method leaves the source exactly as it found it when it fails: a map releases the
+ * handle it created; an unmap that fails on mapping k maps 0..k-1 back with their
+ * still-held handles.
  *
  * Not locked: the engine calls a source under its pool's lock. Events, memory information
  * and context handling are the shared helpers of prim/cuda_driver.c.
@@ -25,6 +26,8 @@
 
 typedef struct vmm_slot {
   uintptr_t addr; /* granule address; 0 marks an empty slot (the driver never maps 0) */
+  uintptr_t start; /* the mapping holding the granule: where it starts, its size, handle */
+  size_t size;
   CUmemGenericAllocationHandle handle;
 } vmm_slot;
 
@@ -60,11 +63,10 @@ static vmm_slot *table_find(const vmm_state *s, uintptr_t addr) {
 }
 
 /* Never fails: callers reserve room with table_reserve before touching the driver. */
-static void table_put(vmm_state *s, uintptr_t addr, CUmemGenericAllocationHandle h) {
-  size_t i = slot_of(s, addr);
+static void table_put(vmm_state *s, const vmm_slot *entry) {
+  size_t i = slot_of(s, entry->addr);
   while (s->slots[i].addr != 0) i = (i + 1) & (s->cap - 1);
-  s->slots[i].addr = addr;
-  s->slots[i].handle = h;
+  s->slots[i] = *entry;
   s->count++;
 }
 
@@ -82,8 +84,7 @@ static void table_remove(vmm_state *s, uintptr_t addr) {
       i = j;
     }
   }
-  s->slots[i].addr = 0;
-  s->slots[i].handle = 0;
+  s->slots[i] = (vmm_slot){0};
   s->count--;
 }
 
@@ -103,7 +104,7 @@ static int table_reserve(vmm_state *s, size_t extra) {
   s->cap = cap;
   s->count = 0;
   for (size_t i = 0; i < old_cap; i++)
-    if (old[i].addr) table_put(s, old[i].addr, old[i].handle);
+    if (old[i].addr) table_put(s, &old[i]);
   free(old);
   return VRAM_OK;
 }
@@ -183,26 +184,15 @@ static size_t vmm_granularity(void *state) { return ((vmm_state *)state)->gran; 
  * Mapping. Callers hold the context (vram_cuda_enter) around these helpers.
  * ------------------------------------------------------------------------------------- */
 
-/* Unmap and release granules [addr, addr + n * gran), all present in the table; failures
- * here only happen while undoing, where nothing better can be done than go on. */
-static void undo_granules(vmm_state *s, uintptr_t addr, size_t n) {
-  const vram_cuda_api *a = s->dev.api;
-  for (size_t k = 0; k < n; k++) {
-    uintptr_t g = addr + k * s->gran;
-    vmm_slot *slot = table_find(s, g);
-    if (!slot) continue;
-    CUmemGenericAllocationHandle h = slot->handle;
-    a->cuMemUnmap((CUdeviceptr)g, s->gran);
-    if (a->cuMemRelease(h) != CUDA_SUCCESS) s->leaked_handles++;
-    table_remove(s, g);
-  }
-}
-
 static int check_range(const vmm_state *s, uintptr_t addr, size_t size) {
   if (size == 0 || (addr & (s->gran - 1)) != 0 || (size & (s->gran - 1)) != 0 ||
       addr + size < addr)
     return VRAM_EINVAL;
   return VRAM_OK;
+}
+
+static void forget_mapping(vmm_state *s, uintptr_t start, size_t size) {
+  for (uintptr_t g = start; g < start + size; g += s->gran) table_remove(s, g);
 }
 
 static int vmm_map(void *state, uintptr_t addr, size_t size) {
@@ -212,7 +202,7 @@ static int vmm_map(void *state, uintptr_t addr, size_t size) {
   if (st != VRAM_OK) return st;
   size_t n = size >> s->gran_shift;
   /* Refuse a double map before creating anything: the driver would fail on it anyway,
-   * but only after we had spent handles. */
+   * but only after we had spent a handle. */
   for (size_t k = 0; k < n; k++)
     if (table_find(s, addr + k * s->gran)) {
       _vram_cuda_set_error("vmm map", "granule already mapped");
@@ -224,28 +214,55 @@ static int vmm_map(void *state, uintptr_t addr, size_t size) {
   vram_cuda_scope sc;
   st = _vram_cuda_enter(&s->dev, &sc);
   if (st != VRAM_OK) return st;
-  size_t k;
-  for (k = 0; k < n; k++) {
-    uintptr_t g = addr + k * s->gran;
-    CUmemGenericAllocationHandle h = 0;
-    st = _vram_cuda_status(a->cuMemCreate(&h, s->gran, &s->prop, 0), "cuMemCreate");
-    if (st != VRAM_OK) break;
-    st = _vram_cuda_status(a->cuMemMap((CUdeviceptr)g, s->gran, 0, h, 0), "cuMemMap");
-    if (st != VRAM_OK) {
-      if (a->cuMemRelease(h) != CUDA_SUCCESS) s->leaked_handles++;
-      break;
-    }
-    table_put(s, g, h);
-  }
+  CUmemGenericAllocationHandle h = 0;
+  st = _vram_cuda_status(a->cuMemCreate(&h, size, &s->prop, 0), "cuMemCreate");
   if (st == VRAM_OK) {
-    /* One call for the whole run: access is a property of the virtual range and may span
-     * several mappings, and each call costs a page-table update on every device named. */
-    st = _vram_cuda_status(a->cuMemSetAccess((CUdeviceptr)addr, size, s->access, s->n_access),
-                           "cuMemSetAccess");
+    st = _vram_cuda_status(a->cuMemMap((CUdeviceptr)addr, size, 0, h, 0), "cuMemMap");
+    if (st == VRAM_OK) {
+      /* Access is a property of the virtual range; each call costs a page-table update
+       * on every device named. */
+      st = _vram_cuda_status(a->cuMemSetAccess((CUdeviceptr)addr, size, s->access, s->n_access),
+                             "cuMemSetAccess");
+      if (st != VRAM_OK) a->cuMemUnmap((CUdeviceptr)addr, size);
+    }
+    if (st != VRAM_OK && a->cuMemRelease(h) != CUDA_SUCCESS) s->leaked_handles++;
   }
-  if (st != VRAM_OK) undo_granules(s, addr, k);
+  if (st == VRAM_OK)
+    for (size_t k = 0; k < n; k++)
+      table_put(s, &(vmm_slot){addr + k * s->gran, addr, size, h});
   _vram_cuda_leave(&s->dev, &sc);
   return st;
+}
+
+/* The mappings that tile [addr, addr + size) exactly, as their table entries in address
+ * order (*out, malloc'ed), or VRAM_EINVAL if the range is not whole mappings. */
+static int mappings_in(const vmm_state *s, uintptr_t addr, size_t size, vmm_slot **out,
+                       size_t *n_out) {
+  size_t n = 0, cap = 8;
+  vmm_slot *list = malloc(cap * sizeof *list);
+  if (!list) return VRAM_EHOSTMEM;
+  for (uintptr_t at = addr; at < addr + size;) {
+    const vmm_slot *m = table_find(s, at);
+    if (!m || m->start != at || m->size > addr + size - at) {
+      free(list);
+      _vram_cuda_set_error("vmm unmap", m ? "part of a mapping" : "granule not mapped");
+      return VRAM_EINVAL;
+    }
+    if (n == cap) {
+      vmm_slot *more = realloc(list, 2 * cap * sizeof *list);
+      if (!more) {
+        free(list);
+        return VRAM_EHOSTMEM;
+      }
+      list = more;
+      cap *= 2;
+    }
+    list[n++] = *m;
+    at += m->size;
+  }
+  *out = list;
+  *n_out = n;
+  return VRAM_OK;
 }
 
 static int vmm_unmap(void *state, uintptr_t addr, size_t size) {
@@ -253,42 +270,40 @@ static int vmm_unmap(void *state, uintptr_t addr, size_t size) {
   const vram_cuda_api *a = s->dev.api;
   int st = check_range(s, addr, size);
   if (st != VRAM_OK) return st;
-  size_t n = size >> s->gran_shift;
-  for (size_t k = 0; k < n; k++)
-    if (!table_find(s, addr + k * s->gran)) {
-      _vram_cuda_set_error("vmm unmap", "granule not mapped");
-      return VRAM_EINVAL;
-    }
+  vmm_slot *maps;
+  size_t n;
+  st = mappings_in(s, addr, size, &maps, &n);
+  if (st != VRAM_OK) return st;
 
   vram_cuda_scope sc;
   st = _vram_cuda_enter(&s->dev, &sc);
-  if (st != VRAM_OK) return st;
+  if (st != VRAM_OK) {
+    free(maps);
+    return st;
+  }
   size_t k;
   for (k = 0; k < n; k++) {
-    st = _vram_cuda_status(a->cuMemUnmap((CUdeviceptr)(addr + k * s->gran), s->gran),
-                           "cuMemUnmap");
+    st = _vram_cuda_status(a->cuMemUnmap((CUdeviceptr)maps[k].start, maps[k].size), "cuMemUnmap");
     if (st != VRAM_OK) break;
   }
   if (st != VRAM_OK) {
     /* Handles are released only after every unmap succeeded, so the ones already
      * unmapped can go back where they were. */
     for (size_t j = 0; j < k; j++) {
-      uintptr_t g = addr + j * s->gran;
-      a->cuMemMap((CUdeviceptr)g, s->gran, 0, table_find(s, g)->handle, 0);
+      a->cuMemMap((CUdeviceptr)maps[j].start, maps[j].size, 0, maps[j].handle, 0);
+      a->cuMemSetAccess((CUdeviceptr)maps[j].start, maps[j].size, s->access, s->n_access);
     }
-    if (k) a->cuMemSetAccess((CUdeviceptr)addr, k * s->gran, s->access, s->n_access);
-    _vram_cuda_leave(&s->dev, &sc);
-    return st;
-  }
-  for (k = 0; k < n; k++) {
-    uintptr_t g = addr + k * s->gran;
-    /* The mapping is gone either way; a handle the driver will not release is counted
-     * rather than reported, since the range is now exactly as the caller asked. */
-    if (a->cuMemRelease(table_find(s, g)->handle) != CUDA_SUCCESS) s->leaked_handles++;
-    table_remove(s, g);
+  } else {
+    for (k = 0; k < n; k++) {
+      /* The mapping is gone either way; a handle the driver will not release is counted
+       * rather than reported, since the range is now exactly as the caller asked. */
+      if (a->cuMemRelease(maps[k].handle) != CUDA_SUCCESS) s->leaked_handles++;
+      forget_mapping(s, maps[k].start, maps[k].size);
+    }
   }
   _vram_cuda_leave(&s->dev, &sc);
-  return VRAM_OK;
+  free(maps);
+  return st;
 }
 
 /* ---------------------------------------------------------------------------------------
@@ -308,19 +323,19 @@ static int vmm_reserve(void *state, size_t size, uintptr_t *addr) {
   return st;
 }
 
-/* Granules still mapped inside [addr, addr + size), collected so that unmapping them does
- * not disturb the table walk. */
-static int mapped_in(const vmm_state *s, uintptr_t addr, size_t size, uintptr_t **out,
+/* Mappings still inside [addr, addr + size), as their first granules, collected so that
+ * unmapping them does not disturb the table walk. */
+static int mapped_in(const vmm_state *s, uintptr_t addr, size_t size, vmm_slot **out,
                      size_t *n_out) {
   *out = NULL;
   *n_out = 0;
   if (s->count == 0) return VRAM_OK;
-  uintptr_t *list = malloc(s->count * sizeof *list);
+  vmm_slot *list = malloc(s->count * sizeof *list);
   if (!list) return VRAM_EHOSTMEM;
   size_t n = 0;
   for (size_t i = 0; i < s->cap; i++) {
-    uintptr_t g = s->slots[i].addr;
-    if (g && g >= addr && g - addr < size) list[n++] = g;
+    const vmm_slot *g = &s->slots[i];
+    if (g->addr && g->addr == g->start && g->addr >= addr && g->addr - addr < size) list[n++] = *g;
   }
   *out = list;
   *n_out = n;
@@ -333,11 +348,11 @@ static int vmm_unreserve(void *state, uintptr_t addr, size_t size) {
   if (st != VRAM_OK) return st;
   /* Whatever is still mapped inside goes first (a forced pool destroy need not unmap
    * block by block); the driver would refuse to free a range with live mappings. */
-  uintptr_t *list;
+  vmm_slot *list;
   size_t n;
   st = mapped_in(s, addr, size, &list, &n);
   if (st != VRAM_OK) return st;
-  for (size_t i = 0; i < n && st == VRAM_OK; i++) st = vmm_unmap(s, list[i], s->gran);
+  for (size_t i = 0; i < n && st == VRAM_OK; i++) st = vmm_unmap(s, list[i].start, list[i].size);
   free(list);
   if (st != VRAM_OK) return st;
   vram_cuda_scope sc;
@@ -395,8 +410,9 @@ static int vmm_enable_peer(void *state, int peer) {
   if (st != VRAM_OK) return st;
   size_t i;
   for (i = 0; i < s->cap; i++) {
-    if (!s->slots[i].addr) continue;
-    st = _vram_cuda_status(a->cuMemSetAccess((CUdeviceptr)s->slots[i].addr, s->gran, &desc, 1),
+    const vmm_slot *m = &s->slots[i];
+    if (!m->addr || m->addr != m->start) continue; /* once per mapping */
+    st = _vram_cuda_status(a->cuMemSetAccess((CUdeviceptr)m->start, m->size, &desc, 1),
                            "cuMemSetAccess");
     if (st != VRAM_OK) break;
   }
@@ -405,8 +421,8 @@ static int vmm_enable_peer(void *state, int peer) {
     CUmemAccessDesc none = desc;
     none.flags = CU_MEM_ACCESS_FLAGS_PROT_NONE;
     for (size_t j = 0; j < i; j++)
-      if (s->slots[j].addr)
-        a->cuMemSetAccess((CUdeviceptr)s->slots[j].addr, s->gran, &none, 1);
+      if (s->slots[j].addr && s->slots[j].addr == s->slots[j].start)
+        a->cuMemSetAccess((CUdeviceptr)s->slots[j].start, s->slots[j].size, &none, 1);
   } else {
     s->access[s->n_access++] = desc;
   }
@@ -424,8 +440,8 @@ static void vmm_close(void *state) {
     vram_cuda_scope sc;
     if (_vram_cuda_enter(&s->dev, &sc) == VRAM_OK) {
       for (size_t i = 0; i < s->cap; i++)
-        if (s->slots[i].addr) {
-          s->dev.api->cuMemUnmap((CUdeviceptr)s->slots[i].addr, s->gran);
+        if (s->slots[i].addr && s->slots[i].addr == s->slots[i].start) {
+          s->dev.api->cuMemUnmap((CUdeviceptr)s->slots[i].start, s->slots[i].size);
           s->dev.api->cuMemRelease(s->slots[i].handle);
         }
       _vram_cuda_leave(&s->dev, &sc);

@@ -1,15 +1,22 @@
-# check_vmm_steady.cmake - a virtual-memory pool in a training loop's steady state makes no
-# driver call: `vramkit replay --source sim:vmm --warm` of the training traces must report
-# "device_calls_warm": 0 (the second pass over the same pool maps and unmaps nothing), with
-# peak reserved at most 1.03x peak live. A loop's blocks land in other places each step; a
-# pool that mapped where the best fit fell would unmap idle granules elsewhere and map
-# again every step (gpt2_train: 15 calls a pass before the pool carved such requests from
-# mapped free space).
+# check_vmm_steady.cmake - a virtual-memory pool with no cap in reach behaves like PyTorch's
+# expandable segments with better placement: `vramkit replay --source sim:vmm --warm` of
+# each shared trace must report
+#   - "device_calls_warm": 0 (the second pass over the same pool maps and unmaps nothing:
+#     a loop's steady state makes no driver call);
+#   - a cold pass of at most one mapping per four granules it reserves at its peak (runs
+#     are mapped in pieces of up to 128 MiB; one mapping per granule, as a pool near its
+#     cap maps, would be four times that and more);
+#   - peak reserved over peak live at most what expandable segments hold on the same trace
+#     on the H200 (1.235 / 1.070 / 1.014, docs/performance.md), stream_prefetch within
+#     0.002 of it: its 1.015 is placement, not mapping.
 # Usage: cmake -DTOOL=path/to/vramkit -DTRACES_DIR=data/traces -P check_vmm_steady.cmake
 if(NOT TOOL OR NOT TRACES_DIR)
   message(FATAL_ERROR "usage: cmake -DTOOL=... -DTRACES_DIR=... -P check_vmm_steady.cmake")
 endif()
-foreach(name gpt2_train stream_prefetch)
+set(bound_bert_infer_varlen 1235)
+set(bound_gpt2_train 1070)
+set(bound_stream_prefetch 1016)
+foreach(name bert_infer_varlen gpt2_train stream_prefetch)
   execute_process(COMMAND ${TOOL} replay --source sim:vmm --warm --repeat 1 --json
                           ${TRACES_DIR}/${name}.trace.gz
                   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
@@ -20,8 +27,18 @@ foreach(name gpt2_train stream_prefetch)
   if(NOT out MATCHES "\"device_calls_warm\": *0[,} ]")
     message(FATAL_ERROR "${name}: the warm pass called the driver:\n${out}")
   endif()
-  if(NOT out MATCHES "\"reserved_over_live\": *1\\.0[0-3][0-9]*[,} ]")
-    message(FATAL_ERROR "${name}: peak reserved above 1.03x peak live:\n${out}")
+  string(REGEX MATCH "\"device_calls\": *([0-9]+)" _ "${out}")
+  set(calls ${CMAKE_MATCH_1})
+  string(REGEX MATCH "\"peak_reserved_bytes\": *([0-9]+)" _ "${out}")
+  math(EXPR granules "${CMAKE_MATCH_1} / 2097152")
+  math(EXPR quarter "${granules} / 4")
+  if(calls STREQUAL "" OR calls GREATER quarter)
+    message(FATAL_ERROR "${name}: ${calls} mappings in the cold pass for ${granules} granules:\n${out}")
+  endif()
+  string(REGEX MATCH "\"reserved_over_live\": *([0-9]+)\\.([0-9][0-9][0-9])" _ "${out}")
+  set(ratio "${CMAKE_MATCH_1}${CMAKE_MATCH_2}")
+  if(ratio STREQUAL "" OR ratio GREATER ${bound_${name}})
+    message(FATAL_ERROR "${name}: peak reserved over live above ${bound_${name}}/1000:\n${out}")
   endif()
 endforeach()
-message(STATUS "vmm steady state: no driver call in the warm passes")
+message(STATUS "vmm steady state: no driver call in the warm passes, few mappings cold")

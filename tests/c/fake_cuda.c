@@ -6,8 +6,8 @@
  * capacity (nothing is ever dereferenced), contexts that must be current for memory calls
  * (so a missing push or pop shows up as an error), events that report "not ready" once, and
  * the virtual-memory calls with the driver's rules (map only reserved, unmapped granules
- * with a handle of that size; set access only on mapped ranges; free a reservation only
- * when nothing in it is mapped). It is a model for tests, not an emulator.
+ * with a handle of that size, from its start; unmap only whole mappings; set access only on
+ * mapped ranges; free a reservation only when nothing in it is mapped). It is a model for tests, not an emulator.
  *
  * For fault injection it exports fake_cuda_fail_call(n): the n-th call from now of the
  * physical-memory path (cuMemAlloc, cuMemAllocManaged, cuMemCreate, cuMemMap,
@@ -404,6 +404,11 @@ FAKE_EXPORT CUresult cuMemUnmap(CUdeviceptr p, size_t size) {
     rc = SUCCESS;
     for (size_t g = g0; g < g0 + n; g++)
       if (!res->mapped[g]) rc = ERROR_INVALID_VALUE;
+    for (int i = 0; i < MAX_RANGES; i++) /* whole mappings only, as the driver says */
+      if (ranges[i].kind == 3 && ranges[i].addr && ranges[i].addr < p + size &&
+          ranges[i].addr + ranges[i].size > p &&
+          (ranges[i].addr < p || ranges[i].addr + ranges[i].size > p + size))
+        rc = ERROR_INVALID_VALUE;
     if (rc == SUCCESS) {
       memset(res->mapped + g0, 0, n);
       for (int i = 0; i < MAX_RANGES; i++) /* handles mapped inside leave their place */

@@ -114,6 +114,8 @@ static void sweep(vram_source_kind kind, size_t limit) {
 
 static void t_cuda(void **state) { (void)state; sweep(VRAM_SOURCE_CUDA, 0); }
 static void t_vmm(void **state) { (void)state; sweep(VRAM_SOURCE_VMM, 0); }
+/* Under a limit a vmm pool maps granule by granule: many more calls for a fault to hit. */
+static void t_vmm_capped(void **state) { (void)state; sweep(VRAM_SOURCE_VMM, 96 << 20); }
 static void t_managed(void **state) { (void)state; sweep(VRAM_SOURCE_MANAGED, 0); }
 /* Past half of 96 MiB the cuda pool maps granules: its faults are the vmm source's too. */
 static void t_cuda_virtual(void **state) { (void)state; sweep(VRAM_SOURCE_CUDA, 96 << 20); }
@@ -151,6 +153,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(t_cuda),
       cmocka_unit_test(t_vmm),
+      cmocka_unit_test(t_vmm_capped),
       cmocka_unit_test(t_managed),
       cmocka_unit_test(t_cuda_virtual),
       cmocka_unit_test(t_cuda_virtual_or_fixed),

@@ -30,42 +30,29 @@ static size_t fixed_segments(vram_pool_t *pool) {
   return n;
 }
 
-static void *take(vram_pool_t *pool, size_t size) {
-  void *p = NULL;
-  VT_OK(vram_malloc(pool, size, NULL, &p));
-  assert_non_null(p);
-  VT_VALID(pool);
-  return p;
-}
-
-static void give(vram_pool_t *pool, void *p) {
-  VT_OK(vram_free(pool, p));
-  VT_VALID(pool);
-}
-
 /* Below half of a 256 MiB device every block is in a fixed segment; the request that would
  * pass 128 MiB reserved goes to a virtual range. */
 static void t_fixed_then_virtual(void **state) {
   (void)state;
   vram_pool_t *pool = pool_with(256 * VT_MiB, 0.5);
-  void *a = take(pool, 60 * VT_MiB), *b = take(pool, 60 * VT_MiB);
+  void *a = vt_take(pool, 60 * VT_MiB), *b = vt_take(pool, 60 * VT_MiB);
   assert_int_equal(vt_in_virtual(pool, a), 0);
   assert_int_equal(vt_in_virtual(pool, b), 0);
-  void *c = take(pool, 20 * VT_MiB); /* 120 + 20 > 128 */
+  void *c = vt_take(pool, 20 * VT_MiB); /* 120 + 20 > 128 */
   assert_int_equal(vt_in_virtual(pool, c), 1);
   /* The arena now grows virtual: even a request that would fit under the threshold. */
-  give(pool, a);
-  void *d = take(pool, 70 * VT_MiB);
+  vt_give(pool, a);
+  void *d = vt_take(pool, 70 * VT_MiB);
   assert_int_equal(vt_in_virtual(pool, d), 1);
   /* Small requests keep their fixed 2 MiB segments. */
-  void *s = take(pool, 4096);
+  void *s = vt_take(pool, 4096);
   assert_int_equal(vt_in_virtual(pool, s), 0);
   vram_stats_t st = vt_stats(pool);
   assert_true(st.reserved_bytes.current <= (int64_t)(256 * VT_MiB));
-  give(pool, b);
-  give(pool, c);
-  give(pool, d);
-  give(pool, s);
+  vt_give(pool, b);
+  vt_give(pool, c);
+  vt_give(pool, d);
+  vt_give(pool, s);
   VT_OK(vram_empty_cache(pool));
   assert_int_equal(vt_stats(pool).reserved_bytes.current, 0);
   VT_OK(vram_pool_destroy(pool));
@@ -77,10 +64,10 @@ static void t_threshold_one_never_virtual(void **state) {
   vram_pool_t *pool = pool_with(256 * VT_MiB, 1.0);
   void *p[4];
   for (int i = 0; i < 4; i++) {
-    p[i] = take(pool, 60 * VT_MiB);
+    p[i] = vt_take(pool, 60 * VT_MiB);
     assert_int_equal(vt_in_virtual(pool, p[i]), 0);
   }
-  for (int i = 0; i < 4; i++) give(pool, p[i]);
+  for (int i = 0; i < 4; i++) vt_give(pool, p[i]);
   VT_OK(vram_pool_destroy(pool));
 }
 
@@ -92,15 +79,15 @@ static void t_threshold_one_never_virtual(void **state) {
 static void t_retired_holes(void **state) {
   (void)state;
   vram_pool_t *pool = pool_with(64 * VT_MiB, 0.95);
-  void *whole = take(pool, 60 * VT_MiB);
-  give(pool, whole); /* its segment stays cached */
+  void *whole = vt_take(pool, 60 * VT_MiB);
+  vt_give(pool, whole); /* its segment stays cached */
   void *blocks[6];
   for (int i = 0; i < 6; i++) {
-    blocks[i] = take(pool, 10 * VT_MiB);
+    blocks[i] = vt_take(pool, 10 * VT_MiB);
     assert_int_equal(vt_in_virtual(pool, blocks[i]), 0);
   }
   for (int i = 1; i < 6; i += 2) {
-    give(pool, blocks[i]);
+    vt_give(pool, blocks[i]);
     blocks[i] = NULL;
   }
   /* 60 + 20 passes 0.95 of 64 MiB: the arena turns virtual, and the 4 MiB left cannot map
@@ -114,17 +101,17 @@ static void t_retired_holes(void **state) {
   assert_true(vram_oom_report(pool, report, sizeof report) > 0);
   assert_non_null(strstr(report, "VRAMKIT_VIRTUAL_THRESHOLD"));
   /* 10 MiB cannot map either; a retired hole serves it. */
-  void *hole = take(pool, 10 * VT_MiB);
+  void *hole = vt_take(pool, 10 * VT_MiB);
   assert_int_equal(vt_in_virtual(pool, hole), 0);
-  give(pool, hole);
+  vt_give(pool, hole);
   /* Free the neighbours: the retired segment drains, goes back, and its memory maps the
    * 40 MiB that fixed holes could never have held. */
-  for (int i = 0; i < 6; i += 2) give(pool, blocks[i]);
-  void *big = take(pool, 40 * VT_MiB);
+  for (int i = 0; i < 6; i += 2) vt_give(pool, blocks[i]);
+  void *big = vt_take(pool, 40 * VT_MiB);
   assert_int_equal(vt_in_virtual(pool, big), 1);
   assert_int_equal(fixed_segments(pool), 0);
   assert_true(vt_stats(pool).reserved_bytes.current <= (int64_t)(64 * VT_MiB));
-  give(pool, big);
+  vt_give(pool, big);
   VT_OK(vram_pool_destroy(pool));
 }
 
@@ -133,22 +120,22 @@ static void t_retired_holes(void **state) {
 static void t_retired_holes_left_alone(void **state) {
   (void)state;
   vram_pool_t *pool = pool_with(256 * VT_MiB, 0.25);
-  void *whole = take(pool, 60 * VT_MiB);
-  give(pool, whole);
-  void *a = take(pool, 10 * VT_MiB), *b = take(pool, 10 * VT_MiB), *c = take(pool, 10 * VT_MiB);
-  give(pool, b); /* a 10 MiB hole between a and c, and 30 MiB free at the segment's end */
+  void *whole = vt_take(pool, 60 * VT_MiB);
+  vt_give(pool, whole);
+  void *a = vt_take(pool, 10 * VT_MiB), *b = vt_take(pool, 10 * VT_MiB), *c = vt_take(pool, 10 * VT_MiB);
+  vt_give(pool, b); /* a 10 MiB hole between a and c, and 30 MiB free at the segment's end */
   /* Growth is what turns an arena virtual: 40 MiB fits no free block, and 60 + 40 > 64. */
-  void *v = take(pool, 40 * VT_MiB);
+  void *v = vt_take(pool, 40 * VT_MiB);
   assert_int_equal(vt_in_virtual(pool, v), 1);
-  void *w = take(pool, 10 * VT_MiB); /* fits the retired hole, but goes to the range */
+  void *w = vt_take(pool, 10 * VT_MiB); /* fits the retired hole, but goes to the range */
   assert_int_equal(vt_in_virtual(pool, w), 1);
-  give(pool, a);
-  give(pool, c);
+  vt_give(pool, a);
+  vt_give(pool, c);
   /* Fully free now, the retired segment is cached memory that a release gives back. */
   VT_OK(vram_empty_cache(pool));
   assert_int_equal(fixed_segments(pool), 0);
-  give(pool, v);
-  give(pool, w);
+  vt_give(pool, v);
+  vt_give(pool, w);
   VT_OK(vram_pool_destroy(pool));
 }
 
@@ -161,20 +148,20 @@ static void t_limit_is_the_cap(void **state) {
   o.sim_capacity = 1 * VT_GiB;
   o.limit_bytes = 100 * VT_MiB;
   vram_pool_t *pool = vt_pool_from(&o);
-  void *a = take(pool, 40 * VT_MiB);
+  void *a = vt_take(pool, 40 * VT_MiB);
   assert_int_equal(vt_in_virtual(pool, a), 0);
-  void *b = take(pool, 20 * VT_MiB); /* 40 + 20 > 50 */
+  void *b = vt_take(pool, 20 * VT_MiB); /* 40 + 20 > 50 */
   assert_int_equal(vt_in_virtual(pool, b), 1);
   void *p = NULL;
   VT_EXPECT(vram_malloc(pool, 50 * VT_MiB, NULL, &p), VRAM_ENOMEM);
   VT_VALID(pool);
   assert_true(vt_stats(pool).reserved_bytes.current <= (int64_t)(100 * VT_MiB));
-  give(pool, a);
-  void *c = take(pool, 70 * VT_MiB); /* a's fixed segment goes back to make room */
+  vt_give(pool, a);
+  void *c = vt_take(pool, 70 * VT_MiB); /* a's fixed segment goes back to make room */
   assert_int_equal(vt_in_virtual(pool, c), 1);
   assert_true(vt_stats(pool).reserved_bytes.current <= (int64_t)(100 * VT_MiB));
-  give(pool, b);
-  give(pool, c);
+  vt_give(pool, b);
+  vt_give(pool, c);
   VT_OK(vram_pool_destroy(pool));
 }
 

@@ -157,12 +157,25 @@ static inline int vt_in_virtual(vram_pool_t *pool, void *ptr) {
   return -1;
 }
 
-
 static inline vram_stats_t vt_stats(vram_pool_t *pool) {
   vram_stats_t s;
   memset(&s, 0, sizeof s);
   VT_OK(vram_get_stats(pool, &s));
   return s;
+}
+
+/* A block that must be had, and its free, each followed by the invariant checker. */
+static inline void *vt_take(vram_pool_t *pool, size_t size) {
+  void *p = NULL;
+  VT_OK(vram_malloc(pool, size, NULL, &p));
+  assert_non_null(p);
+  VT_VALID(pool);
+  return p;
+}
+
+static inline void vt_give(vram_pool_t *pool, void *p) {
+  VT_OK(vram_free(pool, p));
+  VT_VALID(pool);
 }
 
 typedef struct vt_blk {

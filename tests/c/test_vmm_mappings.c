@@ -1,0 +1,143 @@
+/* test_vmm_mappings.c - how a virtual-memory pool cuts what it maps into mappings (one
+ * physical handle each), on sim:vmm, whose driver model refuses to unmap part of a
+ * mapping as the CUDA driver does.
+ *
+ * Far from the cap (no limit, reserved memory within the virtual threshold's share of the
+ * device) a run is mapped in pieces of up to 128 MiB that are kept; under a limit, past the
+ * threshold, or with the threshold at 0, every granule is a mapping of its own, so that any
+ * hole can give its memory back. Only whole idle mappings are unmapped, and a map that
+ * fails part way gives back what it had mapped. Every step is followed by the invariant
+ * checker (VT_VALID), which also checks where each mapping begins. */
+#include "vt.h"
+
+#define GRANULE (2 * VT_MiB)
+
+static vram_pool_t *vmm_pool(size_t capacity, size_t limit, double threshold) {
+  vram_options_t o;
+  vram_options_init(&o);
+  o.source = VRAM_SOURCE_SIM_VMM;
+  o.sim_capacity = capacity;
+  o.limit_bytes = limit;
+  o.virtual_threshold = threshold;
+  return vt_pool_from(&o);
+}
+
+/* No limit: 100 MiB is one mapping, reused as it is, and given back whole. */
+static void t_far_from_the_cap_one_mapping(void **state) {
+  (void)state;
+  vram_pool_t *pool = vmm_pool(8 * VT_GiB, 0, 0.5);
+  vt_give(pool, vt_take(pool, 100 * VT_MiB));
+  vram_stats_t s = vt_stats(pool);
+  assert_int_equal(s.num_device_alloc, 1);
+  assert_int_equal(s.reserved_bytes.current, 100 * VT_MiB);
+  /* Freed blocks leave their mapping in place: the next pass maps nothing. */
+  vt_give(pool, vt_take(pool, 100 * VT_MiB));
+  assert_int_equal(vt_stats(pool).num_device_alloc, 1);
+  /* A hole behind a live block takes a request it holds, rather than the unmapped space
+   * past that block. */
+  void *a = vt_take(pool, 60 * VT_MiB), *b = vt_take(pool, 30 * VT_MiB), *guard = vt_take(pool, 4 * VT_MiB);
+  vt_give(pool, a);
+  vt_give(pool, b);
+  vt_give(pool, vt_take(pool, 89 * VT_MiB));
+  assert_int_equal(vt_stats(pool).num_device_alloc, 1);
+  vt_give(pool, guard);
+  VT_OK(vram_empty_cache(pool));
+  VT_VALID(pool);
+  s = vt_stats(pool);
+  assert_int_equal(s.reserved_bytes.current, 0);
+  assert_int_equal(s.num_device_free, 2); /* the one mapping, then the empty range */
+  VT_OK(vram_pool_destroy(pool));
+}
+
+/* Pieces end at multiples of 64 granules: 300 MiB from the start of a range is three. */
+static void t_pieces_of_128_mib(void **state) {
+  (void)state;
+  vram_pool_t *pool = vmm_pool(8 * VT_GiB, 0, 0.5);
+  void *p = vt_take(pool, 300 * VT_MiB);
+  assert_int_equal(vt_stats(pool).num_device_alloc, 3);
+  vt_give(pool, p);
+  VT_OK(vram_pool_destroy(pool));
+}
+
+/* A mapping partly in use stays; once its last block goes, it goes too. */
+static void t_partly_used_mapping_stays(void **state) {
+  (void)state;
+  vram_pool_t *pool = vmm_pool(8 * VT_GiB, 0, 0.5);
+  vt_give(pool, vt_take(pool, 100 * VT_MiB));
+  void *small = vt_take(pool, 10 * VT_MiB); /* carved from the mapped free space */
+  assert_int_equal(vt_stats(pool).num_device_alloc, 1);
+  VT_OK(vram_empty_cache(pool));
+  VT_VALID(pool);
+  assert_int_equal(vt_stats(pool).reserved_bytes.current, 100 * VT_MiB);
+  vt_give(pool, small);
+  VT_OK(vram_empty_cache(pool));
+  VT_VALID(pool);
+  assert_int_equal(vt_stats(pool).reserved_bytes.current, 0);
+  VT_OK(vram_pool_destroy(pool));
+}
+
+/* Under a limit every granule is its own mapping: the hole around a small block goes back. */
+static void t_under_a_limit_granules(void **state) {
+  (void)state;
+  vram_pool_t *pool = vmm_pool(8 * VT_GiB, 4 * VT_GiB, 0.5);
+  vt_give(pool, vt_take(pool, 100 * VT_MiB));
+  assert_int_equal(vt_stats(pool).num_device_alloc, 100 * VT_MiB / GRANULE);
+  void *small = vt_take(pool, 10 * VT_MiB);
+  VT_OK(vram_empty_cache(pool));
+  VT_VALID(pool);
+  assert_int_equal(vt_stats(pool).reserved_bytes.current, 10 * VT_MiB);
+  vt_give(pool, small);
+  VT_OK(vram_pool_destroy(pool));
+}
+
+/* With no limit, the device is the cap: past its threshold share, granules again. */
+static void t_past_the_threshold_granules(void **state) {
+  (void)state;
+  vram_pool_t *pool = vmm_pool(1 * VT_GiB, 0, 0.5);
+  void *a = vt_take(pool, 256 * VT_MiB); /* two pieces of 64 granules */
+  assert_int_equal(vt_stats(pool).num_device_alloc, 2);
+  void *b = vt_take(pool, 300 * VT_MiB); /* 556 MiB > 512 MiB: one mapping per granule */
+  assert_int_equal(vt_stats(pool).num_device_alloc, 2 + 300 * VT_MiB / GRANULE);
+  vt_give(pool, a);
+  vt_give(pool, b);
+  VT_OK(vram_pool_destroy(pool));
+
+  /* Threshold 0: granules from the start, the tight pool of earlier releases. */
+  pool = vmm_pool(8 * VT_GiB, 0, 0.0);
+  vt_give(pool, vt_take(pool, 100 * VT_MiB));
+  assert_int_equal(vt_stats(pool).num_device_alloc, 100 * VT_MiB / GRANULE);
+  VT_OK(vram_pool_destroy(pool));
+}
+
+/* The device holds 40 MiB under a 64 MiB limit: a 50 MiB request maps twenty granules,
+ * fails on the next, and gives the twenty back, so that the memory is free for others and
+ * a request that fits still succeeds. */
+static void t_failed_map_gives_back(void **state) {
+  (void)state;
+  vram_pool_t *pool = vmm_pool(40 * VT_MiB, 64 * VT_MiB, 0.5);
+  void *keep = vt_take(pool, 4 * VT_MiB);
+  void *p = NULL;
+  VT_EXPECT(vram_malloc(pool, 50 * VT_MiB, NULL, &p), VRAM_ENOMEM);
+  VT_VALID(pool);
+  vram_stats_t s = vt_stats(pool);
+  assert_int_equal(s.reserved_bytes.current, 4 * VT_MiB);
+  size_t requested = 0;
+  VT_OK(vram_block_info(pool, keep, &requested, NULL));
+  assert_int_equal(requested, 4 * VT_MiB);
+  void *fits = vt_take(pool, 30 * VT_MiB);
+  vt_give(pool, fits);
+  vt_give(pool, keep);
+  VT_OK(vram_pool_destroy(pool));
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(t_far_from_the_cap_one_mapping),
+      cmocka_unit_test(t_pieces_of_128_mib),
+      cmocka_unit_test(t_partly_used_mapping_stays),
+      cmocka_unit_test(t_under_a_limit_granules),
+      cmocka_unit_test(t_past_the_threshold_granules),
+      cmocka_unit_test(t_failed_map_gives_back),
+  };
+  return cmocka_run_group_tests_name("vmm_mappings", tests, NULL, NULL);
+}
