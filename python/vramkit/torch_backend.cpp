@@ -849,7 +849,10 @@ class Backend final : public cca::CUDAAllocator {
     if (used_[device].load(std::memory_order_relaxed) == pool) return;
     used_[device].store(pool, std::memory_order_release);
     std::lock_guard<std::mutex> h(history_mutex_);
-    start_or_stop_history(pool);
+    // A pool seen for the first time joins PyTorch's recording if one runs. Never stop
+    // one here: vramkit.record_memory_history() may have started it before the first
+    // allocation, the natural place in a script.
+    if (recording_) start_or_stop_history(pool);
   }
 
   // ---- what watchers see: the profiler, the CUDA sanitizer, trace trackers -------------

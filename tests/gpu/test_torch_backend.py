@@ -350,3 +350,24 @@ def test_sharing_from_a_virtual_memory_pool_is_refused_clearly(gpu_run):
             raise AssertionError("a vmm block was shared")
         assert float(shared.sum()) == float(sum(range(1000)))   # nothing lost
     """, env={"VK_ALLOC": "vramkit", "VRAMKIT_SOURCE": "vmm"})
+
+
+def test_vramkit_history_started_before_the_first_allocation(gpu_run, tmp_path):
+    # vramkit only: vramkit.record_memory_history() at the top of a script, before PyTorch
+    # has allocated anything, keeps recording when the backend first takes the pool.
+    gpu_run(PRELUDE, f"""
+        vramkit.record_memory_history(stacks=None)
+        x = torch.ones(3 * MiB, device="cuda")
+        y = torch.ones(5 * MiB, device="cuda")
+        del x
+        torch.cuda.synchronize()
+        actions = [e["action"] for e in vramkit.memory_history()]
+        assert actions.count("alloc") >= 2 and "free_requested" in actions, actions
+        ops = vramkit.save_trace({str(tmp_path / "t.trace.gz")!r})
+        assert ops >= 3, ops
+        # PyTorch's own switch, turned off, stops every pool's recording as before; what
+        # was recorded stays readable.
+        torch.cuda.memory._record_memory_history(enabled=None)
+        z = torch.ones(7 * MiB, device="cuda")
+        assert len(vramkit.memory_history()) == len(actions), vramkit.memory_history()[-2:]
+    """, env={"VK_ALLOC": "vramkit"})
