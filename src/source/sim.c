@@ -5,9 +5,10 @@
  * The sim is a real source, not a mock: it hands out device-like addresses that no host
  * page backs (never dereference them), enforces a capacity, rounds fixed segments up to
  * 2 MiB as the driver does, and checks the engine's use of it as the driver would (mapping a
- * mapped granule, unmapping an unmapped one, or unmapping part of a mapping is an error). Events complete after a configurable number of
- * queries, or at once when synchronized, so cross-stream ordering can be tested. Every
- * fragmentation figure of the project is measured on it. */
+ * mapped granule, unmapping an unmapped one, or unmapping part of a mapping is an error).
+ * Events complete after a configurable number of queries, or at once when synchronized, so
+ * cross-stream ordering can be tested. Every fragmentation figure of the project is
+ * measured on it. */
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>

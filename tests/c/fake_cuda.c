@@ -7,7 +7,8 @@
  * (so a missing push or pop shows up as an error), events that report "not ready" once, and
  * the virtual-memory calls with the driver's rules (map only reserved, unmapped granules
  * with a handle of that size, from its start; unmap only whole mappings; set access only on
- * mapped ranges; free a reservation only when nothing in it is mapped). It is a model for tests, not an emulator.
+ * mapped ranges; free a reservation only when nothing in it is mapped). It is a model for
+ * tests, not an emulator.
  *
  * For fault injection it exports fake_cuda_fail_call(n): the n-th call from now of the
  * physical-memory path (cuMemAlloc, cuMemAllocManaged, cuMemCreate, cuMemMap,
