@@ -651,6 +651,7 @@ static int reset_peak_locked(vram_pool_t *pool, void *arg) {
   VRAM_STAT_LIST(VRAM_X_RESET)
 #undef VRAM_X_RESET
   pool->active_bytes_peak = pool->active_peak = 0;
+  pool->guard_ceiling = 0; /* the guard holds to the new peak */
   _vram_active_peaks_note(pool);
   _vram_pool_publish_slow(pool);
   return VRAM_OK;

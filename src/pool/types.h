@@ -33,6 +33,10 @@
 /* Virtual memory: idle granules stay mapped while the pool holds at most its allocated peak
  * plus 1/2^this of it (granules.c, mapped_allowance). */
 #define VRAM_VMM_SLACK_SHIFT 6
+/* Fixed segments: how many sizes the peak guard remembers giving back (segment.c,
+ * guard_peak). 4 to 32 settle a ResNet-50 loop by its fifth step; more than 8 let stream_prefetch's
+ * reserved memory rise (1.062 over live at 8, 1.069 at 16 and up). */
+#define VRAM_GUARD_GHOSTS 8
 /* Virtual memory far from the cap: granules per mapping at most, one physical handle each
  * (granules.c, keeps_mappings): 128 MiB at 2 MiB granules, where a handle's cost is still
  * close to one granule's (bench/vmm_cost.c). */
@@ -220,6 +224,13 @@ struct vram_pool {
   vram_segment *idle_head, *idle_tail;
   size_t idle_bytes;
   uint64_t release_epoch;
+  /* The peak guard (segment.c): sizes of the segments it gave back lately, a ring (0 =
+   * empty), and the ceiling it lets reserved memory reach since one came back (0 = the
+   * peak). */
+  size_t guard_ghosts[VRAM_GUARD_GHOSTS];
+  unsigned guard_ghost_next;
+  bool guard_releasing;
+  size_t guard_ceiling;
   vram_pending *pending_head, *pending_tail;
   void **spare_events;    /* created events ready to record again */
   size_t n_spare_events, cap_spare_events;
