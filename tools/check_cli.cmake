@@ -31,10 +31,11 @@ function(write_trace name)
   set(${name}_path "${WORK}/${name}" PARENT_SCOPE)
 endfunction()
 
-# run(STATUS n ARGS ... [STDERR regex...] [STDOUT regex...] [NOT_STDERR regex...])
-# Every STDERR / STDOUT regex must match that stream; no NOT_STDERR regex may match stderr.
+# run(STATUS n ARGS ... [STDERR regex...] [STDOUT regex...] [NOT_STDERR regex...]
+#     [NOT_STDOUT regex...])
+# Every STDERR / STDOUT regex must match that stream; no NOT_ regex may match its stream.
 function(run)
-  cmake_parse_arguments(RUN "" "STATUS" "ARGS;STDERR;STDOUT;NOT_STDERR" ${ARGN})
+  cmake_parse_arguments(RUN "" "STATUS" "ARGS;STDERR;STDOUT;NOT_STDERR;NOT_STDOUT" ${ARGN})
   execute_process(COMMAND "${TOOL}" ${RUN_ARGS}
                   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   string(REPLACE ";" " " shown "${RUN_ARGS}")
@@ -55,6 +56,11 @@ function(run)
   foreach(pattern IN LISTS RUN_NOT_STDERR)
     if(err MATCHES "${pattern}")
       message(FATAL_ERROR "stderr should not match '${pattern}':\n${context}")
+    endif()
+  endforeach()
+  foreach(pattern IN LISTS RUN_NOT_STDOUT)
+    if(out MATCHES "${pattern}")
+      message(FATAL_ERROR "stdout should not match '${pattern}':\n${context}")
     endif()
   endforeach()
 endfunction()
@@ -93,7 +99,7 @@ elseif(CASE STREQUAL "option_without_value")
   run(STATUS 0 ARGS replay --capacity=1G --json --repeat 1 ${one.trace_path}
       STDOUT "\"capacity_bytes\": 1073741824")
   # Every other option that takes a value behaves the same way.
-  foreach(command "replay;--source" "replay;--repeat" "bench;random;--source"
+  foreach(command "replay;--source" "replay;--repeat" "replay;--calls-after" "bench;random;--source"
                   "bench;pair;--sizes" "bench;pair;--pairs" "bench;scale;--small"
                   "bench;scale;--large" "bench;scale;--ops")
     list(GET command -1 option)
@@ -111,6 +117,21 @@ elseif(CASE STREQUAL "skipped_frees")
   write_trace(whole.trace "${HEADER}" "a 1 4096 0 1" "f 1 0 3")
   run(STATUS 0 ARGS replay --json --repeat 1 ${whole.trace_path}
       STDOUT "\"skipped_frees\": 0[,}]" NOT_STDERR "skipped")
+
+elseif(CASE STREQUAL "calls_after")
+  # The second allocation reuses the first one's cached segment: one source call, made
+  # before op 2, none after it; past the end of the trace there is nothing to count.
+  write_trace(loop.trace "${HEADER}" "a 1 4096 0 0" "f 1 0 1" "a 2 4096 0 2" "f 2 0 3")
+  run(STATUS 0 ARGS replay --json --repeat 1 --calls-after 0 ${loop.trace_path}
+      STDOUT "\"calls_after_op\": 0, \"device_calls_after\": 1[,}]")
+  run(STATUS 0 ARGS replay --json --repeat 1 --calls-after 2 ${loop.trace_path}
+      STDOUT "\"calls_after_op\": 2, \"device_calls_after\": 0[,}]")
+  run(STATUS 0 ARGS replay --json --repeat 1 --calls-after 99 ${loop.trace_path}
+      STDOUT "\"device_calls_after\": 0[,}]")
+  run(STATUS 0 ARGS replay --repeat 1 --calls-after 2 ${loop.trace_path} STDOUT "calls after")
+  run(STATUS 0 ARGS replay --json --repeat 1 ${loop.trace_path} NOT_STDOUT "device_calls_after")
+  run(STATUS 3 ARGS replay --calls-after x ${loop.trace_path} STDERR "--calls-after: expected a whole number")
+  run(STATUS 3 ARGS replay --calls-after=-1 ${loop.trace_path} STDERR "--calls-after: expected a whole number")
 
 elseif(CASE STREQUAL "sim_capacity")
   # The sim device has the library's default size, 80 GiB, as the documentation states.

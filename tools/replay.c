@@ -14,6 +14,7 @@
 #include "reference.h"
 #include "trace_io.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -50,6 +51,9 @@ static const char replay_usage[] =
     "                  training loop, where ns_per_op includes growing a cold pool.\n"
     "  --repeat N      replays per trace, each on a fresh pool; the best time is reported\n"
     "                  (default 3).\n"
+    "  --calls-after N also count the source calls of the cold pass that come after its\n"
+    "                  first N ops (device_calls_after): 0 when a recorded training loop\n"
+    "                  has settled by the step that starts at op N.\n"
     "  --json          one JSON object per trace per line instead of a table; it also gives\n"
     "                  device_calls (and device_calls_warm): the source's allocations and\n"
     "                  releases, i.e. driver calls on a GPU source, of the timed pass.\n"
@@ -68,11 +72,13 @@ typedef struct replay_settings {
   size_t capacity;
   int json, summary, min_capacity, baseline, warm;
   long repeat;
+  long calls_after; /* --calls-after: ops of the cold pass before the count; -1 = not asked */
 } replay_settings_t;
 
 typedef struct replay_run {
   double ns_per_op;
   uint64_t device_calls; /* source allocations and releases (driver calls) in the timed pass */
+  uint64_t device_calls_after; /* those of the cold pass after its first calls_after ops */
   uint64_t peak_reserved;
   uint64_t ooms;
   vram_source_kind source;
@@ -92,6 +98,7 @@ typedef struct replay_result {
   double warm_ns;                 /* 0 when not asked */
   uint64_t device_calls;          /* driver allocations + releases of the cold pass */
   uint64_t device_calls_warm;     /* the same for the warm pass, when asked */
+  uint64_t device_calls_after;    /* the cold pass's after --calls-after ops, when asked */
 } replay_result_t;
 
 /* Per-trace scratch: the pointer of each slot and the stream of each trace stream. */
@@ -156,18 +163,19 @@ static int drain_and_check(vram_pool_t *pool, const trace_t *trace, void **block
   return failed ? CLI_EXIT_FAILURE : CLI_EXIT_OK;
 }
 
-/* One pass over the ops: the timed loop. OOMs are counted and the op skipped (its free is
- * then ignored, since the slot stays NULL); with stop_at_oom the pass ends at the first.
- * Any other error ends the pass with *failed_at set. Returns the ops executed. */
+/* Ops [from, to) of a pass: the timed loop. OOMs are counted and the op skipped (its free
+ * is then ignored, since the slot stays NULL); with stop_at_oom the pass ends at the
+ * first. Any other error ends the pass with *failed_at set. Returns the index it reached:
+ * `to` unless it ended early. */
 static size_t run_ops(vram_pool_t *pool, const trace_t *trace, replay_buffers_t *buffers,
-                      int stop_at_oom, int report_oom, uint64_t *ooms, size_t *failed_at,
-                      int *failed_status, double *elapsed_ns) {
+                      size_t from, size_t to, int stop_at_oom, int report_oom, uint64_t *ooms,
+                      size_t *failed_at, int *failed_status, double *elapsed_ns) {
   const trace_op_t *ops = trace->ops;
-  const size_t op_count = trace->op_count;
+  const size_t op_count = to;
   void **blocks = buffers->blocks;
   vram_stream_t *streams = buffers->streams;
   uint64_t oom_count = 0;
-  size_t done = 0;
+  size_t done = from;
   int status = VRAM_OK;
   *failed_at = SIZE_MAX;
   double start = cli_now_ns();
@@ -208,11 +216,12 @@ static size_t run_ops(vram_pool_t *pool, const trace_t *trace, replay_buffers_t 
 /* One replay of the whole trace on a fresh pool. OOMs are counted, not failures; with
  * stop_at_oom the replay ends at the first (the bisection only needs to know whether one
  * happens). report_oom prints the first OOM's report; summary_out, when set, receives
- * vram_summary() before the final frees. With warm, an untimed first pass fills the cache
+ * vram_summary() before the final frees. calls_after (SIZE_MAX: none) is where the cold
+ * pass's run->device_calls_after starts counting. With warm, an untimed first pass fills the cache
  * and a second pass on the same pool is the one timed. Returns a CLI_EXIT_* status. */
 static int replay_once(const trace_t *trace, const vram_options_t *options, int stop_at_oom,
-                       int report_oom, int warm, FILE *summary_out, replay_buffers_t *buffers,
-                       replay_run_t *run) {
+                       int report_oom, int warm, size_t calls_after, FILE *summary_out,
+                       replay_buffers_t *buffers, replay_run_t *run) {
   memset(run, 0, sizeof *run);
   vram_pool_t *pool = NULL;
   int status = vram_pool_create(&pool, options);
@@ -239,14 +248,27 @@ static int replay_once(const trace_t *trace, const vram_options_t *options, int 
   uint64_t ooms = 0;
   size_t failed_at = SIZE_MAX;
   double elapsed = 0;
-  size_t done = run_ops(pool, trace, buffers, stop_at_oom, report_oom, &ooms, &failed_at,
-                        &status, &elapsed);
+  /* With calls_after the cold pass runs in two parts, so that the timed loop is the same
+   * loop either way; the count between them is read outside the timing. */
+  size_t mark = calls_after < trace->op_count ? calls_after : trace->op_count;
+  size_t done = run_ops(pool, trace, buffers, 0, mark, stop_at_oom, report_oom, &ooms,
+                        &failed_at, &status, &elapsed);
+  uint64_t calls_at_mark = cli_device_calls(pool);
+  if (done == mark && failed_at == SIZE_MAX && !(stop_at_oom && ooms)) {
+    uint64_t more_ooms = 0;
+    double more_elapsed = 0;
+    done = run_ops(pool, trace, buffers, mark, trace->op_count, stop_at_oom,
+                   report_oom && !ooms, &more_ooms, &failed_at, &status, &more_elapsed);
+    ooms += more_ooms;
+    elapsed += more_elapsed;
+  }
+  run->device_calls_after = cli_device_calls(pool) - calls_at_mark;
   uint64_t calls_before = 0;
   if (warm && failed_at == SIZE_MAX && free_live(pool, trace, buffers->blocks) == 0) {
     uint64_t warm_ooms = 0;
     calls_before = cli_device_calls(pool);
-    done = run_ops(pool, trace, buffers, stop_at_oom, 0, &warm_ooms, &failed_at, &status,
-                   &elapsed);
+    done = run_ops(pool, trace, buffers, 0, trace->op_count, stop_at_oom, 0, &warm_ooms,
+                   &failed_at, &status, &elapsed);
   }
   run->ns_per_op = done ? elapsed / (double)done : 0.0;
   run->ooms = ooms;
@@ -287,7 +309,7 @@ static int fits_under(const trace_t *trace, const vram_options_t *family, uint64
   options.limit_bytes = (size_t)capacity;
   options.limit_fraction = 0;
   replay_run_t run;
-  int result = replay_once(trace, &options, 1, 0, 0, NULL, buffers, &run);
+  int result = replay_once(trace, &options, 1, 0, 0, SIZE_MAX, NULL, buffers, &run);
   *fits = run.ooms == 0;
   return result;
 }
@@ -352,6 +374,7 @@ static void print_table_header(const replay_settings_t *settings) {
   if (settings->min_capacity) printf(" %12s %9s", "min cap", "cap/live");
   if (settings->warm) printf(" %10s", "warm ns/op");
   if (settings->baseline) printf(" %11s %10s", "baseline ns", "x baseline");
+  if (settings->calls_after >= 0) printf(" %11s", "calls after");
   printf("\n");
 }
 
@@ -379,6 +402,7 @@ static void print_result_row(const replay_settings_t *settings, const replay_res
   if (settings->baseline)
     printf(" %11.1f %10.2f", r->baseline_ns,
            r->baseline_ns > 0 ? r->ns_per_op / r->baseline_ns : 0.0);
+  if (settings->calls_after >= 0) printf(" %11llu", (unsigned long long)r->device_calls_after);
   printf("\n");
   fflush(stdout);
 }
@@ -406,6 +430,9 @@ static void print_result_json(const replay_settings_t *settings, const replay_re
     cli_json_string(stdout, vram_source_name(r->min_capacity_source));
   }
   printf(", \"device_calls\": %llu", (unsigned long long)r->device_calls);
+  if (settings->calls_after >= 0)
+    printf(", \"calls_after_op\": %ld, \"device_calls_after\": %llu", settings->calls_after,
+           (unsigned long long)r->device_calls_after);
   if (settings->warm)
     printf(", \"ns_per_op_warm\": %.1f, \"device_calls_warm\": %llu", r->warm_ns,
            (unsigned long long)r->device_calls_warm);
@@ -465,11 +492,12 @@ static int replay_trace(const replay_settings_t *settings, const trace_t *trace,
     options.sim_capacity = settings->capacity;
   }
   FILE *summary_out = settings->json ? stderr : stdout;
+  size_t calls_after = settings->calls_after < 0 ? SIZE_MAX : (size_t)settings->calls_after;
   int status = CLI_EXIT_OK;
   for (long r = 0; r < settings->repeat && status == CLI_EXIT_OK; r++) {
     replay_run_t run;
     int last = r == settings->repeat - 1;
-    status = replay_once(trace, &options, 0, r == 0, 0,
+    status = replay_once(trace, &options, 0, r == 0, 0, calls_after,
                          settings->summary && last ? summary_out : NULL, &buffers, &run);
     if (r == 0) {
       /* The first run is the cold one; later ones only improve the time. */
@@ -478,6 +506,7 @@ static int replay_trace(const replay_settings_t *settings, const trace_t *trace,
       result->ooms = run.ooms;
       result->ns_per_op = run.ns_per_op;
       result->device_calls = run.device_calls;
+      result->device_calls_after = run.device_calls_after;
     } else if (run.ns_per_op < result->ns_per_op) {
       result->ns_per_op = run.ns_per_op;
     }
@@ -485,7 +514,7 @@ static int replay_trace(const replay_settings_t *settings, const trace_t *trace,
 
   for (long r = 0; settings->warm && r < settings->repeat && status == CLI_EXIT_OK; r++) {
     replay_run_t run;
-    status = replay_once(trace, &options, 0, 0, 1, NULL, &buffers, &run);
+    status = replay_once(trace, &options, 0, 0, 1, SIZE_MAX, NULL, &buffers, &run);
     if (r == 0 || run.ns_per_op < result->warm_ns) result->warm_ns = run.ns_per_op;
     if (r == 0) result->device_calls_warm = run.device_calls;
   }
@@ -563,6 +592,11 @@ static int parse_valued(int argc, char **argv, int *i, replay_settings_t *settin
     settings->have_capacity = 1;
     return 1;
   }
+  if ((matched = cli_option_value(argc, argv, i, "--calls-after", &value)) != 0) {
+    if (matched < 0 || cli_parse_long("--calls-after", value, 0, LONG_MAX, &settings->calls_after) != 0)
+      return -1;
+    return 1;
+  }
   if ((matched = cli_option_value(argc, argv, i, "--repeat", &value)) != 0) {
     if (matched < 0 || cli_parse_long("--repeat", value, 1, 1000, &settings->repeat) != 0)
       return -1;
@@ -576,6 +610,7 @@ static replay_parse_t parse_replay_args(int argc, char **argv, replay_settings_t
                                         const char **paths, size_t *path_count) {
   memset(settings, 0, sizeof *settings);
   settings->repeat = 3;
+  settings->calls_after = -1;
   int have_source = 0, options_done = 0;
   vram_source_kind source = VRAM_SOURCE_AUTO;
   *path_count = 0;
