@@ -99,8 +99,8 @@ elseif(CASE STREQUAL "option_without_value")
   run(STATUS 0 ARGS replay --capacity=1G --json --repeat 1 ${one.trace_path}
       STDOUT "\"capacity_bytes\": 1073741824")
   # Every other option that takes a value behaves the same way.
-  foreach(command "replay;--source" "replay;--repeat" "replay;--calls-after" "bench;random;--source"
-                  "bench;pair;--sizes" "bench;pair;--pairs" "bench;scale;--small"
+  foreach(command "replay;--source" "replay;--repeat" "replay;--calls-after"
+                  "bench;random;--source" "bench;pair;--sizes" "bench;pair;--pairs" "bench;scale;--small"
                   "bench;scale;--large" "bench;scale;--ops")
     list(GET command -1 option)
     run(STATUS 3 ARGS ${command} STDERR "${option} needs a value")
@@ -130,8 +130,10 @@ elseif(CASE STREQUAL "calls_after")
       STDOUT "\"device_calls_after\": 0[,}]")
   run(STATUS 0 ARGS replay --repeat 1 --calls-after 2 ${loop.trace_path} STDOUT "calls after")
   run(STATUS 0 ARGS replay --json --repeat 1 ${loop.trace_path} NOT_STDOUT "device_calls_after")
-  run(STATUS 3 ARGS replay --calls-after x ${loop.trace_path} STDERR "--calls-after: expected a whole number")
-  run(STATUS 3 ARGS replay --calls-after=-1 ${loop.trace_path} STDERR "--calls-after: expected a whole number")
+  run(STATUS 3 ARGS replay --calls-after x ${loop.trace_path}
+      STDERR "--calls-after: expected a whole number")
+  run(STATUS 3 ARGS replay --calls-after=-1 ${loop.trace_path}
+      STDERR "--calls-after: expected a whole number")
 
 elseif(CASE STREQUAL "sim_capacity")
   # The sim device has the library's default size, 80 GiB, as the documentation states.

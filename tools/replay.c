@@ -171,7 +171,6 @@ static size_t run_ops(vram_pool_t *pool, const trace_t *trace, replay_buffers_t 
                       size_t from, size_t to, int stop_at_oom, int report_oom, uint64_t *ooms,
                       size_t *failed_at, int *failed_status, double *elapsed_ns) {
   const trace_op_t *ops = trace->ops;
-  const size_t op_count = to;
   void **blocks = buffers->blocks;
   vram_stream_t *streams = buffers->streams;
   uint64_t oom_count = 0;
@@ -179,7 +178,7 @@ static size_t run_ops(vram_pool_t *pool, const trace_t *trace, replay_buffers_t 
   int status = VRAM_OK;
   *failed_at = SIZE_MAX;
   double start = cli_now_ns();
-  for (; done < op_count; done++) {
+  for (; done < to; done++) {
     const trace_op_t *op = &ops[done];
     if (op->is_alloc) {
       status = vram_malloc(pool, (size_t)op->size, streams[op->stream], &blocks[op->slot]);
@@ -216,9 +215,10 @@ static size_t run_ops(vram_pool_t *pool, const trace_t *trace, replay_buffers_t 
 /* One replay of the whole trace on a fresh pool. OOMs are counted, not failures; with
  * stop_at_oom the replay ends at the first (the bisection only needs to know whether one
  * happens). report_oom prints the first OOM's report; summary_out, when set, receives
- * vram_summary() before the final frees. calls_after (SIZE_MAX: none) is where the cold
- * pass's run->device_calls_after starts counting. With warm, an untimed first pass fills the cache
- * and a second pass on the same pool is the one timed. Returns a CLI_EXIT_* status. */
+ * vram_summary() before the final frees. calls_after (SIZE_MAX: none) is the op from which
+ * the cold pass's run->device_calls_after counts. With warm, an untimed first pass fills
+ * the cache and a second pass on the same pool is the one timed. Returns a CLI_EXIT_*
+ * status. */
 static int replay_once(const trace_t *trace, const vram_options_t *options, int stop_at_oom,
                        int report_oom, int warm, size_t calls_after, FILE *summary_out,
                        replay_buffers_t *buffers, replay_run_t *run) {
@@ -254,7 +254,8 @@ static int replay_once(const trace_t *trace, const vram_options_t *options, int 
   size_t done = run_ops(pool, trace, buffers, 0, mark, stop_at_oom, report_oom, &ooms,
                         &failed_at, &status, &elapsed);
   uint64_t calls_at_mark = cli_device_calls(pool);
-  if (done == mark && failed_at == SIZE_MAX && !(stop_at_oom && ooms)) {
+  if (mark < trace->op_count && done == mark && failed_at == SIZE_MAX &&
+      !(stop_at_oom && ooms)) {
     uint64_t more_ooms = 0;
     double more_elapsed = 0;
     done = run_ops(pool, trace, buffers, mark, trace->op_count, stop_at_oom,
@@ -593,7 +594,8 @@ static int parse_valued(int argc, char **argv, int *i, replay_settings_t *settin
     return 1;
   }
   if ((matched = cli_option_value(argc, argv, i, "--calls-after", &value)) != 0) {
-    if (matched < 0 || cli_parse_long("--calls-after", value, 0, LONG_MAX, &settings->calls_after) != 0)
+    if (matched < 0 ||
+        cli_parse_long("--calls-after", value, 0, LONG_MAX, &settings->calls_after) != 0)
       return -1;
     return 1;
   }
