@@ -85,22 +85,22 @@ def child(allocator: str, model: str, trace_dir: str | None) -> None:
 
     torch.manual_seed(0)
     step, steps, warm = MODELS[model]()
-    times, calls_after = [], []
+    times, calls_by_step = [], []  # calls_by_step[i]: driver calls up to the end of step i
     for i in range(steps):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         step(i)
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
-        calls_after.append(_stats(allocator)[0])
+        calls_by_step.append(_stats(allocator)[0])
     calls, allocated, reserved = _stats(allocator)
     if trace_dir and allocator.startswith("vramkit"):
         vramkit.save_trace(os.path.join(trace_dir, f"{model}.{allocator}.trace.gz"))
     print(json.dumps({"model": model, "allocator": allocator,
                       "step_ms": round(statistics.median(times[warm:]) * 1e3, 2),
                       "peak_reserved": reserved, "peak_allocated": allocated,
-                      "calls_after_warmup": calls - calls_after[warm - 1],
-                      "calls_last_half": calls - calls_after[steps - steps // 2 - 1],
+                      "calls_after_warmup": calls - calls_by_step[warm - 1],
+                      "calls_last_half": calls - calls_by_step[steps - steps // 2 - 1],
                       "steps": steps,
                       "warmup_steps": warm}), flush=True)
 
