@@ -49,13 +49,26 @@ static void t_far_from_the_cap_one_mapping(void **state) {
   VT_OK(vram_pool_destroy(pool));
 }
 
-/* Pieces end at multiples of 64 granules: 300 MiB from the start of a range is three. */
+/* Pieces of up to 64 granules from where a run begins: 300 MiB is three. A run that
+ * crosses a multiple of 64 granules is still one mapping when it is short enough. */
 static void t_pieces_of_128_mib(void **state) {
   (void)state;
   vram_pool_t *pool = vmm_pool(8 * VT_GiB, 0, 0.5);
   void *p = vt_take(pool, 300 * VT_MiB);
   assert_int_equal(vt_stats(pool).num_device_alloc, 3);
   vt_give(pool, p);
+  VT_OK(vram_pool_destroy(pool));
+
+  pool = vmm_pool(8 * VT_GiB, 0, 0.5);
+  void *below = vt_take(pool, 120 * VT_MiB); /* granules 0 to 59 */
+  void *across = vt_take(pool, 20 * VT_MiB); /* 60 to 69, across granule 64 */
+  VT_VALID(pool);
+  assert_int_equal(vt_stats(pool).num_device_alloc, 2);
+  vt_give(pool, below);
+  vt_give(pool, across);
+  VT_OK(vram_empty_cache(pool));
+  VT_VALID(pool);
+  assert_int_equal(vt_stats(pool).reserved_bytes.current, 0);
   VT_OK(vram_pool_destroy(pool));
 }
 
