@@ -77,6 +77,12 @@ typedef enum vram_source_kind {
   VRAM_SOURCE_MANAGED   /* cuMemAllocManaged with advice and prefetch */
 } vram_source_kind;
 
+/* Where a fixed-segment source (cuda, sim) puts large requests (vram_options_t.large_blocks). */
+typedef enum vram_large_blocks {
+  VRAM_LARGE_FIXED = 0, /* segments of their own size, virtual only past virtual_threshold */
+  VRAM_LARGE_VIRTUAL    /* virtual ranges from the first one, as on the vmm source */
+} vram_large_blocks;
+
 /* Parse "sim", "sim:cuda", "sim:vmm", "cuda", "vmm", "managed", "auto". */
 VRAM_API int vram_source_parse(const char *text, vram_source_kind *out);
 VRAM_API const char *vram_source_name(vram_source_kind kind);
@@ -110,6 +116,14 @@ typedef struct vram_options {
    * mapped in pieces of up to 128 MiB and kept; past it, or under any limit, every 2 MiB
    * granule is its own mapping and moves to where live blocks are (0: always). */
   double virtual_threshold;
+  /* Large requests of a fixed-segment source whose source can also map virtual memory
+   * (cuda, sim). VRAM_LARGE_FIXED (default): fixed segments, and virtual growth past
+   * virtual_threshold. VRAM_LARGE_VIRTUAL: virtual ranges from the first large request,
+   * mapped as on the vmm source (pieces of up to 128 MiB kept while no limit is set and
+   * reserved memory is within virtual_threshold of the device, 2 MiB granules that move
+   * to where live blocks are past it or under a limit); small requests keep their fixed
+   * 2 MiB segments, shareable by CUDA IPC, and blocks on virtual ranges are not. */
+  vram_large_blocks large_blocks;
   size_t sim_capacity;          /* capacity of the sim device (default 80 GiB) */
   int sim_event_delay;          /* sim: queries before a recorded event completes (default 0) */
   /* Fault injection (tests): the source call numbered fail_at (1-based) fails, and every
@@ -124,9 +138,9 @@ VRAM_API void vram_options_init(vram_options_t *opts);
 
 /* Overlay the VRAMKIT_* environment variables on opts: VRAMKIT_SOURCE, VRAMKIT_LIMIT,
  * VRAMKIT_PREALLOCATE, VRAMKIT_RELEASE_THRESHOLD, VRAMKIT_TIGHT_THRESHOLD,
- * VRAMKIT_VIRTUAL_THRESHOLD, VRAMKIT_SIM_CAPACITY (sizes take K/M/G/T suffixes; LIMIT and
- * PREALLOCATE also take a percentage such as "50%"; the two thresholds are fractions such
- * as 0.9 or percentages such as 90%). A bad value
+ * VRAMKIT_VIRTUAL_THRESHOLD, VRAMKIT_LARGE_BLOCKS (fixed or virtual), VRAMKIT_SIM_CAPACITY
+ * (sizes take K/M/G/T suffixes; LIMIT and PREALLOCATE also take a percentage such as "50%";
+ * the two thresholds are fractions such as 0.9 or percentages such as 90%). A bad value
  * returns VRAM_EENV, names the variable in *why (if non-NULL, a static string), and
  * leaves opts unchanged. */
 VRAM_API int vram_options_from_env(vram_options_t *opts, const char **why);

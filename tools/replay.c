@@ -525,7 +525,10 @@ static int replay_trace(const replay_settings_t *settings, const trace_t *trace,
     vram_options_t family = settings->options;
     family.source = vmm_family ? VRAM_SOURCE_SIM_VMM : VRAM_SOURCE_SIM;
     /* Managed memory has no virtual ranges to grow into: its model is fixed segments. */
-    if (result->source == VRAM_SOURCE_MANAGED) family.virtual_threshold = 1.0;
+    if (result->source == VRAM_SOURCE_MANAGED) {
+      family.virtual_threshold = 1.0;
+      family.large_blocks = VRAM_LARGE_FIXED;
+    }
     result->min_capacity_source = family.source;
     status = find_min_capacity(trace, &family, &buffers, &result->min_capacity,
                                &result->have_min_capacity);

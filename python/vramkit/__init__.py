@@ -3,7 +3,7 @@
 The pools are the C library's process-wide default pools, one per device, created on first
 use from the ``VRAMKIT_*`` environment variables (``VRAMKIT_SOURCE``, ``VRAMKIT_LIMIT``,
 ``VRAMKIT_PREALLOCATE``, ``VRAMKIT_RELEASE_THRESHOLD``, ``VRAMKIT_TIGHT_THRESHOLD``,
-``VRAMKIT_VIRTUAL_THRESHOLD``, ``VRAMKIT_SIM_CAPACITY``) or from
+``VRAMKIT_VIRTUAL_THRESHOLD``, ``VRAMKIT_LARGE_BLOCKS``, ``VRAMKIT_SIM_CAPACITY``) or from
 :func:`configure` called before that first use.
 
 ``import vramkit`` needs no GPU and imports no framework: the integrations live in
@@ -415,6 +415,7 @@ def configure(
     release_threshold=None,
     tight_threshold=None,
     virtual_threshold=None,
+    large_blocks: str | None = None,
     sim_capacity=None,
 ) -> None:
     """Create the device's pool now with these options (each None: from VRAMKIT_*).
@@ -430,7 +431,12 @@ def configure(
     vmm source (0 = from the start; default 0.5; 1 = never: fixed segments only, every
     tensor shareable between processes by CUDA IPC); on the vmm source with no limit, the
     share of device memory up to which it maps in pieces of up to 128 MiB and keeps them
-    (0: 2 MiB granules one by one from the start, as under any limit). Must come before the
+    (0: 2 MiB granules one by one from the start, as under any limit). large_blocks:
+    "fixed" (default) or "virtual": with "virtual" the cuda (and sim) source's large
+    requests go to virtual memory from the first one and map as on the vmm source, in
+    pieces that are kept far from the cap (virtual_threshold, as on vmm) and granule by
+    granule near it or under a limit; small ones keep their fixed segments, and only those
+    can be shared between processes by CUDA IPC. Must come before the
     device's pool is first used; afterwards it raises RuntimeError (use set_memory_limit or
     set_per_process_memory_fraction to change the limit of a live pool).
     """
@@ -456,6 +462,12 @@ def configure(
                                    virtual_threshold)):
         if value is not None:
             env[variable] = (name, _share_text(name, value))
+    if large_blocks is not None:
+        if not isinstance(large_blocks, str):
+            raise TypeError(f"large_blocks must be a str, not {type(large_blocks).__name__}")
+        if large_blocks not in ("fixed", "virtual"):
+            raise _invalid(f"large_blocks must be 'fixed' or 'virtual', got {large_blocks!r}")
+        env["VRAMKIT_LARGE_BLOCKS"] = ("large_blocks", large_blocks)
     with _config_lock:
         if _pool_in_use(d):
             raise RuntimeError(

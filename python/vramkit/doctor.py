@@ -582,7 +582,7 @@ def _segment_for(requested: int, expandable: bool, pytorch: bool) -> int:
 # doctor compares the sources at their defaults, and says which change it tries.
 _POOL_VARIABLES = ("VRAMKIT_SOURCE", "VRAMKIT_LIMIT", "VRAMKIT_PREALLOCATE",
                    "VRAMKIT_RELEASE_THRESHOLD", "VRAMKIT_TIGHT_THRESHOLD",
-                   "VRAMKIT_VIRTUAL_THRESHOLD", "VRAMKIT_SIM_CAPACITY")
+                   "VRAMKIT_VIRTUAL_THRESHOLD", "VRAMKIT_LARGE_BLOCKS", "VRAMKIT_SIM_CAPACITY")
 
 
 class MissingCommand(Exception):

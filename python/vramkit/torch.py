@@ -105,7 +105,7 @@ def install(device=None, backend: str | None = None, **options) -> str:
     CUDAPluggableAllocator fallback), or None (default; $VRAMKIT_TORCH_BACKEND, else the
     backend where it builds, else the fallback, with a warning that says why).
     options are vramkit.configure()'s (source, limit, preallocate, release_threshold,
-    tight_threshold, virtual_threshold); they configure the pool of `device` (default:
+    tight_threshold, virtual_threshold, large_blocks); they configure the pool of `device` (default:
     every visible device) before first use. Returns the path taken. Raises vramkit._torch_build.BuildError (a
     RuntimeError), leaving PyTorch's own allocator in place, if no path can be built.
     """

@@ -651,15 +651,17 @@ class Backend final : public cca::CUDAAllocator {
     cudaError_t err = cudaIpcGetMemHandle(&handle, base);
     if (err != cudaSuccess) {
       (void)cudaGetLastError();
-      // Past VRAMKIT_VIRTUAL_THRESHOLD of its cap a cuda pool grows into virtual ranges
+      // Past VRAMKIT_VIRTUAL_THRESHOLD of its cap (or from the start, with
+      // VRAMKIT_LARGE_BLOCKS=virtual) a cuda pool's large blocks are in virtual ranges
       // (cuMemMap'd granules), which have no CUDA IPC handle.
       TORCH_CHECK(false,
                   "vramkit: this CUDA tensor cannot be shared between processes: it lies in "
                   "virtual memory, which a 'cuda' pool grows into past "
-                  "VRAMKIT_VIRTUAL_THRESHOLD of its cap (",
+                  "VRAMKIT_VIRTUAL_THRESHOLD of its cap, or from the start with "
+                  "VRAMKIT_LARGE_BLOCKS=virtual (",
                   cudaGetErrorString(err),
-                  "). Set VRAMKIT_VIRTUAL_THRESHOLD=1 in the producing process to keep every "
-                  "block in cuMemAlloc segments.");
+                  "). Set VRAMKIT_VIRTUAL_THRESHOLD=1 and VRAMKIT_LARGE_BLOCKS=fixed in the "
+                  "producing process to keep every block in cuMemAlloc segments.");
     }
     // The unversioned form (the handle's bytes alone): PyTorch's own allocator reads it too,
     // so a consumer process need not run vramkit.

@@ -119,6 +119,12 @@ static int parse_tight_threshold(vram_options_t *o, const char *v) {
 static int parse_virtual_threshold(vram_options_t *o, const char *v) {
   return parse_share(v, &o->virtual_threshold);
 }
+static int parse_large_blocks(vram_options_t *o, const char *v) {
+  if (strcasecmp(v, "fixed") == 0) o->large_blocks = VRAM_LARGE_FIXED;
+  else if (strcasecmp(v, "virtual") == 0) o->large_blocks = VRAM_LARGE_VIRTUAL;
+  else return VRAM_EINVAL;
+  return VRAM_OK;
+}
 static int parse_sim_capacity(vram_options_t *o, const char *v) {
   int rc = vram_parse_size(v, 0, &o->sim_capacity, NULL);
   return rc ? rc : o->sim_capacity ? VRAM_OK : VRAM_EINVAL;
@@ -141,6 +147,8 @@ static const struct {
      "VRAMKIT_TIGHT_THRESHOLD: expected a share of the memory cap from 0 to 1, such as 0.9 or 90%"},
     {"VRAMKIT_VIRTUAL_THRESHOLD", parse_virtual_threshold,
      "VRAMKIT_VIRTUAL_THRESHOLD: expected a share of the memory cap from 0 to 1, such as 0.5 or 50%"},
+    {"VRAMKIT_LARGE_BLOCKS", parse_large_blocks,
+     "VRAMKIT_LARGE_BLOCKS: expected fixed or virtual"},
     {"VRAMKIT_SIM_CAPACITY", parse_sim_capacity,
      "VRAMKIT_SIM_CAPACITY: expected a positive size such as 16G"},
 };
@@ -158,8 +166,8 @@ int vram_options_set(vram_options_t *opts, const char *name, const char *value, 
     return VRAM_OK;
   }
   if (why) *why = "unknown setting: expected VRAMKIT_SOURCE, VRAMKIT_LIMIT, VRAMKIT_PREALLOCATE, "
-                  "VRAMKIT_RELEASE_THRESHOLD, VRAMKIT_TIGHT_THRESHOLD, VRAMKIT_VIRTUAL_THRESHOLD or "
-                  "VRAMKIT_SIM_CAPACITY";
+                  "VRAMKIT_RELEASE_THRESHOLD, VRAMKIT_TIGHT_THRESHOLD, VRAMKIT_VIRTUAL_THRESHOLD, "
+                  "VRAMKIT_LARGE_BLOCKS or VRAMKIT_SIM_CAPACITY";
   return VRAM_EINVAL;
 }
 

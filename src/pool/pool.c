@@ -769,7 +769,7 @@ static int pool_setup(vram_pool_t *pool) {
   pool->has_virtual = pool->src->is_vmm != 0;
   /* Virtual growth needs both families from the source and one rounding unit for both. */
   pool->virtual_growth = !pool->src->is_vmm && pool->src->xReserve && pool->src->xMap &&
-                         o->virtual_threshold < 1.0;
+                         (o->virtual_threshold < 1.0 || o->large_blocks == VRAM_LARGE_VIRTUAL);
   pool->vmm_reserve_size =
       _vram_round_up(pool->device_total + pool->device_total / 4, pool->granularity);
   size_t pre = 0;
@@ -787,6 +787,7 @@ int vram_pool_create(vram_pool_t **out, const vram_options_t *opts) {
   if (o.device < 0) return VRAM_EDEVICE;
   if (!(o.tight_threshold >= 0 && o.tight_threshold <= 1)) return VRAM_EINVAL; /* NaN too */
   if (!(o.virtual_threshold >= 0 && o.virtual_threshold <= 1)) return VRAM_EINVAL;
+  if (o.large_blocks != VRAM_LARGE_FIXED && o.large_blocks != VRAM_LARGE_VIRTUAL) return VRAM_EINVAL;
   vram_source_kind kind;
   int rc = _vram_resolve_source(o.source, &kind);
   if (rc) return rc;

@@ -184,11 +184,13 @@ static size_t vmm_reserve_size(const vram_pool_t *pool, size_t rounded) {
 }
 
 /* Virtual growth (vram_options_t.virtual_threshold): a large request that would take
- * reserved memory past the threshold's share of the cap makes its arena grow virtual. */
+ * reserved memory past the threshold's share of the cap makes its arena grow virtual.
+ * With large_blocks virtual, every large request does, from the first. */
 static bool grow_virtual(const vram_pool_t *pool, const vram_arena *a, size_t rounded, bool small) {
   if (pool->src->is_vmm) return true;
   if (small || !pool->virtual_growth) return false;
   if (a->grows_virtual) return true; /* its range is full: another one */
+  if (pool->opts.large_blocks == VRAM_LARGE_VIRTUAL) return true;
   size_t cap = pool->limit ? pool->limit : pool->device_total;
   size_t own = _vram_fixed_segment_size(pool, rounded, false);
   return (double)((size_t)pool->stats.reserved_bytes.current + own) >

@@ -93,8 +93,10 @@ void _vram_pool_snapshot(const vram_pool_t *pool, bool ask_device, vram_pool_sna
   out->source_name = pool->src->zName;
   out->is_vmm = pool->src->is_vmm != 0;
   out->grows_virtual = pool->has_virtual && !pool->src->is_vmm;
-  out->virtual_threshold =
-      pool->virtual_growth || out->grows_virtual ? pool->opts.virtual_threshold : 1.0;
+  /* With large blocks virtual from the start, no threshold turns the pool virtual. */
+  bool threshold_applies = (pool->virtual_growth || out->grows_virtual) &&
+                           pool->opts.large_blocks == VRAM_LARGE_FIXED;
+  out->virtual_threshold = threshold_applies ? pool->opts.virtual_threshold : 1.0;
   out->tight_threshold = pool->opts.tight_threshold;
   _vram_pool_fill_stats(pool, &out->stats);
   out->cached_free = _vram_pool_cached_free(pool);

@@ -4,9 +4,10 @@
  * Below the threshold a pool is the fixed-segment pool it always was. Past it, an arena's
  * large requests go to a virtual range; its fixed large segments are retired: their holes
  * serve nothing while the range can map, they drain, and once empty they give their memory
- * to the granules. A retired hole is still the last step before an out-of-memory. Every
- * step is followed by the invariant checker (VT_VALID), and each refusal must leave every
- * live block as it was. */
+ * to the granules. A retired hole is still the last step before an out-of-memory. With
+ * large_blocks virtual, large requests go to virtual ranges from the first one and map as
+ * the vmm source does. Every step is followed by the invariant checker (VT_VALID), and each
+ * refusal must leave every live block as it was. */
 #include "vt.h"
 
 /* A sim pool of `capacity` bytes with this threshold; the cap is the device. */
@@ -197,6 +198,106 @@ static void t_bad_thresholds(void **state) {
   assert_true(o.virtual_threshold == 1.0);
 }
 
+static vram_pool_t *large_virtual_pool(size_t capacity, size_t limit) {
+  vram_options_t o;
+  vram_options_init(&o);
+  o.source = VRAM_SOURCE_SIM;
+  o.sim_capacity = capacity;
+  o.limit_bytes = limit;
+  o.large_blocks = VRAM_LARGE_VIRTUAL;
+  return vt_pool_from(&o);
+}
+
+/* Far from the cap: large blocks on a virtual range from the first, mapped in one piece
+ * each and kept; small blocks on fixed 2 MiB segments. */
+static void t_large_blocks_virtual_from_the_start(void **state) {
+  (void)state;
+  vram_pool_t *pool = large_virtual_pool(8 * VT_GiB, 0);
+  void *a = vt_take(pool, 60 * VT_MiB), *s = vt_take(pool, 4096);
+  assert_int_equal(vt_in_virtual(pool, a), 1);
+  assert_int_equal(vt_in_virtual(pool, s), 0);
+  assert_int_equal(fixed_segments(pool), 1);
+  assert_int_equal(vt_stats(pool).num_device_alloc, 2); /* one mapping, one segment */
+  /* Freed, its granules stay mapped: the same request again, and a smaller one carved
+   * from them, call nothing. */
+  vt_give(pool, a);
+  a = vt_take(pool, 60 * VT_MiB);
+  vt_give(pool, a);
+  void *b = vt_take(pool, 30 * VT_MiB);
+  assert_int_equal(vt_stats(pool).num_device_alloc, 2);
+  assert_int_equal(vt_stats(pool).reserved_bytes.current, 62 * VT_MiB);
+  vt_give(pool, b);
+  vt_give(pool, s);
+  VT_OK(vram_empty_cache(pool));
+  VT_VALID(pool);
+  assert_int_equal(vt_stats(pool).reserved_bytes.current, 0);
+  VT_OK(vram_pool_destroy(pool));
+}
+
+/* Under a limit each granule is a mapping of its own, and the granules of a freed block
+ * move to where the next request needs them: three 20 MiB blocks of which two are freed
+ * leave room for a 40 MiB one under a 64 MiB limit only if their granules move. */
+static void t_large_blocks_virtual_under_a_limit(void **state) {
+  (void)state;
+  vram_pool_t *pool = large_virtual_pool(1 * VT_GiB, 64 * VT_MiB);
+  void *a = vt_take(pool, 20 * VT_MiB), *b = vt_take(pool, 20 * VT_MiB);
+  void *c = vt_take(pool, 20 * VT_MiB);
+  assert_int_equal(vt_stats(pool).num_device_alloc, 30); /* 2 MiB granules */
+  vt_give(pool, a);
+  vt_give(pool, c);
+  void *d = vt_take(pool, 40 * VT_MiB);
+  assert_int_equal(vt_in_virtual(pool, d), 1);
+  assert_true(vt_stats(pool).reserved_bytes.current <= (int64_t)(64 * VT_MiB));
+  void *p = NULL;
+  VT_EXPECT(vram_malloc(pool, 20 * VT_MiB, NULL, &p), VRAM_ENOMEM); /* 60 + 20 > 64 */
+  VT_VALID(pool);
+  vt_give(pool, b);
+  vt_give(pool, d);
+  VT_OK(vram_pool_destroy(pool));
+}
+
+/* A loop whose blocks do not land where they did in the last pass still makes no call once
+ * its granules are mapped: the sizes of one pass, in an order that shifts each pass. */
+static void t_large_blocks_virtual_loop_settles(void **state) {
+  (void)state;
+  vram_pool_t *pool = large_virtual_pool(8 * VT_GiB, 0);
+  static const size_t mib[] = {38, 2, 9, 150, 4, 154, 12, 25, 98, 3};
+  enum { N = sizeof mib / sizeof mib[0] };
+  uint64_t calls_before_last_pass = 0;
+  for (int pass = 0; pass < 4; pass++) {
+    if (pass == 3) calls_before_last_pass = vt_stats(pool).num_device_alloc;
+    void *live[N];
+    for (int i = 0; i < N; i++) live[i] = vt_take(pool, mib[(i + pass) % N] * VT_MiB);
+    for (int i = 0; i < N; i += 2) vt_give(pool, live[i]);
+    for (int i = 1; i < N; i += 2) vt_give(pool, live[i]);
+    VT_VALID(pool);
+  }
+  assert_int_equal(vt_stats(pool).num_device_alloc, calls_before_last_pass);
+  VT_OK(vram_pool_destroy(pool));
+}
+
+/* A value other than the two is refused at creation; the environment's text names the
+ * variable and leaves the options as they were. */
+static void t_bad_large_blocks(void **state) {
+  (void)state;
+  vram_options_t o;
+  vram_options_init(&o);
+  o.source = VRAM_SOURCE_SIM;
+  o.large_blocks = (vram_large_blocks)7;
+  vram_pool_t *pool = (vram_pool_t *)0x1;
+  VT_EXPECT(vram_pool_create(&pool, &o), VRAM_EINVAL);
+  assert_null(pool);
+  vram_options_init(&o);
+  const char *why = NULL;
+  VT_EXPECT(vram_options_set(&o, "VRAMKIT_LARGE_BLOCKS", "vmm", &why), VRAM_EENV);
+  assert_non_null(strstr(why, "VRAMKIT_LARGE_BLOCKS"));
+  assert_int_equal(o.large_blocks, VRAM_LARGE_FIXED);
+  VT_OK(vram_options_set(&o, "VRAMKIT_LARGE_BLOCKS", "Virtual", NULL));
+  assert_int_equal(o.large_blocks, VRAM_LARGE_VIRTUAL);
+  VT_OK(vram_options_set(&o, "VRAMKIT_LARGE_BLOCKS", "fixed", NULL));
+  assert_int_equal(o.large_blocks, VRAM_LARGE_FIXED);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(t_fixed_then_virtual),
@@ -205,6 +306,10 @@ int main(void) {
       cmocka_unit_test(t_retired_holes_left_alone),
       cmocka_unit_test(t_limit_is_the_cap),
       cmocka_unit_test(t_bad_thresholds),
+      cmocka_unit_test(t_large_blocks_virtual_from_the_start),
+      cmocka_unit_test(t_large_blocks_virtual_under_a_limit),
+      cmocka_unit_test(t_large_blocks_virtual_loop_settles),
+      cmocka_unit_test(t_bad_large_blocks),
   };
   return cmocka_run_group_tests_name("virtual_growth", tests, NULL, NULL);
 }

@@ -15,7 +15,7 @@ import pytest
 SIM_ENV = {"VRAMKIT_SOURCE": "sim", "VRAMKIT_SIM_CAPACITY": "4G"}
 # Options a developer's shell may hold that would change the pools under the tests.
 OTHER_OPTIONS = ("VRAMKIT_LIMIT", "VRAMKIT_PREALLOCATE", "VRAMKIT_RELEASE_THRESHOLD",
-                 "VRAMKIT_TIGHT_THRESHOLD", "VRAMKIT_VIRTUAL_THRESHOLD")
+                 "VRAMKIT_TIGHT_THRESHOLD", "VRAMKIT_VIRTUAL_THRESHOLD", "VRAMKIT_LARGE_BLOCKS")
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 

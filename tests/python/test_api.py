@@ -12,7 +12,7 @@ import pytest
 
 import vramkit
 from vramkit import _core
-from helpers import KiB, MiB
+from helpers import KiB, MiB, run_python
 
 # Device 0 is shared by the in-process tests; each test frees what it allocates.
 DEV = 0
@@ -240,6 +240,23 @@ def test_configure_rejects_bad_options():
     with pytest.raises(TypeError):
         vramkit.configure(7, tight_threshold=True)
     assert not _core.pool_touched(7)  # nothing was created by the failures
+
+
+def test_configure_large_blocks_virtual():
+    # A fresh interpreter: the default pools are process-wide. On sim, large blocks go to a
+    # virtual range (an expandable segment in the snapshot) from the first one; small blocks
+    # keep a fixed segment; the same large request again maps nothing new.
+    out = run_python("""
+        import vramkit
+        vramkit.configure(0, large_blocks="virtual")
+        big, small = vramkit.empty(40 << 20), vramkit.empty(4096)
+        kinds = {s["is_expandable"] for s in vramkit.snapshot()["segments"]}
+        calls = vramkit.memory_stats()["num_device_alloc"]
+        del big
+        big = vramkit.empty(40 << 20)
+        print(sorted(kinds), calls, vramkit.memory_stats()["num_device_alloc"])
+    """).stdout.split()
+    assert out == ["[False,", "True]", "2", "2"], out
 
 
 def test_set_memory_limit_takes_sizes_as_configure_does():

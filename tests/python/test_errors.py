@@ -162,6 +162,7 @@ BAD_OPTIONS = [
     ("release_threshold", "big", ValueError),
     ("tight_threshold", 1.5, ValueError), ("tight_threshold", "most", ValueError),
     ("tight_threshold", True, TypeError),
+    ("large_blocks", "vmm", ValueError), ("large_blocks", 1, TypeError),
     ("sim_capacity", "bad", ValueError), ("sim_capacity", 0, ValueError),
     ("sim_capacity", "0G", ValueError), ("sim_capacity", [1], TypeError),
 ]

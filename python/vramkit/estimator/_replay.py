@@ -20,7 +20,8 @@ from . import torch_caching
 _SIM_OF_SOURCE = {"cuda": "sim", "sim": "sim", "managed": "sim", "vmm": "sim:vmm",
                   "sim:vmm": "sim:vmm", "sim:cuda": "sim"}
 # VRAMKIT_* variables that change where blocks go, and so what fits: kept for the replay.
-_PLACEMENT_SETTINGS = ("VRAMKIT_TIGHT_THRESHOLD", "VRAMKIT_VIRTUAL_THRESHOLD")
+_PLACEMENT_SETTINGS = ("VRAMKIT_TIGHT_THRESHOLD", "VRAMKIT_VIRTUAL_THRESHOLD",
+                       "VRAMKIT_LARGE_BLOCKS")
 
 
 def write_trace(events, path: str, comment: str) -> int:
@@ -55,6 +56,7 @@ def vramkit_replay(trace: str, source: str, capacity: int | None,
            if not k.startswith("VRAMKIT_") or k in _PLACEMENT_SETTINGS}
     if source == "managed":  # no virtual ranges to grow into
         env["VRAMKIT_VIRTUAL_THRESHOLD"] = "1"
+        env["VRAMKIT_LARGE_BLOCKS"] = "fixed"
     proc = subprocess.run(args, capture_output=True, text=True, env=env)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode not in (0, 1) or not lines:
