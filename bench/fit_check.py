@@ -1,7 +1,8 @@
 """fit_check.py - issue 14's training-loop table on a GPU machine: step time, peak memory,
 driver calls in the steady state and the largest batch under a cap, for PyTorch's
 allocator (native and expandable_segments) and vramkit (its default source, the same on fixed
-segments alone with VRAMKIT_VIRTUAL_THRESHOLD=1, and vmm),
+segments alone with VRAMKIT_VIRTUAL_THRESHOLD=1, vmm, and large blocks in virtual memory
+with VRAMKIT_LARGE_BLOCKS=virtual),
 each in a fresh process, side by side in one run.
 
 The workload is GPT-2 124M (random weights) trained with AdamW under bf16 autocast at
@@ -38,6 +39,7 @@ ALLOCATORS = {
     "vramkit": {},
     "vramkit-fixed": {"VRAMKIT_VIRTUAL_THRESHOLD": "1"},
     "vramkit-vmm": {"VRAMKIT_SOURCE": "vmm"},
+    "vramkit-large-virtual": {"VRAMKIT_LARGE_BLOCKS": "virtual"},
 }
 
 

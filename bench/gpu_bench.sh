@@ -20,7 +20,8 @@
 # vramkit replay --json --min-capacity --baseline --warm on cuda, vmm, sim and sim:vmm;
 # vramkit bench scale; each trace on cuda under a limit of 1.03x its peak live, with and
 # without virtual growth (vramkit_capfit.jsonl); tight placement (VRAMKIT_TIGHT_THRESHOLD=0): bench random and replay
-# on cuda, replay on sim; the C tests with VRAMKIT_TEST_GPU=1 (ctest); torch_bench native and
+# on cuda, replay on sim; large blocks in virtual memory (VRAMKIT_LARGE_BLOCKS=virtual): bench
+# pair and random and replay on cuda; the C tests with VRAMKIT_TEST_GPU=1 (ctest); torch_bench native and
 # expandable_segments; torch_replay through cudaMallocAsync, then PyTorch native and
 # expandable_segments; rmm_replay, RAPIDS RMM's pool and arena resources on the same traces
 # (bench/rmm_replay.cpp, built by bench/rmm_build.sh from the librmm-cu13 and rapids-logger
@@ -217,6 +218,14 @@ if wants vramkit && have "$VRAMKIT"; then
     --min-capacity --warm --source cuda "${TRACES[@]}"
   step vramkit_replay_sim_tight.jsonl 90 env VRAMKIT_TIGHT_THRESHOLD=0 "$VRAMKIT" replay --json \
     --min-capacity --baseline --warm --source sim "${TRACES[@]}"
+  # Large blocks in virtual memory from the start (VRAMKIT_LARGE_BLOCKS=virtual): what the
+  # cold pass and the cached pair cost on the card beside fixed segments.
+  step vramkit_pair_cuda_large_virtual.jsonl 60 env VRAMKIT_LARGE_BLOCKS=virtual "$VRAMKIT" \
+    bench pair --source cuda --json
+  step vramkit_random_cuda_large_virtual.jsonl 60 env VRAMKIT_LARGE_BLOCKS=virtual "$VRAMKIT" \
+    bench random --source cuda --json
+  step vramkit_replay_cuda_large_virtual.jsonl 120 env VRAMKIT_LARGE_BLOCKS=virtual "$VRAMKIT" \
+    replay --json --min-capacity --warm --source cuda "${TRACES[@]}"
 fi
 
 # ---- the C conformance suite on the GPU sources ----------------------------------------------

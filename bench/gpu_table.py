@@ -133,16 +133,16 @@ def main():
 
     # -- alloc+free pair ------------------------------------------------------------------
     pair = {}
-    for source in ("cuda", "vmm", "managed"):
+    for source in ("cuda", "vmm", "managed", "cuda_large_virtual"):
         for row in read_jsonl(out, f"vramkit_pair_{source}.jsonl"):
-            pair[(f"vramkit {source}", row["size"])] = row["ns_per_pair"]
+            pair[(f"vramkit {source.replace('_', ' ')}", row["size"])] = row["ns_per_pair"]
     for mode, text in torch_text.items():
         for size, ns in re.findall(r"raw_alloc\+raw_delete size=(\d+) ns_per_pair=([\d.]+)", text):
             pair[(f"torch {mode}", int(size))] = float(ns)
     for api, size, ns in re.findall(r"^(cudaMalloc|cudaMallocAsync) size=(\d+) ns_per_pair=([\d.]+)", micro, re.M):
         pair[(api, int(size))] = float(ns)
-    columns = ["vramkit cuda", "vramkit vmm", "vramkit managed", "torch native", "torch expandable",
-               "cudaMallocAsync", "cudaMalloc"]
+    columns = ["vramkit cuda", "vramkit vmm", "vramkit managed", "vramkit cuda large virtual",
+               "torch native", "torch expandable", "cudaMallocAsync", "cudaMalloc"]
     sizes = sorted({size for (_, size) in pair}) or [512, 65536, 2 << 20, 64 << 20]
     rows = [[size_label(s)] + [fmt(pair.get((c, s))) for c in columns] for s in sizes]
     best_torch = {s: pair.get(("torch native", s)) for s in sizes}
@@ -155,7 +155,7 @@ def main():
 
     # -- random workload --------------------------------------------------------------------
     rows = []
-    for source in ("cuda", "vmm", "managed", "cuda_tight"):
+    for source in ("cuda", "vmm", "managed", "cuda_tight", "cuda_large_virtual"):
         for row in read_jsonl(out, f"vramkit_random_{source}.jsonl"):
             calls = (f"{row['device_calls']} / {row['device_calls_warm']}"
                      if "device_calls" in row else "-")
@@ -168,7 +168,8 @@ def main():
     for api, ns in re.findall(r"^random (cudaMalloc|cudaMallocAsync) ns_per_op=([\d.]+)", micro, re.M):
         rows.append([api + " (20k ops)", "-", ns, "-", "-"])
     sections.append(table("random workload (seed 42, <= 1000 live, 256 B..32 MiB); source calls: "
-                          "first pass / last pass; tight: VRAMKIT_TIGHT_THRESHOLD=0",
+                          "first pass / last pass; tight: VRAMKIT_TIGHT_THRESHOLD=0; large virtual: "
+                          "VRAMKIT_LARGE_BLOCKS=virtual",
                           ["allocator", "ops", "ns/op", "reserved/live", "source calls"],
                           rows or [["-"] * 5]))
 
@@ -177,6 +178,8 @@ def main():
     for source in ("cuda", "vmm", "sim", "sim_vmm"):
         for row in read_jsonl(out, f"vramkit_replay_{source}.jsonl"):
             results[(f"vramkit {source.replace('_', ':')}", row["trace"])] = row
+    for row in read_jsonl(out, "vramkit_replay_cuda_large_virtual.jsonl"):
+        results[("vramkit cuda large virtual", row["trace"])] = row
     for source in ("cuda", "sim"):
         for row in read_jsonl(out, f"vramkit_replay_{source}_tight.jsonl"):
             results[(f"vramkit {source} tight", row["trace"])] = row
@@ -189,8 +192,9 @@ def main():
     for row in read_jsonl(out, "rmm_replay.jsonl"):
         results[(row["allocator"].replace("-", " "), row["trace"])] = row
     names = sorted({trace for (_, trace) in results})
-    allocators = ["vramkit cuda", "vramkit vmm", "vramkit sim", "vramkit sim:vmm", "torch native",
-                  "torch expandable", "cudaMallocAsync", "rmm pool", "rmm arena"]
+    allocators = ["vramkit cuda", "vramkit vmm", "vramkit sim", "vramkit sim:vmm",
+                  "vramkit cuda large virtual", "torch native", "torch expandable",
+                  "cudaMallocAsync", "rmm pool", "rmm arena"]
     tight = ["vramkit cuda tight", "vramkit sim tight"]
 
     def cell(allocator, trace, key, digits):
@@ -201,7 +205,7 @@ def main():
     sections.append(table("traces: peak reserved / peak live (rmm arena: the high-water extent of its "
                           "arena, which it takes whole up front)", ["trace"] + allocators,
                           rows or [["-"] * (1 + len(allocators))]))
-    capped = allocators[:6] + ["rmm pool", "rmm arena"]
+    capped = allocators[:7] + ["rmm pool", "rmm arena"]
     rows = [[t] + [cell(a, t, "min_capacity_over_live", 3) for a in capped] for t in names]
     sections.append(table("traces: smallest cap without OOM / peak live (vramkit: bisection on the sim "
                           "model of its family; torch: setMemoryFraction; rmm pool: a limiting_resource_adaptor "
@@ -226,11 +230,12 @@ def main():
                                        for k in ("res/live", "cap/live", "ns cold", "ns warm")],
                           rows or [["-"] * 9]))
 
-    mine = allocators[:4] + tight
+    mine = allocators[:5] + tight
     rows = [[t] + [f"{cell(a, t, 'device_calls', 0)} / {cell(a, t, 'device_calls_warm', 0)}" for a in mine]
             for t in names]
     sections.append(table("traces: source calls (driver allocations + releases, or map + unmap "
-                          "calls), cold pass / warm pass", ["trace"] + mine, rows or [["-"] * 7]))
+                          "calls), cold pass / warm pass", ["trace"] + mine,
+                          rows or [["-"] * (1 + len(mine))]))
 
     scale = read_jsonl(out, "vramkit_scale.jsonl")
     if scale:
