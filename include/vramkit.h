@@ -110,8 +110,8 @@ typedef struct vram_options {
    * granules are mapped where live blocks are, as on the vmm source; its fixed large
    * segments stop taking new blocks, drain, and go back when the range needs their memory.
    * Far from the cap a pool runs on fixed segments alone; near it, it fits as tightly as vmm.
-   * In [0, 1]; 0 = from the first large request, 1 = never (fixed segments only, every block
-   * shareable by CUDA IPC). Default 0.5.
+   * In [0, 1]; 0 = from the first large request, 1 = never (with large_blocks fixed: fixed
+   * segments only, every block shareable by CUDA IPC). Default 0.5.
    * On the vmm sources with no limit, the share of the device's memory up to which runs are
    * mapped in pieces of up to 128 MiB and kept; past it, or under any limit, every 2 MiB
    * granule is its own mapping and moves to where live blocks are (0: always). */

@@ -787,7 +787,8 @@ int vram_pool_create(vram_pool_t **out, const vram_options_t *opts) {
   if (o.device < 0) return VRAM_EDEVICE;
   if (!(o.tight_threshold >= 0 && o.tight_threshold <= 1)) return VRAM_EINVAL; /* NaN too */
   if (!(o.virtual_threshold >= 0 && o.virtual_threshold <= 1)) return VRAM_EINVAL;
-  if (o.large_blocks != VRAM_LARGE_FIXED && o.large_blocks != VRAM_LARGE_VIRTUAL) return VRAM_EINVAL;
+  if (o.large_blocks != VRAM_LARGE_FIXED && o.large_blocks != VRAM_LARGE_VIRTUAL)
+    return VRAM_EINVAL;
   vram_source_kind kind;
   int rc = _vram_resolve_source(o.source, &kind);
   if (rc) return rc;
