@@ -10,6 +10,14 @@ The models (random weights, nothing downloaded):
   - bert_infer_varlen: transformers BERT-base in inference mode under bf16 autocast, batch
     32, sequence lengths cycling through six values; the loop repeats itself from the second
     cycle, so driver calls are counted over the cycles after the first.
+More models, by name with --models (added 2026-12-01 and not yet run on a card):
+  - vit_train: torchvision ViT-B/16, AdamW, bf16 autocast, batch 32, 12 steps.
+  - gpt2_train_varlen: transformers GPT-2 (6 layers) trained with AdamW under bf16 autocast,
+    batch 8, sequence lengths cycling through six values as dynamic padding gives them; the
+    loop repeats itself from the second cycle.
+  - llama_decode: a transformers Llama of 8 layers (hidden 1024, bf16) generating 128
+    tokens greedily after a 128-token prompt, batch 8, six generations; its key-value
+    cache grows by one token a step, so every token asks for larger blocks than the last.
 Driver calls are also counted over the last half of the steps alone, where a pool that
 settles late shows none. Step time is the median of the steps after the warm-up; peak
 reserved and allocated are the allocator's own maxima over the run.
@@ -71,7 +79,72 @@ def _bert_infer_varlen():
     return step, 3 * len(BERT_LENGTHS), len(BERT_LENGTHS)
 
 
-MODELS = {"resnet50_train": _resnet50_train, "bert_infer_varlen": _bert_infer_varlen}
+def _vit_train():
+    import torch
+    import torch.nn.functional as F
+    import torchvision
+
+    model = torchvision.models.vit_b_16(weights=None).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x = torch.randn(32, 3, 224, 224, device="cuda")
+    y = torch.randint(0, 1000, (32,), device="cuda")
+
+    def step(i):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step, 12, 2
+
+
+GPT2_LENGTHS = (256, 512, 384, 128, 1024, 640)
+
+
+def _gpt2_train_varlen():
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=6)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    gen = torch.Generator().manual_seed(0)
+    batches = [torch.randint(0, 50257, (8, n), generator=gen).cuda() for n in GPT2_LENGTHS]
+
+    def step(i):
+        ids = batches[i % len(batches)]
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step, 3 * len(GPT2_LENGTHS), len(GPT2_LENGTHS)
+
+
+def _llama_decode():
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816,
+                         num_hidden_layers=8, num_attention_heads=16,
+                         num_key_value_heads=16, max_position_embeddings=1024)
+    model = LlamaForCausalLM(config).cuda().to(torch.bfloat16).eval()
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, 32000, (8, 128), generator=gen).cuda()
+
+    def step(i):
+        with torch.inference_mode():
+            model.generate(prompt, attention_mask=torch.ones_like(prompt),
+                           max_new_tokens=128, min_new_tokens=128, do_sample=False,
+                           pad_token_id=0)
+
+    return step, 6, 2
+
+
+MODELS = {"resnet50_train": _resnet50_train, "bert_infer_varlen": _bert_infer_varlen,
+          "vit_train": _vit_train, "gpt2_train_varlen": _gpt2_train_varlen,
+          "llama_decode": _llama_decode}
 
 
 def child(allocator: str, model: str, trace_dir: str | None) -> None:
@@ -101,6 +174,8 @@ def child(allocator: str, model: str, trace_dir: str | None) -> None:
                       "peak_reserved": reserved, "peak_allocated": allocated,
                       "calls_after_warmup": calls - calls_by_step[warm - 1],
                       "calls_last_half": calls - calls_by_step[steps - steps // 2 - 1],
+                      "calls_per_step": [c - p for c, p in
+                                         zip(calls_by_step, [0] + calls_by_step[:-1])],
                       "steps": steps,
                       "warmup_steps": warm}), flush=True)
 
@@ -108,7 +183,8 @@ def child(allocator: str, model: str, trace_dir: str | None) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="native,expandable,vramkit,vramkit-vmm")
-    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--models", default="resnet50_train,bert_infer_varlen",
+                    help=f"a comma-separated list of: {', '.join(MODELS)}")
     ap.add_argument("--trace-dir", help="also save each vramkit run as a trace (vramkit "
                     "replay reads it) in this folder")
     ap.add_argument("--rounds", type=int, default=1, help="run every allocator this many "

@@ -352,6 +352,25 @@ def test_sharing_from_a_virtual_memory_pool_is_refused_clearly(gpu_run):
     """, env={"VK_ALLOC": "vramkit", "VRAMKIT_SOURCE": "vmm"})
 
 
+def test_sharing_with_large_blocks_virtual(gpu_run):
+    # vramkit only: with VRAMKIT_LARGE_BLOCKS=virtual a large tensor lies in virtual memory,
+    # which has no CUDA IPC handle: a clear refusal that names the setting, and the tensor
+    # intact. A small one is in a fixed segment and still shares.
+    gpu_run(PRELUDE, """
+        import torch.multiprocessing.reductions as reductions
+        small = torch.arange(1000, dtype=torch.float32, device="cuda")
+        reductions.reduce_tensor(small)
+        large = torch.arange(1 << 20, dtype=torch.float32, device="cuda")  # 4 MiB
+        try:
+            reductions.reduce_tensor(large)
+        except RuntimeError as exc:
+            assert "VRAMKIT_LARGE_BLOCKS" in str(exc), str(exc)[:300]
+        else:
+            raise AssertionError("a block in virtual memory was shared")
+        assert float(large[-1]) == float((1 << 20) - 1)   # nothing lost
+    """, env={"VK_ALLOC": "vramkit", "VRAMKIT_LARGE_BLOCKS": "virtual"})
+
+
 def test_vramkit_history_started_before_the_first_allocation(gpu_run, tmp_path):
     # vramkit only: vramkit.record_memory_history() at the top of a script, before PyTorch
     # has allocated anything, keeps recording when the backend first takes the pool.
