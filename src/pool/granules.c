@@ -249,6 +249,8 @@ static bool keeps_mappings(const vram_pool_t *pool, size_t bytes) {
   return (double)after <= pool->opts.virtual_threshold * (double)pool->device_total;
 }
 
+bool _vram_granules_kept(const vram_pool_t *pool, size_t bytes) { return keeps_mappings(pool, bytes); }
+
 /* What the pool may hold mapped before new mappings first take idle granules back: its
  * high-water mark of mapped bytes, or the peak of allocated bytes (this request included)
  * plus 1/2^VRAM_VMM_SLACK_SHIFT of it, whichever is larger. Without the slack a pool that

@@ -173,7 +173,15 @@ static void guard_peak(vram_pool_t *pool, size_t size) {
     }
   if (after <= ceiling) return;
   pool->guard_releasing = true;
-  _vram_release_cached(pool, after - ceiling, NULL);
+  /* Far from the cap a pool keeps what it maps (granules.c): the guard gives back fixed
+   * segments alone. Unmapping idle granules here, to make room for a small segment, made
+   * a loop's next large block map them again a step later. */
+  if (pool->has_virtual && _vram_granules_kept(pool, size)) {
+    _vram_cache_flush_all(pool);
+    if (pool->idle_bytes) _vram_release_fixed_idle(pool, after - ceiling, NULL);
+  } else {
+    _vram_release_cached(pool, after - ceiling, NULL);
+  }
   pool->guard_releasing = false;
 }
 

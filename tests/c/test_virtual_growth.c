@@ -280,6 +280,26 @@ static void t_large_blocks_virtual_loop_settles(void **state) {
   VT_OK(vram_pool_destroy(pool));
 }
 
+/* Far from the cap the peak guard gives back fixed segments alone: a small segment that
+ * raises the peak leaves a freed large block's granules mapped, so the block's next pass
+ * maps nothing (they used to be unmapped, and mapped again a loop step later). */
+static void t_large_blocks_virtual_guard_keeps_mappings(void **state) {
+  (void)state;
+  vram_pool_t *pool = large_virtual_pool(8 * VT_GiB, 0);
+  void *big = vt_take(pool, 64 * VT_MiB);
+  vt_give(pool, big); /* mapped and idle: reserved 64 MiB, the peak */
+  void *small = vt_take(pool, 4096); /* a 2 MiB segment past the peak */
+  VT_VALID(pool);
+  vram_stats_t s = vt_stats(pool);
+  assert_int_equal(s.num_device_free, 0);
+  assert_int_equal(s.reserved_bytes.current, 66 * VT_MiB);
+  big = vt_take(pool, 64 * VT_MiB);
+  assert_int_equal(vt_stats(pool).num_device_alloc, 2); /* the mapping and the segment */
+  vt_give(pool, big);
+  vt_give(pool, small);
+  VT_OK(vram_pool_destroy(pool));
+}
+
 /* A value other than the two is refused at creation; the environment's text names the
  * variable and leaves the options as they were. */
 static void t_bad_large_blocks(void **state) {
@@ -313,6 +333,7 @@ int main(void) {
       cmocka_unit_test(t_large_blocks_virtual_from_the_start),
       cmocka_unit_test(t_large_blocks_virtual_under_a_limit),
       cmocka_unit_test(t_large_blocks_virtual_loop_settles),
+      cmocka_unit_test(t_large_blocks_virtual_guard_keeps_mappings),
       cmocka_unit_test(t_bad_large_blocks),
   };
   return cmocka_run_group_tests_name("virtual_growth", tests, NULL, NULL);
