@@ -44,15 +44,14 @@ from fit_check import ALLOCATORS, _stats  # noqa: E402  (one list of allocators 
 BERT_LENGTHS = (128, 384, 256, 512, 64, 320)
 
 
-def _resnet50_train():
+def _image_classifier_train(model, opt, batch):
+    """One step of a torchvision classifier under bf16 autocast, on a fixed random batch of
+    224 x 224 images."""
     import torch
     import torch.nn.functional as F
-    import torchvision
 
-    model = torchvision.models.resnet50(weights=None).cuda()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    x = torch.randn(64, 3, 224, 224, device="cuda")
-    y = torch.randint(0, 1000, (64,), device="cuda")
+    x = torch.randn(batch, 3, 224, 224, device="cuda")
+    y = torch.randint(0, 1000, (batch,), device="cuda")
 
     def step(i):
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -61,7 +60,16 @@ def _resnet50_train():
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    return step, 16, 2
+    return step
+
+
+def _resnet50_train():
+    import torch
+    import torchvision
+
+    model = torchvision.models.resnet50(weights=None).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    return _image_classifier_train(model, opt, 64), 16, 2
 
 
 def _bert_infer_varlen():
@@ -81,22 +89,11 @@ def _bert_infer_varlen():
 
 def _vit_train():
     import torch
-    import torch.nn.functional as F
     import torchvision
 
     model = torchvision.models.vit_b_16(weights=None).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    x = torch.randn(32, 3, 224, 224, device="cuda")
-    y = torch.randint(0, 1000, (32,), device="cuda")
-
-    def step(i):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    return step, 12, 2
+    return _image_classifier_train(model, opt, 32), 12, 2
 
 
 GPT2_LENGTHS = (256, 512, 384, 128, 1024, 640)
