@@ -10,8 +10,8 @@
  *
  * (Blocks parked in their arena's one-block cache count as used until they are merged.)
  *
- * Two regimes (keeps_mappings). Far from the cap (no limit, and reserved memory within the
- * virtual threshold's share of the device) runs are mapped in mappings of up to 128 MiB
+ * Two regimes (_vram_granules_kept). Far from the cap (no limit, and reserved memory
+ * within the virtual threshold's share of the device) runs are mapped in mappings of up to 128 MiB
  * and kept: a handle costs about the same at 2 and at 128 MiB, and the pool then behaves
  * like PyTorch's expandable segments with best-fit placement. Near the cap, or under a
  * limit, each granule is its own mapping, and physical granules are interchangeable,
@@ -243,13 +243,11 @@ size_t _vram_granules_trim(vram_pool_t *pool, size_t want, int *first_error) {
  * as much at 128 MiB as at 2 MiB (bench/vmm_cost.c), and a loop's blocks then land on
  * mapped memory after its first pass. Under a limit, or past the threshold, it fits: one
  * granule per mapping, and idle granules give their memory to new mappings. */
-static bool keeps_mappings(const vram_pool_t *pool, size_t bytes) {
+bool _vram_granules_kept(const vram_pool_t *pool, size_t bytes) {
   if (pool->limit) return false;
   size_t after = (size_t)pool->stats.reserved_bytes.current + bytes;
   return (double)after <= pool->opts.virtual_threshold * (double)pool->device_total;
 }
-
-bool _vram_granules_kept(const vram_pool_t *pool, size_t bytes) { return keeps_mappings(pool, bytes); }
 
 /* What the pool may hold mapped before new mappings first take idle granules back: its
  * high-water mark of mapped bytes, or the peak of allocated bytes (this request included)
@@ -259,7 +257,7 @@ bool _vram_granules_kept(const vram_pool_t *pool, size_t bytes) { return keeps_m
  * stream_prefetch and a quarter of them on gpt2_train. Far from the cap there is no
  * allowance. */
 static size_t mapped_allowance(const vram_pool_t *pool, size_t request) {
-  if (keeps_mappings(pool, request)) return SIZE_MAX;
+  if (_vram_granules_kept(pool, request)) return SIZE_MAX;
   size_t allocated = (size_t)pool->stats.allocated_bytes.current + request;
   if ((size_t)pool->stats.allocated_bytes.peak > allocated)
     allocated = (size_t)pool->stats.allocated_bytes.peak;
@@ -343,7 +341,7 @@ int _vram_granules_acquire(vram_pool_t *pool, vram_segment *seg, uintptr_t addr,
        * are cut from where the run begins. Cutting at multiples of the unit instead split a
        * run that crosses one into two handles for nothing: a fifth more mappings on
        * gpt2_train, each of them tens of microseconds. */
-      size_t unit = keeps_mappings(pool, (run_end - g) * G) ? VRAM_VMM_MAP_UNIT : 1;
+      size_t unit = _vram_granules_kept(pool, (run_end - g) * G) ? VRAM_VMM_MAP_UNIT : 1;
       while (g < run_end) {
         size_t piece_end = run_end - g > unit ? g + unit : run_end;
         rc = pool->src->xMap(pool->src_state, seg->addr + g * G, (piece_end - g) * G);

@@ -38,7 +38,7 @@
  * stream_prefetch's reserved memory rise (1.062 over live at 8, 1.069 at 16 and up). */
 #define VRAM_GUARD_GHOSTS 8
 /* Virtual memory far from the cap: granules per mapping at most, one physical handle each
- * (granules.c, keeps_mappings): 128 MiB at 2 MiB granules, where a handle's cost is still
+ * (granules.c, _vram_granules_kept): 128 MiB at 2 MiB granules, where a handle's cost is still
  * close to one granule's (bench/vmm_cost.c). */
 #define VRAM_VMM_MAP_UNIT ((size_t)64)
 /* No device addresses more than this: larger requests are refused as out of memory before
