@@ -1,9 +1,9 @@
 """fit_check.py - issue 14's training-loop table on a GPU machine: step time, peak memory,
 driver calls in the steady state and the largest batch under a cap, for PyTorch's
-allocator (native and expandable_segments) and vramkit (its default source, the same on fixed
-segments alone with VRAMKIT_VIRTUAL_THRESHOLD=1, vmm, and large blocks in virtual memory
-with VRAMKIT_LARGE_BLOCKS=virtual),
-each in a fresh process, side by side in one run.
+allocator (native and expandable_segments) and vramkit (its default: the cuda source with
+large blocks in virtual ranges; large blocks in fixed segments of their own with
+VRAMKIT_LARGE_BLOCKS=fixed, the default before 2026-12-02; fixed segments alone, with
+VRAMKIT_VIRTUAL_THRESHOLD=1 too; and vmm), each in a fresh process, side by side in one run.
 
 The workload is GPT-2 124M (random weights) trained with AdamW under bf16 autocast at
 batch 8 x 1024 tokens (vramkit.estimator.models.workload). For each allocator:
@@ -37,9 +37,9 @@ ALLOCATORS = {
     "native": {},
     "expandable": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
     "vramkit": {},
-    "vramkit-fixed": {"VRAMKIT_VIRTUAL_THRESHOLD": "1"},
+    "vramkit-large-fixed": {"VRAMKIT_LARGE_BLOCKS": "fixed"},
+    "vramkit-fixed": {"VRAMKIT_LARGE_BLOCKS": "fixed", "VRAMKIT_VIRTUAL_THRESHOLD": "1"},
     "vramkit-vmm": {"VRAMKIT_SOURCE": "vmm"},
-    "vramkit-large-virtual": {"VRAMKIT_LARGE_BLOCKS": "virtual"},
 }
 
 

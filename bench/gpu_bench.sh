@@ -19,8 +19,9 @@
 # cudaMallocAsync, VMM map); vramkit bench pair and random on cuda, vmm and managed;
 # vramkit replay --json --min-capacity --baseline --warm on cuda, vmm, sim and sim:vmm;
 # vramkit bench scale; each trace on cuda under a limit of 1.03x its peak live, with and
-# without virtual growth (vramkit_capfit.jsonl); tight placement (VRAMKIT_TIGHT_THRESHOLD=0): bench random and replay
-# on cuda, replay on sim; large blocks in virtual memory (VRAMKIT_LARGE_BLOCKS=virtual): bench
+# on fixed segments alone (vramkit_capfit.jsonl); tight placement (VRAMKIT_TIGHT_THRESHOLD=0,
+# on fixed large blocks): bench random and replay on cuda, replay on sim; large blocks in fixed
+# segments of their own (VRAMKIT_LARGE_BLOCKS=fixed, the default before 2026-12-02): bench
 # pair and random and replay on cuda; the C tests with VRAMKIT_TEST_GPU=1 (ctest); torch_bench native and
 # expandable_segments; torch_replay through cudaMallocAsync, then PyTorch native and
 # expandable_segments; rmm_replay, RAPIDS RMM's pool and arena resources on the same traces
@@ -194,8 +195,9 @@ if wants vramkit && have "$VRAMKIT"; then
   done
   step vramkit_scale.jsonl 60 "$VRAMKIT" bench scale --json
   # The fit under a cap on the card: each trace replayed on the cuda source under a limit of
-  # 1.03x its peak live bytes, on the default settings (virtual growth past half the cap)
-  # and on fixed segments alone (VRAMKIT_VIRTUAL_THRESHOLD=1); "ooms" says whether it fit.
+  # 1.03x its peak live bytes, on the default settings (large blocks in virtual ranges) and
+  # on fixed segments alone (VRAMKIT_LARGE_BLOCKS=fixed VRAMKIT_VIRTUAL_THRESHOLD=1); "ooms"
+  # says whether it fit.
   : >"$OUT/vramkit_capfit.jsonl"
   for trace in "${TRACES[@]}"; do
     name=$(basename "$trace" .trace.gz)
@@ -204,27 +206,30 @@ if wants vramkit && have "$VRAMKIT"; then
     [ -n "$live" ] || continue
     cap=$(python3 -c "print(int($live * 1.03))")
     for threshold in 0.5 1; do
+      large=virtual; [ "$threshold" = 1 ] && large=fixed
       step "vramkit_capfit_${name}_$threshold.jsonl" 60 env VRAMKIT_VIRTUAL_THRESHOLD=$threshold \
+        VRAMKIT_LARGE_BLOCKS=$large \
         "$VRAMKIT" replay --json --warm --repeat 1 --capacity "$cap" --source cuda "$trace"
-      sed "s/}\$/, \"virtual_threshold\": $threshold, \"cap_over_live\": 1.03}/" \
+      sed "s/}\$/, \"virtual_threshold\": $threshold, \"large_blocks\": \"$large\", \"cap_over_live\": 1.03}/" \
         "$OUT/vramkit_capfit_${name}_$threshold.jsonl" >>"$OUT/vramkit_capfit.jsonl"
     done
   done
-  # Tight placement (VRAMKIT_TIGHT_THRESHOLD=0): the memory it saves, on the host model, and
-  # what its extra driver calls cost, on the card.
-  step vramkit_random_cuda_tight.jsonl 90 env VRAMKIT_TIGHT_THRESHOLD=0 "$VRAMKIT" bench random \
+  # Tight placement (VRAMKIT_TIGHT_THRESHOLD=0, which places fixed large segments): the
+  # memory it saves, on the host model, and what its extra driver calls cost, on the card.
+  tight=(env VRAMKIT_TIGHT_THRESHOLD=0 VRAMKIT_LARGE_BLOCKS=fixed)
+  step vramkit_random_cuda_tight.jsonl 90 "${tight[@]}" "$VRAMKIT" bench random \
     --source cuda --json
-  step vramkit_replay_cuda_tight.jsonl 120 env VRAMKIT_TIGHT_THRESHOLD=0 "$VRAMKIT" replay --json \
+  step vramkit_replay_cuda_tight.jsonl 120 "${tight[@]}" "$VRAMKIT" replay --json \
     --min-capacity --warm --source cuda "${TRACES[@]}"
-  step vramkit_replay_sim_tight.jsonl 90 env VRAMKIT_TIGHT_THRESHOLD=0 "$VRAMKIT" replay --json \
+  step vramkit_replay_sim_tight.jsonl 90 "${tight[@]}" "$VRAMKIT" replay --json \
     --min-capacity --baseline --warm --source sim "${TRACES[@]}"
-  # Large blocks in virtual memory from the start (VRAMKIT_LARGE_BLOCKS=virtual): what the
-  # cold pass and the cached pair cost on the card beside fixed segments.
-  step vramkit_pair_cuda_large_virtual.jsonl 60 env VRAMKIT_LARGE_BLOCKS=virtual "$VRAMKIT" \
+  # Large blocks in fixed segments of their own (VRAMKIT_LARGE_BLOCKS=fixed, the default
+  # before 2026-12-02): the cold pass and the cached pair beside the default's virtual ranges.
+  step vramkit_pair_cuda_large_fixed.jsonl 60 env VRAMKIT_LARGE_BLOCKS=fixed "$VRAMKIT" \
     bench pair --source cuda --json
-  step vramkit_random_cuda_large_virtual.jsonl 60 env VRAMKIT_LARGE_BLOCKS=virtual "$VRAMKIT" \
+  step vramkit_random_cuda_large_fixed.jsonl 60 env VRAMKIT_LARGE_BLOCKS=fixed "$VRAMKIT" \
     bench random --source cuda --json
-  step vramkit_replay_cuda_large_virtual.jsonl 120 env VRAMKIT_LARGE_BLOCKS=virtual "$VRAMKIT" \
+  step vramkit_replay_cuda_large_fixed.jsonl 120 env VRAMKIT_LARGE_BLOCKS=fixed "$VRAMKIT" \
     replay --json --min-capacity --warm --source cuda "${TRACES[@]}"
 fi
 

@@ -133,7 +133,7 @@ def main():
 
     # -- alloc+free pair ------------------------------------------------------------------
     pair = {}
-    for source in ("cuda", "vmm", "managed", "cuda_large_virtual"):
+    for source in ("cuda", "vmm", "managed", "cuda_large_fixed"):
         for row in read_jsonl(out, f"vramkit_pair_{source}.jsonl"):
             pair[(f"vramkit {source.replace('_', ' ')}", row["size"])] = row["ns_per_pair"]
     for mode, text in torch_text.items():
@@ -141,7 +141,7 @@ def main():
             pair[(f"torch {mode}", int(size))] = float(ns)
     for api, size, ns in re.findall(r"^(cudaMalloc|cudaMallocAsync) size=(\d+) ns_per_pair=([\d.]+)", micro, re.M):
         pair[(api, int(size))] = float(ns)
-    columns = ["vramkit cuda", "vramkit vmm", "vramkit managed", "vramkit cuda large virtual",
+    columns = ["vramkit cuda", "vramkit vmm", "vramkit managed", "vramkit cuda large fixed",
                "torch native", "torch expandable", "cudaMallocAsync", "cudaMalloc"]
     sizes = sorted({size for (_, size) in pair}) or [512, 65536, 2 << 20, 64 << 20]
     rows = [[size_label(s)] + [fmt(pair.get((c, s))) for c in columns] for s in sizes]
@@ -155,7 +155,7 @@ def main():
 
     # -- random workload --------------------------------------------------------------------
     rows = []
-    for source in ("cuda", "vmm", "managed", "cuda_tight", "cuda_large_virtual"):
+    for source in ("cuda", "vmm", "managed", "cuda_tight", "cuda_large_fixed"):
         for row in read_jsonl(out, f"vramkit_random_{source}.jsonl"):
             calls = (f"{row['device_calls']} / {row['device_calls_warm']}"
                      if "device_calls" in row else "-")
@@ -168,8 +168,8 @@ def main():
     for api, ns in re.findall(r"^random (cudaMalloc|cudaMallocAsync) ns_per_op=([\d.]+)", micro, re.M):
         rows.append([api + " (20k ops)", "-", ns, "-", "-"])
     sections.append(table("random workload (seed 42, <= 1000 live, 256 B..32 MiB); source calls: "
-                          "first pass / last pass; tight: VRAMKIT_TIGHT_THRESHOLD=0; large virtual: "
-                          "VRAMKIT_LARGE_BLOCKS=virtual",
+                          "first pass / last pass; tight: VRAMKIT_TIGHT_THRESHOLD=0 (large blocks fixed); large fixed: "
+                          "VRAMKIT_LARGE_BLOCKS=fixed",
                           ["allocator", "ops", "ns/op", "reserved/live", "source calls"],
                           rows or [["-"] * 5]))
 
@@ -178,8 +178,8 @@ def main():
     for source in ("cuda", "vmm", "sim", "sim_vmm"):
         for row in read_jsonl(out, f"vramkit_replay_{source}.jsonl"):
             results[(f"vramkit {source.replace('_', ':')}", row["trace"])] = row
-    for row in read_jsonl(out, "vramkit_replay_cuda_large_virtual.jsonl"):
-        results[("vramkit cuda large virtual", row["trace"])] = row
+    for row in read_jsonl(out, "vramkit_replay_cuda_large_fixed.jsonl"):
+        results[("vramkit cuda large fixed", row["trace"])] = row
     for source in ("cuda", "sim"):
         for row in read_jsonl(out, f"vramkit_replay_{source}_tight.jsonl"):
             results[(f"vramkit {source} tight", row["trace"])] = row
@@ -193,7 +193,7 @@ def main():
         results[(row["allocator"].replace("-", " "), row["trace"])] = row
     names = sorted({trace for (_, trace) in results})
     allocators = ["vramkit cuda", "vramkit vmm", "vramkit sim", "vramkit sim:vmm",
-                  "vramkit cuda large virtual", "torch native", "torch expandable",
+                  "vramkit cuda large fixed", "torch native", "torch expandable",
                   "cudaMallocAsync", "rmm pool", "rmm arena"]
     tight = ["vramkit cuda tight", "vramkit sim tight"]
 

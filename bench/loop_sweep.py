@@ -8,6 +8,8 @@ other batch sizes and widths, each with its own rounding to segments and granule
 one recording alone would show one of them. Each loop is replayed on the host models of
 the sources (`vramkit replay --calls-after` at every step boundary: calls are counted, not
 timed) and the sweep prints the driver calls of each step and peak reserved over peak live.
+The VRAMKIT_* settings of the environment apply: on sim, large blocks are in virtual
+ranges by default and in fixed segments with VRAMKIT_LARGE_BLOCKS=fixed.
 
     python3 bench/loop_sweep.py [--sources sim,sim:vmm] [--scales 0.5,0.7,...]
                                 [--steps 20] [--first 2016 --period 1530]

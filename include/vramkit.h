@@ -80,7 +80,7 @@ typedef enum vram_source_kind {
 /* Where a fixed-segment source (cuda, sim) puts large requests (vram_options_t.large_blocks). */
 typedef enum vram_large_blocks {
   VRAM_LARGE_FIXED = 0, /* segments of their own size, virtual only past virtual_threshold */
-  VRAM_LARGE_VIRTUAL    /* virtual ranges from the first one, as on the vmm source */
+  VRAM_LARGE_VIRTUAL    /* virtual ranges from the first one, as on the vmm source (default) */
 } vram_large_blocks;
 
 /* Parse "sim", "sim:cuda", "sim:vmm", "cuda", "vmm", "managed", "auto". */
@@ -117,12 +117,13 @@ typedef struct vram_options {
    * granule is its own mapping and moves to where live blocks are (0: always). */
   double virtual_threshold;
   /* Large requests of a fixed-segment source whose source can also map virtual memory
-   * (cuda, sim). VRAM_LARGE_FIXED (default): fixed segments, and virtual growth past
-   * virtual_threshold. VRAM_LARGE_VIRTUAL: virtual ranges from the first large request,
+   * (cuda, sim). VRAM_LARGE_VIRTUAL (default): virtual ranges from the first large request,
    * mapped as on the vmm source (pieces of up to 128 MiB kept while no limit is set and
    * reserved memory is within virtual_threshold of the device, 2 MiB granules that move
    * to where live blocks are past it or under a limit); small requests keep their fixed
-   * 2 MiB segments, shareable by CUDA IPC, and blocks on virtual ranges are not. */
+   * 2 MiB segments, shareable by CUDA IPC, and blocks on virtual ranges are not.
+   * VRAM_LARGE_FIXED: fixed segments of their own size, virtual growth only past
+   * virtual_threshold (every large block shareable by CUDA IPC until then). */
   vram_large_blocks large_blocks;
   size_t sim_capacity;          /* capacity of the sim device (default 80 GiB) */
   int sim_event_delay;          /* sim: queries before a recorded event completes (default 0) */

@@ -426,17 +426,17 @@ def configure(
     share of the memory cap from 0 to 1 (or "90%") past which large requests get segments of
     their own size instead of cuts of bigger cached ones: less memory, more driver calls
     (0 = always; default 1 = never; fixed-segment sources only). virtual_threshold: the
-    share of the cap past which the cuda (and sim) source's large requests go to virtual
-    memory mapped where live blocks are, so that a pool near its cap fits as tightly as the
-    vmm source (0 = from the start; default 0.5; 1 = never: fixed segments only, every
-    tensor shareable between processes by CUDA IPC); on the vmm source with no limit, the
-    share of device memory up to which it maps in pieces of up to 128 MiB and keeps them
-    (0: 2 MiB granules one by one from the start, as under any limit). large_blocks:
-    "fixed" (default) or "virtual": with "virtual" the cuda (and sim) source's large
-    requests go to virtual memory from the first one and map as on the vmm source, in
-    pieces that are kept far from the cap (virtual_threshold, as on vmm) and granule by
-    granule near it or under a limit; small ones keep their fixed segments, and only those
-    can be shared between processes by CUDA IPC. Must come before the
+    share of device memory up to which large blocks in virtual memory are mapped in pieces
+    of up to 128 MiB and kept (0: 2 MiB granules one by one from the start, as under any
+    limit); with large_blocks "fixed", the share of the cap past which the cuda (and sim)
+    source's large requests go to virtual memory mapped where live blocks are, so that a
+    pool near its cap fits as tightly as the vmm source (0 = from the start; default 0.5;
+    1 = never: fixed segments only, every tensor shareable between processes by CUDA IPC).
+    large_blocks: "virtual" (default) or "fixed": with "virtual" the cuda (and sim)
+    source's large requests go to virtual memory from the first one and map as on the vmm
+    source; small ones keep their fixed 2 MiB segments, and only those can be shared
+    between processes by CUDA IPC. "fixed" gives each large request a cuMemAlloc segment
+    of its own size (shareable by CUDA IPC) until virtual_threshold. Must come before the
     device's pool is first used; afterwards it raises RuntimeError (use set_memory_limit or
     set_per_process_memory_fraction to change the limit of a live pool).
     """

@@ -28,10 +28,12 @@ rules itself to a snapshot or a trace. The source may be:
   say the device's capacity, so ``capacity=`` gives it;
 - a vramkit trace (format v1, what ``vramkit replay`` reads): with ``capacity=`` it is
   replayed under that cap by the packaged C command on the default settings (``sim``, the
-  cuda source's model, virtual growth included), on fixed segments alone
-  (``VRAMKIT_VIRTUAL_THRESHOLD=1``), on ``sim:vmm``, with virtual growth from the start
-  (``VRAMKIT_VIRTUAL_THRESHOLD=0``) and with ``VRAMKIT_TIGHT_THRESHOLD=0``, each with
-  ``--min-capacity``, so that each fix's effect is a measured number rather than a guess.
+  cuda source's model, large blocks in virtual ranges), on fixed segments alone
+  (``VRAMKIT_LARGE_BLOCKS=fixed VRAMKIT_VIRTUAL_THRESHOLD=1``), on ``sim:vmm``, with large
+  blocks mapped granule by granule from the start (``VRAMKIT_VIRTUAL_THRESHOLD=0``) and
+  with tight fixed segments (``VRAMKIT_LARGE_BLOCKS=fixed VRAMKIT_TIGHT_THRESHOLD=0``),
+  each with ``--min-capacity``, so that each fix's effect is a measured number rather
+  than a guess.
 
 ``vramkit doctor SNAPSHOT_OR_TRACE [--capacity SIZE] [--json]`` prints the same after the
 fact (:func:`main`).
@@ -260,13 +262,14 @@ def _fragmentation_fixes(source: str | None, cached_free: int | None) -> list[Fi
                          "cached free pieces serve one request wherever they lie",
                          cached_free or None))
         if source in ("cuda", "sim", None):
-            fixes.append(Fix("a lower VRAMKIT_VIRTUAL_THRESHOLD (0: from the first large "
-                             "request; the default 0.5 starts at half the cap): large requests "
-                             "go to virtual memory before fixed segments fill with holes",
+            fixes.append(Fix("large blocks in virtual memory from the first request "
+                             "(VRAMKIT_LARGE_BLOCKS=virtual, the default; with "
+                             "VRAMKIT_LARGE_BLOCKS=fixed, a lower VRAMKIT_VIRTUAL_THRESHOLD): "
+                             "they go to virtual ranges before fixed segments fill with holes",
                              None))
-        fixes.append(Fix("VRAMKIT_TIGHT_THRESHOLD=0: large requests get segments of their own "
-                         "size instead of cuts of cached ones, which pin them (more driver "
-                         "calls)", None))
+        fixes.append(Fix("VRAMKIT_TIGHT_THRESHOLD=0 (with VRAMKIT_LARGE_BLOCKS=fixed): large "
+                         "requests get segments of their own size instead of cuts of cached "
+                         "ones, which pin them (more driver calls)", None))
     fixes.append(Fix("vramkit.empty_cache() between phases of the run (the OOM path already "
                      "gives back every wholly free segment, so it helps only between phases)",
                      None))
@@ -617,11 +620,16 @@ def _replay(path: str, source: str, capacity: int | None, extra_env: dict | None
                                f"{done.stderr.strip()[-300:]}") from None
 
 
+# Fixed segments alone: every block in a cuMemAlloc segment (the settings that keep every
+# tensor shareable by CUDA IPC).
+_FIXED_ALONE = {"VRAMKIT_LARGE_BLOCKS": "fixed", "VRAMKIT_VIRTUAL_THRESHOLD": "1"}
+
+
 def _from_trace(path: str, capacity: int | None, estimate_fn, origin: str) -> Diagnosis:
-    # The default settings are the cuda source's (sim models it, virtual growth included);
-    # fixed segments alone are what VRAMKIT_VIRTUAL_THRESHOLD=1 gives.
+    # The default settings are the cuda source's (sim models it, large blocks in virtual
+    # ranges); fixed segments alone are what large blocks fixed with threshold 1 give.
     default, default_err = _replay(path, "sim", capacity)
-    fixed, _ = _replay(path, "sim", capacity, {"VRAMKIT_VIRTUAL_THRESHOLD": "1"})
+    fixed, _ = _replay(path, "sim", capacity, _FIXED_ALONE)
     vmm, _ = _replay(path, "sim:vmm", capacity)
     peak_live = default["peak_live_bytes"]
     need_default = default.get("min_capacity_bytes")
@@ -648,7 +656,8 @@ def _from_trace(path: str, capacity: int | None, estimate_fn, origin: str) -> Di
                    f"settings (peak reserved {_size(default['peak_reserved_bytes'])}, peak "
                    f"live {_size(peak_live)})")
         if fixed["ooms"]:
-            summary += (f"; on fixed segments alone (VRAMKIT_VIRTUAL_THRESHOLD=1) "
+            summary += (f"; on fixed segments alone (VRAMKIT_LARGE_BLOCKS=fixed "
+                        f"VRAMKIT_VIRTUAL_THRESHOLD=1) "
                         f"{fixed['ooms']} allocations fail: it needs {_size(need_fixed)} there")
         return Diagnosis(None, summary, where, numbers, [], [], [], notes)
     if peak_live > capacity:
@@ -660,7 +669,8 @@ def _from_trace(path: str, capacity: int | None, estimate_fn, origin: str) -> Di
         fixes = _live_fixes(shortfall, estimate_fn, notes)
         return Diagnosis("live", summary, where, numbers, fixes, [], [], notes)
     early, _ = _replay(path, "sim", capacity, {"VRAMKIT_VIRTUAL_THRESHOLD": "0"})
-    tight, _ = _replay(path, "sim", capacity, {"VRAMKIT_TIGHT_THRESHOLD": "0"})
+    tight, _ = _replay(path, "sim", capacity,
+                       {"VRAMKIT_LARGE_BLOCKS": "fixed", "VRAMKIT_TIGHT_THRESHOLD": "0"})
     need_early, need_tight = early.get("min_capacity_bytes"), tight.get("min_capacity_bytes")
     numbers.update(min_capacity_virtual_early=need_early, ooms_virtual_early=early["ooms"],
                    min_capacity_tight=need_tight, ooms_tight=tight["ooms"],
@@ -680,10 +690,12 @@ def _from_trace(path: str, capacity: int | None, estimate_fn, origin: str) -> Di
     fixes = [
         Fix(f"the vmm source (VRAMKIT_SOURCE=vmm): replayed on sim:vmm {outcome(vmm, need_vmm)}, "
             f"peak reserved {_size(vmm['peak_reserved_bytes'])}", gain(need_vmm)),
-        Fix(f"VRAMKIT_VIRTUAL_THRESHOLD=0 (large requests in virtual memory from the start): "
-            f"replayed {outcome(early, need_early)}", gain(need_early)),
-        Fix(f"VRAMKIT_TIGHT_THRESHOLD=0 (segments of their own size for large requests): "
-            f"replayed {outcome(tight, need_tight)}", gain(need_tight)),
+        Fix(f"VRAMKIT_VIRTUAL_THRESHOLD=0 (large blocks mapped granule by granule, where "
+            f"live blocks are, from the start): replayed {outcome(early, need_early)}",
+            gain(need_early)),
+        Fix(f"VRAMKIT_LARGE_BLOCKS=fixed VRAMKIT_TIGHT_THRESHOLD=0 (fixed segments of their "
+            f"own size for large requests): replayed {outcome(tight, need_tight)}",
+            gain(need_tight)),
         Fix("vramkit.empty_cache() between phases of the run (the OOM path already gives back "
             "every wholly free segment)", None),
     ]

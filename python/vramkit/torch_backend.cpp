@@ -651,14 +651,14 @@ class Backend final : public cca::CUDAAllocator {
     cudaError_t err = cudaIpcGetMemHandle(&handle, base);
     if (err != cudaSuccess) {
       (void)cudaGetLastError();
-      // Past VRAMKIT_VIRTUAL_THRESHOLD of its cap (or from the start, with
-      // VRAMKIT_LARGE_BLOCKS=virtual) a cuda pool's large blocks are in virtual ranges
-      // (cuMemMap'd granules), which have no CUDA IPC handle.
+      // A cuda pool's large blocks are in virtual ranges (cuMemMap'd granules), which have
+      // no CUDA IPC handle: from the first by default (VRAMKIT_LARGE_BLOCKS=virtual), and
+      // past VRAMKIT_VIRTUAL_THRESHOLD of its cap with large blocks fixed.
       TORCH_CHECK(false,
                   "vramkit: this CUDA tensor cannot be shared between processes: it lies in "
-                  "virtual memory, which a 'cuda' pool grows into past "
-                  "VRAMKIT_VIRTUAL_THRESHOLD of its cap, or from the start with "
-                  "VRAMKIT_LARGE_BLOCKS=virtual (",
+                  "virtual memory, where a 'cuda' pool puts blocks over 1 MiB by default "
+                  "(VRAMKIT_LARGE_BLOCKS=virtual), or past VRAMKIT_VIRTUAL_THRESHOLD of its "
+                  "cap with VRAMKIT_LARGE_BLOCKS=fixed (",
                   cudaGetErrorString(err),
                   "). Set VRAMKIT_VIRTUAL_THRESHOLD=1 and VRAMKIT_LARGE_BLOCKS=fixed in the "
                   "producing process to keep every block in cuMemAlloc segments.");

@@ -19,6 +19,7 @@ void vram_options_init(vram_options_t *opts) {
   opts->release_threshold = SIZE_MAX;
   opts->tight_threshold = 1.0;
   opts->virtual_threshold = 0.5;
+  opts->large_blocks = VRAM_LARGE_VIRTUAL;
   opts->sim_capacity = DEFAULT_SIM_CAPACITY;
   opts->managed_prefetch = 1;
 }

@@ -125,6 +125,7 @@ void t_capacity_and_ladder(void **state) {
   o.sim_capacity = 64 * VT_MiB;
   /* The ladder of fixed segments: virtual growth would reuse the mapped granules instead. */
   o.virtual_threshold = 1.0;
+  o.large_blocks = VRAM_LARGE_FIXED;
   vram_pool_t *pool = conf_pool(&o);
   size_t fr = 0, total = 0;
   VT_OK(vram_mem_get_info(pool, &fr, &total));

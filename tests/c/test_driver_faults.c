@@ -82,7 +82,7 @@ static void free_at(vram_pool_t *pool, live_set *live, int i) {
 }
 
 /* limit: 0 for none; a small one makes a cuda pool grow into virtual ranges. */
-static void sweep(vram_source_kind kind, size_t limit) {
+static void sweep_large(vram_source_kind kind, size_t limit, vram_large_blocks large) {
   static const size_t sizes[] = {5 << 20, 300 << 10, 40 << 20, (1 << 20) + 1, 9 << 20, 3000};
   int fired = 0;
   for (long k = 1; k <= 40; k++) {
@@ -90,6 +90,7 @@ static void sweep(vram_source_kind kind, size_t limit) {
     vram_options_init(&o);
     o.source = kind;
     o.limit_bytes = limit;
+    o.large_blocks = large;
     vram_pool_t *pool = NULL;
     VT_OK(vram_pool_create(&pool, &o));
     live_set live = {{0}, {0}, 0};
@@ -112,7 +113,16 @@ static void sweep(vram_source_kind kind, size_t limit) {
   assert_true(fired >= 10); /* the sweep did reach into the scenario */
 }
 
+static void sweep(vram_source_kind kind, size_t limit) {
+  sweep_large(kind, limit, VRAM_LARGE_VIRTUAL);
+}
+
 static void t_cuda(void **state) { (void)state; sweep(VRAM_SOURCE_CUDA, 0); }
+/* Large blocks in fixed segments of their own (VRAMKIT_LARGE_BLOCKS=fixed). */
+static void t_cuda_large_fixed(void **state) {
+  (void)state;
+  sweep_large(VRAM_SOURCE_CUDA, 0, VRAM_LARGE_FIXED);
+}
 static void t_vmm(void **state) { (void)state; sweep(VRAM_SOURCE_VMM, 0); }
 /* Under a limit a vmm pool maps granule by granule: many more calls for a fault to hit. */
 static void t_vmm_capped(void **state) { (void)state; sweep(VRAM_SOURCE_VMM, 96 << 20); }
@@ -131,6 +141,7 @@ static void t_cuda_virtual_or_fixed(void **state) {
     vram_options_init(&o);
     o.source = VRAM_SOURCE_CUDA;
     o.limit_bytes = 96 << 20;
+    o.large_blocks = VRAM_LARGE_FIXED; /* fixed below the threshold */
     vram_pool_t *pool = NULL;
     VT_OK(vram_pool_create(&pool, &o));
     live_set live = {{0}, {0}, 0};
@@ -152,6 +163,7 @@ int main(void) {
   load_fake();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(t_cuda),
+      cmocka_unit_test(t_cuda_large_fixed),
       cmocka_unit_test(t_vmm),
       cmocka_unit_test(t_vmm_capped),
       cmocka_unit_test(t_managed),

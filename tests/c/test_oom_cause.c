@@ -236,13 +236,14 @@ static void free_all(vram_pool_t *pool, void **blocks, int count) {
  * three pieces, 4 MiB left on the 64 MiB device, and 20 MiB asked for. */
 static void t_sim_fragmentation(void **state) {
   (void)state;
-  /* Fixed segments only: with virtual growth on (the default) the pool would turn to a
-   * virtual range at half the device and serve the request (test_virtual_growth.c). */
+  /* Fixed segments only: with large blocks virtual (the default) or virtual growth past
+   * half the device, a virtual range would serve the request (test_virtual_growth.c). */
   vram_options_t o;
   vram_options_init(&o);
   o.source = VRAM_SOURCE_SIM;
   o.sim_capacity = 64 * VT_MiB;
   o.virtual_threshold = 1.0;
+  o.large_blocks = VRAM_LARGE_FIXED;
   vram_pool_t *pool = vt_pool_from(&o);
   void *whole = NULL;
   VT_OK(vram_malloc(pool, 60 * VT_MiB, NULL, &whole));

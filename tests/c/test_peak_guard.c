@@ -15,6 +15,7 @@ static vram_pool_t *fixed_pool(void) {
   vram_options_init(&o);
   o.source = VRAM_SOURCE_SIM;
   o.sim_capacity = 8 * VT_GiB;
+  o.large_blocks = VRAM_LARGE_FIXED;
   return vt_pool_from(&o);
 }
 

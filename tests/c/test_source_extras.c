@@ -137,6 +137,7 @@ static vram_pool_t *make_tight_pool(double threshold, size_t limit) {
   o.sim_capacity = 1 * VT_GiB;
   o.tight_threshold = threshold;
   o.limit_bytes = limit;
+  o.large_blocks = VRAM_LARGE_FIXED; /* tight placement is for fixed large segments */
   return vt_pool_from(&o);
 }
 

@@ -10,13 +10,15 @@
  * refusal must leave every live block as it was. */
 #include "vt.h"
 
-/* A sim pool of `capacity` bytes with this threshold; the cap is the device. */
+/* A sim pool of `capacity` bytes with this threshold and large blocks fixed (below the
+ * threshold); the cap is the device. */
 static vram_pool_t *pool_with(size_t capacity, double threshold) {
   vram_options_t o;
   vram_options_init(&o);
   o.source = VRAM_SOURCE_SIM;
   o.sim_capacity = capacity;
   o.virtual_threshold = threshold;
+  o.large_blocks = VRAM_LARGE_FIXED;
   return vt_pool_from(&o);
 }
 
@@ -148,6 +150,7 @@ static void t_limit_is_the_cap(void **state) {
   o.source = VRAM_SOURCE_SIM;
   o.sim_capacity = 1 * VT_GiB;
   o.limit_bytes = 100 * VT_MiB;
+  o.large_blocks = VRAM_LARGE_FIXED;
   vram_pool_t *pool = vt_pool_from(&o);
   void *a = vt_take(pool, 40 * VT_MiB);
   assert_int_equal(vt_in_virtual(pool, a), 0);
@@ -315,11 +318,11 @@ static void t_bad_large_blocks(void **state) {
   const char *why = NULL;
   VT_EXPECT(vram_options_set(&o, "VRAMKIT_LARGE_BLOCKS", "vmm", &why), VRAM_EENV);
   assert_non_null(strstr(why, "VRAMKIT_LARGE_BLOCKS"));
+  assert_int_equal(o.large_blocks, VRAM_LARGE_VIRTUAL); /* the default, unchanged */
+  VT_OK(vram_options_set(&o, "VRAMKIT_LARGE_BLOCKS", "Fixed", NULL));
   assert_int_equal(o.large_blocks, VRAM_LARGE_FIXED);
-  VT_OK(vram_options_set(&o, "VRAMKIT_LARGE_BLOCKS", "Virtual", NULL));
+  VT_OK(vram_options_set(&o, "VRAMKIT_LARGE_BLOCKS", "virtual", NULL));
   assert_int_equal(o.large_blocks, VRAM_LARGE_VIRTUAL);
-  VT_OK(vram_options_set(&o, "VRAMKIT_LARGE_BLOCKS", "fixed", NULL));
-  assert_int_equal(o.large_blocks, VRAM_LARGE_FIXED);
 }
 
 int main(void) {

@@ -353,7 +353,7 @@ def test_sharing_from_a_virtual_memory_pool_is_refused_clearly(gpu_run):
 
 
 def test_sharing_with_large_blocks_virtual(gpu_run):
-    # vramkit only: with VRAMKIT_LARGE_BLOCKS=virtual a large tensor lies in virtual memory,
+    # vramkit only: by default (large blocks virtual) a large tensor lies in virtual memory,
     # which has no CUDA IPC handle: a clear refusal that names the setting, and the tensor
     # intact. A small one is in a fixed segment and still shares.
     gpu_run(PRELUDE, """
@@ -364,11 +364,22 @@ def test_sharing_with_large_blocks_virtual(gpu_run):
         try:
             reductions.reduce_tensor(large)
         except RuntimeError as exc:
-            assert "VRAMKIT_LARGE_BLOCKS" in str(exc), str(exc)[:300]
+            assert "VRAMKIT_LARGE_BLOCKS=fixed" in str(exc), str(exc)[:300]
         else:
             raise AssertionError("a block in virtual memory was shared")
         assert float(large[-1]) == float((1 << 20) - 1)   # nothing lost
-    """, env={"VK_ALLOC": "vramkit", "VRAMKIT_LARGE_BLOCKS": "virtual"})
+    """, env={"VK_ALLOC": "vramkit"})
+
+
+def test_sharing_with_large_blocks_fixed(gpu_run):
+    # vramkit only: VRAMKIT_LARGE_BLOCKS=fixed puts the same large tensor in a cuMemAlloc
+    # segment of its own, which shares.
+    gpu_run(PRELUDE, """
+        import torch.multiprocessing.reductions as reductions
+        large = torch.arange(1 << 20, dtype=torch.float32, device="cuda")  # 4 MiB
+        reductions.reduce_tensor(large)
+        assert float(large[-1]) == float((1 << 20) - 1)
+    """, env={"VK_ALLOC": "vramkit", "VRAMKIT_LARGE_BLOCKS": "fixed"})
 
 
 def test_vramkit_history_started_before_the_first_allocation(gpu_run, tmp_path):

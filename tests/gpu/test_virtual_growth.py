@@ -1,5 +1,6 @@
-"""A cuda pool near its cap grows into virtual memory (VRAMKIT_VIRTUAL_THRESHOLD, default
-0.5 of the cap), on the real driver, through PyTorch, CuPy and Numba: below the threshold
+"""A cuda pool whose large blocks are in fixed segments (VRAMKIT_LARGE_BLOCKS=fixed) grows
+into virtual memory near its cap (VRAMKIT_VIRTUAL_THRESHOLD, default 0.5 of it), on the real
+driver, through PyTorch, CuPy and Numba: below the threshold
 every block is in a cuMemAlloc segment; past it, blocks are in cuMemMap'd ranges that
 PyTorch's snapshot shows as expandable segments; the data in both kinds is right through
 every framework's kernels; the fixed segments left behind go back when the virtual range
@@ -53,7 +54,7 @@ def test_torch_tensors_on_both_sides_of_the_threshold(gpu_run):
         torch._C._cuda_clearCublasWorkspaces()   # the matmul's workspace is a live block
         torch.cuda.empty_cache()
         assert torch.cuda.memory_reserved() == 0, torch.cuda.memory_reserved()
-    """, env={"VRAMKIT_LIMIT": "1G"})
+    """, env={"VRAMKIT_LIMIT": "1G", "VRAMKIT_LARGE_BLOCKS": "fixed"})
 
 
 def test_threshold_one_keeps_fixed_segments(gpu_run):
@@ -61,7 +62,8 @@ def test_threshold_one_keeps_fixed_segments(gpu_run):
         a = torch.ones(300 * MiB // 4, device="cuda")
         b = torch.ones(300 * MiB // 4, device="cuda")
         assert not segment_of(a)["is_expandable"] and not segment_of(b)["is_expandable"]
-    """, env={"VRAMKIT_LIMIT": "1G", "VRAMKIT_VIRTUAL_THRESHOLD": "1"})
+    """, env={"VRAMKIT_LIMIT": "1G", "VRAMKIT_VIRTUAL_THRESHOLD": "1",
+                 "VRAMKIT_LARGE_BLOCKS": "fixed"})
 
 
 def test_sharing_a_tensor_in_virtual_memory_is_refused_clearly(gpu_run):
@@ -75,10 +77,11 @@ def test_sharing_a_tensor_in_virtual_memory_is_refused_clearly(gpu_run):
             reductions.reduce_tensor(big)
         except RuntimeError as exc:
             assert "VRAMKIT_VIRTUAL_THRESHOLD=1" in str(exc), str(exc)[:400]
+            assert "VRAMKIT_LARGE_BLOCKS=fixed" in str(exc), str(exc)[:400]
         else:
             raise AssertionError("a tensor in virtual memory was shared")
         assert float(big[:10].sum()) == 10.0 and float(fixed.sum()) == 499500.0
-    """, env={"VRAMKIT_LIMIT": "1G"})
+    """, env={"VRAMKIT_LIMIT": "1G", "VRAMKIT_LARGE_BLOCKS": "fixed"})
 
 
 def test_cupy_and_numba_arrays_in_virtual_memory(gpu_run):
@@ -91,7 +94,7 @@ def test_cupy_and_numba_arrays_in_virtual_memory(gpu_run):
             raise SystemExit(0)
         import numpy as np
         import vramkit, vramkit.cupy, vramkit.numba
-        vramkit.configure(0, limit="1G")
+        vramkit.configure(0, limit="1G", large_blocks="fixed")
         vramkit.cupy.install()
         MiB = 1 << 20
         n = 300 * MiB // 4
@@ -118,3 +121,54 @@ def test_cupy_and_numba_arrays_in_virtual_memory(gpu_run):
         assert type(cuda.current_context().memory_manager).__name__ == "VramkitMemoryManager"
         assert vramkit.memory_reserved(0) <= 1 << 30
     """, env={"NUMBA_CUDA_MEMORY_MANAGER": "vramkit.numba"})
+
+
+def test_default_puts_large_tensors_in_virtual_ranges(gpu_run):
+    # The default (large blocks virtual): a large tensor is mapped granules from the first
+    # one, a small one is in its fixed 2 MiB segment, the data in both is right, and
+    # everything goes back on empty_cache.
+    gpu_run(TORCH, """
+        a = torch.full((40 * MiB // 4,), 1.0, device="cuda")
+        assert segment_of(a)["is_expandable"]
+        s = torch.ones(1000, device="cuda")
+        assert not segment_of(s)["is_expandable"]
+        c = torch.randn(2048, 2048, device="cuda")
+        ref = (c.double() @ c.double()).float()
+        assert torch.allclose(c @ c, ref, rtol=1e-2, atol=1e-1)
+        assert float(a.sum()) == 40 * MiB // 4 and float(s.sum()) == 1000.0
+        del a, s, c, ref
+        torch._C._cuda_clearCublasWorkspaces()
+        torch.cuda.empty_cache()
+        assert torch.cuda.memory_reserved() == 0, torch.cuda.memory_reserved()
+    """)
+
+
+def test_default_training_loop_makes_no_driver_call_after_its_second_step(gpu_run):
+    # The issue's steady-state target through PyTorch on the card: a small transformer
+    # trained under bf16 autocast with AdamW; from its third step the pool neither
+    # allocates nor maps.
+    gpu_run(TORCH, """
+        torch.manual_seed(0)
+        layer = torch.nn.TransformerEncoderLayer(512, 8, 2048, batch_first=True)
+        model = torch.nn.TransformerEncoder(layer, 4).cuda()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        x = torch.randn(16, 256, 512, device="cuda")
+
+        def calls():
+            st = vramkit.memory_stats(0)
+            return st["num_device_alloc"] + st["num_device_free"]
+
+        per_step = []
+        for step in range(6):
+            before = calls()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(x).float().pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+            per_step.append(calls() - before)
+        assert per_step[0] > 0, per_step
+        assert sum(per_step[2:]) == 0, per_step
+        assert torch.isfinite(loss).item()
+    """)

@@ -162,12 +162,14 @@ def test_bad_arguments_are_refused_before_anything_runs(kwargs, error):
 
 
 def test_estimate_follows_the_placement_settings(monkeypatch):
-    """The replay keeps the user's VRAMKIT_VIRTUAL_THRESHOLD: under 400 MiB the MLP at batch
-    4096 (352 MiB live) fits once the pool turns virtual at half the cap (the default), not
-    on fixed segments alone."""
+    """The replay keeps the user's VRAMKIT_LARGE_BLOCKS and VRAMKIT_VIRTUAL_THRESHOLD: under
+    400 MiB the MLP at batch 4096 (352 MiB live) fits with large blocks in virtual memory
+    (the default), not on fixed segments alone."""
     limit = 400 << 20
     monkeypatch.delenv("VRAMKIT_VIRTUAL_THRESHOLD", raising=False)
+    monkeypatch.delenv("VRAMKIT_LARGE_BLOCKS", raising=False)
     default = vramkit.estimate(_step, build=_mlp_build(batch=4096), memory_limit=limit)
+    monkeypatch.setenv("VRAMKIT_LARGE_BLOCKS", "fixed")
     monkeypatch.setenv("VRAMKIT_VIRTUAL_THRESHOLD", "1")
     fixed = vramkit.estimate(_step, build=_mlp_build(batch=4096), memory_limit=limit)
     assert default.peak_allocated == fixed.peak_allocated < limit

@@ -27,7 +27,7 @@ def test_known_allocation_sequence(run):
         assert v.memory_allocated() == 1536 and v.memory_reserved() == 2 * MiB
         assert v.memory_stats()["requested_bytes.all.current"] == 1001
 
-        c = v.empty(3 * MiB)                  # a large block: a 4 MiB segment
+        c = v.empty(3 * MiB)                  # a large block: two granules of a virtual range
         assert v.memory_allocated() == 1536 + 3 * MiB
         assert v.memory_reserved() == 6 * MiB
         assert v.memory_stats()["segment.all.current"] == 2
@@ -44,8 +44,9 @@ def test_known_allocation_sequence(run):
         assert v.max_memory_allocated() == 512 + 3 * MiB
         assert v.get_memory_info("GPU:0") == {"current": 512 + 3 * MiB, "peak": 512 + 3 * MiB}
 
-        again = v.empty(3 * MiB)              # c is live: a second 4 MiB segment
-        assert v.memory_reserved() == 10 * MiB
+        again = v.empty(3 * MiB)              # c is live: right after it, one more granule
+        assert v.memory_reserved() == 8 * MiB
+        assert v.memory_stats()["segment.all.current"] == 2
         del again, b, c
         assert v.memory_allocated() == 0
         assert v.memory_stats()["allocation.all.current"] == 0
@@ -174,8 +175,9 @@ def test_tight_threshold_gives_large_requests_their_own_segments(run):
     run("""
         import vramkit as v
         MiB = 1 << 20
-        v.configure(0, tight_threshold=0)      # always
-        v.configure(1, tight_threshold="100%")  # never, as by default
+        # Tight placement places fixed large segments (large blocks fixed).
+        v.configure(0, tight_threshold=0, large_blocks="fixed")      # always
+        v.configure(1, tight_threshold="100%", large_blocks="fixed")  # never, as by default
         for device, own_segment in ((0, True), (1, False)):
             a = v.empty(20 * MiB, device=device); del a
             calls = v.memory_stats(device)["num_device_alloc"]

@@ -3,13 +3,13 @@ data/recordings), repeated to 12 steps and scaled to five sizes, replayed throug
 installed `vramkit` command with driver calls counted per step.
 
 What each pool must do with it:
-  - fixed segments (sim, the default): every loop stops calling the driver within a few
-    steps. The peak guard gives cached segments back before the high-water mark would rise,
-    and without its memory of the sizes it gave back it did so in every step forever (ten
-    calls a step on the card).
+  - fixed segments (sim with VRAMKIT_LARGE_BLOCKS=fixed): every loop stops calling the
+    driver within a few steps. The peak guard gives cached segments back before the
+    high-water mark would rise, and without its memory of the sizes it gave back it did so
+    in every step forever (ten calls a step on the card).
   - virtual memory (sim:vmm): no driver call from the third step, at most 1.02 over live.
-  - large blocks virtual (VRAMKIT_LARGE_BLOCKS=virtual on sim): as sim:vmm, and tighter
-    than fixed segments on every loop.
+  - large blocks virtual (sim, the default): as sim:vmm, and tighter than fixed segments
+    on every loop.
 """
 
 import functools
