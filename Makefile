@@ -111,8 +111,8 @@ build-asan:
 # made before running it (no GPU needed).
 run: deps build
 	build/vramkit replay --summary --min-capacity $(TRACES)
-	@echo "min cap: the smallest memory cap each trace replays under; past half of it the pool"
-	@echo "grows into virtual memory, mapped only where live blocks are"
+	@echo "min cap: the smallest memory cap each trace replays under; large blocks live in"
+	@echo "virtual memory, mapped only where live blocks are"
 	@$(VENV_PYTHON) -m pip install -q --no-build-isolation .
 	$(VENV)/bin/vramkit plot data/traces/gpt2_train.trace.gz -o build/timeline.html
 	@echo "open build/timeline.html in a browser: the memory timeline of one GPT-2 training run"
