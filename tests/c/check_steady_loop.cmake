@@ -15,15 +15,11 @@ if(NOT TOOL OR NOT RECORDING)
   message(FATAL_ERROR "usage: cmake -DTOOL=... -DRECORDING=... -P check_steady_loop.cmake")
 endif()
 
+include(${CMAKE_CURRENT_LIST_DIR}/replay_tool.cmake)
+
 function(check_loop large_blocks calls_after step max_ratio)
-  execute_process(COMMAND ${CMAKE_COMMAND} -E env VRAMKIT_LARGE_BLOCKS=${large_blocks}
-                          ${TOOL} replay --source sim --repeat 1 --json
-                          --calls-after ${calls_after} ${RECORDING}
-                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  message("${large_blocks}: ${out}")
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "vramkit replay (large blocks ${large_blocks}) exited with ${rc}:\n${err}")
-  endif()
+  vk_replay(out ENV VRAMKIT_LARGE_BLOCKS=${large_blocks}
+                ARGS --source sim --repeat 1 --json --calls-after ${calls_after} ${RECORDING})
   if(NOT out MATCHES "\"device_calls_after\": *0[,} ]")
     message(FATAL_ERROR
             "large blocks ${large_blocks}: the loop still calls the driver from step ${step}:\n${out}")
