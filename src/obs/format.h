@@ -36,6 +36,7 @@ typedef struct vram_pool_snapshot {
   const char *source_name;  /* "sim", "cuda", ... */
   bool is_vmm;              /* the source maps granules where they are needed */
   double tight_threshold;   /* vram_options_t.tight_threshold */
+  bool fixed_large;         /* large requests get fixed segments, where tight placement acts */
   double virtual_threshold; /* vram_options_t.virtual_threshold; 1 where it cannot apply */
   bool grows_virtual;       /* fixed source whose pool went on to virtual ranges */
   vram_stats_t stats;       /* derived statistics filled in */

@@ -323,7 +323,7 @@ int _vram_format_oom_report(const vram_pool_snapshot *snap, const vram_oom_reque
   /* Live bytes plus the request fit under the cap: the free memory around live blocks is
    * what failed it, the waste tight placement avoids on fixed segments. */
   size_t cap_bytes = limit ? limit : total;
-  if (!snap->is_vmm && snap->tight_threshold > 0 && cached > 0 &&
+  if (snap->fixed_large && snap->tight_threshold > 0 && cached > 0 &&
       (size_t)s->allocated_bytes.current + requested <= cap_bytes)
     out_printf(&o, "  Live memory and this request would fit: keep fixed segments tighter with "
                    "VRAMKIT_TIGHT_THRESHOLD=0, which gives large requests segments of their own "

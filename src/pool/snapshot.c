@@ -98,6 +98,10 @@ void _vram_pool_snapshot(const vram_pool_t *pool, bool ask_device, vram_pool_sna
                            pool->opts.large_blocks == VRAM_LARGE_FIXED;
   out->virtual_threshold = threshold_applies ? pool->opts.virtual_threshold : 1.0;
   out->tight_threshold = pool->opts.tight_threshold;
+  /* A pool whose large blocks are in virtual ranges from the first has no fixed large
+   * segments for tight placement to choose between. */
+  out->fixed_large = !out->is_vmm &&
+                     !(pool->virtual_growth && pool->opts.large_blocks == VRAM_LARGE_VIRTUAL);
   _vram_pool_fill_stats(pool, &out->stats);
   out->cached_free = _vram_pool_cached_free(pool);
   out->device_total = pool->device_total;

@@ -11,7 +11,8 @@ once per process:
           with PyTorch's allocator and with vramkit; the losses must match exactly; step
           time, max reserved memory and the driver calls of the steps after the first two
           of both are reported. VRAMKIT_* variables reach the vramkit run (say,
-          VRAMKIT_TIGHT_THRESHOLD=0 to measure tight placement in a training loop).
+          VRAMKIT_LARGE_BLOCKS=fixed VRAMKIT_TIGHT_THRESHOLD=0 to measure tight placement
+          in a training loop).
   oom     under a vramkit limit, a batch too large raises a catchable OOM carrying
           vramkit's report; training continues at a smaller batch.
   interop CuPy (vramkit.cupy.install) and Numba (the EMM plugin) arrays backed by vramkit
