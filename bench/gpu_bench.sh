@@ -24,7 +24,8 @@
 # segments of their own (VRAMKIT_LARGE_BLOCKS=fixed, the default before 2026-12-02): bench
 # pair and random and replay on cuda; the C tests with VRAMKIT_TEST_GPU=1 (ctest); torch_bench native and
 # expandable_segments; torch_replay through cudaMallocAsync, then PyTorch native and
-# expandable_segments; rmm_replay, RAPIDS RMM's pool and arena resources on the same traces
+# expandable_segments; rmm_replay, RAPIDS RMM's pool and arena resources: the cached pair
+# (rmm_pair.jsonl) and the same traces
 # (bench/rmm_replay.cpp, built by bench/rmm_build.sh from the librmm-cu13 and rapids-logger
 # wheels carried in .gpu/rmm/; without them the step is recorded as skipped);
 # tests/python/gpu_check.py (the package installed from a wheel
@@ -283,6 +284,8 @@ if wants rmm; then
   elif ! have "$RMM_BUILD/rmm_replay"; then
     echo "rmm skipped: build failed (build_rmm.txt)" >>"$OUT/steps.txt"
   else
+    # The cached alloc+free pair, for the pair table (rmm_replay --pair).
+    step rmm_pair.jsonl 60 "$RMM_BUILD/rmm_replay" --pair
     : >"$OUT/rmm_replay.jsonl"
     for trace in "${TRACES[@]}"; do
       name=$(basename "$trace" .trace.gz)

@@ -141,8 +141,11 @@ def main():
             pair[(f"torch {mode}", int(size))] = float(ns)
     for api, size, ns in re.findall(r"^(cudaMalloc|cudaMallocAsync) size=(\d+) ns_per_pair=([\d.]+)", micro, re.M):
         pair[(api, int(size))] = float(ns)
+    for row in read_jsonl(out, "rmm_pair.jsonl"):  # bench/rmm_replay.cpp --pair
+        pair[(row["allocator"].replace("-", " "), row["size"])] = row["ns_per_pair"]
     columns = ["vramkit cuda", "vramkit vmm", "vramkit managed", "vramkit cuda large fixed",
-               "torch native", "torch expandable", "cudaMallocAsync", "cudaMalloc"]
+               "torch native", "torch expandable", "cudaMallocAsync", "cudaMalloc", "rmm pool",
+               "rmm arena"]
     sizes = sorted({size for (_, size) in pair}) or [512, 65536, 2 << 20, 64 << 20]
     rows = [[size_label(s)] + [fmt(pair.get((c, s))) for c in columns] for s in sizes]
     best_torch = {s: pair.get(("torch native", s)) for s in sizes}

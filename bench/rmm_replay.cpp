@@ -46,6 +46,8 @@
 // stream its trace line names, as torch_replay's cudaMallocAsync replay does (in the shared
 // traces it is always the allocation's stream).
 //
+// `rmm_replay --pair` measures the cached alloc+free pair instead (measure_pairs, below), for
+// the bench's pair table.
 // Environment: RMM_REPLAY_BISECT_MIB (default 1), RMM_REPLAY_ALLOCATORS (default
 // "rmm-pool,rmm-arena"; a subset runs only those), RMM_REPLAY_CHECK=1 (read the traces and
 // print their ops and peak live without touching CUDA: checks the parser on any machine).
@@ -302,6 +304,51 @@ Try run(Kind kind, Trace const& t, std::optional<uint64_t> cap)
   return r;
 }
 
+// The cached alloc+free pair of one size, as the anchors' torch_bench measures PyTorch's
+// raw_alloc/raw_delete: 1,000 warm-up pairs (the first takes the memory from upstream),
+// then the median of 5 batches of 200,000 pairs on the legacy default stream.
+template <class MR>
+double pair_ns(MR& mr, std::size_t size)
+{
+  cuda::stream_ref stream{cudaStream_t{nullptr}};
+  for (int i = 0; i < 1000; i++) mr.deallocate(stream, mr.allocate(stream, size, kAlign), size, kAlign);
+  constexpr int kPairs = 200000;
+  std::vector<double> batch;
+  for (int r = 0; r < 5; r++) {
+    double t0 = now_ns();
+    for (int i = 0; i < kPairs; i++) mr.deallocate(stream, mr.allocate(stream, size, kAlign), size, kAlign);
+    batch.push_back((now_ns() - t0) / kPairs);
+  }
+  std::sort(batch.begin(), batch.end());
+  return batch[2];
+}
+
+// `rmm_replay --pair`: the pair at the sizes of vramkit's `bench pair` and torch_bench, each
+// size on a fresh resource over cudaMalloc (the pool from empty, the arena at its default
+// size). One JSON line per allocator and size.
+void measure_pairs(bool want_pool, bool want_arena)
+{
+  static constexpr std::size_t sizes[] = {512, 65536, 2u << 20, 64u << 20};
+  for (Kind kind : {Kind::pool, Kind::arena}) {
+    if (kind == Kind::pool ? !want_pool : !want_arena) continue;
+    for (std::size_t size : sizes) {
+      rmm::mr::cuda_memory_resource cuda_mr;
+      double ns = 0;
+      if (kind == Kind::pool) {
+        rmm::mr::pool_memory_resource pool{cuda_mr, std::size_t{0}};
+        ns = pair_ns(pool, size);
+      } else {
+        rmm::mr::arena_memory_resource arena{cuda_mr, std::nullopt};
+        ns = pair_ns(arena, size);
+      }
+      check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize after the pairs");
+      printf("{\"allocator\": \"%s\", \"size\": %zu, \"ns_per_pair\": %.1f, \"rmm_version\": \"%s\"}\n",
+             kind == Kind::pool ? "rmm-pool" : "rmm-arena", size, ns, RMM_VERSION);
+      fflush(stdout);
+    }
+  }
+}
+
 double env_double(char const* name, double fallback)
 {
   char const* v = getenv(name);
@@ -395,8 +442,12 @@ void measure(Kind kind, Trace const& t, uint64_t resolution, size_t device_total
 
 int main(int argc, char** argv)
 {
-  if (argc < 2) die(2, "usage: rmm_replay TRACE.trace.gz... (RMM " RMM_VERSION "; see the top of bench/rmm_replay.cpp)");
-  for (int a = 1; a < argc; a++) {  // a wrong path fails before anything is read
+  if (argc < 2)
+    die(2, "usage: rmm_replay TRACE.trace.gz... | rmm_replay --pair (RMM " RMM_VERSION
+           "; see the top of bench/rmm_replay.cpp)");
+  bool pairs = std::string(argv[1]) == "--pair";
+  if (pairs && argc > 2) die(2, "rmm_replay --pair takes no trace");
+  for (int a = 1; a < argc && !pairs; a++) {  // a wrong path fails before anything is read
     FILE* f = fopen(argv[a], "rb");
     if (!f) die(2, std::string("cannot open trace ") + argv[a] + ": " + strerror(errno));
     fclose(f);
@@ -410,7 +461,7 @@ int main(int argc, char** argv)
 
   // Every trace is read before CUDA starts: a bad file fails fast, by name, on any machine.
   std::vector<Trace> traces;
-  for (int a = 1; a < argc; a++) traces.push_back(load(argv[a]));
+  for (int a = 1; a < argc && !pairs; a++) traces.push_back(load(argv[a]));
   if (getenv("RMM_REPLAY_CHECK")) {  // parse only, no GPU: ops and peak live of each trace
     for (Trace const& t : traces) {
       std::vector<uint64_t> size(t.max_id + 1, 0);
@@ -435,6 +486,14 @@ int main(int argc, char** argv)
   size_t free_bytes = 0, total = 0;
   check_cuda(cudaMemGetInfo(&free_bytes, &total), "cudaMemGetInfo");
 
+  if (pairs) {
+    try {
+      measure_pairs(want_pool, want_arena);
+    } catch (std::exception const& e) {
+      die(1, std::string("--pair: ") + e.what());
+    }
+    return 0;
+  }
   for (Trace const& t : traces) {
     try {
       if (want_pool) measure(Kind::pool, t, resolution, total);
