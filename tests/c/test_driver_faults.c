@@ -159,6 +159,35 @@ static void t_cuda_virtual_or_fixed(void **state) {
   fake.set_vmm_supported(1);
 }
 
+/* The default (large blocks virtual) on a device without virtual memory management: every
+ * large request gets a fixed segment, as with large blocks fixed, and nothing is mapped. */
+static void t_cuda_default_without_vmm(void **state) {
+  (void)state;
+  for (int supported = 1; supported >= 0; supported--) {
+    fake.set_vmm_supported(supported);
+    vram_options_t o;
+    vram_options_init(&o);
+    o.source = VRAM_SOURCE_CUDA;
+    vram_pool_t *pool = NULL;
+    VT_OK(vram_pool_create(&pool, &o));
+    live_set live = {{0}, {0}, 0};
+    try_malloc(pool, &live, 40 << 20);
+    try_malloc(pool, &live, 3 << 20);
+    try_malloc(pool, &live, 4096);
+    assert_int_equal(live.n, 3);
+    assert_int_equal(vt_in_virtual(pool, live.ptr[0]), supported);
+    assert_int_equal(vt_in_virtual(pool, live.ptr[1]), supported);
+    assert_int_equal(vt_in_virtual(pool, live.ptr[2]), 0); /* small: a fixed 2 MiB segment */
+    assert_int_equal(fake.mapped_bytes(), supported ? (size_t)44 << 20 : 0);
+    while (live.n) free_at(pool, &live, live.n - 1);
+    VT_OK(vram_empty_cache(pool));
+    check(pool, &live);
+    VT_OK(vram_pool_destroy(pool));
+    assert_int_equal(fake.mapped_bytes(), 0);
+  }
+  fake.set_vmm_supported(1);
+}
+
 int main(void) {
   load_fake();
   const struct CMUnitTest tests[] = {
@@ -169,6 +198,7 @@ int main(void) {
       cmocka_unit_test(t_managed),
       cmocka_unit_test(t_cuda_virtual),
       cmocka_unit_test(t_cuda_virtual_or_fixed),
+      cmocka_unit_test(t_cuda_default_without_vmm),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
