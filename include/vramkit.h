@@ -97,12 +97,13 @@ typedef struct vram_options {
   size_t limit_bytes;           /* hard limit on reserved memory; 0 = none */
   double limit_fraction;
   size_t release_threshold;     /* cached free memory kept when releasing; SIZE_MAX = keep all */
-  /* Tight placement, for fixed segments (cuda, managed, sim). Once reserved memory would pass
-   * this share of the cap (the limit, else the device's total memory), a large request is
-   * not carved from a fully free cached segment bigger than the segment it would get of its
-   * own: it gets its own, and cached segments go back first if that would raise the peak.
-   * Fewer bytes for more driver calls, like PyTorch's max_split_size_mb. In [0, 1]; 0 =
-   * always, 1 = never (default). */
+  /* Tight placement, for fixed large segments (managed; cuda and sim with large_blocks
+   * VRAM_LARGE_FIXED). Once reserved memory would pass this share of the cap (the limit,
+   * else the device's total memory), a large request is not carved from a fully free
+   * cached segment bigger than the segment it would get of its own: it gets its own, and
+   * cached segments go back first if that would raise the peak. Fewer bytes for more
+   * driver calls, like PyTorch's max_split_size_mb. In [0, 1]; 0 = always, 1 = never
+   * (default). */
   double tight_threshold;
   /* Virtual growth, for fixed segments whose source can also map virtual memory (cuda, sim).
    * Once reserved memory would pass this share of the cap (the limit, else the device's
