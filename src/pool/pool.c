@@ -132,6 +132,30 @@ static __attribute__((noinline)) vram_block *mapped_fit(vram_pool_t *pool, vram_
   return NULL;
 }
 
+/* A small request that its own segments cannot serve without growing: a new 2 MiB small
+ * segment, or on vmm new granules of the small range. Where that growth would raise the
+ * high-water mark while the arena's large range holds idle mapped granules (a pool keeps
+ * them far from its cap), the request is carved from one of those instead, so the peak
+ * stays where the large blocks put it. Returns the block to take, or b. */
+static vram_block *small_into_mapped_large(vram_pool_t *pool, vram_arena *a, vram_block *b,
+                                           size_t rounded) {
+  size_t growth = !b ? VRAM_SMALL_SEGMENT
+                 : b->segment->gran_used
+                     ? _vram_granules_unmapped_in(pool, b->segment, b->addr, rounded) *
+                           pool->granularity
+                     : 0;
+  if (!growth || (size_t)pool->stats.reserved_bytes.current + growth <=
+                     (size_t)pool->stats.reserved_bytes.peak)
+    return b;
+  vram_block **cached = _vram_arena_cache_slot(a, false); /* back in the index, to be seen */
+  if (*cached) {
+    _vram_block_uncache(pool, *cached);
+    *cached = NULL;
+  }
+  vram_block *mapped = mapped_fit(pool, _vram_arena_index(a, false), rounded);
+  return mapped ? mapped : b;
+}
+
 /* One attempt: reuse a cached block, else grow. */
 VRAM_HOT int alloc_attempt(vram_pool_t *pool, vram_arena *a, size_t rounded, size_t requested,
                            vram_block **out) {
@@ -166,6 +190,7 @@ VRAM_HOT int alloc_attempt(vram_pool_t *pool, vram_arena *a, size_t rounded, siz
     vram_block *mapped = mapped_fit(pool, index, rounded);
     if (mapped) b = mapped;
   }
+  if (small && pool->has_virtual) b = small_into_mapped_large(pool, a, b, rounded);
   /* The threshold first: off by default, it keeps the common path to one predictable test. */
   if (pool->opts.tight_threshold < 1.0 && b && wants_own_segment(pool, b, rounded, small)) {
     vram_block *own = NULL;

@@ -283,21 +283,25 @@ static void t_large_blocks_virtual_loop_settles(void **state) {
   VT_OK(vram_pool_destroy(pool));
 }
 
-/* Far from the cap the peak guard gives back fixed segments alone: a small segment that
- * raises the peak leaves a freed large block's granules mapped, so the block's next pass
- * maps nothing (they used to be unmapped, and mapped again a loop step later). */
+/* Far from the cap a small request past the peak unmaps nothing: a freed large block's
+ * granules stay mapped and the request is carved from them (a 2 MiB small segment would
+ * raise the peak; once the guard unmapped the granules instead, and the block's next pass
+ * mapped them again a loop step later). The block's next pass then maps the one granule
+ * the small block took. */
 static void t_large_blocks_virtual_guard_keeps_mappings(void **state) {
   (void)state;
   vram_pool_t *pool = large_virtual_pool(8 * VT_GiB, 0);
   void *big = vt_take(pool, 64 * VT_MiB);
   vt_give(pool, big); /* mapped and idle: reserved 64 MiB, the peak */
-  void *small = vt_take(pool, 4096); /* a 2 MiB segment past the peak */
+  void *small = vt_take(pool, 4096);
   VT_VALID(pool);
   vram_stats_t s = vt_stats(pool);
   assert_int_equal(s.num_device_free, 0);
-  assert_int_equal(s.reserved_bytes.current, 66 * VT_MiB);
+  assert_int_equal(s.reserved_bytes.current, 64 * VT_MiB);
+  assert_int_equal(vt_in_virtual(pool, small), 1);
   big = vt_take(pool, 64 * VT_MiB);
-  assert_int_equal(vt_stats(pool).num_device_alloc, 2); /* the mapping and the segment */
+  assert_int_equal(vt_stats(pool).num_device_alloc, 2); /* the first mapping and one granule */
+  assert_int_equal(vt_stats(pool).reserved_bytes.current, 66 * VT_MiB);
   vt_give(pool, big);
   vt_give(pool, small);
   VT_OK(vram_pool_destroy(pool));
@@ -323,6 +327,36 @@ static void t_large_blocks_virtual_oom_advice(void **state) {
   if (!strstr(report, "VRAMKIT_SOURCE=vmm") || strstr(report, "VRAMKIT_TIGHT_THRESHOLD"))
     fail_msg("the report's advice does not fit large blocks in virtual ranges:\n%s", report);
   for (int i = 0; i < 42; i += 2) vt_give(pool, blocks[i]);
+  VT_OK(vram_pool_destroy(pool));
+}
+
+/* A small request its segments cannot hold, while the large range keeps idle mapped
+ * granules far from the cap: a new small segment would raise the peak, so the request is
+ * carved from those granules (no source call, the peak unchanged). Where the peak is not in
+ * the way it gets the small segment as before. */
+static void t_small_request_into_idle_large_granules(void **state) {
+  (void)state;
+  vram_pool_t *pool = large_virtual_pool(1 * VT_GiB, 0);
+  void *s1 = vt_take(pool, 1 * VT_MiB), *s2 = vt_take(pool, 1 * VT_MiB); /* one full segment */
+  vt_give(pool, vt_take(pool, 40 * VT_MiB)); /* 20 granules, idle and kept */
+  vram_stats_t before = vt_stats(pool);
+  assert_int_equal(before.reserved_bytes.peak, 42 * VT_MiB);
+  void *s3 = vt_take(pool, 1 * VT_MiB);
+  vram_stats_t after = vt_stats(pool);
+  assert_int_equal(vt_in_virtual(pool, s3), 1);
+  assert_int_equal(after.num_device_alloc, before.num_device_alloc);
+  assert_int_equal(after.reserved_bytes.peak, 42 * VT_MiB);
+  /* The granules all hold live blocks now: the next small request gets a segment. */
+  void *big = vt_take(pool, 38 * VT_MiB);
+  assert_int_equal(vt_stats(pool).num_device_alloc, after.num_device_alloc);
+  void *s4 = vt_take(pool, 1 * VT_MiB);
+  assert_int_equal(vt_in_virtual(pool, s4), 0);
+  assert_int_equal(vt_stats(pool).num_device_alloc, after.num_device_alloc + 1);
+  vt_give(pool, s1);
+  vt_give(pool, s2);
+  vt_give(pool, s3);
+  vt_give(pool, s4);
+  vt_give(pool, big);
   VT_OK(vram_pool_destroy(pool));
 }
 
@@ -359,6 +393,7 @@ int main(void) {
       cmocka_unit_test(t_large_blocks_virtual_loop_settles),
       cmocka_unit_test(t_large_blocks_virtual_guard_keeps_mappings),
       cmocka_unit_test(t_large_blocks_virtual_oom_advice),
+      cmocka_unit_test(t_small_request_into_idle_large_granules),
       cmocka_unit_test(t_bad_large_blocks),
   };
   return cmocka_run_group_tests_name("virtual_growth", tests, NULL, NULL);
