@@ -130,20 +130,36 @@ static void t_managed(void **state) { (void)state; sweep(VRAM_SOURCE_MANAGED, 0)
 /* Past half of 96 MiB the cuda pool maps granules: its faults are the vmm source's too. */
 static void t_cuda_virtual(void **state) { (void)state; sweep(VRAM_SOURCE_CUDA, 96 << 20); }
 
+/* A cuda pool on the fake driver, with or without virtual memory management. */
+static vram_pool_t *cuda_pool_on(int vmm_supported, size_t limit, vram_large_blocks large) {
+  fake.set_vmm_supported(vmm_supported);
+  vram_options_t o;
+  vram_options_init(&o);
+  o.source = VRAM_SOURCE_CUDA;
+  o.limit_bytes = limit;
+  o.large_blocks = large;
+  vram_pool_t *pool = NULL;
+  VT_OK(vram_pool_create(&pool, &o));
+  return pool;
+}
+
+/* Everything freed, the cache emptied and checked, the pool gone and nothing left mapped. */
+static void drain_and_destroy(vram_pool_t *pool, live_set *live) {
+  while (live->n) free_at(pool, live, live->n - 1);
+  VT_OK(vram_empty_cache(pool));
+  check(pool, live);
+  VT_OK(vram_pool_destroy(pool));
+  assert_int_equal(fake.mapped_bytes(), 0);
+}
+
 /* Past the threshold a cuda pool's large request lands in a virtual range; on a device
  * without virtual memory management it gets a fixed segment instead, and the pool stays
  * on fixed segments from then on. */
 static void t_cuda_virtual_or_fixed(void **state) {
   (void)state;
   for (int supported = 1; supported >= 0; supported--) {
-    fake.set_vmm_supported(supported);
-    vram_options_t o;
-    vram_options_init(&o);
-    o.source = VRAM_SOURCE_CUDA;
-    o.limit_bytes = 96 << 20;
-    o.large_blocks = VRAM_LARGE_FIXED; /* fixed below the threshold */
-    vram_pool_t *pool = NULL;
-    VT_OK(vram_pool_create(&pool, &o));
+    /* Large blocks fixed below the threshold. */
+    vram_pool_t *pool = cuda_pool_on(supported, 96 << 20, VRAM_LARGE_FIXED);
     live_set live = {{0}, {0}, 0};
     try_malloc(pool, &live, 40 << 20);
     try_malloc(pool, &live, 20 << 20); /* 40 + 20 > 48 */
@@ -151,10 +167,7 @@ static void t_cuda_virtual_or_fixed(void **state) {
     assert_int_equal(vt_in_virtual(pool, live.ptr[0]), 0);
     assert_int_equal(vt_in_virtual(pool, live.ptr[1]), supported);
     assert_int_equal(fake.mapped_bytes(), supported ? (size_t)20 << 20 : 0);
-    while (live.n) free_at(pool, &live, live.n - 1);
-    VT_OK(vram_empty_cache(pool));
-    check(pool, &live);
-    VT_OK(vram_pool_destroy(pool));
+    drain_and_destroy(pool, &live);
   }
   fake.set_vmm_supported(1);
 }
@@ -164,12 +177,7 @@ static void t_cuda_virtual_or_fixed(void **state) {
 static void t_cuda_default_without_vmm(void **state) {
   (void)state;
   for (int supported = 1; supported >= 0; supported--) {
-    fake.set_vmm_supported(supported);
-    vram_options_t o;
-    vram_options_init(&o);
-    o.source = VRAM_SOURCE_CUDA;
-    vram_pool_t *pool = NULL;
-    VT_OK(vram_pool_create(&pool, &o));
+    vram_pool_t *pool = cuda_pool_on(supported, 0, VRAM_LARGE_VIRTUAL);
     live_set live = {{0}, {0}, 0};
     try_malloc(pool, &live, 40 << 20);
     try_malloc(pool, &live, 3 << 20);
@@ -179,11 +187,7 @@ static void t_cuda_default_without_vmm(void **state) {
     assert_int_equal(vt_in_virtual(pool, live.ptr[1]), supported);
     assert_int_equal(vt_in_virtual(pool, live.ptr[2]), 0); /* small: a fixed 2 MiB segment */
     assert_int_equal(fake.mapped_bytes(), supported ? (size_t)44 << 20 : 0);
-    while (live.n) free_at(pool, &live, live.n - 1);
-    VT_OK(vram_empty_cache(pool));
-    check(pool, &live);
-    VT_OK(vram_pool_destroy(pool));
-    assert_int_equal(fake.mapped_bytes(), 0);
+    drain_and_destroy(pool, &live);
   }
   fake.set_vmm_supported(1);
 }
