@@ -82,17 +82,23 @@ static void free_at(vram_pool_t *pool, live_set *live, int i) {
 }
 
 /* limit: 0 for none; a small one makes a cuda pool grow into virtual ranges. */
+/* A pool of `kind` on the fake driver. */
+static vram_pool_t *fake_pool(vram_source_kind kind, size_t limit, vram_large_blocks large) {
+  vram_options_t o;
+  vram_options_init(&o);
+  o.source = kind;
+  o.limit_bytes = limit;
+  o.large_blocks = large;
+  vram_pool_t *pool = NULL;
+  VT_OK(vram_pool_create(&pool, &o));
+  return pool;
+}
+
 static void sweep_large(vram_source_kind kind, size_t limit, vram_large_blocks large) {
   static const size_t sizes[] = {5 << 20, 300 << 10, 40 << 20, (1 << 20) + 1, 9 << 20, 3000};
   int fired = 0;
   for (long k = 1; k <= 40; k++) {
-    vram_options_t o;
-    vram_options_init(&o);
-    o.source = kind;
-    o.limit_bytes = limit;
-    o.large_blocks = large;
-    vram_pool_t *pool = NULL;
-    VT_OK(vram_pool_create(&pool, &o));
+    vram_pool_t *pool = fake_pool(kind, limit, large);
     live_set live = {{0}, {0}, 0};
     fake.fail_call(k);
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) try_malloc(pool, &live, sizes[i]);
@@ -130,19 +136,6 @@ static void t_managed(void **state) { (void)state; sweep(VRAM_SOURCE_MANAGED, 0)
 /* Past half of 96 MiB the cuda pool maps granules: its faults are the vmm source's too. */
 static void t_cuda_virtual(void **state) { (void)state; sweep(VRAM_SOURCE_CUDA, 96 << 20); }
 
-/* A cuda pool on the fake driver, with or without virtual memory management. */
-static vram_pool_t *cuda_pool_on(int vmm_supported, size_t limit, vram_large_blocks large) {
-  fake.set_vmm_supported(vmm_supported);
-  vram_options_t o;
-  vram_options_init(&o);
-  o.source = VRAM_SOURCE_CUDA;
-  o.limit_bytes = limit;
-  o.large_blocks = large;
-  vram_pool_t *pool = NULL;
-  VT_OK(vram_pool_create(&pool, &o));
-  return pool;
-}
-
 /* Everything freed, the cache emptied and checked, the pool gone and nothing left mapped. */
 static void drain_and_destroy(vram_pool_t *pool, live_set *live) {
   while (live->n) free_at(pool, live, live->n - 1);
@@ -158,8 +151,9 @@ static void drain_and_destroy(vram_pool_t *pool, live_set *live) {
 static void t_cuda_virtual_or_fixed(void **state) {
   (void)state;
   for (int supported = 1; supported >= 0; supported--) {
+    fake.set_vmm_supported(supported);
     /* Large blocks fixed below the threshold. */
-    vram_pool_t *pool = cuda_pool_on(supported, 96 << 20, VRAM_LARGE_FIXED);
+    vram_pool_t *pool = fake_pool(VRAM_SOURCE_CUDA, 96 << 20, VRAM_LARGE_FIXED);
     live_set live = {{0}, {0}, 0};
     try_malloc(pool, &live, 40 << 20);
     try_malloc(pool, &live, 20 << 20); /* 40 + 20 > 48 */
@@ -177,7 +171,8 @@ static void t_cuda_virtual_or_fixed(void **state) {
 static void t_cuda_default_without_vmm(void **state) {
   (void)state;
   for (int supported = 1; supported >= 0; supported--) {
-    vram_pool_t *pool = cuda_pool_on(supported, 0, VRAM_LARGE_VIRTUAL);
+    fake.set_vmm_supported(supported);
+    vram_pool_t *pool = fake_pool(VRAM_SOURCE_CUDA, 0, VRAM_LARGE_VIRTUAL);
     live_set live = {{0}, {0}, 0};
     try_malloc(pool, &live, 40 << 20);
     try_malloc(pool, &live, 3 << 20);
