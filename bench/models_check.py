@@ -10,7 +10,8 @@ The models (random weights, nothing downloaded):
   - bert_infer_varlen: transformers BERT-base in inference mode under bf16 autocast, batch
     32, sequence lengths cycling through six values; the loop repeats itself from the second
     cycle, so driver calls are counted over the cycles after the first.
-More models, by name with --models (added 2026-12-01 and not yet run on a card):
+More models, by name with --models (first run on an H200 on 2026-12-01 with --trace-dir,
+docs/performance.md):
   - vit_train: torchvision ViT-B/16, AdamW, bf16 autocast, batch 32, 12 steps.
   - gpt2_train_varlen: transformers GPT-2 (6 layers) trained with AdamW under bf16 autocast,
     batch 8, sequence lengths cycling through six values as dynamic padding gives them; the
@@ -183,7 +184,8 @@ def main() -> None:
     ap.add_argument("--models", default="resnet50_train,bert_infer_varlen",
                     help=f"a comma-separated list of: {', '.join(MODELS)}")
     ap.add_argument("--trace-dir", help="also save each vramkit run as a trace (vramkit "
-                    "replay reads it) in this folder")
+                    "replay reads it) in this folder; recording slows vramkit's steps, so "
+                    "their times are not comparable with the others'")
     ap.add_argument("--rounds", type=int, default=1, help="run every allocator this many "
                     "times, alternated, each in a fresh process; the table shows the "
                     "median step time")
