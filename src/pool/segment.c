@@ -198,7 +198,7 @@ static bool grow_virtual(const vram_pool_t *pool, const vram_arena *a, size_t ro
   if (pool->src->is_vmm) return true;
   if (small || !pool->virtual_growth) return false;
   if (a->grows_virtual) return true; /* its range is full: another one */
-  if (pool->opts.large_blocks == VRAM_LARGE_VIRTUAL) return true;
+  if (_vram_large_blocks_virtual(pool)) return true;
   size_t cap = pool->limit ? pool->limit : pool->device_total;
   size_t own = _vram_fixed_segment_size(pool, rounded, false);
   return (double)((size_t)pool->stats.reserved_bytes.current + own) >

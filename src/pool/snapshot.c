@@ -100,8 +100,7 @@ void _vram_pool_snapshot(const vram_pool_t *pool, bool ask_device, vram_pool_sna
   out->tight_threshold = pool->opts.tight_threshold;
   /* A pool whose large blocks are in virtual ranges from the first has no fixed large
    * segments for tight placement to choose between. */
-  out->fixed_large = !out->is_vmm &&
-                     !(pool->virtual_growth && pool->opts.large_blocks == VRAM_LARGE_VIRTUAL);
+  out->fixed_large = !out->is_vmm && !_vram_large_blocks_virtual(pool);
   _vram_pool_fill_stats(pool, &out->stats);
   out->cached_free = _vram_pool_cached_free(pool);
   out->device_total = pool->device_total;

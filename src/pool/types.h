@@ -260,4 +260,10 @@ static inline void vram_stat_down(vram_stat_t *s, int64_t delta) { s->current -=
 
 static inline size_t _vram_round_up(size_t n, size_t unit) { return (n + unit - 1) & ~(unit - 1); }
 
+/* A fixed-segment pool whose large requests go to virtual ranges from the first
+ * (vram_options_t.large_blocks) and whose source can map them. */
+static inline bool _vram_large_blocks_virtual(const vram_pool_t *pool) {
+  return pool->virtual_growth && pool->opts.large_blocks == VRAM_LARGE_VIRTUAL;
+}
+
 #endif /* VRAM_TYPES_H */
