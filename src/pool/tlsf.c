@@ -8,8 +8,8 @@
  * first one reused, which keeps the working set of device memory (and of host metadata) warm.
  *
  * Fit: within the request's own bin blocks may be smaller than the request, so that bin is
- * scanned for the best fit (bounded); otherwise the head of the next non-empty bin is
- * taken, which is at most one bin (1/16 of a power of two) larger than needed. */
+ * scanned for the best fit (bounded); otherwise every block of the next non-empty bin
+ * fits, and the smallest of its first few is taken. */
 #include <string.h>
 
 #include "pool/tlsf.h"

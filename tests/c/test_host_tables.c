@@ -66,8 +66,9 @@ static bool count_block(void *ctx, const vram_block *b) {
 }
 
 /* A block resized in place (a merge or a carve that keeps its bin) goes to the head of its
- * bin like a fresh insert, so the block touched last is reused first; one that changes bin
- * moves. The index stays consistent through both. */
+ * bin like a fresh insert; one that changes bin moves. A search that falls through to a
+ * bin above its own takes that bin's smallest block, its head among equals. The index
+ * stays consistent through all of it. */
 static void t_free_index_resize(void **state) {
   (void)state;
   vram_tlsf index;
@@ -75,10 +76,16 @@ static void t_free_index_resize(void **state) {
   vram_block a = {.size = 34 * VRAM_ALIGN}, b = {.size = 34 * VRAM_ALIGN};
   _vram_tlsf_insert(&index, &a);
   _vram_tlsf_insert(&index, &b);
-  /* 31 units maps one bin below 32..33 units' bin: a search takes that bin's head. */
+  /* a and b sit in the bin of 34..35 units; a search for 31 units finds its own bin empty
+   * and falls through to theirs. Equal sizes there, so the head. */
   assert_ptr_equal(_vram_tlsf_find(&index, 31 * VRAM_ALIGN), &b);
-  _vram_tlsf_resize(&index, &a, 35 * VRAM_ALIGN); /* same bin: 32..35 units */
+  _vram_tlsf_resize(&index, &a, 35 * VRAM_ALIGN); /* same bin, now its head */
+  assert_ptr_equal(index.heads[a.bin_fl][a.bin_sl], &a);
+  assert_ptr_equal(_vram_tlsf_find(&index, 31 * VRAM_ALIGN), &b); /* the smaller one */
+  _vram_tlsf_resize(&index, &b, 36 * VRAM_ALIGN);                  /* another bin */
   assert_ptr_equal(_vram_tlsf_find(&index, 31 * VRAM_ALIGN), &a);
+  _vram_tlsf_resize(&index, &b, 34 * VRAM_ALIGN);                  /* back, at the head */
+  assert_ptr_equal(_vram_tlsf_find(&index, 31 * VRAM_ALIGN), &b);
   assert_true(_vram_tlsf_check(&index, count_block, &(size_t){0}));
   assert_int_equal(index.free_bytes, 69 * VRAM_ALIGN);
   _vram_tlsf_resize(&index, &a, 64 * VRAM_ALIGN); /* another bin */
