@@ -4,9 +4,11 @@
  * A virtual segment is a large reserved address range; blocks are carved from it as from
  * any segment, but only the granules (2 MiB on current GPUs) that live blocks touch are
  * mapped to physical memory. Per granule this file keeps the bytes of the live, pending
- * and parked blocks on it, a mapped bit, an idle bit (mapped but unused: cached memory),
- * and a head bit where a mapping begins: each mapping is one physical handle, and the
- * driver unmaps only whole mappings.
+ * and parked blocks that end on it, a mapped bit, an idle bit (mapped but unused: cached
+ * memory), and a head bit where a mapping begins: each mapping is one physical handle,
+ * and the driver unmaps only whole mappings. The granules strictly inside a block are
+ * that block's alone, so only their idle bits change when it is taken or freed: a word
+ * of bits at a time, whatever the block's size.
  *
  * (Blocks parked in their arena's one-block cache count as used until they are merged.)
  *
@@ -34,11 +36,42 @@ static inline bool bit_get(const uint64_t *bits, size_t i) { return (bits[i / BI
 static inline void bit_set(uint64_t *bits, size_t i) { bits[i / BITS] |= (uint64_t)1 << (i % BITS); }
 static inline void bit_clear(uint64_t *bits, size_t i) { bits[i / BITS] &= ~((uint64_t)1 << (i % BITS)); }
 
+/* The set bits of bits[] in [g0, g1), a word at a time: a large block spans hundreds of
+ * granules, and these run on every allocation and free that reaches the index. */
+static size_t bits_count(const uint64_t *bits, size_t g0, size_t g1) {
+  size_t n = 0;
+  while (g0 < g1) {
+    size_t w = g0 / BITS, lo = g0 % BITS, hi = (g1 - w * BITS) < BITS ? g1 - w * BITS : BITS;
+    uint64_t word = bits[w] >> lo;
+    if (hi - lo < BITS) word &= ((uint64_t)1 << (hi - lo)) - 1;
+    n += (size_t)__builtin_popcountll(word);
+    g0 = w * BITS + hi;
+  }
+  return n;
+}
+
+/* Set (on) or clear bits [g0, g1), a word at a time. */
+static void bits_fill(uint64_t *bits, size_t g0, size_t g1, bool on) {
+  while (g0 < g1) {
+    size_t w = g0 / BITS, lo = g0 % BITS, hi = (g1 - w * BITS) < BITS ? g1 - w * BITS : BITS;
+    uint64_t mask = (hi - lo < BITS ? ((uint64_t)1 << (hi - lo)) - 1 : ~(uint64_t)0) << lo;
+    bits[w] = on ? bits[w] | mask : bits[w] & ~mask;
+    g0 = w * BITS + hi;
+  }
+}
+
 /* The granules [*g0, *g1) that [addr, addr+size) of a segment touches. */
 static inline void granule_span(const vram_segment *seg, size_t G, uintptr_t addr, size_t size,
                                 size_t *g0, size_t *g1) {
   *g0 = (addr - seg->addr) / G;
   *g1 = (addr + size - 1 - seg->addr) / G + 1;
+}
+
+/* The granules strictly between the first and the last of [g0, g1), as [*in0, *in1):
+ * empty for a span of one or two. */
+static inline void inner_granules(size_t g0, size_t g1, size_t *in0, size_t *in1) {
+  *in0 = g0 + 1;
+  *in1 = g1 - g0 > 2 ? g1 - 1 : *in0;
 }
 
 /* Bytes of [addr, addr+size) that lie on granule g. */
@@ -105,10 +138,9 @@ static void mark_unmapped(vram_pool_t *pool, vram_segment *seg, size_t g0, size_
 }
 
 size_t _vram_granules_unmapped_in(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size) {
-  size_t g0, g1, n = 0;
+  size_t g0, g1;
   granule_span(seg, pool->granularity, addr, size, &g0, &g1);
-  for (size_t g = g0; g < g1; g++) n += !bit_get(seg->gran_mapped, g);
-  return n;
+  return (g1 - g0) - bits_count(seg->gran_mapped, g0, g1);
 }
 
 size_t _vram_granules_idle_total(const vram_pool_t *pool) {
@@ -355,7 +387,14 @@ int _vram_granules_acquire(vram_pool_t *pool, vram_segment *seg, uintptr_t addr,
     if (fresh.at != fresh.stack) free(fresh.at);
     if (rc) return rc;
   }
-  for (size_t g = g0; g < g1; g++) {
+  /* Only the end granules can hold other blocks' bytes too; those between are this
+   * block's alone, idle before and used after: their idle bits say so, and their counts
+   * stay 0 (_vram_granules_check). */
+  size_t inner0, inner1;
+  inner_granules(g0, g1, &inner0, &inner1);
+  bits_fill(seg->gran_idle, inner0, inner1, false);
+  seg->idle_granules -= inner1 - inner0;
+  for (size_t g = g0; g < g1; g = g + 1 == inner0 ? inner1 : g + 1) {
     if (!seg->gran_used[g]) {
       bit_clear(seg->gran_idle, g);
       seg->idle_granules--;
@@ -369,7 +408,11 @@ void _vram_granules_release(vram_pool_t *pool, vram_segment *seg, uintptr_t addr
   size_t G = pool->granularity;
   size_t g0, g1;
   granule_span(seg, G, addr, size, &g0, &g1);
-  for (size_t g = g0; g < g1; g++) {
+  size_t inner0, inner1;
+  inner_granules(g0, g1, &inner0, &inner1);
+  bits_fill(seg->gran_idle, inner0, inner1, true);
+  seg->idle_granules += inner1 - inner0;
+  for (size_t g = g0; g < g1; g = g + 1 == inner0 ? inner1 : g + 1) {
     seg->gran_used[g] -= granule_overlap(seg, G, g, addr, size);
     if (!seg->gran_used[g]) {
       bit_set(seg->gran_idle, g);
@@ -398,21 +441,34 @@ bool _vram_granules_check(vram_pool_t *pool, vram_segment *seg) {
   if (n > seg->n_granules) return false;
   uint32_t *expect = calloc(n ? n : 1, sizeof *expect);
   if (!expect) return true; /* cannot check without memory; not a broken invariant */
+  bool *inside = calloc(n ? n : 1, sizeof *inside);
+  if (!inside) {
+    free(expect);
+    return true;
+  }
   bool ok = true;
   for (vram_block *b = seg->first; b && ok; b = b->addr_next) {
     if (b->state == VRAM_BLOCK_FREE) continue;
-    size_t g0, g1;
+    size_t g0, g1, in0, in1;
     granule_span(seg, G, b->addr, b->size, &g0, &g1);
     if (g1 > n) { ok = false; break; }
-    for (size_t g = g0; g < g1; g++) expect[g] += granule_overlap(seg, G, g, b->addr, b->size);
+    inner_granules(g0, g1, &in0, &in1);
+    for (size_t g = g0; g < g1; g++) {
+      bool inner = g >= in0 && g < in1;
+      if (inner && (inside[g] || expect[g])) ok = false; /* another block's bytes on it */
+      if (!inner && inside[g]) ok = false;
+      inside[g] |= inner;
+      if (!inner) expect[g] += granule_overlap(seg, G, g, b->addr, b->size);
+    }
   }
   size_t mapped = 0, idle = 0;
   for (size_t g = 0; g < n && ok; g++) {
     bool m = bit_get(seg->gran_mapped, g), i = bit_get(seg->gran_idle, g);
     bool h = bit_get(seg->gran_head, g);
+    bool used = seg->gran_used[g] || inside[g];
     if (expect[g] != seg->gran_used[g]) ok = false;
-    if (seg->gran_used[g] && !m) ok = false;       /* a used granule is always mapped */
-    if (i != (m && !seg->gran_used[g])) ok = false; /* idle = mapped and unused */
+    if (used && !m) ok = false;       /* a used granule is always mapped */
+    if (i != (m && !used)) ok = false; /* idle = mapped and unused */
     if (h && !m) ok = false;                        /* a mapping starts on a mapped granule */
     if (m && (g == 0 || !bit_get(seg->gran_mapped, g - 1)) && !h) ok = false; /* and after a gap */
     mapped += m;
@@ -424,5 +480,6 @@ bool _vram_granules_check(vram_pool_t *pool, vram_segment *seg) {
     if (m || i || h) ok = false; /* nothing mapped at or above the high-water index */
   }
   free(expect);
+  free(inside);
   return ok && mapped == seg->mapped_granules && idle == seg->idle_granules;
 }

@@ -128,8 +128,9 @@ struct vram_segment {
   vram_block *first;      /* lowest-address block */
   vram_segment *idle_prev, *idle_next;
   /* Virtual memory only (NULL otherwise): per granule (gran_used, above), bytes of
-   * live/pending blocks on it (parked ones included), and bitmaps of mapped granules and
-   * of mapped granules no block uses. */
+   * live/pending blocks (parked ones included) on it where it is one of a block's two end
+   * granules, and bitmaps of mapped granules and of mapped granules no block uses. A
+   * granule strictly inside a block counts 0: its idle bit alone says it is used. */
   uint64_t *gran_mapped;
   uint64_t *gran_idle;
   uint64_t *gran_head;    /* first granule of each mapping (one physical handle each) */
