@@ -50,6 +50,17 @@ static size_t bits_count(const uint64_t *bits, size_t g0, size_t g1) {
   return n;
 }
 
+/* The highest clear bit of bits[] in [g0, g1), or SIZE_MAX if every bit there is set. */
+static size_t bits_last_clear(const uint64_t *bits, size_t g0, size_t g1) {
+  while (g1 > g0) {
+    size_t w = (g1 - 1) / BITS, lo = w * BITS > g0 ? 0 : g0 - w * BITS, hi = g1 - w * BITS;
+    uint64_t clear = ~bits[w] & ((hi < BITS ? ((uint64_t)1 << hi) : 0) - 1) & (~(uint64_t)0 << lo);
+    if (clear) return w * BITS + (size_t)(63 - __builtin_clzll(clear));
+    g1 = w * BITS + lo;
+  }
+  return SIZE_MAX;
+}
+
 /* Set (on) or clear bits [g0, g1), a word at a time. */
 static void bits_fill(uint64_t *bits, size_t g0, size_t g1, bool on) {
   while (g0 < g1) {
@@ -171,13 +182,13 @@ bool _vram_granules_mapped_window(vram_pool_t *pool, vram_segment *seg, uintptr_
   while (at + size <= end) {
     size_t g0, g1;
     granule_span(seg, G, at, size, &g0, &g1);
-    size_t g = g0;
-    while (g < g1 && bit_get(seg->gran_mapped, g)) g++;
-    if (g == g1) {
+    size_t g = bits_last_clear(seg->gran_mapped, g0, g1);
+    if (g == SIZE_MAX) {
       *start = at;
       return true;
     }
-    /* The window cannot hold unmapped granule g: start again at the next mapped one. */
+    /* No window from here to unmapped granule g can hold it: start again at the next
+     * mapped one after it. */
     size_t next = next_mapped(seg, g + 1, seg->gran_hwm);
     if (next >= seg->gran_hwm) return false;
     at = seg->addr + next * G;
