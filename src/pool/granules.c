@@ -119,10 +119,8 @@ void _vram_granules_destroy(vram_segment *seg) {
 
 /* Mark granules [g0, g1) mapped as one mapping (and idle: nothing uses them yet). */
 static void mark_mapped(vram_pool_t *pool, vram_segment *seg, size_t g0, size_t g1) {
-  for (size_t g = g0; g < g1; g++) {
-    bit_set(seg->gran_mapped, g);
-    bit_set(seg->gran_idle, g);
-  }
+  bits_fill(seg->gran_mapped, g0, g1, true);
+  bits_fill(seg->gran_idle, g0, g1, true);
   bit_set(seg->gran_head, g0);
   seg->mapped_granules += g1 - g0;
   seg->idle_granules += g1 - g0;
@@ -135,12 +133,10 @@ static void mark_mapped(vram_pool_t *pool, vram_segment *seg, size_t g0, size_t 
 
 /* Mark the whole mappings [g0, g1) unmapped; each was one physical handle given back. */
 static void mark_unmapped(vram_pool_t *pool, vram_segment *seg, size_t g0, size_t g1) {
-  for (size_t g = g0; g < g1; g++) {
-    pool->stats.num_device_free += bit_get(seg->gran_head, g);
-    bit_clear(seg->gran_mapped, g);
-    bit_clear(seg->gran_idle, g);
-    bit_clear(seg->gran_head, g);
-  }
+  pool->stats.num_device_free += bits_count(seg->gran_head, g0, g1);
+  bits_fill(seg->gran_mapped, g0, g1, false);
+  bits_fill(seg->gran_idle, g0, g1, false);
+  bits_fill(seg->gran_head, g0, g1, false);
   seg->mapped_granules -= g1 - g0;
   seg->idle_granules -= g1 - g0;
   vram_stat_down(&pool->stats.reserved_bytes, (int64_t)((g1 - g0) * pool->granularity));
@@ -466,8 +462,8 @@ bool _vram_granules_check(vram_pool_t *pool, vram_segment *seg) {
     inner_granules(g0, g1, &in0, &in1);
     for (size_t g = g0; g < g1; g++) {
       bool inner = g >= in0 && g < in1;
-      if (inner && (inside[g] || expect[g])) ok = false; /* another block's bytes on it */
-      if (!inner && inside[g]) ok = false;
+      /* A granule inside one block holds no other block's bytes. */
+      if (inside[g] || (inner && expect[g])) ok = false;
       inside[g] |= inner;
       if (!inner) expect[g] += granule_overlap(seg, G, g, b->addr, b->size);
     }

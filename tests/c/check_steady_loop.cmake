@@ -7,7 +7,7 @@
 #   - resnet50_train: ResNet-50 training (torchvision, bf16 autocast, batch 64, 10 steps).
 #     Its first step is ops 0 to 2,015 and each later one 1,530 ops, so step 3 starts at
 #     op 3,546 and step 6 at op 8,136. By default (large blocks in virtual ranges) 0 from
-#     op 3,546, at most 1.02 (1.012 when this check was written); with
+#     op 3,546, at most 1.02 (1.013 when this check was written); with
 #     VRAMKIT_LARGE_BLOCKS=fixed 0 from op 8,136 (the peak guard has settled, segment.c,
 #     guard_peak; before it remembered the sizes it gave back the loop made 40 calls
 #     there), at most 1.05 (1.037).
