@@ -26,6 +26,14 @@ TORCH = """
 """
 
 
+# The pool's driver calls so far: allocations and releases, or maps and unmaps.
+DRIVER_CALLS = """
+    def calls():
+        st = vramkit.memory_stats(0)
+        return st["num_device_alloc"] + st["num_device_free"]
+"""
+
+
 def test_torch_tensors_on_both_sides_of_the_threshold(gpu_run):
     gpu_run(TORCH, """
         # A 1 GiB limit is the cap: fixed segments up to 512 MiB reserved.
@@ -147,16 +155,12 @@ def test_default_training_loop_makes_no_driver_call_after_its_second_step(gpu_ru
     # The issue's steady-state target through PyTorch on the card: a small transformer
     # trained under bf16 autocast with AdamW; from its third step the pool neither
     # allocates nor maps.
-    gpu_run(TORCH, """
+    gpu_run(TORCH, DRIVER_CALLS, """
         torch.manual_seed(0)
         layer = torch.nn.TransformerEncoderLayer(512, 8, 2048, batch_first=True)
         model = torch.nn.TransformerEncoder(layer, 4).cuda()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         x = torch.randn(16, 256, 512, device="cuda")
-
-        def calls():
-            st = vramkit.memory_stats(0)
-            return st["num_device_alloc"] + st["num_device_free"]
 
         per_step = []
         for step in range(6):
@@ -180,7 +184,7 @@ def test_gpt2_loop_makes_no_driver_call_after_its_second_step(gpu_run):
     # from step to step. Until the free-block index took the smallest block of a higher bin
     # (tlsf_inline.h) the layout drifted until step 5 and mapped once more there; its
     # recording is data/recordings/gpt2_4l_train.trace.gz.
-    gpu_run(TORCH, """
+    gpu_run(TORCH, DRIVER_CALLS, """
         try:
             from transformers import GPT2Config, GPT2LMHeadModel
         except ImportError:
@@ -193,10 +197,6 @@ def test_gpt2_loop_makes_no_driver_call_after_its_second_step(gpu_run):
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         gen = torch.Generator().manual_seed(1234)
         data = torch.randint(0, cfg.vocab_size, (8, 8, 512), generator=gen)
-
-        def calls():
-            st = vramkit.memory_stats(0)
-            return st["num_device_alloc"] + st["num_device_free"]
 
         per_step = []
         for step in range(8):
