@@ -74,8 +74,15 @@ static void bits_fill(uint64_t *bits, size_t g0, size_t g1, bool on) {
 /* The granules [*g0, *g1) that [addr, addr+size) of a segment touches. */
 static inline void granule_span(const vram_segment *seg, size_t G, uintptr_t addr, size_t size,
                                 size_t *g0, size_t *g1) {
-  *g0 = (addr - seg->addr) / G;
-  *g1 = (addr + size - 1 - seg->addr) / G + 1;
+  uintptr_t first = addr - seg->addr, last = addr + size - 1 - seg->addr;
+  if ((G & (G - 1)) == 0) { /* granularities are powers of two: shifts, not divisions */
+    int shift = __builtin_ctzll((unsigned long long)G);
+    *g0 = first >> shift;
+    *g1 = (last >> shift) + 1;
+    return;
+  }
+  *g0 = first / G;
+  *g1 = last / G + 1;
 }
 
 /* The granules strictly between the first and the last of [g0, g1), as [*in0, *in1):
@@ -306,6 +313,7 @@ static size_t mapped_allowance(const vram_pool_t *pool, size_t request) {
 }
 
 bool _vram_granules_must_trim(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size) {
+  if (_vram_granules_kept(pool, size)) return false; /* no allowance, no limit: skip the count */
   size_t need = _vram_granules_unmapped_in(pool, seg, addr, size);
   if (!need) return false;
   size_t after = (size_t)pool->stats.reserved_bytes.current + need * pool->granularity;
