@@ -36,39 +36,47 @@ static inline bool bit_get(const uint64_t *bits, size_t i) { return (bits[i / BI
 static inline void bit_set(uint64_t *bits, size_t i) { bits[i / BITS] |= (uint64_t)1 << (i % BITS); }
 static inline void bit_clear(uint64_t *bits, size_t i) { bits[i / BITS] &= ~((uint64_t)1 << (i % BITS)); }
 
+/* Masks of the bits of [g0, g1) in its first and in its last word (g0 < g1). */
+static inline uint64_t first_word_mask(size_t g0) { return ~(uint64_t)0 << (g0 % BITS); }
+static inline uint64_t last_word_mask(size_t g1) {
+  return ~(uint64_t)0 >> (BITS - 1 - (g1 - 1) % BITS);
+}
+
 /* The set bits of bits[] in [g0, g1), a word at a time: a large block spans hundreds of
  * granules, and these run on every allocation and free that reaches the index. */
 static size_t bits_count(const uint64_t *bits, size_t g0, size_t g1) {
-  size_t n = 0;
-  while (g0 < g1) {
-    size_t w = g0 / BITS, lo = g0 % BITS, hi = (g1 - w * BITS) < BITS ? g1 - w * BITS : BITS;
-    uint64_t word = bits[w] >> lo;
-    if (hi - lo < BITS) word &= ((uint64_t)1 << (hi - lo)) - 1;
-    n += (size_t)__builtin_popcountll(word);
-    g0 = w * BITS + hi;
-  }
-  return n;
+  if (g0 >= g1) return 0;
+  size_t w0 = g0 / BITS, w1 = (g1 - 1) / BITS;
+  uint64_t first = first_word_mask(g0), last = last_word_mask(g1);
+  if (w0 == w1) return (size_t)__builtin_popcountll(bits[w0] & first & last);
+  size_t n = (size_t)__builtin_popcountll(bits[w0] & first);
+  for (size_t w = w0 + 1; w < w1; w++) n += (size_t)__builtin_popcountll(bits[w]);
+  return n + (size_t)__builtin_popcountll(bits[w1] & last);
 }
 
 /* The highest clear bit of bits[] in [g0, g1), or SIZE_MAX if every bit there is set. */
 static size_t bits_last_clear(const uint64_t *bits, size_t g0, size_t g1) {
-  while (g1 > g0) {
-    size_t w = (g1 - 1) / BITS, lo = w * BITS > g0 ? 0 : g0 - w * BITS, hi = g1 - w * BITS;
-    uint64_t clear = ~bits[w] & ((hi < BITS ? ((uint64_t)1 << hi) : 0) - 1) & (~(uint64_t)0 << lo);
+  if (g0 >= g1) return SIZE_MAX;
+  size_t w0 = g0 / BITS;
+  uint64_t mask = last_word_mask(g1);
+  for (size_t w = (g1 - 1) / BITS;; w--, mask = ~(uint64_t)0) {
+    if (w == w0) mask &= first_word_mask(g0);
+    uint64_t clear = ~bits[w] & mask;
     if (clear) return w * BITS + (size_t)(63 - __builtin_clzll(clear));
-    g1 = w * BITS + lo;
+    if (w == w0) return SIZE_MAX;
   }
-  return SIZE_MAX;
 }
 
 /* Set (on) or clear bits [g0, g1), a word at a time. */
 static void bits_fill(uint64_t *bits, size_t g0, size_t g1, bool on) {
-  while (g0 < g1) {
-    size_t w = g0 / BITS, lo = g0 % BITS, hi = (g1 - w * BITS) < BITS ? g1 - w * BITS : BITS;
-    uint64_t mask = (hi - lo < BITS ? ((uint64_t)1 << (hi - lo)) - 1 : ~(uint64_t)0) << lo;
-    bits[w] = on ? bits[w] | mask : bits[w] & ~mask;
-    g0 = w * BITS + hi;
-  }
+  if (g0 >= g1) return;
+  size_t w0 = g0 / BITS, w1 = (g1 - 1) / BITS;
+  uint64_t first = first_word_mask(g0), last = last_word_mask(g1);
+  if (w0 == w1) first &= last;
+  bits[w0] = on ? bits[w0] | first : bits[w0] & ~first;
+  if (w0 == w1) return;
+  for (size_t w = w0 + 1; w < w1; w++) bits[w] = on ? ~(uint64_t)0 : 0;
+  bits[w1] = on ? bits[w1] | last : bits[w1] & ~last;
 }
 
 /* The granules [*g0, *g1) that [addr, addr+size) of a segment touches. */
