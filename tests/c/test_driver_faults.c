@@ -81,17 +81,15 @@ static void free_at(vram_pool_t *pool, live_set *live, int i) {
   check(pool, live);
 }
 
-/* limit: 0 for none; a small one makes a cuda pool grow into virtual ranges. */
-/* A pool of `kind` on the fake driver. */
+/* A pool of `kind` on the fake driver. limit: 0 for none; a small one makes a cuda pool
+ * with large blocks fixed grow into virtual ranges. */
 static vram_pool_t *fake_pool(vram_source_kind kind, size_t limit, vram_large_blocks large) {
   vram_options_t o;
   vram_options_init(&o);
   o.source = kind;
   o.limit_bytes = limit;
   o.large_blocks = large;
-  vram_pool_t *pool = NULL;
-  VT_OK(vram_pool_create(&pool, &o));
-  return pool;
+  return vt_pool_from(&o);
 }
 
 static void sweep_large(vram_source_kind kind, size_t limit, vram_large_blocks large) {
