@@ -426,11 +426,12 @@ def configure(
     share of the memory cap from 0 to 1 (or "90%") past which large requests get segments of
     their own size instead of cuts of bigger cached ones: less memory, more driver calls
     (0 = always; default 1 = never; fixed large segments only: large_blocks "fixed", or
-    the managed source). virtual_threshold: the share of device memory up to which large blocks in virtual memory are mapped in pieces
-    of up to 128 MiB and kept (0: 2 MiB granules one by one from the start, as under any
-    limit); with large_blocks "fixed", the share of the cap past which the cuda (and sim)
-    source's large requests go to virtual memory mapped where live blocks are, so that a
-    pool near its cap fits as tightly as the vmm source (0 = from the start; default 0.5;
+    the managed source). virtual_threshold: the share of device memory up to which large
+    blocks in virtual memory are mapped in pieces of up to 128 MiB and kept (0: 2 MiB
+    granules one by one from the start, as under any limit); with large_blocks "fixed",
+    the share of the cap past which the cuda (and sim) source's large requests go to
+    virtual memory mapped where live blocks are, so that a pool near its cap fits as
+    tightly as the vmm source (0 = from the start; default 0.5;
     1 = never: fixed segments only, every tensor shareable between processes by CUDA IPC).
     large_blocks: "virtual" (default) or "fixed": with "virtual" the cuda (and sim)
     source's large requests go to virtual memory from the first one and map as on the vmm
