@@ -54,6 +54,25 @@ static size_t bits_count(const uint64_t *bits, size_t g0, size_t g1) {
   return n + (size_t)__builtin_popcountll(bits[w1] & last);
 }
 
+/* Whether every bit of bits[] in [g0, g1) is set: the common answer to "is this span
+ * mapped?", which needs no count (a popcount is a dozen instructions on a build for
+ * baseline x86-64, which has no popcnt instruction). */
+static inline bool bits_all(const uint64_t *bits, size_t g0, size_t g1) {
+  size_t w0 = g0 / BITS, w1 = (g1 - 1) / BITS;
+  uint64_t first = first_word_mask(g0), last = last_word_mask(g1);
+  if (w0 == w1) return (bits[w0] & first & last) == (first & last);
+  if ((bits[w0] & first) != first || (bits[w1] & last) != last) return false;
+  for (size_t w = w0 + 1; w < w1; w++)
+    if (bits[w] != ~(uint64_t)0) return false;
+  return true;
+}
+
+/* The unmapped granules of [g0, g1) (g0 < g1). */
+static inline size_t unmapped_between(const vram_segment *seg, size_t g0, size_t g1) {
+  if (bits_all(seg->gran_mapped, g0, g1)) return 0;
+  return (g1 - g0) - bits_count(seg->gran_mapped, g0, g1);
+}
+
 /* The highest clear bit of bits[] in [g0, g1), or SIZE_MAX if every bit there is set. */
 static size_t bits_last_clear(const uint64_t *bits, size_t g0, size_t g1) {
   if (g0 >= g1) return SIZE_MAX;
@@ -162,7 +181,7 @@ static void mark_unmapped(vram_pool_t *pool, vram_segment *seg, size_t g0, size_
 size_t _vram_granules_unmapped_in(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size) {
   size_t g0, g1;
   granule_span(seg, pool->granularity, addr, size, &g0, &g1);
-  return (g1 - g0) - bits_count(seg->gran_mapped, g0, g1);
+  return unmapped_between(seg, g0, g1);
 }
 
 size_t _vram_granules_idle_total(const vram_pool_t *pool) {
@@ -290,20 +309,16 @@ size_t _vram_granules_trim(vram_pool_t *pool, size_t want, int *first_error) {
   return trim(pool, want, NULL, 0, 0, first_error);
 }
 
-/* Far from the cap a pool keeps what it maps: with no limit, while its reserved memory
- * (this request's included) stays within the virtual threshold's share of the device. It
- * then maps in mappings of up to VRAM_VMM_MAP_UNIT granules and unmaps nothing to stay
- * within an allowance, as PyTorch's expandable segments do: a physical handle costs about
- * as much at 128 MiB as at 2 MiB (bench/vmm_cost.c), and a loop's blocks then land on
- * mapped memory after its first pass. Under a limit, or past the threshold, it fits: one
- * granule per mapping, and idle granules give their memory to new mappings. */
-bool _vram_granules_kept(const vram_pool_t *pool, size_t bytes) {
-  if (pool->limit) return false;
-  size_t after = (size_t)pool->stats.reserved_bytes.current + bytes;
-  return (double)after <= pool->opts.virtual_threshold * (double)pool->device_total;
-}
-
-/* What the pool may hold mapped before new mappings first take idle granules back: its
+/* Far from the cap a pool keeps what it maps (_vram_granules_kept, granules.h): with no
+ * limit, while its reserved memory (this request's included) stays within the virtual
+ * threshold's share of the device. It then maps in mappings of up to VRAM_VMM_MAP_UNIT
+ * granules and unmaps nothing to stay within an allowance, as PyTorch's expandable
+ * segments do: a physical handle costs about as much at 128 MiB as at 2 MiB
+ * (bench/vmm_cost.c), and a loop's blocks then land on mapped memory after its first pass.
+ * Under a limit, or past the threshold, it fits: one granule per mapping, and idle
+ * granules give their memory to new mappings.
+ *
+ * What the pool may hold mapped before new mappings first take idle granules back: its
  * high-water mark of mapped bytes, or the peak of allocated bytes (this request included)
  * plus 1/2^VRAM_VMM_SLACK_SHIFT of it, whichever is larger. Without the slack a pool that
  * reached its peak would unmap and map again on almost every request that lands on
@@ -361,7 +376,7 @@ int _vram_granules_acquire(vram_pool_t *pool, vram_segment *seg, uintptr_t addr,
   size_t G = pool->granularity;
   size_t g0, g1;
   granule_span(seg, G, addr, size, &g0, &g1);
-  size_t need = _vram_granules_unmapped_in(pool, seg, addr, size);
+  size_t need = unmapped_between(seg, g0, g1);
   if (need) {
     size_t reserved = (size_t)pool->stats.reserved_bytes.current;
     size_t bytes = need * G;

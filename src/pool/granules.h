@@ -21,8 +21,11 @@ void _vram_granules_release(vram_pool_t *pool, vram_segment *seg, uintptr_t addr
  * *first_error (if non-NULL and still 0). */
 size_t _vram_granules_trim(vram_pool_t *pool, size_t want, int *first_error);
 /* Whether the pool, holding `bytes` more, is far enough from its cap to keep what it maps:
- * no limit, and reserved memory within the virtual threshold's share of the device. */
-bool _vram_granules_kept(const vram_pool_t *pool, size_t bytes);
+ * no limit, and reserved memory within the virtual threshold's share of the device. Inline,
+ * against a ceiling worked out once: it runs on every allocation from a virtual range. */
+static inline bool _vram_granules_kept(const vram_pool_t *pool, size_t bytes) {
+  return !pool->limit && (size_t)pool->stats.reserved_bytes.current + bytes <= pool->kept_ceiling;
+}
 size_t _vram_granules_idle_total(const vram_pool_t *pool);
 /* The lowest address at or after `addr` where `size` bytes fit inside [addr, addr+span)
  * on granules that are all mapped already, in *start; false if there is none. */

@@ -217,6 +217,7 @@ struct vram_pool {
   void *src_state;
   size_t granularity;     /* source's segment / mapping unit */
   size_t device_total;    /* total device memory, for fractions */
+  size_t kept_ceiling;    /* virtual_threshold of device_total, in bytes (granules.h) */
   size_t limit;           /* hard limit on reserved bytes; 0 = none */
 
   vram_arena *arenas;
