@@ -3,8 +3,9 @@
 
 Reads the step files in OUT (default .gpu/out) and prints small tables: the alloc+free
 pair, the random workload, the traces (fragmentation, smallest cap, speed), the
-alternated before/after rounds of bench/ab_rounds.sh when the run made them, and the step
-log. A figure whose step failed or was skipped shows as "-", so the
+alternated before/after rounds of bench/ab_rounds.sh when the run made them, the run's
+verdict on each target it measures (issue 14's; the GPT-2 124M step and batch targets
+are bench/fit_check.py's), and the step log. A figure whose step failed or was skipped shows as "-", so the
 table always prints and says what is missing. Usage: gpu_table.py [OUT]
 """
 import json
@@ -43,13 +44,15 @@ def fmt(value, digits=1):
     return f"{value:.{digits}f}"
 
 
-def table(title, header, rows):
+def table(title, header, rows, text=False):
+    """Columns padded to their widest cell: figures to the right, the first column (and
+    every column, for text) to the left."""
     widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
-    lines = [title, "  ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(header, widths)))]
-    for row in rows:
-        lines.append("  ".join(str(c).rjust(w) if i else str(c).ljust(w)
-                               for i, (c, w) in enumerate(zip(row, widths))))
-    return "\n".join(lines) + "\n"
+
+    def line(cells):
+        return "  ".join(str(c).rjust(w) if i and not text else str(c).ljust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+    return "\n".join([title, line(header)] + [line(row) for row in rows]) + "\n"
 
 
 def size_label(size):
@@ -120,6 +123,80 @@ def rounds_section(out):
     return table("alternated rounds (bench/ab_rounds.sh, sim): min to max (median); last column: "
                  "rounds within target (8x the yardstick, 2x for scale, 50 ns a pair)",
                  ["build: case", "rounds", "ns/op", "ratio", "met"], rows)
+
+
+# Issue 14's targets and guards that one bench run measures, with their bounds.
+CAP_TARGET = 1.03         # smallest cap over peak live, default settings
+GPU_CHECK_STEP = 1.01     # gpu_check.py's step time over PyTorch's
+REPLAY_GUARD = 12.0       # sim ns per op over the hash-table yardstick, every trace
+SCALE_GUARD = 4.0         # ns per op at 1,000,000 live over 1,000
+
+
+def verdict(values, ok):
+    """"met" when every value passes ok, "not met" when one does not, "not measured" when
+    the run lacks any of them (a failed or skipped step)."""
+    if not values or any(v is None or (isinstance(v, tuple) and None in v) for v in values):
+        return "not measured"
+    return "met" if all(ok(v) for v in values) else "not met"
+
+
+def targets_section(results, pair, scale, checks):
+    """One line per target: what this run measured for it, and whether it is met."""
+    traces = sorted({trace for (_, trace) in results})
+
+    def get(allocator, trace, key):
+        row = results.get((allocator, trace))
+        if row and key == "reserved_over_live" and row.get("peak_live_bytes"):
+            # From the bytes: the rounded ratios of two tools tie where the bytes are equal.
+            return row.get("peak_reserved_bytes", 0) / row["peak_live_bytes"] or None
+        return row.get(key) if row else None
+
+    def per_trace(values, digits):
+        return ", ".join(f"{t} {fmt(v, digits)}" for t, v in zip(traces, values))
+
+    def against(ours, theirs, digits):
+        return ", ".join(f"{t} {fmt(a, digits)} vs {' / '.join(fmt(x, digits) for x in b)}"
+                         for t, a, b in zip(traces, ours, theirs))
+
+    rows = []
+    warm = [get(a, t, "device_calls_warm") for a in ("vramkit cuda", "vramkit vmm") for t in traces]
+    rows.append(["no driver call in a warm pass (default and vmm, every trace)",
+                 " ".join(fmt(v, 0) for v in warm), verdict(warm, lambda v: v == 0)])
+    caps = [get("vramkit cuda", t, "min_capacity_over_live") for t in traces]
+    rows.append([f"smallest cap at most {CAP_TARGET}x peak live (default)", per_trace(caps, 3),
+                 verdict(caps, lambda v: v <= CAP_TARGET)])
+    for key, digits, label in (("ns_per_op", 1, "cold ns per op"), ("reserved_over_live", 3, "reserved / live")):
+        ours = [get("vramkit vmm", t, key) for t in traces]
+        theirs = [get("torch expandable", t, key) for t in traces]
+        rows.append([f"vmm {label} at most expandable segments'", against(ours, [(x,) for x in theirs], digits),
+                     verdict(list(zip(ours, theirs)), lambda v: v[0] <= v[1])])
+    for key, digits, label in (("reserved_over_live", 3, "reserved / live"), ("ns_per_op", 1, "cold ns per op")):
+        ours = [get("vramkit cuda", t, key) for t in traces]
+        theirs = [(get("rmm pool", t, key), get("rmm arena", t, key)) for t in traces]
+        rows.append([f"default ahead of RMM pool / arena: {label}", against(ours, theirs, digits),
+                     verdict([(a,) + b for a, b in zip(ours, theirs)], lambda v: v[0] < min(v[1:]))])
+    sizes = sorted({size for (name, size) in pair if name == "vramkit cuda"})
+    trios = [(pair.get(("vramkit cuda", s)), pair.get(("rmm pool", s)), pair.get(("rmm arena", s))) for s in sizes]
+    rows.append(["default ahead of RMM pool / arena: cached pair ns",
+                 ", ".join(f"{size_label(s)} {fmt(v[0])} vs {fmt(v[1])} / {fmt(v[2])}" for s, v in zip(sizes, trios)),
+                 verdict(trios, lambda v: v[0] < min(v[1:]))])
+    guard = [get("vramkit sim", t, "ns_over_baseline") for t in traces]
+    rows.append([f"guard: replay at most {REPLAY_GUARD:g}x the yardstick (sim)", per_trace(guard, 2),
+                 verdict(guard, lambda v: v <= REPLAY_GUARD)])
+    ratio = [scale[0].get("large_over_small")] if scale else []
+    rows.append([f"guard: scale at most {SCALE_GUARD:g}x", fmt(ratio[0], 2) if ratio else "-",
+                 verdict(ratio, lambda v: v <= SCALE_GUARD)])
+    train = next((c for c in checks if c.get("check") == "train_compare"), None)
+    figures = (train.get("losses_equal"), train.get("step_time_ratio"), train.get("reserved_ratio"),
+               train.get("device_calls_warm_vramkit")) if train else None
+    rows.append([f"gpu_check.py train: same losses, step within {GPU_CHECK_STEP}x, reserved at or below, "
+                 "no call after step 2",
+                 (f"losses equal {figures[0]}, step {fmt(figures[1], 3)}x, reserved {fmt(figures[2], 3)}x, "
+                  f"calls {figures[3]}") if figures else "-",
+                 verdict([figures] if figures else [],
+                         lambda v: v[0] is True and v[1] <= GPU_CHECK_STEP and v[2] <= 1.0 and v[3] == 0)])
+    return table("issue 14's targets in this run (traces: " + ", ".join(traces) + ")",
+                 ["target", "this run", "verdict"], rows, text=True)
 
 
 def main():
@@ -245,6 +322,8 @@ def main():
         s = scale[0]
         sections.append(f"scale (sim): {s['live_small']} live {fmt(s['ns_per_op_small'])} ns/op, "
                         f"{s['live_large']} live {fmt(s['ns_per_op_large'])} ns/op, ratio {fmt(s['large_over_small'], 2)}\n")
+
+    sections.append(targets_section(results, pair, scale, read_jsonl(out, "gpu_check.txt")))
 
     rounds = rounds_section(out)
     if rounds:
