@@ -87,7 +87,7 @@ static size_t bits_last_clear(const uint64_t *bits, size_t g0, size_t g1) {
 }
 
 /* Set (on) or clear bits [g0, g1), a word at a time. */
-static void bits_fill(uint64_t *bits, size_t g0, size_t g1, bool on) {
+static inline void bits_fill(uint64_t *bits, size_t g0, size_t g1, bool on) {
   if (g0 >= g1) return;
   size_t w0 = g0 / BITS, w1 = (g1 - 1) / BITS;
   uint64_t first = first_word_mask(g0), last = last_word_mask(g1);
@@ -335,8 +335,7 @@ static size_t mapped_allowance(const vram_pool_t *pool, size_t request) {
   return allowance > high_water ? allowance : high_water;
 }
 
-bool _vram_granules_must_trim(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size) {
-  if (_vram_granules_kept(pool, size)) return false; /* no allowance, no limit: skip the count */
+bool _vram_granules_over_allowance(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size) {
   size_t need = _vram_granules_unmapped_in(pool, seg, addr, size);
   if (!need) return false;
   size_t after = (size_t)pool->stats.reserved_bytes.current + need * pool->granularity;

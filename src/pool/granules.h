@@ -9,9 +9,6 @@ int _vram_granules_init(vram_pool_t *pool, vram_segment *seg);
 void _vram_granules_destroy(vram_segment *seg);
 /* Count the granules of [addr, addr+size) that are not mapped yet. */
 size_t _vram_granules_unmapped_in(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size);
-/* Whether taking [addr, addr+size) would map granules past the pool's allowance or limit,
- * so that idle granules elsewhere would be unmapped first (never far from the cap). */
-bool _vram_granules_must_trim(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size);
 /* Account a block becoming live or pending over [addr, addr+size), mapping what is needed. */
 int _vram_granules_acquire(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size);
 /* Account a block becoming free; granules nothing uses become idle (mapped, unused). */
@@ -25,6 +22,14 @@ size_t _vram_granules_trim(vram_pool_t *pool, size_t want, int *first_error);
  * against a ceiling worked out once: it runs on every allocation from a virtual range. */
 static inline bool _vram_granules_kept(const vram_pool_t *pool, size_t bytes) {
   return !pool->limit && (size_t)pool->stats.reserved_bytes.current + bytes <= pool->kept_ceiling;
+}
+/* Whether taking [addr, addr+size) would map granules past the pool's allowance or limit,
+ * so that idle granules elsewhere would be unmapped first: never far from the cap, which
+ * is answered here, before any count, on every allocation from a virtual range. */
+bool _vram_granules_over_allowance(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size);
+static inline bool _vram_granules_must_trim(vram_pool_t *pool, vram_segment *seg, uintptr_t addr,
+                                            size_t size) {
+  return !_vram_granules_kept(pool, size) && _vram_granules_over_allowance(pool, seg, addr, size);
 }
 size_t _vram_granules_idle_total(const vram_pool_t *pool);
 /* The lowest address at or after `addr` where `size` bytes fit inside [addr, addr+span)

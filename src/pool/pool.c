@@ -190,7 +190,10 @@ VRAM_HOT int alloc_attempt(vram_pool_t *pool, vram_arena *a, size_t rounded, siz
     vram_block *mapped = mapped_fit(pool, index, rounded);
     if (mapped) b = mapped;
   }
-  if (small && pool->has_virtual) b = small_into_mapped_large(pool, a, b, rounded);
+  /* A small fit in a fixed segment needs no growth: only a miss, or a fit on virtual
+   * memory, may. */
+  if (small && pool->has_virtual && (!b || b->segment->gran_used))
+    b = small_into_mapped_large(pool, a, b, rounded);
   /* The threshold first: off by default, it keeps the common path to one predictable test. */
   if (pool->opts.tight_threshold < 1.0 && b && wants_own_segment(pool, b, rounded, small)) {
     vram_block *own = NULL;
