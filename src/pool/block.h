@@ -67,7 +67,7 @@ VRAM_HOT void _vram_block_make_free(vram_pool_t *pool, vram_block *b) {
   vram_tlsf *index = seg->index;
   seg->used_bytes -= b->size;
   if (!seg->used_bytes) _vram_idle_push(pool, seg);
-  if (seg->gran_used) _vram_granules_release(pool, seg, b->addr, b->size);
+  if (seg->gran_mapped) _vram_granules_release(pool, b); /* before the merge: see granules.h */
   vram_block *prev = b->addr_prev, *next = b->addr_next;
   bool next_free = next && next->state == VRAM_BLOCK_FREE;
   if (prev && prev->state == VRAM_BLOCK_FREE) {
@@ -102,8 +102,8 @@ VRAM_HOT int _vram_block_take(vram_pool_t *pool, vram_block *b, size_t rounded, 
     if (!live) return VRAM_EHOSTMEM;
   }
   int rc = _vram_ptrmap_insert(&pool->ptrs, b->addr, live);
-  if (rc == VRAM_OK && seg->gran_used) {
-    rc = _vram_granules_acquire(pool, seg, b->addr, rounded);
+  if (rc == VRAM_OK && seg->gran_mapped) {
+    rc = _vram_granules_acquire(pool, b, rounded);
     if (rc) _vram_ptrmap_remove(&pool->ptrs, b->addr);
   }
   if (rc) {

@@ -100,7 +100,7 @@ static bool check_segment(vram_pool_t *pool, const vram_arena *a, vram_segment *
   REQUIRE(s->arena == a && s->prev == prev, "segment %p badly linked", (void *)s);
   /* A retired segment (virtual growth): a fixed large one of an arena that grows virtual. */
   bool retired = s->index == &a->retired;
-  REQUIRE(!retired || (a->grows_virtual && !s->is_small && !s->gran_used),
+  REQUIRE(!retired || (a->grows_virtual && !s->is_small && !s->gran_mapped),
           "segment %p retired but not a fixed large one of an arena growing virtual", (void *)s);
   REQUIRE((s->index == (s->is_small ? &a->free_small : &a->free_large) || retired) &&
               s->cached == (s->is_small ? &a->cached_small : &a->cached_large),
@@ -110,10 +110,10 @@ static bool check_segment(vram_pool_t *pool, const vram_arena *a, vram_segment *
   size_t used = 0;
   if (!check_segment_blocks(pool, a, s, t, &used)) return false;
   REQUIRE(used == s->used_bytes, "segment used bytes %zu, blocks say %zu", s->used_bytes, used);
-  REQUIRE(s->idle == (!s->gran_used && !s->keep && !s->used_bytes),
+  REQUIRE(s->idle == (!s->gran_mapped && !s->keep && !s->used_bytes),
           "segment %p idle flag disagrees with its usage", (void *)s);
   if (s->idle) t->idle_bytes += s->size;
-  if (!s->gran_used) {
+  if (!s->gran_mapped) {
     t->reserved += (int64_t)s->size;
     return true;
   }

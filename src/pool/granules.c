@@ -3,12 +3,14 @@
  *
  * A virtual segment is a large reserved address range; blocks are carved from it as from
  * any segment, but only the granules (2 MiB on current GPUs) that live blocks touch are
- * mapped to physical memory. Per granule this file keeps the bytes of the live, pending
- * and parked blocks that end on it, a mapped bit, an idle bit (mapped but unused: cached
- * memory), and a head bit where a mapping begins: each mapping is one physical handle,
- * and the driver unmaps only whole mappings. The granules strictly inside a block are
- * that block's alone, so only their idle bits change when it is taken or freed: a word
- * of bits at a time, whatever the block's size.
+ * mapped to physical memory. Per granule this file keeps a mapped bit, an idle bit and a
+ * head bit where a mapping begins: each mapping is one physical handle, and the driver
+ * unmaps only whole mappings. Blocks tile their segment, so a granule no live, pending or
+ * parked block touches is one lying wholly in free space: a mapped granule is idle (cached
+ * memory) exactly when it lies inside the run of free blocks around it. Taking a block from
+ * free space and giving one back change the idle bits of one range of granules, found from
+ * the ends of that run, a word of bits at a time, whatever the block's size; nothing is
+ * counted per granule.
  *
  * (Blocks parked in their arena's one-block cache count as used until they are merged.)
  *
@@ -112,29 +114,43 @@ static inline void granule_span(const vram_segment *seg, size_t G, uintptr_t add
   *g1 = last / G + 1;
 }
 
-/* The granules strictly between the first and the last of [g0, g1), as [*in0, *in1):
- * empty for a span of one or two. */
-static inline void inner_granules(size_t g0, size_t g1, size_t *in0, size_t *in1) {
-  *in0 = g0 + 1;
-  *in1 = g1 - g0 > 2 ? g1 - 1 : *in0;
+/* The granules of [g0, g1) that lie wholly inside [lo, hi), the run of free blocks
+ * around a block that is taken or given back, as [*i0, *i1) (empty if none). */
+static inline void wholly_inside(const vram_segment *seg, size_t G, uintptr_t lo, uintptr_t hi,
+                                 size_t g0, size_t g1, size_t *i0, size_t *i1) {
+  size_t first, last; /* the granules lo rounds up to and hi rounds down to */
+  if ((G & (G - 1)) == 0) {
+    int shift = __builtin_ctzll((unsigned long long)G);
+    first = (lo - seg->addr + G - 1) >> shift;
+    last = (hi - seg->addr) >> shift;
+  } else {
+    first = (lo - seg->addr + G - 1) / G;
+    last = (hi - seg->addr) / G;
+  }
+  *i0 = first > g0 ? first : g0;
+  *i1 = last < g1 ? last : g1;
+  if (*i1 < *i0) *i1 = *i0;
 }
 
-/* Bytes of [addr, addr+size) that lie on granule g. */
-static inline uint32_t granule_overlap(const vram_segment *seg, size_t G, size_t g, uintptr_t addr,
-                                       size_t size) {
-  uintptr_t lo = seg->addr + g * G, hi = lo + G;
-  uintptr_t a = addr > lo ? addr : lo, b = addr + size < hi ? addr + size : hi;
-  return (uint32_t)(b - a);
+/* The bytes [*lo, *hi) of b and the free blocks on either side of it. A free block's
+ * neighbours are in use, but for a moment after a free block is split in two (the front
+ * given up to reach a window), so the walk looks on past one. */
+static inline void free_run(const vram_block *b, uintptr_t *lo, uintptr_t *hi) {
+  *lo = b->addr;
+  *hi = b->addr + b->size;
+  for (const vram_block *p = b->addr_prev; p && p->state == VRAM_BLOCK_FREE; p = p->addr_prev)
+    *lo = p->addr;
+  for (const vram_block *n = b->addr_next; n && n->state == VRAM_BLOCK_FREE; n = n->addr_next)
+    *hi = n->addr + n->size;
 }
 
 int _vram_granules_init(vram_pool_t *pool, vram_segment *seg) {
   size_t n = seg->size / pool->granularity;
   size_t words = (n + BITS - 1) / BITS;
-  seg->gran_used = calloc(n, sizeof *seg->gran_used);
   seg->gran_mapped = calloc(words, sizeof *seg->gran_mapped);
   seg->gran_idle = calloc(words, sizeof *seg->gran_idle);
   seg->gran_head = calloc(words, sizeof *seg->gran_head);
-  if (!seg->gran_used || !seg->gran_mapped || !seg->gran_idle || !seg->gran_head) {
+  if (!seg->gran_mapped || !seg->gran_idle || !seg->gran_head) {
     _vram_granules_destroy(seg);
     return VRAM_EHOSTMEM;
   }
@@ -143,11 +159,9 @@ int _vram_granules_init(vram_pool_t *pool, vram_segment *seg) {
 }
 
 void _vram_granules_destroy(vram_segment *seg) {
-  free(seg->gran_used);
   free(seg->gran_mapped);
   free(seg->gran_idle);
   free(seg->gran_head);
-  seg->gran_used = NULL;
   seg->gran_mapped = seg->gran_idle = seg->gran_head = NULL;
 }
 
@@ -298,7 +312,7 @@ static size_t trim(vram_pool_t *pool, size_t want, vram_segment *skip_seg, size_
         done += to - cut;
         mapped_total -= to - cut;
       }
-      while (s->gran_hwm > 0 && !bit_get(s->gran_mapped, s->gran_hwm - 1) && !s->gran_used[s->gran_hwm - 1])
+      while (s->gran_hwm > 0 && !bit_get(s->gran_mapped, s->gran_hwm - 1))
         s->gran_hwm--;
     }
   }
@@ -371,10 +385,11 @@ static void fresh_undo(vram_pool_t *pool, vram_segment *seg, fresh_list *f) {
       mark_unmapped(pool, seg, f->at[i], f->at[i + 1]);
 }
 
-int _vram_granules_acquire(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size) {
+/* Map the unmapped granules of [g0, g1), which hold the `size` bytes of a request: under
+ * a limit, or past the allowance, idle granules elsewhere are unmapped first. Fresh
+ * granules are idle (mark_mapped); on failure nothing of this call stays mapped. */
+static int map_span(vram_pool_t *pool, vram_segment *seg, size_t g0, size_t g1, size_t size) {
   size_t G = pool->granularity;
-  size_t g0, g1;
-  granule_span(seg, G, addr, size, &g0, &g1);
   size_t need = unmapped_between(seg, g0, g1);
   if (need) {
     size_t reserved = (size_t)pool->stats.reserved_bytes.current;
@@ -424,38 +439,49 @@ int _vram_granules_acquire(vram_pool_t *pool, vram_segment *seg, uintptr_t addr,
     if (fresh.at != fresh.stack) free(fresh.at);
     if (rc) return rc;
   }
-  /* Only the end granules can hold other blocks' bytes too; those between are this
-   * block's alone, idle before and used after: their idle bits say so, and their counts
-   * stay 0 (_vram_granules_check). */
-  size_t inner0, inner1;
-  inner_granules(g0, g1, &inner0, &inner1);
-  bits_fill(seg->gran_idle, inner0, inner1, false);
-  seg->idle_granules -= inner1 - inner0;
-  for (size_t g = g0; g < g1; g = g + 1 == inner0 ? inner1 : g + 1) {
-    if (!seg->gran_used[g]) {
-      bit_clear(seg->gran_idle, g);
-      seg->idle_granules--;
-    }
-    seg->gran_used[g] += granule_overlap(seg, G, g, addr, size);
-  }
   return VRAM_OK;
 }
 
-void _vram_granules_release(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size) {
+int _vram_granules_acquire(vram_pool_t *pool, vram_block *b, size_t size) {
+  vram_segment *seg = b->segment;
   size_t G = pool->granularity;
   size_t g0, g1;
-  granule_span(seg, G, addr, size, &g0, &g1);
-  size_t inner0, inner1;
-  inner_granules(g0, g1, &inner0, &inner1);
-  bits_fill(seg->gran_idle, inner0, inner1, true);
-  seg->idle_granules += inner1 - inner0;
-  for (size_t g = g0; g < g1; g = g + 1 == inner0 ? inner1 : g + 1) {
-    seg->gran_used[g] -= granule_overlap(seg, G, g, addr, size);
-    if (!seg->gran_used[g]) {
-      bit_set(seg->gran_idle, g);
-      seg->idle_granules++;
-    }
+  granule_span(seg, G, b->addr, size, &g0, &g1);
+  /* Almost always mapped already: a mask test, and no call. */
+  if (!bits_all(seg->gran_mapped, g0, g1)) {
+    int rc = map_span(pool, seg, g0, g1, size);
+    if (rc) return rc;
   }
+  /* Of the new block's granules, those that lay wholly in free space were idle (fresh ones
+   * included); the block uses them now. The others touch a neighbour in use already. */
+  uintptr_t lo, hi;
+  size_t i0, i1;
+  free_run(b, &lo, &hi);
+  wholly_inside(seg, G, lo, hi, g0, g1, &i0, &i1);
+  bits_fill(seg->gran_idle, i0, i1, false);
+  seg->idle_granules -= i1 - i0;
+  return VRAM_OK;
+}
+
+int _vram_granules_map(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size) {
+  size_t g0, g1;
+  granule_span(seg, pool->granularity, addr, size, &g0, &g1);
+  return map_span(pool, seg, g0, g1, size);
+}
+
+void _vram_granules_release(vram_pool_t *pool, vram_block *b) {
+  vram_segment *seg = b->segment;
+  size_t G = pool->granularity;
+  size_t g0, g1;
+  granule_span(seg, G, b->addr, b->size, &g0, &g1);
+  /* Of its granules, those that will lie wholly in free space once it merges with its free
+   * neighbours become idle; every one of them is mapped, since b used it. */
+  uintptr_t lo, hi;
+  size_t i0, i1;
+  free_run(b, &lo, &hi);
+  wholly_inside(seg, G, lo, hi, g0, g1, &i0, &i1);
+  bits_fill(seg->gran_idle, i0, i1, true);
+  seg->idle_granules += i1 - i0;
 }
 
 void _vram_granules_unmap_all(vram_pool_t *pool, vram_segment *seg) {
@@ -471,39 +497,30 @@ void _vram_granules_unmap_all(vram_pool_t *pool, vram_segment *seg) {
   }
 }
 
-/* Recount every granule of the segment from its blocks and compare. */
+/* Work out which granules the segment's blocks use, from the blocks, and compare. */
 bool _vram_granules_check(vram_pool_t *pool, vram_segment *seg) {
   size_t G = pool->granularity;
   size_t n = seg->gran_hwm;
   if (n > seg->n_granules) return false;
-  uint32_t *expect = calloc(n ? n : 1, sizeof *expect);
-  if (!expect) return true; /* cannot check without memory; not a broken invariant */
-  bool *inside = calloc(n ? n : 1, sizeof *inside);
-  if (!inside) {
-    free(expect);
-    return true;
-  }
+  bool *touched = calloc(n ? n : 1, sizeof *touched);
+  if (!touched) return true; /* cannot check without memory; not a broken invariant */
   bool ok = true;
+  uintptr_t covered = seg->addr;
   for (vram_block *b = seg->first; b && ok; b = b->addr_next) {
+    if (b->addr != covered) ok = false; /* blocks tile the segment: the idle rule needs it */
+    covered = b->addr + b->size;
     if (b->state == VRAM_BLOCK_FREE) continue;
-    size_t g0, g1, in0, in1;
+    size_t g0, g1;
     granule_span(seg, G, b->addr, b->size, &g0, &g1);
     if (g1 > n) { ok = false; break; }
-    inner_granules(g0, g1, &in0, &in1);
-    for (size_t g = g0; g < g1; g++) {
-      bool inner = g >= in0 && g < in1;
-      /* A granule inside one block holds no other block's bytes. */
-      if (inside[g] || (inner && expect[g])) ok = false;
-      inside[g] |= inner;
-      if (!inner) expect[g] += granule_overlap(seg, G, g, b->addr, b->size);
-    }
+    for (size_t g = g0; g < g1; g++) touched[g] = true;
   }
+  if (ok && covered != seg->addr + seg->size) ok = false;
   size_t mapped = 0, idle = 0;
   for (size_t g = 0; g < n && ok; g++) {
     bool m = bit_get(seg->gran_mapped, g), i = bit_get(seg->gran_idle, g);
     bool h = bit_get(seg->gran_head, g);
-    bool used = seg->gran_used[g] || inside[g];
-    if (expect[g] != seg->gran_used[g]) ok = false;
+    bool used = touched[g];
     if (used && !m) ok = false;       /* a used granule is always mapped */
     if (i != (m && !used)) ok = false; /* idle = mapped and unused */
     if (h && !m) ok = false;                        /* a mapping starts on a mapped granule */
@@ -516,7 +533,6 @@ bool _vram_granules_check(vram_pool_t *pool, vram_segment *seg) {
     if (w == n / BITS && n % BITS) { m >>= n % BITS; i >>= n % BITS; h >>= n % BITS; }
     if (m || i || h) ok = false; /* nothing mapped at or above the high-water index */
   }
-  free(expect);
-  free(inside);
+  free(touched);
   return ok && mapped == seg->mapped_granules && idle == seg->idle_granules;
 }

@@ -1,5 +1,5 @@
 /* granules.h - physical backing of virtual-memory segments (vmm and sim:vmm sources):
- * which granules of a reserved range are mapped, and how many bytes of blocks use each. */
+ * which granules of a reserved range are mapped, and which of those no block uses. */
 #ifndef VRAM_GRANULES_H
 #define VRAM_GRANULES_H
 
@@ -9,10 +9,14 @@ int _vram_granules_init(vram_pool_t *pool, vram_segment *seg);
 void _vram_granules_destroy(vram_segment *seg);
 /* Count the granules of [addr, addr+size) that are not mapped yet. */
 size_t _vram_granules_unmapped_in(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size);
-/* Account a block becoming live or pending over [addr, addr+size), mapping what is needed. */
-int _vram_granules_acquire(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size);
-/* Account a block becoming free; granules nothing uses become idle (mapped, unused). */
-void _vram_granules_release(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size);
+/* The front `size` bytes of free block b are about to become a block in use: map what of
+ * them is unmapped, and their granules are no longer idle. b is still free and unsplit. */
+int _vram_granules_acquire(vram_pool_t *pool, vram_block *b, size_t size);
+/* Map what of [addr, addr+size) is unmapped and leave it idle (a preallocation). */
+int _vram_granules_map(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size);
+/* Block b, in use, is about to be freed and merged with its free neighbours: the granules
+ * that will lie wholly in free space become idle (mapped, unused). */
+void _vram_granules_release(vram_pool_t *pool, vram_block *b);
 /* Unmap up to `want` idle granules of the pool (all when want == SIZE_MAX), waiting for
  * their arenas' streams first. Returns the number unmapped; the first failure goes to
  * *first_error (if non-NULL and still 0). */

@@ -77,7 +77,7 @@ static void add_virtual_segment(layout *l, const vram_segment *s, size_t G) {
 static void walk(const vram_pool_t *pool, layout *l) {
   for (const vram_arena *a = pool->arenas; a; a = a->next)
     for (const vram_segment *s = a->segments; s; s = s->next) {
-      if (s->gran_used) {
+      if (s->gran_mapped) {
         add_virtual_segment(l, s, pool->granularity);
         continue;
       }

@@ -92,7 +92,7 @@ VRAM_HOT int live_block(vram_pool_t *pool, const void *ptr, vram_block **out) {
 static bool wants_own_segment(const vram_pool_t *pool, const vram_block *b, size_t rounded,
                               bool small) {
   const vram_segment *seg = b->segment;
-  if (small || seg->used_bytes || seg->keep || seg->gran_used) return false;
+  if (small || seg->used_bytes || seg->keep || seg->gran_mapped) return false;
   size_t own = _vram_fixed_segment_size(pool, rounded, false);
   if (seg->size <= own) return false;
   size_t cap = pool->limit ? pool->limit : pool->device_total;
@@ -140,7 +140,7 @@ static __attribute__((noinline)) vram_block *mapped_fit(vram_pool_t *pool, vram_
 static vram_block *small_into_mapped_large(vram_pool_t *pool, vram_arena *a, vram_block *b,
                                            size_t rounded) {
   size_t growth = !b ? VRAM_SMALL_SEGMENT
-                 : b->segment->gran_used
+                 : b->segment->gran_mapped
                      ? _vram_granules_unmapped_in(pool, b->segment, b->addr, rounded) *
                            pool->granularity
                      : 0;
@@ -182,17 +182,17 @@ VRAM_HOT int alloc_attempt(vram_pool_t *pool, vram_arena *a, size_t rounded, siz
    * otherwise, so that a waiting block is not forgotten while other blocks keep fitting. */
   if (pool->pending_count &&
       (!b || (++pool->pending_tick & 63) == 0 ||
-       (b->segment->gran_used && _vram_granules_unmapped_in(pool, b->segment, b->addr, rounded)))) {
+       (b->segment->gran_mapped && _vram_granules_unmapped_in(pool, b->segment, b->addr, rounded)))) {
     _vram_pending_drain(pool, false);
     b = _vram_tlsf_find(index, rounded);
   }
-  if (b && b->segment->gran_used && _vram_granules_must_trim(pool, b->segment, b->addr, rounded)) {
+  if (b && b->segment->gran_mapped && _vram_granules_must_trim(pool, b->segment, b->addr, rounded)) {
     vram_block *mapped = mapped_fit(pool, index, rounded);
     if (mapped) b = mapped;
   }
   /* A small fit in a fixed segment needs no growth: only a miss, or a fit on virtual
    * memory, may. */
-  if (small && pool->has_virtual && (!b || b->segment->gran_used))
+  if (small && pool->has_virtual && (!b || b->segment->gran_mapped))
     b = small_into_mapped_large(pool, a, b, rounded);
   /* The threshold first: off by default, it keeps the common path to one predictable test. */
   if (pool->opts.tight_threshold < 1.0 && b && wants_own_segment(pool, b, rounded, small)) {

@@ -66,7 +66,7 @@ static void segment_unlink(vram_segment *seg) {
 static int segment_release(vram_pool_t *pool, vram_segment *seg) {
   vram_assert(seg->used_bytes == 0 && seg->first && !seg->first->addr_next);
   int rc;
-  bool virtual = seg->gran_used != NULL;
+  bool virtual = seg->gran_mapped != NULL;
   if (virtual) {
     if (seg->mapped_granules) return VRAM_EBUSY; /* unmap first (granules.c) */
     rc = pool->src->xUnreserve(pool->src_state, seg->addr, seg->size);
@@ -141,7 +141,7 @@ size_t _vram_release_cached(vram_pool_t *pool, size_t want, int *first_error) {
     vram_segment *next;
     for (vram_segment *s = a->segments; s; s = next) {
       next = s->next;
-      if (!s->gran_used || s->used_bytes || s->mapped_granules || s->keep) continue;
+      if (!s->gran_mapped || s->used_bytes || s->mapped_granules || s->keep) continue;
       note_error(first_error, segment_release(pool, s));
     }
   }
@@ -213,7 +213,7 @@ static bool grow_virtual(const vram_pool_t *pool, const vram_arena *a, size_t ro
 static void retire_fixed_large(vram_pool_t *pool, vram_arena *a) {
   _vram_cache_flush_all(pool);
   for (vram_segment *s = a->segments; s; s = s->next) {
-    if (s->is_small || s->gran_used || s->keep) continue;
+    if (s->is_small || s->gran_mapped || s->keep) continue;
     for (vram_block *b = s->first; b; b = b->addr_next)
       if (b->state == VRAM_BLOCK_FREE) {
         _vram_tlsf_remove(&a->free_large, b);
@@ -296,9 +296,8 @@ int _vram_pool_preallocate(vram_pool_t *pool, size_t bytes) {
     /* Reserve a range holding the preallocation and map it now. */
     int rc = _vram_segment_grow(pool, a, rounded, false, &b);
     if (rc) return rc;
-    rc = _vram_granules_acquire(pool, b->segment, b->addr, rounded);
+    rc = _vram_granules_map(pool, b->segment, b->addr, rounded);
     if (rc) return rc;
-    _vram_granules_release(pool, b->segment, b->addr, rounded);
     pool->keep_mapped = rounded / pool->granularity;
     return VRAM_OK;
   }
@@ -323,7 +322,7 @@ void _vram_segments_destroy(vram_pool_t *pool) {
       sn = s->next;
       for (vram_block *b = s->first; b; b = b->addr_next)
         if (b->state != VRAM_BLOCK_FREE) free(b->uses);
-      if (s->gran_used) {
+      if (s->gran_mapped) {
         _vram_granules_unmap_all(pool, s);
         pool->src->xUnreserve(pool->src_state, s->addr, s->size);
       } else {

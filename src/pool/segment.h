@@ -33,7 +33,7 @@ int _vram_arena_quiesce(vram_pool_t *pool, vram_arena *arena);
 
 /* Fixed sources: keep the list of fully free segments in step with their usage. */
 static inline void _vram_idle_push(vram_pool_t *pool, vram_segment *seg) {
-  if (seg->keep || seg->idle || seg->gran_used) return;
+  if (seg->keep || seg->idle || seg->gran_mapped) return;
   seg->idle = true;
   seg->idle_prev = NULL;
   seg->idle_next = pool->idle_head;

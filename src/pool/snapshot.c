@@ -21,7 +21,7 @@ static void fixed_free_of(const vram_pool_t *pool, size_t *bytes, size_t *larges
   *bytes = *largest = 0;
   for (vram_arena *a = pool->arenas; a; a = a->next)
     for (vram_segment *s = a->segments; s; s = s->next) {
-      if (s->gran_used) continue;
+      if (s->gran_mapped) continue;
       for (vram_block *b = s->first; b; b = b->addr_next) {
         if (b->state != VRAM_BLOCK_FREE && b->state != VRAM_BLOCK_CACHED) continue;
         *bytes += b->size;

@@ -117,7 +117,7 @@ struct vram_segment {
   size_t used_bytes;      /* bytes of live, pending and parked (cached) blocks */
   vram_tlsf *index;       /* the arena's free index and one-block cache for this kind: */
   vram_block **cached;    /* resolved once, not per call */
-  uint32_t *gran_used;    /* virtual memory only (below), else NULL */
+  uint64_t *gran_mapped;  /* virtual memory only (below), else NULL: what tells the kinds apart */
   bool is_small;
   bool keep;              /* preallocated: empty_cache and the ladder leave it alone */
   bool idle;              /* fixed sources: on the pool's list of fully free segments */
@@ -127,11 +127,9 @@ struct vram_segment {
   vram_segment *prev, *next;
   vram_block *first;      /* lowest-address block */
   vram_segment *idle_prev, *idle_next;
-  /* Virtual memory only (NULL otherwise): per granule (gran_used, above), bytes of
-   * live/pending blocks (parked ones included) on it where it is one of a block's two end
-   * granules, and bitmaps of mapped granules and of mapped granules no block uses. A
-   * granule strictly inside a block counts 0: its idle bit alone says it is used. */
-  uint64_t *gran_mapped;
+  /* Virtual memory only (NULL otherwise): bitmaps of the mapped granules (gran_mapped,
+   * above) and of the idle ones, mapped and lying wholly in free space, so that no live,
+   * pending or parked block touches them (granules.c). */
   uint64_t *gran_idle;
   uint64_t *gran_head;    /* first granule of each mapping (one physical handle each) */
   size_t n_granules;

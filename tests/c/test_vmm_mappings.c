@@ -151,6 +151,60 @@ static void t_failed_map_gives_back(void **state) {
   VT_OK(vram_pool_destroy(pool));
 }
 
+/* What empty_cache keeps mapped is exactly the granules that blocks in use touch: a
+ * granule is idle when it lies wholly in free space, however the free space around it
+ * was made. Granule by granule (threshold 0), so every idle granule can go. */
+static void reserved_after_empty_cache(vram_pool_t *pool, size_t granules) {
+  VT_OK(vram_empty_cache(pool));
+  VT_VALID(pool);
+  assert_int_equal(vt_stats(pool).reserved_bytes.current, granules * GRANULE);
+}
+
+static void t_idle_granules_are_those_in_free_space(void **state) {
+  (void)state;
+  vram_pool_t *pool = vmm_pool(8 * VT_GiB, 0, 0.0);
+  char *a = vt_take(pool, 3 * VT_MiB);  /* [0, 3) MiB: granules 0 and 1 */
+  char *b = vt_take(pool, 2 * VT_MiB);  /* [3, 5): 1 and 2 */
+  char *c = vt_take(pool, 4 * VT_MiB);  /* [5, 9): 2, 3 and 4 */
+  char *d = vt_take(pool, 2 * VT_MiB);  /* [9, 11): 4 and 5 */
+  assert_ptr_equal(d, a + 9 * VT_MiB);
+  reserved_after_empty_cache(pool, 6);
+  vt_give(pool, b); /* its granules are shared with a and c: none is idle */
+  reserved_after_empty_cache(pool, 6);
+  vt_give(pool, c); /* [3, 9) free: granules 2 and 3 lie in it; 4 is d's too */
+  reserved_after_empty_cache(pool, 4);
+  char *e = vt_take(pool, 3 * VT_MiB / 2); /* [3, 4.5): granule 1 (a's too) and 2 again */
+  assert_ptr_equal(e, a + 3 * VT_MiB);
+  reserved_after_empty_cache(pool, 5);
+  vt_give(pool, a); /* granule 0 only: 1 is e's */
+  reserved_after_empty_cache(pool, 4);
+  vt_give(pool, d);
+  reserved_after_empty_cache(pool, 2);
+  vt_give(pool, e);
+  reserved_after_empty_cache(pool, 0);
+  VT_OK(vram_pool_destroy(pool));
+}
+
+/* The same through a block placed at an address (vram_malloc_at): the free space in front
+ * of it is split off, and for a moment two free blocks lie side by side. */
+static void t_idle_granules_beside_a_placed_block(void **state) {
+  (void)state;
+  vram_pool_t *pool = vmm_pool(8 * VT_GiB, 0, 0.0);
+  char *x = vt_take(pool, 8 * VT_MiB); /* granules 0 to 3, then all idle */
+  vt_give(pool, x);
+  VT_OK(vram_malloc_at(pool, x + 5 * VT_MiB, 2 * VT_MiB, NULL)); /* [5, 7): granules 2, 3 */
+  VT_VALID(pool);
+  reserved_after_empty_cache(pool, 2);
+  char *y = vt_take(pool, 4 * VT_MiB); /* the hole in front: [0, 4), granules 0 and 1 */
+  assert_ptr_equal(y, x);
+  reserved_after_empty_cache(pool, 4);
+  vt_give(pool, x + 5 * VT_MiB); /* free from 4 MiB on: granules 2 and 3 lie in it */
+  reserved_after_empty_cache(pool, 2);
+  vt_give(pool, y);
+  reserved_after_empty_cache(pool, 0);
+  VT_OK(vram_pool_destroy(pool));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(t_far_from_the_cap_one_mapping),
@@ -159,6 +213,8 @@ int main(void) {
       cmocka_unit_test(t_under_a_limit_granules),
       cmocka_unit_test(t_past_the_threshold_granules),
       cmocka_unit_test(t_failed_map_gives_back),
+      cmocka_unit_test(t_idle_granules_are_those_in_free_space),
+      cmocka_unit_test(t_idle_granules_beside_a_placed_block),
   };
   return cmocka_run_group_tests_name("vmm_mappings", tests, NULL, NULL);
 }
