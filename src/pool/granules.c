@@ -36,7 +36,6 @@
 
 static inline bool bit_get(const uint64_t *bits, size_t i) { return (bits[i / BITS] >> (i % BITS)) & 1; }
 static inline void bit_set(uint64_t *bits, size_t i) { bits[i / BITS] |= (uint64_t)1 << (i % BITS); }
-static inline void bit_clear(uint64_t *bits, size_t i) { bits[i / BITS] &= ~((uint64_t)1 << (i % BITS)); }
 
 /* Masks of the bits of [g0, g1) in its first and in its last word (g0 < g1). */
 static inline uint64_t first_word_mask(size_t g0) { return ~(uint64_t)0 << (g0 % BITS); }

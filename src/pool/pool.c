@@ -132,18 +132,16 @@ static __attribute__((noinline)) vram_block *mapped_fit(vram_pool_t *pool, vram_
   return NULL;
 }
 
-/* A small request that its own segments cannot serve without growing: a new 2 MiB small
- * segment, or on vmm new granules of the small range. Where that growth would raise the
- * high-water mark while the arena's large range holds idle mapped granules (a pool keeps
- * them far from its cap), the request is carved from one of those instead, so the peak
- * stays where the large blocks put it. Returns the block to take, or b. */
+/* A small request that its own segments cannot serve without growing (b NULL, or a fit on
+ * virtual memory): a new 2 MiB small segment, or on vmm new granules of the small range.
+ * Where that growth would raise the high-water mark while the arena's large range holds
+ * idle mapped granules (a pool keeps them far from its cap), the request is carved from
+ * one of those instead, so the peak stays where the large blocks put it. Returns the block
+ * to take, or b. */
 static vram_block *small_into_mapped_large(vram_pool_t *pool, vram_arena *a, vram_block *b,
                                            size_t rounded) {
   size_t growth = !b ? VRAM_SMALL_SEGMENT
-                 : b->segment->gran_mapped
-                     ? _vram_granules_unmapped_in(pool, b->segment, b->addr, rounded) *
-                           pool->granularity
-                     : 0;
+                 : _vram_granules_unmapped_in(pool, b->segment, b->addr, rounded) * pool->granularity;
   if (!growth || (size_t)pool->stats.reserved_bytes.current + growth <=
                      (size_t)pool->stats.reserved_bytes.peak)
     return b;
