@@ -141,7 +141,8 @@ static __attribute__((noinline)) vram_block *mapped_fit(vram_pool_t *pool, vram_
 static vram_block *small_into_mapped_large(vram_pool_t *pool, vram_arena *a, vram_block *b,
                                            size_t rounded) {
   size_t growth = !b ? VRAM_SMALL_SEGMENT
-                 : _vram_granules_unmapped_in(pool, b->segment, b->addr, rounded) * pool->granularity;
+                 : _vram_granules_unmapped_in(pool, b->segment, b->addr, rounded) *
+                       pool->granularity;
   if (!growth || (size_t)pool->stats.reserved_bytes.current + growth <=
                      (size_t)pool->stats.reserved_bytes.peak)
     return b;
