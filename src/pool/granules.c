@@ -99,33 +99,25 @@ static inline void bits_fill(uint64_t *bits, size_t g0, size_t g1, bool on) {
   bits[w1] = on ? bits[w1] | last : bits[w1] & ~last;
 }
 
+/* The granule holding byte `offset` of a segment. Granularities are powers of two:
+ * shifts, not divisions. */
+static inline size_t granule_at(size_t G, uintptr_t offset) {
+  if ((G & (G - 1)) == 0) return offset >> __builtin_ctzll((unsigned long long)G);
+  return offset / G;
+}
+
 /* The granules [*g0, *g1) that [addr, addr+size) of a segment touches. */
 static inline void granule_span(const vram_segment *seg, size_t G, uintptr_t addr, size_t size,
                                 size_t *g0, size_t *g1) {
-  uintptr_t first = addr - seg->addr, last = addr + size - 1 - seg->addr;
-  if ((G & (G - 1)) == 0) { /* granularities are powers of two: shifts, not divisions */
-    int shift = __builtin_ctzll((unsigned long long)G);
-    *g0 = first >> shift;
-    *g1 = (last >> shift) + 1;
-    return;
-  }
-  *g0 = first / G;
-  *g1 = last / G + 1;
+  *g0 = granule_at(G, addr - seg->addr);
+  *g1 = granule_at(G, addr + size - 1 - seg->addr) + 1;
 }
 
 /* The granules of [g0, g1) that lie wholly inside [lo, hi), the run of free blocks
  * around a block that is taken or given back, as [*i0, *i1) (empty if none). */
 static inline void wholly_inside(const vram_segment *seg, size_t G, uintptr_t lo, uintptr_t hi,
                                  size_t g0, size_t g1, size_t *i0, size_t *i1) {
-  size_t first, last; /* the granules lo rounds up to and hi rounds down to */
-  if ((G & (G - 1)) == 0) {
-    int shift = __builtin_ctzll((unsigned long long)G);
-    first = (lo - seg->addr + G - 1) >> shift;
-    last = (hi - seg->addr) >> shift;
-  } else {
-    first = (lo - seg->addr + G - 1) / G;
-    last = (hi - seg->addr) / G;
-  }
+  size_t first = granule_at(G, lo - seg->addr + G - 1), last = granule_at(G, hi - seg->addr);
   *i0 = first > g0 ? first : g0;
   *i1 = last < g1 ? last : g1;
   if (*i1 < *i0) *i1 = *i0;
@@ -141,6 +133,19 @@ static inline void free_run(const vram_block *b, uintptr_t *lo, uintptr_t *hi) {
     *lo = p->addr;
   for (const vram_block *n = b->addr_next; n && n->state == VRAM_BLOCK_FREE; n = n->addr_next)
     *hi = n->addr + n->size;
+}
+
+/* Set (idle) or clear the idle bits of the granules of [g0, g1), b's own span, that lie
+ * wholly in the run of free blocks around b: the one change a take or a free makes. */
+static inline void set_idle_in_free_run(vram_segment *seg, size_t G, const vram_block *b,
+                                        size_t g0, size_t g1, bool idle) {
+  uintptr_t lo, hi;
+  size_t i0, i1;
+  free_run(b, &lo, &hi);
+  wholly_inside(seg, G, lo, hi, g0, g1, &i0, &i1);
+  bits_fill(seg->gran_idle, i0, i1, idle);
+  if (idle) seg->idle_granules += i1 - i0;
+  else seg->idle_granules -= i1 - i0;
 }
 
 int _vram_granules_init(vram_pool_t *pool, vram_segment *seg) {
@@ -453,12 +458,7 @@ int _vram_granules_acquire(vram_pool_t *pool, vram_block *b, size_t size) {
   }
   /* Of the new block's granules, those that lay wholly in free space were idle (fresh ones
    * included); the block uses them now. The others touch a neighbour in use already. */
-  uintptr_t lo, hi;
-  size_t i0, i1;
-  free_run(b, &lo, &hi);
-  wholly_inside(seg, G, lo, hi, g0, g1, &i0, &i1);
-  bits_fill(seg->gran_idle, i0, i1, false);
-  seg->idle_granules -= i1 - i0;
+  set_idle_in_free_run(seg, G, b, g0, g1, false);
   return VRAM_OK;
 }
 
@@ -475,12 +475,7 @@ void _vram_granules_release(vram_pool_t *pool, vram_block *b) {
   granule_span(seg, G, b->addr, b->size, &g0, &g1);
   /* Of its granules, those that will lie wholly in free space once it merges with its free
    * neighbours become idle; every one of them is mapped, since b used it. */
-  uintptr_t lo, hi;
-  size_t i0, i1;
-  free_run(b, &lo, &hi);
-  wholly_inside(seg, G, lo, hi, g0, g1, &i0, &i1);
-  bits_fill(seg->gran_idle, i0, i1, true);
-  seg->idle_granules += i1 - i0;
+  set_idle_in_free_run(seg, G, b, g0, g1, true);
 }
 
 void _vram_granules_unmap_all(vram_pool_t *pool, vram_segment *seg) {
