@@ -87,37 +87,46 @@ static size_t bits_last_clear(const uint64_t *bits, size_t g0, size_t g1) {
   }
 }
 
+/* bits_fill past one word: the first and last words under their masks, whole words
+ * between. Out of line, so that the one-word case inlined in the hot paths needs neither
+ * the loop's registers nor memset's call. */
+static VRAM_NOINLINE void bits_fill_words(uint64_t *bits, size_t w0, size_t w1, uint64_t first,
+                                          uint64_t last, bool on) {
+  bits[w0] = on ? bits[w0] | first : bits[w0] & ~first;
+  for (size_t w = w0 + 1; w < w1; w++) bits[w] = on ? ~(uint64_t)0 : 0;
+  bits[w1] = on ? bits[w1] | last : bits[w1] & ~last;
+}
+
 /* Set (on) or clear bits [g0, g1), a word at a time. */
 static inline void bits_fill(uint64_t *bits, size_t g0, size_t g1, bool on) {
   if (g0 >= g1) return;
   size_t w0 = g0 / BITS, w1 = (g1 - 1) / BITS;
   uint64_t first = first_word_mask(g0), last = last_word_mask(g1);
-  if (w0 == w1) first &= last;
+  if (w0 != w1) {
+    bits_fill_words(bits, w0, w1, first, last, on);
+    return;
+  }
+  first &= last;
   bits[w0] = on ? bits[w0] | first : bits[w0] & ~first;
-  if (w0 == w1) return;
-  for (size_t w = w0 + 1; w < w1; w++) bits[w] = on ? ~(uint64_t)0 : 0;
-  bits[w1] = on ? bits[w1] | last : bits[w1] & ~last;
 }
 
-/* The granule holding byte `offset` of a segment. Granularities are powers of two:
- * shifts, not divisions. */
-static inline size_t granule_at(size_t G, uintptr_t offset) {
-  if ((G & (G - 1)) == 0) return offset >> __builtin_ctzll((unsigned long long)G);
-  return offset / G;
-}
+/* The granule holding byte `offset` of a segment. Granularities are powers of two (the
+ * pool refuses a source whose is not), so this is one shift by the pool's granule_shift. */
+static inline size_t granule_at(unsigned shift, uintptr_t offset) { return offset >> shift; }
 
 /* The granules [*g0, *g1) that [addr, addr+size) of a segment touches. */
-static inline void granule_span(const vram_segment *seg, size_t G, uintptr_t addr, size_t size,
-                                size_t *g0, size_t *g1) {
-  *g0 = granule_at(G, addr - seg->addr);
-  *g1 = granule_at(G, addr + size - 1 - seg->addr) + 1;
+static inline void granule_span(const vram_segment *seg, unsigned shift, uintptr_t addr,
+                                size_t size, size_t *g0, size_t *g1) {
+  *g0 = granule_at(shift, addr - seg->addr);
+  *g1 = granule_at(shift, addr + size - 1 - seg->addr) + 1;
 }
 
 /* The granules of [g0, g1) that lie wholly inside [lo, hi), the run of free blocks
  * around a block that is taken or given back, as [*i0, *i1) (empty if none). */
-static inline void wholly_inside(const vram_segment *seg, size_t G, uintptr_t lo, uintptr_t hi,
-                                 size_t g0, size_t g1, size_t *i0, size_t *i1) {
-  size_t first = granule_at(G, lo - seg->addr + G - 1), last = granule_at(G, hi - seg->addr);
+static inline void wholly_inside(const vram_segment *seg, unsigned shift, uintptr_t lo,
+                                 uintptr_t hi, size_t g0, size_t g1, size_t *i0, size_t *i1) {
+  size_t first = granule_at(shift, lo - seg->addr + ((uintptr_t)1 << shift) - 1);
+  size_t last = granule_at(shift, hi - seg->addr);
   *i0 = first > g0 ? first : g0;
   *i1 = last < g1 ? last : g1;
   if (*i1 < *i0) *i1 = *i0;
@@ -137,15 +146,16 @@ static inline void free_run(const vram_block *b, uintptr_t *lo, uintptr_t *hi) {
 
 /* Set (idle) or clear the idle bits of the granules of [g0, g1), b's own span, that lie
  * wholly in the run of free blocks around b: the one change a take or a free makes. */
-static inline void set_idle_in_free_run(vram_segment *seg, size_t G, const vram_block *b,
+static inline void set_idle_in_free_run(vram_segment *seg, unsigned shift, const vram_block *b,
                                         size_t g0, size_t g1, bool idle) {
   uintptr_t lo, hi;
   size_t i0, i1;
   free_run(b, &lo, &hi);
-  wholly_inside(seg, G, lo, hi, g0, g1, &i0, &i1);
-  bits_fill(seg->gran_idle, i0, i1, idle);
+  wholly_inside(seg, shift, lo, hi, g0, g1, &i0, &i1);
   if (idle) seg->idle_granules += i1 - i0;
   else seg->idle_granules -= i1 - i0;
+  /* Last, so that a fill of several words is a tail call and this step saves no registers. */
+  bits_fill(seg->gran_idle, i0, i1, idle);
 }
 
 int _vram_granules_init(vram_pool_t *pool, vram_segment *seg) {
@@ -198,7 +208,7 @@ static void mark_unmapped(vram_pool_t *pool, vram_segment *seg, size_t g0, size_
 
 size_t _vram_granules_unmapped_in(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size) {
   size_t g0, g1;
-  granule_span(seg, pool->granularity, addr, size, &g0, &g1);
+  granule_span(seg, pool->granule_shift, addr, size, &g0, &g1);
   return unmapped_between(seg, g0, g1);
 }
 
@@ -229,7 +239,7 @@ bool _vram_granules_mapped_window(vram_pool_t *pool, vram_segment *seg, uintptr_
   uintptr_t at = addr;
   while (at + size <= end) {
     size_t g0, g1;
-    granule_span(seg, G, at, size, &g0, &g1);
+    granule_span(seg, pool->granule_shift, at, size, &g0, &g1);
     size_t g = bits_last_clear(seg->gran_mapped, g0, g1);
     if (g == SIZE_MAX) {
       *start = at;
@@ -446,36 +456,41 @@ static int map_span(vram_pool_t *pool, vram_segment *seg, size_t g0, size_t g1, 
   return VRAM_OK;
 }
 
+/* Acquire's rare half, out of line so that the common one saves no registers: map the
+ * unmapped granules of [g0, g1), then take the span as acquire does. */
+static VRAM_NOINLINE int acquire_mapping(vram_pool_t *pool, vram_block *b, size_t size,
+                                         size_t g0, size_t g1) {
+  int rc = map_span(pool, b->segment, g0, g1, size);
+  if (rc) return rc;
+  set_idle_in_free_run(b->segment, pool->granule_shift, b, g0, g1, false);
+  return VRAM_OK;
+}
+
 int _vram_granules_acquire(vram_pool_t *pool, vram_block *b, size_t size) {
   vram_segment *seg = b->segment;
-  size_t G = pool->granularity;
   size_t g0, g1;
-  granule_span(seg, G, b->addr, size, &g0, &g1);
+  granule_span(seg, pool->granule_shift, b->addr, size, &g0, &g1);
   /* Almost always mapped already: a mask test, and no call. */
-  if (!bits_all(seg->gran_mapped, g0, g1)) {
-    int rc = map_span(pool, seg, g0, g1, size);
-    if (rc) return rc;
-  }
+  if (!bits_all(seg->gran_mapped, g0, g1)) return acquire_mapping(pool, b, size, g0, g1);
   /* Of the new block's granules, those that lay wholly in free space were idle (fresh ones
    * included); the block uses them now. The others touch a neighbour in use already. */
-  set_idle_in_free_run(seg, G, b, g0, g1, false);
+  set_idle_in_free_run(seg, pool->granule_shift, b, g0, g1, false);
   return VRAM_OK;
 }
 
 int _vram_granules_map(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size) {
   size_t g0, g1;
-  granule_span(seg, pool->granularity, addr, size, &g0, &g1);
+  granule_span(seg, pool->granule_shift, addr, size, &g0, &g1);
   return map_span(pool, seg, g0, g1, size);
 }
 
 void _vram_granules_release(vram_pool_t *pool, vram_block *b) {
   vram_segment *seg = b->segment;
-  size_t G = pool->granularity;
   size_t g0, g1;
-  granule_span(seg, G, b->addr, b->size, &g0, &g1);
+  granule_span(seg, pool->granule_shift, b->addr, b->size, &g0, &g1);
   /* Of its granules, those that will lie wholly in free space once it merges with its free
    * neighbours become idle; every one of them is mapped, since b used it. */
-  set_idle_in_free_run(seg, G, b, g0, g1, true);
+  set_idle_in_free_run(seg, pool->granule_shift, b, g0, g1, true);
 }
 
 void _vram_granules_unmap_all(vram_pool_t *pool, vram_segment *seg) {
@@ -493,7 +508,6 @@ void _vram_granules_unmap_all(vram_pool_t *pool, vram_segment *seg) {
 
 /* Work out which granules the segment's blocks use, from the blocks, and compare. */
 bool _vram_granules_check(vram_pool_t *pool, vram_segment *seg) {
-  size_t G = pool->granularity;
   size_t n = seg->gran_hwm;
   if (n > seg->n_granules) return false;
   bool *touched = calloc(n ? n : 1, sizeof *touched);
@@ -505,7 +519,7 @@ bool _vram_granules_check(vram_pool_t *pool, vram_segment *seg) {
     covered = b->addr + b->size;
     if (b->state == VRAM_BLOCK_FREE) continue;
     size_t g0, g1;
-    granule_span(seg, G, b->addr, b->size, &g0, &g1);
+    granule_span(seg, pool->granule_shift, b->addr, b->size, &g0, &g1);
     if (g1 > n) { ok = false; break; }
     for (size_t g = g0; g < g1; g++) touched[g] = true;
   }

@@ -787,6 +787,10 @@ static size_t max_request_of(const vram_pool_t *pool) {
 static int pool_setup(vram_pool_t *pool) {
   const vram_options_t *o = &pool->opts;
   pool->granularity = pool->src->xGranularity(pool->src_state);
+  /* Rounding masks and granule shifts assume a power of two; the driver's is one. */
+  if (!pool->granularity || (pool->granularity & (pool->granularity - 1)))
+    return VRAM_EUNSUPPORTED;
+  pool->granule_shift = (unsigned)__builtin_ctzll((unsigned long long)pool->granularity);
   size_t free_bytes = 0;
   int rc = pool->src->xMemInfo(pool->src_state, &free_bytes, &pool->device_total);
   if (rc) return rc;

@@ -213,7 +213,8 @@ struct vram_pool {
   vram_options_t opts;
   const vram_source_methods *src;
   void *src_state;
-  size_t granularity;     /* source's segment / mapping unit */
+  size_t granularity;     /* source's segment / mapping unit, a power of two */
+  unsigned granule_shift; /* its log2: granule indices are shifts (granules.c) */
   size_t device_total;    /* total device memory, for fractions */
   size_t kept_ceiling;    /* virtual_threshold of device_total, in bytes (granules.h) */
   size_t limit;           /* hard limit on reserved bytes; 0 = none */
@@ -257,6 +258,8 @@ static inline void vram_stat_down(vram_stat_t *s, int64_t delta) { s->current -=
  * inlined into vram_malloc and vram_free, so that one call does not pay the register
  * saves of five. */
 #define VRAM_HOT static inline __attribute__((always_inline))
+/* The rare branch of a hot step, kept out of line so that the common one stays small. */
+#define VRAM_NOINLINE __attribute__((noinline))
 
 static inline size_t _vram_round_up(size_t n, size_t unit) { return (n + unit - 1) & ~(unit - 1); }
 
