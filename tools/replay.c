@@ -501,8 +501,7 @@ static int replay_trace(const replay_settings_t *settings, const trace_t *trace,
    * one trace's ratio on the GPU machine's CPU moved from 8.5 to 16.3 between two calls of
    * one tree. */
   hashtab_t table;
-  int timing_baseline = settings->baseline;
-  if (timing_baseline && hashtab_init(&table, trace->slot_count) != 0) {
+  if (settings->baseline && hashtab_init(&table, trace->slot_count) != 0) {
     fprintf(stderr, "vramkit: %s: out of host memory\n", trace->name);
     free(buffers.blocks);
     free(buffers.streams);
@@ -513,7 +512,7 @@ static int replay_trace(const replay_settings_t *settings, const trace_t *trace,
     int last = r == settings->repeat - 1;
     status = replay_once(trace, &options, 0, r == 0, 0, calls_after,
                          settings->summary && last ? summary_out : NULL, &buffers, &run);
-    if (timing_baseline) {
+    if (settings->baseline) {
       double ns = baseline_once(trace, &table);
       if (r == 0 || ns < result->baseline_ns) result->baseline_ns = ns;
     }
@@ -551,7 +550,7 @@ static int replay_trace(const replay_settings_t *settings, const trace_t *trace,
                                &result->have_min_capacity);
   }
 
-  if (timing_baseline) hashtab_close(&table);
+  if (settings->baseline) hashtab_close(&table);
   free(buffers.blocks);
   free(buffers.streams);
   return status;

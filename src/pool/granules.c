@@ -154,7 +154,7 @@ static inline void set_idle_in_free_run(vram_segment *seg, unsigned shift, const
   wholly_inside(seg, shift, lo, hi, g0, g1, &i0, &i1);
   if (idle) seg->idle_granules += i1 - i0;
   else seg->idle_granules -= i1 - i0;
-  /* Last, so that a fill of several words is a tail call and this step saves no registers. */
+  /* Last, so that on the free side a fill of several words is a tail call. */
   bits_fill(seg->gran_idle, i0, i1, idle);
 }
 
@@ -456,8 +456,8 @@ static int map_span(vram_pool_t *pool, vram_segment *seg, size_t g0, size_t g1, 
   return VRAM_OK;
 }
 
-/* Acquire's rare half, out of line so that the common one saves no registers: map the
- * unmapped granules of [g0, g1), then take the span as acquire does. */
+/* Acquire's rare half, out of line beside the driver calls it makes: map the unmapped
+ * granules of [g0, g1), then take the span as acquire does. */
 static VRAM_NOINLINE int acquire_mapping(vram_pool_t *pool, vram_block *b, size_t size,
                                          size_t g0, size_t g1) {
   int rc = map_span(pool, b->segment, g0, g1, size);
