@@ -1,7 +1,8 @@
 """models_check.py - issue 14's steady-state targets on models other than GPT-2, on a GPU
 machine: step time, peak memory and driver calls once the loop repeats itself, for
-PyTorch's allocator (native and expandable_segments) and vramkit (its default source and
-vmm), each in a fresh process, side by side in one run.
+PyTorch's allocator (native and expandable_segments) and vramkit (its default source,
+vmm, and with --only the other settings of bench/fit_check.py or the managed source), each
+in a fresh process, side by side in one run.
 
 The models (random weights, nothing downloaded):
   - resnet50_train: torchvision ResNet-50, SGD with momentum, bf16 autocast, batch 64 of
@@ -41,6 +42,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fit_check import ALLOCATORS, _stats  # noqa: E402  (one list of allocators for both)
+
+# Unified memory too, here alone: these models hold a few GB, far from the card's free
+# memory, while fit_check's batch search would push a managed pool towards oversubscription.
+ALLOCATORS = dict(ALLOCATORS, **{"vramkit-managed": {"VRAMKIT_SOURCE": "managed"}})
 
 BERT_LENGTHS = (128, 384, 256, 512, 64, 320)
 
