@@ -98,25 +98,27 @@ static inline void note_error(int *first_error, int rc) {
   if (rc && first_error && !*first_error) *first_error = rc;
 }
 
-/* Fully free fixed segments, longest unused first; each arena's stream is waited for once
- * per release. */
-size_t _vram_release_fixed_idle(vram_pool_t *pool, size_t want, int *first_error) {
+/* Give back idle fixed segment s, its arena's stream waited for once per release epoch. */
+static int release_idle_one(vram_pool_t *pool, vram_segment *s) {
+  vram_arena *a = s->arena;
+  if (a->quiesced_at != pool->release_epoch) {
+    int rc = _vram_arena_quiesce(pool, a);
+    if (rc) return rc;
+    a->quiesced_at = pool->release_epoch;
+  }
+  return segment_release(pool, s);
+}
+
+/* Fully free fixed segments, longest unused first, small ones too unless `large_only`. */
+static size_t release_idle_lru(vram_pool_t *pool, size_t want, bool large_only, int *first_error) {
   size_t released = 0;
   pool->release_epoch++;
   vram_segment *prev;
   for (vram_segment *s = pool->idle_tail; s && released < want; s = prev) {
     prev = s->idle_prev;
-    vram_arena *a = s->arena;
-    if (a->quiesced_at != pool->release_epoch) {
-      int rc = _vram_arena_quiesce(pool, a);
-      if (rc) {
-        note_error(first_error, rc);
-        continue;
-      }
-      a->quiesced_at = pool->release_epoch;
-    }
+    if (large_only && s->is_small) continue;
     size_t size = s->size;
-    int rc = segment_release(pool, s);
+    int rc = release_idle_one(pool, s);
     if (rc) {
       note_error(first_error, rc);
       continue;
@@ -124,6 +126,10 @@ size_t _vram_release_fixed_idle(vram_pool_t *pool, size_t want, int *first_error
     released += size;
   }
   return released;
+}
+
+size_t _vram_release_fixed_idle(vram_pool_t *pool, size_t want, int *first_error) {
+  return release_idle_lru(pool, want, false, first_error);
 }
 
 size_t _vram_release_cached(vram_pool_t *pool, size_t want, int *first_error) {
@@ -161,7 +167,27 @@ size_t _vram_release_cached(vram_pool_t *pool, size_t want, int *first_error) {
  * size shows that giving it back was a mistake: the guard's ceiling rises to what this
  * segment needs, so the loop keeps both. A loop settles within a few steps; sizes that do
  * not come back leave the ceiling where it was. reset_peak_stats lowers it again. */
-static void guard_peak(vram_pool_t *pool, size_t size) {
+/* What the guard gives back when only fixed segments can go: the smallest idle segment
+ * that covers the shortfall by itself, one call and no more memory than needed. Longest
+ * unused first, as a release for the cap does, gave back a 1.6 GB segment to make room
+ * for a 2 MiB one, and the loop asked for it again at its next sequence length (GPT-2
+ * trained over six lengths, `managed`: 1.19x its peak live and calls in steps 10 to 16).
+ * Where no one segment covers it, longest unused first; a segment for large blocks leaves
+ * the small ones be: each covers little of it, and a loop's small requests ask for them
+ * again. Figures: docs/performance.md, "The peak guard on fixed segments gives back the
+ * smallest that covers it". */
+static void guard_release_fixed(vram_pool_t *pool, size_t want, bool small) {
+  vram_segment *fit = NULL;
+  for (vram_segment *s = pool->idle_tail; s; s = s->idle_prev)
+    if (s->size >= want && (!fit || s->size < fit->size)) fit = s;
+  if (fit) {
+    pool->release_epoch++;
+    if (release_idle_one(pool, fit) == VRAM_OK) return;
+  }
+  release_idle_lru(pool, want, !small, NULL);
+}
+
+static void guard_peak(vram_pool_t *pool, size_t size, bool small) {
   size_t peak = (size_t)pool->stats.reserved_bytes.peak;
   size_t ceiling = pool->guard_ceiling > peak ? pool->guard_ceiling : peak;
   size_t after = (size_t)pool->stats.reserved_bytes.current + size;
@@ -179,6 +205,9 @@ static void guard_peak(vram_pool_t *pool, size_t size) {
   if (pool->has_virtual && _vram_granules_kept(pool, size)) {
     _vram_cache_flush_all(pool);
     if (pool->idle_bytes) _vram_release_fixed_idle(pool, after - ceiling, NULL);
+  } else if (!pool->has_virtual) {
+    _vram_cache_flush_all(pool);
+    guard_release_fixed(pool, after - ceiling, small);
   } else {
     _vram_release_cached(pool, after - ceiling, NULL);
   }
@@ -231,7 +260,7 @@ int _vram_segment_grow(vram_pool_t *pool, vram_arena *a, size_t rounded, bool sm
   size_t size = vmm ? vmm_reserve_size(pool, rounded) : _vram_fixed_segment_size(pool, rounded, small);
   if (!vmm && pool->limit && (size_t)pool->stats.reserved_bytes.current + size > pool->limit)
     return VRAM_ENOMEM;
-  if (!vmm) guard_peak(pool, size);
+  if (!vmm) guard_peak(pool, size, small);
   vram_segment *seg = _vram_host_zalloc(sizeof *seg); /* on a line of its own: types.h */
   vram_block *b = _vram_block_new(pool);
   if (!seg || !b) {

@@ -5,8 +5,10 @@
  * a small segment and a large one go back to make room for a larger one, come back in the
  * next step, and push that one out. The guard now remembers the sizes it gave back and
  * lets the ceiling rise when one of them is asked for again, so such a loop settles; sizes
- * that never come back are still given back. Every step is followed by the invariant
- * checker (vt_take, vt_give). */
+ * that never come back are still given back. What it gives back is the smallest idle
+ * segment that covers its shortfall alone, else idle segments longest unused first, the
+ * small ones kept when the new segment is for large blocks. Every step is followed by the
+ * invariant checker (vt_take, vt_give). */
 #include "vt.h"
 #include "pool/types.h" /* guard_ceiling */
 
@@ -57,8 +59,9 @@ static void t_a_loop_settles(void **state) {
   VT_OK(vram_pool_destroy(pool));
 }
 
-/* Sizes that do not come back: each new largest block still makes the cached segments go
- * back first, so reserved memory is the one segment in use, as before. */
+/* Sizes that do not come back: each new largest block still makes the cached large
+ * segments go back first, so reserved memory is the one segment in use and the small
+ * segment the loop's small block comes back to. */
 static void t_drifting_sizes_still_guarded(void **state) {
   (void)state;
   vram_pool_t *pool = pool_after_two_steps();
@@ -67,28 +70,86 @@ static void t_drifting_sizes_still_guarded(void **state) {
     vt_give(pool, vt_take(pool, mib * VT_MiB));
     vram_stats_t s = vt_stats(pool);
     assert_true(s.num_device_free > frees);
-    assert_int_equal(s.reserved_bytes.current, mib * VT_MiB);
-    assert_int_equal(s.reserved_bytes.peak, mib * VT_MiB);
+    assert_int_equal(s.reserved_bytes.current, (mib + 2) * VT_MiB);
+    assert_int_equal(s.reserved_bytes.peak, (mib + 2) * VT_MiB);
   }
   VT_OK(vram_pool_destroy(pool));
+}
+
+/* A loop of large blocks alone whose first step makes the guard give back a segment that
+ * the second asks for again: 40 and 30 MiB live together, then 42 MiB, which neither of
+ * their segments holds. In step 2 the 30 MiB segment comes back and raises the ceiling. */
+static void ghost_step(vram_pool_t *pool) {
+  void *a = vt_take(pool, 40 * VT_MiB), *b = vt_take(pool, 30 * VT_MiB);
+  vt_give(pool, a);
+  vt_give(pool, b);
+  vt_give(pool, vt_take(pool, 42 * VT_MiB));
 }
 
 /* reset_peak_stats starts the guard again from the new peak: the ceiling a returning
  * size raised is forgotten with the peak it was measured against. */
 static void t_reset_peak_lowers_the_ceiling(void **state) {
   (void)state;
-  vram_pool_t *pool = pool_after_two_steps();
-  assert_true(pool->guard_ceiling > 0);
+  vram_pool_t *pool = fixed_pool();
+  ghost_step(pool);
+  ghost_step(pool);
+  assert_int_equal(pool->guard_ceiling, 72 * VT_MiB);
   VT_OK(vram_empty_cache(pool));
   VT_OK(vram_reset_peak_stats(pool));
   assert_int_equal(pool->guard_ceiling, 0);
   VT_VALID(pool);
   /* The loop settles again from an empty pool. */
-  loop_step(pool);
-  loop_step(pool);
+  ghost_step(pool);
+  ghost_step(pool);
   uint64_t settled = source_calls(pool);
-  loop_step(pool);
+  ghost_step(pool);
   assert_int_equal(source_calls(pool), settled);
+  VT_OK(vram_pool_destroy(pool));
+}
+
+/* A new 2 MiB small segment at the peak: the guard gives back the idle 8 MiB segment, the
+ * smallest that covers it, not the 100 MiB one that has been unused longest (GPT-2 over
+ * six lengths gave back 1.6 GB that way, and asked for it again). */
+static void t_the_smallest_segment_that_covers_it_goes_back(void **state) {
+  (void)state;
+  vram_pool_t *pool = fixed_pool();
+  void *big = vt_take(pool, 100 * VT_MiB), *mid = vt_take(pool, 8 * VT_MiB);
+  void *small[3] = {vt_take(pool, 1 * VT_MiB), vt_take(pool, 1 * VT_MiB)};
+  vt_give(pool, big);
+  vt_give(pool, mid);
+  vram_stats_t before = vt_stats(pool);
+  small[2] = vt_take(pool, 1 * VT_MiB); /* the small segment is full: a second one */
+  vram_stats_t after = vt_stats(pool);
+  assert_int_equal(after.num_device_free, before.num_device_free + 1);
+  assert_int_equal(after.reserved_bytes.peak, before.reserved_bytes.peak);
+  assert_int_equal(after.reserved_bytes.current,
+                   before.reserved_bytes.current + 2 * VT_MiB - 8 * VT_MiB);
+  /* The 100 MiB segment is still there: a block of that size makes no call. */
+  uint64_t calls = source_calls(pool);
+  vt_give(pool, vt_take(pool, 100 * VT_MiB));
+  assert_int_equal(source_calls(pool), calls);
+  for (int i = 0; i < 3; i++) vt_give(pool, small[i]);
+  VT_OK(vram_pool_destroy(pool));
+}
+
+/* No one idle segment covers the shortfall of a new large segment: the large ones go back,
+ * longest unused first, and the small segments stay for the small requests. */
+static void t_a_large_segment_leaves_the_small_ones_be(void **state) {
+  (void)state;
+  vram_pool_t *pool = fixed_pool();
+  void *small[4], *large[2];
+  for (int i = 0; i < 4; i++) small[i] = vt_take(pool, 1 * VT_MiB); /* two small segments */
+  for (int i = 0; i < 2; i++) large[i] = vt_take(pool, 30 * VT_MiB);
+  for (int i = 0; i < 4; i++) vt_give(pool, small[i]);
+  for (int i = 0; i < 2; i++) vt_give(pool, large[i]);
+  uint64_t frees = vt_stats(pool).num_device_free;
+  void *larger = vt_take(pool, 70 * VT_MiB);
+  assert_int_equal(vt_stats(pool).num_device_free, frees + 2);
+  uint64_t calls = source_calls(pool);
+  for (int i = 0; i < 4; i++) small[i] = vt_take(pool, 1 * VT_MiB);
+  assert_int_equal(source_calls(pool), calls);
+  for (int i = 0; i < 4; i++) vt_give(pool, small[i]);
+  vt_give(pool, larger);
   VT_OK(vram_pool_destroy(pool));
 }
 
@@ -97,6 +158,8 @@ int main(void) {
       cmocka_unit_test(t_a_loop_settles),
       cmocka_unit_test(t_drifting_sizes_still_guarded),
       cmocka_unit_test(t_reset_peak_lowers_the_ceiling),
+      cmocka_unit_test(t_the_smallest_segment_that_covers_it_goes_back),
+      cmocka_unit_test(t_a_large_segment_leaves_the_small_ones_be),
   };
   return cmocka_run_group_tests_name("peak_guard", tests, NULL, NULL);
 }
