@@ -154,19 +154,6 @@ size_t _vram_release_cached(vram_pool_t *pool, size_t want, int *first_error) {
   return released;
 }
 
-/* The peak guard, before a new fixed segment of `size`: do not raise the high-water mark
- * while cached segments that cannot serve the request could go back instead. It keeps
- * peak reserved near peak live when sizes drift (inference over varying lengths), at the
- * cost of driver calls made only when the footprint would otherwise grow.
- *
- * A loop whose segments do not all fit under that peak would pay those calls every step:
- * a segment given back is asked for again later in the step, and making room for it gives
- * back another that the next step asks for (ResNet-50 training: ten calls a step, 13%
- * slower than PyTorch's allocator). So the guard remembers the sizes it gave back, as an
- * adaptive cache remembers what it evicted (ARC's ghost entries). A new segment of such a
- * size shows that giving it back was a mistake: the guard's ceiling rises to what this
- * segment needs, so the loop keeps both. A loop settles within a few steps; sizes that do
- * not come back leave the ceiling where it was. reset_peak_stats lowers it again. */
 /* What the guard gives back when only fixed segments can go: the smallest idle segment
  * that covers the shortfall by itself, one call and no more memory than needed. Longest
  * unused first, as a release for the cap does, gave back a 1.6 GB segment to make room
@@ -187,6 +174,19 @@ static void guard_release_fixed(vram_pool_t *pool, size_t want, bool small) {
   release_idle_lru(pool, want, !small, NULL);
 }
 
+/* The peak guard, before a new fixed segment of `size`: do not raise the high-water mark
+ * while cached segments that cannot serve the request could go back instead. It keeps
+ * peak reserved near peak live when sizes drift (inference over varying lengths), at the
+ * cost of driver calls made only when the footprint would otherwise grow.
+ *
+ * A loop whose segments do not all fit under that peak would pay those calls every step:
+ * a segment given back is asked for again later in the step, and making room for it gives
+ * back another that the next step asks for (ResNet-50 training: ten calls a step, 13%
+ * slower than PyTorch's allocator). So the guard remembers the sizes it gave back, as an
+ * adaptive cache remembers what it evicted (ARC's ghost entries). A new segment of such a
+ * size shows that giving it back was a mistake: the guard's ceiling rises to what this
+ * segment needs, so the loop keeps both. A loop settles within a few steps; sizes that do
+ * not come back leave the ceiling where it was. reset_peak_stats lowers it again. */
 static void guard_peak(vram_pool_t *pool, size_t size, bool small) {
   size_t peak = (size_t)pool->stats.reserved_bytes.peak;
   size_t ceiling = pool->guard_ceiling > peak ? pool->guard_ceiling : peak;
