@@ -109,14 +109,13 @@ static int release_idle_one(vram_pool_t *pool, vram_segment *s) {
   return segment_release(pool, s);
 }
 
-/* Fully free fixed segments, longest unused first, small ones too unless `large_only`. */
-static size_t release_idle_lru(vram_pool_t *pool, size_t want, bool large_only, int *first_error) {
+/* Fully free fixed segments, longest unused first. */
+size_t _vram_release_fixed_idle(vram_pool_t *pool, size_t want, int *first_error) {
   size_t released = 0;
   pool->release_epoch++;
   vram_segment *prev;
   for (vram_segment *s = pool->idle_tail; s && released < want; s = prev) {
     prev = s->idle_prev;
-    if (large_only && s->is_small) continue;
     size_t size = s->size;
     int rc = release_idle_one(pool, s);
     if (rc) {
@@ -126,10 +125,6 @@ static size_t release_idle_lru(vram_pool_t *pool, size_t want, bool large_only, 
     released += size;
   }
   return released;
-}
-
-size_t _vram_release_fixed_idle(vram_pool_t *pool, size_t want, int *first_error) {
-  return release_idle_lru(pool, want, false, first_error);
 }
 
 size_t _vram_release_cached(vram_pool_t *pool, size_t want, int *first_error) {
@@ -155,15 +150,13 @@ size_t _vram_release_cached(vram_pool_t *pool, size_t want, int *first_error) {
 }
 
 /* What the guard gives back when only fixed segments can go: the smallest idle segment
- * that covers the shortfall by itself, one call and no more memory than needed. Longest
- * unused first, as a release for the cap does, gave back a 1.6 GB segment to make room
- * for a 2 MiB one, and the loop asked for it again at its next sequence length (GPT-2
- * trained over six lengths, `managed`: 1.19x its peak live and calls in steps 10 to 16).
- * Where no one segment covers it, longest unused first; a segment for large blocks leaves
- * the small ones be: each covers little of it, and a loop's small requests ask for them
- * again. Figures: docs/performance.md, "The peak guard on fixed segments gives back the
- * smallest that covers it". */
-static void guard_release_fixed(vram_pool_t *pool, size_t want, bool small) {
+ * that covers the shortfall by itself, one call and no more memory than needed, else idle
+ * segments longest unused first. Longest unused first alone, as a release for the cap
+ * does, gave back a 1.6 GB segment to make room for a 2 MiB one, and the loop asked for it
+ * again at its next sequence length (GPT-2 trained over six lengths on `managed`: 1.19x
+ * its peak live, and calls in steps 10 to 16). Figures: docs/performance.md, "The peak
+ * guard on fixed segments gives back the smallest that covers it". */
+static void guard_release_fixed(vram_pool_t *pool, size_t want) {
   vram_segment *fit = NULL;
   for (vram_segment *s = pool->idle_tail; s; s = s->idle_prev)
     if (s->size >= want && (!fit || s->size < fit->size)) fit = s;
@@ -171,7 +164,7 @@ static void guard_release_fixed(vram_pool_t *pool, size_t want, bool small) {
     pool->release_epoch++;
     if (release_idle_one(pool, fit) == VRAM_OK) return;
   }
-  release_idle_lru(pool, want, !small, NULL);
+  _vram_release_fixed_idle(pool, want, NULL);
 }
 
 /* The peak guard, before a new fixed segment of `size`: do not raise the high-water mark
@@ -187,7 +180,7 @@ static void guard_release_fixed(vram_pool_t *pool, size_t want, bool small) {
  * size shows that giving it back was a mistake: the guard's ceiling rises to what this
  * segment needs, so the loop keeps both. A loop settles within a few steps; sizes that do
  * not come back leave the ceiling where it was. reset_peak_stats lowers it again. */
-static void guard_peak(vram_pool_t *pool, size_t size, bool small) {
+static void guard_peak(vram_pool_t *pool, size_t size) {
   size_t peak = (size_t)pool->stats.reserved_bytes.peak;
   size_t ceiling = pool->guard_ceiling > peak ? pool->guard_ceiling : peak;
   size_t after = (size_t)pool->stats.reserved_bytes.current + size;
@@ -207,7 +200,7 @@ static void guard_peak(vram_pool_t *pool, size_t size, bool small) {
     if (pool->idle_bytes) _vram_release_fixed_idle(pool, after - ceiling, NULL);
   } else if (!pool->has_virtual) {
     _vram_cache_flush_all(pool);
-    guard_release_fixed(pool, after - ceiling, small);
+    guard_release_fixed(pool, after - ceiling);
   } else {
     _vram_release_cached(pool, after - ceiling, NULL);
   }
@@ -260,7 +253,7 @@ int _vram_segment_grow(vram_pool_t *pool, vram_arena *a, size_t rounded, bool sm
   size_t size = vmm ? vmm_reserve_size(pool, rounded) : _vram_fixed_segment_size(pool, rounded, small);
   if (!vmm && pool->limit && (size_t)pool->stats.reserved_bytes.current + size > pool->limit)
     return VRAM_ENOMEM;
-  if (!vmm) guard_peak(pool, size, small);
+  if (!vmm) guard_peak(pool, size);
   vram_segment *seg = _vram_host_zalloc(sizeof *seg); /* on a line of its own: types.h */
   vram_block *b = _vram_block_new(pool);
   if (!seg || !b) {
