@@ -155,7 +155,14 @@ size_t _vram_release_cached(vram_pool_t *pool, size_t want, int *first_error) {
  * does, gave back a 1.6 GB segment to make room for a 2 MiB one, and the loop asked for it
  * again at its next sequence length (GPT-2 trained over six lengths on `managed`: 1.19x
  * its peak live, and calls in steps 10 to 16). Figures: docs/performance.md, "The peak
- * guard on fixed segments gives back the smallest that covers it". */
+ * guard on fixed segments gives back the smallest that covers it".
+ *
+ * When even all idle segments fall short, every large one goes, but the small ones stay
+ * if they are under a quarter of what is still short: the peak rises anyway, they would
+ * lower it by little, and small blocks ask for them again (the same loop gave back five
+ * when its longest length arrived, and made them again in step 10). Where they are a
+ * good part of the shortfall they go too: kept there, ResNet-50 at other sizes settled
+ * later (bench/loop_sweep.py). */
 static void guard_release_fixed(vram_pool_t *pool, size_t want) {
   vram_segment *fit = NULL;
   for (vram_segment *s = pool->idle_tail; s; s = s->idle_prev)
@@ -164,7 +171,20 @@ static void guard_release_fixed(vram_pool_t *pool, size_t want) {
     pool->release_epoch++;
     if (release_idle_one(pool, fit) == VRAM_OK) return;
   }
-  _vram_release_fixed_idle(pool, want, NULL);
+  if (pool->idle_bytes >= want) {
+    _vram_release_fixed_idle(pool, want, NULL);
+    return;
+  }
+  size_t small_idle = 0;
+  for (vram_segment *s = pool->idle_tail; s; s = s->idle_prev)
+    if (s->is_small) small_idle += s->size;
+  bool keep_small = small_idle < (want - (pool->idle_bytes - small_idle)) / 4;
+  pool->release_epoch++;
+  vram_segment *prev;
+  for (vram_segment *s = pool->idle_tail; s; s = prev) {
+    prev = s->idle_prev;
+    if (!(keep_small && s->is_small)) release_idle_one(pool, s);
+  }
 }
 
 /* The peak guard, before a new fixed segment of `size`: do not raise the high-water mark

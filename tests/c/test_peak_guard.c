@@ -118,12 +118,54 @@ static void t_the_smallest_segment_that_covers_it_goes_back(void **state) {
   VT_OK(vram_pool_destroy(pool));
 }
 
+/* Idle segments that cannot cover the shortfall all go back, except small segments whose
+ * total is under a quarter of what the large ones leave short: a new peak hundreds of
+ * times their size is hardly lower without them, and small blocks soon ask for them again
+ * (GPT-2 over six lengths on fixed segments: five small segments given back when its
+ * longest sequence arrived, asked for again in step 10). */
+static void idle_small_and_large(vram_pool_t *pool) {
+  void *small = vt_take(pool, 1 * VT_MiB), *large = vt_take(pool, 4 * VT_MiB);
+  vt_give(pool, small);
+  vt_give(pool, large);
+}
+
+static void t_small_segments_stay_when_they_would_hardly_lower_the_peak(void **state) {
+  (void)state;
+  vram_pool_t *pool = fixed_pool();
+  idle_small_and_large(pool);
+  vram_stats_t before = vt_stats(pool);
+  void *huge = vt_take(pool, 200 * VT_MiB);
+  vram_stats_t after = vt_stats(pool);
+  assert_int_equal(after.num_device_free, before.num_device_free + 1); /* the 4 MiB one */
+  assert_int_equal(after.reserved_bytes.current, 2 * VT_MiB + 200 * VT_MiB);
+  uint64_t calls = source_calls(pool);
+  vt_give(pool, vt_take(pool, 1 * VT_MiB)); /* into the small segment kept */
+  assert_int_equal(source_calls(pool), calls);
+  vt_give(pool, huge);
+  VT_OK(vram_pool_destroy(pool));
+}
+
+static void t_small_segments_go_when_they_lower_the_peak_much(void **state) {
+  (void)state;
+  vram_pool_t *pool = fixed_pool();
+  idle_small_and_large(pool);
+  vram_stats_t before = vt_stats(pool);
+  void *block = vt_take(pool, 8 * VT_MiB); /* 8 MiB short; the small one is half of 4 */
+  vram_stats_t after = vt_stats(pool);
+  assert_int_equal(after.num_device_free, before.num_device_free + 2);
+  assert_int_equal(after.reserved_bytes.current, 8 * VT_MiB);
+  vt_give(pool, block);
+  VT_OK(vram_pool_destroy(pool));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(t_a_loop_settles),
       cmocka_unit_test(t_drifting_sizes_still_guarded),
       cmocka_unit_test(t_reset_peak_lowers_the_ceiling),
       cmocka_unit_test(t_the_smallest_segment_that_covers_it_goes_back),
+      cmocka_unit_test(t_small_segments_stay_when_they_would_hardly_lower_the_peak),
+      cmocka_unit_test(t_small_segments_go_when_they_lower_the_peak_much),
   };
   return cmocka_run_group_tests_name("peak_guard", tests, NULL, NULL);
 }
