@@ -27,6 +27,13 @@
 #     for a 2 MiB one, and the loop made 20 calls in steps 10 to 16, at 1.193 over live;
 #     then, giving back the smallest segment that covers its shortfall, 6 in step 10: five
 #     small segments it had given back in step 5, when its longest length arrived.
+#   - vit_train: bench/models_check.py's ViT-B/16 trained with AdamW under bf16 autocast
+#     (batch 32, 12 steps, recorded on the managed source on an H200, 2026-12-02). Model
+#     set-up and the first step are ops 0 to 2,842 and each later step 2,382 ops, so step 3
+#     starts at op 5,225: 0 from there by default, at most 1.04 (1.026). On fixed, 0 from
+#     op 7,607 (step 4), at most 1.12 (1.110): in step 2 the guard gives back three 38 MiB
+#     segments to make room for a 132 MiB one; in step 3 smaller blocks fill that one, and
+#     a 38 MiB and a 132 MiB segment are made again (the 2 calls the card showed in step 3).
 # Usage: cmake -DTOOL=path/to/vramkit -DRECORDINGS=path/to/data/recordings -P check_steady_loop.cmake
 if(NOT TOOL OR NOT RECORDINGS)
   message(FATAL_ERROR "usage: cmake -DTOOL=... -DRECORDINGS=... -P check_steady_loop.cmake")
@@ -56,3 +63,5 @@ check_loop(gpt2_4l_train virtual 2856 3 1040)
 check_loop(gpt2_4l_train fixed 2856 3 1050)
 check_loop(gpt2_train_varlen virtual 9000 7 1100)
 check_loop(gpt2_train_varlen fixed 9000 7 1100)
+check_loop(vit_train virtual 5225 3 1040)
+check_loop(vit_train fixed 7607 4 1120)
