@@ -145,17 +145,21 @@ def _read_device(view, index: int) -> DeviceRecord | None:
     the copy only when seq was even and unchanged. None when the slot is not in use."""
     offset = DEVICES_OFFSET + index * DEVICE_RECORD_SIZE
     fields = None
-    for attempt in range(_SPIN_TRIES + _SLEEP_TRIES):
-        if attempt >= _SPIN_TRIES:
-            time.sleep(_SLEEP_S)
-        (before,) = struct.unpack_from("<Q", view, offset)
-        if before & 1:
-            continue
-        fields = DEVICE.unpack_from(view, offset)
-        (after,) = struct.unpack_from("<Q", view, offset)
-        if after == before:
-            break
-        fields = None
+    # seq is read as one aligned 8-byte word (a memoryview of format "Q" copies an item
+    # with one load), as the engine stores it. struct's "<Q" reads it a byte at a time:
+    # bytes from before and after a carry can make an old even value, and a reader
+    # preempted mid-copy then took a torn copy for a stable one (CI, 2026-12-02).
+    with memoryview(view) as whole, whole[offset:offset + 8] as raw, raw.cast("Q") as seq:
+        for attempt in range(_SPIN_TRIES + _SLEEP_TRIES):
+            if attempt >= _SPIN_TRIES:
+                time.sleep(_SLEEP_S)
+            before = seq[0]
+            if before & 1:
+                continue
+            fields = DEVICE.unpack_from(view, offset)
+            if seq[0] == before:
+                break
+            fields = None
     if fields is None:
         # Still being written: say so with what identifies the device, and no figures.
         _, device, in_use, source, uuid, *_ = DEVICE.unpack_from(view, offset)

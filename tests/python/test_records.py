@@ -207,19 +207,22 @@ WRITER = """
     import mmap, os, struct, sys
     # The engine's protocol in Python: seq odd, fields, seq even; the fields always satisfy
     # reserved = 2 * allocated and peak = allocated + 1, so a torn copy breaks the relation.
+    # seq is stored as the engine stores it, one aligned 8-byte word (a memoryview item of
+    # format "Q"); struct.pack_into writes it a byte at a time.
     fd = os.open(sys.argv[1], os.O_RDWR)
     view = mmap.mmap(fd, 3432)
     at = 616
+    seq = memoryview(view)[at:at + 8].cast("Q")
     n = 0
     sys.stdout.write("ready\\n"); sys.stdout.flush()
     while True:
         n += 1
-        seq = struct.unpack_from("<Q", view, at)[0]
-        struct.pack_into("<Q", view, at, seq + 1)
+        now = seq[0]
+        seq[0] = now + 1
         struct.pack_into("<Q", view, at + 80, n)
         struct.pack_into("<Q", view, at + 88, 2 * n)
         struct.pack_into("<Q", view, at + 120, n + 1)
-        struct.pack_into("<Q", view, at, seq + 2)
+        seq[0] = now + 2
 """
 
 
