@@ -171,19 +171,19 @@ static void guard_release_fixed(vram_pool_t *pool, size_t want) {
     pool->release_epoch++;
     if (release_idle_one(pool, fit) == VRAM_OK) return;
   }
-  if (pool->idle_bytes >= want) {
-    _vram_release_fixed_idle(pool, want, NULL);
-    return;
-  }
   size_t small_idle = 0;
   for (vram_segment *s = pool->idle_tail; s; s = s->idle_prev)
     if (s->is_small) small_idle += s->size;
-  bool keep_small = small_idle < (want - (pool->idle_bytes - small_idle)) / 4;
+  size_t large_idle = pool->idle_bytes - small_idle;
+  if (pool->idle_bytes >= want || small_idle >= (want - large_idle) / 4) {
+    _vram_release_fixed_idle(pool, want, NULL);
+    return;
+  }
   pool->release_epoch++;
   vram_segment *prev;
   for (vram_segment *s = pool->idle_tail; s; s = prev) {
     prev = s->idle_prev;
-    if (!(keep_small && s->is_small)) release_idle_one(pool, s);
+    if (!s->is_small) release_idle_one(pool, s);
   }
 }
 
