@@ -165,15 +165,15 @@ size_t _vram_release_cached(vram_pool_t *pool, size_t want, int *first_error) {
  * later (bench/loop_sweep.py). */
 static void guard_release_fixed(vram_pool_t *pool, size_t want) {
   vram_segment *fit = NULL;
-  for (vram_segment *s = pool->idle_tail; s; s = s->idle_prev)
+  size_t small_idle = 0;
+  for (vram_segment *s = pool->idle_tail; s; s = s->idle_prev) {
     if (s->size >= want && (!fit || s->size < fit->size)) fit = s;
+    if (s->is_small) small_idle += s->size;
+  }
   if (fit) {
     pool->release_epoch++;
     if (release_idle_one(pool, fit) == VRAM_OK) return;
   }
-  size_t small_idle = 0;
-  for (vram_segment *s = pool->idle_tail; s; s = s->idle_prev)
-    if (s->is_small) small_idle += s->size;
   size_t large_idle = pool->idle_bytes - small_idle;
   if (pool->idle_bytes >= want || small_idle >= (want - large_idle) / 4) {
     _vram_release_fixed_idle(pool, want, NULL);

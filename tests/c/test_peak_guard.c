@@ -6,7 +6,8 @@
  * next step, and push that one out. The guard now remembers the sizes it gave back and
  * lets the ceiling rise when one of them is asked for again, so such a loop settles; sizes
  * that never come back are still given back. What it gives back is the smallest idle
- * segment that covers its shortfall alone, else idle segments longest unused first.
+ * segment that covers its shortfall alone, else idle segments longest unused first; when
+ * all of them together fall well short, the small segments stay.
  * Every step is followed by the invariant checker (vt_take, vt_give). */
 #include "vt.h"
 #include "pool/types.h" /* guard_ceiling */
