@@ -359,6 +359,37 @@ VRAM_API int vram_snapshot(vram_pool_t *pool, vram_snapshot_segment_t *segments,
                            size_t segment_cap, size_t *n_segments,
                            vram_snapshot_block_t *blocks, size_t block_cap, size_t *n_blocks);
 
+/* ---------------------------------------------------------------------------------------
+ * Reading the records vramkit processes publish (their layout: vramkit_record.h). The OOM
+ * report's neighbours, `vramkit top`, `vramkit export` and the Python package read through
+ * these two calls, so that each believes and refuses the same files.
+ * ------------------------------------------------------------------------------------- */
+typedef enum vram_record_verdict {
+  VRAM_RECORD_LIVE = 0,    /* a record of a live process of this user: *out is filled */
+  VRAM_RECORD_EXITED = 1,  /* its process has exited, or its pid now names another one: the
+                              file is this user's to delete */
+  VRAM_RECORD_SKIPPED = 2, /* not a record to believe (foreign, corrupt, a link...): `why` */
+  VRAM_RECORD_GONE = 3     /* removed before it could be read (its process exited) */
+} vram_record_verdict;
+
+struct vram_process_record;
+
+/* Opens the folder of records for reading: `dir`, or NULL for $VRAMKIT_PUBLISH_DIR, else
+ * /dev/shm/vramkit-<uid>. A symbolic link, a folder of another user and one open to group or
+ * others are refused. Returns a descriptor to close, or -1 with errno set (ENOENT: no
+ * process has published yet) and the reason in `why`. */
+VRAM_API int vram_records_open(const char *dir, char *why, size_t why_cap);
+
+/* Reads the entry `name` ("<pid>.rec") of an open folder into *out, with pread: a file that
+ * changes or shrinks meanwhile is read as it is or refused, never trusted. A live record
+ * must be a regular file of this user, of this version and size, whose process runs now
+ * with the start time and uid it claims. Each device slot in use is a consistent copy; a
+ * slot that was being written on every try has its bit set in *busy (may be NULL) and its
+ * figures zeroed. Text fields are NUL-terminated and foreign: escape them to show them. */
+VRAM_API vram_record_verdict vram_record_read(int dir_fd, const char *name,
+                                              struct vram_process_record *out, uint32_t *busy,
+                                              char *why, size_t why_cap);
+
 /* Number of devices the source kind can see (sim: 8). */
 VRAM_API int vram_device_count(vram_source_kind kind, int *count);
 

@@ -375,6 +375,13 @@ static PyMethodDef core_methods[] = {
                "captured Python stacks, innermost frame first.")},
     {"stack_count", core_stack_count, METH_NOARGS,
      PyDoc_STR("stack_count(/)\n--\n\nHow many distinct Python stacks were captured.")},
+    {"records_open", core_records_open, METH_VARARGS,
+     PyDoc_STR("records_open(folder=None, /)\n--\n\nA descriptor of the folder of published "
+               "records (None: the default), refused with OSError when it is a link, another "
+               "user's or open to others.")},
+    {"record_read", core_record_read, METH_VARARGS,
+     PyDoc_STR("record_read(folder_fd, name, /)\n--\n\n(verdict, record or None, reason) of "
+               "one record file: verdict 0 live, 1 exited, 2 skipped, 3 gone.")},
     {NULL, NULL, 0, NULL},
 };
 

@@ -95,4 +95,8 @@ VRAMKIT_PY_INTERNAL PyObject *core_history_read(PyObject *module, PyObject *args
 VRAMKIT_PY_INTERNAL PyObject *core_history_annotate(PyObject *module, PyObject *args);
 VRAMKIT_PY_INTERNAL PyObject *core_snapshot(PyObject *module, PyObject *args);
 
+/* ---- _core_records.c */
+VRAMKIT_PY_INTERNAL PyObject *core_records_open(PyObject *module, PyObject *args);
+VRAMKIT_PY_INTERNAL PyObject *core_record_read(PyObject *module, PyObject *args);
+
 #endif /* VRAMKIT_PY_CORE_H */

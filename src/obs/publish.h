@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "vramkit.h"
 #include "vramkit_record.h"
 
 /* The slow-path fields of a slot, as the pool knows them at a segment change, an OOM,
@@ -50,10 +51,11 @@ static inline void _vram_publish_store_hot(vram_device_record *d, uint64_t alloc
   __atomic_store_n(&d->seq, seq + 2, __ATOMIC_RELEASE);
 }
 
-/* A consistent copy of a slot another process (or this one) writes: retries while seq is
- * odd or moves. 0 on success, -1 when no stable copy came after many tries (a writer killed
- * mid-update leaves seq odd for good). */
-int _vram_record_read_device(const vram_device_record *src, vram_device_record *out);
+/* A consistent copy of device slot `index` of the record open as `fd`, read with pread:
+ * two reads in a row, alike byte for byte with an even seq. 0 on success, -1 when no stable
+ * copy came after many tries (a writer stopped or killed mid-update leaves seq odd) or the
+ * file ended first; *out then holds the last copy read, for what identifies the slot. */
+int _vram_record_read_device(int fd, int index, vram_device_record *out);
 
 /* The publish directory: $VRAMKIT_PUBLISH_DIR, else /dev/shm/vramkit-<uid>. */
 void _vram_publish_dir(char *buf, size_t cap);
@@ -69,10 +71,10 @@ typedef struct vram_record_peer {
 } vram_record_peer;
 
 /* The live records in the publish directory (not this process's) with an in-use slot on
- * the same GPU: same `uuid` when it is not "", else (sim) the same device ordinal and a
- * "sim" source. Dead processes' records, foreign, corrupt or torn ones are skipped; dead
- * ones of this user are deleted. Returns how many were written to `out` (at most max). */
-int _vram_publish_peers(const char *uuid, int device, vram_record_peer *out, int max);
+ * the GPU of `uuid` (none when it is ""). Dead processes' records, foreign, corrupt or torn
+ * ones are skipped; dead ones of this user are deleted. Returns how many were written to
+ * `out` (at most max). */
+int _vram_publish_peers(const char *uuid, vram_record_peer *out, int max);
 
 /* Delete the records of dead processes of this user in the publish directory. Returns how
  * many were removed. */

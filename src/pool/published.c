@@ -4,6 +4,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "obs/escape.h"
 #include "pool/published.h"
 #include "pool/snapshot.h"
 #include "prim/cuda_driver.h"
@@ -50,7 +51,7 @@ static void from_peer(vram_neighbour *n, const vram_record_peer *p) {
   n->reserved_bytes = p->device.reserved_bytes;
   n->allocated_bytes = p->device.allocated_bytes;
   n->cached_free_bytes = p->device.cached_free_bytes;
-  if (!n->name[0]) snprintf(n->name, sizeof n->name, "%s", p->name);
+  if (!n->name[0]) _vram_escape_text(n->name, sizeof n->name, p->name, sizeof p->name);
 }
 
 /* Adds a neighbour if there is room; counts it either way. */
@@ -69,35 +70,34 @@ static vram_neighbour *add(vram_neighbours *out, int pid) {
 
 void _vram_pool_neighbours(const vram_pool_t *pool, vram_neighbours *out) {
   memset(out, 0, sizeof *out);
+  /* A sim device is this process's own: no other process can be on it. */
+  if (pool_on_sim(pool)) return;
   char uuid[48] = "";
-  bool sim = pool_on_sim(pool);
   if (pool->published) snprintf(uuid, sizeof uuid, "%s", pool->published->uuid);
-  else if (!sim) _vram_cuda_device_uuid(pool->opts.device, uuid, sizeof uuid);
+  else _vram_cuda_device_uuid(pool->opts.device, uuid, sizeof uuid);
   vram_record_peer peers[MAX_PEERS];
-  int n_peers = _vram_publish_peers(uuid, pool->opts.device, peers, MAX_PEERS);
+  int n_peers = _vram_publish_peers(uuid, peers, MAX_PEERS);
   bool used_peer[MAX_PEERS] = {false};
   int self = (int)getpid();
-  if (!sim) {
-    static _Thread_local vram_nvml_process procs[MAX_NVML];
-    vram_nvml_gpu gpu;
-    const char *why = "";
-    int n = _vram_nvml_processes(uuid, procs, MAX_NVML, &gpu, &why);
-    if (n < 0) snprintf(out->note, sizeof out->note, "%s", why);
-    for (int i = 0; i < n; i++) {
-      if ((int)procs[i].pid == self) continue;
-      vram_neighbour *nb = add(out, (int)procs[i].pid);
-      if (!nb) continue;
-      nb->used_bytes = procs[i].used_bytes == VRAM_NVML_NOT_AVAILABLE ? VRAM_NEIGHBOUR_UNKNOWN
-                                                                       : procs[i].used_bytes;
-      snprintf(nb->name, sizeof nb->name, "%s", procs[i].name);
-      for (int j = 0; j < n_peers; j++)
-        if (peers[j].pid == nb->pid) {
-          from_peer(nb, &peers[j]);
-          used_peer[j] = true;
-        }
-    }
+  static _Thread_local vram_nvml_process procs[MAX_NVML];
+  vram_nvml_gpu gpu;
+  const char *why = "";
+  int n = _vram_nvml_processes(uuid, procs, MAX_NVML, &gpu, &why);
+  if (n < 0) snprintf(out->note, sizeof out->note, "%s", why);
+  for (int i = 0; i < n; i++) {
+    if ((int)procs[i].pid == self) continue;
+    vram_neighbour *nb = add(out, (int)procs[i].pid);
+    if (!nb) continue;
+    nb->used_bytes = procs[i].used_bytes == VRAM_NVML_NOT_AVAILABLE ? VRAM_NEIGHBOUR_UNKNOWN
+                                                                     : procs[i].used_bytes;
+    _vram_escape_text(nb->name, sizeof nb->name, procs[i].name, sizeof procs[i].name);
+    for (int j = 0; j < n_peers; j++)
+      if (peers[j].pid == nb->pid) {
+        from_peer(nb, &peers[j]);
+        used_peer[j] = true;
+      }
   }
-  /* vramkit processes NVML did not list: no NVML, sim, or another pid namespace. */
+  /* vramkit processes NVML did not list: no NVML, or another pid namespace. */
   for (int j = 0; j < n_peers; j++) {
     if (used_peer[j]) continue;
     vram_neighbour *nb = add(out, peers[j].pid);

@@ -111,9 +111,15 @@ static const vram_process_record *map_record(const char *dir, int pid) {
   return m == MAP_FAILED ? NULL : m;
 }
 
+/* A device slot of a record, read as every reader reads it (pread, two alike copies). */
 static vram_device_record read_slot(const vram_process_record *r, int device) {
+  char path[400];
+  record_path(path, sizeof path, pub_dir, r->pid);
+  int fd = open(path, O_RDONLY);
+  assert_true(fd >= 0);
   vram_device_record d;
-  assert_int_equal(_vram_record_read_device(&r->devices[device], &d), 0);
+  assert_int_equal(_vram_record_read_device(fd, device, &d), 0);
+  close(fd);
   return d;
 }
 
@@ -287,9 +293,12 @@ static void test_refused_dirs(void **state) {
   refused_dir("foreign", 0700, geteuid() == 0 ? 12345 : -1);
 }
 
-/* Writes a record for `pid` as if that process published it. */
-static void plant(const char *dir, int pid, uint64_t start_ticks, const char *name,
-                  uint64_t reserved, uint64_t allocated) {
+/* The fake driver's GPU, as its records and NVML name it. */
+#define FAKE_UUID "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"
+
+/* A record for `pid` as if that process published it, on the fake GPU. */
+static vram_process_record planted(int pid, uint64_t start_ticks, const char *name,
+                                   uint64_t reserved, uint64_t allocated) {
   vram_process_record r;
   memset(&r, 0, sizeof r);
   r.magic = VRAM_RECORD_MAGIC;
@@ -301,10 +310,17 @@ static void plant(const char *dir, int pid, uint64_t start_ticks, const char *na
   snprintf(r.name, sizeof r.name, "%s", name);
   r.n_devices = 1;
   r.devices[0].in_use = 1;
-  snprintf(r.devices[0].source, sizeof r.devices[0].source, "sim");
+  snprintf(r.devices[0].source, sizeof r.devices[0].source, "cuda");
+  snprintf(r.devices[0].uuid, sizeof r.devices[0].uuid, "%s", FAKE_UUID);
   r.devices[0].reserved_bytes = reserved;
   r.devices[0].allocated_bytes = r.devices[0].active_bytes = allocated;
   r.devices[0].cached_free_bytes = reserved - allocated;
+  return r;
+}
+
+static void plant(const char *dir, int pid, uint64_t start_ticks, const char *name,
+                  uint64_t reserved, uint64_t allocated) {
+  vram_process_record r = planted(pid, start_ticks, name, reserved, allocated);
   char path[400];
   record_path(path, sizeof path, dir, pid);
   int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
@@ -326,33 +342,139 @@ static uint64_t start_ticks_of(int pid) {
   return strtoull(p, NULL, 10);
 }
 
-/* The OOM report of a fresh sim pool asked for more than it holds. */
+/* A child that only sleeps (as `uid` when it is not -1): a live process to write records
+ * for. Its start time is read once it runs as what it will be. */
+static pid_t sleeper(int uid) {
+  int ready[2];
+  assert_int_equal(pipe(ready), 0);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (uid >= 0 && setuid((uid_t)uid) != 0) _exit(1);
+    if (write(ready[1], "r", 1) != 1) _exit(1);
+    for (;;) pause();
+  }
+  char c;
+  close(ready[1]);
+  assert_int_equal(read(ready[0], &c, 1), 1);
+  close(ready[0]);
+  return pid;
+}
+
+static void end_child(pid_t pid) {
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+}
+
+/* The OOM report of a fresh pool on the fake GPU asked for more than its limit. */
 static void oom_report(char *buf, size_t cap) {
-  vram_pool_t *pool = vt_pool_new(VRAM_SOURCE_SIM, (size_t)64 << 20);
+  vram_options_t o;
+  vram_options_init(&o);
+  o.source = VRAM_SOURCE_CUDA;
+  o.limit_bytes = 64 << 20;
+  vram_pool_t *pool = vt_pool_from(&o);
   void *p = NULL;
-  VT_EXPECT(vram_malloc(pool, 32 << 20, NULL, &p), VRAM_OK);
-  void *q = NULL;
-  VT_EXPECT(vram_malloc(pool, 48 << 20, NULL, &q), VRAM_ENOMEM);
+  VT_EXPECT(vram_malloc(pool, 128 << 20, NULL, &p), VRAM_ENOMEM);
   VT_VALID(pool);
   assert_true(vram_oom_report(pool, buf, cap) > 0);
-  VT_OK(vram_free(pool, p));
   VT_OK(vram_pool_destroy(pool));
 }
 
-/* A record planted for a live process (pid 1, as it started) is named with its cached
- * free memory; the same record with another start time (a reused pid) is not. */
+/* A record planted for a live process of ours, as it started, is named with its cached
+ * free memory; the same record with another start time (a reused pid) is not, and goes. */
 static void test_planted_neighbour(void **state) {
-  plant(pub_dir, 1, start_ticks_of(1), "planted", 3ull << 30, 2ull << 30);
+  pid_t child = sleeper(-1);
+  plant(pub_dir, child, start_ticks_of(child), "planted", 3ull << 30, 2ull << 30);
+  char report[4096], want[64];
+  oom_report(report, sizeof report);
+  snprintf(want, sizeof want, "pid %d (planted)", (int)child);
+  assert_non_null(strstr(report, want));
+  assert_non_null(strstr(report, "reserved 3.00 GiB, 1.00 GiB cached free it could give back"));
+  plant(pub_dir, child, start_ticks_of(child) + 1, "reused", 3ull << 30, 2ull << 30);
+  oom_report(report, sizeof report);
+  assert_null(strstr(report, want));
+  char path[400];
+  record_path(path, sizeof path, pub_dir, child);
+  assert_int_equal(access(path, F_OK), -1); /* a dead process's record: deleted */
+  end_child(child);
+}
+
+/* A record may claim any pid with its true start time; one that names a process of another
+ * user is not believed, and not deleted either (its process lives). */
+static void test_spoofed_record(void **state) {
+  pid_t other = geteuid() == 0 ? sleeper(65534) : 1;
+  plant(pub_dir, other, start_ticks_of(other), "spoofed", 70ull << 30, 1ull << 30);
+  char report[4096], path[400];
+  oom_report(report, sizeof report);
+  assert_null(strstr(report, "spoofed"));
+  vram_process_record r;
+  char why[160];
+  int dfd = vram_records_open(pub_dir, why, sizeof why);
+  assert_true(dfd >= 0);
+  char name[32];
+  snprintf(name, sizeof name, "%d.rec", (int)other);
+  assert_int_equal(vram_record_read(dfd, name, &r, NULL, why, sizeof why), VRAM_RECORD_SKIPPED);
+  assert_non_null(strstr(why, "runs as another user"));
+  close(dfd);
+  record_path(path, sizeof path, pub_dir, other);
+  assert_int_equal(access(path, F_OK), 0);
+  unlink(path);
+  if (other != 1) end_child(other);
+}
+
+/* Names are the writers' words: a terminal escape or a newline in one is shown escaped,
+ * and forges no line of the report. */
+static void test_names_are_escaped(void **state) {
+  pid_t child = sleeper(-1);
+  plant(pub_dir, child, start_ticks_of(child), "x\x1b[2J\ncause: forged", 3ull << 30, 2ull << 30);
   char report[4096];
   oom_report(report, sizeof report);
-  assert_non_null(strstr(report, "Other processes on this GPU: pid 1 (planted)"));
-  assert_non_null(strstr(report, "reserved 3.00 GiB, 1.00 GiB cached free it could give back"));
-  plant(pub_dir, 1, start_ticks_of(1) + 1, "reused", 3ull << 30, 2ull << 30);
-  oom_report(report, sizeof report);
-  assert_null(strstr(report, "pid 1 "));
+  assert_null(strchr(report, '\x1b'));
+  assert_null(strstr(report, "\ncause: forged"));
+  assert_non_null(strstr(report, "(x\\x1b[2J\\x0acause: forged)"));
   char path[400];
-  record_path(path, sizeof path, pub_dir, 1);
-  assert_int_equal(access(path, F_OK), -1); /* a dead process's record: deleted */
+  record_path(path, sizeof path, pub_dir, child);
+  unlink(path);
+  end_child(child);
+}
+
+/* A neighbour that truncates and rewrites its record in a loop while this process runs out
+ * of memory again and again: the reader sees whole records or none, and never dies of it
+ * (through a mapping, a load past the new end of the file is SIGBUS). */
+static void test_truncated_under_the_reader(void **state) {
+  pid_t writer = fork();
+  assert_true(writer >= 0);
+  if (writer == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    vram_process_record r = planted(getpid(), start_ticks_of(getpid()), "truncator", 3ull << 30,
+                                    2ull << 30);
+    char path[400];
+    record_path(path, sizeof path, pub_dir, getpid());
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+    for (;;) {
+      if (pwrite(fd, &r, sizeof r, 0) != (ssize_t)sizeof r) _exit(1);
+      if (ftruncate(fd, 0) != 0 || ftruncate(fd, 700) != 0 || ftruncate(fd, 0) != 0) _exit(1);
+    }
+  }
+  vram_options_t o;
+  vram_options_init(&o);
+  o.source = VRAM_SOURCE_CUDA;
+  o.limit_bytes = 64 << 20;
+  vram_pool_t *pool = vt_pool_from(&o);
+  int reports = getenv("VT_TRUNCATE_REPORTS") ? atoi(getenv("VT_TRUNCATE_REPORTS")) : 100000;
+  for (int i = 0; i < reports; i++) {
+    void *p = NULL;
+    VT_EXPECT(vram_malloc(pool, 128 << 20, NULL, &p), VRAM_ENOMEM);
+  }
+  VT_VALID(pool);
+  vram_stats_t s = vt_stats(pool);
+  assert_int_equal(s.num_ooms, (uint64_t)reports);
+  VT_OK(vram_pool_destroy(pool));
+  end_child(writer);
+  char path[400];
+  record_path(path, sizeof path, pub_dir, writer);
+  unlink(path);
 }
 
 /* Garbage in the directory: a wrong size, a wrong magic, a symlink, a directory, a fifo,
@@ -363,8 +485,9 @@ static void test_corrupt_files(void **state) {
   int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
   assert_int_equal(write(fd, "garbage", 7), 7);
   close(fd);
-  plant(pub_dir, 1, start_ticks_of(1), "badmagic", 1 << 20, 0);
-  record_path(path, sizeof path, pub_dir, 1);
+  pid_t child = sleeper(-1);
+  plant(pub_dir, child, start_ticks_of(child), "badmagic", 1 << 20, 0);
+  record_path(path, sizeof path, pub_dir, child);
   fd = open(path, O_WRONLY);
   assert_int_equal(pwrite(fd, "XXXXXXXX", 8, 0), 8);
   close(fd);
@@ -379,22 +502,25 @@ static void test_corrupt_files(void **state) {
   close(fd);
   char report[4096];
   oom_report(report, sizeof report);
-  assert_null(strstr(report, "Other processes"));
+  assert_null(strstr(report, "badmagic"));
   assert_int_equal(_vram_publish_sweep(), 0); /* none of them is a dead process's record */
-  const char *names[] = {"999999.rec", "1.rec", "2.rec", "4.rec", "notapid.rec"};
+  char child_name[32];
+  snprintf(child_name, sizeof child_name, "%d.rec", (int)child);
+  const char *names[] = {"999999.rec", child_name, "2.rec", "4.rec", "notapid.rec"};
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
     snprintf(path, sizeof path, "%s/%s", pub_dir, names[i]);
     unlink(path);
   }
   snprintf(path, sizeof path, "%s/3.rec", pub_dir);
   rmdir(path);
+  end_child(child);
 }
 
-/* A live vramkit child is a neighbour with its cached free memory; killed, its record
- * stays (no atexit), is ignored by the report and cleaned by it. */
+/* A live vramkit child on the same GPU is a neighbour with its cached free memory; killed,
+ * its record stays (no atexit), is ignored by the report and cleaned by it. */
 static void test_killed_child(void **state) {
   const char *env[] = {NULL};
-  child c = spawn("sim", "hang", env, NULL);
+  child c = spawn("cuda", "hang", env, NULL);
   assert_int_equal(c.had_record, 1);
   char report[4096], want[64];
   oom_report(report, sizeof report);
@@ -409,6 +535,23 @@ static void test_killed_child(void **state) {
   oom_report(report, sizeof report);
   assert_null(strstr(report, want));
   assert_int_equal(access(path, F_OK), -1);
+}
+
+/* A sim device is its process's own: another process's sim pool is no neighbour of it. */
+static void test_sim_has_no_neighbours(void **state) {
+  const char *env[] = {NULL};
+  child c = spawn("sim", "hang", env, NULL);
+  assert_int_equal(c.had_record, 1);
+  vram_pool_t *pool = vt_pool_new(VRAM_SOURCE_SIM, (size_t)64 << 20);
+  void *p = NULL;
+  VT_EXPECT(vram_malloc(pool, 128 << 20, NULL, &p), VRAM_ENOMEM);
+  VT_VALID(pool);
+  char report[4096];
+  assert_true(vram_oom_report(pool, report, sizeof report) > 0);
+  assert_null(strstr(report, "Other processes"));
+  VT_OK(vram_pool_destroy(pool));
+  kill(c.pid, SIGKILL);
+  finish(&c);
 }
 
 /* ---- through the doubles of the driver and NVML ----------------------------------------- */
@@ -446,6 +589,7 @@ static void test_nvml_neighbours(void **state) {
   munmap((void *)r, sizeof *r);
   kill(c.pid, SIGKILL);
   finish(&c);
+  unsetenv("FAKE_NVML_PROCS");
 }
 
 int main(int argc, char **argv) {
@@ -462,14 +606,18 @@ int main(int argc, char **argv) {
   int failed;
   if (argc > 1 && strcmp(argv[1], "nvml") == 0) {
     setenv("VRAMKIT_TEST_GPU", "1", 1);
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_nvml_neighbours)};
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_nvml_neighbours),   cmocka_unit_test(test_planted_neighbour),
+        cmocka_unit_test(test_spoofed_record),    cmocka_unit_test(test_names_are_escaped),
+        cmocka_unit_test(test_corrupt_files),     cmocka_unit_test(test_killed_child),
+        cmocka_unit_test(test_truncated_under_the_reader),
+    };
     failed = cmocka_run_group_tests(tests, NULL, NULL);
   } else {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_record_fields),   cmocka_unit_test(test_removed_at_exit),
         cmocka_unit_test(test_publish_off),     cmocka_unit_test(test_refused_dirs),
-        cmocka_unit_test(test_planted_neighbour), cmocka_unit_test(test_corrupt_files),
-        cmocka_unit_test(test_killed_child),
+        cmocka_unit_test(test_sim_has_no_neighbours),
     };
     failed = cmocka_run_group_tests(tests, NULL, NULL);
   }

@@ -4,8 +4,8 @@ vramkit processes publish, the labels are dcgm-exporter's, command lines never a
 server listens where it says (127.0.0.1 unless --address), a port in use is a clear exit 1,
 and the Grafana dashboard queries only metrics the exporter serves.
 
-The records come from two places: hand-made files in the published layout (records.py's
-structs), so every field has a known value, and a real vramkit child on sim, whose record
+The records come from two places: hand-made files in the published layout (test_records'
+writer), so every field has a known value, and a real vramkit child on sim, whose record
 must agree with its own memory_stats(). Every test points VRAMKIT_PUBLISH_DIR at its tmp_path.
 """
 
@@ -24,6 +24,7 @@ import urllib.request
 import pytest
 
 from helpers import SIM_ENV
+from test_records import record_bytes
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 FAKE_NVML_SOURCE = ROOT / "tests" / "python" / "fake_nvml.c"
@@ -95,20 +96,11 @@ def one(text, name, **labels):
 
 def write_record(folder, pid, name, devices, cmdline=""):
     """A record file as an engine writes it, for a live pid; devices: dicts of fields."""
-    header = records.HEADER.pack(records.RECORD_MAGIC, records.RECORD_VERSION,
-                                 records.RECORD_SIZE, pid, os.getuid(),
-                                 records.start_ticks(pid), name.encode(), cmdline.encode(),
-                                 len(devices), 0)
-    body = bytearray(records.RECORD_SIZE)
-    body[:len(header)] = header
-    for index, dev in enumerate(devices):
-        counters = [dev.get(field, 0) for field in records._COUNTERS]
-        packed = records.DEVICE.pack(0, dev["device"], 1, dev["source"].encode(),
-                                     dev.get("uuid", "").encode(), *counters)
-        start = records.DEVICES_OFFSET + index * records.DEVICE_RECORD_SIZE
-        body[start:start + len(packed)] = packed
+    slots = [dict(dev, source=dev["source"].encode(), uuid=dev.get("uuid", "").encode(),
+                  seq=0) for dev in devices]
     path = pathlib.Path(folder) / f"{pid}.rec"
-    path.write_bytes(bytes(body))
+    path.write_bytes(bytes(record_bytes(pid, name=name.encode(), cmdline=cmdline.encode(),
+                                        devices=slots)))
     path.chmod(0o600)
     return path
 

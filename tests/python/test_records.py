@@ -141,7 +141,7 @@ def reasons(folder) -> str:
 def test_bad_files_are_skipped_with_a_reason_and_kept(tmp_path, sleeper):
     pid = sleeper.pid
     folder = tmp_path / "publish"
-    folder.mkdir()
+    folder.mkdir(mode=0o700)
     (folder / "1.rec").write_bytes(b"not a record")
     (folder / "2.rec").write_bytes(b"\x7fELF" + bytes(4000))
     (folder / "3.rec").write_bytes(record_bytes(pid, version=2))
@@ -208,7 +208,11 @@ WRITER = """
     # The engine's protocol in Python: seq odd, fields, seq even; the fields always satisfy
     # reserved = 2 * allocated and peak = allocated + 1, so a torn copy breaks the relation.
     # seq is stored as the engine stores it, one aligned 8-byte word (a memoryview item of
-    # format "Q"); struct.pack_into writes it a byte at a time.
+    # format "Q"); struct.pack_into writes it a byte at a time. It writes in bursts with a
+    # pause between them, as an engine does (one update per allocation, not a busy loop):
+    # a reader needs a moment without a store to take two alike copies, and gets that moment
+    # between bursts whatever the load of the machine.
+    import time
     fd = os.open(sys.argv[1], os.O_RDWR)
     view = mmap.mmap(fd, 3432)
     at = 616
@@ -223,6 +227,8 @@ WRITER = """
         struct.pack_into("<Q", view, at + 88, 2 * n)
         struct.pack_into("<Q", view, at + 120, n + 1)
         seq[0] = now + 2
+        if n % 64 == 0:
+            time.sleep(0.0001)
 """
 
 
@@ -311,3 +317,109 @@ def test_a_real_record_equals_memory_stats(tmp_path):
         child.communicate("\n", timeout=60)
     # Removed at exit.
     assert not (tmp_path / f"{child.pid}.rec").exists()
+
+
+def test_a_planted_folder_is_not_read_nor_cleaned(tmp_path, sleeper, monkeypatch):
+    # Another user can make /dev/shm/vramkit-UID before this user does: a link to a folder of
+    # theirs, or a folder open to them. Neither is read, and nothing in it is deleted.
+    real = tmp_path / "theirs"
+    real.mkdir(mode=0o700)
+    write_record(real, sleeper.pid, devices=[{}])
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    ticks = ticks_of(child.pid)
+    child.wait()
+    dead = write_record(real, child.pid, ticks=ticks, devices=[{}])
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    monkeypatch.setenv("VRAMKIT_PUBLISH_DIR", str(link))
+    for folder in (None, link):
+        problems = []
+        assert read_records(folder, problems) == []
+        assert problems == [f"{link}: a symbolic link or not a folder; its records are not read"]
+    real.chmod(0o755)
+    for folder in (None, real):
+        monkeypatch.setenv("VRAMKIT_PUBLISH_DIR", str(real))
+        problems = []
+        assert read_records(folder, problems) == []
+        assert problems == [f"{real}: open to group or others (mode 0755, want 0700); its "
+                            f"records are not read"]
+    assert dead.exists()
+    real.chmod(0o700)
+    assert [p.pid for p in read_records(real)] == [sleeper.pid] and not dead.exists()
+
+
+def other_user_process():
+    """A live process of another user: a child that gave up root, or (not root) pid 1."""
+    if os.getuid() != 0:
+        return None, 1
+    child = subprocess.Popen(["sleep", "120"], user=65534, group=65534)
+    return child, child.pid
+
+
+def test_a_record_for_another_user_s_process_is_not_believed(tmp_path):
+    # Anybody can write "pid 1, 70 GiB" with pid 1's true start time; the process is not
+    # theirs, so the record proves nothing of it. It is skipped, and kept (its pid lives).
+    child, pid = other_user_process()
+    try:
+        spoof = write_record(tmp_path, pid, devices=[{"reserved_bytes": 70 << 30}])
+        problems = []
+        assert read_records(tmp_path, problems) == []
+        assert problems == [f"{spoof}: process {pid} runs as another user, not as the "
+                            f"record's uid {os.getuid()}"]
+        assert spoof.exists()
+    finally:
+        if child:
+            child.kill()
+            child.wait()
+
+
+TRUNCATOR = """
+    import os, sys, time
+    path, body = sys.argv[1], bytes.fromhex(sys.stdin.readline())
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    sys.stdout.write("ready\\n"); sys.stdout.flush()
+    while True:
+        os.pwrite(fd, body, 0)
+        os.ftruncate(fd, 0)
+        os.ftruncate(fd, 700)
+        os.ftruncate(fd, 0)
+"""
+
+READER = """
+    import sys
+    from vramkit.records import read_records
+    counts = [0, 0]
+    for _ in range(int(sys.argv[2])):
+        problems = []
+        counts[bool(read_records(sys.argv[1], problems, clean=False))] += 1
+    print(counts)
+"""
+
+
+def test_a_record_truncated_under_the_reader_never_kills_it(tmp_path):
+    # A neighbour truncates and rewrites its record in a loop. Read through a mapping, a load
+    # past the new end of the file is SIGBUS: the reader (and `vramkit top`, `export`) died.
+    writer = subprocess.Popen([sys.executable, "-c", textwrap.dedent(TRUNCATOR),
+                               str(tmp_path / "placeholder")],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        record = tmp_path / f"{writer.pid}.rec"
+        writer.stdin.write(record_bytes(writer.pid, devices=[{"allocated_bytes": 5}]).hex() + "\n")
+        writer.stdin.flush()
+        assert writer.stdout.readline() == "ready\n"
+        (tmp_path / "placeholder").rename(record)
+        reader = subprocess.run([sys.executable, "-c", textwrap.dedent(READER), str(tmp_path),
+                                 "3000"], capture_output=True, text=True, timeout=300)
+        assert reader.returncode == 0, reader.stderr
+        missed, found = json.loads(reader.stdout)
+        assert missed + found == 3000
+    finally:
+        writer.kill()
+        writer.wait()
+
+
+def test_names_are_printed_escaped():
+    assert records.printable("x\x1b[2J\x1b[41mX\x1b[8m\nforged\\") == (
+        "x\\x1b[2J\\x1b[41mX\\x1b[8m\\x0aforged\\\\")
+    assert records.printable("trainer \u00e9\u4e2d") == "trainer \u00e9\u4e2d"
+    assert records.printable("\u009b31m") == "\\x9b31m"

@@ -271,3 +271,14 @@ def test_live_view_in_a_terminal_too_small(publish):
     status, screen = run_in_pty(publish, 40, 4, "terminal too small")
     assert status == 0, screen[-2000:]
     assert "terminal too small (40x4)" in screen and "Traceback" not in screen
+
+
+def test_names_from_other_processes_are_shown_escaped(publish, sleepers):
+    # A process name is whatever its owner wrote to /proc/self/comm: an escape sequence in
+    # it would clear the screen and hide text, a newline would forge a line.
+    child = sleepers()
+    write_record(publish, child.pid, name=b"\x1b[2J\x1b[41mX\x1b[8m\nforged",
+                 devices=[{"allocated_bytes": 5 * MiB}])
+    text = top(publish, "--once").stdout
+    assert "\x1b" not in text and "\nforged" not in text
+    assert "\\x1b[2J\\x1b[4" in text
