@@ -31,7 +31,7 @@ the environment (device, PyTorch, CUDA and cuDNN versions, cuDNN flags, allocato
 settings); a summary goes to stdout. The isolated records fill the estimator's table:
 
     python3 bench/cudnn_workspace_probe.py --out bench/results/cudnn_workspaces.json
-    python -m vramkit.estimator.workspaces import bench/results/cudnn_workspaces.json \\
+    python -m vramkit.estimator.workspace_table import bench/results/cudnn_workspaces.json \\
         --table python/vramkit/estimator/data/cudnn_workspaces.json
 
 Needs a CUDA GPU and PyTorch; torchvision for the models (else transformers' ResNet-50 and

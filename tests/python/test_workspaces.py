@@ -25,6 +25,7 @@ import vramkit  # noqa: E402
 from vramkit.estimator import CUBLAS_WORKSPACE_BYTES, _step  # noqa: E402
 from vramkit.estimator import scratch as sc  # noqa: E402
 from vramkit.estimator import workspaces as ws  # noqa: E402
+from vramkit.estimator.workspace_table import rule_errors  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PROBE = ROOT / "bench" / "cudnn_workspace_probe.py"
@@ -186,7 +187,7 @@ def test_the_rule_is_fitted_from_the_entries():
     # Each entry predicted from its layer's other batches: the 128-channel layer at 32
     # from 2 MiB at 64 (in proportion: 1 MiB, half too little), at 64 from the power law
     # through 2 MiB at 32 and 8 MiB at 256 (2 MiB x 2 ** (2/3)); the rest come out exact.
-    errors = ws.rule_errors(ws.Table(entries, rule))["batch"]
+    errors = rule_errors(ws.Table(entries, rule))["batch"]
     assert errors["count"] == 5 and errors["median"] == 0
     assert errors["p90"] == pytest.approx(2 ** (2 / 3) - 1)
 
@@ -518,7 +519,7 @@ def test_the_probe_dry_run_fills_a_table_the_estimator_matches_exactly(tmp_path,
     assert len(rows) == len(scratch["isolated"]) > 0 and all(r["match"] for r in rows)
     # Made-up sizes are refused unless asked for.
     table = tmp_path / "table.json"
-    cli = ("-m", "vramkit.estimator.workspaces")
+    cli = ("-m", "vramkit.estimator.workspace_table")
     refused = _run(*cli, "import", out, "--table", table)
     assert refused.returncode == 2 and "dry-run" in refused.stderr
     done = _run(*cli, "import", out, "--table", table, "--allow-dry-run")

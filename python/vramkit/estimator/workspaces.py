@@ -24,23 +24,21 @@ dtype, memory layout and cuDNN flags), in this order:
    else the table's size rule, fitted to all its measurements;
 3. else 0, and the estimate's notes say convolution workspaces were not modelled.
 
-``python -m vramkit.estimator.workspaces import PROBE.json [--table PATH]`` fills a table
-from the probe's output; ``show`` says what a table holds.
+The table is filled from the probe's output by :mod:`vramkit.estimator.workspace_table`
+(``python -m vramkit.estimator.workspace_table import PROBE.json``), which also shows it.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
-import re
 import statistics
-import sys
-import tempfile
 import warnings
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, replace
+
+from ._device import allocator_reader, cache_path, device_identity, write_json_atomic
 
 TABLE_FORMAT = "vramkit-cudnn-workspaces/1"
 PROBE_FORMAT = "vramkit-cudnn-workspace-probe/1"
@@ -339,7 +337,7 @@ def _table_error(path: str, problem: str) -> WorkspaceTableError:
     error = WorkspaceTableError(
         f"{path}: not a usable cuDNN workspace table ({problem}). The estimator reads it "
         f"to model convolution workspaces without a GPU: reinstall vramkit to restore the "
-        f"shipped table, rebuild it with `python -m vramkit.estimator.workspaces import "
+        f"shipped table, rebuild it with `python -m vramkit.estimator.workspace_table import "
         f"PROBE.json --table {path} --replace`, or estimate with model_workspaces=\"cublas\" "
         f"(or False) to leave convolution workspaces out.")
     error.problem = problem
@@ -413,7 +411,7 @@ class Table:
                 "about": "cuDNN convolution workspace sizes in bytes by signature "
                          "(vramkit.estimator.workspaces.ConvSignature.key), measured by "
                          "bench/cudnn_workspace_probe.py; `python -m "
-                         "vramkit.estimator.workspaces import PROBE.json --table FILE` "
+                         "vramkit.estimator.workspace_table import PROBE.json --table FILE` "
                          "fills it and fits the rule.",
                 "measured_on": self.measured_on,
                 "entries": dict(sorted(self.entries.items())),
@@ -496,95 +494,9 @@ def empty_table(path: str | None = None) -> Table:
     return Table({}, {}, None, path)
 
 
-def write_json_atomic(path: str, data) -> None:
-    """Write ``data`` as JSON to ``path`` in one step: a scratch file in the same folder,
-    then renamed over it, so that a reader (another estimate, at the same time) never
-    sees half a file."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, scratch = tempfile.mkstemp(prefix=".workspaces-", suffix=".json", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1)
-            f.write("\n")
-        os.replace(scratch, path)
-    except BaseException:
-        if os.path.exists(scratch):
-            os.unlink(scratch)
-        raise
-
-
 # ---------------------------------------------------------------------------------------
 # Measuring on the device.
 # ---------------------------------------------------------------------------------------
-
-class _TorchReader:
-    """PyTorch's allocator statistics: its caching allocator's, or vramkit's complete
-    backend's, which reports through the same functions."""
-
-    def allocated(self, device) -> int:
-        import torch
-        return torch.cuda.memory_allocated(device)
-
-    def reset_peak(self, device) -> None:
-        import torch
-        torch.cuda.reset_peak_memory_stats(device)
-
-    def peak(self, device) -> int:
-        import torch
-        return torch.cuda.max_memory_allocated(device)
-
-    def reserved(self, device) -> int:
-        import torch
-        return torch.cuda.memory_reserved(device)
-
-    def empty_cache(self, device) -> None:
-        import torch
-        torch.cuda.empty_cache()
-
-    def available(self, device) -> int:
-        """What an allocation could still get: the device's free memory, and what the
-        allocator holds cached but unused."""
-        import torch
-        free, _total = torch.cuda.mem_get_info(device)
-        return free + max(0, self.reserved(device) - self.allocated(device))
-
-    def observe(self, out) -> None:
-        """Told each measured call's outputs (a reader without real figures uses them)."""
-
-
-class _VramkitReader(_TorchReader):
-    """vramkit's own statistics, under vramkit.torch's CUDAPluggableAllocator fallback,
-    where PyTorch's memory functions report nothing."""
-
-    def allocated(self, device) -> int:
-        import vramkit
-        return vramkit.memory_allocated(device.index or 0)
-
-    def reset_peak(self, device) -> None:
-        import vramkit
-        vramkit.reset_peak_memory_stats(device.index or 0)
-
-    def peak(self, device) -> int:
-        import vramkit
-        return vramkit.max_memory_allocated(device.index or 0)
-
-    def reserved(self, device) -> int:
-        import vramkit
-        return vramkit.memory_reserved(device.index or 0)
-
-    def empty_cache(self, device) -> None:
-        import vramkit
-        vramkit.empty_cache(device.index or 0)
-
-
-def allocator_reader():
-    """The statistics of whichever allocator PyTorch allocates CUDA memory through."""
-    hooks = sys.modules.get("vramkit.torch")
-    if hooks is not None and hooks.installed() and hooks.backend() == "pluggable":
-        return _VramkitReader()
-    return _TorchReader()
-
 
 def _runner(signature: ConvSignature, device):
     """A call of the signature's part on real (uninitialised) tensors of its shapes."""
@@ -669,24 +581,6 @@ def measure_on_device(signature: ConvSignature, device, reader=None) -> int | No
         enabled=signature.cudnn, benchmark=signature.benchmark,
         deterministic=signature.deterministic, allow_tf32=signature.tf32)
     return measure_transient(lambda: _runner(signature, device), device, reader, flags)
-
-
-def device_identity(device) -> dict:
-    """What a measurement holds for: the device's name, PyTorch's and cuDNN's versions."""
-    import torch
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
-    return {"device": name, "torch": torch.__version__,
-            "cudnn": torch.backends.cudnn.version()}
-
-
-def cache_path(identity: dict, folder: str = "cudnn-workspaces") -> str:
-    """Where the measurements on one kind of device are kept: $VRAMKIT_CACHE_DIR, else
-    $XDG_CACHE_HOME/vramkit, else ~/.cache/vramkit, then <folder>/<identity>.json (the
-    convolutions' in cudnn-workspaces, the other ops' scratch buffers in op-scratch)."""
-    from .._torch_build import cache_dir
-    name = f"{identity['device']}-torch{identity['torch']}-cudnn{identity['cudnn']}"
-    return os.path.join(cache_dir(), folder,
-                        re.sub(r"[^A-Za-z0-9._+-]+", "_", name) + ".json")
 
 
 # Measurements made in this process, by cache file (the convolutions' and the other ops'
@@ -888,170 +782,6 @@ class ConvWorkspaceModel(DeviceMeasuredSizes):
                          f"of the step's {total} convolution signatures (no measurement in "
                          f"{self.table_path} fits them), so the predicted peaks may be low "
                          f"by cuDNN's workspaces; bench/cudnn_workspace_probe.py measures "
-                         f"them on a GPU, and `python -m vramkit.estimator.workspaces "
+                         f"them on a GPU, and `python -m vramkit.estimator.workspace_table "
                          f"import PROBE.json` adds them to the table")
         return notes
-
-
-# ---------------------------------------------------------------------------------------
-# Filling the table from the probe.
-# ---------------------------------------------------------------------------------------
-
-def _read_json(path: str, what: str):
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, UnicodeDecodeError) as error:
-        raise WorkspaceTableError(f"{path}: cannot read the {what}: {error}") from None
-    except json.JSONDecodeError as error:
-        raise WorkspaceTableError(f"{path}: the {what} is not JSON: {error}") from None
-
-
-def measurements_of_probe(data, path: str = "<probe>") -> tuple:
-    """({key: bytes}, measured_on) from a probe's output: its isolated measurements (one
-    part on its own, as measure_on_device does it), the largest where one signature was
-    measured more than once."""
-    if not isinstance(data, dict) or data.get("format") != PROBE_FORMAT:
-        raise WorkspaceTableError(f"{path}: not the output of bench/cudnn_workspace_probe.py "
-                                  f"(format {PROBE_FORMAT!r} expected)")
-    records = data.get("isolated")
-    if not isinstance(records, list):
-        raise WorkspaceTableError(f"{path}: no list of isolated measurements")
-    measured: dict = {}
-    for index, record in enumerate(records):
-        if not isinstance(record, dict) or "workspace" not in record:
-            continue  # a part that could not be measured: the record says why
-        size = record["workspace"]
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            raise WorkspaceTableError(f"{path}: isolated record {index}: workspace "
-                                      f"{size!r} is not a size in bytes")
-        try:
-            key = ConvSignature.from_fields(record["signature"]).key()
-        except (KeyError, TypeError, ValueError) as error:
-            raise WorkspaceTableError(f"{path}: isolated record {index}: its signature: "
-                                      f"{error}") from None
-        measured[key] = max(measured.get(key, 0), size)
-    environment = data.get("environment") or {}
-    measured_on = {k: environment.get(k) for k in ("device", "torch", "cudnn", "cuda")}
-    return measured, measured_on
-
-
-def import_probe(probe_path: str, table_path: str = TABLE_PATH, *, replace: bool = False,
-                 allow_dry_run: bool = False) -> tuple:
-    """Add a probe's measurements to the table at table_path (created if missing) and fit
-    its rule again over all its entries. Returns (table, signatures imported)."""
-    data = _read_json(probe_path, "probe output")
-    if isinstance(data, dict) and data.get("dry_run") and not allow_dry_run:
-        raise WorkspaceTableError(f"{probe_path}: the output of a --dry-run, whose sizes "
-                                  f"are made up; not imported")
-    measured, measured_on = measurements_of_probe(data, probe_path)
-    existing = Table.load(table_path) if os.path.exists(table_path) else empty_table()
-    if not replace and existing.entries and (existing.measured_on or {}).get("device") \
-            != measured_on.get("device"):
-        raise WorkspaceTableError(
-            f"{table_path} holds measurements on {existing.describe_source()}, and "
-            f"{probe_path} ran on {measured_on.get('device')!r}: a table is one device's; "
-            f"--replace starts it again from this probe")
-    entries = {} if replace else dict(existing.entries)
-    entries.update(measured)
-    table = Table(entries, fit_rule(entries), measured_on, table_path)
-    table.save(table_path)
-    return table, len(measured)
-
-
-def rule_errors(table: Table) -> dict:
-    """How well the table's rules predict its own entries: each entry measured at another
-    batch of its layer too, predicted by the batch rule from those other batches; each
-    entry predicted by the size rule. Per rule: the count and the median and 90th
-    percentile of |predicted - measured| / measured (entries above 0 bytes)."""
-    batch, size = [], []
-    ratios = table.rule.get("workspace_per_activation_byte", {})
-    for key, measured in table.entries.items():
-        if measured <= 0:
-            continue
-        signature = ConvSignature.from_key(key)
-        others = [p for p in table._layers[signature.layer()] if p[0] != signature.batch]
-        if others:
-            batch.append(abs(table._scaled(signature, others) - measured) / measured)
-        ratio = ratios.get(signature.size_group())
-        if ratio is not None:
-            size.append(abs(ratio * signature.activation_bytes() - measured) / measured)
-
-    def summary(errors):
-        if not errors:
-            return {"count": 0}
-        errors = sorted(errors)
-        return {"count": len(errors), "median": statistics.median(errors),
-                "p90": errors[min(len(errors) - 1, int(0.9 * len(errors)))]}
-
-    return {"batch": summary(batch), "size": summary(size)}
-
-
-def _bytes(n: int) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
-
-
-def _show(table: Table) -> str:
-    lines = [f"{table.path}: {len(table.entries)} signatures measured on "
-             f"{table.describe_source()}"]
-    by_part = Counter(ConvSignature.from_key(k).part for k in table.entries)
-    for part in PARTS:
-        if by_part[part]:
-            sizes = [v for k, v in table.entries.items() if k.startswith(part + " ")]
-            lines.append(f"  {part:<16} {by_part[part]:>5} signatures, largest "
-                         f"{_bytes(max(sizes))}, median {_bytes(int(statistics.median(sizes)))}, "
-                         f"{sum(1 for v in sizes if v == 0)} without a workspace")
-    for name, values in sorted(table.rule.items()):
-        for group, value in sorted(values.items()):
-            lines.append(f"  rule {name} [{group}] = {value:g}")
-    for rule, errors in rule_errors(table).items():
-        if errors["count"]:
-            lines.append(f"  {rule} rule on the table's own {errors['count']} entries: "
-                         f"median error {100 * errors['median']:.0f}%, 90% of them within "
-                         f"{100 * errors['p90']:.0f}%")
-    return "\n".join(lines)
-
-
-def main(argv=None) -> int:
-    """``import PROBE.json [--table PATH] [--replace]`` and ``show [--table PATH]``.
-    Exit 0, 2 for a file that cannot be read as a probe's output or a table, 3 for a bad
-    command line."""
-    parser = argparse.ArgumentParser(
-        prog="python -m vramkit.estimator.workspaces",
-        description="The table of cuDNN convolution workspaces vramkit.estimate uses "
-                    "without a GPU.")
-    commands = parser.add_subparsers(dest="command", required=True)
-    add = commands.add_parser("import", help="add a bench/cudnn_workspace_probe.py "
-                                             "output to the table and fit its rule")
-    add.add_argument("probe", help="the probe's JSON output (its --out)")
-    add.add_argument("--table", default=TABLE_PATH,
-                     help=f"the table to write (default: this installation's, {TABLE_PATH})")
-    add.add_argument("--replace", action="store_true",
-                     help="start the table again from this probe, dropping its entries")
-    add.add_argument("--allow-dry-run", action="store_true",
-                     help="import a --dry-run's made-up sizes (for tests)")
-    show = commands.add_parser("show", help="what a table holds")
-    show.add_argument("--table", default=TABLE_PATH)
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as done:
-        return 3 if done.code else 0
-    try:
-        if args.command == "import":
-            table, count = import_probe(args.probe, args.table, replace=args.replace,
-                                        allow_dry_run=args.allow_dry_run)
-            print(f"imported {count} signatures from {args.probe}")
-        else:
-            table = Table.load(args.table)
-        print(_show(table))
-    except WorkspaceTableError as error:
-        print(f"vramkit.estimator.workspaces: {error}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
