@@ -97,10 +97,11 @@ build-debug:
 	cmake --build build-debug -j$(JOBS)
 
 # AddressSanitizer and UndefinedBehaviorSanitizer, built with clang (the compiler is fixed
-# when build-asan is first configured).
+# when build-asan is first configured); there tests/fuzz's targets are libFuzzer binaries,
+# and each fuzzes for a bounded time from its corpus.
 build-asan:
 	CC=clang cmake -S . -B build-asan -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-	  -DVRAMKIT_SANITIZE=ON -DVRAMKIT_DEBUG_LEVEL=3
+	  -DVRAMKIT_SANITIZE=ON -DVRAMKIT_DEBUG_LEVEL=3 -DVRAMKIT_FUZZ=ON
 	cmake --build build-asan -j$(JOBS)
 
 # ---- the two commands --------------------------------------------------------------------
