@@ -141,22 +141,45 @@ VRAM_API void vram_options_init(vram_options_t *opts);
 /* Overlay the VRAMKIT_* environment variables on opts: VRAMKIT_SOURCE, VRAMKIT_LIMIT,
  * VRAMKIT_PREALLOCATE, VRAMKIT_RELEASE_THRESHOLD, VRAMKIT_TIGHT_THRESHOLD,
  * VRAMKIT_VIRTUAL_THRESHOLD, VRAMKIT_LARGE_BLOCKS (fixed or virtual), VRAMKIT_SIM_CAPACITY
- * (sizes take K/M/G/T suffixes; LIMIT and PREALLOCATE also take a percentage such as "50%";
- * the two thresholds are fractions such as 0.9 or percentages such as 90%). A bad value
- * returns VRAM_EENV, names the variable in *why (if non-NULL, a static string), and
- * leaves opts unchanged. */
+ * (sizes as vram_parse_size reads them; LIMIT and PREALLOCATE also take a percentage such as
+ * "50%"; VRAMKIT_LIMIT=0 is refused, since 0 would read as "no limit": leave it unset for
+ * none; the two thresholds are fractions such as 0.9 or percentages such as 90%), and checks
+ * VRAMKIT_LEAK_REPORT (a switch: 0/1, off/on, false/true, no/yes). A bad value returns
+ * VRAM_EENV and leaves opts unchanged; *why (if non-NULL) then points to a message that names
+ * the variable and quotes the value ("VRAMKIT_LIMIT: '-1G' is not a limit: ..."), kept per
+ * thread until that thread's next refusal. The first call in a process warns on stderr about
+ * each VRAMKIT_* name that vramkit does not read, naming the nearest one it does. */
 VRAM_API int vram_options_from_env(vram_options_t *opts, const char **why);
 
 /* Set one option by its variable's name ("VRAMKIT_LIMIT", ...) from text, as the
- * environment would: VRAM_EENV with *why on a bad value, VRAM_EINVAL for an unknown name;
- * opts is unchanged on failure. */
+ * environment would: VRAM_EENV with *why on a bad value, VRAM_EINVAL for a name that is not
+ * a pool option; opts is unchanged on failure. */
 VRAM_API int vram_options_set(vram_options_t *opts, const char *name, const char *value,
                               const char **why);
 
-/* Parse a size such as "512", "64K", "1.5G", "2MiB". Returns VRAM_EINVAL on junk. With
- * allow_percent, "30%" yields *fraction = 0.30 and *bytes = 0. */
+/* The VRAMKIT_* variables vramkit reads, C, tools and Python alike: the name of entry
+ * `index` (from 0), NULL past the last. *help (if non-NULL) says what it takes;
+ * *pool_option (if non-NULL) is 1 for the pool options vram_options_set knows. */
+VRAM_API const char *vram_env_variable(size_t index, const char **help, int *pool_option);
+
+/* Parse a size. The one grammar of every size vramkit reads (options, variables, the
+ * command line, Python):
+ *
+ *   size     := number [unit]          no spaces, signs, exponents or hexadecimal
+ *   number   := digits ["." digits]    decimal, a digit on both sides of the point
+ *   unit     := B | (K | M | G | T) [B | iB]     any case; K = 1024, M = 1024^2, ... T = 1024^4
+ *   percent  := number "%"             only with allow_percent; more than 0, at most 100
+ *
+ * Without a unit (or with B) the number counts bytes and must be whole ("1.5" is refused);
+ * with K/M/G/T a decimal is rounded up to a whole byte ("0.1G" is 107374183). More than
+ * 2^64 - 1 bytes is refused. Examples: "512", "64K", "1.5G", "2MiB", "8GB", "30%".
+ * Returns VRAM_EINVAL on anything else (vram_parse_size_error says why). With
+ * allow_percent (fraction non-NULL), "30%" yields *fraction = 0.30 and *bytes = 0. */
 VRAM_API int vram_parse_size(const char *text, int allow_percent, size_t *bytes,
                              double *fraction);
+/* Why vram_parse_size refuses text: a short static phrase ("a size cannot be negative",
+ * "spaces are not allowed"), or NULL when it accepts it. */
+VRAM_API const char *vram_parse_size_error(const char *text, int allow_percent);
 
 /* ---------------------------------------------------------------------------------------
  * Pools.

@@ -12,12 +12,18 @@ endif()
 file(MAKE_DIRECTORY "${WORK}")
 
 # The sim source with its default size and no limit, whatever the caller's environment says:
-# the cases check the command's defaults, not the machine's settings.
-set(ENV{VRAMKIT_SOURCE} sim)
-foreach(variable VRAMKIT_SIM_CAPACITY VRAMKIT_LIMIT VRAMKIT_PREALLOCATE
-                 VRAMKIT_RELEASE_THRESHOLD VRAMKIT_TIGHT_THRESHOLD)
-  unset(ENV{${variable}})
+# the cases check the command's defaults, not the machine's settings. The variables are the
+# ones `vramkit --help` lists from the library's table (where the tests publish, and the
+# tests' own, stay as they are).
+execute_process(COMMAND "${TOOL}" --help OUTPUT_VARIABLE help_text)
+string(REGEX MATCHALL "\n  VRAMKIT_[A-Z_]+" listed "${help_text}")
+foreach(variable IN LISTS listed)
+  string(STRIP "${variable}" variable)
+  if(NOT variable MATCHES "^VRAMKIT_(PUBLISH|TEST_)")
+    unset(ENV{${variable}})
+  endif()
 endforeach()
+set(ENV{VRAMKIT_SOURCE} sim)
 
 set(HEADER "# vramkit-trace v1 workload=test")
 
@@ -107,6 +113,37 @@ elseif(CASE STREQUAL "option_without_value")
     run(STATUS 3 ARGS ${command} --json ${one.trace_path}
         STDERR "${option} needs a value, and '--json' after it is an option")
   endforeach()
+
+elseif(CASE STREQUAL "sizes_and_environment")
+  write_trace(one.trace "${HEADER}" "a 1 4096 0 0" "f 1 0 1")
+  # A negative size is a value the option refuses, named and quoted, not a next option.
+  run(STATUS 3 ARGS replay --capacity -1G ${one.trace_path}
+      STDERR "--capacity: '-1G' is not a size: a size cannot be negative" NOT_STDERR "option")
+  foreach(text "0x10G" "1.5" "1e-300" "5 G" "1G ")
+    run(STATUS 3 ARGS replay --capacity "${text}" ${one.trace_path}
+        STDERR "--capacity: '${text}' is not a size: ")
+  endforeach()
+  # A preallocation stays held through empty_cache: not a leak, whatever its size.
+  foreach(size 64M 100%)
+    set(ENV{VRAMKIT_PREALLOCATE} ${size})
+    run(STATUS 0 ARGS replay --json --repeat 1 ${one.trace_path} NOT_STDERR "not released")
+  endforeach()
+  set(ENV{VRAMKIT_PREALLOCATE} 18446744073709551615)
+  run(STATUS 1 ARGS replay --repeat 1 ${one.trace_path} STDERR "VRAMKIT_PREALLOCATE")
+  unset(ENV{VRAMKIT_PREALLOCATE})
+  # Every refusal of a variable names it and quotes the value.
+  set(ENV{VRAMKIT_LEAK_REPORT} abc)
+  run(STATUS 3 ARGS replay --repeat 1 ${one.trace_path} STDERR "VRAMKIT_LEAK_REPORT: 'abc'")
+  unset(ENV{VRAMKIT_LEAK_REPORT})
+  set(ENV{VRAMKIT_LIMIT} 0)
+  run(STATUS 3 ARGS replay --repeat 1 ${one.trace_path}
+      STDERR "VRAMKIT_LIMIT: '0' is not a limit: .*leave it unset")
+  unset(ENV{VRAMKIT_LIMIT})
+  # A misspelled name is not silently ignored.
+  set(ENV{VRAMKIT_LIMT} 1G)
+  run(STATUS 0 ARGS replay --repeat 1 ${one.trace_path}
+      STDERR "VRAMKIT_LIMT is not a vramkit variable and is ignored; did you mean VRAMKIT_LIMIT\\?")
+  unset(ENV{VRAMKIT_LIMT})
 
 elseif(CASE STREQUAL "skipped_frees")
   # Two frees of IDs that were never allocated: blocks from before the recording began.

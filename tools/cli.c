@@ -31,7 +31,10 @@ int cli_option_value(int argc, char **argv, int *index, const char *name, const 
     return -1;
   }
   const char *next = argv[*index + 1];
-  if (next[0] == '-' && next[1] != '\0') {
+  /* "-1G" is a value, refused by the option's parser with what is wrong with it; "--json"
+   * is the next option, and the value is missing. */
+  int number = (next[1] >= '0' && next[1] <= '9') || next[1] == '.';
+  if (next[0] == '-' && next[1] != '\0' && !number) {
     fprintf(stderr, "vramkit: %s needs a value, and '%s' after it is an option\n", name, next);
     return -1;
   }
@@ -51,13 +54,13 @@ int cli_parse_source(const char *text, vram_source_kind *kind) {
 }
 
 int cli_parse_size(const char *option, const char *text, size_t *bytes) {
-  double fraction = 0;
-  if (vram_parse_size(text, 0, bytes, &fraction) != VRAM_OK) {
-    fprintf(stderr, "vramkit: %s: bad size '%s' (bytes, or with a K/M/G/T suffix: 512M, 1.5G)\n",
-            option, text);
+  const char *why = vram_parse_size_error(text, 0);
+  if (why) {
+    fprintf(stderr, "vramkit: %s: '%s' is not a size: %s; expected bytes, or a number with "
+                    "K/M/G/T: 512M, 1.5G\n", option, text, why);
     return -1;
   }
-  return 0;
+  return vram_parse_size(text, 0, bytes, NULL) == VRAM_OK ? 0 : -1;
 }
 
 int cli_parse_long(const char *option, const char *text, long min, long max, long *out) {
@@ -99,6 +102,10 @@ int cli_pool_create(vram_pool_t **pool, const vram_options_t *opts) {
 void cli_report_pool_error(int status, const vram_options_t *opts) {
   fprintf(stderr, "vramkit: cannot create a pool on source %s: %s (%s)\n",
           vram_source_name(opts->source), vram_strerror(status), vram_errname(status));
+  /* The replay and bench options size no preallocation: only the variable can. */
+  const char *pre = getenv("VRAMKIT_PREALLOCATE");
+  if (status == VRAM_ENOMEM && pre && (opts->preallocate_bytes || opts->preallocate_fraction))
+    fprintf(stderr, "vramkit: VRAMKIT_PREALLOCATE: '%s' is more than the device holds\n", pre);
   if (status == VRAM_ENODRIVER)
     fprintf(stderr, "vramkit: no CUDA driver here; --source sim replays on the host model\n");
 }

@@ -47,8 +47,9 @@ int cli_is_help(const char *arg);
 
 /* Match argv[*index] against "--name VALUE" or "--name=VALUE". Returns 1 and sets *value
  * (advancing *index past a separate value), 0 if it is another argument, or -1 after
- * printing an error when the value is missing. A separate value never starts with '-':
- * no option takes one that does, so "--capacity --json" is a missing value, not a size. */
+ * printing an error when the value is missing. A separate value starting with '-' is taken
+ * only when a digit or '.' follows (so "--capacity -1G" is refused as a size, naming the
+ * option): "--capacity --json" is a missing value, not a size. */
 int cli_option_value(int argc, char **argv, int *index, const char *name, const char **value);
 
 /* Parsers that print a message naming the option on bad input and return -1. */

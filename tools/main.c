@@ -20,6 +20,14 @@ static const char main_usage[] =
     "vramkit COMMAND --help describes a command. --version prints the version.\n"
     "\n" CLI_EXIT_STATUS_HELP;
 
+/* The VRAMKIT_* variables, from the library's one table of them. */
+static void print_variables(FILE *out) {
+  fputs("\nenvironment (a VRAMKIT_* name not listed here is ignored, with a warning):\n", out);
+  const char *help = NULL;
+  for (size_t i = 0; vram_env_variable(i, NULL, NULL); i++)
+    fprintf(out, "  %-26s %s\n", vram_env_variable(i, &help, NULL), help);
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fputs(main_usage, stderr);
@@ -35,6 +43,7 @@ int main(int argc, char **argv) {
       if (strcmp(argv[2], "bench") == 0) return cmd_bench(2, help_argv);
     }
     fputs(main_usage, stdout);
+    print_variables(stdout);
     return CLI_EXIT_OK;
   }
   if (strcmp(command, "--version") == 0 || strcmp(command, "version") == 0) {

@@ -378,10 +378,11 @@ def _size_text(name: str, value, allow_percent: bool) -> str:
     if isinstance(value, str):
         try:
             _core.parse_size(value, allow_percent)
-        except VramError:
+        except VramError as exc:
+            # The engine's message quotes the text and says what is wrong with it.
             kinds = "a size such as '8G' or a percentage such as '50%'" if allow_percent \
                 else "a size such as '8G'"
-            raise _invalid(f"{name}: cannot read {value!r} as {kinds}") from None
+            raise _invalid(f"{name}: {exc} (expected {kinds})") from None
         return value
     raise TypeError(f"{name} must be an int, float or str, not {type(value).__name__}")
 

@@ -185,13 +185,12 @@ static int apply_override(core_state *st, vram_options_t *opts, PyObject *key, P
   const char *why = NULL;
   int rc = vram_options_set(opts, name, text, &why);
   if (rc == VRAM_OK) return 0;
+  /* The engine's message quotes the value: blame the argument, or keep the variable. */
   if (argument != NULL)
     raise_message(st, VRAM_EINVAL,
-                  PyUnicode_FromFormat("%S: %s, got %s", argument, reason_of(why, name), text),
-                  NULL);
+                  PyUnicode_FromFormat("%S: %s", argument, reason_of(why, name)), NULL);
   else
-    raise_message(st, rc, PyUnicode_FromFormat("%s=%s: %s", name, text, reason_of(why, name)),
-                  NULL);
+    raise_message(st, rc, PyUnicode_FromString(why ? why : vram_strerror(rc)), NULL);
   return -1;
 }
 
@@ -263,11 +262,29 @@ static PyObject *core_parse_size(PyObject *module, PyObject *args) {
   if (!PyArg_ParseTuple(args, "s|p:parse_size", &text, &allow_percent)) return NULL;
   size_t bytes = 0;
   double fraction = 0.0;
-  int rc = vram_parse_size(text, allow_percent, &bytes, &fraction);
+  const char *why = vram_parse_size_error(text, allow_percent);
+  int rc = why ? VRAM_EINVAL : vram_parse_size(text, allow_percent, &bytes, &fraction);
   if (rc != VRAM_OK)
     return raise_message(get_state(module), rc,
-                         PyUnicode_FromFormat("cannot read '%s' as a size", text), NULL);
+                         PyUnicode_FromFormat("'%s' is not a size: %s", text,
+                                              why ? why : vram_strerror(rc)),
+                         NULL);
   return Py_BuildValue("(Kd)", (unsigned long long)bytes, fraction);
+}
+
+/* The library's table of VRAMKIT_* variables, so that no Python module keeps a list. */
+static PyObject *core_env_variables(PyObject *module, PyObject *Py_UNUSED(ignored)) {
+  PyObject *rows = PyList_New(0);
+  const char *name, *help;
+  int pool_option;
+  for (size_t i = 0; rows && (name = vram_env_variable(i, &help, &pool_option)); i++) {
+    PyObject *row = Py_BuildValue("(ssO)", name, help, pool_option ? Py_True : Py_False);
+    if (row == NULL || PyList_Append(rows, row) < 0) Py_CLEAR(rows);
+    Py_XDECREF(row);
+  }
+  PyObject *result = rows ? PyList_AsTuple(rows) : NULL;
+  Py_XDECREF(rows);
+  return result;
 }
 
 static PyObject *core_raise_status(PyObject *module, PyObject *args) {
@@ -343,6 +360,9 @@ static PyMethodDef core_methods[] = {
     {"parse_size", core_parse_size, METH_VARARGS,
      PyDoc_STR("parse_size(text, allow_percent=False, /)\n--\n\n(bytes, fraction) of a size "
                "such as '64K', '1.5G' or '30%'.")},
+    {"env_variables", core_env_variables, METH_NOARGS,
+     PyDoc_STR("env_variables(/)\n--\n\n((name, help, pool_option), ...): the VRAMKIT_* "
+               "variables vramkit reads, from the library's one table.")},
     {"error", core_error, METH_VARARGS,
      PyDoc_STR("error(status, message, /)\n--\n\nThe exception a status code maps to, with "
                "this message and .status, .errname and .report set; not raised.")},

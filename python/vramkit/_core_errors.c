@@ -93,22 +93,16 @@ const char *reason_of(const char *why, const char *variable) {
   return why;
 }
 
-/* A bad VRAMKIT_* variable: ask the engine which one (it keeps the reason) and quote what
- * the environment holds, so the user sees the line to fix. */
+/* A bad VRAMKIT_* variable: ask the engine which one; its message names the variable and
+ * quotes the value, so the user sees the line to fix. */
 static PyObject *raise_env_error(core_state *st) {
   vram_options_t probe;
   const char *why = NULL;
   vram_options_init(&probe);
   vram_options_from_env(&probe, &why);
-  const char *colon = why ? strchr(why, ':') : NULL;
-  if (colon == NULL)
+  if (why == NULL)
     return raise_message(st, VRAM_EENV, PyUnicode_FromString(vram_strerror(VRAM_EENV)), NULL);
-  char variable[64];
-  PyOS_snprintf(variable, sizeof variable, "%.*s", (int)(colon - why), why);
-  const char *value = getenv(variable);
-  return raise_message(st, VRAM_EENV,
-                       PyUnicode_FromFormat("environment variable %s=%s: %s", variable,
-                                            value ? value : "", reason_of(why, variable)),
+  return raise_message(st, VRAM_EENV, PyUnicode_FromFormat("environment variable %s", why),
                        NULL);
 }
 

@@ -583,9 +583,11 @@ def _segment_for(requested: int, expandable: bool, pytorch: bool) -> int:
 
 # Options of the user's shell that would change the pools the replays measure: the
 # doctor compares the sources at their defaults, and says which change it tries.
-_POOL_VARIABLES = ("VRAMKIT_SOURCE", "VRAMKIT_LIMIT", "VRAMKIT_PREALLOCATE",
-                   "VRAMKIT_RELEASE_THRESHOLD", "VRAMKIT_TIGHT_THRESHOLD",
-                   "VRAMKIT_VIRTUAL_THRESHOLD", "VRAMKIT_LARGE_BLOCKS", "VRAMKIT_SIM_CAPACITY")
+# The library's table names them (_core.env_variables), so no list here goes stale.
+def _pool_variables() -> set:
+    from . import _core
+
+    return {name for name, _, pool_option in _core.env_variables() if pool_option}
 
 
 class MissingCommand(Exception):
@@ -600,7 +602,8 @@ def _replay(path: str, source: str, capacity: int | None, extra_env: dict | None
     if not os.access(binary, os.X_OK):
         raise MissingCommand(f"the C command that replays traces is missing (expected at "
                              f"{binary}); reinstall the package with pip")
-    env = {k: v for k, v in os.environ.items() if k not in _POOL_VARIABLES}
+    pool_variables = _pool_variables()
+    env = {k: v for k, v in os.environ.items() if k not in pool_variables}
     env.update(extra_env or {})
     args = [str(binary), "replay", "--json", "--repeat", "1", "--min-capacity", "--source", source]
     if capacity is not None:

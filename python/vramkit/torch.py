@@ -93,8 +93,10 @@ def backend() -> str | None:
 def _chosen_path(requested: str | None) -> str | None:
     choice = requested or os.environ.get("VRAMKIT_TORCH_BACKEND") or None
     if choice is not None and choice not in _PATHS:
-        raise ValueError(f"vramkit.torch.install(backend={choice!r}): expected one of "
-                         f"{', '.join(_PATHS)}")
+        # Blame what the user wrote: the argument, or else the variable.
+        where = f"vramkit.torch.install(backend={choice!r})" if requested else \
+            f"VRAMKIT_TORCH_BACKEND: {choice!r} is not a backend"
+        raise ValueError(f"{where}: expected one of {', '.join(_PATHS)}")
     return choice
 
 

@@ -15,6 +15,7 @@
  */
 #define _GNU_SOURCE
 #include "obs/publish.h"
+#include "pool/options.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -42,10 +43,14 @@ static void pub_warn(const char *what, const char *path, int err) {
           what, path, err ? ": " : "", err ? strerror(err) : "");
 }
 
-void _vram_publish_dir(char *buf, size_t cap) {
+int _vram_publish_dir(char *buf, size_t cap) {
   const char *dir = getenv("VRAMKIT_PUBLISH_DIR");
-  if (dir && *dir) snprintf(buf, cap, "%s", dir);
-  else snprintf(buf, cap, "/dev/shm/vramkit-%u", (unsigned)geteuid());
+  int n = dir && *dir ? snprintf(buf, cap, "%s", dir)
+                      : snprintf(buf, cap, "/dev/shm/vramkit-%u", (unsigned)geteuid());
+  if (n >= 0 && (size_t)n < cap) return 0;
+  /* Cut short, the name would be another folder's: name none rather than the wrong one. */
+  buf[0] = 0;
+  return -1;
 }
 
 
@@ -135,14 +140,22 @@ static void fork_parent(void) { pthread_mutex_unlock(&pub_lock); }
 /* With pub_lock held: open the record, or decide that publishing is off. */
 static void open_record(void) {
   const char *env = getenv("VRAMKIT_PUBLISH");
-  if (env && strcmp(env, "0") == 0) {
-    pub_state = PUB_OFF;
+  bool with_cmdline = env && strcmp(env, "cmdline") == 0;
+  int on = 1;
+  /* A value it cannot read leaves publishing as it is by default: a warning, never an error
+   * (publishing must not make an allocation fail). */
+  if (env && *env && !with_cmdline && _vram_parse_switch(env, &on) != 0)
+    fprintf(stderr, "vramkit: warning: VRAMKIT_PUBLISH='%.120s' is not 0/1, off/on, false/true, "
+                    "no/yes or cmdline; publishing stays on\n", env);
+  pub_state = PUB_OFF;
+  if (!on) return;
+  char dir[4000], name[32];
+  if (_vram_publish_dir(dir, sizeof dir) != 0) {
+    fprintf(stderr, "vramkit: not publishing memory state: VRAMKIT_PUBLISH_DIR is %zu characters "
+                    "long, more than the %zu a folder name may have\n",
+            strlen(getenv("VRAMKIT_PUBLISH_DIR")), sizeof dir - 1);
     return;
   }
-  bool with_cmdline = env && strcmp(env, "cmdline") == 0;
-  pub_state = PUB_OFF;
-  char dir[4000], name[32];
-  _vram_publish_dir(dir, sizeof dir);
   int dfd = open_dir(dir);
   if (dfd < 0) return;
   snprintf(name, sizeof name, "%d.rec", (int)getpid());

@@ -57,8 +57,9 @@ static inline void _vram_publish_store_hot(vram_device_record *d, uint64_t alloc
  * file ended first; *out then holds the last copy read, for what identifies the slot. */
 int _vram_record_read_device(int fd, int index, vram_device_record *out);
 
-/* The publish directory: $VRAMKIT_PUBLISH_DIR, else /dev/shm/vramkit-<uid>. */
-void _vram_publish_dir(char *buf, size_t cap);
+/* The publish directory: $VRAMKIT_PUBLISH_DIR, else /dev/shm/vramkit-<uid>. -1 and buf ""
+ * when it does not fit in cap: never a truncated name, which would be another folder. */
+int _vram_publish_dir(char *buf, size_t cap);
 /* publish_read.c: the start time of a process (field 22 of its /proc stat), 0 if gone; the
  * record keeps its writer's, readers compare it to tell a live writer from a reused pid. */
 uint64_t _vram_process_start_ticks(int pid);

@@ -13,6 +13,7 @@
 #include "obs/leaks.h"
 #include "pool/call.h"
 #include "pool/events.h"
+#include "pool/options.h"
 
 /* ---- the context function, process-wide */
 
@@ -143,11 +144,16 @@ static void report_at_exit(void) {
   pthread_mutex_unlock(&g_leak_lock);
 }
 
-/* "1" turns the report on, "0" or "" leaves it off; anything else is a bad variable. */
+/* A switch (options.h): on turns the report on, off or "" leaves it off; anything else is
+ * a bad variable, which vram_options_from_env names before a default pool gets here. */
 static int leak_report_wanted(bool *on) {
   const char *v = getenv("VRAMKIT_LEAK_REPORT");
-  *on = v && strcmp(v, "1") == 0;
-  return (!v || !*v || *on || strcmp(v, "0") == 0) ? VRAM_OK : VRAM_EENV;
+  int wanted = 0;
+  *on = false;
+  if (!v || !*v) return VRAM_OK;
+  if (_vram_parse_switch(v, &wanted) != 0) return VRAM_EENV;
+  *on = wanted;
+  return VRAM_OK;
 }
 
 int _vram_history_attach_env(vram_pool_t *pool) {

@@ -1,12 +1,18 @@
-/* options.c - pool options: defaults, sizes with suffixes, source names, and the VRAMKIT_*
- * environment variables. A bad value is an error that names the variable, never a silent
- * default. */
+/* options.c - pool options: defaults, source names, and the one table of the VRAMKIT_*
+ * environment variables vramkit reads (the pool's options and the others, which Python and
+ * the tools ask for through vram_env_variable rather than keep lists of their own). A bad
+ * value is an error that names the variable and quotes the value, never a silent default;
+ * an unknown VRAMKIT_* name gets one warning with the nearest known one. Sizes: size.c. */
+#define _GNU_SOURCE
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
+#include "pool/options.h"
 #include "vramkit.h"
 
 #define DEFAULT_SIM_CAPACITY ((size_t)80 << 30) /* an 80 GiB card, as an H100 */
@@ -50,136 +56,226 @@ const char *vram_source_name(vram_source_kind kind) {
   return "unknown";
 }
 
-int vram_parse_size(const char *text, int allow_percent, size_t *bytes, double *fraction) {
-  if (!text || !bytes) return VRAM_EINVAL;
-  while (*text == ' ') text++;
-  if (!*text || *text == '-' || *text == '+') return VRAM_EINVAL;
-  char *end = NULL;
-  errno = 0;
-  double value = strtod(text, &end);
-  if (end == text || errno || !isfinite(value) || value < 0) return VRAM_EINVAL;
-  while (*end == ' ') end++;
-  if (*end == '%') {
-    if (!allow_percent || !fraction || end[1] || value <= 0 || value > 100) return VRAM_EINVAL;
-    *fraction = value / 100.0;
-    *bytes = 0;
-    return VRAM_OK;
-  }
-  double scale = 1;
-  switch (*end) {
-    case 'k': case 'K': scale = 1024.0; end++; break;
-    case 'm': case 'M': scale = 1024.0 * 1024; end++; break;
-    case 'g': case 'G': scale = 1024.0 * 1024 * 1024; end++; break;
-    case 't': case 'T': scale = 1024.0 * 1024 * 1024 * 1024; end++; break;
-    default: break;
-  }
-  if (scale > 1 && (*end == 'i' || *end == 'I')) end++;
-  if (*end == 'b' || *end == 'B') end++;
-  if (*end) return VRAM_EINVAL;
-  double total = value * scale;
-  if (total >= 18446744073709551615.0 || total != floor(total)) {
-    if (total >= 18446744073709551615.0) return VRAM_EINVAL;
-    total = ceil(total);
-  }
-  *bytes = (size_t)total;
-  if (fraction) *fraction = 0;
-  return VRAM_OK;
-}
 
-/* The settings that VRAMKIT_* variables and vram_options_set name, each with its parser and
- * the message that explains a bad value. One table serves both. */
-typedef int (*setting_parse_fn)(vram_options_t *o, const char *value);
+/* ---- the table of variables ------------------------------------------------------------
+ * A pool option's parser sets it and returns NULL, or returns why the text is refused ("" when
+ * "is not WHAT" says it all). */
+typedef const char *(*setting_parse_fn)(vram_options_t *o, const char *value);
 
-static int parse_source(vram_options_t *o, const char *v) { return vram_source_parse(v, &o->source); }
-static int parse_limit(vram_options_t *o, const char *v) {
-  return vram_parse_size(v, 1, &o->limit_bytes, &o->limit_fraction);
+static const char *parse_source(vram_options_t *o, const char *v) {
+  return vram_source_parse(v, &o->source) ? "" : NULL;
 }
-static int parse_preallocate(vram_options_t *o, const char *v) {
-  return vram_parse_size(v, 1, &o->preallocate_bytes, &o->preallocate_fraction);
+static const char *parse_size_or_share(const char *v, size_t *bytes, double *fraction) {
+  const char *why = vram_parse_size_error(v, 1);
+  if (!why) vram_parse_size(v, 1, bytes, fraction);
+  return why;
 }
-static int parse_release_threshold(vram_options_t *o, const char *v) {
-  return vram_parse_size(v, 0, &o->release_threshold, NULL);
+/* 0 is refused: TensorFlow's memory_limit and PyTorch's memory fraction read 0 as none
+ * allowed, and a limit that silently meant "no limit" would surprise either user. */
+static const char *parse_limit(vram_options_t *o, const char *v) {
+  const char *why = parse_size_or_share(v, &o->limit_bytes, &o->limit_fraction);
+  if (!why && o->limit_bytes == 0 && o->limit_fraction == 0)
+    why = "0 would read as no limit: for none, leave it unset";
+  return why;
+}
+static const char *parse_preallocate(vram_options_t *o, const char *v) {
+  return parse_size_or_share(v, &o->preallocate_bytes, &o->preallocate_fraction);
+}
+static const char *parse_release_threshold(vram_options_t *o, const char *v) {
+  const char *why = vram_parse_size_error(v, 0);
+  if (!why) vram_parse_size(v, 0, &o->release_threshold, NULL);
+  return why;
 }
 /* A share in [0, 1], written as a fraction ("0.9") or a percentage ("90%"). */
-static int parse_share(const char *v, double *out) {
+static const char *parse_share(const char *v, double *out) {
   char *end = NULL;
   errno = 0;
   double value = strtod(v, &end);
-  if (end == v || errno || !isfinite(value)) return VRAM_EINVAL;
+  if (end == v || errno || !isfinite(value)) return "";
   if (*end == '%') {
     value /= 100.0;
     end++;
   }
-  if (*end || value < 0 || value > 1) return VRAM_EINVAL;
+  if (*end) return "";
+  if (value < 0 || value > 1) return "it is outside 0 to 1";
   *out = value;
-  return VRAM_OK;
+  return NULL;
 }
-static int parse_tight_threshold(vram_options_t *o, const char *v) {
+static const char *parse_tight_threshold(vram_options_t *o, const char *v) {
   return parse_share(v, &o->tight_threshold);
 }
-static int parse_virtual_threshold(vram_options_t *o, const char *v) {
+static const char *parse_virtual_threshold(vram_options_t *o, const char *v) {
   return parse_share(v, &o->virtual_threshold);
 }
-static int parse_large_blocks(vram_options_t *o, const char *v) {
+static const char *parse_large_blocks(vram_options_t *o, const char *v) {
   if (strcasecmp(v, "fixed") == 0) o->large_blocks = VRAM_LARGE_FIXED;
   else if (strcasecmp(v, "virtual") == 0) o->large_blocks = VRAM_LARGE_VIRTUAL;
-  else return VRAM_EINVAL;
-  return VRAM_OK;
+  else return "";
+  return NULL;
 }
-static int parse_sim_capacity(vram_options_t *o, const char *v) {
-  int rc = vram_parse_size(v, 0, &o->sim_capacity, NULL);
-  return rc ? rc : o->sim_capacity ? VRAM_OK : VRAM_EINVAL;
+static const char *parse_sim_capacity(vram_options_t *o, const char *v) {
+  const char *why = vram_parse_size_error(v, 0);
+  if (!why) vram_parse_size(v, 0, &o->sim_capacity, NULL);
+  return why ? why : o->sim_capacity ? NULL : "the simulated device needs more than 0 bytes";
+}
+/* Not an option: read when a pool is made (history.c), checked here so that a bad value is
+ * refused with the others, naming the variable. */
+static const char *check_switch(vram_options_t *o, const char *v) {
+  (void)o;
+  int on;
+  return _vram_parse_switch(v, &on) ? "" : NULL;
 }
 
-static const struct {
+static const struct setting {
   const char *name;
-  setting_parse_fn parse;
-  const char *why;
+  setting_parse_fn parse; /* a pool option's parser; NULL: read elsewhere */
+  setting_parse_fn check; /* read elsewhere, but refused by vram_options_from_env when bad */
+  const char *what;       /* "is not WHAT" in a refusal */
+  const char *help;       /* what it takes: the "expected" of a refusal, and help texts */
 } settings[] = {
-    {"VRAMKIT_SOURCE", parse_source,
-     "VRAMKIT_SOURCE: expected auto, sim, sim:cuda, sim:vmm, cuda, vmm or managed"},
-    {"VRAMKIT_LIMIT", parse_limit,
-     "VRAMKIT_LIMIT: expected a size such as 8G or a percentage such as 50%"},
-    {"VRAMKIT_PREALLOCATE", parse_preallocate,
-     "VRAMKIT_PREALLOCATE: expected a size such as 8G or a percentage such as 50%"},
-    {"VRAMKIT_RELEASE_THRESHOLD", parse_release_threshold,
-     "VRAMKIT_RELEASE_THRESHOLD: expected a size such as 1G"},
-    {"VRAMKIT_TIGHT_THRESHOLD", parse_tight_threshold,
-     "VRAMKIT_TIGHT_THRESHOLD: expected a share of the memory cap from 0 to 1, such as 0.9 or 90%"},
-    {"VRAMKIT_VIRTUAL_THRESHOLD", parse_virtual_threshold,
-     "VRAMKIT_VIRTUAL_THRESHOLD: expected a share of the memory cap from 0 to 1, such as 0.5 or 50%"},
-    {"VRAMKIT_LARGE_BLOCKS", parse_large_blocks,
-     "VRAMKIT_LARGE_BLOCKS: expected fixed or virtual"},
-    {"VRAMKIT_SIM_CAPACITY", parse_sim_capacity,
-     "VRAMKIT_SIM_CAPACITY: expected a positive size such as 16G"},
+    {"VRAMKIT_SOURCE", parse_source, NULL, "a source",
+     "auto, sim, sim:cuda, sim:vmm, cuda, vmm or managed"},
+    {"VRAMKIT_LIMIT", parse_limit, NULL, "a limit",
+     "a size such as 8G or a percentage such as 50%; unset for no limit (0 is refused)"},
+    {"VRAMKIT_PREALLOCATE", parse_preallocate, NULL, "a size",
+     "a size such as 8G or a percentage such as 50%; 0 or unset for none"},
+    {"VRAMKIT_RELEASE_THRESHOLD", parse_release_threshold, NULL, "a size",
+     "a size such as 1G"},
+    {"VRAMKIT_TIGHT_THRESHOLD", parse_tight_threshold, NULL, "a share",
+     "a share of the memory cap from 0 to 1, such as 0.9 or 90%"},
+    {"VRAMKIT_VIRTUAL_THRESHOLD", parse_virtual_threshold, NULL, "a share",
+     "a share of the memory cap from 0 to 1, such as 0.5 or 50%"},
+    {"VRAMKIT_LARGE_BLOCKS", parse_large_blocks, NULL, "a placement", "fixed or virtual"},
+    {"VRAMKIT_SIM_CAPACITY", parse_sim_capacity, NULL, "a capacity",
+     "a positive size such as 16G"},
+    {"VRAMKIT_LEAK_REPORT", NULL, check_switch, "a switch",
+     "1 (or on, true, yes) to print the blocks never freed at exit; 0, off, false or no"},
+    {"VRAMKIT_PUBLISH", NULL, NULL, NULL,
+     "1, on, true or yes (default), 0, off, false or no, or cmdline (also store the command "
+     "line); anything else leaves publishing on with a warning"},
+    {"VRAMKIT_PUBLISH_DIR", NULL, NULL, NULL,
+     "where the per-process records go (default /dev/shm/vramkit-<uid>)"},
+    {"VRAMKIT_TORCH_BACKEND", NULL, NULL, NULL, "backend or pluggable (Python, PyTorch)"},
+    {"VRAMKIT_TORCH_BACKEND_LIB", NULL, NULL, NULL, "a prebuilt PyTorch backend library"},
+    {"VRAMKIT_TORCH_HOOKS", NULL, NULL, NULL, "a prebuilt PyTorch fallback hook library"},
+    {"VRAMKIT_CACHE_DIR", NULL, NULL, NULL,
+     "where built libraries and measurements are cached (default ~/.cache/vramkit)"},
+    {"VRAMKIT_NVML_LIBRARY", NULL, NULL, NULL, "the NVML library to open instead of NVIDIA's"},
+    {"VRAMKIT_DEBUG_SCRATCH", NULL, NULL, NULL, "Python estimator: report scratch measurements"},
+    {"VRAMKIT_TEST_GPU", NULL, NULL, NULL, "tests: 1 runs the GPU conformance tests"},
+    {"VRAMKIT_TEST_SOURCE", NULL, NULL, NULL, "tests: the source the C tests run on"},
+    {"VRAMKIT_TEST_OPS", NULL, NULL, NULL, "tests: operations per thread of the thread tests"},
 };
+enum { N_SETTINGS = sizeof settings / sizeof settings[0] };
+
+const char *vram_env_variable(size_t index, const char **help, int *pool_option) {
+  if (index >= N_SETTINGS) return NULL;
+  if (help) *help = settings[index].help;
+  if (pool_option) *pool_option = settings[index].parse != NULL;
+  return settings[index].name;
+}
+
+const char *_vram_env_help(const char *name) {
+  for (size_t i = 0; i < N_SETTINGS; i++)
+    if (strcmp(name, settings[i].name) == 0) return settings[i].help;
+  return NULL;
+}
+
+void _vram_env_refusal(char *buf, size_t cap, const char *name, const char *value,
+                       const char *what, const char *reason, const char *expected) {
+  enum { QUOTED = 120 }; /* a long value is cut in the message: the line stays readable */
+  int cut = strlen(value) > QUOTED;
+  snprintf(buf, cap, "%s: '%.*s%s' is not %s%s%s; expected %s", name, QUOTED, value,
+           cut ? "..." : "", what, reason && *reason ? ": " : "", reason ? reason : "",
+           expected);
+}
+
+/* Edit distance, for the nearest known name of a misspelled one (names are short). */
+static size_t distance(const char *a, const char *b) {
+  size_t lb = strlen(b), row[64];
+  if (lb >= 64) return SIZE_MAX;
+  for (size_t j = 0; j <= lb; j++) row[j] = j;
+  for (size_t i = 1; a[i - 1]; i++) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= lb; j++) {
+      size_t up = row[j];
+      size_t best = diagonal + (a[i - 1] != b[j - 1]);
+      if (up + 1 < best) best = up + 1;
+      if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
+      row[j] = best;
+      diagonal = up;
+    }
+  }
+  return row[lb];
+}
+
+static const char *nearest_known(const char *name, size_t length) {
+  char copy[64];
+  snprintf(copy, sizeof copy, "%.*s", (int)(length < 63 ? length : 63), name);
+  const char *best = settings[0].name;
+  size_t best_distance = SIZE_MAX;
+  for (size_t i = 0; i < N_SETTINGS; i++) {
+    size_t d = distance(copy, settings[i].name);
+    if (d < best_distance) best_distance = d, best = settings[i].name;
+  }
+  return best;
+}
+
+extern char **environ;
+
+/* Once per process: a VRAMKIT_* name nothing reads is most likely a typo the user believes
+ * took effect, so say so, with the name they probably meant. */
+static void warn_unknown_names(void) {
+  for (char **e = environ; e && *e; e++) {
+    if (strncmp(*e, "VRAMKIT_", 8) != 0) continue;
+    const char *eq = strchr(*e, '=');
+    size_t length = eq ? (size_t)(eq - *e) : strlen(*e);
+    int known = 0;
+    for (size_t i = 0; i < N_SETTINGS && !known; i++)
+      known = strlen(settings[i].name) == length && strncmp(*e, settings[i].name, length) == 0;
+    if (!known)
+      fprintf(stderr, "vramkit: warning: %.*s is not a vramkit variable and is ignored; did "
+                      "you mean %s?\n", (int)length, *e, nearest_known(*e, length));
+  }
+}
+static pthread_once_t unknown_once = PTHREAD_ONCE_INIT;
+
+/* The text of a refusal: *why points here, one per thread, until its next refusal. */
+static _Thread_local char why_text[512];
+
+static int refuse(const struct setting *s, const char *value, const char *reason,
+                  const char **why) {
+  _vram_env_refusal(why_text, sizeof why_text, s->name, value, s->what, reason, s->help);
+  if (why) *why = why_text;
+  return VRAM_EENV;
+}
 
 int vram_options_set(vram_options_t *opts, const char *name, const char *value, const char **why) {
   if (!opts || !name || !value) return VRAM_EINVAL;
-  for (size_t i = 0; i < sizeof settings / sizeof settings[0]; i++) {
-    if (strcmp(name, settings[i].name) != 0) continue;
+  for (size_t i = 0; i < N_SETTINGS; i++) {
+    if (strcmp(name, settings[i].name) != 0 || !settings[i].parse) continue;
     vram_options_t o = *opts;
-    if (settings[i].parse(&o, value) != VRAM_OK) {
-      if (why) *why = settings[i].why;
-      return VRAM_EENV;
-    }
+    const char *reason = settings[i].parse(&o, value);
+    if (reason) return refuse(&settings[i], value, reason, why);
     *opts = o;
     return VRAM_OK;
   }
-  if (why) *why = "unknown setting: expected VRAMKIT_SOURCE, VRAMKIT_LIMIT, VRAMKIT_PREALLOCATE, "
-                  "VRAMKIT_RELEASE_THRESHOLD, VRAMKIT_TIGHT_THRESHOLD, VRAMKIT_VIRTUAL_THRESHOLD, "
-                  "VRAMKIT_LARGE_BLOCKS or VRAMKIT_SIM_CAPACITY";
+  snprintf(why_text, sizeof why_text, "%s is not a pool option (did you mean %s?)", name,
+           nearest_known(name, strlen(name)));
+  if (why) *why = why_text;
   return VRAM_EINVAL;
 }
 
 int vram_options_from_env(vram_options_t *opts, const char **why) {
   if (!opts) return VRAM_EINVAL;
+  pthread_once(&unknown_once, warn_unknown_names);
   vram_options_t o = *opts;
-  for (size_t i = 0; i < sizeof settings / sizeof settings[0]; i++) {
+  for (size_t i = 0; i < N_SETTINGS; i++) {
     const char *v = getenv(settings[i].name);
-    if (!v || !*v) continue;
-    int rc = vram_options_set(&o, settings[i].name, v, why);
-    if (rc) return rc;
+    if (!v || !*v || (!settings[i].parse && !settings[i].check)) continue;
+    const char *reason = (settings[i].parse ? settings[i].parse : settings[i].check)(&o, v);
+    if (reason) return refuse(&settings[i], v, reason, why);
   }
   *opts = o;
   return VRAM_OK;

@@ -331,6 +331,9 @@ int _vram_segment_grow(vram_pool_t *pool, vram_arena *a, size_t rounded, bool sm
 int _vram_pool_preallocate(vram_pool_t *pool, size_t bytes) {
   vram_arena *a = _vram_arena_get(pool, NULL);
   if (!a) return VRAM_EHOSTMEM;
+  /* More than the device could ever hold is out of memory, as for vram_malloc; rounding
+   * such a size up would wrap. */
+  if (bytes > pool->max_request) return VRAM_ENOMEM;
   pool->unified_index = true;
   size_t rounded = _vram_round_up(bytes, pool->granularity);
   vram_block *b = NULL;

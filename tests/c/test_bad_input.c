@@ -519,6 +519,13 @@ static void t_parse_size(void **state) {
       {"80G", 80 * VT_GiB},
       {"1T", (size_t)1 << 40},
       {"0.5K", 512},
+      {"8GB", 8 * VT_GiB},
+      {"8gib", 8 * VT_GiB},
+      {"512B", 512},
+      {"1.0", 1},
+      {"0.1G", 107374183}, /* a decimal of a unit rounds up to a whole byte */
+      {"18446744073709551615", SIZE_MAX},
+      {"1.125T", ((size_t)9 << 40) / 8},
   };
   for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
     size_t bytes = 777;
@@ -544,6 +551,9 @@ static void t_parse_size(void **state) {
       "",     "junk", "12Q",  "K",    "-5",   "1.2.3", "5 K x", "%",
       "1e99", "99999999999999T", "18446744073709551616", "99999999999999999999999",
       "-10%", "nan",  "inf",
+      /* One grammar: no hex, exponents, signs, spaces or fractions of a byte. */
+      "0x10G", "1.5", "1e-300", "1E3", "5 G", "1G ", " 1G", "+1G", "-1G", ".5G", "5.G", "1Ki",
+      "1.5B", "0%", "101%", "50 %", "1G\t", "1.0000000000000000001G",
   };
   for (size_t i = 0; i < sizeof junk / sizeof junk[0]; i++) {
     bytes = 4242;
@@ -552,7 +562,21 @@ static void t_parse_size(void **state) {
     if (rc != VRAM_EINVAL)
       fail_msg("parse_size(\"%s\") = %s (bytes %zu), expected VRAM_EINVAL", junk[i],
                vram_errname(rc), bytes);
+    if (!vram_parse_size_error(junk[i], 1)) fail_msg("no reason given for \"%s\"", junk[i]);
   }
+  /* The reason says what is wrong, in words a user can act on. */
+  static const struct {
+    const char *text, *words;
+  } why[] = {{"-1G", "negative"},     {"0x10G", "hexadecimal"}, {"1e-300", "exponent"},
+             {"5 G", "spaces"},       {"1.5", "fraction of a byte"},
+             {"30%", "percentage is not allowed"}, {"99999999999999T", "2^64"}};
+  for (size_t i = 0; i < sizeof why / sizeof why[0]; i++) {
+    const char *reason = vram_parse_size_error(why[i].text, 0);
+    if (!reason || !strstr(reason, why[i].words))
+      fail_msg("parse_size_error(\"%s\") = \"%s\", expected words \"%s\"", why[i].text,
+               reason ? reason : "(null)", why[i].words);
+  }
+  assert_null(vram_parse_size_error("1.5G", 0));
 }
 
 /* ---- status strings and source names ------------------------------------------------- */

@@ -157,6 +157,71 @@ static void t_options_set(void **state) {
   assert_memory_equal(&o, &before, sizeof o);
 }
 
+/* Every refusal names the variable and quotes its value; VRAMKIT_LIMIT=0 is refused (it
+ * would read as no limit) with the way to ask for none; VRAMKIT_LEAK_REPORT is a switch. */
+static void t_refusals_quote_the_value(void **state) {
+  (void)state;
+  static const struct {
+    const char *var, *value, *words;
+  } bad[] = {{"VRAMKIT_LIMIT", "abc", "not a limit"},
+             {"VRAMKIT_LIMIT", "0", "leave it unset"},
+             {"VRAMKIT_LIMIT", "-1G", "negative"},
+             {"VRAMKIT_PREALLOCATE", "18446744073709551616", "2^64"},
+             {"VRAMKIT_SIM_CAPACITY", "0", "more than 0"},
+             {"VRAMKIT_LEAK_REPORT", "abc", "switch"},
+             {"VRAMKIT_SOURCE", "nope", "not a source"}};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    env_reset();
+    setenv(bad[i].var, bad[i].value, 1);
+    vram_options_t o;
+    vram_options_init(&o);
+    const char *why = NULL;
+    char quoted[64];
+    snprintf(quoted, sizeof quoted, "'%s'", bad[i].value);
+    VT_EXPECT(vram_options_from_env(&o, &why), VRAM_EENV);
+    if (!why || strncmp(why, bad[i].var, strlen(bad[i].var)) != 0 || !strstr(why, quoted) ||
+        !strstr(why, bad[i].words))
+      fail_msg("%s=%s: why = \"%s\"", bad[i].var, bad[i].value, why ? why : "(null)");
+    unsetenv(bad[i].var);
+  }
+  static const char *const switches[] = {"on", "TRUE", "yes", "off", "False", "no", "1", "0"};
+  for (size_t i = 0; i < sizeof switches / sizeof switches[0]; i++) {
+    env_reset();
+    setenv("VRAMKIT_LEAK_REPORT", switches[i], 1);
+    vram_options_t o;
+    vram_options_init(&o);
+    if (vram_options_from_env(&o, NULL) != VRAM_OK)
+      fail_msg("VRAMKIT_LEAK_REPORT=%s refused", switches[i]);
+  }
+  unsetenv("VRAMKIT_LEAK_REPORT");
+  env_reset();
+}
+
+/* One table of the variables: names once each, pool options marked, a help for each; a name
+ * that is not an option is refused naming the nearest one. */
+static void t_variable_table(void **state) {
+  (void)state;
+  const char *name, *help;
+  int pool_option, options = 0, publish_dir = -1;
+  size_t n = 0;
+  for (; (name = vram_env_variable(n, &help, &pool_option)); n++) {
+    assert_int_equal(strncmp(name, "VRAMKIT_", 8), 0);
+    assert_true(help && *help);
+    for (size_t j = 0; j < n; j++) assert_string_not_equal(name, vram_env_variable(j, NULL, NULL));
+    options += pool_option;
+    if (strcmp(name, "VRAMKIT_PUBLISH_DIR") == 0) publish_dir = pool_option;
+    if (strcmp(name, "VRAMKIT_LIMIT") == 0) assert_non_null(strstr(help, "0 is refused"));
+  }
+  assert_int_equal(options, 8);
+  assert_int_equal(publish_dir, 0);
+  vram_options_t o;
+  vram_options_init(&o);
+  const char *why = NULL;
+  VT_EXPECT(vram_options_set(&o, "VRAMKIT_LIMT", "1G", &why), VRAM_EINVAL);
+  assert_non_null(strstr(why, "VRAMKIT_LIMIT"));
+  VT_EXPECT(vram_options_set(&o, "VRAMKIT_PUBLISH_DIR", "/tmp", &why), VRAM_EINVAL);
+}
+
 /* A default pool made with explicit options (vramkit.configure) ignores the environment,
  * is the one vram_default_pool returns afterwards, and cannot be made twice. */
 static void t_default_pool_create(void **state) {
@@ -190,6 +255,8 @@ int main(void) {
       cmocka_unit_test(t_limit_and_preallocate_from_env),
       cmocka_unit_test(t_bad_device),
       cmocka_unit_test(t_options_set),
+      cmocka_unit_test(t_refusals_quote_the_value),
+      cmocka_unit_test(t_variable_table),
       cmocka_unit_test(t_default_pool_create),
   };
   return cmocka_run_group_tests_name("env_default_pool", tests, NULL, NULL) ? 1 : 0;

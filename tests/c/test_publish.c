@@ -257,6 +257,70 @@ static void test_publish_off(void **state) {
   assert_int_equal(access(dir, F_OK), -1); /* not even the directory */
 }
 
+/* The child's stderr, whole. */
+static void read_text(const char *path, char *text, size_t cap) {
+  int fd = open(path, O_RDONLY);
+  ssize_t n = fd >= 0 ? read(fd, text, cap - 1) : 0;
+  if (fd >= 0) close(fd);
+  text[n > 0 ? n : 0] = 0;
+}
+
+/* VRAMKIT_PUBLISH takes the usual spellings of off; a value it cannot read leaves
+ * publishing on with one line naming the variable and quoting the value. */
+static void test_publish_switch(void **state) {
+  (void)state;
+  static const char *const offs[] = {"off", "false", "NO", "0"};
+  char dir[400], env_dir[450], env_pub[64], err[450], text[1024];
+  for (size_t i = 0; i < sizeof offs / sizeof offs[0]; i++) {
+    snprintf(dir, sizeof dir, "%s/off_%zu", base_dir, i);
+    snprintf(env_dir, sizeof env_dir, "VRAMKIT_PUBLISH_DIR=%s", dir);
+    snprintf(env_pub, sizeof env_pub, "VRAMKIT_PUBLISH=%s", offs[i]);
+    const char *env[] = {env_dir, env_pub, NULL};
+    child c = spawn("sim", "exit", env, NULL);
+    if (c.had_record) fail_msg("VRAMKIT_PUBLISH=%s left publishing on", offs[i]);
+    assert_int_equal(finish(&c), 0);
+    assert_int_equal(access(dir, F_OK), -1);
+  }
+  snprintf(dir, sizeof dir, "%s/maybe", base_dir);
+  snprintf(env_dir, sizeof env_dir, "VRAMKIT_PUBLISH_DIR=%s", dir);
+  snprintf(err, sizeof err, "%s/maybe.stderr", base_dir);
+  const char *env[] = {env_dir, "VRAMKIT_PUBLISH=maybe", NULL};
+  child c = spawn("sim", "exit", env, err);
+  assert_int_equal(c.had_record, 1);
+  assert_int_equal(finish(&c), 0);
+  read_text(err, text, sizeof text);
+  assert_non_null(strstr(text, "VRAMKIT_PUBLISH='maybe'"));
+  assert_ptr_equal(strchr(text, '\n'), text + strlen(text) - 1); /* one line */
+}
+
+/* A VRAMKIT_PUBLISH_DIR too long for the path buffer is refused, not cut short: cut after
+ * the slashes, "DIR////...//sub" would be DIR itself, another folder. */
+static void test_long_publish_dir(void **state) {
+  (void)state;
+  char dir[400], err[450], text[1024], path[500];
+  snprintf(dir, sizeof dir, "%s/long", base_dir);
+  snprintf(err, sizeof err, "%s/long.stderr", base_dir);
+  assert_int_equal(mkdir(dir, 0700), 0);
+  size_t length = strlen(dir) + 4200;
+  char *long_dir = malloc(length + 1);
+  assert_non_null(long_dir);
+  snprintf(long_dir, length + 1, "%s%4196s", dir, "sub");
+  for (char *p = long_dir + strlen(dir); *p == ' '; p++) *p = '/';
+  char *saved = strdup(getenv("VRAMKIT_PUBLISH_DIR"));
+  setenv("VRAMKIT_PUBLISH_DIR", long_dir, 1); /* too long for spawn's settings: inherited */
+  const char *env[] = {"VRAMKIT_PUBLISH=", NULL};
+  child c = spawn("sim", "exit", env, err);
+  setenv("VRAMKIT_PUBLISH_DIR", saved, 1);
+  free(saved);
+  free(long_dir);
+  assert_int_equal(c.had_record, 0);
+  assert_int_equal(finish(&c), 0);
+  record_path(path, sizeof path, dir, c.pid);
+  assert_int_equal(access(path, F_OK), -1);
+  read_text(err, text, sizeof text);
+  assert_non_null(strstr(text, "VRAMKIT_PUBLISH_DIR"));
+}
+
 /* A directory open to others, or another user's, is refused with one line on stderr; the
  * child's allocations succeed all the same. */
 static void refused_dir(const char *name, mode_t mode, int chown_to) {
@@ -617,7 +681,8 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_record_fields),   cmocka_unit_test(test_removed_at_exit),
         cmocka_unit_test(test_publish_off),     cmocka_unit_test(test_refused_dirs),
-        cmocka_unit_test(test_sim_has_no_neighbours),
+        cmocka_unit_test(test_sim_has_no_neighbours), cmocka_unit_test(test_publish_switch),
+        cmocka_unit_test(test_long_publish_dir),
     };
     failed = cmocka_run_group_tests(tests, NULL, NULL);
   }

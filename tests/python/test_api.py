@@ -401,3 +401,83 @@ def test_prefetch_and_peer_access_are_unsupported_on_fixed_sim():
 def test_parse_size_beyond_two_to_the_63():
     """Sizes are unsigned: 2**63 bytes and more come back positive, not wrapped."""
     assert _core.parse_size("10000000T") == (10000000 << 40, 0.0)
+
+
+@pytest.mark.parametrize("text, words", [
+    ("0x10G", "hexadecimal"), ("1.5", "fraction of a byte"), ("1e-300", "exponents"),
+    ("5 G", "spaces"), ("1G ", "spaces"), ("-1G", "negative"), ("99999999999999T", "2^64"),
+])
+def test_one_size_grammar_refuses_with_the_text_and_the_reason(text, words):
+    """The C grammar decides; Python quotes the text and says what is wrong with it."""
+    with pytest.raises(vramkit.InvalidArgumentError) as info:
+        _core.parse_size(text)
+    assert f"'{text}' is not a size: " in str(info.value) and words in str(info.value)
+    with pytest.raises(vramkit.InvalidArgumentError) as info:
+        vramkit.configure(9, limit=text)
+    assert str(info.value).startswith(f"limit: '{text}' is not a size: "), str(info.value)
+    assert not _core.pool_touched(9)
+
+
+def test_sizes_keep_their_units():
+    assert _core.parse_size("8GB") == (8 << 30, 0.0)
+    assert _core.parse_size("2MiB") == (2 << 20, 0.0)
+    assert _core.parse_size("0.1G") == (107374183, 0.0)  # rounded up to a whole byte
+    assert _core.parse_size("30%", True)[1] == pytest.approx(0.30)
+
+
+def test_the_variables_python_reads_are_in_the_c_table():
+    """One table, in C: every VRAMKIT_* name the package reads is one the library knows, so
+    that none of them draws the unknown-variable warning."""
+    import pathlib
+    import re
+
+    known = {name for name, _, _ in _core.env_variables()}
+    package = pathlib.Path(vramkit.__file__).parent
+    read = set()
+    for path in package.rglob("*.py"):
+        read |= set(re.findall(r"""environ(?:\.get)?\(?\[?["'](VRAMKIT_[A-Z_]+)""",
+                               path.read_text()))
+    assert read and read <= known, read - known
+    pool_options = {name for name, _, pool in _core.env_variables() if pool}
+    assert {"VRAMKIT_LIMIT", "VRAMKIT_SOURCE", "VRAMKIT_SIM_CAPACITY"} <= pool_options
+    assert "VRAMKIT_PUBLISH_DIR" in known - pool_options
+
+
+def test_an_unknown_variable_is_named_once_with_the_nearest(run):
+    proc = run("""
+        import vramkit
+        vramkit.memory_allocated()
+        vramkit.memory_allocated(1)
+        vramkit.configure(2, limit="1G")
+    """, env={"VRAMKIT_LIMT": "1G"})
+    lines = [line for line in proc.stderr.splitlines() if "VRAMKIT_LIMT" in line]
+    assert len(lines) == 1 and "did you mean VRAMKIT_LIMIT?" in lines[0], proc.stderr
+
+
+@pytest.mark.parametrize("variable, value, words", [
+    ("VRAMKIT_LIMIT", "0", "leave it unset"),
+    ("VRAMKIT_LEAK_REPORT", "abc", "not a switch"),
+    ("VRAMKIT_PREALLOCATE", "18446744073709551616", "2^64"),
+])
+def test_a_refused_variable_is_named_and_quoted(run, variable, value, words):
+    proc = run("""
+        import vramkit
+        try:
+            vramkit.memory_allocated()
+        except vramkit.ConfigError as exc:
+            print(exc)
+        else:
+            raise AssertionError("accepted")
+    """, env={variable: value})
+    assert f"{variable}: '{value}'" in proc.stdout and words in proc.stdout, proc.stdout
+
+
+def test_a_bad_torch_backend_variable_is_named(monkeypatch):
+    """The variable is blamed, not an install(backend=...) argument the user never wrote."""
+    import vramkit.torch as vtorch
+
+    monkeypatch.setenv("VRAMKIT_TORCH_BACKEND", "nope")
+    with pytest.raises(ValueError, match="VRAMKIT_TORCH_BACKEND: 'nope' is not a backend"):
+        vtorch._chosen_path(None)
+    with pytest.raises(ValueError, match=r"install\(backend='x'\)"):
+        vtorch._chosen_path("x")

@@ -193,8 +193,8 @@ def test_a_bad_environment_variable_is_blamed_on_the_variable(run):
                 assert isinstance(exc, ValueError) and exc.errname == "VRAM_EENV"
                 print(exc)
     """, env={"VRAMKIT_SIM_CAPACITY": "huge"}).stdout.splitlines()
-    assert out == ["environment variable VRAMKIT_SIM_CAPACITY=huge: expected a positive size "
-                   "such as 16G"] * 3, out
+    assert out == ["environment variable VRAMKIT_SIM_CAPACITY: 'huge' is not a capacity: a "
+                   "size starts with a digit; expected a positive size such as 16G"] * 3, out
 
 
 # --- defaults, summaries, freed buffers ---------------------------------------------------
