@@ -251,8 +251,13 @@ vram_record_verdict vram_record_read(int dir_fd, const char *name, vram_process_
 int vram_records_open(const char *dir, char *why, size_t why_cap) {
   char path[4096];
   say(why, why_cap, "%s", "");
-  if (dir) snprintf(path, sizeof path, "%s", dir);
-  else _vram_publish_dir(path, sizeof path);
+  int named = dir ? snprintf(path, sizeof path, "%s", dir) : _vram_publish_dir(path, sizeof path);
+  if (named < 0 || (size_t)named >= sizeof path) {
+    /* Cut short, the name would be another folder's. */
+    say(why, why_cap, "the folder's name is too long (%zu bytes at most)", sizeof path - 1);
+    errno = ENAMETOOLONG;
+    return -1;
+  }
   int dfd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (dfd < 0) {
     int err = errno;

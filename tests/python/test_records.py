@@ -423,3 +423,12 @@ def test_names_are_printed_escaped():
         "x\\x1b[2J\\x1b[41mX\\x1b[8m\\x0aforged\\\\")
     assert records.printable("trainer \u00e9\u4e2d") == "trainer \u00e9\u4e2d"
     assert records.printable("\u009b31m") == "\\x9b31m"
+
+
+def test_a_folder_name_too_long_is_refused_not_cut(tmp_path, sleeper, monkeypatch):
+    # Cut short, the name would be another folder: tmp_path itself, where a record waits.
+    write_record(tmp_path, sleeper.pid, devices=[{}])
+    monkeypatch.setenv("VRAMKIT_PUBLISH_DIR", str(tmp_path) + "/" * 5000 + "sub")
+    problems = []
+    assert read_records(problems=problems) == []
+    assert len(problems) == 1 and "the folder's name is too long" in problems[0]
