@@ -76,3 +76,12 @@ def test_claims_are_checked():
     failed = run_python(checked("print(1 == 2)  # -> True"), check=False)
     assert failed.returncode != 0
     assert "line 1 of the example prints 'False\\n', its comment says 'True'" in failed.stderr
+
+
+def test_the_readme_c_quick_start_is_the_compiled_example():
+    # The README shows examples/quickstart.c, which make test compiles and runs: what a
+    # reader copies compiles as shown.
+    readme = (ROOT / "README.md").read_text()
+    shown = re.search(r"```c\n(.*?)```", readme, re.S).group(1)
+    example = (ROOT / "examples" / "quickstart.c").read_text()
+    assert shown.strip() == example[example.index("#include <stdio.h>"):].strip()
