@@ -29,15 +29,32 @@ static void out_printf(text_out *o, const char *fmt, ...) {
 
 static bool is_byte_stat(const char *name) { return strstr(name, "bytes") != NULL; }
 
-static void human_size(char *buf, size_t cap, int64_t bytes) {
-  const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = (double)(bytes < 0 ? -bytes : bytes);
+static const char *const size_units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+
+/* A byte count in the largest binary unit below it, with `decimals` digits after the
+ * point (none for plain bytes). Any uint64_t: 2^64 - 1 is "16.0 EiB", never a wrapped
+ * negative number. */
+static void size_text(char *buf, size_t cap, uint64_t bytes, int decimals) {
+  double v = (double)bytes;
   int u = 0;
-  while (v >= 1024 && u < 4) {
+  while (v >= 1024 && u < 6) {
     v /= 1024;
     u++;
   }
-  snprintf(buf, cap, u ? "%s%.2f %s" : "%s%.0f %s", bytes < 0 ? "-" : "", v, units[u]);
+  snprintf(buf, cap, "%.*f %s", u ? decimals : 0, v, size_units[u]);
+}
+
+/* Two decimals, as the summary table and the report's figures print sizes. */
+static void human_size(char *buf, size_t cap, uint64_t bytes) { size_text(buf, cap, bytes, 2); }
+
+/* A statistic (int64_t): its magnitude taken without negating INT64_MIN. */
+static void human_stat(char *buf, size_t cap, int64_t value) {
+  if (value >= 0 || cap < 2) {
+    human_size(buf, cap, value >= 0 ? (uint64_t)value : 0);
+    return;
+  }
+  buf[0] = '-';
+  human_size(buf + 1, cap - 1, 0 - (uint64_t)value);
 }
 
 int _vram_format_summary(const vram_pool_snapshot *snap, char *buf, size_t cap) {
@@ -53,9 +70,9 @@ int _vram_format_summary(const vram_pool_snapshot *snap, char *buf, size_t cap) 
   out_printf(&o, "|---------------------------------------------------------------------------|\n");
 #define VRAM_X_ROW(name, doc)                                                              \
   if (is_byte_stat(#name)) {                                                               \
-    human_size(a, sizeof a, s.name.current);                                               \
-    human_size(b, sizeof b, s.name.peak);                                                  \
-    human_size(c, sizeof c, s.name.total);                                                 \
+    human_stat(a, sizeof a, s.name.current);                                               \
+    human_stat(b, sizeof b, s.name.peak);                                                  \
+    human_stat(c, sizeof c, s.name.total);                                                 \
   } else {                                                                                 \
     snprintf(a, sizeof a, "%lld", (long long)s.name.current);                             \
     snprintf(b, sizeof b, "%lld", (long long)s.name.peak);                                \
@@ -69,11 +86,11 @@ int _vram_format_summary(const vram_pool_snapshot *snap, char *buf, size_t cap) 
   VRAM_COUNTER_LIST(VRAM_X_COUNT)
 #undef VRAM_X_COUNT
   out_printf(&o, "|---------------------------------------------------------------------------|\n");
-  human_size(a, sizeof a, (int64_t)s.largest_free_block);
+  human_size(a, sizeof a, s.largest_free_block);
   out_printf(&o, "| %-24s | %14s | %-31s |\n", "largest_free_block", a, "");
   out_printf(&o, "| %-24s | %13.1f%% | %-31s |\n", "fragmentation", 100.0 * s.fragmentation,
              "1 - largest free / cached free");
-  if (s.limit_bytes) human_size(a, sizeof a, (int64_t)s.limit_bytes);
+  if (s.limit_bytes) human_size(a, sizeof a, s.limit_bytes);
   else snprintf(a, sizeof a, "none");
   out_printf(&o, "| %-24s | %14s | %-31s |\n", "limit", a, "");
   out_printf(&o, "|===========================================================================|\n");
@@ -97,17 +114,8 @@ int _vram_format_stats_json(const vram_stats_t *s, char *buf, size_t cap) {
   return (int)o.len;
 }
 
-/* One decimal and no sign: a size a request names, whatever its magnitude. */
-static void human_size_1(char *buf, size_t cap, size_t bytes) {
-  const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  double v = (double)bytes;
-  int u = 0;
-  while (v >= 1024 && u < 6) {
-    v /= 1024;
-    u++;
-  }
-  snprintf(buf, cap, u ? "%.1f %s" : "%.0f %s", v, units[u]);
-}
+/* One decimal: a size a request names, whatever its magnitude. */
+static void human_size_1(char *buf, size_t cap, uint64_t bytes) { size_text(buf, cap, bytes, 1); }
 
 /* "the default stream" or "stream 0x...": a NULL stream is not a pointer to the user. */
 static void stream_name(char *buf, size_t cap, vram_stream_t stream) {
@@ -132,12 +140,12 @@ static void format_neighbours(text_out *o, const vram_neighbours *nb) {
     out_printf(o, "%s pid %d%s%s%s", i ? ";" : "", n->pid, n->name[0] ? " (" : "", n->name,
                n->name[0] ? ")" : "");
     if (n->used_bytes != VRAM_NEIGHBOUR_UNKNOWN) {
-      human_size(used, sizeof used, (int64_t)n->used_bytes);
+      human_size(used, sizeof used, n->used_bytes);
       out_printf(o, " %s", used);
     }
     if (n->is_vramkit) {
-      human_size(res, sizeof res, (int64_t)n->reserved_bytes);
-      human_size(cfr, sizeof cfr, (int64_t)n->cached_free_bytes);
+      human_size(res, sizeof res, n->reserved_bytes);
+      human_size(cfr, sizeof cfr, n->cached_free_bytes);
       out_printf(o, ", vramkit: reserved %s, %s cached free%s", res, cfr,
                  n->cached_free_bytes ? " it could give back (empty_cache)" : "");
     }
@@ -268,14 +276,14 @@ int _vram_format_oom_report(const vram_pool_snapshot *snap, const vram_oom_reque
   size_t requested = req->size, total = snap->device_total, limit = s->limit_bytes;
   size_t cached = snap->cached_free;
   char rq[32], tot[32], fre[32], res[32], alc[32], lfb[32], lim[32], cfr[32], where[48];
-  human_size(cfr, sizeof cfr, (int64_t)cached);
-  human_size(rq, sizeof rq, requested > INT64_MAX ? INT64_MAX : (int64_t)requested);
-  human_size(tot, sizeof tot, (int64_t)total);
-  human_size(fre, sizeof fre, (int64_t)snap->device_free);
-  human_size(res, sizeof res, s->reserved_bytes.current);
-  human_size(alc, sizeof alc, s->allocated_bytes.current);
-  human_size(lfb, sizeof lfb, (int64_t)s->largest_free_block);
-  if (limit) human_size(lim, sizeof lim, (int64_t)limit);
+  human_size(cfr, sizeof cfr, cached);
+  human_size(rq, sizeof rq, requested);
+  human_size(tot, sizeof tot, total);
+  human_size(fre, sizeof fre, snap->device_free);
+  human_stat(res, sizeof res, s->reserved_bytes.current);
+  human_stat(alc, sizeof alc, s->allocated_bytes.current);
+  human_size(lfb, sizeof lfb, s->largest_free_block);
+  if (limit) human_size(lim, sizeof lim, limit);
   else snprintf(lim, sizeof lim, "none");
   stream_name(where, sizeof where, req->stream);
   out_printf(&o, "vramkit: out of memory on device %d (%s source): ", snap->device,

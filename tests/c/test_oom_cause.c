@@ -206,6 +206,28 @@ static void t_short_buffer(void **state) {
   assert_memory_equal(cut, full, 63);
 }
 
+/* Sizes at and past 2^63 are printed as the unsigned figures they are: no wrapped negative
+ * number, no negation of INT64_MIN (UBSan), in the summary and in the report. */
+static void t_sizes_past_int64(void **state) {
+  (void)state;
+  const size_t half = (size_t)1 << 63;
+  planted p = {.total = half, .device_free = half, .limit = half, .reserved = 0};
+  vram_pool_snapshot snap = plant(p);
+  char text[8192];
+  int n = _vram_format_summary(&snap, text, sizeof text);
+  assert_true(n > 0 && (size_t)n < sizeof text);
+  if (strstr(text, "--") && strstr(text, "-9")) fail_msg("a wrapped size:\n%s", text);
+  expect_text(text, "| limit                    |       8.00 EiB |");
+  snap.stats.limit_bytes = SIZE_MAX;
+  _vram_format_summary(&snap, text, sizeof text);
+  expect_text(text, "| limit                    |      16.00 EiB |");
+  /* The report's figures: capacity, free and limit at 2^63, a request of 2^63 + 1. */
+  report_of(p, half + 1, 0, text, sizeof text);
+  expect_text(text, "tried to allocate 8.00 EiB (9223372036854775809 bytes)");
+  expect_text(text, "device capacity 8.00 EiB, free on device 8.00 EiB, limit 8.00 EiB");
+  assert_null(strstr(text, "-9"));
+}
+
 /* ---- real pools ----------------------------------------------------------------------- */
 
 /* The pool's current report, which must be non-empty. */
@@ -384,7 +406,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(t_planted_fragmentation), cmocka_unit_test(t_fragmentation_before_limit),
       cmocka_unit_test(t_planted_limit),         cmocka_unit_test(t_planted_live),
       cmocka_unit_test(t_planted_others),        cmocka_unit_test(t_planted_boundaries),
-      cmocka_unit_test(t_short_buffer),          cmocka_unit_test(t_sim_fragmentation),
+      cmocka_unit_test(t_short_buffer),          cmocka_unit_test(t_sizes_past_int64),
+      cmocka_unit_test(t_sim_fragmentation),
       cmocka_unit_test(t_sim_limit),             cmocka_unit_test(t_sim_live),
       cmocka_unit_test(t_sim_vmm_live),
   };
