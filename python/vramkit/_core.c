@@ -123,7 +123,8 @@ static PyObject *core_mem_get_info(PyObject *module, PyObject *args) {
   size_t free_bytes = 0, total_bytes = 0;
   int rc = vram_mem_get_info(pool, &free_bytes, &total_bytes);
   if (rc != VRAM_OK) return raise_status(st, rc, device, pool);
-  return Py_BuildValue("(nn)", (Py_ssize_t)free_bytes, (Py_ssize_t)total_bytes);
+  /* Sizes: unsigned, so that a figure past 2^63 is not read as a negative Py_ssize_t. */
+  return Py_BuildValue("(KK)", (unsigned long long)free_bytes, (unsigned long long)total_bytes);
 }
 
 static PyObject *core_set_limit(PyObject *module, PyObject *args) {

@@ -230,3 +230,12 @@ def test_fraction_limit_and_oom_counter(run):
         assert v.memory_stats()["num_ooms"] == 3
         x = v.empty(400 << 20)
     """, env={"VRAMKIT_SIM_CAPACITY": "1G"})
+
+
+def test_mem_get_info_is_unsigned(run):
+    # A sim device of 2^63 bytes: free and total are sizes, never negative numbers.
+    run("""
+        import vramkit as v
+        free, total = v.mem_get_info()
+        assert (free, total) == (1 << 63, 1 << 63), (free, total)
+    """, env={"VRAMKIT_SIM_CAPACITY": "8388608T"})
