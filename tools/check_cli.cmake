@@ -143,6 +143,11 @@ elseif(CASE STREQUAL "sim_capacity")
   run(STATUS 1 ARGS replay --json --repeat 1 ${too_big.trace_path}
       STDOUT "\"ooms\": 1" STDERR "capacity (of )?80\\.00? GiB")
 
+  # Past what the sim models: refused at pool creation, naming the value and the range
+  # (an allocator failure, exit 4), not a false out-of-memory of every large request.
+  run(STATUS 4 ARGS replay --json --repeat 1 --capacity 512T ${fits.trace_path}
+      STDERR "VRAM_ESIMCAPACITY" "562949953421312 bytes" "256 TiB")
+
 elseif(CASE STREQUAL "size_beyond_any_device")
   # 2^48 + 1 bytes: out of memory (exit 1) naming the size and the device, not an allocator
   # failure (exit 4), and not a claim that rounding the size would overflow.

@@ -101,6 +101,10 @@ void cli_report_pool_error(int status, const vram_options_t *opts) {
           vram_source_name(opts->source), vram_strerror(status), vram_errname(status));
   if (status == VRAM_ENODRIVER)
     fprintf(stderr, "vramkit: no CUDA driver here; --source sim replays on the host model\n");
+  if (status == VRAM_ESIMCAPACITY)
+    fprintf(stderr, "vramkit: the sim capacity asked is %zu bytes (--capacity or "
+                    "VRAMKIT_SIM_CAPACITY); the sim models 1 to %zu bytes\n",
+            opts->sim_capacity, (size_t)VRAM_SIM_MAX_CAPACITY);
 }
 
 void cli_json_string(FILE *out, const char *text) {

@@ -228,6 +228,7 @@ static PyObject *core_init_pool(PyObject *module, PyObject *args) {
   rc = vram_default_pool_create(&opts, &pool);
   Py_END_ALLOW_THREADS
   if (rc == VRAM_EDEVICE) return raise_bad_device(st, device, opts.source);
+  if (rc == VRAM_ESIMCAPACITY) return raise_sim_capacity(st, device, opts.sim_capacity);
   if (rc != VRAM_OK) return raise_status(st, rc, device, NULL);
   if (device >= 0 && device < VRAMKIT_MAX_TRACKED) pool_touched[device] = 1;
   Py_RETURN_NONE;

@@ -32,7 +32,8 @@ PyObject *status_type(core_state *st, int status) {
   case VRAM_EINVAL:
   case VRAM_ETRACE: return st->InvalidArgumentError;
   case VRAM_EDEVICE: return st->InvalidDeviceError;
-  case VRAM_EENV: return st->ConfigError;
+  case VRAM_EENV:
+  case VRAM_ESIMCAPACITY: return st->ConfigError;
   case VRAM_EDOUBLEFREE: return st->DoubleFreeError;
   case VRAM_EFOREIGN: return st->ForeignPointerError;
   case VRAM_EBUSY: return st->BusyError;
@@ -146,12 +147,27 @@ PyObject *raise_bad_device(core_state *st, int device, vram_source_kind kind) {
 }
 
 
+/* A sim capacity outside what the sim models: the value given, and the range. */
+PyObject *raise_sim_capacity(core_state *st, int device, size_t capacity) {
+  return raise_message(st, VRAM_ESIMCAPACITY,
+                       PyUnicode_FromFormat("device %d: sim capacity of %zu bytes: %s", device,
+                                            capacity, vram_strerror(VRAM_ESIMCAPACITY)),
+                       NULL);
+}
+
 /* Raise the exception of a status from a call on `device`. `pool`, if known, supplies the
  * OOM report, which names the size, the capacity, what is free and what to try: when there
  * is one it is the whole message. Returns NULL for convenience. */
 PyObject *raise_status(core_state *st, int status, int device, vram_pool_t *pool) {
   if (status == VRAM_EDEVICE) return raise_bad_device(st, device, VRAM_SOURCE_AUTO);
   if (status == VRAM_EENV) return raise_env_error(st);
+  if (status == VRAM_ESIMCAPACITY) {
+    /* A pool made from the environment: the capacity is the one it names. */
+    vram_options_t probe;
+    vram_options_init(&probe);
+    vram_options_from_env(&probe, NULL);
+    return raise_sim_capacity(st, device, probe.sim_capacity);
+  }
   if (status == VRAM_ENOMEM && pool != NULL) {
     int rs;
     PyObject *report = pool_text(pool, vram_oom_report, &rs);

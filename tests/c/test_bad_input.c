@@ -555,6 +555,59 @@ static void t_parse_size(void **state) {
   }
 }
 
+/* ---- the sim's capacity ---------------------------------------------------------------- */
+
+/* A pool of the picked sim source with this capacity, or the status of its creation. */
+static int sim_pool(size_t capacity, vram_pool_t **pool) {
+  vram_options_t o;
+  vram_options_init(&o);
+  o.source = g_src.kind;
+  o.sim_capacity = capacity;
+  *pool = (vram_pool_t *)&o; /* must come back NULL on failure */
+  return vram_pool_create(pool, &o);
+}
+
+/* Capacities outside what the sim models are refused at creation with their own status;
+ * every capacity inside it, up to the largest, serves large requests on two streams. */
+static void t_sim_capacity_range(void **state) {
+  (void)state;
+  static const size_t refused[] = {0, VRAM_SIM_MAX_CAPACITY + 1, (size_t)1 << 63, SIZE_MAX};
+  for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+    vram_pool_t *pool;
+    int rc = sim_pool(refused[i], &pool);
+    if (rc != VRAM_ESIMCAPACITY)
+      fail_msg("sim_capacity %zu: %s, expected VRAM_ESIMCAPACITY", refused[i], vram_errname(rc));
+    assert_null(pool);
+  }
+  assert_non_null(strstr(vram_strerror(VRAM_ESIMCAPACITY), "256 TiB"));
+  static const size_t served[] = {(size_t)1 << 45, (size_t)1 << 46, (size_t)1 << 47,
+                                  VRAM_SIM_MAX_CAPACITY};
+  for (size_t i = 0; i < sizeof served / sizeof served[0]; i++) {
+    size_t capacity = served[i];
+    vram_pool_t *pool;
+    VT_OK(sim_pool(capacity, &pool));
+    size_t free_bytes = 0, total = 0;
+    VT_OK(vram_mem_get_info(pool, &free_bytes, &total));
+    assert_true(free_bytes == capacity && total == capacity);
+    /* Large requests on two streams: two virtual ranges of 1.25 times the capacity. The
+     * sim keeps a byte per mapped 2 MiB, so the sizes stay modest. */
+    void *a = NULL, *b = NULL, *c = NULL;
+    int rc = vram_malloc(pool, 16 * VT_GiB, NULL, &a);
+    if (rc != VRAM_OK) {
+      char report[2048];
+      vram_oom_report(pool, report, sizeof report);
+      fail_msg("capacity %zu: malloc(16 GiB): %s\n%s", capacity, vram_errname(rc), report);
+    }
+    VT_OK(vram_malloc(pool, 8 * VT_GiB, VT_STREAM(1), &b));
+    VT_OK(vram_malloc(pool, 3 * VT_MiB, NULL, &c));
+    VT_VALID(pool);
+    VT_OK(vram_free(pool, a));
+    VT_OK(vram_free(pool, b));
+    VT_OK(vram_free(pool, c));
+    VT_OK(vram_pool_destroy(pool));
+  }
+}
+
 /* ---- status strings and source names ------------------------------------------------- */
 
 static void t_status_strings(void **state) {
@@ -582,7 +635,7 @@ static void t_status_strings(void **state) {
       assert_string_not_equal(name, vram_errname(all[j].code));
     }
   }
-  static const int unknown[] = {1, 2, 100, VRAM_ETOOBIG, -16, -17, -1000, INT32_MIN, INT32_MAX};
+  static const int unknown[] = {1, 2, 100, VRAM_ETOOBIG, -17, -18, -1000, INT32_MIN, INT32_MAX};
   for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {
     assert_true(vt_contains_ci(vram_strerror(unknown[i]), "unknown"));
     assert_true(vt_contains_ci(vram_errname(unknown[i]), "unknown"));
@@ -634,6 +687,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(t_pending_misuse, fx_setup, fx_teardown),
       cmocka_unit_test(t_bad_env),
       cmocka_unit_test(t_parse_size),
+      cmocka_unit_test(t_sim_capacity_range),
       cmocka_unit_test(t_status_strings),
       cmocka_unit_test(t_source_names),
   };
