@@ -157,6 +157,22 @@ elseif(CASE STREQUAL "size_beyond_any_device")
   run(STATUS 1 ARGS bench pair --source sim --pairs 1 --sizes 1000T
       STDERR "1099511627776000 bytes" "capacity (of )?80\\.00? GiB" NOT_STDERR "overflow")
 
+elseif(CASE STREQUAL "huge_sizes")
+  # Two live blocks of 2^63 bytes: the peak of live bytes saturates, said on stderr, and
+  # never wraps back to 2^63.
+  write_trace(halves.trace "${HEADER}" "a 1 9223372036854775808 0 0"
+              "a 2 9223372036854775808 0 1" "f 1 0 2" "f 2 0 3")
+  run(STATUS 1 ARGS replay --json --repeat 1 ${halves.trace_path}
+      STDOUT "\"peak_live_bytes\": 18446744073709551615," STDERR "saturated")
+  # A 6.9e18-byte block: 4x its peak would overflow, and no capacity the sim models holds
+  # it, so no search runs and stderr says why.
+  write_trace(vast.trace "${HEADER}" "a 1 6900000000000000000 0 0" "f 1 0 1")
+  run(STATUS 1 ARGS replay --json --repeat 1 --min-capacity ${vast.trace_path}
+      STDOUT "\"min_capacity_bytes\": null"
+      STDERR "6900000000000000000 bytes.*largest capacity the sim models.*no capacity to search")
+  run(STATUS 1 ARGS replay --repeat 1 --min-capacity ${vast.trace_path}
+      STDERR "no capacity to search" NOT_STDOUT "> 4x live")
+
 elseif(CASE STREQUAL "exit_status_help")
   # Every help text documents the exit statuses that the cases above check.
   foreach(command "--help" "replay;--help" "bench;--help" "bench;pair;--help")
