@@ -608,6 +608,39 @@ static void t_sim_capacity_range(void **state) {
   }
 }
 
+/* A statistic's total sums every increase: past INT64_MAX it stays there, never wrapping
+ * to a negative figure. 2^16 + 1 blocks of 2^47 bytes, each freed before the next, on
+ * fixed segments (one segment, cached: a source call once, no granule tables). */
+static void t_stat_totals_saturate(void **state) {
+  (void)state;
+  if (g_src.kind != VRAM_SOURCE_SIM) skip();
+  vram_options_t o;
+  vram_options_init(&o);
+  o.source = VRAM_SOURCE_SIM;
+  o.sim_capacity = VRAM_SIM_MAX_CAPACITY;
+  o.large_blocks = VRAM_LARGE_FIXED;
+  o.virtual_threshold = 1.0;
+  vram_pool_t *pool = vt_pool_from(&o);
+  const size_t size = (size_t)1 << 47;
+  for (int i = 0; i <= 1 << 16; i++) {
+    void *p = NULL;
+    VT_OK(vram_malloc(pool, size, NULL, &p));
+    VT_OK(vram_free(pool, p));
+  }
+  VT_VALID(pool);
+  vram_stats_t s = vt_stats(pool);
+  assert_true(s.allocated_bytes.total == INT64_MAX);
+  assert_true(s.requested_bytes.total == INT64_MAX);
+  assert_true(s.active_bytes.total == INT64_MAX);
+  assert_int_equal(s.allocated_bytes.current, 0);
+  assert_int_equal(s.allocated_bytes.peak, (int64_t)size);
+  assert_int_equal(s.allocation.total, (1 << 16) + 1);
+  char text[8192];
+  vram_summary(pool, text, sizeof text);
+  if (!strstr(text, "8.00 EiB") || strstr(text, "| -")) fail_msg("totals:\n%s", text);
+  VT_OK(vram_pool_destroy(pool));
+}
+
 /* ---- status strings and source names ------------------------------------------------- */
 
 static void t_status_strings(void **state) {
@@ -688,6 +721,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(t_bad_env),
       cmocka_unit_test(t_parse_size),
       cmocka_unit_test(t_sim_capacity_range),
+      cmocka_unit_test(t_stat_totals_saturate),
       cmocka_unit_test(t_status_strings),
       cmocka_unit_test(t_source_names),
   };
