@@ -173,6 +173,13 @@ elseif(CASE STREQUAL "huge_sizes")
   run(STATUS 1 ARGS replay --repeat 1 --min-capacity ${vast.trace_path}
       STDERR "no capacity to search" NOT_STDOUT "> 4x live")
 
+elseif(CASE STREQUAL "cap_below_segment")
+  # A capacity below one 2 MiB segment: the report blames the cap, not fragmentation.
+  write_trace(tiny.trace "${HEADER}" "a 1 512 0 0" "f 1 0 1")
+  run(STATUS 1 ARGS replay --repeat 1 --capacity 1M ${tiny.trace_path}
+      STDERR "cause: granularity: the limit of 1\\.0 MiB is smaller than the smallest segment"
+      NOT_STDERR "not in one piece")
+
 elseif(CASE STREQUAL "exit_status_help")
   # Every help text documents the exit statuses that the cases above check.
   foreach(command "--help" "replay;--help" "bench;--help" "bench;pair;--help")
