@@ -201,10 +201,16 @@ typedef enum oom_cause {
 static const char *const oom_cause_names[] = {"preallocate", "fragmentation", "granularity",
                                               "limit",       "live",          "others"};
 
-/* A request larger than this is past what any device addresses (2^48 bytes): its size was
- * computed wrong, and the advice says so. Above a device's capacity but below this, it is a
- * request too large for this device, and the advice is about capacity. */
+/* A request past what any device addresses (2^48 bytes), or a thousand times and more the
+ * device's capacity (a unit off, a shape multiplied out wrong), was computed wrong, and the
+ * advice says so. Just above the capacity it is a request too large for this device, and
+ * the advice is about capacity. */
 #define OOM_ABSURD_SIZE ((size_t)VRAM_SIM_MAX_CAPACITY)
+#define OOM_ABSURD_FACTOR 1024
+
+static bool absurd_request(const vram_pool_snapshot *snap, size_t size) {
+  return size > OOM_ABSURD_SIZE || size / OOM_ABSURD_FACTOR >= snap->device_total;
+}
 
 /* a + b, saturating: a request near SIZE_MAX must not wrap into a small sum. */
 static size_t add_sat(size_t a, size_t b) { return a > SIZE_MAX - b ? SIZE_MAX : a + b; }
@@ -463,7 +469,7 @@ static bool format_oom_setting_advice(text_out *o, const vram_pool_snapshot *sna
                   "it unset to grow on demand.", size);
     return true;
   }
-  if (req->max_request && req->size > OOM_ABSURD_SIZE) {
+  if (req->max_request && absurd_request(snap, req->size)) {
     out_printf(o, "  No memory setting can serve a request this large: check how its size was "
                    "computed (a negative number converted to an unsigned size, or a shape "
                    "multiplied out wrong, gives sizes like this).");
