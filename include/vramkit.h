@@ -278,6 +278,11 @@ VRAM_API int vram_summary(vram_pool_t *pool, char *buf, size_t cap);
 VRAM_API int vram_stats_json(vram_pool_t *pool, char *buf, size_t cap);
 /* The report of the last OOM of this pool ("" if none), as vram_summary writes. */
 VRAM_API int vram_oom_report(vram_pool_t *pool, char *buf, size_t cap);
+/* The OOM report of a pool that could not be made: that of the last vram_pool_create (or
+ * default pool creation) on this thread, when it failed with VRAM_ENOMEM because the
+ * preallocation did not fit; "" when the last creation did not fail so. Written as
+ * vram_oom_report writes, since no pool remains to ask. */
+VRAM_API int vram_pool_create_report(char *buf, size_t cap);
 
 /* Called (outside the pool lock) whenever a call on this pool fails, with the status and
  * a message (for OOM, the full report). */

@@ -180,6 +180,16 @@ elseif(CASE STREQUAL "cap_below_segment")
       STDERR "cause: granularity: the limit of 1\\.0 MiB is smaller than the smallest segment"
       NOT_STDERR "not in one piece")
 
+elseif(CASE STREQUAL "preallocate_report")
+  # A preallocation past the device: the pool is not made, and the report says why.
+  set(ENV{VRAMKIT_PREALLOCATE} 100G)
+  write_trace(one.trace "${HEADER}" "a 1 1048576 0 0" "f 1 0 1")
+  run(STATUS 1 ARGS replay --repeat 1 ${one.trace_path}
+      STDERR "out of memory creating the pool" "could not preallocate 100\\.00 GiB"
+             "cause: preallocate: the preallocation of 100\\.0 GiB is more than the device's"
+             "Lower VRAMKIT_PREALLOCATE")
+  unset(ENV{VRAMKIT_PREALLOCATE})
+
 elseif(CASE STREQUAL "exit_status_help")
   # Every help text documents the exit statuses that the cases above check.
   foreach(command "--help" "replay;--help" "bench;--help" "bench;pair;--help")

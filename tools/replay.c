@@ -231,8 +231,10 @@ static int replay_once(const trace_t *trace, const vram_options_t *options, int 
   if (status == VRAM_ENOMEM) {
     /* A capacity below a preallocation: nothing fits at all. */
     run->ooms = 1;
-    if (report_oom)
-      fprintf(stderr, "vramkit: %s: out of memory creating the pool\n", trace->name);
+    if (report_oom) {
+      fprintf(stderr, "vramkit: %s: out of memory creating the pool:\n", trace->name);
+      cli_print_create_report();
+    }
     return CLI_EXIT_OK;
   }
   if (status != VRAM_OK) {

@@ -179,6 +179,21 @@ PyObject *raise_status(core_state *st, int status, int device, vram_pool_t *pool
     }
     Py_XDECREF(report);
   }
+  if (status == VRAM_ENOMEM && pool == NULL) {
+    /* A pool that could not be made (its preallocation did not fit): the report it left
+     * with this thread. */
+    int need = vram_pool_create_report(NULL, 0);
+    char *text = need > 0 ? PyMem_Malloc((size_t)need + 1) : NULL;
+    if (text != NULL) {
+      vram_pool_create_report(text, (size_t)need + 1);
+      PyObject *report = PyUnicode_DecodeUTF8(text, (Py_ssize_t)strlen(text), "replace");
+      PyMem_Free(text);
+      if (report == NULL) return NULL;
+      raise_message(st, status, Py_NewRef(report), report);
+      Py_DECREF(report);
+      return NULL;
+    }
+  }
   if (device == NO_DEVICE)
     return raise_message(st, status, PyUnicode_FromString(vram_strerror(status)), NULL);
   return raise_message(st, status,

@@ -454,6 +454,49 @@ static void t_sim_below_segment(void **state) {
   }
 }
 
+/* A preallocation larger than the device: the creation fails, and its report, with no
+ * pool left to ask, is the thread's creation report; a creation that works clears it. */
+static void t_preallocate_report(void **state) {
+  (void)state;
+  vram_source_kind kinds[] = {VRAM_SOURCE_SIM, VRAM_SOURCE_SIM_VMM};
+  for (int k = 0; k < 2; k++) {
+    vram_options_t o;
+    vram_options_init(&o);
+    o.source = kinds[k];
+    o.sim_capacity = 80 * VT_GiB;
+    o.preallocate_bytes = 100 * VT_GiB;
+    vram_pool_t *pool = NULL;
+    VT_EXPECT(vram_pool_create(&pool, &o), VRAM_ENOMEM);
+    assert_null(pool);
+    char report[4096];
+    int n = vram_pool_create_report(report, sizeof report);
+    assert_true(n > 0 && (size_t)n < sizeof report);
+    assert_int_equal(vram_pool_create_report(NULL, 0), n);
+    expect_cause(report, "preallocate");
+    expect_text(report, "could not preallocate 100.00 GiB (107374182400 bytes) when creating "
+                        "the pool");
+    expect_text(report, "the preallocation of 100.0 GiB is more than the device's capacity of "
+                        "80.0 GiB");
+    expect_text(report, "Lower VRAMKIT_PREALLOCATE");
+    /* Under a limit, and past anything a device holds. */
+    o.limit_bytes = 8 * VT_GiB;
+    o.preallocate_bytes = 10 * VT_GiB;
+    VT_EXPECT(vram_pool_create(&pool, &o), VRAM_ENOMEM);
+    vram_pool_create_report(report, sizeof report);
+    expect_text(report, "the preallocation of 10.0 GiB is more than the limit of 8.0 GiB");
+    o.limit_bytes = 0;
+    o.preallocate_bytes = SIZE_MAX;
+    VT_EXPECT(vram_pool_create(&pool, &o), VRAM_ENOMEM);
+    vram_pool_create_report(report, sizeof report);
+    expect_cause(report, "preallocate");
+    o.preallocate_bytes = 1 * VT_GiB;
+    pool = vt_pool_from(&o);
+    assert_int_equal(vram_pool_create_report(report, sizeof report), 0);
+    assert_string_equal(report, "");
+    VT_OK(vram_pool_destroy(pool));
+  }
+}
+
 /* ---- others, through the fake driver -------------------------------------------------- */
 
 /* A second pool on the same fake GPU holds 6 GiB of its 8 GiB: to the first pool that is
@@ -503,6 +546,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(t_sim_fragmentation),
       cmocka_unit_test(t_sim_limit),             cmocka_unit_test(t_sim_live),
       cmocka_unit_test(t_sim_vmm_live),          cmocka_unit_test(t_sim_below_segment),
+      cmocka_unit_test(t_preallocate_report),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
