@@ -47,7 +47,8 @@ extern "C" {
   X(VRAM_EIO, -12, "input/output error")                                                   \
   X(VRAM_EHOSTMEM, -13, "out of host memory for allocator metadata")                       \
   X(VRAM_EUNSUPPORTED, -14, "operation not supported by this memory source")               \
-  X(VRAM_EFAULT, -15, "injected fault")
+  X(VRAM_EFAULT, -15, "injected fault")                                                    \
+  X(VRAM_ESIMCAPACITY, -16, "sim capacity outside what the sim models (1 byte to 256 TiB)")
 
 typedef enum vram_status {
 #define VRAM_X_ENUM(name, value, text) name = value,
@@ -126,7 +127,11 @@ typedef struct vram_options {
    * VRAM_LARGE_FIXED: fixed segments of their own size, virtual growth only past
    * virtual_threshold (every large block shareable by CUDA IPC until then). */
   vram_large_blocks large_blocks;
-  size_t sim_capacity;          /* capacity of the sim device (default 80 GiB) */
+  /* Capacity of the sim device (default 80 GiB): from 1 byte to VRAM_SIM_MAX_CAPACITY
+   * (2^48 bytes, 256 TiB, the most any device addresses). Outside that range, 0 included,
+   * vram_pool_create on a sim source fails with VRAM_ESIMCAPACITY and makes no pool. A
+   * capacity below one 2 MiB segment is accepted, but no request fits it. */
+  size_t sim_capacity;
   int sim_event_delay;          /* sim: queries before a recorded event completes (default 0) */
   /* Fault injection (tests): the source call numbered fail_at (1-based) fails, and every
    * fail_every-th call after it fails too when fail_every > 0. 0 disables. */
@@ -134,6 +139,8 @@ typedef struct vram_options {
   uint64_t fault_fail_every;
   int managed_prefetch;         /* managed: prefetch new ranges to the device (default 1) */
 } vram_options_t;
+
+#define VRAM_SIM_MAX_CAPACITY ((size_t)1 << 48)
 
 /* Fill defaults: device 0, AUTO source, grow on demand, no limit, keep all cache. */
 VRAM_API void vram_options_init(vram_options_t *opts);
@@ -294,6 +301,11 @@ VRAM_API int vram_summary(vram_pool_t *pool, char *buf, size_t cap);
 VRAM_API int vram_stats_json(vram_pool_t *pool, char *buf, size_t cap);
 /* The report of the last OOM of this pool ("" if none), as vram_summary writes. */
 VRAM_API int vram_oom_report(vram_pool_t *pool, char *buf, size_t cap);
+/* The OOM report of a pool that could not be made: that of the last vram_pool_create (or
+ * default pool creation) on this thread, when it failed with VRAM_ENOMEM because the
+ * preallocation did not fit; "" when the last creation did not fail so. Written as
+ * vram_oom_report writes, since no pool remains to ask. */
+VRAM_API int vram_pool_create_report(char *buf, size_t cap);
 
 /* Called (outside the pool lock) whenever a call on this pool fails, with the status and
  * a message (for OOM, the full report). */

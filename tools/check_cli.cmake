@@ -180,6 +180,11 @@ elseif(CASE STREQUAL "sim_capacity")
   run(STATUS 1 ARGS replay --json --repeat 1 ${too_big.trace_path}
       STDOUT "\"ooms\": 1" STDERR "capacity (of )?80\\.00? GiB")
 
+  # Past what the sim models: refused at pool creation, naming the value and the range
+  # (an allocator failure, exit 4), not a false out-of-memory of every large request.
+  run(STATUS 4 ARGS replay --json --repeat 1 --capacity 512T ${fits.trace_path}
+      STDERR "VRAM_ESIMCAPACITY" "562949953421312 bytes" "256 TiB")
+
 elseif(CASE STREQUAL "size_beyond_any_device")
   # 2^48 + 1 bytes: out of memory (exit 1) naming the size and the device, not an allocator
   # failure (exit 4), and not a claim that rounding the size would overflow.
@@ -188,6 +193,39 @@ elseif(CASE STREQUAL "size_beyond_any_device")
       STDERR "281474976710657 bytes" "capacity (of )?80\\.00? GiB" NOT_STDERR "overflow")
   run(STATUS 1 ARGS bench pair --source sim --pairs 1 --sizes 1000T
       STDERR "1099511627776000 bytes" "capacity (of )?80\\.00? GiB" NOT_STDERR "overflow")
+
+elseif(CASE STREQUAL "huge_sizes")
+  # Two live blocks of 2^63 bytes: the peak of live bytes saturates, said on stderr, and
+  # never wraps back to 2^63.
+  write_trace(halves.trace "${HEADER}" "a 1 9223372036854775808 0 0"
+              "a 2 9223372036854775808 0 1" "f 1 0 2" "f 2 0 3")
+  run(STATUS 1 ARGS replay --json --repeat 1 ${halves.trace_path}
+      STDOUT "\"peak_live_bytes\": 18446744073709551615," STDERR "saturated")
+  # A 6.9e18-byte block: 4x its peak would overflow, and no capacity the sim models holds
+  # it, so no search runs and stderr says why.
+  write_trace(vast.trace "${HEADER}" "a 1 6900000000000000000 0 0" "f 1 0 1")
+  run(STATUS 1 ARGS replay --json --repeat 1 --min-capacity ${vast.trace_path}
+      STDOUT "\"min_capacity_bytes\": null"
+      STDERR "6900000000000000000 bytes.*largest capacity the sim models.*no capacity to search")
+  run(STATUS 1 ARGS replay --repeat 1 --min-capacity ${vast.trace_path}
+      STDERR "no capacity to search" NOT_STDOUT "> 4x live")
+
+elseif(CASE STREQUAL "cap_below_segment")
+  # A capacity below one 2 MiB segment: the report blames the cap, not fragmentation.
+  write_trace(tiny.trace "${HEADER}" "a 1 512 0 0" "f 1 0 1")
+  run(STATUS 1 ARGS replay --repeat 1 --capacity 1M ${tiny.trace_path}
+      STDERR "cause: granularity: the limit of 1\\.0 MiB is smaller than the smallest segment"
+      NOT_STDERR "not in one piece")
+
+elseif(CASE STREQUAL "preallocate_report")
+  # A preallocation past the device: the pool is not made, and the report says why.
+  set(ENV{VRAMKIT_PREALLOCATE} 100G)
+  write_trace(one.trace "${HEADER}" "a 1 1048576 0 0" "f 1 0 1")
+  run(STATUS 1 ARGS replay --repeat 1 ${one.trace_path}
+      STDERR "out of memory creating the pool" "could not preallocate 100\\.00 GiB"
+             "cause: preallocate: the preallocation of 100\\.0 GiB is more than the device's"
+             "Lower VRAMKIT_PREALLOCATE")
+  unset(ENV{VRAMKIT_PREALLOCATE})
 
 elseif(CASE STREQUAL "exit_status_help")
   # Every help text documents the exit statuses that the cases above check.

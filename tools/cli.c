@@ -108,6 +108,11 @@ void cli_report_pool_error(int status, const vram_options_t *opts) {
     fprintf(stderr, "vramkit: VRAMKIT_PREALLOCATE: '%s' is more than the device holds\n", pre);
   if (status == VRAM_ENODRIVER)
     fprintf(stderr, "vramkit: no CUDA driver here; --source sim replays on the host model\n");
+  if (status == VRAM_ENOMEM) cli_print_create_report();
+  if (status == VRAM_ESIMCAPACITY)
+    fprintf(stderr, "vramkit: the sim capacity asked is %zu bytes (--capacity or "
+                    "VRAMKIT_SIM_CAPACITY); the sim models 1 to %zu bytes\n",
+            opts->sim_capacity, (size_t)VRAM_SIM_MAX_CAPACITY);
 }
 
 void cli_json_string(FILE *out, const char *text) {
@@ -139,6 +144,15 @@ uint64_t cli_device_calls(vram_pool_t *pool) {
   vram_stats_t stats;
   if (vram_get_stats(pool, &stats) != VRAM_OK) return 0;
   return stats.num_device_alloc + stats.num_device_free;
+}
+
+/* The report of a pool that could not be made (its preallocation did not fit). */
+void cli_print_create_report(void) {
+  int length = vram_pool_create_report(NULL, 0);
+  char *report = length > 0 ? malloc((size_t)length + 1) : NULL;
+  if (report && vram_pool_create_report(report, (size_t)length + 1) > 0)
+    fprintf(stderr, "%s%s", report, report[strlen(report) - 1] == '\n' ? "" : "\n");
+  free(report);
 }
 
 void cli_print_oom_report(vram_pool_t *pool) {

@@ -78,6 +78,8 @@ uint64_t cli_device_calls(vram_pool_t *pool);
 
 /* Print the pool's last OOM report to stderr. */
 void cli_print_oom_report(vram_pool_t *pool);
+/* Print the OOM report of the pool this thread could not create, if there is one. */
+void cli_print_create_report(void);
 
 /* Print vram_summary(pool) to out. */
 void cli_print_summary(vram_pool_t *pool, FILE *out);

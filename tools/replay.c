@@ -43,7 +43,8 @@ static const char replay_usage[] =
     "  --min-capacity  also find the smallest capacity under which the trace replays with no\n"
     "                  out-of-memory, by bisection to 1 MiB between peak live and 4x peak live,\n"
     "                  on the host model of the source's family (sim for sim/cuda/managed,\n"
-    "                  sim:vmm for sim:vmm/vmm).\n"
+    "                  sim:vmm for sim:vmm/vmm), whose capacity is at most 256 TiB: the search\n"
+    "                  stops there, and a trace live past it has none.\n"
     "  --baseline      also time one open-addressing hash-table insert or delete per op over\n"
     "                  the same trace, a pass after each cold replay (best of --repeat), and\n"
     "                  report ns_per_op over that bare cost.\n"
@@ -93,7 +94,8 @@ typedef struct replay_result {
   size_t skipped_frees;           /* frees of ids the trace never allocated */
   uint64_t peak_live, peak_reserved, ooms;
   double ns_per_op;
-  int have_min_capacity;          /* 1 found, 0 not asked, -1 no fit up to 4x peak live */
+  int have_min_capacity;          /* 1 found, 0 not asked, -1 no fit up to 4x peak live
+                                     (or the sim's largest capacity), -2 nothing to search */
   uint64_t min_capacity;
   vram_source_kind min_capacity_source;
   double baseline_ns;             /* 0 when not asked */
@@ -232,10 +234,12 @@ static int replay_once(const trace_t *trace, const vram_options_t *options, int 
   if (status == VRAM_ENOMEM) {
     /* A capacity below a preallocation: nothing fits at all. */
     run->ooms = 1;
-    if (report_oom)
+    if (report_oom) {
       fprintf(stderr, "vramkit: %s: out of memory creating the pool: its preallocation "
-                      "(VRAMKIT_PREALLOCATE='%s') does not fit\n",
+                      "(VRAMKIT_PREALLOCATE='%s') does not fit:\n",
               trace->name, getenv("VRAMKIT_PREALLOCATE") ? getenv("VRAMKIT_PREALLOCATE") : "");
+      cli_print_create_report();
+    }
     return CLI_EXIT_OK;
   }
   if (status != VRAM_OK) {
@@ -322,12 +326,26 @@ static int fits_under(const trace_t *trace, const vram_options_t *family, uint64
   return result;
 }
 
-/* Smallest capacity, to 1 MiB, under which the trace fits; found = -1 if even 4x peak live
- * does not. Bisection keeps `high` fitting and `low` not fitting, both in MiB. */
+/* Smallest capacity, to 1 MiB, under which the trace fits; found = -1 if even the top
+ * (4x peak live, or the largest capacity the sim models if that is less) does not, -2 if
+ * peak live is past that largest capacity, so that there is nothing to search. Bisection
+ * keeps `high` fitting and `low` not fitting, both in MiB. */
 static int find_min_capacity(const trace_t *trace, const vram_options_t *family,
                              replay_buffers_t *buffers, uint64_t *min_capacity, int *found) {
+  const uint64_t most = VRAM_SIM_MAX_CAPACITY;
+  if (trace->peak_live_bytes > most) {
+    fprintf(stderr,
+            "vramkit replay: %s: peak live bytes, %llu bytes, are past the largest capacity "
+            "the sim models (%llu bytes, 256 TiB): no capacity to search\n",
+            trace->name, (unsigned long long)trace->peak_live_bytes, (unsigned long long)most);
+    *found = -2;
+    *min_capacity = 0;
+    return CLI_EXIT_OK;
+  }
+  /* Peak live is at most 2^48 here: four times it cannot overflow. */
   uint64_t low = trace->peak_live_bytes / MIB;
   uint64_t high = (4 * trace->peak_live_bytes + MIB - 1) / MIB;
+  if (high > most / MIB) high = most / MIB;
   int fits = 0;
   int result;
   *found = 1;
@@ -402,8 +420,11 @@ static void print_result_row(const replay_settings_t *settings, const replay_res
     if (r->have_min_capacity > 0) {
       print_mib(r->min_capacity, 12);
       printf(" %9.3f", ratio(r->min_capacity, r->peak_live));
+    } else if (r->have_min_capacity == -1) {
+      printf(" %12s %9s", r->peak_live > VRAM_SIM_MAX_CAPACITY / 4 ? "> sim max" : "> 4x live",
+             "-");
     } else {
-      printf(" %12s %9s", "> 4x live", "-");
+      printf(" %12s %9s", "-", "-");
     }
   }
   if (settings->warm) printf(" %10.1f", r->warm_ns);
@@ -667,6 +688,11 @@ static int load_traces(const char **paths, size_t path_count, trace_t *traces, s
       fprintf(stderr, "vramkit replay: %s\n", error);
       return rc == TRACE_ENOMEM ? CLI_EXIT_FAILURE : CLI_EXIT_BAD_TRACE;
     }
+    if (trace->peak_live_bytes == UINT64_MAX)
+      fprintf(stderr,
+              "vramkit replay: %s: live bytes reach 2^64 - 1 or more; peak live bytes are "
+              "shown saturated at %llu\n",
+              paths[*loaded], (unsigned long long)UINT64_MAX);
     if (trace->unmatched_frees)
       fprintf(stderr,
               "vramkit replay: %s: skipped %zu free%s of IDs the trace never allocated "

@@ -144,7 +144,7 @@ typedef struct builder {
   uint64_t *slot_sizes;    /* size of the block in each slot */
   size_t slot_size_cap;
   uint32_t stream_cap;
-  uint64_t live_bytes;
+  unsigned __int128 live_bytes; /* wider than any sum of uint64_t sizes: never wraps */
 } builder_t;
 
 static int grow(void **array, size_t *cap, size_t element, size_t need) {
@@ -324,7 +324,9 @@ static int add_alloc(builder_t *b, const event_line_t *event, trace_op_t *op) {
   op->size = event->size;
   b->slot_sizes[slot] = op->size;
   b->live_bytes += op->size;
-  if (b->live_bytes > t->peak_live_bytes) t->peak_live_bytes = b->live_bytes;
+  /* A peak past 2^64 - 1 stays there (saturated), never a wrapped smaller one. */
+  if (b->live_bytes > t->peak_live_bytes)
+    t->peak_live_bytes = b->live_bytes > UINT64_MAX ? UINT64_MAX : (uint64_t)b->live_bytes;
   t->alloc_count++;
   return TRACE_OK;
 }

@@ -39,7 +39,7 @@ typedef struct trace {
   uint32_t left_live;       /* blocks still live at the end of the trace */
   uint64_t *stream_ids;     /* the trace's opaque stream numbers, in order of appearance */
   uint32_t stream_count;
-  uint64_t peak_live_bytes; /* largest sum of live block sizes */
+  uint64_t peak_live_bytes; /* largest sum of live block sizes; UINT64_MAX if at or past it */
 } trace_t;
 
 typedef enum trace_status {

@@ -123,7 +123,8 @@ static PyObject *core_mem_get_info(PyObject *module, PyObject *args) {
   size_t free_bytes = 0, total_bytes = 0;
   int rc = vram_mem_get_info(pool, &free_bytes, &total_bytes);
   if (rc != VRAM_OK) return raise_status(st, rc, device, pool);
-  return Py_BuildValue("(nn)", (Py_ssize_t)free_bytes, (Py_ssize_t)total_bytes);
+  /* Sizes: unsigned, so that a figure past 2^63 is not read as a negative Py_ssize_t. */
+  return Py_BuildValue("(KK)", (unsigned long long)free_bytes, (unsigned long long)total_bytes);
 }
 
 static PyObject *core_set_limit(PyObject *module, PyObject *args) {
@@ -226,6 +227,7 @@ static PyObject *core_init_pool(PyObject *module, PyObject *args) {
   rc = vram_default_pool_create(&opts, &pool);
   Py_END_ALLOW_THREADS
   if (rc == VRAM_EDEVICE) return raise_bad_device(st, device, opts.source);
+  if (rc == VRAM_ESIMCAPACITY) return raise_sim_capacity(st, device, opts.sim_capacity);
   if (rc != VRAM_OK) return raise_status(st, rc, device, NULL);
   if (device >= 0 && device < VRAMKIT_MAX_TRACKED) pool_touched[device] = 1;
   Py_RETURN_NONE;

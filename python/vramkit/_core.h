@@ -74,6 +74,7 @@ VRAMKIT_PY_INTERNAL PyObject *new_error(core_state *st, int status, PyObject *me
 VRAMKIT_PY_INTERNAL PyObject *raise_message(core_state *st, int status, PyObject *message, PyObject *report);
 VRAMKIT_PY_INTERNAL const char *reason_of(const char *why, const char *variable);
 VRAMKIT_PY_INTERNAL PyObject *raise_bad_device(core_state *st, int device, vram_source_kind kind);
+VRAMKIT_PY_INTERNAL PyObject *raise_sim_capacity(core_state *st, int device, size_t capacity);
 VRAMKIT_PY_INTERNAL PyObject *raise_status(core_state *st, int status, int device, vram_pool_t *pool);
 VRAMKIT_PY_INTERNAL vram_pool_t *get_pool(core_state *st, int device);
 VRAMKIT_PY_INTERNAL int size_converter(PyObject *obj, void *out);

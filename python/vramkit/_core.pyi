@@ -26,6 +26,7 @@ VRAM_EIO: Final[int]
 VRAM_EHOSTMEM: Final[int]
 VRAM_EUNSUPPORTED: Final[int]
 VRAM_EFAULT: Final[int]
+VRAM_ESIMCAPACITY: Final[int]
 
 class VramError(Exception):
     status: int

@@ -32,7 +32,8 @@ PyObject *status_type(core_state *st, int status) {
   case VRAM_EINVAL:
   case VRAM_ETRACE: return st->InvalidArgumentError;
   case VRAM_EDEVICE: return st->InvalidDeviceError;
-  case VRAM_EENV: return st->ConfigError;
+  case VRAM_EENV:
+  case VRAM_ESIMCAPACITY: return st->ConfigError;
   case VRAM_EDOUBLEFREE: return st->DoubleFreeError;
   case VRAM_EFOREIGN: return st->ForeignPointerError;
   case VRAM_EBUSY: return st->BusyError;
@@ -140,12 +141,27 @@ PyObject *raise_bad_device(core_state *st, int device, vram_source_kind kind) {
 }
 
 
+/* A sim capacity outside what the sim models: the value given, and the range. */
+PyObject *raise_sim_capacity(core_state *st, int device, size_t capacity) {
+  return raise_message(st, VRAM_ESIMCAPACITY,
+                       PyUnicode_FromFormat("device %d: sim capacity of %zu bytes: %s", device,
+                                            capacity, vram_strerror(VRAM_ESIMCAPACITY)),
+                       NULL);
+}
+
 /* Raise the exception of a status from a call on `device`. `pool`, if known, supplies the
  * OOM report, which names the size, the capacity, what is free and what to try: when there
  * is one it is the whole message. Returns NULL for convenience. */
 PyObject *raise_status(core_state *st, int status, int device, vram_pool_t *pool) {
   if (status == VRAM_EDEVICE) return raise_bad_device(st, device, VRAM_SOURCE_AUTO);
   if (status == VRAM_EENV) return raise_env_error(st);
+  if (status == VRAM_ESIMCAPACITY) {
+    /* A pool made from the environment: the capacity is the one it names. */
+    vram_options_t probe;
+    vram_options_init(&probe);
+    vram_options_from_env(&probe, NULL);
+    return raise_sim_capacity(st, device, probe.sim_capacity);
+  }
   if (status == VRAM_ENOMEM && pool != NULL) {
     int rs;
     PyObject *report = pool_text(pool, vram_oom_report, &rs);
@@ -156,6 +172,21 @@ PyObject *raise_status(core_state *st, int status, int device, vram_pool_t *pool
       return NULL;
     }
     Py_XDECREF(report);
+  }
+  if (status == VRAM_ENOMEM && pool == NULL) {
+    /* A pool that could not be made (its preallocation did not fit): the report it left
+     * with this thread. */
+    int need = vram_pool_create_report(NULL, 0);
+    char *text = need > 0 ? PyMem_Malloc((size_t)need + 1) : NULL;
+    if (text != NULL) {
+      vram_pool_create_report(text, (size_t)need + 1);
+      PyObject *report = PyUnicode_DecodeUTF8(text, (Py_ssize_t)strlen(text), "replace");
+      PyMem_Free(text);
+      if (report == NULL) return NULL;
+      raise_message(st, status, Py_NewRef(report), report);
+      Py_DECREF(report);
+      return NULL;
+    }
   }
   if (device == NO_DEVICE)
     return raise_message(st, status, PyUnicode_FromString(vram_strerror(status)), NULL);

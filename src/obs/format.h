@@ -43,6 +43,7 @@ typedef struct vram_pool_snapshot {
   size_t cached_free;       /* bytes reserved but not in use */
   size_t device_total;      /* the device's capacity */
   size_t device_free;       /* free on the device, as the source says (OOM report only) */
+  size_t granularity;       /* the smallest segment or mapping the pool takes; 0: unknown */
   const vram_neighbours *neighbours; /* OOM report only, NULL elsewhere or when none asked */
 } vram_pool_snapshot;
 
@@ -51,6 +52,7 @@ typedef struct vram_oom_request {
   size_t size;              /* bytes asked for */
   vram_stream_t stream;     /* NULL: the default stream */
   size_t max_request;       /* nonzero when size is more than the device could ever hold */
+  bool preallocate;         /* the up-front reservation of the pool's creation failed */
 } vram_oom_request;
 
 /* Each returns the length of the full text, like snprintf, and writes at most cap bytes. */

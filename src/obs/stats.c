@@ -29,15 +29,32 @@ static void out_printf(text_out *o, const char *fmt, ...) {
 
 static bool is_byte_stat(const char *name) { return strstr(name, "bytes") != NULL; }
 
-static void human_size(char *buf, size_t cap, int64_t bytes) {
-  const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = (double)(bytes < 0 ? -bytes : bytes);
+static const char *const size_units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+
+/* A byte count in the largest binary unit below it, with `decimals` digits after the
+ * point (none for plain bytes). Any uint64_t: 2^64 - 1 is "16.0 EiB", never a wrapped
+ * negative number. */
+static void size_text(char *buf, size_t cap, uint64_t bytes, int decimals) {
+  double v = (double)bytes;
   int u = 0;
-  while (v >= 1024 && u < 4) {
+  while (v >= 1024 && u < 6) {
     v /= 1024;
     u++;
   }
-  snprintf(buf, cap, u ? "%s%.2f %s" : "%s%.0f %s", bytes < 0 ? "-" : "", v, units[u]);
+  snprintf(buf, cap, "%.*f %s", u ? decimals : 0, v, size_units[u]);
+}
+
+/* Two decimals, as the summary table and the report's figures print sizes. */
+static void human_size(char *buf, size_t cap, uint64_t bytes) { size_text(buf, cap, bytes, 2); }
+
+/* A statistic (int64_t): its magnitude taken without negating INT64_MIN. */
+static void human_stat(char *buf, size_t cap, int64_t value) {
+  if (value >= 0 || cap < 2) {
+    human_size(buf, cap, value >= 0 ? (uint64_t)value : 0);
+    return;
+  }
+  buf[0] = '-';
+  human_size(buf + 1, cap - 1, 0 - (uint64_t)value);
 }
 
 int _vram_format_summary(const vram_pool_snapshot *snap, char *buf, size_t cap) {
@@ -53,9 +70,9 @@ int _vram_format_summary(const vram_pool_snapshot *snap, char *buf, size_t cap) 
   out_printf(&o, "|---------------------------------------------------------------------------|\n");
 #define VRAM_X_ROW(name, doc)                                                              \
   if (is_byte_stat(#name)) {                                                               \
-    human_size(a, sizeof a, s.name.current);                                               \
-    human_size(b, sizeof b, s.name.peak);                                                  \
-    human_size(c, sizeof c, s.name.total);                                                 \
+    human_stat(a, sizeof a, s.name.current);                                               \
+    human_stat(b, sizeof b, s.name.peak);                                                  \
+    human_stat(c, sizeof c, s.name.total);                                                 \
   } else {                                                                                 \
     snprintf(a, sizeof a, "%lld", (long long)s.name.current);                             \
     snprintf(b, sizeof b, "%lld", (long long)s.name.peak);                                \
@@ -69,11 +86,11 @@ int _vram_format_summary(const vram_pool_snapshot *snap, char *buf, size_t cap) 
   VRAM_COUNTER_LIST(VRAM_X_COUNT)
 #undef VRAM_X_COUNT
   out_printf(&o, "|---------------------------------------------------------------------------|\n");
-  human_size(a, sizeof a, (int64_t)s.largest_free_block);
+  human_size(a, sizeof a, s.largest_free_block);
   out_printf(&o, "| %-24s | %14s | %-31s |\n", "largest_free_block", a, "");
   out_printf(&o, "| %-24s | %13.1f%% | %-31s |\n", "fragmentation", 100.0 * s.fragmentation,
              "1 - largest free / cached free");
-  if (s.limit_bytes) human_size(a, sizeof a, (int64_t)s.limit_bytes);
+  if (s.limit_bytes) human_size(a, sizeof a, s.limit_bytes);
   else snprintf(a, sizeof a, "none");
   out_printf(&o, "| %-24s | %14s | %-31s |\n", "limit", a, "");
   out_printf(&o, "|===========================================================================|\n");
@@ -97,17 +114,8 @@ int _vram_format_stats_json(const vram_stats_t *s, char *buf, size_t cap) {
   return (int)o.len;
 }
 
-/* One decimal and no sign: a size a request names, whatever its magnitude. */
-static void human_size_1(char *buf, size_t cap, size_t bytes) {
-  const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  double v = (double)bytes;
-  int u = 0;
-  while (v >= 1024 && u < 6) {
-    v /= 1024;
-    u++;
-  }
-  snprintf(buf, cap, u ? "%.1f %s" : "%.0f %s", v, units[u]);
-}
+/* One decimal: a size a request names, whatever its magnitude. */
+static void human_size_1(char *buf, size_t cap, uint64_t bytes) { size_text(buf, cap, bytes, 1); }
 
 /* "the default stream" or "stream 0x...": a NULL stream is not a pointer to the user. */
 static void stream_name(char *buf, size_t cap, vram_stream_t stream) {
@@ -132,12 +140,12 @@ static void format_neighbours(text_out *o, const vram_neighbours *nb) {
     out_printf(o, "%s pid %d%s%s%s", i ? ";" : "", n->pid, n->name[0] ? " (" : "", n->name,
                n->name[0] ? ")" : "");
     if (n->used_bytes != VRAM_NEIGHBOUR_UNKNOWN) {
-      human_size(used, sizeof used, (int64_t)n->used_bytes);
+      human_size(used, sizeof used, n->used_bytes);
       out_printf(o, " %s", used);
     }
     if (n->is_vramkit) {
-      human_size(res, sizeof res, (int64_t)n->reserved_bytes);
-      human_size(cfr, sizeof cfr, (int64_t)n->cached_free_bytes);
+      human_size(res, sizeof res, n->reserved_bytes);
+      human_size(cfr, sizeof cfr, n->cached_free_bytes);
       out_printf(o, ", vramkit: reserved %s, %s cached free%s", res, cfr,
                  n->cached_free_bytes ? " it could give back (empty_cache)" : "");
     }
@@ -150,6 +158,8 @@ static void format_neighbours(text_out *o, const vram_neighbours *nb) {
 /* Why a request failed, one word a program can match ("  cause: <kind>: ...") and one
  * sentence with the numbers. Exactly one kind is chosen, in this order:
  *
+ *   preallocate    the pool's creation asked for memory up front (VRAMKIT_PREALLOCATE)
+ *                  that the device or the limit cannot give: a setting, not a request.
  *   fragmentation  live memory and the request fit under the limit and in what the device
  *                  leaves us (allocated + request <= min(limit, reserved + device free)),
  *                  so only placement failed: cached free memory (with what the pool may
@@ -157,6 +167,11 @@ static void format_neighbours(text_out *o, const vram_neighbours *nb) {
  *                  because its fixes cost no memory at all; raising a limit or stopping a
  *                  neighbour would also make it fit, but would hand more memory to a
  *                  placement problem.
+ *   granularity    as fragmentation by the byte count, but the pool maps memory in whole
+ *                  segments (granules): cached free memory plus what the pool may still
+ *                  reserve, rounded down to whole segments, is less than the request. A
+ *                  cap below one segment (a 1 MiB limit, a 1 KiB sim) is this kind: no
+ *                  placement could help.
  *   limit          a limit is set, live memory and the request exceed it, and the device
  *                  itself has room for them (allocated + request <= reserved + device
  *                  free). Second: it is one setting, the user's own, and the only thing in
@@ -164,34 +179,183 @@ static void format_neighbours(text_out *o, const vram_neighbours *nb) {
  *   live           live memory and the request are more than the whole device, or more
  *                  than the limit while the device has no room either: packed perfectly and
  *                  with the GPU to itself the pool still could not serve it, so live memory
- *                  is what must shrink. A request past the device's addressable limit is
- *                  this kind too.
+ *                  is what must shrink. A request past the device's capacity or addressable
+ *                  limit is this kind too.
  *   others         last: live memory and the request would fit the device and the limit,
  *                  but the device's free memory plus what we reserve falls short: other
  *                  processes hold the difference (device total - reserved - device free).
  *
- * The conditions cover every case: not fragmentation means over the limit (limit or live)
- * or over what the device leaves us (live if over the whole device, else others). The
- * report is made after the ladder gave every free segment back, so cached free here is
- * memory inside segments that still hold live blocks. */
-typedef enum oom_cause { OOM_FRAGMENTATION, OOM_LIMIT, OOM_LIVE, OOM_OTHERS } oom_cause;
+ * The conditions cover every case: not fragmentation (or granularity) means over the limit
+ * (limit or live) or over what the device leaves us (live if over the whole device, else
+ * others). The report is made after the ladder gave every free segment back, so cached
+ * free here is memory inside segments that still hold live blocks. */
+typedef enum oom_cause {
+  OOM_PREALLOCATE,
+  OOM_FRAGMENTATION,
+  OOM_GRANULARITY,
+  OOM_LIMIT,
+  OOM_LIVE,
+  OOM_OTHERS
+} oom_cause;
 
-static const char *const oom_cause_names[] = {"fragmentation", "limit", "live", "others"};
+static const char *const oom_cause_names[] = {"preallocate", "fragmentation", "granularity",
+                                              "limit",       "live",          "others"};
+
+/* A request past what any device addresses (2^48 bytes), or a thousand times and more the
+ * device's capacity (a unit off, a shape multiplied out wrong), was computed wrong, and the
+ * advice says so. Just above the capacity it is a request too large for this device, and
+ * the advice is about capacity. */
+#define OOM_ABSURD_SIZE ((size_t)VRAM_SIM_MAX_CAPACITY)
+#define OOM_ABSURD_FACTOR 1024
+
+static bool absurd_request(const vram_pool_snapshot *snap, size_t size) {
+  return size > OOM_ABSURD_SIZE || size / OOM_ABSURD_FACTOR >= snap->device_total;
+}
 
 /* a + b, saturating: a request near SIZE_MAX must not wrap into a small sum. */
 static size_t add_sat(size_t a, size_t b) { return a > SIZE_MAX - b ? SIZE_MAX : a + b; }
+
+/* What the pool may still take from the device: its free memory, under the limit if set. */
+static size_t may_reserve(const vram_pool_snapshot *snap) {
+  size_t limit = snap->stats.limit_bytes, reserved = (size_t)snap->stats.reserved_bytes.current;
+  size_t room = snap->device_free;
+  if (limit) room = limit > reserved ? (limit - reserved < room ? limit - reserved : room) : 0;
+  return room;
+}
+
+/* The smallest unit the pool maps (1 where the snapshot does not say). */
+static size_t granule_of(const vram_pool_snapshot *snap) {
+  return snap->granularity ? snap->granularity : 1;
+}
+
+/* The cap that bounds the pool: the limit where it is below the device, else the device. */
+static size_t cap_of(const vram_pool_snapshot *snap, const char **what) {
+  size_t limit = snap->stats.limit_bytes;
+  bool by_limit = limit && limit <= snap->device_total;
+  *what = by_limit ? "limit" : "device's capacity";
+  return by_limit ? limit : snap->device_total;
+}
 
 static oom_cause classify_oom(const vram_pool_snapshot *snap, const vram_oom_request *req) {
   const vram_stats_t *s = &snap->stats;
   size_t limit = s->limit_bytes, reserved = (size_t)s->reserved_bytes.current;
   size_t needed = add_sat((size_t)s->allocated_bytes.current, req->size);
+  if (req->preallocate) return OOM_PREALLOCATE;
   if (req->max_request) return OOM_LIVE;
   bool under_limit = !limit || needed <= limit;
   bool device_has_room = needed <= add_sat(reserved, snap->device_free);
   bool fits_whole_device = needed <= snap->device_total;
-  if (under_limit && device_has_room) return OOM_FRAGMENTATION;
+  if (under_limit && device_has_room) {
+    size_t room = may_reserve(snap);
+    size_t mappable = room - room % granule_of(snap);
+    return add_sat(snap->cached_free, mappable) < req->size ? OOM_GRANULARITY
+                                                            : OOM_FRAGMENTATION;
+  }
   if (!under_limit) return device_has_room ? OOM_LIMIT : OOM_LIVE;
   return fits_whole_device ? OOM_OTHERS : OOM_LIVE;
+}
+
+/* "a plus b is a + b, more than bound", each figure in one unit with as many decimals as
+ * make both the sum and the comparison read true ("1.50 GiB plus 0.03 GiB is 1.53 GiB, more
+ * than 1.50 GiB", where one decimal in each one's own unit read "1.5 GiB plus 29.5 MiB is
+ * 1.5 GiB, more than 1.5 GiB"), and in exact bytes where six decimals do not. */
+typedef struct sum_text {
+  char a[48], b[48], sum[48], bound[48];
+} sum_text;
+
+static void u128_text(char *buf, size_t cap, unsigned __int128 v, const char *unit) {
+  char digits[48];
+  int n = 0;
+  do {
+    digits[n++] = (char)('0' + (int)(v % 10));
+    v /= 10;
+  } while (v);
+  char *p = buf;
+  size_t left = cap;
+  while (n && left > 1) {
+    *p++ = digits[--n];
+    left--;
+  }
+  *p = 0;
+  snprintf(p, left, " %s", unit);
+}
+
+/* x in `unit`, rounded to `decimals` digits, as an integer of 10^-decimals units. */
+static unsigned __int128 scaled(unsigned __int128 x, unsigned __int128 unit, uint64_t scale) {
+  return (x * scale + unit / 2) / unit;
+}
+
+static void scaled_text(char *buf, size_t cap, unsigned __int128 v, uint64_t scale, int decimals,
+                        const char *unit) {
+  snprintf(buf, cap, "%llu.%0*llu %s", (unsigned long long)(v / scale), decimals,
+           (unsigned long long)(v % scale), unit);
+}
+
+static void sum_texts(sum_text *t, uint64_t a, uint64_t b, uint64_t bound) {
+  unsigned __int128 sum = (unsigned __int128)a + b, unit = 1;
+  int u = 0;
+  while (u < 6 && sum >= unit * 1024) {
+    unit *= 1024;
+    u++;
+  }
+  uint64_t scale = 1;
+  for (int d = 1; u && d <= 6; d++) {
+    scale *= 10;
+    unsigned __int128 sa = scaled(a, unit, scale), sb = scaled(b, unit, scale);
+    unsigned __int128 ss = scaled(sum, unit, scale), sl = scaled(bound, unit, scale);
+    if (sa + sb != ss || (sum > bound) != (ss > sl)) continue;
+    scaled_text(t->a, sizeof t->a, sa, scale, d, size_units[u]);
+    scaled_text(t->b, sizeof t->b, sb, scale, d, size_units[u]);
+    scaled_text(t->sum, sizeof t->sum, ss, scale, d, size_units[u]);
+    scaled_text(t->bound, sizeof t->bound, sl, scale, d, size_units[u]);
+    return;
+  }
+  const char *bytes = u ? "bytes" : "B";
+  u128_text(t->a, sizeof t->a, a, bytes);
+  u128_text(t->b, sizeof t->b, b, bytes);
+  u128_text(t->sum, sizeof t->sum, sum, bytes);
+  u128_text(t->bound, sizeof t->bound, bound, bytes);
+}
+
+/* The cause line of a failed preallocation: what refused it. */
+static void format_preallocate_cause(text_out *o, const vram_pool_snapshot *snap,
+                                     const vram_oom_request *req) {
+  size_t limit = snap->stats.limit_bytes;
+  char rq[32], bound[32];
+  human_size_1(rq, sizeof rq, req->size);
+  if (req->size > snap->device_total) {
+    human_size_1(bound, sizeof bound, snap->device_total);
+    out_printf(o, "the preallocation of %s is more than the device's capacity of %s.\n", rq,
+               bound);
+  } else if (limit && req->size > limit) {
+    human_size_1(bound, sizeof bound, limit);
+    out_printf(o, "the preallocation of %s is more than the limit of %s.\n", rq, bound);
+  } else {
+    human_size_1(bound, sizeof bound, snap->device_free);
+    out_printf(o, "the preallocation of %s is more than the %s free on the device (other "
+                  "processes hold the rest).\n", rq, bound);
+  }
+}
+
+/* The cause line of a request that whole segments cannot place. */
+static void format_granularity_cause(text_out *o, const vram_pool_snapshot *snap,
+                                     const vram_oom_request *req) {
+  const char *what;
+  size_t cap = cap_of(snap, &what), g = granule_of(snap), room = may_reserve(snap);
+  char capt[32], seg[32], rq[32], more[32], mappable[32], cfr[32];
+  human_size_1(capt, sizeof capt, cap);
+  human_size_1(seg, sizeof seg, g);
+  human_size_1(rq, sizeof rq, req->size);
+  human_size_1(more, sizeof more, room);
+  human_size_1(mappable, sizeof mappable, room - room % g);
+  human_size_1(cfr, sizeof cfr, snap->cached_free);
+  if (cap < g)
+    out_printf(o, "the %s of %s is smaller than the smallest segment the pool maps (%s): no "
+                  "request fits under it.\n", what, capt, seg);
+  else
+    out_printf(o, "the pool maps memory in whole segments of %s: of the %s it may still "
+                  "reserve, %s can be mapped, which with the %s cached free is less than the "
+                  "request of %s.\n", seg, more, mappable, cfr, rq);
 }
 
 /* The cause line, with the numbers that chose it. */
@@ -201,7 +365,7 @@ static void format_oom_cause(text_out *o, const vram_pool_snapshot *snap,
   size_t limit = s->limit_bytes, reserved = (size_t)s->reserved_bytes.current;
   size_t allocated = (size_t)s->allocated_bytes.current;
   size_t needed = add_sat(allocated, req->size);
-  char rq[32], nd[32], lim[32], res[32], fre[32], tot[32], cfr[32], lfb[32], alc[32], more[32];
+  char rq[32], nd[32], lim[32], res[32], fre[32], tot[32], cfr[32], lfb[32], more[32];
   human_size_1(rq, sizeof rq, req->size);
   human_size_1(nd, sizeof nd, needed);
   human_size_1(lim, sizeof lim, limit);
@@ -210,21 +374,22 @@ static void format_oom_cause(text_out *o, const vram_pool_snapshot *snap,
   human_size_1(tot, sizeof tot, snap->device_total);
   human_size_1(cfr, sizeof cfr, snap->cached_free);
   human_size_1(lfb, sizeof lfb, s->largest_free_block);
-  human_size_1(alc, sizeof alc, allocated);
   oom_cause cause = classify_oom(snap, req);
   out_printf(o, "  cause: %s: ", oom_cause_names[cause]);
   switch (cause) {
-  case OOM_FRAGMENTATION: {
-    /* What the pool may still take from the device, under the limit if one is set. */
-    size_t room = snap->device_free;
-    if (limit) room = limit > reserved ? (limit - reserved < room ? limit - reserved : room) : 0;
-    human_size_1(more, sizeof more, room);
+  case OOM_PREALLOCATE:
+    format_preallocate_cause(o, snap, req);
+    break;
+  case OOM_GRANULARITY:
+    format_granularity_cause(o, snap, req);
+    break;
+  case OOM_FRAGMENTATION:
+    human_size_1(more, sizeof more, may_reserve(snap));
     out_printf(o, "%s is cached free and the pool may reserve %s more, against a request "
                   "of %s, but the largest free block is %s: the room is there, not in one "
                   "piece (live memory plus the request, %s, would fit).\n",
                cfr, more, rq, lfb, nd);
     break;
-  }
   case OOM_LIMIT: {
     /* Enough to take a segment of the request's size beside everything reserved now. */
     size_t raise = add_sat(reserved, req->size) - limit;
@@ -234,17 +399,23 @@ static void format_oom_cause(text_out *o, const vram_pool_snapshot *snap,
                lim, res, rq, fre, more, raise);
     break;
   }
-  case OOM_LIVE:
-    if (req->max_request)
+  case OOM_LIVE: {
+    if (req->max_request) {
       out_printf(o, "the request alone (%s) is more than the device can hold.\n", rq);
-    else if (needed > snap->device_total)
+      break;
+    }
+    bool over_device = needed > snap->device_total;
+    sum_text t;
+    sum_texts(&t, allocated, req->size, over_device ? snap->device_total : limit);
+    if (over_device)
       out_printf(o, "live memory %s plus the request %s is %s, more than the device's %s: "
-                    "live memory itself is too much.\n", alc, rq, nd, tot);
+                    "live memory itself is too much.\n", t.a, t.b, t.sum, t.bound);
     else
       out_printf(o, "live memory %s plus the request %s is %s, more than the limit of %s, "
                     "and the device has only %s free besides: live memory itself is too "
-                    "much.\n", alc, rq, nd, lim, fre);
+                    "much.\n", t.a, t.b, t.sum, t.bound, fre);
     break;
+  }
   case OOM_OTHERS: {
     /* The device less what we reserve and what is free: someone else's. */
     size_t ours = reserved < snap->device_total ? reserved : snap->device_total;
@@ -260,37 +431,120 @@ static void format_oom_cause(text_out *o, const vram_pool_snapshot *snap,
   }
 }
 
+/* The first line: what was asked, where, and for a size past the device, its capacity. */
+static void format_oom_headline(text_out *o, const vram_pool_snapshot *snap,
+                                const vram_oom_request *req) {
+  char rq[32], where[48];
+  human_size(rq, sizeof rq, req->size);
+  stream_name(where, sizeof where, req->stream);
+  out_printf(o, "vramkit: out of memory on device %d (%s source): ", snap->device,
+             snap->source_name);
+  if (req->preallocate) {
+    out_printf(o, "could not preallocate %s (%zu bytes) when creating the pool.\n", rq,
+               req->size);
+  } else if (req->max_request) {
+    /* The headline in one decimal, as a person would say it. */
+    char size[32], most[32];
+    human_size_1(size, sizeof size, req->size);
+    human_size_1(most, sizeof most, req->max_request);
+    out_printf(o, "tried to allocate %s (%zu bytes) on %s, more than device %d's %s of %s.\n",
+               size, req->size, where, snap->device,
+               req->max_request == snap->device_total ? "capacity" : "addressable limit", most);
+  } else {
+    out_printf(o, "tried to allocate %s (%zu bytes) on %s.\n", rq, req->size, where);
+  }
+}
+
+/* Advice where no setting of the pool's own helps: a preallocation, a request past the
+ * device, a cap below one segment. Returns true if it gave the report's last word. */
+static bool format_oom_setting_advice(text_out *o, const vram_pool_snapshot *snap,
+                                      const vram_oom_request *req) {
+  bool sim = strncmp(snap->source_name, "sim", 3) == 0;
+  const char *what;
+  size_t cap = cap_of(snap, &what);
+  char size[32];
+  if (req->preallocate) {
+    human_size_1(size, sizeof size, cap < snap->device_free ? cap : snap->device_free);
+    out_printf(o, "  Lower VRAMKIT_PREALLOCATE to what the device can give (%s now), or leave "
+                  "it unset to grow on demand.", size);
+    return true;
+  }
+  if (req->max_request && absurd_request(snap, req->size)) {
+    out_printf(o, "  No memory setting can serve a request this large: check how its size was "
+                   "computed (a negative number converted to an unsigned size, or a shape "
+                   "multiplied out wrong, gives sizes like this).");
+    return true;
+  }
+  if (req->max_request) {
+    human_size_1(size, sizeof size, req->max_request);
+    out_printf(o, "  The request alone is more than this device's %s of %s: no limit or cache "
+                  "release can serve it. Split it into smaller allocations, use a device with "
+                  "more memory%s, or the managed source (VRAMKIT_SOURCE=managed) to spill to "
+                  "host memory.",
+               req->max_request == snap->device_total ? "capacity" : "addressable limit", size,
+               sim ? " (on sim, a larger VRAMKIT_SIM_CAPACITY)" : "");
+    return true;
+  }
+  if (cap < granule_of(snap) && classify_oom(snap, req) == OOM_GRANULARITY) {
+    human_size_1(size, sizeof size, granule_of(snap));
+    out_printf(o, "  Raise the %s to at least one segment, %s (%s).", what, size,
+               strcmp(what, "limit") == 0 ? "VRAMKIT_LIMIT" : sim ? "VRAMKIT_SIM_CAPACITY"
+                                                                  : "a device with more memory");
+    return true;
+  }
+  return false;
+}
+
+/* What to try, chosen from the numbers of the report. */
+static void format_oom_advice(text_out *o, const vram_pool_snapshot *snap,
+                              const vram_oom_request *req, const char *lim) {
+  if (format_oom_setting_advice(o, snap, req)) return;
+  const vram_stats_t *s = &snap->stats;
+  size_t requested = req->size, limit = s->limit_bytes, cached = snap->cached_free;
+  if (limit && (size_t)s->reserved_bytes.current + requested > limit)
+    out_printf(o, "  The limit of %s is what refused it: raise it (VRAMKIT_LIMIT, "
+                  "set_per_process_memory_fraction) if the device has room.\n", lim);
+  if (cached >= requested) {
+    out_printf(o, "  %.1f%% of reserved memory is free but fragmented: try the vmm source "
+                  "(VRAMKIT_SOURCE=vmm), which maps physical memory where it is needed",
+               s->reserved_bytes.current ? 100.0 * (double)cached / (double)s->reserved_bytes.current
+                                         : 0.0);
+    /* Fixed segments that turn virtual near the cap: starting sooner leaves fewer holes. */
+    if (!snap->is_vmm && snap->virtual_threshold < 1.0)
+      out_printf(o, ", or a lower VRAMKIT_VIRTUAL_THRESHOLD (now %.2f%s), so that this pool "
+                    "turns to virtual memory sooner", snap->virtual_threshold,
+                 snap->grows_virtual ? ", passed" : ", not reached");
+    out_printf(o, ".\n");
+  }
+  /* Live bytes plus the request fit under the cap: the free memory around live blocks is
+   * what failed it, the waste tight placement avoids on fixed segments. */
+  size_t cap_bytes = limit ? limit : snap->device_total;
+  if (snap->fixed_large && snap->tight_threshold > 0 && cached > 0 &&
+      (size_t)s->allocated_bytes.current + requested <= cap_bytes)
+    out_printf(o, "  Live memory and this request would fit: keep fixed segments tighter with "
+                  "VRAMKIT_TIGHT_THRESHOLD=0, which gives large requests segments of their own "
+                  "size instead of carving cached ones (less memory, more driver calls).\n");
+  out_printf(o, "  Reduce the batch size, drop references to buffers and tensors you no longer "
+                "need (the memory summary shows what is allocated), use gradient "
+                "checkpointing or mixed precision, or the managed source "
+                "(VRAMKIT_SOURCE=managed) to spill to host memory.");
+}
+
 int _vram_format_oom_report(const vram_pool_snapshot *snap, const vram_oom_request *req, char *buf,
                             size_t cap) {
   text_out o = {buf, cap, 0};
   if (cap) buf[0] = 0;
   const vram_stats_t *s = &snap->stats;
-  size_t requested = req->size, total = snap->device_total, limit = s->limit_bytes;
-  size_t cached = snap->cached_free;
-  char rq[32], tot[32], fre[32], res[32], alc[32], lfb[32], lim[32], cfr[32], where[48];
-  human_size(cfr, sizeof cfr, (int64_t)cached);
-  human_size(rq, sizeof rq, requested > INT64_MAX ? INT64_MAX : (int64_t)requested);
-  human_size(tot, sizeof tot, (int64_t)total);
-  human_size(fre, sizeof fre, (int64_t)snap->device_free);
-  human_size(res, sizeof res, s->reserved_bytes.current);
-  human_size(alc, sizeof alc, s->allocated_bytes.current);
-  human_size(lfb, sizeof lfb, (int64_t)s->largest_free_block);
-  if (limit) human_size(lim, sizeof lim, (int64_t)limit);
+  char tot[32], fre[32], res[32], alc[32], lfb[32], lim[32], cfr[32];
+  human_size(cfr, sizeof cfr, snap->cached_free);
+  human_size(tot, sizeof tot, snap->device_total);
+  human_size(fre, sizeof fre, snap->device_free);
+  human_stat(res, sizeof res, s->reserved_bytes.current);
+  human_stat(alc, sizeof alc, s->allocated_bytes.current);
+  human_size(lfb, sizeof lfb, s->largest_free_block);
+  if (s->limit_bytes) human_size(lim, sizeof lim, s->limit_bytes);
   else snprintf(lim, sizeof lim, "none");
-  stream_name(where, sizeof where, req->stream);
-  out_printf(&o, "vramkit: out of memory on device %d (%s source): ", snap->device,
-             snap->source_name);
-  if (req->max_request) {
-    /* The headline in one decimal, as a person would say it. */
-    char size[32], most[32];
-    human_size_1(size, sizeof size, requested);
-    human_size_1(most, sizeof most, req->max_request);
-    out_printf(&o, "tried to allocate %s (%zu bytes) on %s, more than device %d's %s of %s.\n",
-               size, requested, where, snap->device,
-               req->max_request == snap->device_total ? "capacity" : "addressable limit", most);
-  } else {
-    out_printf(&o, "tried to allocate %s (%zu bytes) on %s.\n", rq, requested, where);
-  }
+  format_oom_headline(&o, snap, req);
   format_oom_cause(&o, snap, req);
   out_printf(&o,
              "  device capacity %s, free on device %s, limit %s;\n"
@@ -298,39 +552,6 @@ int _vram_format_oom_report(const vram_pool_snapshot *snap, const vram_oom_reque
              "fragmentation %.1f%%.\n",
              tot, fre, lim, res, alc, cfr, lfb, 100.0 * s->fragmentation);
   format_neighbours(&o, snap->neighbours);
-  if (req->max_request) {
-    out_printf(&o, "  No memory setting can serve a request this large: check how its size was "
-                   "computed (a negative number converted to an unsigned size, or a shape "
-                   "multiplied out wrong, gives sizes like this).");
-    return (int)o.len;
-  }
-  /* What to try, chosen from the numbers above. */
-  if (limit && (size_t)s->reserved_bytes.current + requested > limit)
-    out_printf(&o, "  The limit of %s is what refused it: raise it (VRAMKIT_LIMIT, "
-                   "set_per_process_memory_fraction) if the device has room.\n", lim);
-  if (cached >= requested) {
-    out_printf(&o, "  %.1f%% of reserved memory is free but fragmented: try the vmm source "
-                   "(VRAMKIT_SOURCE=vmm), which maps physical memory where it is needed",
-               s->reserved_bytes.current ? 100.0 * (double)cached / (double)s->reserved_bytes.current
-                                         : 0.0);
-    /* Fixed segments that turn virtual near the cap: starting sooner leaves fewer holes. */
-    if (!snap->is_vmm && snap->virtual_threshold < 1.0)
-      out_printf(&o, ", or a lower VRAMKIT_VIRTUAL_THRESHOLD (now %.2f%s), so that this pool "
-                     "turns to virtual memory sooner", snap->virtual_threshold,
-                 snap->grows_virtual ? ", passed" : ", not reached");
-    out_printf(&o, ".\n");
-  }
-  /* Live bytes plus the request fit under the cap: the free memory around live blocks is
-   * what failed it, the waste tight placement avoids on fixed segments. */
-  size_t cap_bytes = limit ? limit : total;
-  if (snap->fixed_large && snap->tight_threshold > 0 && cached > 0 &&
-      (size_t)s->allocated_bytes.current + requested <= cap_bytes)
-    out_printf(&o, "  Live memory and this request would fit: keep fixed segments tighter with "
-                   "VRAMKIT_TIGHT_THRESHOLD=0, which gives large requests segments of their own "
-                   "size instead of carving cached ones (less memory, more driver calls).\n");
-  out_printf(&o, "  Reduce the batch size, drop references to buffers and tensors you no longer "
-                 "need (the memory summary shows what is allocated), use gradient "
-                 "checkpointing or mixed precision, or the managed source "
-                 "(VRAMKIT_SOURCE=managed) to spill to host memory.");
+  format_oom_advice(&o, snap, req, lim);
   return (int)o.len;
 }

@@ -23,6 +23,7 @@
 #include "pool/block.h"
 #include "pool/call.h"
 #include "pool/events.h"
+#include "pool/oom.h"
 #include "pool/pending.h"
 #include "pool/pool.h"
 #include "pool/published.h"
@@ -213,22 +214,6 @@ VRAM_HOT int alloc_attempt(vram_pool_t *pool, vram_arena *a, size_t rounded, siz
   return _vram_block_take(pool, b, rounded, requested, out);
 }
 
-/* Out of memory: count it and keep the report for vram_oom_report. */
-static __attribute__((noinline, cold)) void note_oom(vram_pool_t *pool, size_t requested,
-                                                     vram_stream_t stream, size_t max_request) {
-  pool->stats.num_ooms++;
-  vram_pool_snapshot snap;
-  _vram_pool_snapshot(pool, true, &snap);
-  /* Who else holds the GPU: read from records and NVML, nothing of this pool's. */
-  vram_neighbours neighbours;
-  _vram_pool_neighbours(pool, &neighbours);
-  snap.neighbours = &neighbours;
-  _vram_pool_publish_slow(pool);
-  vram_oom_request req = {.size = requested, .stream = stream, .max_request = max_request};
-  _vram_format_oom_report(&snap, &req, pool->oom_report, sizeof pool->oom_report);
-  _vram_note(pool, VRAM_EVENT_OOM, snap.device_free, requested, requested, stream, 0);
-}
-
 typedef struct malloc_call {
   size_t size;
   vram_stream_t stream;
@@ -242,7 +227,7 @@ VRAM_HOT int malloc_locked(vram_pool_t *pool, void *arg) {
   /* A size no device of this kind can hold fails before any rounding (which could
    * overflow) and before the ladder, which would give back cached memory for nothing. */
   if (__builtin_expect(requested > pool->max_request, 0)) {
-    note_oom(pool, requested, c->stream, pool->max_request);
+    _vram_note_oom(pool, requested, c->stream, pool->max_request);
     return VRAM_ENOMEM;
   }
   size_t rounded = _vram_round_up(requested, VRAM_ALIGN);
@@ -271,7 +256,7 @@ VRAM_HOT int malloc_locked(vram_pool_t *pool, void *arg) {
     if (pool->pending_blocks) _vram_active_peaks_note(pool);
     _vram_pool_publish_hot(pool);
   } else if (rc == VRAM_ENOMEM) {
-    note_oom(pool, requested, c->stream, 0);
+    _vram_note_oom(pool, requested, c->stream, 0);
   }
   return rc;
 }
@@ -813,6 +798,7 @@ static int pool_setup(vram_pool_t *pool) {
 int vram_pool_create(vram_pool_t **out, const vram_options_t *opts) {
   if (!out) return VRAM_EINVAL;
   *out = NULL;
+  _vram_create_report_clear();
   vram_options_t o;
   if (opts) o = *opts;
   else vram_options_init(&o);

@@ -8,6 +8,7 @@
 
 #include "pool/block.h"
 #include "pool/events.h"
+#include "pool/oom.h"
 #include "pool/segment.h"
 #include "prim/hostmem.h"
 
@@ -328,7 +329,7 @@ int _vram_segment_grow(vram_pool_t *pool, vram_arena *a, size_t rounded, bool sm
 /* Preallocate mode (TensorFlow's default): hold `bytes` from the start in the default
  * stream's arena and serve every size from it, so a program that fits never calls the
  * driver again. The memory stays held through empty_cache. */
-int _vram_pool_preallocate(vram_pool_t *pool, size_t bytes) {
+static int preallocate(vram_pool_t *pool, size_t bytes) {
   vram_arena *a = _vram_arena_get(pool, NULL);
   if (!a) return VRAM_EHOSTMEM;
   /* More than the device could ever hold is out of memory, as for vram_malloc; rounding
@@ -355,6 +356,13 @@ int _vram_pool_preallocate(vram_pool_t *pool, size_t bytes) {
   _vram_idle_remove(pool, b->segment);
   b->segment->keep = true;
   return VRAM_OK;
+}
+
+int _vram_pool_preallocate(vram_pool_t *pool, size_t bytes) {
+  /* Past what the device could ever hold: refused before rounding, which could overflow. */
+  int rc = bytes > pool->max_request ? VRAM_ENOMEM : preallocate(pool, bytes);
+  if (rc == VRAM_ENOMEM) _vram_note_preallocate_oom(pool, bytes);
+  return rc;
 }
 
 

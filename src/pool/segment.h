@@ -75,7 +75,8 @@ size_t _vram_release_cached(vram_pool_t *pool, size_t want, int *first_error);
 /* Fixed segments only: release fully free ones until `want` bytes went back. */
 size_t _vram_release_fixed_idle(vram_pool_t *pool, size_t want, int *first_error);
 
-/* Preallocate mode: hold `bytes` from the start and serve every size from them. */
+/* Preallocate mode: hold `bytes` from the start and serve every size from them. When they
+ * do not fit, VRAM_ENOMEM with an OOM report (oom.h), the creating thread's too. */
 int _vram_pool_preallocate(vram_pool_t *pool, size_t bytes);
 
 /* Give every segment back to the source and free the arenas (pool teardown). */

@@ -246,10 +246,12 @@ struct vram_pool {
   char oom_report[2048];
 };
 
-/* ---- statistics: an increase moves total and maybe peak; a decrease only current. */
+/* ---- statistics: an increase moves total and maybe peak; a decrease only current.
+ * Current and peak stay below the capacity; total sums every increase for as long as the
+ * pool lives, so it stops at INT64_MAX rather than wrapping to a negative figure. */
 static inline void vram_stat_up(vram_stat_t *s, int64_t delta) {
   s->current += delta;
-  s->total += delta;
+  if (__builtin_add_overflow(s->total, delta, &s->total)) s->total = INT64_MAX;
   if (s->current > s->peak) s->peak = s->current;
 }
 static inline void vram_stat_down(vram_stat_t *s, int64_t delta) { s->current -= delta; }

@@ -16,8 +16,12 @@
 #include "source/source.h"
 
 #define SIM_GRANULE ((size_t)2 << 20)
-#define SIM_BASE ((uintptr_t)1 << 44)   /* far from host heaps; 2^46 of space per device */
-#define SIM_DEVICE_SPAN ((uintptr_t)1 << 46)
+/* Addresses far from host heaps. Each device gets 2^56 bytes of them: a pool reserves a
+ * virtual range of 1.25 times the capacity per arena and kind, so at the largest capacity
+ * (VRAM_SIM_MAX_CAPACITY, 2^48) some two hundred ranges fit, and the eight devices end
+ * below 2^60. */
+#define SIM_BASE ((uintptr_t)1 << 44)
+#define SIM_DEVICE_SPAN ((uintptr_t)1 << 56)
 
 typedef struct sim_range {
   uintptr_t addr;
@@ -31,6 +35,7 @@ typedef struct sim_reservation {
   uintptr_t addr;
   size_t size;
   uint8_t *mapped;
+  size_t n_mapped; /* granules mapped: unreserving a range of 2^48 bytes scans nothing */
 } sim_reservation;
 
 typedef struct sim_state {
@@ -49,6 +54,10 @@ typedef struct sim_event {
 
 static int sim_open(const vram_source_config *cfg, void **out) {
   if (cfg->device < 0 || cfg->device >= VRAM_SIM_DEVICES) return VRAM_EDEVICE;
+  /* Past the largest capacity the address space above and the granule tables of a
+   * reserved range (one byte per 2 MiB of it) stop being what a sim can hold. */
+  if (cfg->sim_capacity == 0 || cfg->sim_capacity > VRAM_SIM_MAX_CAPACITY)
+    return VRAM_ESIMCAPACITY;
   sim_state *s = calloc(1, sizeof *s);
   if (!s) return VRAM_EHOSTMEM;
   s->capacity = cfg->sim_capacity;
@@ -173,7 +182,7 @@ static int sim_reserve(void *state, size_t size, uintptr_t *addr) {
     free(mapped);
     return rc;
   }
-  s->res[s->n_res++] = (sim_reservation){*addr, size, mapped};
+  s->res[s->n_res++] = (sim_reservation){*addr, size, mapped, 0};
   return VRAM_OK;
 }
 
@@ -182,8 +191,7 @@ static int sim_unreserve(void *state, uintptr_t addr, size_t size) {
   for (size_t i = 0; i < s->n_res; i++) {
     sim_reservation *r = &s->res[i];
     if (r->addr != addr || r->size != size) continue;
-    for (size_t g = 0; g < size / SIM_GRANULE; g++)
-      if (r->mapped[g]) return VRAM_EINVAL; /* the driver refuses to free a mapped range */
+    if (r->n_mapped) return VRAM_EINVAL; /* the driver refuses to free a mapped range */
     int rc = space_give(s, addr, size);
     if (rc) return rc;
     free(r->mapped);
@@ -221,6 +229,7 @@ static int sim_map(void *state, uintptr_t addr, size_t size) {
   if (size > s->capacity - s->used) return VRAM_ENOMEM;
   r->mapped[g0] = GRANULE_HEAD;
   memset(r->mapped + g0 + 1, GRANULE_TAIL, n - 1);
+  r->n_mapped += n;
   s->used += size;
   return VRAM_OK;
 }
@@ -231,6 +240,7 @@ static int sim_unmap(void *state, uintptr_t addr, size_t size) {
   sim_reservation *r = granule_span(s, addr, size, true, &g0, &n);
   if (!r) return VRAM_EINVAL;
   memset(r->mapped + g0, GRANULE_UNMAPPED, n);
+  r->n_mapped -= n;
   s->used -= size;
   return VRAM_OK;
 }

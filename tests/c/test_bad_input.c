@@ -579,6 +579,92 @@ static void t_parse_size(void **state) {
   assert_null(vram_parse_size_error("1.5G", 0));
 }
 
+/* ---- the sim's capacity ---------------------------------------------------------------- */
+
+/* A pool of the picked sim source with this capacity, or the status of its creation. */
+static int sim_pool(size_t capacity, vram_pool_t **pool) {
+  vram_options_t o;
+  vram_options_init(&o);
+  o.source = g_src.kind;
+  o.sim_capacity = capacity;
+  *pool = (vram_pool_t *)&o; /* must come back NULL on failure */
+  return vram_pool_create(pool, &o);
+}
+
+/* Capacities outside what the sim models are refused at creation with their own status;
+ * every capacity inside it, up to the largest, serves large requests on two streams. */
+static void t_sim_capacity_range(void **state) {
+  (void)state;
+  static const size_t refused[] = {0, VRAM_SIM_MAX_CAPACITY + 1, (size_t)1 << 63, SIZE_MAX};
+  for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+    vram_pool_t *pool;
+    int rc = sim_pool(refused[i], &pool);
+    if (rc != VRAM_ESIMCAPACITY)
+      fail_msg("sim_capacity %zu: %s, expected VRAM_ESIMCAPACITY", refused[i], vram_errname(rc));
+    assert_null(pool);
+  }
+  assert_non_null(strstr(vram_strerror(VRAM_ESIMCAPACITY), "256 TiB"));
+  static const size_t served[] = {(size_t)1 << 45, (size_t)1 << 46, (size_t)1 << 47,
+                                  VRAM_SIM_MAX_CAPACITY};
+  for (size_t i = 0; i < sizeof served / sizeof served[0]; i++) {
+    size_t capacity = served[i];
+    vram_pool_t *pool;
+    VT_OK(sim_pool(capacity, &pool));
+    size_t free_bytes = 0, total = 0;
+    VT_OK(vram_mem_get_info(pool, &free_bytes, &total));
+    assert_true(free_bytes == capacity && total == capacity);
+    /* Large requests on two streams: two virtual ranges of 1.25 times the capacity. The
+     * sim keeps a byte per mapped 2 MiB, so the sizes stay modest. */
+    void *a = NULL, *b = NULL, *c = NULL;
+    int rc = vram_malloc(pool, 16 * VT_GiB, NULL, &a);
+    if (rc != VRAM_OK) {
+      char report[2048];
+      vram_oom_report(pool, report, sizeof report);
+      fail_msg("capacity %zu: malloc(16 GiB): %s\n%s", capacity, vram_errname(rc), report);
+    }
+    VT_OK(vram_malloc(pool, 8 * VT_GiB, VT_STREAM(1), &b));
+    VT_OK(vram_malloc(pool, 3 * VT_MiB, NULL, &c));
+    VT_VALID(pool);
+    VT_OK(vram_free(pool, a));
+    VT_OK(vram_free(pool, b));
+    VT_OK(vram_free(pool, c));
+    VT_OK(vram_pool_destroy(pool));
+  }
+}
+
+/* A statistic's total sums every increase: past INT64_MAX it stays there, never wrapping
+ * to a negative figure. 2^16 + 1 blocks of 2^47 bytes, each freed before the next, on
+ * fixed segments (one segment, cached: a source call once, no granule tables). */
+static void t_stat_totals_saturate(void **state) {
+  (void)state;
+  if (g_src.kind != VRAM_SOURCE_SIM) skip();
+  vram_options_t o;
+  vram_options_init(&o);
+  o.source = VRAM_SOURCE_SIM;
+  o.sim_capacity = VRAM_SIM_MAX_CAPACITY;
+  o.large_blocks = VRAM_LARGE_FIXED;
+  o.virtual_threshold = 1.0;
+  vram_pool_t *pool = vt_pool_from(&o);
+  const size_t size = (size_t)1 << 47;
+  for (int i = 0; i <= 1 << 16; i++) {
+    void *p = NULL;
+    VT_OK(vram_malloc(pool, size, NULL, &p));
+    VT_OK(vram_free(pool, p));
+  }
+  VT_VALID(pool);
+  vram_stats_t s = vt_stats(pool);
+  assert_true(s.allocated_bytes.total == INT64_MAX);
+  assert_true(s.requested_bytes.total == INT64_MAX);
+  assert_true(s.active_bytes.total == INT64_MAX);
+  assert_int_equal(s.allocated_bytes.current, 0);
+  assert_int_equal(s.allocated_bytes.peak, (int64_t)size);
+  assert_int_equal(s.allocation.total, (1 << 16) + 1);
+  char text[8192];
+  vram_summary(pool, text, sizeof text);
+  if (!strstr(text, "8.00 EiB") || strstr(text, "| -")) fail_msg("totals:\n%s", text);
+  VT_OK(vram_pool_destroy(pool));
+}
+
 /* ---- status strings and source names ------------------------------------------------- */
 
 static void t_status_strings(void **state) {
@@ -606,7 +692,7 @@ static void t_status_strings(void **state) {
       assert_string_not_equal(name, vram_errname(all[j].code));
     }
   }
-  static const int unknown[] = {1, 2, 100, VRAM_ETOOBIG, -16, -17, -1000, INT32_MIN, INT32_MAX};
+  static const int unknown[] = {1, 2, 100, VRAM_ETOOBIG, -17, -18, -1000, INT32_MIN, INT32_MAX};
   for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {
     assert_true(vt_contains_ci(vram_strerror(unknown[i]), "unknown"));
     assert_true(vt_contains_ci(vram_errname(unknown[i]), "unknown"));
@@ -658,6 +744,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(t_pending_misuse, fx_setup, fx_teardown),
       cmocka_unit_test(t_bad_env),
       cmocka_unit_test(t_parse_size),
+      cmocka_unit_test(t_sim_capacity_range),
+      cmocka_unit_test(t_stat_totals_saturate),
       cmocka_unit_test(t_status_strings),
       cmocka_unit_test(t_source_names),
   };

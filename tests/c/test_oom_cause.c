@@ -20,7 +20,7 @@
 
 /* A fixed-segment snapshot of device 0 on "sim" with these figures; the rest zero. */
 typedef struct planted {
-  size_t total, device_free, limit, reserved, allocated, cached, largest;
+  size_t total, device_free, limit, reserved, allocated, cached, largest, granularity;
 } planted;
 
 static vram_pool_snapshot plant(planted p) {
@@ -37,6 +37,7 @@ static vram_pool_snapshot plant(planted p) {
   snap.stats.reserved_bytes.current = (int64_t)p.reserved;
   snap.stats.allocated_bytes.current = (int64_t)p.allocated;
   snap.stats.largest_free_block = p.largest;
+  snap.granularity = p.granularity;
   snap.stats.fragmentation = p.cached ? 1.0 - (double)p.largest / (double)p.cached : 0.0;
   return snap;
 }
@@ -64,6 +65,10 @@ static void expect_cause(const char *report, const char *kind) {
 
 static void expect_text(const char *report, const char *text) {
   if (!strstr(report, text)) fail_msg("the report lacks '%s':\n%s", text, report);
+}
+
+static void expect_no_text(const char *report, const char *text) {
+  if (strstr(report, text)) fail_msg("the report says '%s':\n%s", text, report);
 }
 
 static void t_planted_fragmentation(void **state) {
@@ -190,6 +195,74 @@ static void t_planted_boundaries(void **state) {
   expect_cause(report, "limit");
 }
 
+/* A cap below one segment: no placement can help, so it is not fragmentation, and the
+ * advice is the cap, not the batch size. */
+static void t_planted_granularity(void **state) {
+  (void)state;
+  char report[4096];
+  planted p = {.total = 1 * VT_MiB, .device_free = 1 * VT_MiB, .limit = 1 * VT_MiB,
+               .granularity = 2 * VT_MiB};
+  report_of(p, 512, 0, report, sizeof report);
+  expect_cause(report, "granularity");
+  expect_text(report, "the limit of 1.0 MiB is smaller than the smallest segment the pool maps "
+                      "(2.0 MiB): no request fits under it");
+  expect_text(report, "Raise the limit to at least one segment, 2.0 MiB (VRAMKIT_LIMIT)");
+  expect_no_text(report, "not in one piece");
+  expect_no_text(report, "Reduce the batch size");
+  /* No limit, a sim of 1 KiB. */
+  planted k = {.total = 1 * VT_KiB, .device_free = 1 * VT_KiB, .granularity = 2 * VT_MiB};
+  report_of(k, 1, 0, report, sizeof report);
+  expect_cause(report, "granularity");
+  expect_text(report, "the device's capacity of 1.0 KiB is smaller than the smallest segment");
+  expect_text(report, "(VRAMKIT_SIM_CAPACITY)");
+  /* A cap of several segments with less than one left above what is reserved, and too
+   * little cached to make up the rest. */
+  planted q = {.total = 3 * VT_MiB, .device_free = 1 * VT_MiB, .reserved = 2 * VT_MiB,
+               .allocated = 3 * VT_MiB / 2, .cached = VT_MiB / 2, .largest = VT_MiB / 2,
+               .granularity = 2 * VT_MiB};
+  report_of(q, 1 * VT_MiB, 0, report, sizeof report);
+  expect_cause(report, "granularity");
+  expect_text(report, "of the 1.0 MiB it may still reserve, 0 B can be mapped, which with the "
+                      "512.0 KiB cached free is less than the request of 1.0 MiB");
+  /* Whole segments that cover it keep it fragmentation. */
+  q.device_free = q.total - q.reserved + 2 * VT_MiB;
+  q.total += 2 * VT_MiB;
+  report_of(q, 1 * VT_MiB, 0, report, sizeof report);
+  expect_cause(report, "fragmentation");
+}
+
+/* The sum the live cause shows reads true: enough digits for a + b = c and for c against
+ * the bound, exact bytes where no unit can show the difference. */
+static void t_planted_sum_digits(void **state) {
+  (void)state;
+  char report[4096];
+  planted p = {.total = 1536 * VT_MiB, .reserved = 1536 * VT_MiB, .allocated = 1536 * VT_MiB,
+               .granularity = 2 * VT_MiB};
+  report_of(p, 59 * VT_MiB / 2, 0, report, sizeof report);
+  expect_cause(report, "live");
+  expect_text(report, "live memory 1.50 GiB plus the request 0.03 GiB is 1.53 GiB, more than "
+                      "the device's 1.50 GiB");
+  p.allocated -= 100;
+  report_of(p, 101, 0, report, sizeof report);
+  expect_cause(report, "live");
+  expect_text(report, "live memory 1610612636 bytes plus the request 101 bytes is 1610612737 "
+                      "bytes, more than the device's 1610612736 bytes");
+}
+
+/* A request just past the device is no miscomputed size: the advice is the capacity. */
+static void t_planted_above_capacity(void **state) {
+  (void)state;
+  char report[4096];
+  planted p = {.total = 512 * VT_MiB, .device_free = 512 * VT_MiB, .granularity = 2 * VT_MiB};
+  report_of(p, 900 * VT_MiB, 512 * VT_MiB, report, sizeof report);
+  expect_cause(report, "live");
+  expect_text(report, "more than device 0's capacity of 512.0 MiB");
+  expect_text(report, "The request alone is more than this device's capacity of 512.0 MiB");
+  expect_text(report, "VRAMKIT_SIM_CAPACITY");
+  expect_no_text(report, "No memory setting can serve");
+  expect_no_text(report, "negative number");
+}
+
 /* A report too long for its buffer is cut, never overrun, and its length still says so. */
 static void t_short_buffer(void **state) {
   (void)state;
@@ -204,6 +277,28 @@ static void t_short_buffer(void **state) {
   assert_int_equal(strlen(cut), 63);
   assert_int_equal(cut[64], 'x');
   assert_memory_equal(cut, full, 63);
+}
+
+/* Sizes at and past 2^63 are printed as the unsigned figures they are: no wrapped negative
+ * number, no negation of INT64_MIN (UBSan), in the summary and in the report. */
+static void t_sizes_past_int64(void **state) {
+  (void)state;
+  const size_t half = (size_t)1 << 63;
+  planted p = {.total = half, .device_free = half, .limit = half, .reserved = 0};
+  vram_pool_snapshot snap = plant(p);
+  char text[8192];
+  int n = _vram_format_summary(&snap, text, sizeof text);
+  assert_true(n > 0 && (size_t)n < sizeof text);
+  if (strstr(text, "--") && strstr(text, "-9")) fail_msg("a wrapped size:\n%s", text);
+  expect_text(text, "| limit                    |       8.00 EiB |");
+  snap.stats.limit_bytes = SIZE_MAX;
+  _vram_format_summary(&snap, text, sizeof text);
+  expect_text(text, "| limit                    |      16.00 EiB |");
+  /* The report's figures: capacity, free and limit at 2^63, a request of 2^63 + 1. */
+  report_of(p, half + 1, 0, text, sizeof text);
+  expect_text(text, "tried to allocate 8.00 EiB (9223372036854775809 bytes)");
+  expect_text(text, "device capacity 8.00 EiB, free on device 8.00 EiB, limit 8.00 EiB");
+  assert_null(strstr(text, "-9"));
 }
 
 /* ---- real pools ----------------------------------------------------------------------- */
@@ -341,6 +436,67 @@ static void t_sim_vmm_live(void **state) {
   VT_OK(vram_pool_destroy(pool));
 }
 
+/* A sim of 1 KiB and a 1-byte request, on both models: the cap is below one segment. */
+static void t_sim_below_segment(void **state) {
+  (void)state;
+  vram_source_kind kinds[] = {VRAM_SOURCE_SIM, VRAM_SOURCE_SIM_VMM};
+  for (int k = 0; k < 2; k++) {
+    vram_pool_t *pool = vt_pool_new(kinds[k], 1 * VT_KiB);
+    void *p = NULL;
+    VT_EXPECT(vram_malloc(pool, 1, NULL, &p), VRAM_ENOMEM);
+    VT_VALID(pool);
+    char report[4096];
+    pool_report(pool, report, sizeof report);
+    expect_cause(report, "granularity");
+    expect_text(report, "the device's capacity of 1.0 KiB is smaller than the smallest segment "
+                        "the pool maps (2.0 MiB)");
+    VT_OK(vram_pool_destroy(pool));
+  }
+}
+
+/* A preallocation larger than the device: the creation fails, and its report, with no
+ * pool left to ask, is the thread's creation report; a creation that works clears it. */
+static void t_preallocate_report(void **state) {
+  (void)state;
+  vram_source_kind kinds[] = {VRAM_SOURCE_SIM, VRAM_SOURCE_SIM_VMM};
+  for (int k = 0; k < 2; k++) {
+    vram_options_t o;
+    vram_options_init(&o);
+    o.source = kinds[k];
+    o.sim_capacity = 80 * VT_GiB;
+    o.preallocate_bytes = 100 * VT_GiB;
+    vram_pool_t *pool = NULL;
+    VT_EXPECT(vram_pool_create(&pool, &o), VRAM_ENOMEM);
+    assert_null(pool);
+    char report[4096];
+    int n = vram_pool_create_report(report, sizeof report);
+    assert_true(n > 0 && (size_t)n < sizeof report);
+    assert_int_equal(vram_pool_create_report(NULL, 0), n);
+    expect_cause(report, "preallocate");
+    expect_text(report, "could not preallocate 100.00 GiB (107374182400 bytes) when creating "
+                        "the pool");
+    expect_text(report, "the preallocation of 100.0 GiB is more than the device's capacity of "
+                        "80.0 GiB");
+    expect_text(report, "Lower VRAMKIT_PREALLOCATE");
+    /* Under a limit, and past anything a device holds. */
+    o.limit_bytes = 8 * VT_GiB;
+    o.preallocate_bytes = 10 * VT_GiB;
+    VT_EXPECT(vram_pool_create(&pool, &o), VRAM_ENOMEM);
+    vram_pool_create_report(report, sizeof report);
+    expect_text(report, "the preallocation of 10.0 GiB is more than the limit of 8.0 GiB");
+    o.limit_bytes = 0;
+    o.preallocate_bytes = SIZE_MAX;
+    VT_EXPECT(vram_pool_create(&pool, &o), VRAM_ENOMEM);
+    vram_pool_create_report(report, sizeof report);
+    expect_cause(report, "preallocate");
+    o.preallocate_bytes = 1 * VT_GiB;
+    pool = vt_pool_from(&o);
+    assert_int_equal(vram_pool_create_report(report, sizeof report), 0);
+    assert_string_equal(report, "");
+    VT_OK(vram_pool_destroy(pool));
+  }
+}
+
 /* ---- others, through the fake driver -------------------------------------------------- */
 
 /* A second pool on the same fake GPU holds 6 GiB of its 8 GiB: to the first pool that is
@@ -384,9 +540,13 @@ int main(int argc, char **argv) {
       cmocka_unit_test(t_planted_fragmentation), cmocka_unit_test(t_fragmentation_before_limit),
       cmocka_unit_test(t_planted_limit),         cmocka_unit_test(t_planted_live),
       cmocka_unit_test(t_planted_others),        cmocka_unit_test(t_planted_boundaries),
-      cmocka_unit_test(t_short_buffer),          cmocka_unit_test(t_sim_fragmentation),
+      cmocka_unit_test(t_planted_granularity),   cmocka_unit_test(t_planted_sum_digits),
+      cmocka_unit_test(t_planted_above_capacity),
+      cmocka_unit_test(t_short_buffer),          cmocka_unit_test(t_sizes_past_int64),
+      cmocka_unit_test(t_sim_fragmentation),
       cmocka_unit_test(t_sim_limit),             cmocka_unit_test(t_sim_live),
-      cmocka_unit_test(t_sim_vmm_live),
+      cmocka_unit_test(t_sim_vmm_live),          cmocka_unit_test(t_sim_below_segment),
+      cmocka_unit_test(t_preallocate_report),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

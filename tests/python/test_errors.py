@@ -236,3 +236,16 @@ def test_a_freed_buffer_says_so():
                 lambda: buf.__cuda_array_interface__):
         with pytest.raises(vramkit.DoubleFreeError, match=r"^DeviceBuffer\..*already freed"):
             use()
+
+
+def test_preallocation_past_the_device_carries_a_report(run):
+    # The pool cannot be made, so the report comes from its failed creation.
+    run("""
+        import vramkit as v
+        try:
+            v.empty(1 << 20)
+            raise AssertionError("no OOM")
+        except v.OutOfMemoryError as exc:
+            assert exc.report and "cause: preallocate" in exc.report, exc.report
+            assert "could not preallocate 100.00 GiB" in str(exc), exc
+    """, env={"VRAMKIT_PREALLOCATE": "100G", "VRAMKIT_SIM_CAPACITY": "80G"})

@@ -230,3 +230,27 @@ def test_fraction_limit_and_oom_counter(run):
         assert v.memory_stats()["num_ooms"] == 3
         x = v.empty(400 << 20)
     """, env={"VRAMKIT_SIM_CAPACITY": "1G"})
+
+
+def test_mem_get_info_is_unsigned(run):
+    # The largest sim device reports its exact size; one of 2^63 bytes, past what the sim
+    # models, is refused with the value and the limit named, never reported as negative
+    # numbers.
+    run("""
+        import vramkit as v
+        assert v.mem_get_info() == (1 << 48, 1 << 48), v.mem_get_info()
+        try:
+            v.configure(1, sim_capacity=str(1 << 63))
+            raise AssertionError("a 2^63-byte sim was accepted")
+        except v.ConfigError as exc:
+            assert exc.errname == "VRAM_ESIMCAPACITY", exc
+            assert "9223372036854775808 bytes" in str(exc) and "256 TiB" in str(exc), exc
+    """, env={"VRAMKIT_SIM_CAPACITY": "256T"})
+    run("""
+        import vramkit as v
+        try:
+            v.mem_get_info()
+            raise AssertionError("a 2^63-byte sim was accepted")
+        except v.ConfigError as exc:
+            assert "device 0: sim capacity of 9223372036854775808 bytes" in str(exc), exc
+    """, env={"VRAMKIT_SIM_CAPACITY": "8388608T"})

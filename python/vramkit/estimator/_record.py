@@ -76,6 +76,19 @@ class Recording:
 _MODELS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models.py")
 
 
+def _site_name(path: str, line: int, function: str) -> str:
+    """A call site as a user reads it: an installed package's file from its package folder
+    (transformers/activations.py:66:forward, not the whole site-packages path), and a line of
+    the step `vramkit estimate --model` writes for the user by what it does there."""
+    if path == _MODELS_FILE:
+        import linecache
+        return f"the training step: {linecache.getline(path, line).strip() or function}"
+    marker = os.sep + "site-packages" + os.sep
+    if marker in path:
+        path = path[path.rindex(marker) + len(marker):]
+    return f"{path}:{line}:{function}"
+
+
 def _folded_prefixes() -> tuple[str, ...]:
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep, here + os.sep)
@@ -243,7 +256,7 @@ class StorageRecorder(TorchDispatchMode):
         frame = frame or innermost
         if frame is None:
             return "?"
-        return f"{frame.f_code.co_filename}:{frame.f_lineno}:{frame.f_code.co_name}"
+        return _site_name(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
 
 
 def classify(recording: Recording, recorder: StorageRecorder) -> None:
