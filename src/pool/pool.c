@@ -1,5 +1,5 @@
-/* pool.c - the public entry points of the engine: malloc, free, streams, limits, statistics,
- * create and destroy.
+/* pool.c - the public entry points of the engine: malloc, free, streams, limits and
+ * statistics (create and destroy are lifecycle.c).
  *
  * types.h draws the picture. The hot path of a size just freed on the same stream: find
  * the stream's arena (one-entry cache) and take back the block parked in its one-block
@@ -30,11 +30,6 @@
 #include "pool/segment.h"
 #include "pool/snapshot.h"
 
-/* The pointer map starts with room for this many blocks (16,384 slots, 256 KiB), so that a
- * pool of a few thousand blocks, a training step's worth, never rehashes and keeps its
- * table nearly empty: probes then end at their home slot and the probe loops' exits are
- * predicted. */
-#define PTRMAP_INITIAL_BLOCKS 4096
 
 /* ---------------------------------------------------------------------------------------
  * The way in: one lock, one check, one lookup.
@@ -578,7 +573,8 @@ int vram_empty_cache(vram_pool_t *pool) {
   return locked_call(pool, empty_cache_locked, NULL, NULL);
 }
 
-static int limit_from(const vram_pool_t *pool, size_t bytes, double fraction, size_t *out) {
+int _vram_pool_limit_from(const vram_pool_t *pool, size_t bytes, double fraction,
+                          size_t *out) {
   if (bytes) {
     *out = bytes;
     return VRAM_OK;
@@ -601,7 +597,7 @@ static int set_limit_locked(vram_pool_t *pool, void *arg) {
 int vram_set_limit(vram_pool_t *pool, size_t bytes, double fraction) {
   if (!pool) return VRAM_EINVAL;
   size_t limit;
-  int rc = limit_from(pool, bytes, fraction, &limit);
+  int rc = _vram_pool_limit_from(pool, bytes, fraction, &limit);
   if (rc) return rc;
   return locked_call(pool, set_limit_locked, &limit, NULL);
 }
@@ -720,134 +716,4 @@ int vram_set_error_callback(vram_pool_t *pool, vram_error_fn fn, void *user) {
   if (!pool) return VRAM_EINVAL;
   error_hook h = {fn, user};
   return locked_call(pool, set_error_callback_locked, &h, NULL);
-}
-
-/* ---------------------------------------------------------------------------------------
- * Create and destroy.
- * ------------------------------------------------------------------------------------- */
-
-static void pool_free_everything(vram_pool_t *pool) {
-  _vram_pool_publish_close(pool);
-  _vram_history_detach(pool);
-  _vram_pending_destroy(pool);
-  _vram_segments_destroy(pool);
-  _vram_blocks_destroy(pool);
-  _vram_ptrmap_destroy(&pool->ptrs);
-  pool->src->xClose(pool->src_state);
-  free(pool);
-}
-
-/* The pool's source, wrapped for fault injection when the options ask for it. */
-static int pool_open_source(vram_pool_t *pool, const vram_source_methods *methods) {
-  const vram_options_t *o = &pool->opts;
-  vram_source_config cfg = {.device = o->device,
-                            .sim_capacity = o->sim_capacity,
-                            .sim_event_delay = o->sim_event_delay,
-                            .managed_prefetch = o->managed_prefetch};
-  void *state = NULL;
-  int rc = methods->xOpen(&cfg, &state);
-  if (rc) return rc;
-  pool->src = methods;
-  pool->src_state = state;
-  if (o->fault_fail_at) {
-    vram_fault_plan plan = {.fail_at = o->fault_fail_at, .fail_every = o->fault_fail_every};
-    rc = _vram_fault_wrap(methods, state, &plan, &pool->src, &pool->src_state);
-    if (rc) {
-      methods->xClose(state);
-      return rc;
-    }
-  }
-  return VRAM_OK;
-}
-
-/* The largest request the pool could ever serve. Managed memory may exceed the device (it
- * spills to the host), so there only the address space bounds it. */
-static size_t max_request_of(const vram_pool_t *pool) {
-  if (pool->opts.source == VRAM_SOURCE_MANAGED || pool->device_total > VRAM_MAX_REQUEST)
-    return VRAM_MAX_REQUEST;
-  return pool->device_total;
-}
-
-/* Everything after the source opened; on failure the caller frees what was made. */
-static int pool_setup(vram_pool_t *pool) {
-  const vram_options_t *o = &pool->opts;
-  pool->granularity = pool->src->xGranularity(pool->src_state);
-  /* Rounding masks and granule shifts assume a power of two; the driver's is one. */
-  if (!pool->granularity || (pool->granularity & (pool->granularity - 1)))
-    return VRAM_EUNSUPPORTED;
-  pool->granule_shift = (unsigned)__builtin_ctzll((unsigned long long)pool->granularity);
-  size_t free_bytes = 0;
-  int rc = pool->src->xMemInfo(pool->src_state, &free_bytes, &pool->device_total);
-  if (rc) return rc;
-  pool->max_request = max_request_of(pool);
-  pool->kept_ceiling = (size_t)(o->virtual_threshold * (double)pool->device_total);
-  rc = _vram_ptrmap_init(&pool->ptrs, PTRMAP_INITIAL_BLOCKS);
-  if (!rc) rc = limit_from(pool, o->limit_bytes, o->limit_fraction, &pool->limit);
-  pool->has_virtual = pool->src->is_vmm != 0;
-  /* Virtual growth needs both families from the source and one rounding unit for both. */
-  pool->virtual_growth = !pool->src->is_vmm && pool->src->xReserve && pool->src->xMap &&
-                         (o->virtual_threshold < 1.0 || o->large_blocks == VRAM_LARGE_VIRTUAL);
-  pool->vmm_reserve_size =
-      _vram_round_up(pool->device_total + pool->device_total / 4, pool->granularity);
-  size_t pre = 0;
-  if (!rc) rc = limit_from(pool, o->preallocate_bytes, o->preallocate_fraction, &pre);
-  if (!rc && pre) rc = _vram_pool_preallocate(pool, pre);
-  return rc;
-}
-
-int vram_pool_create(vram_pool_t **out, const vram_options_t *opts) {
-  if (!out) return VRAM_EINVAL;
-  *out = NULL;
-  _vram_create_report_clear();
-  vram_options_t o;
-  if (opts) o = *opts;
-  else vram_options_init(&o);
-  if (o.device < 0) return VRAM_EDEVICE;
-  if (!(o.tight_threshold >= 0 && o.tight_threshold <= 1)) return VRAM_EINVAL; /* NaN too */
-  if (!(o.virtual_threshold >= 0 && o.virtual_threshold <= 1)) return VRAM_EINVAL;
-  if (o.large_blocks != VRAM_LARGE_FIXED && o.large_blocks != VRAM_LARGE_VIRTUAL)
-    return VRAM_EINVAL;
-  vram_source_kind kind;
-  int rc = _vram_resolve_source(o.source, &kind);
-  if (rc) return rc;
-  o.source = kind;
-  const vram_source_methods *methods = _vram_source_for(kind);
-  if (!methods) return VRAM_EINVAL;
-
-  vram_pool_t *pool = calloc(1, sizeof *pool);
-  if (!pool) return VRAM_EHOSTMEM;
-  _vram_lock_init(&pool->lock);
-  pool->opts = o;
-  rc = pool_open_source(pool, methods);
-  if (rc) {
-    free(pool);
-    return rc;
-  }
-  rc = pool_setup(pool);
-  if (!rc) rc = _vram_history_attach_env(pool);
-  if (rc) {
-    pool_free_everything(pool);
-    return rc;
-  }
-  _vram_pool_publish_open(pool); /* never fails: publishing turns itself off instead */
-  *out = pool;
-  return VRAM_OK;
-}
-
-static int count_live_locked(vram_pool_t *pool, void *arg) {
-  return pool->stats.allocation.current != 0;
-}
-
-int vram_pool_destroy(vram_pool_t *pool) {
-  if (!pool) return VRAM_EINVAL;
-  if (locked_call(pool, count_live_locked, NULL, NULL)) return VRAM_EBUSY;
-  pool_free_everything(pool);
-  return VRAM_OK;
-}
-
-int vram_pool_destroy_force(vram_pool_t *pool) {
-  if (!pool) return VRAM_EINVAL;
-  _vram_leak_report_pool(pool);
-  pool_free_everything(pool);
-  return VRAM_OK;
 }

@@ -13,4 +13,9 @@ int _vram_pool_is_valid(vram_pool_t *pool);
 /* The same check with the lock already held (check.c); true if valid. */
 _Bool _vram_pool_check_locked(vram_pool_t *pool);
 
+/* A limit (or a preallocation) in bytes from its two spellings: bytes when non-zero, else a
+ * fraction of the device (0: none). VRAM_EINVAL for a fraction outside 0..1. */
+int _vram_pool_limit_from(const vram_pool_t *pool, size_t bytes, double fraction,
+                          size_t *out);
+
 #endif /* VRAM_POOL_H */
