@@ -350,8 +350,8 @@ size_t _vram_granules_trim(vram_pool_t *pool, size_t want, int *first_error) {
  * high-water mark of mapped bytes, or the peak of allocated bytes (this request included)
  * plus 1/2^VRAM_VMM_SLACK_SHIFT of it, whichever is larger. Without the slack a pool that
  * reached its peak would unmap and map again on almost every request that lands on
- * unmapped space; with it a training loop's steady state makes no driver call on
- * stream_prefetch and a quarter of them on gpt2_train. Far from the cap there is no
+ * unmapped space; with it a training loop's steady state makes few or none (Note [The
+ * mapped allowance's slack] in docs/performance.md). Far from the cap there is no
  * allowance. */
 static size_t mapped_allowance(const vram_pool_t *pool, size_t request) {
   if (_vram_granules_kept(pool, request)) return SIZE_MAX;

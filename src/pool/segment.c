@@ -153,17 +153,15 @@ size_t _vram_release_cached(vram_pool_t *pool, size_t want, int *first_error) {
 /* What the guard gives back when only fixed segments can go: the smallest idle segment
  * that covers the shortfall by itself, one call and no more memory than needed, else idle
  * segments longest unused first. Longest unused first alone, as a release for the cap
- * does, gave back a 1.6 GB segment to make room for a 2 MiB one, and the loop asked for it
- * again at its next sequence length (GPT-2 trained over six lengths on `managed`: 1.19x
- * its peak live, and calls in steps 10 to 16). Figures: docs/performance.md, "The peak
- * guard on fixed segments gives back the smallest that covers it".
+ * does, can give back a large segment to make room for a small one, which the loop asks
+ * for again at its next size: Note [The smallest segment that covers it] in
+ * docs/performance.md.
  *
  * When even all idle segments fall short, every large one goes, but the small ones stay
  * if they are under a quarter of what is still short: the peak rises anyway, they would
- * lower it by little, and small blocks ask for them again (the same loop gave back five
- * when its longest length arrived, and made them again in step 10). Where they are a
- * good part of the shortfall they go too: kept there, ResNet-50 at other sizes settled
- * later (bench/loop_sweep.py). */
+ * lower it by little, and small blocks ask for them again. Where they are a good part of
+ * the shortfall they go too, or a loop settles later: Note [Small segments when the guard
+ * falls short] in docs/performance.md. */
 static void guard_release_fixed(vram_pool_t *pool, size_t want) {
   vram_segment *fit = NULL;
   size_t small_idle = 0;
@@ -195,8 +193,8 @@ static void guard_release_fixed(vram_pool_t *pool, size_t want) {
  *
  * A loop whose segments do not all fit under that peak would pay those calls every step:
  * a segment given back is asked for again later in the step, and making room for it gives
- * back another that the next step asks for (ResNet-50 training: ten calls a step, 13%
- * slower than PyTorch's allocator). So the guard remembers the sizes it gave back, as an
+ * back another that the next step asks for (Note [How many ghosts] in docs/performance.md
+ * has a loop that did). So the guard remembers the sizes it gave back, as an
  * adaptive cache remembers what it evicted (ARC's ghost entries). A new segment of such a
  * size shows that giving it back was a mistake: the guard's ceiling rises to what this
  * segment needs, so the loop keeps both. A loop settles within a few steps; sizes that do

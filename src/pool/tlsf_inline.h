@@ -111,9 +111,8 @@ static inline vram_block *_vram_tlsf_find(const vram_tlsf *t, size_t size) {
   }
   sl = __builtin_ctz(sl_map);
   /* Every block of that bin fits; the smallest, not the last freed, leaves the bigger holes
-   * whole. With the head, the layout of a GPT-2 training loop (4 layers, recorded on the
-   * card) kept drifting until its fifth step, whose logits no longer fitted the hole at the
-   * top of the range: one mapping more. With the smallest it repeats from the second. */
+   * whole, so a loop's layout repeats sooner (Note [The smallest of a bin] in
+   * docs/performance.md). */
   return _vram_tlsf_smallest_of(t->heads[fl][sl]);
 }
 

@@ -34,8 +34,8 @@
  * plus 1/2^this of it (granules.c, mapped_allowance). */
 #define VRAM_VMM_SLACK_SHIFT 6
 /* Fixed segments: how many sizes the peak guard remembers giving back (segment.c,
- * guard_peak). From 4 to 32 a ResNet-50 loop settles by its fourth step; more than 8 let
- * stream_prefetch's reserved memory rise (1.062 over live at 8, 1.069 at 16 and up). */
+ * guard_peak). Few enough that sizes which do not come back are soon forgotten, enough for
+ * a training loop's segments: see Note [How many ghosts] in docs/performance.md. */
 #define VRAM_GUARD_GHOSTS 8
 /* Virtual memory far from the cap: granules per mapping at most, one physical handle each
  * (granules.c, _vram_granules_kept): 128 MiB at 2 MiB granules, where a handle's cost is still
