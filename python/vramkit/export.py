@@ -1,6 +1,5 @@
 """`vramkit export`: a Prometheus node exporter for every GPU and every vramkit process on the
-machine, in the standard library alone (http.server), so that it runs where nothing else can
-be installed.
+machine, in the standard library alone, so that it runs where nothing else can be installed.
 
 What it serves, at /metrics, on each scrape:
   - per GPU, from NVML: total, used and free memory, utilisation;
@@ -17,21 +16,28 @@ It listens on 127.0.0.1 unless --address says otherwise, and says which at start
 figures name processes, and the network should not learn them by default. NVML missing or
 failing, or a record that cannot be read, leaves those series out (and says why on stderr
 and in a comment), never the exporter.
+
+The server (_serve.py) is one thread around a selector rather than http.server's thread per
+connection, so that idle or half-open connections cost a descriptor each and no thread or
+CPU: each has --timeout to send its request and again to take its reply, at most
+--max-connections are held (the descriptor limit may lower it), one more is answered 503
+at once, and running out of descriptors backs off instead of spinning (issue 35).
 """
 
 from __future__ import annotations
 
 import errno
-import http.server
 import math
+import resource
 import socket
 import sys
-import threading
 import time
 
+from ._serve import Server, reply_bytes
 from .cli import usage_error
 
-USAGE = """usage: vramkit export [--port PORT] [--address ADDRESS] [--once]
+USAGE = """usage: vramkit export [--port PORT] [--address ADDRESS] [--timeout SECONDS]
+                      [--max-connections N] [--once]
 
 Serve Prometheus metrics at http://ADDRESS:PORT/metrics for every GPU (from NVML) and every
 vramkit process of this user on the machine (from the records they publish): vramkit_*_bytes
@@ -42,12 +48,27 @@ are never served.
   --port PORT        the port to listen on (default 9400; 0 picks a free one)
   --address ADDRESS  the address to listen on (default 127.0.0.1, this machine only;
                      0.0.0.0 for every interface)
+  --timeout SECONDS  the time a client has to send its request, and again to take the
+                     reply, before its connection is closed (default 5)
+  --max-connections N
+                     connections held at once (default 4096, lowered to what the
+                     descriptor limit allows); one more is answered 503 with Retry-After
   --once             print the metrics once on stdout and exit (for tests and cron)
 
 exit status: 0 done, 1 cannot listen (port in use, bad address), 3 bad arguments"""
 
 DEFAULT_PORT = 9400
 DEFAULT_ADDRESS = "127.0.0.1"
+# Long enough for any client on a loaded machine to send a few hundred bytes, short enough
+# that half-open connections do not pile up.
+DEFAULT_TIMEOUT_S = 5.0
+# Idle connections cost a descriptor each and no thread (_serve.py), so the cap can sit
+# well above what Prometheus and a few people with curl ever open.
+DEFAULT_MAX_CONNECTIONS = 4096
+# Descriptors kept free of connections: the listener, the selector, stdio, the reserve, a
+# record file being read and NVML's device files, so that a scrape can still be made when
+# the connections are at their cap.
+SPARE_DESCRIPTORS = 100
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 GPU_LABELS = ("gpu", "UUID", "modelName", "hostname")
@@ -241,75 +262,92 @@ def render(problems_out: list | None = None) -> str:
     return collect(problems_out).text()
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-    server_version = "vramkit-export"
+_HOME = (b"<html><body><h1>vramkit export</h1>"
+         b"<p><a href=\"/metrics\">/metrics</a></p></body></html>\n")
 
-    def do_GET(self):  # noqa: N802 (http.server's name)
-        path = self.path.split("?", 1)[0]
+
+class Exporter:
+    """What the server answers: /metrics collected afresh, / a link to it, else 404."""
+
+    def __init__(self):
+        self._seen: set = set()
+
+    def respond(self, method: str, path: str) -> bytes:
+        head = method == "HEAD"
         if path == "/metrics":
+            if head:
+                return reply_bytes(200, b"", CONTENT_TYPE, head=True)
             problems: list = []
             try:
                 body = render(problems).encode("utf-8")
             except Exception as error:  # a scrape fails; the exporter stays up
-                self._reply(500, "text/plain; charset=utf-8",
-                            f"vramkit export: collecting failed: {error}\n".encode())
                 print(f"vramkit export: collecting failed: {type(error).__name__}: {error}",
                       file=sys.stderr, flush=True)
-                return
-            self.server.report(problems)  # type: ignore[attr-defined]
-            self._reply(200, CONTENT_TYPE, body)
-        elif path == "/":
-            self._reply(200, "text/html; charset=utf-8",
-                        b"<html><body><h1>vramkit export</h1>"
-                        b"<p><a href=\"/metrics\">/metrics</a></p></body></html>\n")
-        else:
-            self._reply(404, "text/plain; charset=utf-8", b"not found: try /metrics\n")
-
-    def do_HEAD(self):  # noqa: N802
-        self._reply(200 if self.path.split("?", 1)[0] in ("/", "/metrics") else 404,
-                    CONTENT_TYPE, b"", head=True)
-
-    def _reply(self, status, content_type, body, head=False):
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if not head:
-            self.wfile.write(body)
-
-    def log_message(self, format, *args):  # noqa: A002
-        pass  # one line per scrape would flood the terminal; failures are printed apart
-
-
-class Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True  # a restart need not wait for TIME_WAIT; a live listener
-    #                             still makes bind fail, which is the check that matters
-
-    def __init__(self, address, port):
-        family = socket.AF_INET6 if ":" in address else socket.AF_INET
-        self.address_family = family
-        super().__init__((address, port), _Handler)
-        self._seen: set = set()
-        self._lock = threading.Lock()
+                return reply_bytes(500, f"vramkit export: collecting failed: {error}\n"
+                                   .encode())
+            self.report(problems)
+            return reply_bytes(200, body, CONTENT_TYPE)
+        if path == "/":
+            return reply_bytes(200, _HOME, "text/html; charset=utf-8", head=head)
+        return reply_bytes(404, b"not found: try /metrics\n", head=head)
 
     def report(self, problems) -> None:
         """Each unreadable record once on stderr, not at every scrape."""
-        with self._lock:
-            for problem in problems:
-                if str(problem) not in self._seen:
-                    self._seen.add(str(problem))
-                    print(f"vramkit export: record skipped: {problem}", file=sys.stderr,
-                          flush=True)
+        for problem in problems:
+            if str(problem) not in self._seen:
+                self._seen.add(str(problem))
+                print(f"vramkit export: record skipped: {problem}", file=sys.stderr,
+                      flush=True)
+
+
+def connection_room(wanted: int) -> tuple[int, int | None]:
+    """(how many connections can be held, the descriptor limit when it is what bounds
+    them): the soft limit is raised toward the hard one first, as far as wanted needs."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = wanted + SPARE_DESCRIPTORS
+    if soft != resource.RLIM_INFINITY and soft < need:
+        raised = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+            soft = raised
+        except (ValueError, OSError):
+            pass
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return wanted, None
+    # Under a small limit, a quarter is kept back: connections still get most of it.
+    return max(1, soft - min(SPARE_DESCRIPTORS, soft // 4)), soft
 
 
 def _usage(message: str) -> int:
     return usage_error("export", message)
 
 
+def _option(name: str, value: str):
+    """(value, None) for an option that takes one, or (None, the usage message)."""
+    if name == "--port":
+        if not value.isdigit() or int(value) > 65535:
+            return None, f"--port: expected a port number from 0 to 65535, got '{value}'"
+        return int(value), None
+    if name == "--address":
+        if not value.strip():
+            return None, "--address: expected an address such as 127.0.0.1"
+        return value.strip().strip("[]"), None
+    if name == "--timeout":
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = math.nan
+        if not 0 < seconds <= 3600:  # NaN fails too
+            return None, f"--timeout: expected seconds above 0, up to 3600, got '{value}'"
+        return seconds, None
+    if not value.isdigit() or int(value) < 1:
+        return None, f"--max-connections: expected a whole number from 1, got '{value}'"
+    return int(value), None
+
+
 def main(args: list[str]) -> int:
-    port = DEFAULT_PORT
-    address = DEFAULT_ADDRESS
+    options = {"--port": DEFAULT_PORT, "--address": DEFAULT_ADDRESS,
+               "--timeout": DEFAULT_TIMEOUT_S, "--max-connections": DEFAULT_MAX_CONNECTIONS}
     once = False
     i = 0
     while i < len(args):
@@ -322,7 +360,7 @@ def main(args: list[str]) -> int:
             once = True
             i += 1
             continue
-        if name in ("--port", "--address"):
+        if name in options:
             if eq:
                 value = inline
                 i += 1
@@ -331,27 +369,26 @@ def main(args: list[str]) -> int:
                 i += 2
             else:
                 return _usage(f"{name} needs a value")
-            if name == "--port":
-                if not value.isdigit() or int(value) > 65535:
-                    return _usage(f"--port: expected a port number from 0 to 65535, got "
-                                  f"'{value}'")
-                port = int(value)
-            else:
-                if not value.strip():
-                    return _usage("--address: expected an address such as 127.0.0.1")
-                address = value.strip().strip("[]")
+            options[name], problem = _option(name, value)
+            if problem:
+                return _usage(problem)
             continue
         return _usage(f"unexpected argument '{arg}'")
     if once:
         sys.stdout.write(render())
         sys.stdout.flush()
         return 0
-    return serve(address, port)
+    return serve(options["--address"], options["--port"], options["--timeout"],
+                 options["--max-connections"])
 
 
-def serve(address: str, port: int) -> int:
+def serve(address: str, port: int, timeout: float = DEFAULT_TIMEOUT_S,
+          max_connections: int = DEFAULT_MAX_CONNECTIONS) -> int:
+    held, limit = connection_room(max_connections)
+    exporter = Exporter()
     try:
-        server = Server(address, port)
+        server = Server(address, port, exporter.respond, timeout=timeout,
+                        max_connections=held)
     except OSError as error:
         if error.errno == errno.EADDRINUSE:
             print(f"vramkit export: port {port} on {address} is already in use (another "
@@ -377,6 +414,9 @@ def serve(address: str, port: int) -> int:
             else "every interface: other machines can read it"
     print(f"vramkit export: serving http://{shown}:{bound}/metrics, listening on {host} "
           f"({reach}); Ctrl-C stops", file=sys.stderr, flush=True)
+    if limit is not None:
+        print(f"vramkit export: at most {held} connections at once, not {max_connections}: "
+              f"the descriptor limit (ulimit -n) is {limit}", file=sys.stderr, flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

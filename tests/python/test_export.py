@@ -2,7 +2,8 @@
 prometheus_client's own parser), its values are those of the fake NVML and of the records
 vramkit processes publish, the labels are dcgm-exporter's, command lines never appear, the
 server listens where it says (127.0.0.1 unless --address), a port in use is a clear exit 1,
-and the Grafana dashboard queries only metrics the exporter serves.
+idle, slow, oversized or too many connections (and too few descriptors) never stop a scrape
+(issue 35), and the Grafana dashboard queries only metrics the exporter serves.
 
 The records come from two places: hand-made files in the published layout (test_records'
 writer), so every field has a known value, and a real vramkit child on sim, whose record
@@ -13,6 +14,7 @@ import json
 import os
 import pathlib
 import re
+import selectors
 import shutil
 import socket
 import subprocess
@@ -320,6 +322,170 @@ def test_address_is_honoured(tmp_path):
         proc.communicate(timeout=10)
 
 
+# ---- the server under idle, slow and too many connections (issue 35) ---------------------
+
+def _raise_descriptor_limit(wanted):
+    """As many descriptors as wanted for this process (and the exporters it starts), within
+    the hard limit; how many it may open."""
+    resource = pytest.importorskip("resource")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        soft = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    return wanted if soft == resource.RLIM_INFINITY else soft
+
+
+def _idle(port, count, partial=False):
+    """count connections that send nothing (or half a request), opened without waiting for
+    the server to take them: a server that never accepts cannot stall the test here."""
+    held = []
+    for _ in range(count):
+        sock = socket.socket()
+        sock.setblocking(False)
+        sock.connect_ex(("127.0.0.1", port))
+        held.append(sock)
+    if partial:
+        for sock in held:
+            try:
+                sock.send(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            except OSError:
+                pass  # not connected yet: it stays a connection that sent nothing
+    return held
+
+
+def _scrape(port, timeout=10):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout) as reply:
+        assert reply.status == 200
+        return reply.read().decode()
+
+
+def _stop(proc):
+    proc.terminate()
+    _, err = proc.communicate(timeout=10)
+    assert "Traceback" not in err, err
+    return err
+
+
+def test_a_scrape_is_answered_among_many_idle_connections(tmp_path, sleeper):
+    parser = pytest.importorskip("prometheus_client.parser")
+    # 1,000 where the limit allows, leaving room for the test's own files.
+    count = min(1000, _raise_descriptor_limit(1100) - 100)
+    write_record(tmp_path, sleeper, "trainer", [GPU_DEVICE])
+    proc, _, _, port = _start(_env(tmp_path), "--port", "0")
+    held = []
+    try:
+        held = _idle(port, count // 2) + _idle(port, count - count // 2, partial=True)
+        time.sleep(1)  # the server has taken them
+        text = _scrape(port)
+        families = {f.name: f for f in parser.text_string_to_metric_families(text)}
+        assert families["vramkit_allocated_bytes"].samples[0].value == \
+            GPU_DEVICE["allocated_bytes"]
+        assert families["vramkit_processes"].samples[0].value == 1
+        assert proc.poll() is None
+    finally:
+        for sock in held:
+            sock.close()
+        _stop(proc)
+
+
+def test_a_client_that_sends_nothing_is_disconnected_after_the_timeout(tmp_path):
+    proc, _, _, port = _start(_env(tmp_path), "--port", "0", "--timeout", "1")
+    try:
+        silent = socket.create_connection(("127.0.0.1", port), timeout=10)
+        partial = socket.create_connection(("127.0.0.1", port), timeout=10)
+        partial.sendall(b"GET /metrics HTTP/1.1\r\n")
+        for sock in (silent, partial):
+            with sock:
+                try:
+                    assert sock.recv(100) == b""       # closed by the server, within 10 s
+                except ConnectionResetError:
+                    pass
+        # A client that resets mid-request is no traceback, and the next scrape works.
+        rude = socket.create_connection(("127.0.0.1", port), timeout=10)
+        rude.sendall(b"GET /met")
+        rude.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\1\0\0\0\0\0\0\0")
+        rude.close()
+        assert "vramkit_nvml_up" in _scrape(port)
+    finally:
+        _stop(proc)
+
+
+def test_past_the_cap_a_client_gets_503_and_the_server_recovers(tmp_path):
+    proc, _, _, port = _start(_env(tmp_path), "--port", "0", "--max-connections", "3")
+    try:
+        held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(3)]
+        # The server takes connections in the order they came: these three are held.
+        with pytest.raises(urllib.error.HTTPError) as full:
+            _scrape(port)
+        assert full.value.code == 503 and full.value.headers["Retry-After"]
+        for sock in held:
+            sock.close()
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                assert "vramkit_nvml_up" in _scrape(port)
+                break
+            except urllib.error.HTTPError as error:  # the closes not yet seen
+                if error.code != 503 or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+    finally:
+        _stop(proc)
+
+
+def test_out_of_descriptors_answers_503_and_does_not_stop_scrapes(tmp_path):
+    # A server whose descriptor limit is far below the connections it gets: it holds what
+    # it can, answers the rest 503, drops the idle ones at the timeout, and scrapes again.
+    # (http.server spun on accept() here and never answered again.)
+    resource = pytest.importorskip("resource")
+    _raise_descriptor_limit(400)
+
+    def low_limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (160, 160))
+
+    proc = subprocess.Popen([sys.executable, "-m", "vramkit", "export", "--port", "0"],
+                            env=_env(tmp_path), preexec_fn=low_limit,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    port = int(re.search(r":(\d+)/metrics", proc.stderr.readline()).group(1))
+    held = _idle(port, 300)
+    try:
+        answers = []
+        with selectors.DefaultSelector() as waiting:
+            for sock in held:
+                waiting.register(sock, selectors.EVENT_READ)
+            deadline = time.monotonic() + 30
+            while waiting.get_map() and time.monotonic() < deadline:
+                for key, _ in waiting.select(0.5):
+                    try:
+                        answers.append(key.fileobj.recv(100))
+                    except OSError:
+                        answers.append(b"")
+                    waiting.unregister(key.fileobj)
+            assert not waiting.get_map(), \
+                f"{len(waiting.get_map())} connections neither answered nor closed"
+        refused = [a for a in answers if a.startswith(b"HTTP/1.1 503")]
+        assert len(refused) >= 300 - 160, len(refused)
+        assert "vramkit_nvml_up" in _scrape(port)
+    finally:
+        for sock in held:
+            sock.close()
+        err = _stop(proc)
+    assert "at most" in err and "descriptor limit" in err
+
+
+def test_an_oversized_request_is_refused(tmp_path):
+    proc, _, _, port = _start(_env(tmp_path), "--port", "0")
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            try:
+                sock.sendall(b"GET /metrics HTTP/1.1\r\n" + b"X-Pad: " + b"x" * 100000)
+            except OSError:
+                pass  # closed by the server before it all went
+            assert re.match(rb"HTTP/1\.[01] 431 ", sock.recv(100))
+    finally:
+        _stop(proc)
+
+
 def test_port_in_use_is_exit_1_with_a_message(tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -336,6 +502,9 @@ def test_port_in_use_is_exit_1_with_a_message(tmp_path):
     (["--port"], "--port needs a value"),
     (["--port", "70000"], "--port: expected a port number"),
     (["--verbose"], "unexpected argument '--verbose'"),
+    (["--timeout", "0"], "--timeout: expected seconds above 0"),
+    (["--timeout=soon"], "--timeout: expected seconds above 0"),
+    (["--max-connections", "0"], "--max-connections: expected a whole number"),
 ])
 def test_bad_arguments_exit_3(tmp_path, args, words):
     proc = export(_env(tmp_path), *args, check=False)
@@ -349,6 +518,7 @@ def test_help_and_listing():
     proc = subprocess.run([sys.executable, "-m", "vramkit", "export", "--help"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "--address" in proc.stdout and "127.0.0.1" in proc.stdout
+    assert "--timeout SECONDS" in proc.stdout and "--max-connections N" in proc.stdout
 
 
 # ---- in process, and the dashboard -------------------------------------------------------
