@@ -4,8 +4,8 @@
  *
  * Nothing here trusts the directory's contents. The folder must be ours, not a symbolic
  * link, and closed to group and others; a file is opened with O_NOFOLLOW and must be a
- * regular file of this user named after the pid it holds, with the right magic, version and
- * size; its process must be alive, with the start time and the user the record claims (else
+ * regular file of this user, closed to others, named after the pid it holds, with the right
+ * magic, version and size; its process must be alive, with the start time and the user the record claims (else
  * the pid was reused, or the record speaks for a process it does not belong to). Only a
  * record of this user whose process is gone is deleted.
  *
@@ -236,6 +236,12 @@ vram_record_verdict vram_record_read(int dir_fd, const char *name, vram_process_
     ssize_t got = read_at(fd, out, sizeof *out, 0);
     if (got < 0) say(why, why_cap, "cannot be read (%s)", strerror(errno));
     else v = check_header(out, got, pid, st.st_uid, why, why_cap);
+    if (v == VRAM_RECORD_LIVE && (st.st_mode & 077)) {
+      /* The writer makes records 0600: one open to others is not one it made. */
+      say(why, why_cap, "open to group or others (mode %04o, want 0600)",
+          (unsigned)(st.st_mode & 07777));
+      v = VRAM_RECORD_SKIPPED;
+    }
     if (v == VRAM_RECORD_LIVE) v = check_process(out, why, why_cap);
     out->name[sizeof out->name - 1] = 0;
     out->cmdline[sizeof out->cmdline - 1] = 0;

@@ -235,6 +235,7 @@ WRITER = """
 def test_a_record_changing_under_the_reader_is_never_torn(tmp_path):
     path = tmp_path / "placeholder"
     path.write_bytes(record_bytes(os.getpid(), devices=[{"peak_allocated_bytes": 1}]))
+    path.chmod(0o600)
     writer = subprocess.Popen([sys.executable, "-c", textwrap.dedent(WRITER), str(path)],
                               stdout=subprocess.PIPE, text=True)
     try:
@@ -432,3 +433,11 @@ def test_a_folder_name_too_long_is_refused_not_cut(tmp_path, sleeper, monkeypatc
     problems = []
     assert read_records(problems=problems) == []
     assert len(problems) == 1 and "the folder's name is too long" in problems[0]
+
+
+def test_a_record_open_to_others_is_not_one_the_engine_made(tmp_path, sleeper):
+    record = write_record(tmp_path, sleeper.pid, devices=[{}])
+    record.chmod(0o644)
+    assert f"{record}: open to group or others (mode 0644, want 0600)" in reasons(tmp_path)
+    record.chmod(0o600)
+    assert [p.pid for p in read_records(tmp_path)] == [sleeper.pid]
