@@ -7,7 +7,6 @@ test points VRAMKIT_PUBLISH_DIR at its tmp_path: nothing is left in /dev/shm.
 """
 
 import json
-import mmap
 import os
 import struct
 import subprocess
