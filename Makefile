@@ -106,19 +106,34 @@ build-asan:
 
 # ---- the two commands --------------------------------------------------------------------
 
-# The replay summary, then the package from this tree into $(VENV), a timeline page of
-# the training trace (build/timeline.html: allocations over time with reserved memory
-# above them; it opens offline in any browser), and an estimate of a GPT-2 training step
-# made before running it (no GPU needed).
-run: deps build
-	build/vramkit replay --summary --min-capacity $(TRACES)
-	@echo "min cap: the smallest memory cap each trace replays under; large blocks live in"
-	@echo "virtual memory, mapped only where live blocks are"
+# What vramkit is for, in four steps, each said before its output: the example traces
+# replayed (with the smallest cap each fits under), beside PyTorch's allocator; the memory
+# timeline page of the GPT-2 trace (build/timeline.html, which opens offline in a browser);
+# and an estimate of a GPT-2 training step made before running it (no GPU needed). The build
+# is quiet: its log is build/build.log, shown only when it fails.
+run: deps
+	@echo "building vramkit (Release, build/; the log is build/build.log)"
+	@mkdir -p build
+	@{ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release && cmake --build build -j$(JOBS); } \
+	  > build/build.log 2>&1 || { cat build/build.log; exit 1; }
 	@$(VENV_PYTHON) -m pip install -q --no-build-isolation .
-	$(VENV)/bin/vramkit plot data/traces/gpt2_train.trace.gz -o build/timeline.html
-	@echo "open build/timeline.html in a browser: the memory timeline of one GPT-2 training run"
-	@echo "and before a run: will GPT-2 at batch 8 in bf16 fit a 24 GB card?"
-	$(VENV)/bin/vramkit estimate --model gpt2 --batch 8 --seq 1024 --precision bf16-amp \
+	@echo
+	@echo "1. Three allocation traces recorded from real PyTorch runs on an H200 (BERT inference"
+	@echo "   over random lengths, GPT-2 training, ResNet-18 with a prefetch stream), replayed"
+	@echo "   through vramkit on sim, a host model of the card. res/live: memory held from the"
+	@echo "   device at its peak over the bytes live at theirs; min cap: the smallest memory cap"
+	@echo "   under which the trace still runs; ns/op: time per allocation or free."
+	@build/vramkit replay --min-capacity --compare $(TRACES)
+	@echo
+	@echo "2. The memory timeline of the GPT-2 training trace, every block as a band, reserved"
+	@echo "   memory above them:"
+	@$(VENV)/bin/vramkit plot data/traces/gpt2_train.trace.gz -o build/timeline.html
+	@echo "   open build/timeline.html in a browser."
+	@echo
+	@echo "3. Before a run: will GPT-2 (124M) at batch 8 x 1024 in bf16 autocast fit a 24 GiB"
+	@echo "   card? vramkit estimate runs one training step on fake tensors (no GPU memory) and"
+	@echo "   replays what it allocates under vramkit and under a model of PyTorch's allocator:"
+	@$(VENV)/bin/vramkit estimate --model gpt2 --batch 8 --seq 1024 --precision bf16-amp \
 	  --device-memory 24G --trace build/gpt2_estimate.trace.gz
 
 test: test-intro deps test-release test-debug test-asan pytest

@@ -62,6 +62,8 @@ static const char replay_usage[] =
     "  --summary       print vram_summary() after each trace's replay (before the final\n"
     "                  frees) and a fragmentation table at the end (to stderr with --json),\n"
     "                  beside PyTorch's figures for the same traces where they were measured.\n"
+    "  --compare       the fragmentation table beside PyTorch's figures alone, without the\n"
+    "                  summaries.\n"
     "  -h, --help      this text.\n"
     "\n"
     "SIZE is bytes, or a number with K/M/G/T (1024-based): 512M, 1.5G. The VRAMKIT_*\n"
@@ -73,7 +75,7 @@ typedef struct replay_settings {
   vram_options_t options;
   int have_capacity;
   size_t capacity;
-  int json, summary, min_capacity, baseline, warm;
+  int json, summary, compare, min_capacity, baseline, warm;
   long repeat;
   long calls_after; /* --calls-after: ops of the cold pass before the count; -1 = not asked */
 } replay_settings_t;
@@ -477,7 +479,7 @@ static void print_result_json(const replay_settings_t *settings, const replay_re
 
 static void print_fragmentation_table(FILE *out, const replay_result_t *results, size_t count) {
   fprintf(out, "\nFragmentation: peak reserved over peak live\n");
-  fprintf(out, "%-20s %-8s %14s %14s %9s %14s %18s\n", "trace", "source", "peak live",
+  fprintf(out, "%-20s %-8s %14s %14s %9s %16s %20s\n", "trace", "source", "peak live",
           "peak reserved", "vramkit", "PyTorch native", "PyTorch expandable");
   for (size_t i = 0; i < count; i++) {
     const replay_result_t *r = &results[i];
@@ -489,7 +491,7 @@ static void print_fragmentation_table(FILE *out, const replay_result_t *results,
       snprintf(native, sizeof native, "%.3f", reference->native);
       snprintf(expandable, sizeof expandable, "%.3f", reference->expandable);
     }
-    fprintf(out, "%-20s %-8s %14s %14s %9.3f %14s %18s\n", r->name,
+    fprintf(out, "%-20s %-8s %14s %14s %9.3f %16s %20s\n", r->name,
             vram_source_name(r->source), live, reserved, ratio(r->peak_reserved, r->peak_live),
             native, expandable);
   }
@@ -594,6 +596,7 @@ static int parse_flag(const char *arg, replay_settings_t *settings) {
   } flags[] = {
       {"--json", &settings->json},
       {"--summary", &settings->summary},
+      {"--compare", &settings->compare},
       {"--min-capacity", &settings->min_capacity},
       {"--baseline", &settings->baseline},
       {"--warm", &settings->warm},
@@ -727,7 +730,7 @@ static int replay_all(const replay_settings_t *settings, const trace_t *traces, 
     print_table_header(settings);
     for (size_t i = 0; i < replayed; i++) print_result_row(settings, &results[i]);
   }
-  if (settings->summary)
+  if (settings->summary || settings->compare)
     print_fragmentation_table(settings->json ? stderr : stdout, results, replayed);
   return any_oom ? CLI_EXIT_OOM : CLI_EXIT_OK;
 }

@@ -373,3 +373,18 @@ def test_peak_allocated_as_each_allocator_counts_it():
     e = vramkit.estimate(step, build=build, model_workspaces=False)
     assert e.torch_peak_allocated - e.peak_allocated == MiB // 2
     assert e.torch_expandable_peak_allocated == e.peak_allocated
+
+
+def test_the_command_line_names_the_user_s_code_and_prints_no_library_warnings():
+    # `make run` shows this output to a new user: the call sites must be code a user can read
+    # and change (not vramkit's own step file, not a site-packages path), and a library's
+    # warning about how vramkit built the model is vramkit's to avoid, not the user's to read.
+    pytest.importorskip("transformers")
+    out = subprocess.run([sys.executable, "-m", "vramkit", "estimate", "--model", "gpt2",
+                          "--batch", "1", "--seq", "32", "--precision", "bf16-amp",
+                          "--device-memory", "80G"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "[transformers]" not in out.stderr + out.stdout
+    sites = out.stdout.split("largest call sites at the peak:\n", 1)[1].split("  note:")[0]
+    assert "the training step: loss.backward()" in sites
+    assert "site-packages" not in sites and "estimator/models.py" not in sites

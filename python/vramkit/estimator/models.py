@@ -120,6 +120,11 @@ def workload(model: str, batch: int, seq: int = 1024, precision: str = "fp32",
     def build():
         if cls is transformers.AutoModelForCausalLM or cls is transformers.AutoModelForMaskedLM:
             net = cls.from_config(config, attn_implementation="sdpa")
+            # Named as transformers names the loss of a model whose class name does not say
+            # (GPT2LMHeadModel): left unset, transformers warns that it guessed.
+            if getattr(net, "loss_type", None) is None:
+                net.loss_type = ("ForCausalLM" if cls is transformers.AutoModelForCausalLM
+                                 else "ForMaskedLM")
         else:
             net = cls(config)
         if weights_dtype is not torch.float32:
