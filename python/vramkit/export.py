@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 
-from .cli import usage_error
+from .cli import EXIT_FAILURE, usage_error
 
 USAGE = """usage: vramkit export [--port PORT] [--address ADDRESS] [--once]
 
@@ -367,7 +367,7 @@ def serve(address: str, port: int) -> int:
         else:
             print(f"vramkit export: cannot listen on {address}:{port}: "
                   f"{error.strerror or error}", file=sys.stderr)
-        return 1
+        return EXIT_FAILURE
     host, bound = server.server_address[:2]
     shown = f"[{host}]" if ":" in host else host
     if address in ("127.0.0.1", "::1", "localhost"):
