@@ -9,6 +9,7 @@ import gzip
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -373,3 +374,24 @@ def test_peak_allocated_as_each_allocator_counts_it():
     e = vramkit.estimate(step, build=build, model_workspaces=False)
     assert e.torch_peak_allocated - e.peak_allocated == MiB // 2
     assert e.torch_expandable_peak_allocated == e.peak_allocated
+
+
+def test_a_model_configuration_that_cannot_be_read_exits_2(tmp_path):
+    pytest.importorskip("transformers")
+    invalid = tmp_path / "invalid.json"
+    invalid.write_text("{bad")
+    wrong_kind = tmp_path / "config.json"
+    wrong_kind.write_text('{"model_type": "gpt2", "n_layer": "abc", "n_head": 5}')
+    empty_folder = tmp_path / "model"
+    empty_folder.mkdir()
+    readme = Path(__file__).resolve().parents[2] / "README.md"
+    for model, says in ((readme, "README.md: not a usable model configuration"),
+                        (invalid, "invalid.json: not a usable model configuration"),
+                        (wrong_kind, "config.json: not a usable model configuration"),
+                        (empty_folder, "model: a folder without a config.json")):
+        done = subprocess.run([sys.executable, "-m", "vramkit", "estimate", "--model",
+                               str(model), "--batch", "1", "--seq", "8"],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 2, (model, done.stderr)
+        assert done.stderr.startswith("vramkit estimate: ") and says in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
