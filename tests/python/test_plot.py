@@ -367,6 +367,16 @@ def test_an_entry_earlier_than_the_first_is_drawn_on_the_axis(tmp_path):
     assert status == 0, err
 
 
+def test_a_file_name_that_is_not_utf8_is_shown_escaped_in_the_picture(tmp_path):
+    name = os.fsencode(tmp_path) + b"/caf\xe9\x1b.trace"
+    with open(name, "wb") as f:
+        f.write(b"# vramkit-trace v1\na 0 4096 0 1\nf 0 0 2\n")
+    out = tmp_path / "out.html"
+    status, _, err = vramkit_plot(os.fsdecode(name), "-o", out, "--no-replay")
+    assert status == 0, err
+    assert "caf\\xe9\\x1b.trace" in out.read_text(encoding="utf-8")
+
+
 def test_a_block_of_2_to_the_63_bytes_or_more_is_drawn_without_a_replay(tmp_path):
     path = write_trace(tmp_path / "huge.trace", [f"a 0 {1 << 63} 0 1", "a 1 4096 0 2",
                                                   "f 0 0 3", f"a 2 {(1 << 64) - 1} 0 4"])
