@@ -123,6 +123,26 @@ def _as_json(e) -> dict:
             "notes": e.notes}
 
 
+def _refused(error: Exception, model: str) -> int:
+    """The message and exit status of an estimate that could not be made."""
+    from . import models
+
+    if isinstance(error, ImportError):  # models.MissingPackage: transformers
+        print(f"vramkit estimate: {error}", file=sys.stderr)
+        return EXIT_MISSING_DEPENDENCY
+    if isinstance(error, models.BadConfig):
+        return input_error("estimate", error)
+    if isinstance(error, ValueError) and not isinstance(error, models.UnknownModel):
+        if os.path.isfile(model) or os.path.isdir(model):
+            # transformers refused a value of the user's configuration when building it.
+            return input_error("estimate", f"{model}: not a usable model configuration: "
+                                           f"{error}")
+    if isinstance(error, ValueError):
+        return usage_error("estimate", str(error))
+    print(f"vramkit estimate: {error}", file=sys.stderr)  # an UntraceableStep
+    return EXIT_FAILURE
+
+
 def main(argv: list[str]) -> int:
     try:
         args = _parser().parse_args(argv)
@@ -169,22 +189,8 @@ def main(argv: list[str]) -> int:
                 result: Estimate = estimate(first.step, build=first.build,
                                             device_memory=args.device_memory,
                                             source=args.source, trace_path=args.trace)
-    except models.MissingPackage as error:
-        print(f"vramkit estimate: {error}", file=sys.stderr)
-        return EXIT_MISSING_DEPENDENCY
-    except models.BadConfig as error:
-        return input_error("estimate", error)
-    except models.UnknownModel as error:
-        return usage_error("estimate", str(error))
-    except ValueError as error:
-        if os.path.isfile(args.model) or os.path.isdir(args.model):
-            # transformers refused a value of the user's configuration when building it.
-            return input_error("estimate", f"{args.model}: not a usable model "
-                                           f"configuration: {error}")
-        return usage_error("estimate", str(error))
-    except UntraceableStep as error:
-        print(f"vramkit estimate: {error}", file=sys.stderr)
-        return EXIT_FAILURE
+    except (ImportError, ValueError, UntraceableStep) as error:
+        return _refused(error, args.model)
     if args.what_if:
         if args.json:
             print(json.dumps({"model": args.model, "workload": first.name,
