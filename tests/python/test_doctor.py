@@ -398,7 +398,7 @@ def _oom_snapshot():
                                      dict(s["segments"][0], device=1)]),
      "segments[1].device is 'a'"),
     (lambda s: s["segments"].append(dict(s["segments"][0], device={})),
-     "segments[1].device is {}"),
+     "segments[1].device is a dict"),
     (lambda s: s["device_traces"].append([{"action": "oom", "size": 1, "time_us": "late"}]),
      "device_traces[1][0].time_us is 'late'"),
     (lambda s: s["device_traces"][0][0].update(time_us=float("nan")), "time_us is nan"),

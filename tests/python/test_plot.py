@@ -340,7 +340,7 @@ def _set(path, value):
     (_set(("device_traces", 0, 1, "size"), 1 << 64), "not a byte count"),
     (_set(("device_traces", 0, 1, "time_us"), "soon"), "time_us is 'soon'"),
     (_set(("segments", 0, "device"), True), "segments[0].device is True"),
-    (_set(("segments", 0, "device"), {}), "segments[0].device is {}"),
+    (_set(("segments", 0, "device"), {}), "segments[0].device is a dict"),
     (_set(("segments", 0, "blocks", 0, "size"), -1), "segments[0].blocks[0].size is -1"),
     (_set(("device_traces", 0), {"a": 1}), "device_traces[0] is a dict, not a list"),
 ])
@@ -403,6 +403,29 @@ def test_a_pickle_that_repeats_objects_by_reference_is_refused_at_once(tmp_path)
                                              r"appears earlier"):
         load(str(path))
     assert time.monotonic() - start < 2  # walking it takes tens of seconds
+
+
+def _expanding():
+    """A list of 40 references to a list of 40... five deep: a few hundred bytes pickled,
+    a hundred million items as text."""
+    value = [0] * 40
+    for _ in range(4):
+        value = [value] * 40
+    return value
+
+
+@pytest.mark.parametrize("place", [("segments", 0, "blocks", 0, "state"),
+                                   ("device_traces", 0, 1, "time_us"),
+                                   ("segments", 0, "blocks", 0, "frames", 2, "filename"),
+                                   ("device_traces", 0, 1, "frames", 2, "name")])
+def test_a_value_that_expands_by_reference_costs_no_more_than_its_bytes(tmp_path, place):
+    path = write_snapshot(tmp_path / "deep.pickle", _with(_set(place, _expanding())))
+    start = time.monotonic()
+    try:
+        load(str(path))
+    except PlotInputError as error:
+        assert "is a list, not" in str(error)
+    assert time.monotonic() - start < 2  # its text: tens of seconds
 
 
 def test_blocks_sharing_one_long_frame_list_cost_one_walk_of_it(tmp_path):

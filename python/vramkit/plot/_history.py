@@ -118,8 +118,12 @@ def call_site(frames):
     for frame in frames:
         if not isinstance(frame, dict):
             continue
-        filename = str(frame.get("filename", "??"))
-        text = f"{filename}:{frame.get('line', '?')}:{frame.get('name', '?')}"
+        # Only a str or an int: str() of a list that repeats itself by reference is as
+        # long as its expansion.
+        filename, line, name = (frame.get(k) for k in ("filename", "line", "name"))
+        filename = filename if isinstance(filename, str) else "??"
+        text = (f"{filename}:{line if isinstance(line, int) else '?'}:"
+                f"{name if isinstance(name, str) else '?'}")
         if not first:
             first = text
         normal = filename.replace("\\", "/")

@@ -5,7 +5,8 @@ A snapshot is the dict of torch.cuda.memory._snapshot(): ``segments`` (dicts who
 ``blocks`` are dicts) and ``device_traces`` (one list of entry dicts per device). A field
 the readers compute with must hold what PyTorch writes there: a byte count or an address
 is an int from 0 to 2**64 - 1, a device an int from 0, a stream an int, a time a finite
-number of microseconds below 2**63; a bool is not an int here. Another kind of value is
+number of microseconds below 2**63, a block's state and a segment's type a str; a bool is
+not an int here. Another kind of value is
 refused with its place (``segments[3].blocks[0].size``), since no reading of it is right.
 What a reader can skip and say so stays the reader's: a segment, block or entry that is
 not a dict, an action it does not know, a field that is missing.
@@ -16,7 +17,9 @@ million times, in a million segments, and a reader walking that would run for mi
 Every segment, block and trace entry of a snapshot PyTorch or vramkit writes is an object
 of its own, so a file that repeats one is refused here, in one pass over the distinct
 objects, before any reader walks it. Frame lists are legitimately shared (vramkit gives
-the blocks of one stack the same list): readers look each one up once (SiteCache).
+the blocks of one stack the same list): readers look each one up once (SiteCache), and
+take from a frame only a str or an int, never the text of a container (which a repeating
+list makes as long as its expansion).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import math
 
 from ._read import PlotInputError
 
+_ABSENT = object()
 _U64 = 1 << 64
 _I64 = 1 << 63
 
@@ -45,15 +49,21 @@ def _time(value) -> bool:
     return type(value) in (int, float) and math.isfinite(value) and abs(value) < _I64
 
 
+def _text(value) -> bool:
+    return type(value) is str
+
+
 _KINDS = {
     _byte_count: "a byte count or address from 0 to 2**64 - 1",
     _device: "a device number (an int from 0)",
     _stream: "a stream (an int)",
     _time: "a finite number of microseconds",
+    _text: "a str",
 }
 _SEGMENT = {"device": _device, "address": _byte_count, "total_size": _byte_count,
-            "stream": _stream}
-_BLOCK = {"address": _byte_count, "size": _byte_count, "requested_size": _byte_count}
+            "stream": _stream, "segment_type": _text}
+_BLOCK = {"address": _byte_count, "size": _byte_count, "requested_size": _byte_count,
+          "state": _text}
 _ENTRY = {"addr": _byte_count, "size": _byte_count, "requested_size": _byte_count,
           "device_free": _byte_count, "stream": _stream, "time_us": _time}
 
@@ -71,7 +81,7 @@ def check(path: str, snapshot) -> dict:
         raise PlotInputError(f"{path}: not a memory snapshot: it holds a "
                              f"{type(snapshot).__name__}, not a dict with 'segments'")
     if "segments" not in snapshot:
-        keys = ", ".join(sorted(map(str, snapshot))[:8]) or "none"
+        keys = ", ".join(sorted(k for k in snapshot if isinstance(k, str))[:8]) or "none"
         raise PlotInputError(f"{path}: not a memory snapshot: the dict has no 'segments' "
                              f"(its keys: {keys})")
     seen: set[int] = set()
@@ -108,9 +118,21 @@ def _fields(path, seen, item, where, kinds) -> bool:
                              f"repeats multiply the work of reading it without bound")
     seen.add(id(item))
     for key, kind in kinds.items():
-        value = item.get(key, 0)
-        if not kind(value):
-            shown = repr(value)
-            shown = shown if len(shown) <= 40 else shown[:37] + "..."
-            raise PlotInputError(f"{path}: {where}.{key} is {shown}, not {_KINDS[kind]}")
+        value = item.get(key, _ABSENT)
+        if value is not _ABSENT and not kind(value):
+            raise PlotInputError(f"{path}: {where}.{key} is {_brief(value)}, not "
+                                 f"{_KINDS[kind]}")
     return True
+
+
+def _brief(value) -> str:
+    """A short text for a value, in time bounded by the file's size: the repr of a list
+    whose items repeat one list by reference is as long as the expanded structure, and an
+    int of thousands of digits has none."""
+    if isinstance(value, (str, bytes)):
+        return repr(value[:40]) + ("..." if len(value) > 40 else "")
+    if isinstance(value, int) and value.bit_length() > 128:
+        return f"an int of {value.bit_length()} bits"
+    if value is None or isinstance(value, (int, float)):
+        return repr(value)
+    return f"a {type(value).__name__}"
