@@ -6,8 +6,8 @@ A snapshot is the dict of torch.cuda.memory._snapshot(): ``segments`` (dicts who
 the readers compute with must hold what PyTorch writes there: a byte count or an address
 is an int from 0 to 2**64 - 1, a device an int from 0, a stream an int, a time a finite
 number of microseconds below 2**63, a block's state and a segment's type a str; a bool is
-not an int here. Another kind of value is
-refused with its place (``segments[3].blocks[0].size``), since no reading of it is right.
+not an int here. Another kind of value is refused with its place
+(``segments[3].blocks[0].size``), since no reading of it is right.
 What a reader can skip and say so stays the reader's: a segment, block or entry that is
 not a dict, an action it does not know, a field that is missing.
 
@@ -15,7 +15,7 @@ The work of reading is bounded by the size of the file. A pickle names an object
 already stored in two bytes (its memo), so a file of a few kilobytes can list one block a
 million times, in a million segments, and a reader walking that would run for minutes.
 Every segment, block and trace entry of a snapshot PyTorch or vramkit writes is an object
-of its own, so a file that repeats one is refused here, in one pass over the distinct
+of its own, and so is every list of them, so a file that repeats one is refused here, in one pass over the distinct
 objects, before any reader walks it. Frame lists are legitimately shared (vramkit gives
 the blocks of one stack the same list): readers look each one up once (SiteCache), and
 take from a frame only a str or an int, never the text of a container (which a repeating
@@ -85,25 +85,38 @@ def check(path: str, snapshot) -> dict:
         raise PlotInputError(f"{path}: not a memory snapshot: the dict has no 'segments' "
                              f"(its keys: {keys})")
     seen: set[int] = set()
-    segments = _list(path, snapshot["segments"], "segments")
+    segments = _list(path, seen, snapshot["segments"], "segments")
     for i, seg in enumerate(segments):
         where = f"segments[{i}]"
         if _fields(path, seen, seg, where, _SEGMENT):
-            blocks = _list(path, seg.get("blocks", []), f"{where}.blocks")
+            blocks = _list(path, seen, seg.get("blocks", []), f"{where}.blocks")
             for j, block in enumerate(blocks):
                 _fields(path, seen, block, f"{where}.blocks[{j}]", _BLOCK)
-    traces = _list(path, snapshot.get("device_traces", []), "device_traces")
+    traces = _list(path, seen, snapshot.get("device_traces", []), "device_traces")
     for device, entries in enumerate(traces):
         where = f"device_traces[{device}]"
-        for j, entry in enumerate(_list(path, entries, where)):
+        for j, entry in enumerate(_list(path, seen, entries, where)):
             _fields(path, seen, entry, f"{where}[{j}]", _ENTRY)
     return snapshot
 
 
-def _list(path, value, where):
+def _list(path, seen, value, where):
+    """A list of segments, blocks or entries, walked once: the same list twice (of entries
+    that are not dicts, which _fields does not track) would multiply the walk too."""
     if not isinstance(value, (list, tuple)):
         raise PlotInputError(f"{path}: {where} is a {type(value).__name__}, not a list")
+    if value:
+        _once(path, seen, value, where)
     return value
+
+
+def _once(path, seen, item, where):
+    if id(item) in seen:
+        raise PlotInputError(f"{path}: {where} is an object that appears earlier in the "
+                             f"snapshot too (the file repeats it by reference, as no "
+                             f"snapshot PyTorch or vramkit writes does): refused, since "
+                             f"repeats multiply the work of reading it without bound")
+    seen.add(id(item))
 
 
 def _fields(path, seen, item, where, kinds) -> bool:
@@ -111,12 +124,7 @@ def _fields(path, seen, item, where, kinds) -> bool:
     skip)."""
     if not isinstance(item, dict):
         return False
-    if id(item) in seen:
-        raise PlotInputError(f"{path}: {where} is an object that appears earlier in the "
-                             f"snapshot too (the file repeats it by reference, as no "
-                             f"snapshot PyTorch or vramkit writes does): refused, since "
-                             f"repeats multiply the work of reading it without bound")
-    seen.add(id(item))
+    _once(path, seen, item, where)
     for key, kind in kinds.items():
         value = item.get(key, _ABSENT)
         if value is not _ABSENT and not kind(value):
