@@ -779,7 +779,7 @@ def main(args: list[str]) -> int:
     import sys
 
     from . import _core
-    from .cli import EXIT_FAILURE, EXIT_OK, input_error, shown, usage_error
+    from .cli import EXIT_FAILURE, EXIT_OK, input_error, usage_error
 
     paths, capacity, as_json = [], None, False
     i = 0

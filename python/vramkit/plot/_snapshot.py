@@ -15,11 +15,11 @@ The work of reading is bounded by the size of the file. A pickle names an object
 already stored in two bytes (its memo), so a file of a few kilobytes can list one block a
 million times, in a million segments, and a reader walking that would run for minutes.
 Every segment, block and trace entry of a snapshot PyTorch or vramkit writes is an object
-of its own, and so is every list of them, so a file that repeats one is refused here, in one pass over the distinct
-objects, before any reader walks it. Frame lists are legitimately shared (vramkit gives
-the blocks of one stack the same list): readers look each one up once (SiteCache), and
-take from a frame only a str or an int, never the text of a container (which a repeating
-list makes as long as its expansion).
+of its own, and so is every list of them, so a file that repeats one is refused here, in
+one pass over the distinct objects, before any reader walks it. Frame lists are
+legitimately shared (vramkit gives the blocks of one stack the same list): readers look
+each one up once (SiteCache), and take from a frame only a str or an int, never the text
+of a container (which a repeating list makes as long as its expansion).
 """
 
 from __future__ import annotations
