@@ -115,12 +115,32 @@ void cli_report_pool_error(int status, const vram_options_t *opts) {
             opts->sim_capacity, (size_t)VRAM_SIM_MAX_CAPACITY);
 }
 
+/* The length of the well-formed UTF-8 sequence at c (Unicode's table 3-7: no overlong forms,
+ * no surrogates, nothing past U+10FFFF), or 0 when the byte at c starts none. */
+static int utf8_length(const unsigned char *c) {
+  int length = *c < 0x80 ? 1 : *c < 0xC2 ? 0 : *c < 0xE0 ? 2 : *c < 0xF0 ? 3 : *c < 0xF5 ? 4 : 0;
+  unsigned char low = 0x80, high = 0xBF; /* the range of the second byte */
+  if (*c == 0xE0) low = 0xA0;
+  if (*c == 0xED) high = 0x9F;
+  if (*c == 0xF0) low = 0x90;
+  if (*c == 0xF4) high = 0x8F;
+  for (int i = 1; i < length; i++) {
+    if (c[i] < (i == 1 ? low : 0x80) || c[i] > (i == 1 ? high : 0xBF)) return 0;
+  }
+  return length;
+}
+
+/* Text from outside (a file name) need not be UTF-8, and JSON must be: each byte that
+ * starts no well-formed sequence is written as U+FFFD, as a lenient decoder would read it. */
 void cli_json_string(FILE *out, const char *text) {
   fputc('"', out);
-  for (const unsigned char *c = (const unsigned char *)text; *c; c++) {
-    if (*c == '"' || *c == '\\') fprintf(out, "\\%c", *c);
+  for (const unsigned char *c = (const unsigned char *)text; *c;) {
+    int length = utf8_length(c);
+    if (length == 0) fputs("\\ufffd", out);
+    else if (*c == '"' || *c == '\\') fprintf(out, "\\%c", *c);
     else if (*c < 0x20) fprintf(out, "\\u%04x", *c);
-    else fputc(*c, out);
+    else fwrite(c, 1, (size_t)length, out);
+    c += length ? length : 1;
   }
   fputc('"', out);
 }

@@ -11,7 +11,8 @@
 
 #include "vramkit.h"
 
-/* Exit statuses, one per kind of failure so that scripts can tell them apart. */
+/* Exit statuses, one per kind of failure so that scripts can tell them apart. The Python
+ * subcommands (python/vramkit/cli.py, EXIT_*) use the same table, and 5 besides. */
 enum {
   CLI_EXIT_OK = 0,
   CLI_EXIT_OOM = 1,       /* out of memory: under --capacity, or a size no device holds */
@@ -24,12 +25,19 @@ enum {
   "Exit status:\n"                                                                         \
   "  0  success\n"                                                                         \
   "  1  out of memory: an allocation did not fit (under --capacity, or a size larger\n"    \
-  "     than the device holds)\n"                                                          \
-  "  2  bad trace file: unreadable, empty, without the '# vramkit-trace v1' header, or\n"  \
-  "     with a malformed line\n"                                                           \
+  "     than the device holds); for estimate, the step does not fit the card\n"            \
+  "  2  bad input file: a trace unreadable, empty, without the '# vramkit-trace v1'\n"     \
+  "     header, or with a malformed line; a snapshot, log, report or model\n"              \
+  "     configuration that cannot be read\n"                                               \
   "  3  bad command line: unknown command or option, an option without its value, a\n"     \
   "     bad size or number\n"                                                              \
-  "  4  allocator failure: an unexpected error code, or bytes not returned at the end\n"
+  "  4  failure: the allocator's (an unexpected error code, or bytes not returned at\n"    \
+  "     the end), an output that cannot be written, or the C command missing\n"            \
+  "  5  missing optional package: matplotlib, PyTorch or transformers (the message\n"      \
+  "     says what to install)\n"                                                           \
+  "Every command, in C or in Python, uses this table. A Python command whose standard\n"   \
+  "output is closed early (vramkit top --once | head -1) stops quietly with 141, the\n"    \
+  "status of a command SIGPIPE ends.\n"
 
 /* The sim device is the library's own default (vram_options_init: 80 GiB) unless
  * VRAMKIT_SIM_CAPACITY or an option sizes it; this is what the help texts say. */
@@ -69,7 +77,8 @@ int cli_pool_create(vram_pool_t **pool, const vram_options_t *opts);
 /* That message alone, for a status vram_pool_create returned. */
 void cli_report_pool_error(int status, const vram_options_t *opts);
 
-/* Print text as a JSON string literal, quotes included. */
+/* Print text as a JSON string literal, quotes included; a byte that is not part of
+ * well-formed UTF-8 (a file name from a Latin-1 system) becomes \ufffd. */
 void cli_json_string(FILE *out, const char *text);
 
 /* Source allocations and releases so far: on a GPU source, driver calls of tens of

@@ -326,7 +326,7 @@ def set_memory_growth(device, enabled: bool) -> None:
                 return  # already so; TensorFlow accepts a repeat too
             raise RuntimeError(
                 f"Physical devices cannot be modified after being initialized: the vramkit "
-                f"pool of device {d} is already in use; call set_memory_growth() first"
+                f"pool of device {d} was already created; call set_memory_growth() first"
             )
         _modes[d] = enabled
         if enabled:
@@ -472,9 +472,11 @@ def configure(
         env["VRAMKIT_LARGE_BLOCKS"] = ("large_blocks", large_blocks)
     with _config_lock:
         if _pool_in_use(d):
+            # The pool exists (a live block or not): its options were fixed when it was made.
             raise RuntimeError(
-                f"vramkit.configure(): the pool of device {d} is already in use; configure "
-                f"it before its first allocation or statistics call"
+                f"vramkit.configure(): the pool of device {d} was already created (by an "
+                f"earlier configure(), an allocation, a statistics call or PyTorch), and its "
+                f"options are fixed then; configure it before any of those"
             )
         pre = env["VRAMKIT_PREALLOCATE"][1] if "VRAMKIT_PREALLOCATE" in env else \
             _os.environ.get("VRAMKIT_PREALLOCATE", "0")

@@ -30,7 +30,7 @@ static PyObject *stat_tuple(const vram_stat_t *s) {
 
 static PyObject *core_stats(PyObject *module, PyObject *args) {
   int device;
-  if (!PyArg_ParseTuple(args, "i:stats", &device)) return NULL;
+  if (!PyArg_ParseTuple(args, "O&:stats", device_converter, &device)) return NULL;
   core_state *st = get_state(module);
   vram_pool_t *pool = get_pool(st, device);
   if (pool == NULL) return NULL;
@@ -66,7 +66,7 @@ static PyObject *core_stats(PyObject *module, PyObject *args) {
 /* Shared body of the functions that return a pool's text. */
 static PyObject *text_call(PyObject *module, PyObject *args, const char *format, text_fn fn) {
   int device;
-  if (!PyArg_ParseTuple(args, format, &device)) return NULL;
+  if (!PyArg_ParseTuple(args, format, device_converter, &device)) return NULL;
   core_state *st = get_state(module);
   vram_pool_t *pool = get_pool(st, device);
   if (pool == NULL) return NULL;
@@ -77,20 +77,20 @@ static PyObject *text_call(PyObject *module, PyObject *args, const char *format,
 }
 
 static PyObject *core_summary(PyObject *module, PyObject *args) {
-  return text_call(module, args, "i:summary", vram_summary);
+  return text_call(module, args, "O&:summary", vram_summary);
 }
 
 static PyObject *core_stats_json(PyObject *module, PyObject *args) {
-  return text_call(module, args, "i:stats_json", vram_stats_json);
+  return text_call(module, args, "O&:stats_json", vram_stats_json);
 }
 
 static PyObject *core_oom_report(PyObject *module, PyObject *args) {
-  return text_call(module, args, "i:oom_report", vram_oom_report);
+  return text_call(module, args, "O&:oom_report", vram_oom_report);
 }
 
 static PyObject *core_empty_cache(PyObject *module, PyObject *args) {
   int device;
-  if (!PyArg_ParseTuple(args, "i:empty_cache", &device)) return NULL;
+  if (!PyArg_ParseTuple(args, "O&:empty_cache", device_converter, &device)) return NULL;
   core_state *st = get_state(module);
   vram_pool_t *pool = get_pool(st, device);
   if (pool == NULL) return NULL;
@@ -105,7 +105,8 @@ static PyObject *core_empty_cache(PyObject *module, PyObject *args) {
 
 static PyObject *core_reset_peak_stats(PyObject *module, PyObject *args) {
   int device;
-  if (!PyArg_ParseTuple(args, "i:reset_peak_stats", &device)) return NULL;
+  if (!PyArg_ParseTuple(args, "O&:reset_peak_stats", device_converter, &device))
+    return NULL;
   core_state *st = get_state(module);
   vram_pool_t *pool = get_pool(st, device);
   if (pool == NULL) return NULL;
@@ -116,7 +117,7 @@ static PyObject *core_reset_peak_stats(PyObject *module, PyObject *args) {
 
 static PyObject *core_mem_get_info(PyObject *module, PyObject *args) {
   int device;
-  if (!PyArg_ParseTuple(args, "i:mem_get_info", &device)) return NULL;
+  if (!PyArg_ParseTuple(args, "O&:mem_get_info", device_converter, &device)) return NULL;
   core_state *st = get_state(module);
   vram_pool_t *pool = get_pool(st, device);
   if (pool == NULL) return NULL;
@@ -132,7 +133,8 @@ static PyObject *core_set_limit(PyObject *module, PyObject *args) {
   core_state *st = get_state(module);
   size_arg limit = {.name = "limit", .st = st};
   double fraction;
-  if (!PyArg_ParseTuple(args, "iO&d:set_limit", &device, size_converter, &limit, &fraction))
+  if (!PyArg_ParseTuple(args, "O&O&d:set_limit", device_converter, &device, size_converter,
+                        &limit, &fraction))
     return NULL;
   if (limit.too_big) {
     /* A limit caps reserved memory; it asks for nothing, so it is no out-of-memory error. */
@@ -155,7 +157,8 @@ static PyObject *core_set_limit(PyObject *module, PyObject *args) {
 
 static PyObject *core_enable_peer_access(PyObject *module, PyObject *args) {
   int device, peer;
-  if (!PyArg_ParseTuple(args, "ii:enable_peer_access", &device, &peer)) return NULL;
+  if (!PyArg_ParseTuple(args, "O&O&:enable_peer_access", device_converter, &device,
+                        device_converter, &peer)) return NULL;
   core_state *st = get_state(module);
   vram_pool_t *pool = get_pool(st, device);
   if (pool == NULL) return NULL;
@@ -166,7 +169,7 @@ static PyObject *core_enable_peer_access(PyObject *module, PyObject *args) {
 
 static PyObject *core_source(PyObject *module, PyObject *args) {
   int device;
-  if (!PyArg_ParseTuple(args, "i:source", &device)) return NULL;
+  if (!PyArg_ParseTuple(args, "O&:source", device_converter, &device)) return NULL;
   vram_pool_t *pool = get_pool(get_state(module), device);
   if (pool == NULL) return NULL;
   return PyUnicode_FromString(vram_source_name(vram_pool_source(pool)));
@@ -201,7 +204,8 @@ static int apply_override(core_state *st, vram_options_t *opts, PyObject *key, P
 static PyObject *core_init_pool(PyObject *module, PyObject *args) {
   int device;
   PyObject *overrides = Py_None;
-  if (!PyArg_ParseTuple(args, "i|O:init_pool", &device, &overrides)) return NULL;
+  if (!PyArg_ParseTuple(args, "O&|O:init_pool", device_converter, &device, &overrides))
+    return NULL;
   core_state *st = get_state(module);
   if (overrides == Py_None) {
     if (get_pool(st, device) == NULL) return NULL;
@@ -228,6 +232,15 @@ static PyObject *core_init_pool(PyObject *module, PyObject *args) {
   Py_END_ALLOW_THREADS
   if (rc == VRAM_EDEVICE) return raise_bad_device(st, device, opts.source);
   if (rc == VRAM_ESIMCAPACITY) return raise_sim_capacity(st, device, opts.sim_capacity);
+  /* The engine's EBUSY here means the pool exists, not that blocks are live (its generic
+   * text): say what the caller can act on. */
+  if (rc == VRAM_EBUSY)
+    return raise_message(st, rc,
+                         PyUnicode_FromFormat("device %d: its default pool was already "
+                                              "created (options are fixed then), so these "
+                                              "options cannot apply",
+                                              device),
+                         NULL);
   if (rc != VRAM_OK) return raise_status(st, rc, device, NULL);
   if (device >= 0 && device < VRAMKIT_MAX_TRACKED) pool_touched[device] = 1;
   Py_RETURN_NONE;
@@ -235,7 +248,7 @@ static PyObject *core_init_pool(PyObject *module, PyObject *args) {
 
 static PyObject *core_pool_touched(PyObject *module, PyObject *args) {
   int device;
-  if (!PyArg_ParseTuple(args, "i:pool_touched", &device)) return NULL;
+  if (!PyArg_ParseTuple(args, "O&:pool_touched", device_converter, &device)) return NULL;
   int touched = device >= 0 && device < VRAMKIT_MAX_TRACKED && pool_touched[device];
   return PyBool_FromLong(touched);
 }

@@ -81,6 +81,7 @@ VRAMKIT_PY_INTERNAL int size_converter(PyObject *obj, void *out);
 VRAMKIT_PY_INTERNAL PyObject *raise_too_big(core_state *st, vram_pool_t *pool, int device,
                                const size_arg *size);
 VRAMKIT_PY_INTERNAL int stream_converter(PyObject *obj, void *out);
+VRAMKIT_PY_INTERNAL int device_converter(PyObject *obj, void *out);
 VRAMKIT_PY_INTERNAL int device_from_object(core_state *st, PyObject *obj, int *device);
 
 /* ---- _core_buffer.c */

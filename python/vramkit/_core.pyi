@@ -6,7 +6,7 @@ extension exports is declared here and nothing more.
 """
 
 from collections.abc import Callable, Iterable
-from typing import Any, Final, Protocol, SupportsIndex, TypedDict, final
+from typing import Any, Final, NoReturn, Protocol, SupportsIndex, TypedDict, final
 
 VERSION: Final[str]
 
@@ -88,6 +88,8 @@ class DeviceBuffer:
     def free(self) -> None: ...
     def prefetch(self, to_device: bool = True, stream: _Stream = ...) -> None: ...
     def record_stream(self, stream: _Stream, /) -> None: ...
+    # Refused with TypeError: device memory is not host memory (numpy must not wrap it).
+    def __array__(self, *args: object, **kwargs: object) -> NoReturn: ...
 
 def empty(nbytes: SupportsIndex, device: _Device = 0, stream: _Stream = None) -> DeviceBuffer: ...
 

@@ -169,6 +169,18 @@ static PyObject *DeviceBuffer_get_cai(DeviceBuffer *self, void *closure) {
                        3, "stream", stream);
 }
 
+/* numpy's __array__ protocol, refused: without it numpy wraps the buffer in an object
+ * array, and anything that then reads ptr as host memory crashes the process (on sim, ptr
+ * lies in a reserved, unbacked host range that stands for device memory). */
+static PyObject *DeviceBuffer_array(DeviceBuffer *self, PyObject *args, PyObject *kwargs) {
+  PyErr_SetString(PyExc_TypeError,
+                  "a vramkit.DeviceBuffer is device memory, which numpy cannot read from the "
+                  "host (on the sim source its address stands for device memory in a "
+                  "reserved, unbacked range); read it with a GPU library through "
+                  "__cuda_array_interface__ (cupy.asarray, torch.as_tensor, numba.cuda)");
+  return NULL;
+}
+
 static PyObject *DeviceBuffer_repr(DeviceBuffer *self) {
   if (self->freed)
     return PyUnicode_FromFormat("<vramkit.DeviceBuffer freed device=%d>", self->device);
@@ -184,6 +196,9 @@ static PyMethodDef DeviceBuffer_methods[] = {
      PyDoc_STR("prefetch($self, /, to_device=True, stream=None)\n--\n\nMove the pages of "
                "this buffer to the device or the host (managed source; NotImplementedError "
                "elsewhere).")},
+    {"__array__", (PyCFunction)(void (*)(void))DeviceBuffer_array, METH_VARARGS | METH_KEYWORDS,
+     PyDoc_STR("__array__($self, /, *args, **kwargs)\n--\n\nRefused (TypeError): device "
+               "memory cannot be read from the host.")},
     {"record_stream", (PyCFunction)DeviceBuffer_record_stream, METH_O,
      PyDoc_STR("record_stream($self, stream, /)\n--\n\nMark the block as used on stream too: it is "
                "not reused before that stream's queued work completes.")},

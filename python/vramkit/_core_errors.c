@@ -295,6 +295,29 @@ static int optional_attr(PyObject *obj, const char *name, PyObject **out) {
   return 0;
 }
 
+/* "O&" converter for a device ordinal: an int (or an object with __index__) that fits a C
+ * int; a bool is refused, as True is never meant as device 1. The ordinal's own checks
+ * (negative, no such device) are get_pool's. */
+int device_converter(PyObject *obj, void *out) {
+  if (PyBool_Check(obj)) {
+    PyErr_SetString(PyExc_TypeError, "device must be an int, not bool");
+    return 0;
+  }
+  PyObject *index = PyNumber_Index(obj);
+  if (index == NULL) return 0;
+  int overflow = 0;
+  long value = PyLong_AsLongAndOverflow(index, &overflow);
+  Py_DECREF(index);
+  if (value == -1 && PyErr_Occurred()) return 0;
+  if (overflow || value < INT_MIN || value > INT_MAX) {
+    PyErr_Format(PyExc_OverflowError, "device %.60R is out of range: an ordinal is below 2**31",
+                 obj);
+    return 0;
+  }
+  *(int *)out = (int)value;
+  return 1;
+}
+
 /* "O&" converter: None -> NULL stream; an int is the CUstream handle itself; an object
  * with .cuda_stream (torch.cuda.Stream) or .ptr (cupy.cuda.Stream) gives its handle. */
 int stream_converter(PyObject *obj, void *out) {
@@ -304,6 +327,12 @@ int stream_converter(PyObject *obj, void *out) {
     return 1;
   }
   PyObject *handle = NULL;
+  if (PyBool_Check(obj)) {
+    /* An int to Python, but True is a flag written by mistake, never stream handle 1. */
+    PyErr_SetString(PyExc_TypeError, "stream must be None, an int (a CUstream handle) or a "
+                                     "stream object, not bool");
+    return 0;
+  }
   if (PyLong_Check(obj)) {
     handle = Py_NewRef(obj);
   } else {

@@ -228,7 +228,8 @@ PyObject *core_stack_count(PyObject *module, PyObject *Py_UNUSED(ignored)) {
 PyObject *core_history_start(PyObject *module, PyObject *args) {
   int device, with_stacks;
   Py_ssize_t max_entries;
-  if (!PyArg_ParseTuple(args, "inp:history_start", &device, &max_entries, &with_stacks))
+  if (!PyArg_ParseTuple(args, "O&np:history_start", device_converter, &device, &max_entries,
+                        &with_stacks))
     return NULL;
   core_state *st = get_state(module);
   if (max_entries <= 0)
@@ -247,7 +248,7 @@ PyObject *core_history_start(PyObject *module, PyObject *args) {
 
 PyObject *core_history_stop(PyObject *module, PyObject *args) {
   int device;
-  if (!PyArg_ParseTuple(args, "i:history_stop", &device)) return NULL;
+  if (!PyArg_ParseTuple(args, "O&:history_stop", device_converter, &device)) return NULL;
   core_state *st = get_state(module);
   vram_pool_t *pool = get_pool(st, device);
   if (pool == NULL) return NULL;
@@ -259,7 +260,7 @@ PyObject *core_history_stop(PyObject *module, PyObject *args) {
 /* history_read(device, /) -> (events: bytes of vram_event_t, oldest first, dropped). */
 PyObject *core_history_read(PyObject *module, PyObject *args) {
   int device;
-  if (!PyArg_ParseTuple(args, "i:history_read", &device)) return NULL;
+  if (!PyArg_ParseTuple(args, "O&:history_read", device_converter, &device)) return NULL;
   core_state *st = get_state(module);
   vram_pool_t *pool = get_pool(st, device);
   if (pool == NULL) return NULL;
@@ -288,10 +289,33 @@ PyObject *core_history_read(PyObject *module, PyObject *args) {
   }
 }
 
+/* "O&" converter for an annotation's context: the engine keeps 64 bits, and "K" would keep
+ * the low 64 of any int (of -1 too) without a word. */
+static int context_converter(PyObject *obj, void *out) {
+  if (PyBool_Check(obj)) {
+    PyErr_SetString(PyExc_TypeError, "history_annotate(): context must be an int, not bool");
+    return 0;
+  }
+  PyObject *index = PyNumber_Index(obj);
+  if (index == NULL) return 0;
+  unsigned long long value = PyLong_AsUnsignedLongLong(index);
+  Py_DECREF(index);
+  if (value == (unsigned long long)-1 && PyErr_Occurred()) {
+    if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return 0;
+    PyErr_Clear();
+    PyErr_Format(PyExc_OverflowError,
+                 "history_annotate(): context must be from 0 to 2**64 - 1, got %.60R", obj);
+    return 0;
+  }
+  *(unsigned long long *)out = value;
+  return 1;
+}
+
 PyObject *core_history_annotate(PyObject *module, PyObject *args) {
   int device;
   unsigned long long context;
-  if (!PyArg_ParseTuple(args, "iK:history_annotate", &device, &context)) return NULL;
+  if (!PyArg_ParseTuple(args, "O&O&:history_annotate", device_converter, &device,
+                        context_converter, &context)) return NULL;
   core_state *st = get_state(module);
   vram_pool_t *pool = get_pool(st, device);
   if (pool == NULL) return NULL;
@@ -304,7 +328,7 @@ PyObject *core_history_annotate(PyObject *module, PyObject *args) {
  * vram_snapshot_block_t). */
 PyObject *core_snapshot(PyObject *module, PyObject *args) {
   int device;
-  if (!PyArg_ParseTuple(args, "i:snapshot", &device)) return NULL;
+  if (!PyArg_ParseTuple(args, "O&:snapshot", device_converter, &device)) return NULL;
   core_state *st = get_state(module);
   vram_pool_t *pool = get_pool(st, device);
   if (pool == NULL) return NULL;

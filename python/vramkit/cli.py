@@ -7,22 +7,30 @@ handed to it with the same arguments, by ``exec``, so that its help, output and 
 are exactly those of a ``build/vramkit`` built from source. Subcommands written in Python
 register in :data:`COMMANDS` with :func:`command`; ``vramkit --help`` lists both kinds.
 
-Exit statuses are the C command's: 0 success, 1 out of memory, 2 bad trace file, 3 bad
-command line, 4 allocator failure (here also: the C command is missing from the install).
+Exit statuses are one table for every subcommand, C or Python: the C command's
+(tools/cli.h, CLI_EXIT_*, printed by ``vramkit --help``) with the Python subcommands'
+meanings added to each row, and 5 for a missing optional package. A closed standard output
+(``vramkit top --once | head -1``) ends a Python subcommand quietly with 141, the status a
+shell shows for a C command that SIGPIPE ended.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Callable, NamedTuple, Sequence
 
 EXIT_OK = 0
-EXIT_USAGE = 3
-EXIT_FAILURE = 4
+EXIT_DOES_NOT_FIT = 1        # out of memory, or an estimate that does not fit the card
+EXIT_BAD_INPUT = 2           # a trace, snapshot, log, report or model configuration
+EXIT_USAGE = 3               # the command line
+EXIT_FAILURE = 4             # the tool itself: allocator error, unwritable output, no C command
+EXIT_MISSING_DEPENDENCY = 5  # an optional package: matplotlib, PyTorch, transformers
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE  # what a shell shows for a command SIGPIPE ended
 
 
 class Command(NamedTuple):
@@ -38,9 +46,27 @@ COMMANDS: dict[str, Command] = {}
 
 def usage_error(command: str, message: str) -> int:
     """What every Python subcommand does with a bad command line, as the C command does:
-    the message and where the help is on stderr, exit status 3."""
-    print(f"vramkit {command}: {message} (see vramkit {command} --help)", file=sys.stderr)
+    the message (names in it escaped) and where the help is on stderr, exit status 3."""
+    print(f"vramkit {command}: {shown(message)} (see vramkit {command} --help)", file=sys.stderr)
     return EXIT_USAGE
+
+
+def shown(text) -> str:
+    """A file name (str, bytes or path) or a message carrying one, as messages show it:
+    bytes the file system's encoding cannot decode as \\xNN, control characters escaped as
+    repr() escapes them, so that no name garbles a terminal or a log, or fails to print."""
+    text = os.fsdecode(text) if not isinstance(text, str) else text
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else
+                   f"\\x{ord(c) - 0xDC00:02x}" if 0xDC80 <= ord(c) <= 0xDCFF else
+                   repr(c)[1:-1] for c in text)
+
+
+def input_error(command: str, error) -> int:
+    """A file the subcommand cannot read: the message (which names it) on stderr, exit 2."""
+    print(f"vramkit {command}: {shown(str(error))}", file=sys.stderr)
+    return EXIT_BAD_INPUT
 
 
 def command(name: str, summary: str) -> Callable[[Callable[[list[str]], int]], Callable[[list[str]], int]]:
@@ -72,6 +98,9 @@ def _exec_binary(args: Sequence[str]) -> int:
         return _missing_binary(args[0] if args else "help")
     sys.stdout.flush()
     sys.stderr.flush()
+    # Python ignores SIGPIPE and exec keeps ignored signals: give the C command the default
+    # a shell gives it, so that a closed pipe ends it as it ends any C tool.
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     try:
         os.execv(binary, ["vramkit", *args])
     except OSError as error:
@@ -163,8 +192,25 @@ def _doctor(args: list[str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``vramkit ARGS`` (the process's arguments when argv is None); returns the exit
-    status, unless a C subcommand replaces the process."""
-    args = list(sys.argv[1:] if argv is None else argv)
+    status, unless a C subcommand replaces the process. A reader that closes standard output
+    early (``| head -1``) ends the command quietly with EXIT_BROKEN_PIPE."""
+    try:
+        status = _dispatch(list(sys.argv[1:] if argv is None else argv))
+        sys.stdout.flush()  # here, so that a closed pipe is seen now and not at exit
+        return status
+    except BrokenPipeError:
+        # Nothing more can reach the reader; point stdout at /dev/null so that the flush at
+        # interpreter exit does not fail again with a message on stderr.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):
+            pass
+        return EXIT_BROKEN_PIPE
+
+
+def _dispatch(args: list[str]) -> int:
     if args and args[0] in COMMANDS:
         return COMMANDS[args[0]].run(args[1:])
     if len(args) == 2 and args[0] == "help" and args[1] in COMMANDS:

@@ -83,8 +83,8 @@ torch.cuda.memory._dump_snapshot, recorded with the OOM in its trace), a vramkit
   --json           one JSON document instead of the text
 
 SIZE takes K/M/G/T suffixes.
-exit status: 0 diagnosed, 2 the file cannot be read, 3 bad arguments, 4 the C command
-is missing"""
+exit status (the table of vramkit --help): 0 diagnosed, 2 the file cannot be read or is
+not a snapshot, trace or report, 3 bad arguments, 4 the C command is missing"""
 
 
 class DoctorInputError(Exception):
@@ -422,21 +422,11 @@ def _others_fixes(processes: list[dict], numbers: dict, report: str | None) -> l
 # Snapshots.
 # ---------------------------------------------------------------------------------------
 
-def _int(value, what: str, origin: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise DoctorInputError(f"{origin}: {what} is not a byte count: {value!r}")
-    return value
-
-
-def _last_oom(snap: dict, origin: str) -> tuple[int, dict] | None:
-    """The device and entry of the latest `oom` in device_traces (by time, then order)."""
-    traces = snap.get("device_traces") or []
-    if not isinstance(traces, list):
-        raise DoctorInputError(f"{origin}: device_traces is not a list")
+def _last_oom(snap: dict) -> tuple[int, dict] | None:
+    """The device and entry of the latest `oom` in device_traces (by time, then order) of a
+    checked snapshot (plot._snapshot.check: lists, numbers where numbers belong)."""
     best, best_key = None, None
-    for device, entries in enumerate(traces):
-        if not isinstance(entries, list):
-            raise DoctorInputError(f"{origin}: device_traces[{device}] is not a list")
+    for device, entries in enumerate(snap.get("device_traces") or []):
         for order, entry in enumerate(entries):
             if isinstance(entry, dict) and entry.get("action") == "oom":
                 key = (entry.get("time_us") or 0, order)
@@ -456,11 +446,10 @@ def _changed_after(snap: dict, device: int, oom: dict) -> bool:
 
 
 def _from_snapshot(snap, capacity: int | None, estimate_fn, origin: str) -> Diagnosis:
-    from .plot._history import call_site
+    from .plot._history import SiteCache
 
-    if not isinstance(snap, dict) or not isinstance(snap.get("segments"), list):
-        raise DoctorInputError(f"{origin}: not a memory snapshot (no 'segments' list)")
-    oom = _last_oom(snap, origin)
+    call_site = SiteCache()
+    oom = _last_oom(snap)
     devices = {s.get("device", 0) for s in snap["segments"] if isinstance(s, dict)}
     device = oom[0] if oom else (min(devices) if devices else 0)
     reserved = allocated = cached = largest = 0
@@ -472,19 +461,19 @@ def _from_snapshot(snap, capacity: int | None, estimate_fn, origin: str) -> Diag
             raise DoctorInputError(f"{origin}: segment {i} is not a segment with a block list")
         if seg.get("device", 0) != device:
             continue
-        reserved += _int(seg.get("total_size", 0), f"segment {i}'s total_size", origin)
+        reserved += seg.get("total_size", 0)
         expandable = expandable or bool(seg.get("is_expandable"))
         for block in seg.get("blocks", []):
             if not isinstance(block, dict):
                 raise DoctorInputError(f"{origin}: a block of segment {i} is not a dict")
-            size = _int(block.get("size", 0), f"a block size of segment {i}", origin)
+            size = block.get("size", 0)
             state = block.get("state")
             if state == "inactive":
                 cached += size
                 largest = max(largest, size)
             elif state in ("active_allocated", "active_pending_free"):
                 allocated += size
-                site = call_site(block.get("frames") or [])
+                site = call_site(block.get("frames"))
                 framed = framed or bool(site)
                 site = site or "(no stack recorded)"
                 sites[site] = sites.get(site, 0) + size
@@ -507,8 +496,7 @@ def _from_snapshot(snap, capacity: int | None, estimate_fn, origin: str) -> Diag
         return Diagnosis(None, "no out-of-memory in the snapshot: these are its figures",
                          f"snapshot of device {device}", numbers, [], call_sites, [], notes)
     entry = oom[1]
-    requested = _int(entry.get("size", 0), "the oom entry's size", origin)
-    device_free = _int(entry.get("device_free", 0), "the oom entry's device_free", origin)
+    requested, device_free = entry.get("size", 0), entry.get("device_free", 0)
     numbers.update(requested=requested, device_free=device_free)
     if _changed_after(snap, oom[0], entry):
         notes.append("memory was allocated or freed after the OOM: the blocks are those of "
@@ -608,7 +596,8 @@ def _replay(path: str, source: str, capacity: int | None, extra_env: dict | None
     args = [str(binary), "replay", "--json", "--repeat", "1", "--min-capacity", "--source", source]
     if capacity is not None:
         args += ["--capacity", str(capacity)]
-    done = subprocess.run(args + ["--", path], capture_output=True, text=True, env=env)
+    done = subprocess.run(args + ["--", path], capture_output=True, text=True,
+                          errors="replace", env=env)
     if done.returncode == 2:
         message = done.stderr.strip().splitlines()
         raise DoctorInputError(message[-1].removeprefix("vramkit replay: ") if message
@@ -711,6 +700,7 @@ def _from_trace(path: str, capacity: int | None, estimate_fn, origin: str) -> Di
 
 def _from_path(path: str, capacity: int | None, estimate_fn) -> Diagnosis:
     from .plot import _read
+    from .plot._snapshot import check
 
     try:
         raw = _read.read_bytes(path)
@@ -726,7 +716,7 @@ def _from_path(path: str, capacity: int | None, estimate_fn) -> Diagnosis:
         if kind == "log":
             raise DoctorInputError(f"{path}: a MemoryLogger log, not a snapshot or a trace "
                                    f"(vramkit plot draws it)")
-        snap = _read.load_snapshot_object(path, raw, kind)
+        snap = check(path, _read.load_snapshot_object(path, raw, kind))
     except _read.PlotInputError as error:
         raise DoctorInputError(str(error)) from None
     return _from_snapshot(snap, capacity, estimate_fn, path)
@@ -792,7 +782,7 @@ def main(args: list[str]) -> int:
     import sys
 
     from . import _core
-    from .cli import EXIT_FAILURE, EXIT_OK, usage_error
+    from .cli import EXIT_FAILURE, EXIT_OK, input_error, usage_error
 
     paths, capacity, as_json = [], None, False
     i = 0
@@ -828,8 +818,7 @@ def main(args: list[str]) -> int:
     try:
         result = diagnose(paths[0], capacity=capacity)
     except DoctorInputError as error:
-        print(f"vramkit doctor: {error}", file=sys.stderr)
-        return 2
+        return input_error("doctor", error)
     except MissingCommand as error:
         print(f"vramkit doctor: {error}", file=sys.stderr)
         return EXIT_FAILURE

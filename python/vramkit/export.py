@@ -34,7 +34,7 @@ import sys
 import time
 
 from ._serve import Server, reply_bytes
-from .cli import usage_error
+from .cli import EXIT_FAILURE, usage_error
 
 USAGE = """usage: vramkit export [--port PORT] [--address ADDRESS] [--timeout SECONDS]
                       [--max-connections N] [--once]
@@ -404,7 +404,7 @@ def serve(address: str, port: int, timeout: float = DEFAULT_TIMEOUT_S,
         else:
             print(f"vramkit export: cannot listen on {address}:{port}: "
                   f"{error.strerror or error}", file=sys.stderr)
-        return 1
+        return EXIT_FAILURE
     host, bound = server.server_address[:2]
     shown = f"[{host}]" if ":" in host else host
     if address in ("127.0.0.1", "::1", "localhost"):

@@ -217,7 +217,7 @@ def test_memory_growth_after_use_raises():
     vramkit.set_memory_growth(d, True)  # already so: accepted, as TensorFlow does
     with pytest.raises(RuntimeError, match="cannot be modified after being initialized"):
         vramkit.set_memory_growth(d, False)
-    with pytest.raises(RuntimeError, match="already in use"):
+    with pytest.raises(RuntimeError, match="already created"):
         vramkit.configure(d, limit="1G")
     with pytest.raises(TypeError):
         vramkit.set_memory_growth(d, "yes")
@@ -482,3 +482,62 @@ def test_a_bad_torch_backend_variable_is_named(monkeypatch):
         vtorch._chosen_path(None)
     with pytest.raises(ValueError, match=r"install\(backend='x'\)"):
         vtorch._chosen_path("x")
+
+
+def test_annotation_contexts_out_of_64_bits_are_refused():
+    done = run_python("""
+        import vramkit
+        from vramkit import _core
+        vramkit.record_memory_history()
+        for context in (-1, 2**64, 2**200):
+            try:
+                _core.history_annotate(0, context)
+            except OverflowError as error:
+                assert "context must be from 0 to 2**64 - 1" in str(error), error
+            else:
+                raise AssertionError(f"context {context} accepted")
+        _core.history_annotate(0, 2**64 - 1)  # the largest is fine
+        print("ok")
+    """)
+    assert done.stdout.strip() == "ok"
+
+
+def test_bools_are_neither_devices_nor_streams():
+    buf = vramkit.empty(512)
+    for call in (lambda: vramkit.empty(512, stream=True), lambda: buf.record_stream(True),
+                 lambda: _core.stats(True), lambda: _core.mem_get_info(False),
+                 lambda: _core.history_annotate(True, 1)):
+        with pytest.raises(TypeError, match="not bool"):
+            call()
+    with pytest.raises(OverflowError, match="device 4294967296 is out of range"):
+        _core.stats(1 << 32)
+    buf.free()
+
+
+def test_a_second_configure_says_the_pool_exists_not_that_it_is_in_use():
+    done = run_python("""
+        import vramkit
+        from vramkit import _core
+        vramkit.configure(0, source="sim")  # nothing allocated, nothing live
+        for call in (lambda: vramkit.configure(0, source="sim"),
+                     lambda: _core.init_pool(0, {})):
+            try:
+                call()
+            except (RuntimeError, vramkit.BusyError) as error:
+                text = str(error)
+                assert "already created" in text, text
+                assert "in use" not in text and "live allocations" not in text, text
+            else:
+                raise AssertionError("accepted")
+        print("ok")
+    """)
+    assert done.stdout.strip() == "ok"
+
+
+def test_numpy_does_not_wrap_device_memory_for_the_host():
+    np = pytest.importorskip("numpy")
+    buf = vramkit.empty(4096)
+    assert not hasattr(buf, "__array_interface__")
+    with pytest.raises(TypeError, match="device memory, which numpy cannot read"):
+        np.asarray(buf)
+    buf.free()

@@ -9,6 +9,7 @@ to show that both give the same answers.
 
 import json
 import os
+import pickle
 import re
 import shutil
 import subprocess
@@ -107,7 +108,7 @@ def test_error_exit_statuses_follow_the_help(script, binary, tmp_path):
     empty = tmp_path / "empty.trace"
     empty.write_text("")
     cases = [
-        (statuses["bad trace file"], ["replay", empty], "empty.trace: empty file"),
+        (statuses["bad input file"], ["replay", empty], "empty.trace: empty file"),
         (statuses["bad command line"], ["replay", "--capacity"], "--capacity needs a value"),
         (statuses["bad command line"], ["no-such-command"], "unknown command"),
     ]
@@ -132,3 +133,51 @@ def test_version_subcommand_agrees_with_the_c_command(script, binary):
     assert lines[2] == f"command: {binary}"
     wrong = run(script, "version", "extra")
     assert wrong.returncode == 3 and "unexpected argument 'extra'" in wrong.stderr
+
+
+def test_one_exit_status_table_for_c_and_python(script):
+    """The help's table is the one the Python subcommands use, row by row."""
+    statuses = exit_statuses(run(script, "--help").stdout)
+    cli = vramkit.cli
+    assert statuses == {"success": cli.EXIT_OK, "out of memory": cli.EXIT_DOES_NOT_FIT,
+                        "bad input file": cli.EXIT_BAD_INPUT,
+                        "bad command line": cli.EXIT_USAGE, "failure": cli.EXIT_FAILURE,
+                        "missing optional package": cli.EXIT_MISSING_DEPENDENCY}
+    assert cli.EXIT_BROKEN_PIPE == 141 and "quietly with 141" in run(script, "--help").stdout
+    for name in cli.COMMANDS:
+        text = run(script, name, "--help").stdout
+        assert "vramkit --help" in text or name in ("version", "top", "export"), name
+
+
+def test_a_closed_stdout_ends_quietly(script, tmp_path):
+    """`vramkit ... | head -1` where head has gone: no traceback, the SIGPIPE status."""
+    snap = tmp_path / "s.pickle"
+    snap.write_bytes(pickle.dumps({"segments": [], "device_traces": []}))
+    read, write = os.pipe()
+    os.close(read)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VRAMKIT_")}
+    try:
+        # (estimate's help is argparse's, which ignores a failed write itself.)
+        for args in (["top", "--once"], ["version"], ["doctor", snap], ["plot", "--help"],
+                     ["--help"]):
+            done = subprocess.run([str(script), *map(str, args)], stdout=write,
+                                  stderr=subprocess.PIPE, text=True, env=env, timeout=120)
+            assert (done.returncode, done.stderr) == (141, ""), args
+    finally:
+        os.close(write)
+
+
+def test_replay_json_escapes_a_name_that_is_not_utf8(script, tmp_path):
+    name = os.fsencode(tmp_path) + b"/caf\xe9 \xff\xfe\x01.trace"
+    with open(name, "wb") as f:
+        f.write(b"# vramkit-trace v1\na 0 4096 0 1\nf 0 0 2\n")
+    done = subprocess.run([str(script), "replay", "--json", "--repeat", "1", name],
+                          capture_output=True, env={**os.environ, "VRAMKIT_SOURCE": "sim"})
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.decode("utf-8"))  # strict: the JSON is UTF-8
+    assert result["trace"] == "caf\ufffd \ufffd\ufffd\u0001"
+
+
+def test_names_in_messages_are_shown_escaped():
+    assert vramkit.cli.shown(b"/tmp/caf\xe9\n\x1b[2J.trace") == "/tmp/caf\\xe9\\n\\x1b[2J.trace"
+    assert vramkit.cli.shown("plain/é name") == "plain/é name"

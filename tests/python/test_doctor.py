@@ -11,9 +11,11 @@ little device_free. The command runs on a trace, on snapshots, and on bad files.
 
 import gzip
 import json
+import os
 import pickle
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -382,6 +384,74 @@ def test_bad_files_exit_2_with_the_reason(tmp_path):
         diagnose(missing)
     with pytest.raises(DoctorInputError, match="not a vramkit out-of-memory report"):
         diagnose(MemoryError("out of memory"))
+
+
+def _oom_snapshot():
+    seg = {"device": 0, "address": 0, "total_size": 4 * MiB,
+           "blocks": [{"address": 0, "size": 4 * MiB, "state": "active_allocated"}]}
+    oom = {"action": "oom", "size": 8 * MiB, "device_free": 0, "time_us": 5}
+    return {"segments": [seg], "device_traces": [[oom]]}
+
+
+@pytest.mark.parametrize("change, says", [
+    (lambda s: s["segments"].extend([dict(s["segments"][0], device="a"),
+                                     dict(s["segments"][0], device=1)]),
+     "segments[1].device is 'a'"),
+    (lambda s: s["segments"].append(dict(s["segments"][0], device={})),
+     "segments[1].device is a dict"),
+    (lambda s: s["device_traces"].append([{"action": "oom", "size": 1, "time_us": "late"}]),
+     "device_traces[1][0].time_us is 'late'"),
+    (lambda s: s["device_traces"][0][0].update(time_us=float("nan")), "time_us is nan"),
+])
+def test_a_snapshot_with_a_value_of_the_wrong_kind_exits_2_naming_it(tmp_path, change, says):
+    snap = _oom_snapshot()
+    change(snap)
+    path = tmp_path / "odd.pickle"
+    path.write_bytes(pickle.dumps(snap))
+    done = _doctor(path)
+    assert done.returncode == 2 and done.stderr.startswith(f"vramkit doctor: {path}: "), \
+        done.stderr
+    assert says in done.stderr and done.stdout == ""
+
+
+def test_a_pickle_that_repeats_objects_by_reference_is_refused_at_once(tmp_path):
+    block = {"address": 0, "size": 1, "state": "active_allocated",
+             "frames": [{"filename": "/torch/f.py", "line": 1, "name": "f"}] * 200}
+    seg = {"device": 0, "address": 0, "total_size": 200, "blocks": [block] * 200}
+    path = tmp_path / "amplified.pickle"
+    path.write_bytes(pickle.dumps({"segments": [seg] * 200, "device_traces": []}))
+    start = time.monotonic()
+    with pytest.raises(DoctorInputError, match="appears earlier"):
+        diagnose(path)
+    assert time.monotonic() - start < 2  # walking it takes seconds to minutes
+
+
+def test_a_trace_list_repeated_by_reference_is_refused_at_once(tmp_path):
+    """Entries that are not dicts are skipped, not tracked: the lists that hold them are."""
+    entries = ["not an entry"] * 3000
+    path = tmp_path / "amplified.pickle"
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [entries] * 3000}))
+    assert path.stat().st_size < 20_000
+    start = time.monotonic()
+    with pytest.raises(DoctorInputError, match=r"device_traces\[1\] is an object that appears "
+                                               r"earlier"):
+        diagnose(path)
+    assert time.monotonic() - start < 1  # nine million entries walked: seconds
+
+
+def test_a_file_name_that_is_not_utf8(tmp_path):
+    name = os.fsencode(tmp_path) + b"/caf\xe9\x1b.trace"
+    with open(name, "wb") as f:
+        f.write(b"# vramkit-trace v1\na 0 1048576 0 1\nf 0 0 2\n")
+    done = subprocess.run([sys.executable, "-m", "vramkit", "doctor", name, "--capacity", "1G"],
+                          capture_output=True, timeout=300)
+    assert done.returncode == 0 and done.stderr == b"", done.stderr
+    assert b"caf\xef\xbf\xbd\x1b" in done.stdout  # the C command's name, \ufffd for \xe9
+    missing = os.fsencode(tmp_path) + b"/gone\xff\n.pickle"
+    done = subprocess.run([sys.executable, "-m", "vramkit", "doctor", missing],
+                          capture_output=True, timeout=300)
+    assert done.returncode == 2 and b"gone\\xff\\n.pickle: cannot read" in done.stderr, \
+        done.stderr
 
 
 def test_bad_command_lines_exit_3():

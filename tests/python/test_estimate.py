@@ -9,6 +9,7 @@ import gzip
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -388,3 +389,24 @@ def test_the_command_line_names_the_user_s_code_and_prints_no_library_warnings()
     sites = out.stdout.split("largest call sites at the peak:\n", 1)[1].split("  note:")[0]
     assert "the training step: loss.backward()" in sites
     assert "site-packages" not in sites and "estimator/models.py" not in sites
+
+
+def test_a_model_configuration_that_cannot_be_read_exits_2(tmp_path):
+    pytest.importorskip("transformers")
+    invalid = tmp_path / "invalid.json"
+    invalid.write_text("{bad")
+    wrong_kind = tmp_path / "config.json"
+    wrong_kind.write_text('{"model_type": "gpt2", "n_layer": "abc", "n_head": 5}')
+    empty_folder = tmp_path / "model"
+    empty_folder.mkdir()
+    readme = Path(__file__).resolve().parents[2] / "README.md"
+    for model, says in ((readme, "README.md: not a usable model configuration"),
+                        (invalid, "invalid.json: not a usable model configuration"),
+                        (wrong_kind, "config.json: not a usable model configuration"),
+                        (empty_folder, "model: a folder without a config.json")):
+        done = subprocess.run([sys.executable, "-m", "vramkit", "estimate", "--model",
+                               str(model), "--batch", "1", "--seq", "8"],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 2, (model, done.stderr)
+        assert done.stderr.startswith("vramkit estimate: ") and says in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr

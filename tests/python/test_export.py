@@ -489,13 +489,13 @@ def test_an_oversized_request_is_refused(tmp_path):
         _stop(proc)
 
 
-def test_port_in_use_is_exit_1_with_a_message(tmp_path):
+def test_port_in_use_is_exit_4_with_a_message(tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         proc = export(_env(tmp_path), "--port", str(port), check=False)
-    assert proc.returncode == 1
+    assert proc.returncode == 4  # the failure row of the exit-status table
     assert f"port {port} on 127.0.0.1 is already in use" in proc.stderr
     assert "Traceback" not in proc.stderr
 

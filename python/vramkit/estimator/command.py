@@ -8,22 +8,26 @@ downloaded) under fake tensors; the estimate (vramkit.estimate) says the peak al
 the peak reserved under vramkit and under PyTorch's allocator, whether it fits the card,
 the breakdown at the peak and the call sites. --max-batch asks for the largest batch that
 fits the card instead, --what-if for the table of changes (vramkit.advise), and
---plan-checkpointing for the fewest blocks to checkpoint (vramkit.plan_checkpointing). Exit statuses as the other subcommands: 0, 1 the step does not
-fit the card (or not even batch 1 does), 3 a bad command line, 4 the step could not be
-estimated.
+--plan-checkpointing for the fewest blocks to checkpoint (vramkit.plan_checkpointing).
+Exit statuses are the table of vramkit --help (EXIT_STATUS below).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import threading
 import time
 
-from ..cli import EXIT_FAILURE, EXIT_OK, usage_error
+from ..cli import (EXIT_DOES_NOT_FIT, EXIT_FAILURE, EXIT_MISSING_DEPENDENCY, EXIT_OK,
+                   input_error, usage_error)
 
-EXIT_DOES_NOT_FIT = 1
+EXIT_STATUS = ("exit status (the table of vramkit --help): 0 estimated (and it fits), 1 the "
+               "step does not fit the card (or not even batch 1 does), 2 a config.json that "
+               "cannot be read or built, 3 bad arguments or an unknown model, 4 the step could "
+               "not be estimated, 5 PyTorch or transformers missing")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -40,7 +44,8 @@ def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="vramkit estimate", description=(
         "Estimate the GPU memory of one model's training step from its configuration "
         "alone (no weights downloaded, no GPU needed): peak allocated, peak reserved "
-        "under vramkit and under PyTorch's allocator, and whether it fits the card."))
+        "under vramkit and under PyTorch's allocator, and whether it fits the card."),
+        epilog=EXIT_STATUS)
     p.add_argument("--model", required=True,
                    help="a family (gpt2, llama, bert, vit, resnet...), a named size "
                         "(gpt2-medium, llama-1b, vit-b16, resnet50), a config.json path, "
@@ -118,6 +123,26 @@ def _as_json(e) -> dict:
             "notes": e.notes}
 
 
+def _refused(error: Exception, model: str) -> int:
+    """The message and exit status of an estimate that could not be made."""
+    from . import models
+
+    if isinstance(error, ImportError):  # models.MissingPackage: transformers
+        print(f"vramkit estimate: {error}", file=sys.stderr)
+        return EXIT_MISSING_DEPENDENCY
+    if isinstance(error, models.BadConfig):
+        return input_error("estimate", error)
+    if isinstance(error, ValueError) and not isinstance(error, models.UnknownModel):
+        if os.path.isfile(model) or os.path.isdir(model):
+            # transformers refused a value of the user's configuration when building it.
+            return input_error("estimate", f"{model}: not a usable model configuration: "
+                                           f"{error}")
+    if isinstance(error, ValueError):
+        return usage_error("estimate", str(error))
+    print(f"vramkit estimate: {error}", file=sys.stderr)  # an UntraceableStep
+    return EXIT_FAILURE
+
+
 def main(argv: list[str]) -> int:
     try:
         args = _parser().parse_args(argv)
@@ -138,7 +163,7 @@ def main(argv: list[str]) -> int:
     except ImportError:
         print("vramkit estimate: needs PyTorch (pip install 'vramkit[torch]' transformers)",
               file=sys.stderr)
-        return EXIT_FAILURE
+        return EXIT_MISSING_DEPENDENCY
     from . import Estimate, advise, estimate, find_max_batch, models, plan_checkpointing
     from ._step import UntraceableStep
 
@@ -164,13 +189,8 @@ def main(argv: list[str]) -> int:
                 result: Estimate = estimate(first.step, build=first.build,
                                             device_memory=args.device_memory,
                                             source=args.source, trace_path=args.trace)
-    except models.UnknownModel as error:
-        return usage_error("estimate", str(error))
-    except ValueError as error:
-        return usage_error("estimate", str(error))
-    except UntraceableStep as error:
-        print(f"vramkit estimate: {error}", file=sys.stderr)
-        return EXIT_FAILURE
+    except (ImportError, ValueError, UntraceableStep) as error:
+        return _refused(error, args.model)
     if args.what_if:
         if args.json:
             print(json.dumps({"model": args.model, "workload": first.name,

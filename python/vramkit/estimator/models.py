@@ -42,6 +42,15 @@ class UnknownModel(ValueError):
     """The model name is neither a known family, a named size, nor a local config."""
 
 
+class BadConfig(ValueError):
+    """A configuration file that names no model transformers can build: unreadable, not
+    JSON, or with values of the wrong kind. The message names the file."""
+
+
+class MissingPackage(ImportError):
+    """transformers (or PyTorch) is not installed; the message says what to install."""
+
+
 @dataclass
 class Workload:
     name: str
@@ -56,14 +65,13 @@ def config_for(model: str):
     try:
         import transformers
     except ImportError as error:
-        raise UnknownModel("estimating a model by name needs the transformers package "
-                           "(pip install transformers)") from error
+        raise MissingPackage("estimating a model by name needs the transformers package "
+                             "(pip install transformers)") from error
     if model in _NAMED:
         family, overrides = _NAMED[model]
         return transformers.AutoConfig.for_model(family, **overrides)
     if os.path.exists(model):
-        path = model if model.endswith(".json") else os.path.join(model, "config.json")
-        return transformers.AutoConfig.from_pretrained(path)
+        return _config_file(transformers, model)
     try:
         return transformers.AutoConfig.for_model(model)
     except ValueError:
@@ -75,6 +83,25 @@ def config_for(model: str):
         raise UnknownModel(f"unknown model {model!r}: give a family ({', '.join(known)}), "
                            f"a path to a config.json, or a model id already in the local "
                            f"Hugging Face cache (nothing is downloaded)") from error
+
+
+def _config_file(transformers, model: str):
+    """The configuration in a config.json, or in the one of a model folder."""
+    from ..cli import shown
+
+    path = os.path.join(model, "config.json") if os.path.isdir(model) else model
+    if not os.path.isfile(path):
+        raise BadConfig(f"{shown(model)}: a folder without a config.json")
+    try:
+        return transformers.AutoConfig.from_pretrained(path)
+    except ImportError:
+        raise
+    except Exception as error:  # noqa: BLE001
+        # transformers says "not a valid JSON file" as an OSError, and its newer releases
+        # check the kinds of the fields with exceptions of huggingface_hub's own: whatever
+        # it raises on reading this file is the file's fault.
+        why = " ".join(str(error).split())[:300] or type(error).__name__
+    raise BadConfig(f"{shown(path)}: not a usable model configuration: {why}")
 
 
 def workload(model: str, batch: int, seq: int = 1024, precision: str = "fp32",

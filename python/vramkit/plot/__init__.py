@@ -47,7 +47,10 @@ def plot(path: str, output: str, device: int | None = None, replay: bool = True)
 
     if not output.lower().endswith((".html", ".htm", ".png")):
         raise ValueError(f"{output}: the output must end in .html or .png")
+    from ..cli import shown
+
     history = load(path, device)
+    history.path = shown(history.path)  # the page and the PNG are UTF-8: no raw bytes
     pending = None
     if history.kind == "trace":
         if replay and history.events:

@@ -1,12 +1,14 @@
-"""`vramkit plot`: its arguments, messages and exit statuses (0 drawn, 1 matplotlib missing
-for a PNG, 2 input that cannot be drawn, 3 bad command line, 4 the output cannot be written). Notes on what was skipped go
-to stderr as warnings, so a picture with gaps never passes silently."""
+"""`vramkit plot`: its arguments, messages and exit statuses (the table of vramkit --help: 0
+drawn, 2 input that cannot be drawn, 3 bad command line, 4 the output cannot be written, 5
+matplotlib missing for a PNG). Notes on what was skipped go to stderr as warnings, so a
+picture with gaps never passes silently."""
 
 from __future__ import annotations
 
 import sys
 
-from ..cli import usage_error
+from ..cli import (EXIT_FAILURE, EXIT_MISSING_DEPENDENCY, EXIT_OK, input_error, shown,
+                   usage_error)
 
 USAGE = """usage: vramkit plot FILE -o OUT.html|OUT.png [--device N] [--no-replay]
 
@@ -21,8 +23,8 @@ and the segments view. OUT.png draws the timeline with matplotlib (pip install '
   --device N         the device of a snapshot to draw (default: the one with most history)
   --no-replay        for a trace: do not replay it on sim to find reserved memory
 
-exit status: 0 drawn, 1 matplotlib missing, 2 input that cannot be drawn, 3 bad arguments,
-4 the output cannot be written"""
+exit status (the table of vramkit --help): 0 drawn, 2 input that cannot be drawn, 3 bad
+arguments, 4 the output cannot be written, 5 matplotlib missing"""
 
 
 def main(args: list[str]) -> int:
@@ -38,7 +40,7 @@ def main(args: list[str]) -> int:
         arg = args[i]
         if arg in ("-h", "--help"):
             print(USAGE)
-            return 0
+            return EXIT_OK
         if arg in ("-o", "--output", "--device"):
             if i + 1 >= len(args):
                 return _usage(f"{arg} needs a value")
@@ -70,18 +72,18 @@ def main(args: list[str]) -> int:
     try:
         notes = plot(files[0], output, device=device, replay=replay)
     except PlotInputError as error:
-        print(f"vramkit plot: {error}", file=sys.stderr)
-        return 2
+        return input_error("plot", error)
     except MissingMatplotlib as error:
         print(f"vramkit plot: {error}", file=sys.stderr)
-        return 1
+        return EXIT_MISSING_DEPENDENCY
     except OSError as error:
-        print(f"vramkit plot: {output}: cannot write: {error.strerror}", file=sys.stderr)
-        return 4
+        print(f"vramkit plot: {shown(output)}: cannot write: {error.strerror}",
+              file=sys.stderr)
+        return EXIT_FAILURE
     for note in notes:
-        print(f"vramkit plot: warning: {files[0]}: {note}", file=sys.stderr)
-    print(f"wrote {output}")
-    return 0
+        print(f"vramkit plot: warning: {shown(files[0])}: {shown(note)}", file=sys.stderr)
+    print(f"wrote {shown(output)}")
+    return EXIT_OK
 
 
 def _usage(message: str) -> int:

@@ -10,6 +10,7 @@ Times are microseconds from the first event.
 from __future__ import annotations
 
 from ._read import PlotInputError
+from ._snapshot import check
 
 PRE_HISTORY_SITE = "(allocated before the history began)"
 
@@ -117,8 +118,12 @@ def call_site(frames):
     for frame in frames:
         if not isinstance(frame, dict):
             continue
-        filename = str(frame.get("filename", "??"))
-        text = f"{filename}:{frame.get('line', '?')}:{frame.get('name', '?')}"
+        # Only a str or an int: str() of a list that repeats itself by reference is as
+        # long as its expansion.
+        filename, line, name = (frame.get(k) for k in ("filename", "line", "name"))
+        filename = filename if isinstance(filename, str) else "??"
+        text = (f"{filename}:{line if isinstance(line, int) else '?'}:"
+                f"{name if isinstance(name, str) else '?'}")
         if not first:
             first = text
         normal = filename.replace("\\", "/")
@@ -127,6 +132,23 @@ def call_site(frames):
             continue
         return text
     return first
+
+
+class SiteCache:
+    """call_site of each frame list, worked out once per list: the blocks of a snapshot
+    share lists (vramkit gives those of one stack the same one, and a crafted pickle can
+    make every block share one long list). Valid while the snapshot is alive."""
+
+    def __init__(self):
+        self._sites: dict[int, str] = {}
+
+    def __call__(self, frames) -> str:
+        if not isinstance(frames, (list, tuple)):
+            return ""
+        site = self._sites.get(id(frames))
+        if site is None:
+            site = self._sites[id(frames)] = call_site(frames)
+        return site
 
 
 def _overflowed(snapshot, device):
@@ -141,24 +163,9 @@ def _overflowed(snapshot, device):
 def from_snapshot(path, snapshot, device=None):
     """A History of one device (the given one, else the one with the most trace entries)
     from a snapshot dict in the format of torch.cuda.memory._snapshot()."""
-    if isinstance(snapshot, list):
-        raise PlotInputError(f"{path}: a snapshot in the legacy format (a list of segments, "
-                             f"from torch.cuda.memory_snapshot() before PyTorch 2.1); "
-                             f"vramkit plot reads the dict of torch.cuda.memory._snapshot()")
-    if not isinstance(snapshot, dict):
-        raise PlotInputError(f"{path}: not a memory snapshot: it holds a "
-                             f"{type(snapshot).__name__}, not a dict with 'segments'")
-    if "segments" not in snapshot:
-        keys = ", ".join(sorted(map(str, snapshot))[:8]) or "none"
-        raise PlotInputError(f"{path}: not a memory snapshot: the dict has no 'segments' "
-                             f"(its keys: {keys})")
+    check(path, snapshot)
     segments = snapshot["segments"]
     traces = snapshot.get("device_traces", [])
-    if not isinstance(segments, (list, tuple)):
-        raise PlotInputError(f"{path}: 'segments' is a {type(segments).__name__}, not a list")
-    if not isinstance(traces, (list, tuple)):
-        raise PlotInputError(f"{path}: 'device_traces' is a {type(traces).__name__}, "
-                             f"not a list")
     if device is None:
         counts = [len(t) if isinstance(t, (list, tuple)) else 0 for t in traces]
         if counts and max(counts) > 0:
@@ -172,11 +179,9 @@ def from_snapshot(path, snapshot, device=None):
     h = History(path, "snapshot")
     h.device = device
     entries = traces[device] if device < len(traces) else []
-    if not isinstance(entries, (list, tuple)):
-        raise PlotInputError(f"{path}: device_traces[{device}] is a "
-                             f"{type(entries).__name__}, not a list")
-    seg_view, seg_reserved, seg_active = _segments(h, segments, device)
-    _trace_entries(h, entries, seg_reserved, seg_active)
+    sites = SiteCache()
+    seg_view, seg_reserved, seg_active = _segments(h, segments, device, sites)
+    _trace_entries(h, entries, seg_reserved, seg_active, sites)
     if _overflowed(snapshot, device):
         h.notes.insert(0, "the history overflowed (trace_alloc_overflowed): its oldest "
                           "entries were lost, so the timeline starts part-way and blocks "
@@ -184,7 +189,7 @@ def from_snapshot(path, snapshot, device=None):
     return h
 
 
-def _segments(h, segments, device):
+def _segments(h, segments, device, sites):
     """The segments view of the device, its reserved and active bytes at snapshot time."""
     view = []
     reserved = active = 0
@@ -209,7 +214,7 @@ def _segments(h, segments, device):
                 offset = addr - base
             requested = b.get("requested_size")
             blocks.append((offset, b["size"], requested if _is_int(requested) else None,
-                           state, call_site(b.get("frames"))))
+                           state, sites(b.get("frames"))))
             if state.startswith("active"):
                 active += b["size"]
             offset += b["size"]
@@ -233,7 +238,7 @@ def _hex(address):
     return "?" if address is None else f"0x{address:x}"
 
 
-def _trace_entries(h, entries, seg_reserved, seg_active):
+def _trace_entries(h, entries, seg_reserved, seg_active, sites):
     live = {}
     pre = []               # blocks freed in the history but allocated before it
     regular = []
@@ -246,7 +251,8 @@ def _trace_entries(h, entries, seg_reserved, seg_active):
     realloc = 0
     have_time = all(isinstance(e, dict) and isinstance(e.get("time_us"), (int, float))
                     and not isinstance(e.get("time_us"), bool) for e in entries)
-    t0 = entries[0]["time_us"] if entries and have_time else 0
+    # From the earliest, not the first: an entry out of order must not fall before the axis.
+    t0 = min(e["time_us"] for e in entries) if entries and have_time else 0
     if entries and not have_time:
         h.time_unit = "entries"
         h.notes.append("the history has no time_us on every entry (PyTorch before 2.2): "
@@ -283,7 +289,7 @@ def _trace_entries(h, entries, seg_reserved, seg_active):
                 old = live[addr]
                 old.end = t
                 events.append((t, old, False))
-            block = Block(size, t, e.get("stream", 0), call_site(e.get("frames")), addr,
+            block = Block(size, t, e.get("stream", 0), sites(e.get("frames")), addr,
                           e.get("requested_size"))
             live[addr] = block
             regular.append(block)

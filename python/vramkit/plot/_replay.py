@@ -26,6 +26,13 @@ class Replay:
 
     def __init__(self, history):
         self._times = [t for t, _, _ in history.events]
+        self._child = None
+        largest = max((block.size for block in history.blocks), default=0)
+        if largest >= 1 << 63:
+            # More than the int64 the child reads, and than any device holds.
+            self._error = (f"a block of {largest} bytes is larger than any device, so the "
+                           f"trace was not replayed")
+            return
         numbers = {}
         ops = array.array("q")
         for t, block, is_alloc in history.events:
@@ -45,12 +52,11 @@ class Replay:
                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                            stderr=subprocess.PIPE, env=env)
         except OSError as error:
-            self._child = None
-            self._error = str(error)
+            self._error = f"the replay could not start ({error})"
 
     def result(self):
         if self._child is None:
-            return None, f"reserved is unknown: the replay could not start ({self._error})"
+            return None, f"reserved is unknown: {self._error}"
         try:
             out, err = self._child.communicate(self._data, timeout=120)
         except subprocess.TimeoutExpired:
