@@ -179,6 +179,15 @@ typedef struct vram_pending {
 } vram_pending;
 
 /* Host structs come from slabs and go back to a free list: no malloc on the hot path. */
+/* The share of the statistics of one kind of segment, small or large, PyTorch's two pools
+ * (kinds.h keeps it, kinds.c reports it): what malloc, free, segments and pending frees
+ * move, and the active peaks as the pool's own are kept. */
+typedef struct vram_kind_counts {
+  vram_stat_t allocated_bytes, requested_bytes, allocation, reserved_bytes, segment;
+  size_t pending_bytes, pending_blocks;
+  int64_t active_bytes_peak, active_peak;
+} vram_kind_counts;
+
 typedef struct vram_block_cache {
   vram_block *free_list;
   void **slabs;
@@ -209,6 +218,8 @@ struct vram_pool {
   int64_t active_bytes_peak, active_peak;
   vram_block_cache blocks;
   vram_stats_t stats;
+  vram_kind_counts kinds[2]; /* [1] small segments, [0] large ones */
+  uint64_t num_sync_all_streams;
 
   vram_options_t opts;
   const vram_source_methods *src;
