@@ -76,6 +76,7 @@ using c10::CachingDeviceAllocator::TraceEntry;
 constexpr int kMaxDevices = 64;
 constexpr size_t kAlign = 512;  // the engine's block unit
 constexpr size_t kMessageCap = 8192;
+constexpr size_t kOneExaByte = size_t{1} << 60;
 
 // The last failure inside a deleter, which cannot throw: read by vramkit.torch.
 std::atomic<int> g_last_status{0};
@@ -177,6 +178,9 @@ class Backend final : public cca::CUDAAllocator {
   void *malloc_on(c10::DeviceIndex device, size_t n, cudaStream_t stream, bool *is_private) {
     TORCH_CHECK(device >= 0 && device < kMaxDevices, "vramkit: CUDA device ", device,
                 " is beyond the ", kMaxDevices, " devices vramkit serves");
+    // PyTorch refuses these before any figure, in these words; so does vramkit.
+    TORCH_CHECK_WITH(OutOfMemoryError, n < kOneExaByte,
+                     "CUDA out of memory. Tried to allocate more than 1EB memory.");
     PrivatePool *pp = nullptr;
     bool capturing = captures_[device].load(std::memory_order_acquire) > 0;
     if (capturing) pp = capture_target(device, stream);

@@ -70,3 +70,37 @@ def test_small_and_large_pool_rows_split_as_pytorch_does():
         assert s["num_sync_all_streams"] >= 1
         del large
     """)
+
+
+def test_allocator_settings_map_warn_or_refuse():
+    from vramkit import torch_settings
+
+    with pytest.warns(RuntimeWarning) as caught:
+        options = torch_settings.map_settings(
+            "expandable_segments:True,max_split_size_mb:128,roundup_power2_divisions:4,"
+            "garbage_collection_threshold:0.6,release_lock_on_cudamalloc:True,"
+            "pinned_use_cuda_host_register:True,backend:native,"
+            "per_process_memory_fraction:0.5,no_such_key:1")
+    assert options == {"large_blocks": "virtual", "limit": 0.5}
+    said = " ".join(str(w.message) for w in caught)
+    # Every key without an equivalent is named, with what vramkit does instead.
+    for key, equivalent in (("max_split_size_mb", "tight_threshold"),
+                            ("roundup_power2_divisions", "512 bytes"),
+                            ("garbage_collection_threshold", "release_threshold"),
+                            ("release_lock_on_cudamalloc", "lock"),
+                            ("no_such_key", "not a setting")):
+        assert key in said and equivalent in said, key
+    assert "pinned_use_cuda_host_register" not in said  # PyTorch's host allocator serves it
+    assert torch_settings.map_settings("expandable_segments:False") == {"large_blocks": "fixed"}
+    with pytest.raises(torch_settings.SettingsError, match="cudaMallocAsync"):
+        torch_settings.map_settings("backend:cudaMallocAsync")
+
+
+def test_settings_set_later_say_what_they_do():
+    from vramkit import torch_settings
+
+    seen = []
+    hook = torch_settings.settings_hook(seen.append)
+    with pytest.warns(RuntimeWarning, match="large_blocks='virtual'.*install"):
+        hook("expandable_segments:True")
+    assert seen == ["expandable_segments:True"]  # PyTorch still records it

@@ -195,6 +195,8 @@ void out_of_memory_raises_and_tells_observers(Backend &b) {
   CHECK_THROWS(c10::OutOfMemoryError,
                "Of the allocated memory 4.00 KiB is allocated by PyTorch, and ",
                b.malloc_on(0, size_t{2} << 30, kDefault, &is_private));
+  CHECK_THROWS(c10::OutOfMemoryError, "Tried to allocate more than 1EB memory",
+               b.malloc_on(0, size_t{1} << 62, kDefault, &is_private));
   CHECK(seen.size() == 2 && seen[0] == 0);
   CHECK(b.getDeviceStats(0).num_ooms == 2);
   CHECK(live_bytes(b) == 4096);  // the live block is untouched
