@@ -8,20 +8,16 @@
 
 static void copy_stat(vram_stat_t *out, const vram_stat_t *in) { *out = *in; }
 
-/* Active = allocated + waiting on events, as _vram_pool_fill_stats derives the totals. */
+/* Active derived as _vram_pool_fill_stats derives the pool's. */
 static void fill_kind(const vram_kind_counts *k, vram_kind_stats_t *out) {
   copy_stat(&out->allocated_bytes, &k->allocated_bytes);
   copy_stat(&out->requested_bytes, &k->requested_bytes);
   copy_stat(&out->reserved_bytes, &k->reserved_bytes);
   copy_stat(&out->allocation, &k->allocation);
   copy_stat(&out->segment, &k->segment);
-  out->active_bytes.current = k->allocated_bytes.current + (int64_t)k->pending_bytes;
-  out->active_bytes.total = k->allocated_bytes.total;
-  out->active_bytes.peak = k->allocated_bytes.peak > k->active_bytes_peak
-                               ? k->allocated_bytes.peak : k->active_bytes_peak;
-  out->active.current = k->allocation.current + (int64_t)k->pending_blocks;
-  out->active.total = k->allocation.total;
-  out->active.peak = k->allocation.peak > k->active_peak ? k->allocation.peak : k->active_peak;
+  out->active_bytes = vram_active_stat(&k->allocated_bytes, (int64_t)k->pending_bytes,
+                                       k->active_bytes_peak);
+  out->active = vram_active_stat(&k->allocation, (int64_t)k->pending_blocks, k->active_peak);
 }
 
 /* The free bytes of block b that hold memory: all of a fixed segment's block, the mapped

@@ -267,6 +267,17 @@ static inline void vram_stat_up(vram_stat_t *s, int64_t delta) {
 }
 static inline void vram_stat_down(vram_stat_t *s, int64_t delta) { s->current -= delta; }
 
+/* An active statistic from its allocated one: blocks waiting on events are active too, and
+ * each block became active once, at its malloc; the peak is the higher of the allocated
+ * peak and the one noted while blocks waited. */
+static inline vram_stat_t vram_active_stat(const vram_stat_t *allocated, int64_t pending,
+                                           int64_t waiting_peak) {
+  vram_stat_t out = {allocated->current + pending,
+                     allocated->peak > waiting_peak ? allocated->peak : waiting_peak,
+                     allocated->total};
+  return out;
+}
+
 /* The steps of a malloc or a free, written as functions in the headers of src/pool and
  * inlined into vram_malloc and vram_free, so that one call does not pay the register
  * saves of five. */
