@@ -292,6 +292,29 @@ typedef struct vram_stats {
 
 VRAM_API int vram_get_stats(vram_pool_t *pool, vram_stats_t *out);
 VRAM_API int vram_reset_peak_stats(vram_pool_t *pool);
+/* The statistics split as PyTorch splits its caching allocator's pools: `small` is the
+ * memory of small segments (2 MiB, carved for requests up to 1 MiB: PyTorch's small_pool),
+ * `large` the rest (its large_pool); each field of vram_stats_t's stats is the sum of the
+ * two. inactive_split counts the free blocks of segments that hold an allocated or
+ * pending block (memory empty_cache cannot give back, PyTorch's "non-releasable"), and
+ * inactive_split_bytes their bytes: both are read from the layout at the call, so their
+ * current is exact while peak equals current and total is 0 (not tracked over time).
+ * A pool in preallocate mode carves small requests from its large segments, so its small
+ * figures stay 0. num_sync_all_streams counts the times the pool waited for every pending
+ * free (the out-of-memory ladder, empty_cache, teardown). */
+typedef struct vram_kind_stats {
+#define VRAM_X_STAT(name, doc) vram_stat_t name;
+  VRAM_STAT_LIST(VRAM_X_STAT)
+#undef VRAM_X_STAT
+  vram_stat_t inactive_split, inactive_split_bytes;
+} vram_kind_stats_t;
+
+typedef struct vram_split_stats {
+  vram_kind_stats_t small, large;
+  uint64_t num_sync_all_streams;
+} vram_split_stats_t;
+
+VRAM_API int vram_get_split_stats(vram_pool_t *pool, vram_split_stats_t *out);
 /* Free and total memory of the device as the source sees it (sim: its capacity). */
 VRAM_API int vram_mem_get_info(vram_pool_t *pool, size_t *free_bytes, size_t *total_bytes);
 /* A text table in the spirit of torch.cuda.memory_summary(). Writes at most cap bytes

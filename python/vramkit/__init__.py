@@ -160,25 +160,54 @@ def memory_stats_raw(device=None) -> dict:
     return _core.stats(_device(device))
 
 
+# Stats vramkit reads from the layout at the call rather than tracking them: no totals.
+_LAYOUT_STATS = ("inactive_split", "inactive_split_bytes")
+# What PyTorch reports for max_split_size when no PYTORCH_CUDA_ALLOC_CONF limit is set (its
+# "no limit", SIZE_MAX, as a signed 64-bit figure): vramkit splits blocks of any size.
+_NO_MAX_SPLIT = -1
+
+
+def _stat_keys(out: dict, name: str, pool: str, value: tuple) -> None:
+    # PyTorch spells a stat "<name>.<pool>.<current|peak|allocated|freed>", where
+    # "allocated" is the sum of increases and "freed" the sum of decreases.
+    current, peak, total = value
+    untracked = name in _LAYOUT_STATS
+    out[f"{name}.{pool}.current"] = current
+    out[f"{name}.{pool}.peak"] = peak
+    out[f"{name}.{pool}.allocated"] = 0 if untracked else total
+    out[f"{name}.{pool}.freed"] = 0 if untracked else total - current
+
+
 def memory_stats(device=None) -> dict:
-    """A flat dict keyed as torch.cuda.memory_stats() is ("allocated_bytes.all.current",
-    "reserved_bytes.all.peak", "num_ooms", ...), plus vramkit's own keys
-    ("largest_free_block", "fragmentation", "limit_bytes", "num_mallocs", ...)."""
-    raw = _core.stats(_device(device))
+    """A flat dict keyed as torch.cuda.memory_stats() is, with every key PyTorch's caching
+    allocator reports ("allocated_bytes.all.current", "active_bytes.small_pool.peak",
+    "inactive_split_bytes.large_pool.current", "num_ooms", "max_split_size", ...), plus
+    vramkit's own ("largest_free_block", "fragmentation", "limit_bytes", "num_mallocs",
+    ...). small_pool is the memory of vramkit's small segments (requests up to 1 MiB), as
+    PyTorch's; docs/python.md says which figures have no vramkit equivalent."""
+    d = _device(device)
+    raw = _core.stats(d)
+    split = _core.split_stats(d)
     out = {}
     for name, value in raw.items():
         if isinstance(value, tuple):
-            # A stat: PyTorch spells it "<name>.all.<current|peak|allocated|freed>", where
-            # "allocated" is the sum of increases and "freed" the sum of decreases.
-            current, peak, total = value
-            out[f"{name}.all.current"] = current
-            out[f"{name}.all.peak"] = peak
-            out[f"{name}.all.allocated"] = total
-            out[f"{name}.all.freed"] = total - current
+            _stat_keys(out, name, "all", value)
         else:
             # Counters keep their names: num_alloc_retries, num_ooms, num_device_alloc and
             # num_device_free are PyTorch's too; the rest are vramkit's own.
             out[name] = value
+    for pool in ("small_pool", "large_pool"):
+        for name, value in split[pool].items():
+            _stat_keys(out, name, pool, value)
+    for name in _LAYOUT_STATS:
+        both = [split[p][name] for p in ("small_pool", "large_pool")]
+        _stat_keys(out, name, "all", tuple(a + b for a, b in zip(*both)))
+    # No block is ever "oversize" without a max_split_size: PyTorch reports 0 then too.
+    for name in ("oversize_allocations", "oversize_segments"):
+        for field in ("current", "peak", "allocated", "freed"):
+            out[f"{name}.{field}"] = 0
+    out["num_sync_all_streams"] = split["num_sync_all_streams"]
+    out["max_split_size"] = _NO_MAX_SPLIT
     return dict(sorted(out.items()))
 
 

@@ -63,6 +63,48 @@ static PyObject *core_stats(PyObject *module, PyObject *args) {
   return d;
 }
 
+/* One kind's stats as {name: (current, peak, total)}. */
+static PyObject *kind_dict(const vram_kind_stats_t *k) {
+  PyObject *d = PyDict_New();
+  if (d == NULL) return NULL;
+  struct { const char *name; const vram_stat_t *stat; } rows[] = {
+#define X_ROW(name, doc) {#name, &k->name},
+      VRAM_STAT_LIST(X_ROW)
+#undef X_ROW
+      {"inactive_split", &k->inactive_split},
+      {"inactive_split_bytes", &k->inactive_split_bytes}};
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+    PyObject *v = stat_tuple(rows[i].stat);
+    if (v == NULL || PyDict_SetItemString(d, rows[i].name, v) < 0) {
+      Py_XDECREF(v);
+      Py_DECREF(d);
+      return NULL;
+    }
+    Py_DECREF(v);
+  }
+  return d;
+}
+
+/* vram_get_split_stats: PyTorch's small_pool and large_pool rows. */
+static PyObject *core_split_stats(PyObject *module, PyObject *args) {
+  int device;
+  if (!PyArg_ParseTuple(args, "i:split_stats", &device)) return NULL;
+  core_state *st = get_state(module);
+  vram_pool_t *pool = get_pool(st, device);
+  if (pool == NULL) return NULL;
+  vram_split_stats_t s;
+  int rc = vram_get_split_stats(pool, &s);
+  if (rc != VRAM_OK) return raise_status(st, rc, device, pool);
+  PyObject *small = kind_dict(&s.small), *large = small ? kind_dict(&s.large) : NULL;
+  PyObject *out = large ? Py_BuildValue("{sOsOsK}", "small_pool", small, "large_pool", large,
+                                        "num_sync_all_streams",
+                                        (unsigned long long)s.num_sync_all_streams)
+                        : NULL;
+  Py_XDECREF(small);
+  Py_XDECREF(large);
+  return out;
+}
+
 /* Shared body of the functions that return a pool's text. */
 static PyObject *text_call(PyObject *module, PyObject *args, const char *format, text_fn fn) {
   int device;
@@ -345,6 +387,9 @@ static PyMethodDef core_methods[] = {
                "total) tuples, counters as ints.")},
     {"summary", core_summary, METH_VARARGS,
      PyDoc_STR("summary(device, /)\n--\n\nThe pool's text summary table.")},
+    {"split_stats", core_split_stats, METH_VARARGS,
+     PyDoc_STR("split_stats(device, /)\n--\n\nvram_get_split_stats: {'small_pool': {stat: "
+               "(current, peak, total)}, 'large_pool': {...}, 'num_sync_all_streams': int}.")},
     {"stats_json", core_stats_json, METH_VARARGS,
      PyDoc_STR("stats_json(device, /)\n--\n\nThe pool's statistics as a JSON string.")},
     {"oom_report", core_oom_report, METH_VARARGS,

@@ -164,7 +164,9 @@ def _compile_cached(source: str, prefix: str, key_parts: list[str], command_for,
 # ---- the complete backend (torch_backend.cpp) -------------------------------------------
 
 _BACKEND_SOURCE_NAME = "torch_backend.cpp"
-_BACKEND_RECIPE = "1"
+# Files torch_backend.cpp includes from the package: part of what a cached build depends on.
+_BACKEND_PARTS = ("torch_backend_stats.hpp",)
+_BACKEND_RECIPE = "2"
 
 
 def cuda_runtime() -> tuple[str, str]:
@@ -233,8 +235,11 @@ def build_backend(compiler: str | None = None, directory: str | None = None) -> 
     header = os.path.join(vk_include, "vramkit.h")
     if not os.path.isfile(header):
         raise BuildError(f"vramkit: {header} is missing; reinstall vramkit")
-    with open(header, "rb") as f:
-        header_digest = hashlib.sha256(f.read()).hexdigest()
+    digest = hashlib.sha256()
+    for path in [header] + [os.path.join(package, part) for part in _BACKEND_PARTS]:
+        with open(path, "rb") as f:
+            digest.update(f.read())
+    header_digest = digest.hexdigest()
     command = lambda output: backend_command(compiler, source, output, include_dir, lib_dir, abi,
                                              cuda_include, cudart, package, vk_include)
     return _compile_cached(source, "libvramkit_torch_backend",

@@ -46,6 +46,7 @@ except ImportError as _exc:  # say what to install rather than "No module named 
 import vramkit
 
 from . import _torch_build
+from . import torch_settings
 
 _hooks = None  # ctypes.CDLL of libvramkit_torch once installed
 _allocator = None  # what PyTorch allocates through, kept alive for the life of the process
@@ -121,6 +122,9 @@ def install(device=None, backend: str | None = None, **options) -> str:
     if not torch.cuda.is_available():
         raise RuntimeError("vramkit.torch.install(): PyTorch sees no CUDA device")
     _refuse_if_cuda_in_use()
+    # PyTorch's own settings map onto vramkit's options, which those given here override;
+    # one vramkit cannot serve at all stops here, before anything changes.
+    options = {**torch_settings.from_environment(), **options}
     # Built (or found in the cache) before anything changes, so that a failure leaves
     # PyTorch exactly as it was.
     backend_path = None
@@ -158,6 +162,7 @@ def install(device=None, backend: str | None = None, **options) -> str:
                 "vramkit.torch.install() must run before PyTorch allocates CUDA memory: "
                 f"PyTorch refused to change its allocator ({message.value.decode()})")
         _hooks, _allocator, _backend_lib, _path = lib, native, native, "backend"
+        _route_settings()
         return _path
     allocator = torch.cuda.memory.CUDAPluggableAllocator(
         path, "vramkit_torch_malloc", "vramkit_torch_free_block")
@@ -176,6 +181,18 @@ def install(device=None, backend: str | None = None, **options) -> str:
             f"PyTorch refused to change its allocator ({exc})") from exc
     _hooks, _allocator, _path = lib, allocator, "pluggable"
     return _path
+
+
+def _route_settings() -> None:
+    """Later changes of PyTorch's allocator settings pass through torch_settings, which
+    says what each does under vramkit."""
+    c = torch._C
+    if hasattr(c, "_accelerator_setAllocatorSettings"):
+        c._accelerator_setAllocatorSettings = torch_settings.settings_hook(
+            c._accelerator_setAllocatorSettings)
+    if hasattr(c, "_cuda_cudaCachingAllocator_set_allocator_settings"):
+        c._cuda_cudaCachingAllocator_set_allocator_settings = torch_settings.settings_hook(
+            c._cuda_cudaCachingAllocator_set_allocator_settings)
 
 
 def last_status() -> int:

@@ -56,6 +56,9 @@ extern "C" {
 int vramkit_torch_pool(int device, vram_pool_t **pool);
 void vramkit_torch_compose_message(char *msg, size_t cap, int status, int device, size_t size,
                                    vram_pool_t *pool);
+int vramkit_torch_oom_head(char *msg, size_t cap, int device, size_t size, size_t total,
+                           size_t free_bytes, size_t limit, size_t allocated,
+                           size_t private_allocated, size_t reserved);
 }
 
 namespace vramkit_torch {
@@ -73,6 +76,7 @@ using c10::CachingDeviceAllocator::TraceEntry;
 constexpr int kMaxDevices = 64;
 constexpr size_t kAlign = 512;  // the engine's block unit
 constexpr size_t kMessageCap = 8192;
+constexpr size_t kOneExaByte = size_t{1} << 60;
 
 // The last failure inside a deleter, which cannot throw: read by vramkit.torch.
 std::atomic<int> g_last_status{0};
@@ -106,10 +110,13 @@ struct PoolCheckpoint : cca::AllocatorState {
   std::vector<Block> blocks;
 };
 
-// The allocator-wide statistic bases that resetAccumulatedStats moves.
-struct AccumulatedBase {
-  int64_t allocated[7] = {}, freed[7] = {};
-  int64_t retries = 0, ooms = 0, device_alloc = 0, device_free = 0;
+#include "torch_backend_stats.hpp"
+
+// A 'snapshot' entry of the history: when a _snapshot() was taken, and the device's active
+// bytes then.
+struct SnapshotMark {
+  uint64_t time_us;
+  size_t active;
 };
 
 class Backend;
@@ -171,6 +178,9 @@ class Backend final : public cca::CUDAAllocator {
   void *malloc_on(c10::DeviceIndex device, size_t n, cudaStream_t stream, bool *is_private) {
     TORCH_CHECK(device >= 0 && device < kMaxDevices, "vramkit: CUDA device ", device,
                 " is beyond the ", kMaxDevices, " devices vramkit serves");
+    // PyTorch refuses these before any figure, in these words; so does vramkit.
+    TORCH_CHECK_WITH(OutOfMemoryError, n < kOneExaByte,
+                     "CUDA out of memory. Tried to allocate more than 1EB memory.");
     PrivatePool *pp = nullptr;
     bool capturing = captures_[device].load(std::memory_order_acquire) > 0;
     if (capturing) pp = capture_target(device, stream);
@@ -215,13 +225,15 @@ class Backend final : public cca::CUDAAllocator {
 
   [[noreturn]] void fail(c10::DeviceIndex device, size_t n, vram_pool_t *pool, int rc) {
     char message[kMessageCap];
-    vramkit_torch_compose_message(message, sizeof message, rc, device, n, pool);
+    if (rc != VRAM_ENOMEM || !pool)
+      vramkit_torch_compose_message(message, sizeof message, rc, device, n, pool);
     if (rc == VRAM_ENOMEM) {
       vram_stats_t s{};
       size_t free_bytes = 0, total = 0;
       if (pool) {
         vram_get_stats(pool, &s);
         vram_mem_get_info(pool, &free_bytes, &total);
+        oom_message(message, sizeof message, device, n, pool, free_bytes, total);
       }
       c10::reportOutOfMemoryToProfiler(static_cast<int64_t>(n),
                                        static_cast<size_t>(s.allocated_bytes.current),
@@ -237,6 +249,28 @@ class Backend final : public cca::CUDAAllocator {
       C10_THROW_ERROR(OutOfMemoryError, std::string(message));
     }
     C10_THROW_ERROR(Error, std::string(message));
+  }
+
+  // PyTorch's sentences with the device's figures (graph pools' share named as PyTorch
+  // names it), then the report of the pool that failed.
+  void oom_message(char *message, size_t cap, c10::DeviceIndex device, size_t n,
+                   vram_pool_t *failed, size_t free_bytes, size_t total) {
+    size_t allocated = 0, private_allocated = 0, reserved = 0, limit = 0;
+    {
+      std::lock_guard<std::mutex> g(mutex_);
+      for (vram_pool_t *pool : pools_of_locked(device)) {
+        vram_stats_t s{};
+        if (vram_get_stats(pool, &s) != VRAM_OK) continue;
+        bool is_default = pool == used_[device].load();
+        (is_default ? allocated : private_allocated) += s.allocated_bytes.current;
+        reserved += s.reserved_bytes.current;
+        if (is_default) limit = s.limit_bytes;
+      }
+    }
+    int k = vramkit_torch_oom_head(message, cap, device, n, total, free_bytes, limit, allocated,
+                                   private_allocated, reserved);
+    if (k >= 0 && static_cast<size_t>(k) < cap)
+      vram_oom_report(failed, message + k, cap - static_cast<size_t>(k));
   }
 
   // Frees: the deleters land here with the pool already known.
@@ -463,55 +497,25 @@ class Backend final : public cca::CUDAAllocator {
 
   // ---- statistics ---------------------------------------------------------------------
   DeviceStats getDeviceStats(c10::DeviceIndex device) override {
-    DeviceStats out;
+    PoolSums sums;
     AccumulatedBase base;
-    vram_stats_t sum{};
     {
       std::lock_guard<std::mutex> g(mutex_);
       for (vram_pool_t *pool : pools_of_locked(device)) {
         vram_stats_t s{};
-        if (vram_get_stats(pool, &s) == VRAM_OK) add_stats(&sum, s);
+        vram_split_stats_t k{};
+        if (vram_get_stats(pool, &s) == VRAM_OK && vram_get_split_stats(pool, &k) == VRAM_OK)
+          add_pool_sums(&sums, s, k);
       }
       base = bases_[device];
     }
-    c10::CachingAllocator::Stat *targets[7] = {
-        &out.allocated_bytes[0], &out.requested_bytes[0], &out.reserved_bytes[0],
-        &out.active_bytes[0],    &out.allocation[0],      &out.segment[0],
-        &out.active[0]};
-    const vram_stat_t *sources[7] = {&sum.allocated_bytes, &sum.requested_bytes,
-                                     &sum.reserved_bytes,  &sum.active_bytes,
-                                     &sum.allocation,      &sum.segment,
-                                     &sum.active};
-    for (int i = 0; i < 7; i++) {
-      targets[i]->current = sources[i]->current;
-      targets[i]->peak = sources[i]->peak;
-      targets[i]->allocated = sources[i]->total - base.allocated[i];
-      targets[i]->freed = (sources[i]->total - sources[i]->current) - base.freed[i];
-    }
-    out.num_alloc_retries = static_cast<int64_t>(sum.num_alloc_retries) - base.retries;
-    out.num_ooms = static_cast<int64_t>(sum.num_ooms) - base.ooms;
-    out.num_device_alloc = static_cast<int64_t>(sum.num_device_alloc) - base.device_alloc;
-    out.num_device_free = static_cast<int64_t>(sum.num_device_free) - base.device_free;
-    out.max_split_size = static_cast<int64_t>(SIZE_MAX >> 1);
-    return out;
+    return device_stats(sums, base);
   }
 
   void resetAccumulatedStats(c10::DeviceIndex device) override {
     DeviceStats now = getDeviceStats(device);
     std::lock_guard<std::mutex> g(mutex_);
-    AccumulatedBase &base = bases_[device];
-    const c10::CachingAllocator::Stat *stats[7] = {
-        &now.allocated_bytes[0], &now.requested_bytes[0], &now.reserved_bytes[0],
-        &now.active_bytes[0],    &now.allocation[0],      &now.segment[0],
-        &now.active[0]};
-    for (int i = 0; i < 7; i++) {
-      base.allocated[i] += stats[i]->allocated;
-      base.freed[i] += stats[i]->freed;
-    }
-    base.retries += now.num_alloc_retries;
-    base.ooms += now.num_ooms;
-    base.device_alloc += now.num_device_alloc;
-    base.device_free += now.num_device_free;
+    move_bases(&bases_[device], now);
   }
 
   void resetPeakStats(c10::DeviceIndex device) override {
@@ -589,11 +593,12 @@ class Backend final : public cca::CUDAAllocator {
       if (id == MempoolId_t{0, 0} || entry.second->id == id)
         pools.push_back({entry.second->pool, {entry.second->device, entry.second->id}});
     std::vector<std::vector<TraceEntry>> traces;
-    for (auto &p : pools) {
-      append_segments(p.first, p.second.first, p.second.second, &info.segments);
+    for (auto &p : pools) append_segments(p.first, p.second.first, p.second.second, &info.segments);
+    note_snapshot(info.segments);
+    for (auto &p : pools)
       if (include_traces && trace_wanted_.load())
         append_trace(p.first, p.second.first, p.second.second, &traces);
-    }
+    if (include_traces && trace_wanted_.load()) append_snapshot_marks(&traces);
     for (auto &device_trace : traces)
       std::stable_sort(device_trace.begin(), device_trace.end(),
                        [](const TraceEntry &a, const TraceEntry &b) {
@@ -615,7 +620,10 @@ class Backend final : public cca::CUDAAllocator {
     recorder_ = enabled && when != RecordContext::NEVER ? recorder : nullptr;
     max_entries_ = max_entries;
     trace_wanted_.store(enabled && when != RecordContext::STATE);
-    if (clear || enabled) contexts_.clear();
+    if (clear || enabled) {
+      contexts_.clear();
+      snapshot_marks_.clear();
+    }
     for (vram_pool_t *pool : all_pools_locked()) start_or_stop_history(pool);
     vram_set_context_fn(recorder_ ? &context_of_this_allocation : nullptr, this);
   }
@@ -833,18 +841,6 @@ class Backend final : public cca::CUDAAllocator {
     return out;
   }
 
-  static void add_stats(vram_stats_t *sum, const vram_stats_t &s) {
-#define VRAMKIT_ADD_STAT(name, doc)            \
-  sum->name.current += s.name.current;         \
-  sum->name.peak += s.name.peak;               \
-  sum->name.total += s.name.total;
-    VRAM_STAT_LIST(VRAMKIT_ADD_STAT)
-#undef VRAMKIT_ADD_STAT
-#define VRAMKIT_ADD_COUNTER(name, doc) sum->name += s.name;
-    VRAM_COUNTER_LIST(VRAMKIT_ADD_COUNTER)
-#undef VRAMKIT_ADD_COUNTER
-  }
-
   // ---- the default pools PyTorch used --------------------------------------------------
   void note_device(c10::DeviceIndex device, vram_pool_t *pool) {
     if (device < 0 || device >= kMaxDevices) return;
@@ -1017,6 +1013,33 @@ class Backend final : public cca::CUDAAllocator {
     }
   }
 
+  // A _snapshot() while history records: one 'snapshot' entry per device it described,
+  // sized by the device's active bytes, as PyTorch's allocator records each call.
+  void note_snapshot(const std::vector<SegmentInfo> &segments) {
+    std::map<c10::DeviceIndex, size_t> active;
+    for (auto &seg : segments) active[static_cast<c10::DeviceIndex>(seg.device)] += seg.active_size;
+    std::lock_guard<std::mutex> h(history_mutex_);
+    if (!recording_) return;
+    for (auto &a : active) {
+      auto &marks = snapshot_marks_[a.first];
+      marks.push_back({unix_us(), a.second});
+      if (max_entries_ && marks.size() > max_entries_) marks.erase(marks.begin());
+    }
+  }
+
+  void append_snapshot_marks(std::vector<std::vector<TraceEntry>> *out) {
+    std::lock_guard<std::mutex> h(history_mutex_);
+    for (auto &d : snapshot_marks_) {
+      if (out->size() <= static_cast<size_t>(d.first)) out->resize(d.first + 1);
+      for (auto &m : d.second) {
+        TraceEntry entry(TraceEntry::SNAPSHOT, d.first, 0, m.active, nullptr, MempoolId_t{0, 0},
+                         0);
+        entry.time_.t_ = static_cast<time_t>(m.time_us);
+        (*out)[d.first].push_back(std::move(entry));
+      }
+    }
+  }
+
   void append_trace(vram_pool_t *pool, c10::DeviceIndex device, MempoolId_t owner,
                     std::vector<std::vector<TraceEntry>> *out) {
     // The engine stamps CLOCK_MONOTONIC microseconds; PyTorch's files carry Unix ones.
@@ -1036,8 +1059,9 @@ class Backend final : public cca::CUDAAllocator {
         case VRAM_EVENT_SEGMENT_MAP: action = TraceEntry::SEGMENT_MAP; break;
         case VRAM_EVENT_SEGMENT_UNMAP: action = TraceEntry::SEGMENT_UNMAP; break;
         case VRAM_EVENT_OOM: action = TraceEntry::OOM; break;
-        case VRAM_EVENT_SNAPSHOT: action = TraceEntry::SNAPSHOT; break;
-        default: continue;  // empty_cache and annotations have no PyTorch action
+        // The engine notes every layout read (pruning, vramkit's own tools, one per pool);
+        // PyTorch one per device and _snapshot() call: those are snapshot_marks_.
+        default: continue;  // nor have empty_cache and annotations a PyTorch action
       }
       TraceEntry entry(action, device, e.addr, e.size, reinterpret_cast<void *>(e.stream), owner,
                        0, context(e.context));
@@ -1069,6 +1093,7 @@ class Backend final : public cca::CUDAAllocator {
   size_t max_entries_ = 0;
   uint64_t next_context_ = 0;
   std::unordered_map<uint64_t, std::shared_ptr<c10::GatheredContext>> contexts_;
+  std::map<c10::DeviceIndex, std::vector<SnapshotMark>> snapshot_marks_;
 
   std::mutex ipc_mutex_;
   std::map<std::string, std::weak_ptr<void>> ipc_opened_;

@@ -59,35 +59,78 @@ static int pool_of(int device, vram_pool_t **pool) {
   return VRAM_OK;
 }
 
-/* "4.00 GiB", as PyTorch writes sizes in its own out-of-memory message. */
+/* A size as PyTorch's caching allocator writes it in its messages: bytes up to 1 KiB, then
+ * KiB up to 1 MiB, MiB up to 1 GiB, and GiB above (no larger unit), each bound inclusive,
+ * with two decimals. Users and tools compare these figures across allocators. */
 static void format_size(char *buf, size_t cap, size_t bytes) {
-  static const char *const units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  double value = (double)bytes;
-  size_t unit = 0;
-  while (value >= 1024.0 && unit + 1 < sizeof units / sizeof units[0]) {
-    value /= 1024.0;
-    unit++;
-  }
-  if (unit == 0) snprintf(buf, cap, "%zu bytes", bytes);
-  else snprintf(buf, cap, "%.2f %s", value, units[unit]);
+  const double kib = 1024.0, mib = kib * 1024.0, gib = mib * 1024.0;
+  if (bytes <= 1024) snprintf(buf, cap, "%zu bytes", bytes);
+  else if (bytes <= ((size_t)1 << 20)) snprintf(buf, cap, "%.2f KiB", (double)bytes / kib);
+  else if (bytes <= ((size_t)1 << 30)) snprintf(buf, cap, "%.2f MiB", (double)bytes / mib);
+  else snprintf(buf, cap, "%.2f GiB", (double)bytes / gib);
 }
 
-/* The message PyTorch's user sees. An out-of-memory one starts "CUDA out of memory.", the
- * words PyTorch's own allocator uses and that batch-size finders (Hugging Face accelerate,
- * Lightning) look for, and carries the engine's report: sizes, limit, fragmentation, what
- * to try. Exported: the complete backend (torch_backend.cpp) throws the same message. */
+/* The sentences PyTorch's own allocator opens its out-of-memory message with, with the
+ * same figures, so that whoever reads or parses them (people, accelerate, Lightning, log
+ * scrapers) finds them where PyTorch puts them. in_use is the device's used memory
+ * (vramkit has no per-process figure); limit, when nonzero, is the memory fraction's cap;
+ * private_allocated is what graph pools hold. Returns snprintf's count. */
+VRAMKIT_TORCH_API int vramkit_torch_oom_head(char *msg, size_t cap, int device, size_t size,
+                                             size_t total, size_t free_bytes, size_t limit,
+                                             size_t allocated, size_t private_allocated,
+                                             size_t reserved) {
+  char want[32], cap_s[32], free_s[32], used_s[32], alloc_s[32], priv_s[32], unalloc_s[32],
+      allowed_s[48] = "", private_s[96] = "";
+  format_size(want, sizeof want, size);
+  format_size(cap_s, sizeof cap_s, total);
+  format_size(free_s, sizeof free_s, free_bytes);
+  format_size(used_s, sizeof used_s, total > free_bytes ? total - free_bytes : 0);
+  format_size(alloc_s, sizeof alloc_s, allocated + private_allocated);
+  size_t held = allocated + private_allocated;
+  format_size(unalloc_s, sizeof unalloc_s, reserved > held ? reserved - held : 0);
+  if (limit) {
+    char l[32];
+    format_size(l, sizeof l, limit);
+    snprintf(allowed_s, sizeof allowed_s, "%s allowed; ", l);
+  }
+  if (private_allocated) {
+    format_size(priv_s, sizeof priv_s, private_allocated);
+    snprintf(private_s, sizeof private_s, "with %s allocated in private pools (e.g., CUDA "
+             "Graphs), ", priv_s);
+  }
+  return snprintf(msg, cap, "CUDA out of memory. Tried to allocate %s. GPU %d has a total "
+                  "capacity of %s of which %s is free. Including non-PyTorch memory, this "
+                  "process has %s memory in use. %sOf the allocated memory %s is allocated by "
+                  "PyTorch, %sand %s is reserved by PyTorch but unallocated. vramkit's report "
+                  "(cause and what to try) follows.\n", want, device, cap_s, free_s, used_s,
+                  allowed_s, alloc_s, private_s, unalloc_s);
+}
+
+/* The message PyTorch's user sees. An out-of-memory one starts with PyTorch's own sentences
+ * (vramkit_torch_oom_head, "CUDA out of memory." first: the words batch-size finders look
+ * for), then the engine's report: sizes, limit, fragmentation, cause and what to try, where
+ * PyTorch suggests expandable segments. Exported: the complete backend (torch_backend.cpp)
+ * throws the same message, with the figures of its private pools too. */
 VRAMKIT_TORCH_API void vramkit_torch_compose_message(char *msg, size_t cap, int status,
                                                    int device, size_t size, vram_pool_t *pool) {
   if (msg == NULL || cap == 0) return;
   char want[32];
   format_size(want, sizeof want, size);
   int n;
-  if (status == VRAM_ENOMEM)
-    n = snprintf(msg, cap, "CUDA out of memory. Tried to allocate %s on device %d through "
-                           "vramkit.\n", want, device);
-  else
+  if (status == VRAM_ENOMEM) {
+    vram_stats_t s = {0};
+    size_t free_bytes = 0, total = 0;
+    if (pool) {
+      vram_get_stats(pool, &s);
+      vram_mem_get_info(pool, &free_bytes, &total);
+    }
+    n = vramkit_torch_oom_head(msg, cap, device, size, total, free_bytes, s.limit_bytes,
+                               (size_t)s.allocated_bytes.current, 0,
+                               (size_t)s.reserved_bytes.current);
+  } else {
     n = snprintf(msg, cap, "vramkit could not allocate %s on CUDA device %d: %s (%s).", want,
                  device, vram_strerror(status), vram_errname(status));
+  }
   if (n < 0 || (size_t)n >= cap || status != VRAM_ENOMEM || pool == NULL) return;
   vram_oom_report(pool, msg + n, cap - (size_t)n);
 }

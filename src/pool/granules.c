@@ -30,6 +30,7 @@
 
 #include "pool/events.h"
 #include "pool/granules.h"
+#include "pool/kinds.h"
 #include "pool/segment.h"
 
 #define BITS 64
@@ -188,6 +189,7 @@ static void mark_mapped(vram_pool_t *pool, vram_segment *seg, size_t g0, size_t 
   seg->idle_granules += g1 - g0;
   if (g1 > seg->gran_hwm) seg->gran_hwm = g1;
   vram_stat_up(&pool->stats.reserved_bytes, (int64_t)((g1 - g0) * pool->granularity));
+  _vram_kind_reserve(pool, seg, (g1 - g0) * pool->granularity);
   pool->stats.num_device_alloc++;
   _vram_note(pool, VRAM_EVENT_SEGMENT_MAP, seg->addr + g0 * pool->granularity,
              (g1 - g0) * pool->granularity, 0, seg->arena->stream, 0);
@@ -202,6 +204,7 @@ static void mark_unmapped(vram_pool_t *pool, vram_segment *seg, size_t g0, size_
   seg->mapped_granules -= g1 - g0;
   seg->idle_granules -= g1 - g0;
   vram_stat_down(&pool->stats.reserved_bytes, (int64_t)((g1 - g0) * pool->granularity));
+  _vram_kind_unreserve(pool, seg, (g1 - g0) * pool->granularity);
   _vram_note(pool, VRAM_EVENT_SEGMENT_UNMAP, seg->addr + g0 * pool->granularity,
              (g1 - g0) * pool->granularity, 0, seg->arena->stream, 0);
 }

@@ -37,6 +37,8 @@ static void pending_finish_block(vram_pool_t *pool, vram_block *b) {
   _vram_ptrmap_remove(&pool->ptrs, b->addr);
   pool->pending_bytes -= b->size;
   pool->pending_blocks--;
+  _vram_kind_of(pool, b->segment)->pending_bytes -= b->size;
+  _vram_kind_of(pool, b->segment)->pending_blocks--;
   _vram_note_free_completed(pool, b->addr, b->size, b->requested, b->segment->arena->stream);
   free(b->uses);
   b->uses = NULL;
@@ -46,6 +48,7 @@ static void pending_finish_block(vram_pool_t *pool, vram_block *b) {
 void _vram_pending_drain(vram_pool_t *pool, bool wait) {
   vram_pending **link = &pool->pending_head;
   vram_pending *last = NULL;
+  if (wait) pool->num_sync_all_streams++;
   while (*link) {
     vram_pending *p = *link;
     int done = wait ? (pool->src->xEventSynchronize(pool->src_state, p->event) == VRAM_OK)
@@ -101,6 +104,8 @@ int _vram_pending_free(vram_pool_t *pool, vram_block *b) {
   pool->pending_count += (size_t)n;
   pool->pending_bytes += b->size;
   pool->pending_blocks++;
+  _vram_kind_of(pool, b->segment)->pending_bytes += b->size;
+  _vram_kind_of(pool, b->segment)->pending_blocks++;
   b->state = VRAM_BLOCK_PENDING;
   b->events_left = (uint32_t)n;
   return VRAM_OK;

@@ -3,7 +3,7 @@
 #ifndef VRAM_PENDING_H
 #define VRAM_PENDING_H
 
-#include "pool/types.h"
+#include "pool/kinds.h"
 
 /* Note that block `b` (live) is also used on `stream`. */
 int _vram_pending_add_use(vram_block *b, vram_stream_t stream);
@@ -22,6 +22,13 @@ static inline void _vram_active_peaks_note(vram_pool_t *pool) {
   int64_t blocks = pool->stats.allocation.current + (int64_t)pool->pending_blocks;
   if (bytes > pool->active_bytes_peak) pool->active_bytes_peak = bytes;
   if (blocks > pool->active_peak) pool->active_peak = blocks;
+  for (int i = 0; i < 2; i++) {
+    vram_kind_counts *k = &pool->kinds[i];
+    int64_t kb = k->allocated_bytes.current + (int64_t)k->pending_bytes;
+    int64_t kn = k->allocation.current + (int64_t)k->pending_blocks;
+    if (kb > k->active_bytes_peak) k->active_bytes_peak = kb;
+    if (kn > k->active_peak) k->active_peak = kn;
+  }
 }
 
 #endif /* VRAM_PENDING_H */

@@ -23,6 +23,7 @@
 #include "pool/block.h"
 #include "pool/call.h"
 #include "pool/events.h"
+#include "pool/kinds.h"
 #include "pool/oom.h"
 #include "pool/pending.h"
 #include "pool/pool.h"
@@ -248,6 +249,7 @@ VRAM_HOT int malloc_locked(vram_pool_t *pool, void *arg) {
     vram_stat_up(&pool->stats.allocated_bytes, (int64_t)b->size);
     vram_stat_up(&pool->stats.requested_bytes, (int64_t)requested);
     vram_stat_up(&pool->stats.allocation, 1);
+    _vram_kind_alloc(pool, b->segment, b->size, requested);
     if (pool->pending_blocks) _vram_active_peaks_note(pool);
     _vram_pool_publish_hot(pool);
   } else if (rc == VRAM_ENOMEM) {
@@ -324,6 +326,7 @@ static __attribute__((noinline)) void release_over_threshold(vram_pool_t *pool) 
 VRAM_HOT int free_block(vram_pool_t *pool, vram_block *b) {
   int rc;
   size_t size = b->size, requested = b->requested;
+  vram_kind_counts *kind = _vram_kind_of(pool, b->segment); /* before the block may merge */
   if (b->uses && b->uses->count) {
     rc = _vram_pending_free(pool, b);
     if (rc) return rc;
@@ -333,6 +336,7 @@ VRAM_HOT int free_block(vram_pool_t *pool, vram_block *b) {
   vram_stat_down(&pool->stats.allocated_bytes, (int64_t)(size));
   vram_stat_down(&pool->stats.requested_bytes, (int64_t)(requested));
   vram_stat_down(&pool->stats.allocation, 1);
+  _vram_kind_free(kind, size, requested);
   _vram_pool_publish_hot(pool);
   return VRAM_OK;
 }
@@ -504,6 +508,7 @@ static int malloc_at_locked(vram_pool_t *pool, void *arg) {
   vram_stat_up(&pool->stats.allocated_bytes, (int64_t)live->size);
   vram_stat_up(&pool->stats.requested_bytes, (int64_t)c->size);
   vram_stat_up(&pool->stats.allocation, 1);
+  _vram_kind_alloc(pool, live->segment, live->size, c->size);
   if (pool->pending_blocks) _vram_active_peaks_note(pool);
   vram_history *h = pool->history;
   if (h) _vram_note_alloc(pool, h, live->addr, live->size, c->size, c->stream, 0);
@@ -659,6 +664,15 @@ static int reset_peak_locked(vram_pool_t *pool, void *arg) {
   VRAM_STAT_LIST(VRAM_X_RESET)
 #undef VRAM_X_RESET
   pool->active_bytes_peak = pool->active_peak = 0;
+  for (int k = 0; k < 2; k++) {
+    vram_kind_counts *c = &pool->kinds[k];
+    c->allocated_bytes.peak = c->allocated_bytes.current;
+    c->requested_bytes.peak = c->requested_bytes.current;
+    c->allocation.peak = c->allocation.current;
+    c->reserved_bytes.peak = c->reserved_bytes.current;
+    c->segment.peak = c->segment.current;
+    c->active_bytes_peak = c->active_peak = 0;
+  }
   pool->guard_ceiling = 0; /* the guard holds to the new peak */
   _vram_active_peaks_note(pool);
   _vram_pool_publish_slow(pool);

@@ -8,6 +8,7 @@
 
 #include "pool/block.h"
 #include "pool/events.h"
+#include "pool/kinds.h"
 #include "pool/oom.h"
 #include "pool/segment.h"
 #include "prim/hostmem.h"
@@ -77,6 +78,7 @@ static int segment_release(vram_pool_t *pool, vram_segment *seg) {
   if (rc) return rc;
   if (!virtual) {
     vram_stat_down(&pool->stats.reserved_bytes, (int64_t)(seg->size));
+    _vram_kind_unreserve(pool, seg, seg->size);
     _vram_note(pool, VRAM_EVENT_SEGMENT_FREE, seg->addr, seg->size, 0, seg->arena->stream, 0);
   }
   pool->stats.num_device_free++;
@@ -85,6 +87,7 @@ static int segment_release(vram_pool_t *pool, vram_segment *seg) {
     pool->guard_ghost_next = (pool->guard_ghost_next + 1) % VRAM_GUARD_GHOSTS;
   }
   vram_stat_down(&pool->stats.segment, 1);
+  vram_stat_down(&_vram_kind_of(pool, seg)->segment, 1);
   _vram_tlsf_remove(seg->index, seg->first);
   _vram_block_delete(pool, seg->first);
   _vram_idle_remove(pool, seg);
@@ -316,9 +319,11 @@ int _vram_segment_grow(vram_pool_t *pool, vram_arena *a, size_t rounded, bool sm
   _vram_idle_push(pool, seg);
   if (!vmm) {
     vram_stat_up(&pool->stats.reserved_bytes, (int64_t)size);
+    _vram_kind_reserve(pool, seg, size);
     _vram_note(pool, VRAM_EVENT_SEGMENT_ALLOC, addr, size, 0, a->stream, 0);
   }
   vram_stat_up(&pool->stats.segment, 1);
+  vram_stat_up(&_vram_kind_of(pool, seg)->segment, 1);
   pool->stats.num_device_alloc += vmm ? 0 : 1;
   *out_free = b;
   return VRAM_OK;

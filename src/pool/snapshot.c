@@ -72,13 +72,9 @@ void _vram_pool_fill_stats(const vram_pool_t *pool, vram_stats_t *out) {
   *out = pool->stats;
   /* Active = allocated + waiting on events; each block became active once, at its malloc. */
   const vram_stats_t *s = &pool->stats;
-  out->active_bytes.current = s->allocated_bytes.current + (int64_t)pool->pending_bytes;
-  out->active_bytes.total = s->allocated_bytes.total;
-  out->active_bytes.peak = s->allocated_bytes.peak > pool->active_bytes_peak
-                               ? s->allocated_bytes.peak : pool->active_bytes_peak;
-  out->active.current = s->allocation.current + (int64_t)pool->pending_blocks;
-  out->active.total = s->allocation.total;
-  out->active.peak = s->allocation.peak > pool->active_peak ? s->allocation.peak : pool->active_peak;
+  out->active_bytes = vram_active_stat(&s->allocated_bytes, (int64_t)pool->pending_bytes,
+                                       pool->active_bytes_peak);
+  out->active = vram_active_stat(&s->allocation, (int64_t)pool->pending_blocks, pool->active_peak);
   out->num_mallocs = (uint64_t)s->allocation.total;
   out->num_frees = (uint64_t)(s->allocation.total - s->allocation.current);
   size_t cached = _vram_pool_cached_free(pool);

@@ -179,6 +179,15 @@ typedef struct vram_pending {
 } vram_pending;
 
 /* Host structs come from slabs and go back to a free list: no malloc on the hot path. */
+/* The share of the statistics of one kind of segment, small or large, PyTorch's two pools
+ * (kinds.h keeps it, kinds.c reports it): what malloc, free, segments and pending frees
+ * move, and the active peaks as the pool's own are kept. */
+typedef struct vram_kind_counts {
+  vram_stat_t allocated_bytes, requested_bytes, allocation, reserved_bytes, segment;
+  size_t pending_bytes, pending_blocks;
+  int64_t active_bytes_peak, active_peak;
+} vram_kind_counts;
+
 typedef struct vram_block_cache {
   vram_block *free_list;
   void **slabs;
@@ -209,6 +218,8 @@ struct vram_pool {
   int64_t active_bytes_peak, active_peak;
   vram_block_cache blocks;
   vram_stats_t stats;
+  vram_kind_counts kinds[2]; /* [1] small segments, [0] large ones */
+  uint64_t num_sync_all_streams;
 
   vram_options_t opts;
   const vram_source_methods *src;
@@ -255,6 +266,17 @@ static inline void vram_stat_up(vram_stat_t *s, int64_t delta) {
   if (s->current > s->peak) s->peak = s->current;
 }
 static inline void vram_stat_down(vram_stat_t *s, int64_t delta) { s->current -= delta; }
+
+/* An active statistic from its allocated one: blocks waiting on events are active too, and
+ * each block became active once, at its malloc; the peak is the higher of the allocated
+ * peak and the one noted while blocks waited. */
+static inline vram_stat_t vram_active_stat(const vram_stat_t *allocated, int64_t pending,
+                                           int64_t waiting_peak) {
+  vram_stat_t out = {allocated->current + pending,
+                     allocated->peak > waiting_peak ? allocated->peak : waiting_peak,
+                     allocated->total};
+  return out;
+}
 
 /* The steps of a malloc or a free, written as functions in the headers of src/pool and
  * inlined into vram_malloc and vram_free, so that one call does not pay the register

@@ -21,8 +21,8 @@ MiB, GiB = 1 << 20, 1 << 30
 
 
 def test_c_hooks_share_the_default_pools(run):
-    run("""
-        import ctypes, vramkit
+    run(r"""
+        import ctypes, re, vramkit
         from vramkit import _torch_build
         MiB = 1 << 20
         lib = ctypes.CDLL(_torch_build.c_hooks_path())
@@ -60,7 +60,15 @@ def test_c_hooks_share_the_default_pools(run):
         assert vramkit.memory_stats(1)["limit_bytes"] == 1
         rc, p, msg = alloc(512 * MiB, 1)
         assert rc == 1 and p == 0xdead
-        assert msg.startswith("CUDA out of memory. Tried to allocate 512.00 MiB on device 1")
+        # PyTorch's sentences and units first (MiB up to 1 GiB inclusive), the cap it
+        # names "allowed".
+        head = re.match(
+            r"CUDA out of memory\. Tried to allocate 512\.00 MiB\. GPU 1 has a total capacity "
+            r"of 1024\.00 MiB of which \d+\.\d\d MiB is free\. Including non-PyTorch "
+            r"memory, this process has [\d.]+ (bytes|KiB|MiB) memory in use\. 1 bytes "
+            r"allowed; Of the allocated memory 0 bytes is allocated by PyTorch, and 0 bytes "
+            r"is reserved by PyTorch but unallocated\. ", msg)
+        assert head, msg
         report = vramkit.last_oom_report(1)
         assert len(report) > 40 and report in msg
         assert lib.vramkit_torch_last_status() == vramkit._core.VRAM_ENOMEM
@@ -123,7 +131,8 @@ def test_cpp_hooks_throw_and_are_cached(fake_torch, tmp_path):
     assert lines[0].startswith("ok ") and int(lines[0].split()[1]) != 0
     kind, message = lines[1].split(" ", 1)
     assert kind == "oom"
-    assert message.startswith("CUDA out of memory. Tried to allocate 2.00 GiB on device 0")
+    assert message.startswith("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
+                              "total capacity of 1024.00 MiB of which ")
     assert "vramkit: out of memory on device 0" in message       # the engine's report
     # After the failure the pool serves again; size 0 is NULL, not an error.
     assert lines[2].startswith("ok ") and int(lines[2].split()[1]) != 0

@@ -81,10 +81,27 @@ void default_pool_and_statistics(Backend &b) {
   CHECK(st.allocated_bytes[0].current == 0);
   CHECK(st.allocation[0].allocated == 1 && st.allocation[0].freed == 1);
   CHECK(st.allocated_bytes[0].peak == 1024);
+  // PyTorch's pool rows: a request up to 1 MiB is the small pool's, the rest the large's.
+  void *s1 = b.malloc_on(0, 1000, kDefault, &is_private);
+  void *l1 = b.malloc_on(0, 3 << 20, kDefault, &is_private);
+  st = b.getDeviceStats(0);
+  CHECK(st.allocated_bytes[1].current == 1024 && st.allocated_bytes[2].current == 3 << 20);
+  CHECK(st.segment[1].current == 1 && st.reserved_bytes[1].current == 2 << 20);
+  CHECK(st.inactive_split[1].current == 1);
+  CHECK(st.inactive_split_bytes[1].current == (2 << 20) - 1024);
+  CHECK(st.inactive_split_bytes[0].current ==
+        st.inactive_split_bytes[1].current + st.inactive_split_bytes[2].current);
+  CHECK(st.active_bytes[0].current == st.active_bytes[1].current + st.active_bytes[2].current);
+  CHECK(st.max_split_size == -1);
+  b.deleter_of(0, false)(s1);
+  b.deleter_of(0, false)(l1);
+  st = b.getDeviceStats(0);
+  CHECK(st.allocation[1].freed == 2 && st.allocation[2].freed == 1);
   b.resetAccumulatedStats(0);
   b.resetPeakStats(0);
   st = b.getDeviceStats(0);
   CHECK(st.allocation[0].allocated == 0 && st.allocation[0].freed == 0);
+  CHECK(st.allocation[1].allocated == 0 && st.allocation[2].freed == 0);
   CHECK(st.allocated_bytes[0].peak == 0);
   // raw_delete and raw_deleter() find a default-pool pointer by asking the pools.
   void *q = b.malloc_on(0, 5000, kDefault, &is_private);
@@ -169,10 +186,19 @@ void out_of_memory_raises_and_tells_observers(Backend &b) {
       [&](int64_t device, size_t, size_t, size_t) { seen.push_back(device); });
   bool is_private = false;
   void *keep = b.malloc_on(0, 4096, kDefault, &is_private);
-  CHECK_THROWS(c10::OutOfMemoryError, "CUDA out of memory. Tried to allocate 2.00 GiB",
+  // PyTorch's sentences and figures first (sim: 1 GiB of capacity, written in MiB up to
+  // 1 GiB inclusive), then vramkit's report.
+  CHECK_THROWS(c10::OutOfMemoryError,
+               "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+               "1024.00 MiB of which ",
                b.malloc_on(0, size_t{2} << 30, kDefault, &is_private));
-  CHECK(seen.size() == 1 && seen[0] == 0);
-  CHECK(b.getDeviceStats(0).num_ooms == 1);
+  CHECK_THROWS(c10::OutOfMemoryError,
+               "Of the allocated memory 4.00 KiB is allocated by PyTorch, and ",
+               b.malloc_on(0, size_t{2} << 30, kDefault, &is_private));
+  CHECK_THROWS(c10::OutOfMemoryError, "Tried to allocate more than 1EB memory",
+               b.malloc_on(0, size_t{1} << 62, kDefault, &is_private));
+  CHECK(seen.size() == 2 && seen[0] == 0);
+  CHECK(b.getDeviceStats(0).num_ooms == 2);
   CHECK(live_bytes(b) == 4096);  // the live block is untouched
   b.deleter_of(0, false)(keep);
 }
@@ -213,6 +239,24 @@ void history_carries_pytorch_contexts(Backend &b) {
   }
   CHECK(alloc_with_context && free_seen);
   CHECK(last_time > int64_t{1600000000} * 1000000);  // Unix microseconds
+  // As PyTorch's: the trace opens with what was allocated, and each _snapshot() while
+  // recording adds one 'snapshot' entry per device, after what came before it. Layout
+  // reads of vramkit's own (pruning, its tools) add none.
+  auto &trace = snap.device_traces[0];
+  CHECK(trace.front().action_ != TraceEntry::SNAPSHOT);
+  CHECK(trace.back().action_ == TraceEntry::SNAPSHOT);
+  auto snapshots = [](const std::vector<TraceEntry> &t) {
+    return std::count_if(t.begin(), t.end(),
+                         [](const TraceEntry &e) { return e.action_ == TraceEntry::SNAPSHOT; });
+  };
+  CHECK(snapshots(trace) == 1);
+  vram_pool_t *pool = nullptr;
+  CHECK(vramkit_torch_pool(0, &pool) == VRAM_OK);
+  vram_snapshot_segment_t segs[64];
+  vram_snapshot_block_t blocks[256];
+  size_t n_segs = 0, n_blocks = 0;  // a layout read that is no _snapshot()
+  CHECK(vram_snapshot(pool, segs, 64, &n_segs, blocks, 256, &n_blocks) == VRAM_OK);
+  CHECK(snapshots(b.snapshot({0, 0}, true).device_traces[0]) == 2);
   b.recordHistory(false, nullptr, 0, RecordContext::NEVER, false, {});
   CHECK(!b.isHistoryEnabled());
   b.deleter_of(0, false)(p);

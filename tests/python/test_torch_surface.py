@@ -1,0 +1,106 @@
+"""PyTorch's view of vramkit, without a GPU: the statistics keys and pool rows PyTorch
+2.11's caching allocator reports (vramkit.memory_stats() and, through the backend,
+torch.cuda.memory_stats()), its out-of-memory sentences, its allocator settings and its
+memory history, each as PyTorch's own code or users read them (issue 37). What needs the
+card runs in tests/gpu/test_torch_backend.py and bench/torch_suite.sh.
+"""
+
+import pytest
+
+import vramkit
+from helpers import KiB, MiB, run_python
+
+STAT_NAMES = ("allocated_bytes", "reserved_bytes", "active_bytes", "inactive_split",
+              "inactive_split_bytes", "requested_bytes", "allocation", "segment", "active")
+FIELDS = ("current", "peak", "allocated", "freed")
+# The keys torch.cuda.memory_stats() has under PyTorch 2.11's caching allocator: its
+# DeviceStats struct flattened by torch.cuda.memory_stats (read from c10's header).
+PYTORCH_KEYS = (
+    [f"{s}.{p}.{f}" for s in STAT_NAMES for p in ("all", "small_pool", "large_pool")
+     for f in FIELDS]
+    + [f"{s}.{f}" for s in ("oversize_allocations", "oversize_segments") for f in FIELDS]
+    + ["num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc",
+       "num_device_free", "max_split_size"])
+
+
+def test_memory_stats_has_every_key_pytorch_reports():
+    stats = vramkit.memory_stats(6)
+    missing = [k for k in PYTORCH_KEYS if k not in stats]
+    assert not missing, missing
+    assert stats["max_split_size"] == -1  # PyTorch's "no limit"
+    assert stats["oversize_allocations.current"] == 0
+
+
+def test_small_and_large_pool_rows_split_as_pytorch_does():
+    run_python(f"""
+        import vramkit
+        small = vramkit.empty(1000, device=0)        # up to 1 MiB: a small segment
+        large = vramkit.empty(3 * {MiB}, device=0)   # the rest
+        s = vramkit.memory_stats(0)
+        assert s["allocated_bytes.small_pool.current"] == 1024, s
+        assert s["allocated_bytes.large_pool.current"] == 3 * {MiB}, s
+        assert s["requested_bytes.small_pool.current"] == 1000
+        assert s["allocation.small_pool.current"] == 1 == s["allocation.large_pool.current"]
+        assert s["segment.small_pool.current"] == 1
+        assert s["reserved_bytes.small_pool.current"] == 2 * {MiB}
+        for name in ("allocated_bytes", "reserved_bytes", "active_bytes", "segment",
+                     "requested_bytes", "allocation", "active"):
+            for field in ("current", "peak", "allocated", "freed"):
+                parts = s[f"{{name}}.small_pool.{{field}}"] + s[f"{{name}}.large_pool.{{field}}"]
+                assert s[f"{{name}}.all.{{field}}"] == parts, (name, field, s)
+        # The rest of the small segment is free beside a live block: not releasable.
+        assert s["inactive_split.small_pool.current"] == 1
+        assert s["inactive_split_bytes.small_pool.current"] == 2 * {MiB} - 1024
+        assert s["inactive_split_bytes.large_pool.current"] == (
+            s["reserved_bytes.large_pool.current"] - 3 * {MiB})
+        assert s["inactive_split_bytes.all.current"] == (
+            s["inactive_split_bytes.small_pool.current"]
+            + s["inactive_split_bytes.large_pool.current"])
+        del small
+        s = vramkit.memory_stats(0)
+        assert s["allocated_bytes.small_pool.current"] == 0
+        assert s["allocated_bytes.small_pool.peak"] == 1024
+        assert s["allocated_bytes.small_pool.freed"] == 1024
+        assert s["inactive_split.small_pool.current"] == 0  # wholly free: releasable
+        vramkit.reset_peak_memory_stats(0)
+        assert vramkit.memory_stats(0)["allocated_bytes.small_pool.peak"] == 0
+        vramkit.empty_cache(0)
+        s = vramkit.memory_stats(0)
+        assert s["reserved_bytes.small_pool.current"] == 0 == s["segment.small_pool.current"]
+        assert s["num_sync_all_streams"] >= 1
+        del large
+    """)
+
+
+def test_allocator_settings_map_warn_or_refuse():
+    from vramkit import torch_settings
+
+    with pytest.warns(RuntimeWarning) as caught:
+        options = torch_settings.map_settings(
+            "expandable_segments:True,max_split_size_mb:128,roundup_power2_divisions:4,"
+            "garbage_collection_threshold:0.6,release_lock_on_cudamalloc:True,"
+            "pinned_use_cuda_host_register:True,backend:native,"
+            "per_process_memory_fraction:0.5,no_such_key:1")
+    assert options == {"large_blocks": "virtual", "limit": 0.5}
+    said = " ".join(str(w.message) for w in caught)
+    # Every key without an equivalent is named, with what vramkit does instead.
+    for key, equivalent in (("max_split_size_mb", "tight_threshold"),
+                            ("roundup_power2_divisions", "512 bytes"),
+                            ("garbage_collection_threshold", "release_threshold"),
+                            ("release_lock_on_cudamalloc", "lock"),
+                            ("no_such_key", "not a setting")):
+        assert key in said and equivalent in said, key
+    assert "pinned_use_cuda_host_register" not in said  # PyTorch's host allocator serves it
+    assert torch_settings.map_settings("expandable_segments:False") == {"large_blocks": "fixed"}
+    with pytest.raises(torch_settings.SettingsError, match="cudaMallocAsync"):
+        torch_settings.map_settings("backend:cudaMallocAsync")
+
+
+def test_settings_set_later_say_what_they_do():
+    from vramkit import torch_settings
+
+    seen = []
+    hook = torch_settings.settings_hook(seen.append)
+    with pytest.warns(RuntimeWarning, match="large_blocks='virtual'.*install"):
+        hook("expandable_segments:True")
+    assert seen == ["expandable_segments:True"]  # PyTorch still records it
