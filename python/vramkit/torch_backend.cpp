@@ -22,6 +22,13 @@
 //   - history is the engine's event ring, with PyTorch's context objects (its captured
 //     stacks) kept here by the context ids the engine stores.
 //
+// The class declares every member; those of one job apart are defined, out of line, in the
+// parts included after it: torch_backend_pools.hpp (private pools and checkpoints),
+// torch_backend_history.hpp (history and snapshots), torch_backend_ipc.hpp (IPC handles),
+// torch_backend_oom.hpp (out of memory and other failures), torch_backend_watchers.hpp
+// (the profiler's, the CUDA sanitizer's and trace trackers' events); torch_backend_stats.hpp
+// turns the engine's statistics into c10's DeviceStats.
+//
 // Built against the installed torch at install() time (vramkit/_torch_build.py), because c10's
 // C++ ABI is torch's own. Everything here runs on PyTorch's threads, with or without the GIL:
 // no Python, and no exception leaves a deleter.
@@ -223,55 +230,10 @@ class Backend final : public cca::CUDAAllocator {
     return pool;
   }
 
-  [[noreturn]] void fail(c10::DeviceIndex device, size_t n, vram_pool_t *pool, int rc) {
-    char message[kMessageCap];
-    if (rc != VRAM_ENOMEM || !pool)
-      vramkit_torch_compose_message(message, sizeof message, rc, device, n, pool);
-    if (rc == VRAM_ENOMEM) {
-      vram_stats_t s{};
-      size_t free_bytes = 0, total = 0;
-      if (pool) {
-        vram_get_stats(pool, &s);
-        vram_mem_get_info(pool, &free_bytes, &total);
-        oom_message(message, sizeof message, device, n, pool, free_bytes, total);
-      }
-      c10::reportOutOfMemoryToProfiler(static_cast<int64_t>(n),
-                                       static_cast<size_t>(s.allocated_bytes.current),
-                                       static_cast<size_t>(s.reserved_bytes.current),
-                                       cuda_device(device));
-      std::vector<cca::OutOfMemoryObserver> observers;
-      {
-        std::lock_guard<std::mutex> g(mutex_);
-        observers = oom_observers_;
-      }
-      for (auto &observer : observers)
-        observer(device, static_cast<size_t>(s.allocated_bytes.current), total, free_bytes);
-      C10_THROW_ERROR(OutOfMemoryError, std::string(message));
-    }
-    C10_THROW_ERROR(Error, std::string(message));
-  }
-
-  // PyTorch's sentences with the device's figures (graph pools' share named as PyTorch
-  // names it), then the report of the pool that failed.
+  // Failures, out of memory above all, as c10 errors (torch_backend_oom.hpp).
+  [[noreturn]] void fail(c10::DeviceIndex device, size_t n, vram_pool_t *pool, int rc);
   void oom_message(char *message, size_t cap, c10::DeviceIndex device, size_t n,
-                   vram_pool_t *failed, size_t free_bytes, size_t total) {
-    size_t allocated = 0, private_allocated = 0, reserved = 0, limit = 0;
-    {
-      std::lock_guard<std::mutex> g(mutex_);
-      for (vram_pool_t *pool : pools_of_locked(device)) {
-        vram_stats_t s{};
-        if (vram_get_stats(pool, &s) != VRAM_OK) continue;
-        bool is_default = pool == used_[device].load();
-        (is_default ? allocated : private_allocated) += s.allocated_bytes.current;
-        reserved += s.reserved_bytes.current;
-        if (is_default) limit = s.limit_bytes;
-      }
-    }
-    int k = vramkit_torch_oom_head(message, cap, device, n, total, free_bytes, limit, allocated,
-                                   private_allocated, reserved);
-    if (k >= 0 && static_cast<size_t>(k) < cap)
-      vram_oom_report(failed, message + k, cap - static_cast<size_t>(k));
-  }
+                   vram_pool_t *failed, size_t free_bytes, size_t total);
 
   // Frees: the deleters land here with the pool already known.
   void free_in(c10::DeviceIndex device, vram_pool_t *pool, void *ptr) {
@@ -376,124 +338,22 @@ class Backend final : public cca::CUDAAllocator {
     return -1;
   }
 
-  // ---- private pools: CUDA graphs, graph trees, MemPool ------------------------------
+  // ---- private pools: CUDA graphs, graph trees, MemPool (torch_backend_pools.hpp) ----
   void beginAllocateToPool(c10::DeviceIndex device, MempoolId_t id,
-                           std::function<bool(cudaStream_t)> filter) override {
-    std::lock_guard<std::mutex> g(mutex_);
-    for (auto &c : capture_filters_)
-      TORCH_CHECK(!(c.first == id && c.second.first == device),
-                  "vramkit: beginAllocateToPool: already allocating to pool (", id.first, ", ",
-                  id.second, ")");
-    incref_locked(device, id);
-    capture_filters_.push_back({id, {device, std::move(filter)}});
-    captures_[device].fetch_add(1);
-  }
-
-  void endAllocateToPool(c10::DeviceIndex device, MempoolId_t id) override {
-    std::vector<void *> deferred;
-    {
-      std::lock_guard<std::mutex> g(mutex_);
-      auto it = std::find_if(capture_filters_.begin(), capture_filters_.end(), [&](auto &c) {
-        return c.first == id && c.second.first == device;
-      });
-      TORCH_CHECK(it != capture_filters_.end(), "vramkit: endAllocateToPool: pool (", id.first,
-                  ", ", id.second, ") is not being allocated to");
-      capture_filters_.erase(it);
-      if (captures_[device].fetch_sub(1) == 1) deferred.swap(deferred_frees_);
-    }
-    for (void *p : deferred) free_private_block(p);
-  }
-
-  void releasePool(c10::DeviceIndex device, MempoolId_t id) override {
-    std::lock_guard<std::mutex> g(mutex_);
-    PrivatePool *pp = find_locked(device, id);
-    TORCH_CHECK(pp, "vramkit: releasePool: no pool (", id.first, ", ", id.second, ")");
-    TORCH_INTERNAL_ASSERT(pp->use_count > 0);
-    pp->use_count--;
-    maybe_destroy(pp);
-  }
-
-  int getPoolUseCount(c10::DeviceIndex device, MempoolId_t id) override {
-    std::lock_guard<std::mutex> g(mutex_);
-    PrivatePool *pp = find_locked(device, id);
-    return pp ? pp->use_count : 0;
-  }
-
+                           std::function<bool(cudaStream_t)> filter) override;
+  void endAllocateToPool(c10::DeviceIndex device, MempoolId_t id) override;
+  void releasePool(c10::DeviceIndex device, MempoolId_t id) override;
+  int getPoolUseCount(c10::DeviceIndex device, MempoolId_t id) override;
   void createOrIncrefPool(c10::DeviceIndex device, MempoolId_t id,
-                          std::shared_ptr<cca::CUDAAllocator> allocator) override {
-    TORCH_CHECK(!allocator || allocator.get() == this,
-                "vramkit: a torch.cuda.MemPool with an allocator of its own cannot be used "
-                "while vramkit is PyTorch's allocator; create it without `allocator`");
-    std::lock_guard<std::mutex> g(mutex_);
-    incref_locked(device, id);
-  }
-
-  void setUseOnOOM(c10::DeviceIndex, MempoolId_t, bool use_on_oom) override {
-    TORCH_CHECK(!use_on_oom, "vramkit: MemPool(use_on_oom=True) is not supported: a request "
-                             "the default pool cannot serve fails with vramkit's report");
-  }
-
-  void setNoSplit(c10::DeviceIndex, MempoolId_t) override {
-    TORCH_CHECK(false, "vramkit: MemPool(no_split=True) is not supported");
-  }
-
+                          std::shared_ptr<cca::CUDAAllocator> allocator) override;
+  void setUseOnOOM(c10::DeviceIndex, MempoolId_t, bool use_on_oom) override;
+  void setNoSplit(c10::DeviceIndex, MempoolId_t) override;
   bool checkPoolLiveAllocations(c10::DeviceIndex device, MempoolId_t id,
-                                const std::unordered_set<void *> &expected) override {
-    std::vector<PoolCheckpoint::Block> live;
-    {
-      std::lock_guard<std::mutex> g(mutex_);
-      PrivatePool *pp = find_locked(device, id);
-      if (!pp) return expected.empty();
-      live = live_blocks(pp->pool);
-    }
-    if (live.size() != expected.size()) return false;
-    for (auto &b : live)
-      if (!expected.count(b.ptr)) return false;
-    return true;
-  }
-
+                                const std::unordered_set<void *> &expected) override;
   std::shared_ptr<cca::AllocatorState> getCheckpointState(c10::DeviceIndex device,
-                                                          MempoolId_t id) override {
-    std::lock_guard<std::mutex> g(mutex_);
-    PrivatePool *pp = find_locked(device, id);
-    TORCH_CHECK(pp, "vramkit: getCheckpointState: no pool (", id.first, ", ", id.second, ")");
-    auto state = std::make_shared<PoolCheckpoint>();
-    state->id = id;
-    state->device = device;
-    state->blocks = live_blocks(pp->pool);
-    return state;
-  }
-
+                                                          MempoolId_t id) override;
   cca::CheckpointDelta setCheckpointPoolState(
-      c10::DeviceIndex device, std::shared_ptr<cca::AllocatorState> state) override {
-    auto checkpoint = std::dynamic_pointer_cast<PoolCheckpoint>(state);
-    TORCH_CHECK(checkpoint && checkpoint->device == device,
-                "vramkit: setCheckpointPoolState: not a checkpoint vramkit took on device ",
-                device);
-    cca::CheckpointDelta delta;
-    std::lock_guard<std::mutex> g(mutex_);
-    PrivatePool *pp = find_locked(device, checkpoint->id);
-    TORCH_CHECK(pp, "vramkit: setCheckpointPoolState: the pool is gone");
-    for (auto &b : live_blocks(pp->pool)) {
-      int rc = vram_free(pp->pool, b.ptr);
-      TORCH_CHECK(rc == VRAM_OK, "vramkit: setCheckpointPoolState: freeing ", b.ptr, ": ",
-                  vram_strerror(rc));
-      private_blocks_.erase(b.ptr);
-      deferred_uses_.erase(b.ptr);
-      pp->live--;
-      delta.ptrs_freed.push_back(b.ptr);
-    }
-    for (auto &b : checkpoint->blocks) {
-      int rc = vram_malloc_at(pp->pool, b.ptr, b.requested, static_cast<vram_stream_t>(b.stream));
-      TORCH_CHECK(rc == VRAM_OK, "vramkit: setCheckpointPoolState: the block at ", b.ptr, " (",
-                  b.requested, " bytes) cannot be restored: ", vram_strerror(rc),
-                  " (a block of the pool still waits on another stream?)");
-      private_blocks_[b.ptr] = pp;
-      pp->live++;
-      delta.dataptrs_allocd.emplace_back(b.ptr, b.ptr, &free_private, cuda_device(device));
-    }
-    return delta;
-  }
+      c10::DeviceIndex device, std::shared_ptr<cca::AllocatorState> state) override;
 
   // ---- statistics ---------------------------------------------------------------------
   DeviceStats getDeviceStats(c10::DeviceIndex device) override {
@@ -580,131 +440,19 @@ class Backend final : public cca::CUDAAllocator {
     return base;
   }
 
-  // ---- snapshots and history ---------------------------------------------------------
-  cca::SnapshotInfo snapshot(MempoolId_t id, bool include_traces) override {
-    cca::SnapshotInfo info;
-    std::vector<std::pair<vram_pool_t *, std::pair<c10::DeviceIndex, MempoolId_t>>> pools;
-    std::lock_guard<std::mutex> g(mutex_);  // held throughout: no pool goes meanwhile
-    if (id == MempoolId_t{0, 0})
-      for (int d = 0; d < kMaxDevices; d++)
-        if (vram_pool_t *pool = used_[d].load())
-          pools.push_back({pool, {static_cast<c10::DeviceIndex>(d), MempoolId_t{0, 0}}});
-    for (auto &entry : private_pools_)
-      if (id == MempoolId_t{0, 0} || entry.second->id == id)
-        pools.push_back({entry.second->pool, {entry.second->device, entry.second->id}});
-    std::vector<std::vector<TraceEntry>> traces;
-    for (auto &p : pools) append_segments(p.first, p.second.first, p.second.second, &info.segments);
-    note_snapshot(info.segments);
-    for (auto &p : pools)
-      if (include_traces && trace_wanted_.load())
-        append_trace(p.first, p.second.first, p.second.second, &traces);
-    if (include_traces && trace_wanted_.load()) append_snapshot_marks(&traces);
-    for (auto &device_trace : traces)
-      std::stable_sort(device_trace.begin(), device_trace.end(),
-                       [](const TraceEntry &a, const TraceEntry &b) {
-                         return a.time_.t_ < b.time_.t_;
-                       });
-    info.device_traces = std::move(traces);
-    info.config_metadata.garbage_collection_threshold = 0.0;
-    info.config_metadata.max_split_size = SIZE_MAX;
-    info.config_metadata.expandable_segments = false;
-    info.config_metadata.last_allocator_settings = "vramkit";
-    return info;
-  }
-
+  // ---- snapshots and history (torch_backend_history.hpp) ------------------------------
+  cca::SnapshotInfo snapshot(MempoolId_t id, bool include_traces) override;
   void recordHistory(bool enabled, cca::CreateContextFn recorder, size_t max_entries,
-                     RecordContext when, bool clear, const std::vector<std::string> &) override {
-    std::lock_guard<std::mutex> g(mutex_);
-    std::lock_guard<std::mutex> h(history_mutex_);
-    recording_ = enabled;
-    recorder_ = enabled && when != RecordContext::NEVER ? recorder : nullptr;
-    max_entries_ = max_entries;
-    trace_wanted_.store(enabled && when != RecordContext::STATE);
-    if (clear || enabled) {
-      contexts_.clear();
-      snapshot_marks_.clear();
-    }
-    for (vram_pool_t *pool : all_pools_locked()) start_or_stop_history(pool);
-    vram_set_context_fn(recorder_ ? &context_of_this_allocation : nullptr, this);
-  }
+                     RecordContext when, bool clear, const std::vector<std::string> &) override;
+  bool isHistoryEnabled() override;
 
-  bool isHistoryEnabled() override {
-    std::lock_guard<std::mutex> g(history_mutex_);
-    return recording_;
-  }
+  // ---- observers (torch_backend_oom.hpp) and trace trackers (torch_backend_watchers.hpp) --
+  void attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) override;
+  void attachAllocatorTraceTracker(cca::AllocatorTraceTracker tracker) override;
 
-  void attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) override {
-    std::lock_guard<std::mutex> g(mutex_);
-    oom_observers_.push_back(std::move(observer));
-  }
-
-  void attachAllocatorTraceTracker(cca::AllocatorTraceTracker tracker) override {
-    std::lock_guard<std::mutex> g(mutex_);
-    trackers_.push_back(std::move(tracker));
-    has_trackers_.store(true);
-  }
-
-  // ---- IPC -------------------------------------------------------------------------
-  cca::ShareableHandle shareIpcHandle(void *ptr) override {
-    vram_pool_t *pool = owner_of(ptr);
-    void *base = nullptr;
-    TORCH_CHECK(pool && vram_segment_of(pool, ptr, &base, nullptr) == VRAM_OK,
-                "vramkit: shareIpcHandle: ", ptr, " is not a live block of vramkit's");
-    TORCH_CHECK(vram_pool_source(pool) == VRAM_SOURCE_CUDA,
-                "vramkit: CUDA tensors can be shared between processes only from the 'cuda' "
-                "source (cuMemAlloc segments); this pool's source is '",
-                vram_source_name(vram_pool_source(pool)),
-                "'. Set VRAMKIT_SOURCE=cuda in the producing process.");
-    cudaIpcMemHandle_t handle;
-    cudaError_t err = cudaIpcGetMemHandle(&handle, base);
-    if (err != cudaSuccess) {
-      (void)cudaGetLastError();
-      // A cuda pool's large blocks are in virtual ranges (cuMemMap'd granules), which have
-      // no CUDA IPC handle: from the first by default (VRAMKIT_LARGE_BLOCKS=virtual), and
-      // past VRAMKIT_VIRTUAL_THRESHOLD of its cap with large blocks fixed.
-      TORCH_CHECK(false,
-                  "vramkit: this CUDA tensor cannot be shared between processes: it lies in "
-                  "virtual memory, where a 'cuda' pool puts blocks over 1 MiB by default "
-                  "(VRAMKIT_LARGE_BLOCKS=virtual), or past VRAMKIT_VIRTUAL_THRESHOLD of its "
-                  "cap with VRAMKIT_LARGE_BLOCKS=fixed (",
-                  cudaGetErrorString(err),
-                  "). Set VRAMKIT_VIRTUAL_THRESHOLD=1 and VRAMKIT_LARGE_BLOCKS=fixed in the "
-                  "producing process to keep every block in cuMemAlloc segments.");
-    }
-    // The unversioned form (the handle's bytes alone): PyTorch's own allocator reads it too,
-    // so a consumer process need not run vramkit.
-    return {static_cast<char *>(ptr) - static_cast<char *>(base),
-            std::string(reinterpret_cast<const char *>(&handle), sizeof handle)};
-  }
-
-  std::shared_ptr<void> getIpcDevPtr(std::string handle) override {
-    cudaIpcMemHandle_t raw;
-    // Unversioned (vramkit's and old PyTorch's) or PyTorch's versioned cudaMalloc form:
-    // a version byte, 'c', then the handle.
-    if (handle.size() == sizeof raw) {
-      std::memcpy(&raw, handle.data(), sizeof raw);
-    } else if (handle.size() == sizeof raw + 2 && handle[1] == 'c') {
-      std::memcpy(&raw, handle.data() + 2, sizeof raw);
-    } else {
-      TORCH_CHECK(false, "vramkit: cannot open this CUDA IPC handle (", handle.size(),
-                  " bytes): only cudaMalloc-style handles are supported, not expandable "
-                  "segments'");
-    }
-    std::lock_guard<std::mutex> g(ipc_mutex_);
-    auto it = ipc_opened_.find(handle);
-    if (it != ipc_opened_.end())
-      if (auto alive = it->second.lock()) return alive;
-    c10::DeviceIndex device = 0;
-    C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
-    void *dev_ptr = nullptr;
-    C10_CUDA_CHECK(cudaIpcOpenMemHandle(&dev_ptr, raw, cudaIpcMemLazyEnablePeerAccess));
-    std::shared_ptr<void> opened(dev_ptr, [device](void *p) {
-      c10::cuda::CUDAGuard guard(device);
-      cudaIpcCloseMemHandle(p);
-    });
-    ipc_opened_[handle] = opened;
-    return opened;
-  }
+  // ---- IPC (torch_backend_ipc.hpp) -------------------------------------------------
+  cca::ShareableHandle shareIpcHandle(void *ptr) override;
+  std::shared_ptr<void> getIpcDevPtr(std::string handle) override;
 
   // ---- devices ---------------------------------------------------------------------
   void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) override {
@@ -744,74 +492,12 @@ class Backend final : public cca::CUDAAllocator {
   }
 
  private:
-  // ---- private pools ---------------------------------------------------------------
-  PrivatePool *find_locked(c10::DeviceIndex device, MempoolId_t id) {
-    auto it = private_pools_.find({device, id});
-    return it == private_pools_.end() ? nullptr : it->second.get();
-  }
-
-  void incref_locked(c10::DeviceIndex device, MempoolId_t id) {
-    PrivatePool *pp = find_locked(device, id);
-    if (!pp) {
-      vram_pool_t *dflt = default_pool(device);
-      vram_options_t opts;
-      vram_options_init(&opts);
-      const char *why = nullptr;
-      vram_options_from_env(&opts, &why);
-      opts.device = device;
-      opts.source = vram_pool_source(dflt);
-      // A graph's pool keeps what it has: no memory may go back during a capture, and a
-      // graph replays into the same addresses. Its limit is the device's, not the default
-      // pool's.
-      opts.limit_bytes = 0;
-      opts.limit_fraction = 0;
-      opts.preallocate_bytes = 0;
-      opts.preallocate_fraction = 0;
-      opts.release_threshold = SIZE_MAX;
-      auto fresh = std::make_unique<PrivatePool>();
-      fresh->id = id;
-      fresh->device = device;
-      int rc = vram_pool_create(&fresh->pool, &opts);
-      TORCH_CHECK(rc == VRAM_OK, "vramkit: cannot create a private pool on device ", device,
-                  ": ", vram_strerror(rc));
-      {
-        std::lock_guard<std::mutex> h(history_mutex_);
-        start_or_stop_history(fresh->pool);
-      }
-      pp = fresh.get();
-      private_pools_[{device, id}] = std::move(fresh);
-    }
-    pp->use_count++;
-  }
-
-  // A private pool nobody uses and nothing lives in goes back to the driver, unless a
-  // capture is running anywhere (no frees then): emptyCache() takes it later.
-  void maybe_destroy(PrivatePool *pp) {
-    if (pp->use_count > 0 || pp->live > 0) return;
-    if (!capture_filters_.empty()) return;
-    vram_pool_destroy(pp->pool);
-    private_pools_.erase({pp->device, pp->id});
-  }
-
-  PrivatePool *capture_target(c10::DeviceIndex device, cudaStream_t stream) {
-    std::lock_guard<std::mutex> g(mutex_);
-    for (auto &c : capture_filters_)
-      if (c.second.first == device && c.second.second(stream))
-        return find_locked(device, c.first);
-    return nullptr;
-  }
-
-  static std::vector<PoolCheckpoint::Block> live_blocks(vram_pool_t *pool) {
-    std::vector<PoolCheckpoint::Block> out;
-    vram_for_each_block(
-        pool,
-        [](void *user, void *ptr, size_t requested, size_t, vram_stream_t stream) {
-          static_cast<std::vector<PoolCheckpoint::Block> *>(user)->push_back(
-              {ptr, requested, static_cast<cudaStream_t>(stream)});
-        },
-        &out);
-    return out;
-  }
+  // ---- private pools (torch_backend_pools.hpp) ------------------------------------
+  PrivatePool *find_locked(c10::DeviceIndex device, MempoolId_t id);
+  void incref_locked(c10::DeviceIndex device, MempoolId_t id);
+  void maybe_destroy(PrivatePool *pp);
+  PrivatePool *capture_target(c10::DeviceIndex device, cudaStream_t stream);
+  static std::vector<PoolCheckpoint::Block> live_blocks(vram_pool_t *pool);
 
   vram_pool_t *owner_of(void *ptr) {
     if (PrivatePool *pp = private_owner(ptr)) return pp->pool;
@@ -853,222 +539,30 @@ class Backend final : public cca::CUDAAllocator {
     if (recording_) start_or_stop_history(pool);
   }
 
-  // ---- what watchers see: the profiler, the CUDA sanitizer, trace trackers -------------
-  bool profiling_or_tracing() const {
-    return c10::memoryProfilingEnabled() || c10::impl::GPUTrace::get_trace() ||
-           has_trackers_.load(std::memory_order_relaxed);
-  }
-
+  // ---- what watchers see (torch_backend_watchers.hpp) --------------------------------
+  bool profiling_or_tracing() const;
   void note_alloc(c10::DeviceIndex device, void *ptr, size_t n, cudaStream_t stream,
-                  vram_pool_t *pool) {
-    if (!profiling_or_tracing()) return;
-    size_t size = (n + kAlign - 1) & ~(kAlign - 1);
-    watchers(TraceEntry::ALLOC, device, ptr, static_cast<int64_t>(size), stream, pool);
-    if (auto *interp = c10::impl::GPUTrace::get_trace())
-      (*interp)->trace_gpu_memory_allocation(c10::kCUDA, reinterpret_cast<uintptr_t>(ptr));
-  }
-
+                  vram_pool_t *pool);
   void note_free(c10::DeviceIndex device, void *ptr, size_t size, cudaStream_t stream,
-                 vram_pool_t *pool) {
-    watchers(TraceEntry::FREE_REQUESTED, device, ptr, -static_cast<int64_t>(size), stream,
-             pool);
-    if (auto *interp = c10::impl::GPUTrace::get_trace())
-      (*interp)->trace_gpu_memory_deallocation(c10::kCUDA, reinterpret_cast<uintptr_t>(ptr));
-  }
-
+                 vram_pool_t *pool);
   void watchers(TraceEntry::Action action, c10::DeviceIndex device, void *ptr, int64_t delta,
-                cudaStream_t stream, vram_pool_t *pool) {
-    if (c10::memoryProfilingEnabled()) {
-      vram_stats_t s{};
-      vram_get_stats(pool, &s);
-      c10::reportMemoryUsageToProfiler(ptr, delta, static_cast<size_t>(s.allocated_bytes.current),
-                                       static_cast<size_t>(s.reserved_bytes.current),
-                                       cuda_device(device));
-    }
-    if (!has_trackers_.load(std::memory_order_relaxed)) return;
-    std::vector<cca::AllocatorTraceTracker> trackers;
-    {
-      std::lock_guard<std::mutex> g(mutex_);
-      trackers = trackers_;
-    }
-    TraceEntry entry(action, device, reinterpret_cast<size_t>(ptr),
-                     static_cast<size_t>(delta < 0 ? -delta : delta), stream, MempoolId_t{0, 0},
-                     c10::getApproximateTime());
-    for (auto &tracker : trackers) tracker(entry);
-  }
+                cudaStream_t stream, vram_pool_t *pool);
 
-  // ---- history -----------------------------------------------------------------------
-  // Called by the engine at each allocation while contexts are recorded, outside its lock.
-  static uint64_t context_of_this_allocation(void *user) {
-    auto *self = static_cast<Backend *>(user);
-    cca::CreateContextFn recorder;
-    {
-      std::lock_guard<std::mutex> g(self->history_mutex_);
-      recorder = self->recorder_;
-    }
-    if (!recorder) return 0;
-    std::shared_ptr<c10::GatheredContext> context = recorder();
-    uint64_t id;
-    bool crowded;
-    {
-      std::lock_guard<std::mutex> g(self->history_mutex_);
-      id = ++self->next_context_;
-      self->contexts_[id] = std::move(context);
-      crowded = self->contexts_.size() > 2 * self->max_entries_ + 65536;
-    }
-    if (crowded) self->prune_contexts(id);
-    return id;
-  }
-
-  // Keep the contexts that the rings and the live blocks still name (and the one just
-  // made, not yet in any ring). Run with no lock held: it reads every pool.
-  void prune_contexts(uint64_t newest) {
-    std::unordered_set<uint64_t> named{newest};
-    std::lock_guard<std::mutex> g(mutex_);
-    for (vram_pool_t *pool : all_pools_locked()) {
-      for (auto &e : read_history(pool)) named.insert(e.context);
-      for (auto &b : read_blocks(pool)) named.insert(b.context);
-    }
-    std::lock_guard<std::mutex> h(history_mutex_);
-    for (auto it = contexts_.begin(); it != contexts_.end();)
-      it = named.count(it->first) || it->first > newest ? std::next(it) : contexts_.erase(it);
-  }
-
-  void start_or_stop_history(vram_pool_t *pool) {
-    if (recording_)
-      vram_history_start(pool, max_entries_, recorder_ ? VRAM_HISTORY_CONTEXTS : 0u);
-    else
-      vram_history_stop(pool);
-  }
-
-  std::shared_ptr<c10::GatheredContext> context(uint64_t id) {
-    if (!id) return nullptr;
-    std::lock_guard<std::mutex> g(history_mutex_);
-    auto it = contexts_.find(id);
-    return it == contexts_.end() ? nullptr : it->second;
-  }
-
-  static std::vector<vram_event_t> read_history(vram_pool_t *pool) {
-    size_t total = 0;
-    if (vram_history_read(pool, nullptr, 0, nullptr, &total, nullptr) != VRAM_OK) return {};
-    std::vector<vram_event_t> events(total + 1024);  // room for events recorded meanwhile
-    size_t count = 0;
-    vram_history_read(pool, events.data(), events.size(), &count, &total, nullptr);
-    events.resize(count);
-    return events;
-  }
-
-  static std::vector<vram_snapshot_block_t> read_blocks(vram_pool_t *pool) {
-    std::vector<vram_snapshot_segment_t> segments;
-    std::vector<vram_snapshot_block_t> blocks;
-    read_layout(pool, &segments, &blocks);
-    return blocks;
-  }
-
+  // ---- history (torch_backend_history.hpp) ------------------------------------------
+  static uint64_t context_of_this_allocation(void *user);
+  void prune_contexts(uint64_t newest);
+  void start_or_stop_history(vram_pool_t *pool);
+  std::shared_ptr<c10::GatheredContext> context(uint64_t id);
+  static std::vector<vram_event_t> read_history(vram_pool_t *pool);
+  static std::vector<vram_snapshot_block_t> read_blocks(vram_pool_t *pool);
   static void read_layout(vram_pool_t *pool, std::vector<vram_snapshot_segment_t> *segments,
-                          std::vector<vram_snapshot_block_t> *blocks) {
-    for (;;) {
-      size_t n_segments = 0, n_blocks = 0;
-      if (vram_snapshot(pool, segments->data(), segments->size(), &n_segments, blocks->data(),
-                        blocks->size(), &n_blocks) != VRAM_OK)
-        return;
-      if (n_segments <= segments->size() && n_blocks <= blocks->size()) {
-        segments->resize(n_segments);
-        blocks->resize(n_blocks);
-        return;
-      }
-      segments->resize(n_segments + 16);
-      blocks->resize(n_blocks + 256);
-    }
-  }
-
+                          std::vector<vram_snapshot_block_t> *blocks);
   void append_segments(vram_pool_t *pool, c10::DeviceIndex device, MempoolId_t owner,
-                       std::vector<SegmentInfo> *out) {
-    std::vector<vram_snapshot_segment_t> segments;
-    std::vector<vram_snapshot_block_t> blocks;
-    read_layout(pool, &segments, &blocks);
-    for (auto &s : segments) {
-      SegmentInfo seg;
-      seg.device = device;
-      seg.address = s.addr;
-      seg.total_size = s.size;
-      seg.stream = reinterpret_cast<void *>(s.stream);
-      seg.is_large = s.size != (size_t{2} << 20);  // the engine's small segments are 2 MiB
-      seg.is_expandable = s.is_expandable != 0;
-      seg.owner_private_pool_id = owner;
-      for (uint64_t i = s.first_block; i < s.first_block + s.n_blocks; i++) {
-        const vram_snapshot_block_t &b = blocks[i];
-        BlockInfo block;
-        block.size = b.size;
-        block.requested_size = b.requested;
-        block.allocated = b.state == VRAM_SNAPSHOT_ACTIVE_ALLOCATED;
-        block.active = b.state != VRAM_SNAPSHOT_INACTIVE;
-        block.context_when_allocated = context(b.context);
-        if (block.allocated) seg.allocated_size += b.size;
-        if (block.active) seg.active_size += b.size;
-        seg.requested_size += b.requested;
-        seg.blocks.push_back(std::move(block));
-      }
-      out->push_back(std::move(seg));
-    }
-  }
-
-  // A _snapshot() while history records: one 'snapshot' entry per device it described,
-  // sized by the device's active bytes, as PyTorch's allocator records each call.
-  void note_snapshot(const std::vector<SegmentInfo> &segments) {
-    std::map<c10::DeviceIndex, size_t> active;
-    for (auto &seg : segments) active[static_cast<c10::DeviceIndex>(seg.device)] += seg.active_size;
-    std::lock_guard<std::mutex> h(history_mutex_);
-    if (!recording_) return;
-    for (auto &a : active) {
-      auto &marks = snapshot_marks_[a.first];
-      marks.push_back({unix_us(), a.second});
-      if (max_entries_ && marks.size() > max_entries_) marks.erase(marks.begin());
-    }
-  }
-
-  void append_snapshot_marks(std::vector<std::vector<TraceEntry>> *out) {
-    std::lock_guard<std::mutex> h(history_mutex_);
-    for (auto &d : snapshot_marks_) {
-      if (out->size() <= static_cast<size_t>(d.first)) out->resize(d.first + 1);
-      for (auto &m : d.second) {
-        TraceEntry entry(TraceEntry::SNAPSHOT, d.first, 0, m.active, nullptr, MempoolId_t{0, 0},
-                         0);
-        entry.time_.t_ = static_cast<time_t>(m.time_us);
-        (*out)[d.first].push_back(std::move(entry));
-      }
-    }
-  }
-
+                       std::vector<SegmentInfo> *out);
+  void note_snapshot(const std::vector<SegmentInfo> &segments);
+  void append_snapshot_marks(std::vector<std::vector<TraceEntry>> *out);
   void append_trace(vram_pool_t *pool, c10::DeviceIndex device, MempoolId_t owner,
-                    std::vector<std::vector<TraceEntry>> *out) {
-    // The engine stamps CLOCK_MONOTONIC microseconds; PyTorch's files carry Unix ones.
-    int64_t offset = static_cast<int64_t>(unix_us()) -
-                     std::chrono::duration_cast<std::chrono::microseconds>(
-                         std::chrono::steady_clock::now().time_since_epoch())
-                         .count();
-    if (out->size() <= static_cast<size_t>(device)) out->resize(device + 1);
-    for (auto &e : read_history(pool)) {
-      TraceEntry::Action action;
-      switch (e.kind) {
-        case VRAM_EVENT_ALLOC: action = TraceEntry::ALLOC; break;
-        case VRAM_EVENT_FREE_REQUESTED: action = TraceEntry::FREE_REQUESTED; break;
-        case VRAM_EVENT_FREE_COMPLETED: action = TraceEntry::FREE_COMPLETED; break;
-        case VRAM_EVENT_SEGMENT_ALLOC: action = TraceEntry::SEGMENT_ALLOC; break;
-        case VRAM_EVENT_SEGMENT_FREE: action = TraceEntry::SEGMENT_FREE; break;
-        case VRAM_EVENT_SEGMENT_MAP: action = TraceEntry::SEGMENT_MAP; break;
-        case VRAM_EVENT_SEGMENT_UNMAP: action = TraceEntry::SEGMENT_UNMAP; break;
-        case VRAM_EVENT_OOM: action = TraceEntry::OOM; break;
-        // The engine notes every layout read (pruning, vramkit's own tools, one per pool);
-        // PyTorch one per device and _snapshot() call: those are snapshot_marks_.
-        default: continue;  // nor have empty_cache and annotations a PyTorch action
-      }
-      TraceEntry entry(action, device, e.addr, e.size, reinterpret_cast<void *>(e.stream), owner,
-                       0, context(e.context));
-      entry.time_.t_ = static_cast<time_t>(static_cast<int64_t>(e.time_us) + offset);
-      (*out)[device].push_back(std::move(entry));
-    }
-  }
+                    std::vector<std::vector<TraceEntry>> *out);
 
   std::mutex mutex_;  // private pools, captures, observers, trackers, fractions
   std::map<std::pair<c10::DeviceIndex, MempoolId_t>, std::unique_ptr<PrivatePool>> private_pools_;
@@ -1101,6 +595,13 @@ class Backend final : public cca::CUDAAllocator {
   bool enabled_ = true;
   std::string user_metadata_;
 };
+
+// The class's members by job, defined out of line.
+#include "torch_backend_history.hpp"
+#include "torch_backend_ipc.hpp"
+#include "torch_backend_oom.hpp"
+#include "torch_backend_pools.hpp"
+#include "torch_backend_watchers.hpp"
 
 void free_default_on(int device, void *ptr) {
   if (ptr) g_backend->free_on_device(device, ptr);

@@ -79,3 +79,15 @@ def test_stub_passes_stubtest():
     proc = subprocess.run([sys.executable, "-m", "mypy.stubtest", "vramkit._core"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_backend_parts_are_installed_and_keyed():
+    """Every file torch_backend.cpp includes from the package is installed beside it and is
+    in _BACKEND_PARTS, whose contents key the cached build: a changed part rebuilds."""
+    from vramkit import _torch_build
+
+    source = (PACKAGE / _torch_build._BACKEND_SOURCE_NAME).read_text()
+    included = set(re.findall(r'^#include "(torch_backend_[a-z_]+\.hpp)"', source, re.M))
+    assert included == set(_torch_build._BACKEND_PARTS)
+    for part in _torch_build._BACKEND_PARTS:
+        assert (PACKAGE / part).is_file(), part

@@ -1,0 +1,196 @@
+// torch_backend_pools.hpp - private pools for torch_backend.cpp (included there, after the
+// class Backend, inside its namespace): the pools of CUDA graphs, graph trees and
+// torch.cuda.MemPool, created and counted per (device, MempoolId_t), the captures that
+// steer a stream's allocations into one, and graph-tree checkpoints taken and restored.
+//
+// Each private pool is an engine pool of its own on the default pool's source, keeping what
+// it has: a graph's memory is never handed to anyone else while the graph may replay, and
+// releasing the pool gives all of it back at once. A checkpoint is the list of live blocks
+// of a pool; restoring it frees what is live and claims every listed block again at its
+// address (vram_malloc_at).
+
+inline void Backend::beginAllocateToPool(c10::DeviceIndex device, MempoolId_t id,
+                                         std::function<bool(cudaStream_t)> filter) {
+  std::lock_guard<std::mutex> g(mutex_);
+  for (auto &c : capture_filters_)
+    TORCH_CHECK(!(c.first == id && c.second.first == device),
+                "vramkit: beginAllocateToPool: already allocating to pool (", id.first, ", ",
+                id.second, ")");
+  incref_locked(device, id);
+  capture_filters_.push_back({id, {device, std::move(filter)}});
+  captures_[device].fetch_add(1);
+}
+
+inline void Backend::endAllocateToPool(c10::DeviceIndex device, MempoolId_t id) {
+  std::vector<void *> deferred;
+  {
+    std::lock_guard<std::mutex> g(mutex_);
+    auto it = std::find_if(capture_filters_.begin(), capture_filters_.end(), [&](auto &c) {
+      return c.first == id && c.second.first == device;
+    });
+    TORCH_CHECK(it != capture_filters_.end(), "vramkit: endAllocateToPool: pool (", id.first,
+                ", ", id.second, ") is not being allocated to");
+    capture_filters_.erase(it);
+    if (captures_[device].fetch_sub(1) == 1) deferred.swap(deferred_frees_);
+  }
+  for (void *p : deferred) free_private_block(p);
+}
+
+inline void Backend::releasePool(c10::DeviceIndex device, MempoolId_t id) {
+  std::lock_guard<std::mutex> g(mutex_);
+  PrivatePool *pp = find_locked(device, id);
+  TORCH_CHECK(pp, "vramkit: releasePool: no pool (", id.first, ", ", id.second, ")");
+  TORCH_INTERNAL_ASSERT(pp->use_count > 0);
+  pp->use_count--;
+  maybe_destroy(pp);
+}
+
+inline int Backend::getPoolUseCount(c10::DeviceIndex device, MempoolId_t id) {
+  std::lock_guard<std::mutex> g(mutex_);
+  PrivatePool *pp = find_locked(device, id);
+  return pp ? pp->use_count : 0;
+}
+
+inline void Backend::createOrIncrefPool(c10::DeviceIndex device, MempoolId_t id,
+                                        std::shared_ptr<cca::CUDAAllocator> allocator) {
+  TORCH_CHECK(!allocator || allocator.get() == this,
+              "vramkit: a torch.cuda.MemPool with an allocator of its own cannot be used "
+              "while vramkit is PyTorch's allocator; create it without `allocator`");
+  std::lock_guard<std::mutex> g(mutex_);
+  incref_locked(device, id);
+}
+
+inline void Backend::setUseOnOOM(c10::DeviceIndex, MempoolId_t, bool use_on_oom) {
+  TORCH_CHECK(!use_on_oom, "vramkit: MemPool(use_on_oom=True) is not supported: a request "
+                           "the default pool cannot serve fails with vramkit's report");
+}
+
+inline void Backend::setNoSplit(c10::DeviceIndex, MempoolId_t) {
+  TORCH_CHECK(false, "vramkit: MemPool(no_split=True) is not supported");
+}
+
+inline bool Backend::checkPoolLiveAllocations(c10::DeviceIndex device, MempoolId_t id,
+                                              const std::unordered_set<void *> &expected) {
+  std::vector<PoolCheckpoint::Block> live;
+  {
+    std::lock_guard<std::mutex> g(mutex_);
+    PrivatePool *pp = find_locked(device, id);
+    if (!pp) return expected.empty();
+    live = live_blocks(pp->pool);
+  }
+  if (live.size() != expected.size()) return false;
+  for (auto &b : live)
+    if (!expected.count(b.ptr)) return false;
+  return true;
+}
+
+inline std::shared_ptr<cca::AllocatorState> Backend::getCheckpointState(
+    c10::DeviceIndex device, MempoolId_t id) {
+  std::lock_guard<std::mutex> g(mutex_);
+  PrivatePool *pp = find_locked(device, id);
+  TORCH_CHECK(pp, "vramkit: getCheckpointState: no pool (", id.first, ", ", id.second, ")");
+  auto state = std::make_shared<PoolCheckpoint>();
+  state->id = id;
+  state->device = device;
+  state->blocks = live_blocks(pp->pool);
+  return state;
+}
+
+inline cca::CheckpointDelta Backend::setCheckpointPoolState(
+    c10::DeviceIndex device, std::shared_ptr<cca::AllocatorState> state) {
+  auto checkpoint = std::dynamic_pointer_cast<PoolCheckpoint>(state);
+  TORCH_CHECK(checkpoint && checkpoint->device == device,
+              "vramkit: setCheckpointPoolState: not a checkpoint vramkit took on device ",
+              device);
+  cca::CheckpointDelta delta;
+  std::lock_guard<std::mutex> g(mutex_);
+  PrivatePool *pp = find_locked(device, checkpoint->id);
+  TORCH_CHECK(pp, "vramkit: setCheckpointPoolState: the pool is gone");
+  for (auto &b : live_blocks(pp->pool)) {
+    int rc = vram_free(pp->pool, b.ptr);
+    TORCH_CHECK(rc == VRAM_OK, "vramkit: setCheckpointPoolState: freeing ", b.ptr, ": ",
+                vram_strerror(rc));
+    private_blocks_.erase(b.ptr);
+    deferred_uses_.erase(b.ptr);
+    pp->live--;
+    delta.ptrs_freed.push_back(b.ptr);
+  }
+  for (auto &b : checkpoint->blocks) {
+    int rc = vram_malloc_at(pp->pool, b.ptr, b.requested, static_cast<vram_stream_t>(b.stream));
+    TORCH_CHECK(rc == VRAM_OK, "vramkit: setCheckpointPoolState: the block at ", b.ptr, " (",
+                b.requested, " bytes) cannot be restored: ", vram_strerror(rc),
+                " (a block of the pool still waits on another stream?)");
+    private_blocks_[b.ptr] = pp;
+    pp->live++;
+    delta.dataptrs_allocd.emplace_back(b.ptr, b.ptr, &free_private, cuda_device(device));
+  }
+  return delta;
+}
+
+inline PrivatePool *Backend::find_locked(c10::DeviceIndex device, MempoolId_t id) {
+  auto it = private_pools_.find({device, id});
+  return it == private_pools_.end() ? nullptr : it->second.get();
+}
+
+inline void Backend::incref_locked(c10::DeviceIndex device, MempoolId_t id) {
+  PrivatePool *pp = find_locked(device, id);
+  if (!pp) {
+    vram_pool_t *dflt = default_pool(device);
+    vram_options_t opts;
+    vram_options_init(&opts);
+    const char *why = nullptr;
+    vram_options_from_env(&opts, &why);
+    opts.device = device;
+    opts.source = vram_pool_source(dflt);
+    // A graph's pool keeps what it has: no memory may go back during a capture, and a
+    // graph replays into the same addresses. Its limit is the device's, not the default
+    // pool's.
+    opts.limit_bytes = 0;
+    opts.limit_fraction = 0;
+    opts.preallocate_bytes = 0;
+    opts.preallocate_fraction = 0;
+    opts.release_threshold = SIZE_MAX;
+    auto fresh = std::make_unique<PrivatePool>();
+    fresh->id = id;
+    fresh->device = device;
+    int rc = vram_pool_create(&fresh->pool, &opts);
+    TORCH_CHECK(rc == VRAM_OK, "vramkit: cannot create a private pool on device ", device,
+                ": ", vram_strerror(rc));
+    {
+      std::lock_guard<std::mutex> h(history_mutex_);
+      start_or_stop_history(fresh->pool);
+    }
+    pp = fresh.get();
+    private_pools_[{device, id}] = std::move(fresh);
+  }
+  pp->use_count++;
+}
+
+// A private pool nobody uses and nothing lives in goes back to the driver, unless a
+// capture is running anywhere (no frees then): emptyCache() takes it later.
+inline void Backend::maybe_destroy(PrivatePool *pp) {
+  if (pp->use_count > 0 || pp->live > 0) return;
+  if (!capture_filters_.empty()) return;
+  vram_pool_destroy(pp->pool);
+  private_pools_.erase({pp->device, pp->id});
+}
+
+inline PrivatePool *Backend::capture_target(c10::DeviceIndex device, cudaStream_t stream) {
+  std::lock_guard<std::mutex> g(mutex_);
+  for (auto &c : capture_filters_)
+    if (c.second.first == device && c.second.second(stream))
+      return find_locked(device, c.first);
+  return nullptr;
+}
+
+inline std::vector<PoolCheckpoint::Block> Backend::live_blocks(vram_pool_t *pool) {
+  std::vector<PoolCheckpoint::Block> out;
+  vram_for_each_block(
+      pool,
+      [](void *user, void *ptr, size_t requested, size_t, vram_stream_t stream) {
+        static_cast<std::vector<PoolCheckpoint::Block> *>(user)->push_back(
+            {ptr, requested, static_cast<cudaStream_t>(stream)});
+      },
+      &out);
+  return out;
+}
