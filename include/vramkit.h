@@ -138,6 +138,12 @@ typedef struct vram_options {
   uint64_t fault_fail_at;
   uint64_t fault_fail_every;
   int managed_prefetch;         /* managed: prefetch new ranges to the device (default 1) */
+  /* Keep the statistics of small and large segments apart as blocks come and go, for
+   * vram_get_split_stats (PyTorch's small_pool and large_pool rows). It costs every malloc
+   * and free a few counter updates, as PyTorch's allocator pays for its own rows, so it is
+   * off unless asked for: default vram_set_split_stats_default()'s setting, itself 0 until
+   * set (the Python package sets it, since its statistics speak PyTorch's vocabulary). */
+  int split_stats;
 } vram_options_t;
 
 #define VRAM_SIM_MAX_CAPACITY ((size_t)1 << 48)
@@ -314,7 +320,10 @@ typedef struct vram_split_stats {
   uint64_t num_sync_all_streams;
 } vram_split_stats_t;
 
+/* VRAM_EUNSUPPORTED for a pool made without vram_options_t.split_stats. */
 VRAM_API int vram_get_split_stats(vram_pool_t *pool, vram_split_stats_t *out);
+/* The split_stats that vram_options_init gives from now on, in this process (0 or 1). */
+VRAM_API void vram_set_split_stats_default(int on);
 /* Free and total memory of the device as the source sees it (sim: its capacity). */
 VRAM_API int vram_mem_get_info(vram_pool_t *pool, size_t *free_bytes, size_t *total_bytes);
 /* A text table in the spirit of torch.cuda.memory_summary(). Writes at most cap bytes

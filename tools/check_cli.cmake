@@ -231,8 +231,8 @@ elseif(CASE STREQUAL "exit_status_help")
   # Every help text documents the exit statuses that the cases above check.
   foreach(command "--help" "replay;--help" "bench;--help" "bench;pair;--help")
     run(STATUS 0 ARGS ${command}
-        STDOUT "Exit status:" "1  out of memory" "2  bad trace file" "3  bad command line"
-               "4  allocator failure")
+        STDOUT "Exit status:" "1  out of memory" "2  bad input file" "3  bad command line"
+               "4  failure" "5  missing optional package")
   endforeach()
   run(STATUS 3 ARGS no-such-command STDERR "unknown command 'no-such-command'")
   run(STATUS 3 ARGS replay --no-such-option x STDERR "unknown option '--no-such-option'")

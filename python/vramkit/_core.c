@@ -482,6 +482,9 @@ static int add_exception(PyObject *module, PyObject **slot, const char *name, co
 }
 
 static int core_exec(PyObject *module) {
+  /* The package speaks PyTorch's vocabulary, small_pool and large_pool rows included: pools
+   * made from here on keep them (vram_options_t.split_stats). */
+  vram_set_split_stats_default(1);
   core_state *st = get_state(module);
   PyObject *b;
 

@@ -145,6 +145,11 @@ void free_any(void *ptr);
 
 class Backend final : public cca::CUDAAllocator {
  public:
+  // torch.cuda.memory_stats() has small_pool and large_pool rows: every pool made from here
+  // on keeps them (the backend exists before the first CUDA tensor, so that is every pool
+  // PyTorch uses).
+  Backend() { vram_set_split_stats_default(1); }
+
   using cca::CUDAAllocator::recordStream;
 
   // ---- allocation -------------------------------------------------------------------

@@ -206,12 +206,30 @@ static bool check_stats(const vram_pool_t *pool, const tally *t) {
   return true;
 }
 
+/* With split statistics, the two kinds add up to the pool's own figures. */
+static bool check_kinds(const vram_pool_t *pool) {
+  if (!pool->split_stats) return true;
+  const vram_kind_counts *k = pool->kinds;
+  const vram_stats_t *st = &pool->stats;
+  REQUIRE(k[0].allocated_bytes.current + k[1].allocated_bytes.current ==
+              st->allocated_bytes.current, "small and large allocated_bytes");
+  REQUIRE(k[0].requested_bytes.current + k[1].requested_bytes.current ==
+              st->requested_bytes.current, "small and large requested_bytes");
+  REQUIRE(k[0].allocation.current + k[1].allocation.current == st->allocation.current,
+          "small and large allocation counts");
+  REQUIRE(k[0].reserved_bytes.current + k[1].reserved_bytes.current ==
+              st->reserved_bytes.current, "small and large reserved_bytes");
+  REQUIRE(k[0].segment.current + k[1].segment.current == st->segment.current,
+          "small and large segment counts");
+  return true;
+}
+
 bool _vram_pool_check_locked(vram_pool_t *pool) {
   tally t = {0};
   for (vram_arena *a = pool->arenas; a; a = a->next)
     if (!check_arena(pool, a, &t)) return false;
   return check_idle_list(pool, &t) && check_ptrmap(pool, &t) && check_pending(pool) &&
-         check_stats(pool, &t);
+         check_stats(pool, &t) && check_kinds(pool);
 }
 
 int _vram_pool_is_valid(vram_pool_t *pool) {

@@ -65,5 +65,6 @@ static int split_stats_locked(vram_pool_t *pool, void *arg) {
 
 int vram_get_split_stats(vram_pool_t *pool, vram_split_stats_t *out) {
   if (!pool || !out) return VRAM_EINVAL;
+  if (!pool->split_stats) return VRAM_EUNSUPPORTED; /* made without vram_options_t.split_stats */
   return locked_call(pool, split_stats_locked, out, NULL);
 }

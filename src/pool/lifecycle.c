@@ -112,6 +112,7 @@ int vram_pool_create(vram_pool_t **out, const vram_options_t *opts) {
   if (!pool) return VRAM_EHOSTMEM;
   _vram_lock_init(&pool->lock);
   pool->opts = o;
+  pool->split_stats = o.split_stats != 0;
   rc = pool_open_source(pool, methods);
   if (rc) {
     free(pool);

@@ -17,6 +17,13 @@
 
 #define DEFAULT_SIM_CAPACITY ((size_t)80 << 30) /* an 80 GiB card, as an H100 */
 
+/* vram_set_split_stats_default: set once, early, by whoever wants PyTorch's rows. */
+static int split_stats_default;
+
+void vram_set_split_stats_default(int on) {
+  __atomic_store_n(&split_stats_default, on ? 1 : 0, __ATOMIC_RELAXED);
+}
+
 void vram_options_init(vram_options_t *opts) {
   if (!opts) return;
   memset(opts, 0, sizeof *opts);
@@ -28,6 +35,7 @@ void vram_options_init(vram_options_t *opts) {
   opts->large_blocks = VRAM_LARGE_VIRTUAL;
   opts->sim_capacity = DEFAULT_SIM_CAPACITY;
   opts->managed_prefetch = 1;
+  opts->split_stats = __atomic_load_n(&split_stats_default, __ATOMIC_RELAXED);
 }
 
 static const struct {

@@ -249,7 +249,8 @@ VRAM_HOT int malloc_locked(vram_pool_t *pool, void *arg) {
     vram_stat_up(&pool->stats.allocated_bytes, (int64_t)b->size);
     vram_stat_up(&pool->stats.requested_bytes, (int64_t)requested);
     vram_stat_up(&pool->stats.allocation, 1);
-    _vram_kind_alloc(pool, b->segment, b->size, requested);
+    if (__builtin_expect(pool->split_stats, 0))
+      _vram_kind_alloc(pool, b->segment, b->size, requested);
     if (pool->pending_blocks) _vram_active_peaks_note(pool);
     _vram_pool_publish_hot(pool);
   } else if (rc == VRAM_ENOMEM) {
@@ -326,7 +327,8 @@ static __attribute__((noinline)) void release_over_threshold(vram_pool_t *pool) 
 VRAM_HOT int free_block(vram_pool_t *pool, vram_block *b) {
   int rc;
   size_t size = b->size, requested = b->requested;
-  vram_kind_counts *kind = _vram_kind_of(pool, b->segment); /* before the block may merge */
+  /* The kind before the block may merge; none when the pool keeps no split statistics. */
+  vram_kind_counts *kind = __builtin_expect(pool->split_stats, 0) ? _vram_kind_of(pool, b->segment) : NULL;
   if (b->uses && b->uses->count) {
     rc = _vram_pending_free(pool, b);
     if (rc) return rc;
@@ -336,7 +338,7 @@ VRAM_HOT int free_block(vram_pool_t *pool, vram_block *b) {
   vram_stat_down(&pool->stats.allocated_bytes, (int64_t)(size));
   vram_stat_down(&pool->stats.requested_bytes, (int64_t)(requested));
   vram_stat_down(&pool->stats.allocation, 1);
-  _vram_kind_free(kind, size, requested);
+  if (__builtin_expect(kind != NULL, 0)) _vram_kind_free(kind, size, requested);
   _vram_pool_publish_hot(pool);
   return VRAM_OK;
 }
@@ -508,7 +510,7 @@ static int malloc_at_locked(vram_pool_t *pool, void *arg) {
   vram_stat_up(&pool->stats.allocated_bytes, (int64_t)live->size);
   vram_stat_up(&pool->stats.requested_bytes, (int64_t)c->size);
   vram_stat_up(&pool->stats.allocation, 1);
-  _vram_kind_alloc(pool, live->segment, live->size, c->size);
+  if (pool->split_stats) _vram_kind_alloc(pool, live->segment, live->size, c->size);
   if (pool->pending_blocks) _vram_active_peaks_note(pool);
   vram_history *h = pool->history;
   if (h) _vram_note_alloc(pool, h, live->addr, live->size, c->size, c->stream, 0);

@@ -198,6 +198,7 @@ struct vram_pool {
   /* What every malloc and free touches comes first, on as few cache lines as possible. */
   vram_lock lock;
   bool unified_index;      /* preallocate mode: small requests share the large index */
+  bool split_stats;        /* vram_options_t.split_stats: malloc and free move kinds[] too */
   size_t max_request;      /* larger requests can never be served (VRAM_ENOMEM at once) */
   unsigned pending_tick;   /* allocations since pending frees were last looked at */
   /* This pool's slot of the process's published record (pool/published.h), NULL when it
