@@ -220,6 +220,11 @@ struct vram_pool {
   size_t limit;           /* hard limit on reserved bytes; 0 = none */
 
   vram_arena *arenas;
+  /* Stream -> arena, open addressing at most half full (NULL = empty slot), so that a
+   * program with many streams pays one probe per arena switch, not a walk of the list. */
+  vram_arena **arena_slots;
+  size_t arena_mask;        /* capacity - 1; 0 while no arena exists */
+  size_t arena_count;
   /* Fixed sources: fully free segments, most recently freed at the head, so that release
    * gives back the longest-unused first without scanning every segment. */
   vram_segment *idle_head, *idle_tail;
