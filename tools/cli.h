@@ -25,8 +25,8 @@ enum {
   "  0  success\n"                                                                         \
   "  1  out of memory: an allocation did not fit (under --capacity, or a size larger\n"    \
   "     than the device holds)\n"                                                          \
-  "  2  bad trace file: unreadable, empty, without the '# vramkit-trace v1' header, or\n"  \
-  "     with a malformed line\n"                                                           \
+  "  2  bad trace file: unreadable, empty, without the '# vramkit-trace v1' header, with\n" \
+  "     a malformed line, or past a limit (--max-ops, 65535 streams)\n"                    \
   "  3  bad command line: unknown command or option, an option without its value, a\n"     \
   "     bad size or number\n"                                                              \
   "  4  allocator failure: an unexpected error code, or bytes not returned at the end\n"
