@@ -375,6 +375,10 @@ static PyMethodDef core_methods[] = {
                "captured Python stacks, innermost frame first.")},
     {"stack_count", core_stack_count, METH_NOARGS,
      PyDoc_STR("stack_count(/)\n--\n\nHow many distinct Python stacks were captured.")},
+    {"trace_read", core_trace_read, METH_VARARGS,
+     PyDoc_STR("trace_read(path, max_ops, /)\n--\n\n(ops, unmatched_frees) of a vramkit "
+               "trace, read by the library's reader: ops are (is_alloc, id, size, stream, "
+               "t_us); max_ops < 0 is the library's default limit, 0 none.")},
     {NULL, NULL, 0, NULL},
 };
 

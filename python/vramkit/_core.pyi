@@ -5,6 +5,7 @@ the rest is the package's plumbing. tests/python/test_typing.py checks that ever
 extension exports is declared here and nothing more.
 """
 
+import os
 from collections.abc import Callable, Iterable
 from typing import Any, Final, Protocol, SupportsIndex, TypedDict, final
 
@@ -141,3 +142,5 @@ def snapshot(device: int, /) -> tuple[bytes, bytes]: ...
 # {stack id: ((filename, line, qualified name), ...) innermost first}
 def stack_frames(ids: Iterable[int], /) -> dict[int, tuple[tuple[str, int, str], ...]]: ...
 def stack_count() -> int: ...
+def trace_read(path: str | bytes | os.PathLike, max_ops: int, /) -> tuple[
+    list[tuple[bool, int, int, int, int]], int]: ...
