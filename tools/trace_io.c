@@ -7,6 +7,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "trace_io.h"
 
+#include "grow.h"
 #include "hashtab.h"
 #include "vramkit.h"
 
@@ -22,17 +23,6 @@ typedef struct builder {
   int32_t empty_key_index; /* the index of stream HASHTAB_EMPTY, or -1 */
   uint64_t live_bytes;
 } builder_t;
-
-static int grow(void **array, size_t *cap, size_t element, size_t need) {
-  if (need <= *cap) return 0;
-  size_t new_cap = *cap ? *cap : 64;
-  while (new_cap < need) new_cap *= 2;
-  void *grown = realloc(*array, new_cap * element);
-  if (!grown) return -1;
-  *array = grown;
-  *cap = new_cap;
-  return 0;
-}
 
 /* The index of a stream number, given one on first sight. */
 static int stream_index(builder_t *b, uint64_t stream_id, uint16_t *index) {
@@ -50,7 +40,8 @@ static int stream_index(builder_t *b, uint64_t stream_id, uint16_t *index) {
   }
   if (t->stream_count >= TRACE_MAX_STREAMS) return TRACE_ELIMIT;
   if (hashtab_reserve(&b->streams) != 0 ||
-      grow((void **)&t->stream_ids, &b->stream_cap, sizeof *t->stream_ids, t->stream_count + 1))
+      _vram_grow((void **)&t->stream_ids, &b->stream_cap, sizeof *t->stream_ids,
+                 t->stream_count + 1))
     return TRACE_ENOMEM;
   if (special) b->empty_key_index = (int32_t)t->stream_count;
   else hashtab_insert(&b->streams, stream_id, t->stream_count);
@@ -93,7 +84,8 @@ static int add_op(builder_t *b, const vram_trace_op_t *in) {
   trace_op_t op = {.size = in->size, .slot = in->slot, .is_alloc = in->is_alloc};
   int rc = stream_index(b, in->stream, &op.stream);
   if (rc != TRACE_OK) return rc;
-  if (grow((void **)&t->ops, &b->op_cap, sizeof *t->ops, t->op_count + 1)) return TRACE_ENOMEM;
+  if (_vram_grow((void **)&t->ops, &b->op_cap, sizeof *t->ops, t->op_count + 1))
+    return TRACE_ENOMEM;
   t->ops[t->op_count++] = op;
   if (in->slot >= t->slot_count) t->slot_count = in->slot + 1;
   if (in->is_alloc) {

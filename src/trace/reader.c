@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "prim/grow.h"
 #include "prim/hashtab.h"
 #include "trace/input.h"
 
@@ -213,17 +214,6 @@ static int parse_event(vram_trace_reader_t *r, char **fields, int count, vram_tr
   return VRAM_OK;
 }
 
-static int grow(void **array, size_t *cap, size_t element, size_t need) {
-  if (need <= *cap) return 0;
-  size_t new_cap = *cap ? *cap : 64;
-  while (new_cap < need) new_cap *= 2;
-  void *grown = realloc(*array, new_cap * element);
-  if (!grown) return -1;
-  *array = grown;
-  *cap = new_cap;
-  return 0;
-}
-
 /* Give a newly allocated id a slot (a released one first), or take a live id's slot back:
  * the slots are what lets a replay keep its blocks in an array. */
 static int track(vram_trace_reader_t *r, vram_trace_op_t *op) {
@@ -234,7 +224,7 @@ static int track(vram_trace_reader_t *r, vram_trace_op_t *op) {
     op->size = r->slot_sizes[op->slot];
     op->matched = 1;
     hashtab_remove_at(&r->live, where);
-    if (grow((void **)&r->free_slots, &r->free_slot_cap, sizeof *r->free_slots,
+    if (_vram_grow((void **)&r->free_slots, &r->free_slot_cap, sizeof *r->free_slots,
              r->free_slot_count + 1))
       return VRAM_EHOSTMEM;
     r->free_slots[r->free_slot_count++] = op->slot;
@@ -248,7 +238,8 @@ static int track(vram_trace_reader_t *r, vram_trace_op_t *op) {
     op->slot = r->free_slots[--r->free_slot_count];
   } else {
     if (r->slot_count == UINT32_MAX ||
-        grow((void **)&r->slot_sizes, &r->slot_cap, sizeof *r->slot_sizes, r->slot_count + 1))
+        _vram_grow((void **)&r->slot_sizes, &r->slot_cap, sizeof *r->slot_sizes,
+                   r->slot_count + 1))
       return VRAM_EHOSTMEM;
     op->slot = r->slot_count++;
   }
