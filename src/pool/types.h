@@ -225,6 +225,11 @@ struct vram_pool {
   vram_arena **arena_slots;
   size_t arena_mask;        /* capacity - 1; 0 while no arena exists */
   size_t arena_count;
+  /* The published record's cached and largest free bytes walk every arena; with many
+   * arenas the walk runs on one call in arena_count / VRAM_PUBLISH_WALK_ARENAS
+   * (published.c), and the calls between publish these last values. */
+  size_t published_cached, published_largest;
+  size_t publish_calls;
   /* Fixed sources: fully free segments, most recently freed at the head, so that release
    * gives back the longest-unused first without scanning every segment. */
   vram_segment *idle_head, *idle_tail;
