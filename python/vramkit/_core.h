@@ -33,7 +33,7 @@ typedef struct {
   PyObject *VramError;            /* base of every vramkit error */
   PyObject *OutOfMemoryError;     /* VRAM_ENOMEM; also a MemoryError */
   PyObject *HostMemoryError;      /* VRAM_EHOSTMEM; also a MemoryError */
-  PyObject *InvalidArgumentError; /* VRAM_EINVAL, VRAM_ETRACE; ValueError */
+  PyObject *InvalidArgumentError; /* VRAM_EINVAL, VRAM_ETRACE, VRAM_ELIMIT; ValueError */
   PyObject *InvalidDeviceError;   /* VRAM_EDEVICE; ValueError */
   PyObject *ConfigError;          /* VRAM_EENV; ValueError */
   PyObject *AllocatorError;       /* pointer misuse and pool misuse; RuntimeError */
