@@ -113,7 +113,12 @@ static int read_block(_vram_trace_input *in) {
 static const char *stream_error(_vram_trace_input *in) {
   int code = Z_OK;
   const char *message = gzerror((gzFile)in->gz, &code);
-  return message && *message ? message : "corrupt gzip data";
+  if (!message || !*message) return "corrupt gzip data";
+  /* zlib puts the path first; the reader's message already starts with it. */
+  size_t length = strlen(in->path);
+  if (strncmp(message, in->path, length) == 0 && strncmp(message + length, ": ", 2) == 0)
+    message += length + 2;
+  return message;
 }
 
 static void close_stream(_vram_trace_input *in) {
