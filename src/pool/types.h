@@ -221,7 +221,10 @@ struct vram_pool {
 
   vram_arena *arenas;
   /* Stream -> arena, open addressing at most half full (NULL = empty slot), so that a
-   * program with many streams pays one probe per arena switch, not a walk of the list. */
+   * program with many streams pays one probe per arena switch, not a walk of the list.
+   * What still walks every arena: the peak guard's flush of the one-block caches at a
+   * growth past the peak (segment.c), an OOM's report, statistics and snapshots; so a
+   * pool of thousands of streams pays per growth, never per malloc or free. */
   vram_arena **arena_slots;
   size_t arena_mask;        /* capacity - 1; 0 while no arena exists */
   size_t arena_count;
