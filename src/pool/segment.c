@@ -411,7 +411,7 @@ void _vram_segments_destroy(vram_pool_t *pool) {
     if (a->release_event) pool->src->xEventDestroy(pool->src_state, a->release_event);
     free(a);
   }
-  pool->arenas = pool->last_arena = NULL;
+  pool->arenas = pool->last_arena = pool->cache_arenas = NULL;
   free(pool->arena_slots);
   pool->arena_slots = NULL;
   pool->arena_mask = pool->arena_count = 0;

@@ -149,6 +149,9 @@ struct vram_arena {
   bool grows_virtual;
   vram_segment *segments; /* doubly linked list, both kinds */
   vram_block *cached_small, *cached_large; /* the one-block caches, or NULL */
+  /* On the pool's list of arenas whose caches a flush must look at (block.h). */
+  bool cache_listed;
+  vram_arena *cache_next;
   vram_arena *next;
   void *release_event;    /* recorded on `stream` before memory of this arena is released */
   uint64_t quiesced_at;   /* pool release epoch at which the stream was last waited for */
@@ -220,11 +223,12 @@ struct vram_pool {
   size_t limit;           /* hard limit on reserved bytes; 0 = none */
 
   vram_arena *arenas;
+  /* Arenas whose one-block cache was filled since the last flush (block.h): a flush, which
+   * the peak guard runs at every growth past the peak, visits these, not every arena. */
+  vram_arena *cache_arenas;
   /* Stream -> arena, open addressing at most half full (NULL = empty slot), so that a
    * program with many streams pays one probe per arena switch, not a walk of the list.
-   * What still walks every arena: the peak guard's flush of the one-block caches at a
-   * growth past the peak (segment.c), an OOM's report, statistics and snapshots; so a
-   * pool of thousands of streams pays per growth, never per malloc or free. */
+   * What still walks every arena: an OOM's report, statistics and snapshots. */
   vram_arena **arena_slots;
   size_t arena_mask;        /* capacity - 1; 0 while no arena exists */
   size_t arena_count;
