@@ -36,8 +36,16 @@ SCALES = (0.5, 0.7, 0.9, 1.0, 1.1, 1.3, 1.5, 1.7, 2.0, 2.3, 3.0)
 
 
 def read_ops(path: str) -> list[list[str]]:
-    with gzip.open(path, "rt") as f:
-        return [line.split() for line in f if line[:1] in ("a", "f")]
+    """The recording's ops as the fields of their lines, read by the library's trace
+    reader (the one replay uses), so that a recording replay would refuse is refused here."""
+    from vramkit.plot import PlotInputError, _read
+
+    try:
+        ops, _unmatched = _read.parse_trace(path, 0)
+    except PlotInputError as error:
+        raise SystemExit(str(error)) from None
+    return [["a", str(i), str(size), str(stream), str(t)] if is_alloc
+            else ["f", str(i), str(stream), str(t)] for is_alloc, i, size, stream, t in ops]
 
 
 def make_loop(ops: list[list[str]], first: int, period: int, steps: int,

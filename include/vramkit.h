@@ -48,7 +48,8 @@ extern "C" {
   X(VRAM_EHOSTMEM, -13, "out of host memory for allocator metadata")                       \
   X(VRAM_EUNSUPPORTED, -14, "operation not supported by this memory source")               \
   X(VRAM_EFAULT, -15, "injected fault")                                                    \
-  X(VRAM_ESIMCAPACITY, -16, "sim capacity outside what the sim models (1 byte to 256 TiB)")
+  X(VRAM_ESIMCAPACITY, -16, "sim capacity outside what the sim models (1 byte to 256 TiB)") \
+  X(VRAM_ELIMIT, -17, "input past a limit set for reading it")
 
 typedef enum vram_status {
 #define VRAM_X_ENUM(name, value, text) name = value,
@@ -456,6 +457,55 @@ VRAM_API int vram_records_open(const char *dir, char *why, size_t why_cap);
 VRAM_API vram_record_verdict vram_record_read(int dir_fd, const char *name,
                                               struct vram_process_record *out, uint32_t *busy,
                                               char *why, size_t why_cap);
+
+/* ---------------------------------------------------------------------------------------
+ * Allocation traces (format v1), the files `vramkit replay` and `vramkit plot` read: gzip
+ * (or plain) text; a first line "# vramkit-trace v1", optionally followed by blanks and
+ * words describing the recording; then one line per event, "a ID SIZE STREAM T_US"
+ * (allocate SIZE bytes on STREAM; ID names the block until it is freed) or
+ * "f ID STREAM T_US" (free block ID), fields separated by blanks or tabs; lines starting
+ * with '#' (after blanks) are comments; blank lines are allowed. Numbers are unsigned
+ * decimal and fit in 64 bits; ID is below 2^64 - 1. A line ends with "\n" or "\r\n"
+ * and holds printable ASCII, blanks and tabs only: any other byte (NUL included), a line
+ * of more than VRAM_TRACE_LINE_MAX bytes, or an ID allocated again while live is an
+ * error naming the file and the line. This reader is the only one: the command and the
+ * Python package both read traces through it.
+ * ------------------------------------------------------------------------------------- */
+#define VRAM_TRACE_LINE_MAX 4096                  /* bytes of a line, its end included */
+#define VRAM_TRACE_DEFAULT_MAX_OPS 20000000ull    /* the commands' default --max-ops */
+
+typedef struct vram_trace_reader vram_trace_reader_t;
+
+typedef struct vram_trace_op {
+  uint64_t id;       /* the trace's block ID */
+  uint64_t size;     /* allocation: bytes asked for; free: the size the block had (0 when
+                        the ID was not live) */
+  uint64_t stream;   /* the trace's opaque stream number */
+  uint64_t time_us;  /* T_US as written */
+  uint64_t line;     /* line number in the file, from 1 */
+  uint32_t slot;     /* dense block number: unique among live blocks, reused after a free,
+                        below the most blocks live at once; 0 for an unmatched free */
+  uint8_t is_alloc;  /* 1 allocate, 0 free */
+  uint8_t matched;   /* a free of a live ID (0: a block from before the recording) */
+  uint8_t reserved_[2];
+} vram_trace_op_t;
+
+/* Open the trace at path for reading op by op; reading stops with VRAM_ELIMIT after
+ * max_ops event lines (0 = no limit). The header is checked here. On failure *out is NULL
+ * and error (if cap > 0) holds a message naming the file: VRAM_EIO (cannot open),
+ * VRAM_ETRACE (not a v1 trace), VRAM_EHOSTMEM. Host memory while reading grows with the
+ * blocks live at once, never with the length of the file. */
+VRAM_API int vram_trace_reader_open(const char *path, uint64_t max_ops,
+                                    vram_trace_reader_t **out, char *error, size_t cap);
+/* The next event: 1 with *op filled, 0 at the end of the file, or a negative status
+ * (VRAM_ETRACE, VRAM_EIO, VRAM_ELIMIT, VRAM_EHOSTMEM) whose message is
+ * vram_trace_reader_error(); every later call returns the same status. */
+VRAM_API int vram_trace_reader_next(vram_trace_reader_t *reader, vram_trace_op_t *op);
+/* The last error's message ("file:line: what is wrong"), or "" if none. */
+VRAM_API const char *vram_trace_reader_error(const vram_trace_reader_t *reader);
+/* Blocks live now (at the end: those the trace never frees). */
+VRAM_API uint64_t vram_trace_reader_live(const vram_trace_reader_t *reader);
+VRAM_API void vram_trace_reader_close(vram_trace_reader_t *reader);
 
 /* Number of devices the source kind can see (sim: 8). */
 VRAM_API int vram_device_count(vram_source_kind kind, int *count);

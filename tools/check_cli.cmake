@@ -227,6 +227,54 @@ elseif(CASE STREQUAL "preallocate_report")
              "Lower VRAMKIT_PREALLOCATE")
   unset(ENV{VRAMKIT_PREALLOCATE})
 
+elseif(CASE STREQUAL "bad_trace_corpus")
+  # The corpus every trace reader must refuse alike (tests/data/bad_traces/make.py): exit
+  # status 2 and a message naming the file, the line and the reason.
+  set(corpus "${CMAKE_CURRENT_LIST_DIR}/../tests/data/bad_traces")
+  file(STRINGS "${corpus}/expected.tsv" cases REGEX "^[^#]")
+  foreach(entry IN LISTS cases)
+    string(REPLACE "\t" ";" fields "${entry}")
+    list(GET fields 0 name)
+    list(GET fields 1 line)
+    list(GET fields 2 pattern)
+    run(STATUS 2 ARGS replay --repeat 1 "${corpus}/${name}" STDERR "${name}:${line}: " "${pattern}"
+        NOT_STDOUT "ops")
+  endforeach()
+
+elseif(CASE STREQUAL "max_ops")
+  # A trace is held in memory for the timed loop: past --max-ops it is refused, naming the
+  # limit and the flag, rather than growing without bound.
+  write_trace(four.trace "${HEADER}" "a 0 512 0 1" "f 0 0 2" "a 1 512 0 3" "f 1 0 4")
+  run(STATUS 2 ARGS replay --repeat 1 --max-ops 3 "${four.trace_path}"
+      STDERR "four\\.trace:5: the trace has more than 3 ops" "--max-ops N raises the limit")
+  run(STATUS 0 ARGS replay --repeat 1 --max-ops 4 "${four.trace_path}" STDOUT "four +sim +4 ")
+  run(STATUS 0 ARGS replay --repeat 1 --max-ops 0 "${four.trace_path}" STDOUT "four +sim +4 ")
+  run(STATUS 3 ARGS replay --max-ops lots "${four.trace_path}" STDERR "--max-ops")
+  run(STATUS 0 ARGS replay --help STDOUT "--max-ops N")
+
+elseif(CASE STREQUAL "many_streams")
+  # Thousands of streams, every op on another: each is found through a hash table, in the
+  # loader and in the pool, so this completes; the counts say every op was replayed. Where
+  # every op runs the full invariant checker (debug level 3), which walks the whole pool,
+  # a tenth of them.
+  set(streams 6000)
+  if(DEBUG_LEVEL GREATER_EQUAL 3)
+    set(streams 600)
+  endif()
+  set(lines "${HEADER}")
+  foreach(s RANGE 1 ${streams})
+    list(APPEND lines "a ${s} 4096 ${s} ${s}")
+  endforeach()
+  foreach(s RANGE 1 ${streams})
+    list(APPEND lines "f ${s} ${s} ${s}")
+  endforeach()
+  write_trace(streams.trace ${lines})
+  math(EXPR ops "2 * ${streams}")
+  math(EXPR live "4096 * ${streams}")
+  run(STATUS 0 ARGS replay --repeat 1 --json "${streams.trace_path}"
+      STDOUT "\"ops\": ${ops}," "\"peak_live_bytes\": ${live}," "\"ooms\": 0,"
+             "\"skipped_frees\": 0,")
+
 elseif(CASE STREQUAL "exit_status_help")
   # Every help text documents the exit statuses that the cases above check.
   foreach(command "--help" "replay;--help" "bench;--help" "bench;pair;--help")

@@ -28,7 +28,8 @@ enum {
   "     than the device holds); for estimate, the step does not fit the card\n"            \
   "  2  bad input file: a trace unreadable, empty, without the '# vramkit-trace v1'\n"     \
   "     header, or with a malformed line; a snapshot, log, report or model\n"              \
-  "     configuration that cannot be read\n"                                               \
+  "     configuration that cannot be read; a trace past a limit (--max-ops, 65535\n"       \
+  "     streams)\n"                                                                        \
   "  3  bad command line: unknown command or option, an option without its value, a\n"     \
   "     bad size or number\n"                                                              \
   "  4  failure: the allocator's (an unexpected error code, or bytes not returned at\n"    \

@@ -19,6 +19,9 @@
 #include <string.h>
 
 #define MIB ((uint64_t)1 << 20)
+/* VRAM_TRACE_DEFAULT_MAX_OPS as the help text writes it. */
+#define REPLAY_MAX_OPS_HELP "20,000,000"
+_Static_assert(VRAM_TRACE_DEFAULT_MAX_OPS == 20000000ull, "REPLAY_MAX_OPS_HELP is stale");
 
 static const char replay_usage[] =
     "usage: vramkit replay [options] TRACE...\n"
@@ -53,6 +56,11 @@ static const char replay_usage[] =
     "                  training loop, where ns_per_op includes growing a cold pool.\n"
     "  --repeat N      replays per trace, each on a fresh pool; the best time is reported\n"
     "                  (default 3).\n"
+    "  --max-ops N     refuse a trace of more than N ops (allocations and frees; default\n"
+    "                  " REPLAY_MAX_OPS_HELP "; 0: no limit). A trace is held in memory for\n"
+    "                  the timed loop, 16 bytes an op, so a small gzip file of many repeated\n"
+    "                  lines would otherwise take gigabytes; a trace of more than 65535\n"
+    "                  streams is refused too.\n"
     "  --calls-after N also count the source calls of the cold pass that come after its\n"
     "                  first N ops (device_calls_after): 0 when a recorded training loop\n"
     "                  has settled by the step that starts at op N.\n"
@@ -78,6 +86,7 @@ typedef struct replay_settings {
   int json, summary, compare, min_capacity, baseline, warm;
   long repeat;
   long calls_after; /* --calls-after: ops of the cold pass before the count; -1 = not asked */
+  long max_ops;     /* --max-ops: the most ops a trace may have; 0 = no limit */
 } replay_settings_t;
 
 typedef struct replay_run {
@@ -636,6 +645,11 @@ static int parse_valued(int argc, char **argv, int *i, replay_settings_t *settin
       return -1;
     return 1;
   }
+  if ((matched = cli_option_value(argc, argv, i, "--max-ops", &value)) != 0) {
+    if (matched < 0 || cli_parse_long("--max-ops", value, 0, LONG_MAX, &settings->max_ops) != 0)
+      return -1;
+    return 1;
+  }
   if ((matched = cli_option_value(argc, argv, i, "--repeat", &value)) != 0) {
     if (matched < 0 || cli_parse_long("--repeat", value, 1, 1000, &settings->repeat) != 0)
       return -1;
@@ -650,6 +664,7 @@ static replay_parse_t parse_replay_args(int argc, char **argv, replay_settings_t
   memset(settings, 0, sizeof *settings);
   settings->repeat = 3;
   settings->calls_after = -1;
+  settings->max_ops = (long)VRAM_TRACE_DEFAULT_MAX_OPS;
   int have_source = 0, options_done = 0;
   vram_source_kind source = VRAM_SOURCE_AUTO;
   *path_count = 0;
@@ -682,13 +697,15 @@ static replay_parse_t parse_replay_args(int argc, char **argv, replay_settings_t
 
 /* Parse every trace before replaying any: a bad file is reported before minutes of replay,
  * not after. *loaded counts the traces to free afterwards. Returns a CLI_EXIT_* status. */
-static int load_traces(const char **paths, size_t path_count, trace_t *traces, size_t *loaded) {
+static int load_traces(const char **paths, size_t path_count, long max_ops, trace_t *traces,
+                       size_t *loaded) {
   for (*loaded = 0; *loaded < path_count; (*loaded)++) {
     char error[1024];
     trace_t *trace = &traces[*loaded];
-    int rc = trace_load(paths[*loaded], trace, error, sizeof error);
+    int rc = trace_load(paths[*loaded], (uint64_t)max_ops, trace, error, sizeof error);
     if (rc != TRACE_OK) {
-      fprintf(stderr, "vramkit replay: %s\n", error);
+      fprintf(stderr, "vramkit replay: %s%s\n", error,
+              rc == TRACE_ELIMIT && max_ops ? " (--max-ops N raises the limit)" : "");
       return rc == TRACE_ENOMEM ? CLI_EXIT_FAILURE : CLI_EXIT_BAD_TRACE;
     }
     if (trace->peak_live_bytes == UINT64_MAX)
@@ -751,7 +768,7 @@ int cmd_replay(int argc, char **argv) {
   int status = CLI_EXIT_FAILURE;
   size_t loaded = 0;
   if (traces && results) {
-    status = load_traces(paths, path_count, traces, &loaded);
+    status = load_traces(paths, path_count, settings.max_ops, traces, &loaded);
     if (status == CLI_EXIT_OK) status = replay_all(&settings, traces, path_count, results);
   } else {
     fprintf(stderr, "vramkit replay: out of host memory\n");

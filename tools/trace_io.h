@@ -1,25 +1,18 @@
-/* trace_io.h - reading allocation traces (format v1) into memory.
+/* trace_io.h - allocation traces (format v1) loaded into memory for a timed replay.
  *
- * Format v1 is gzip (or plain) text, one event a line, after a first line that names the
- * format: "# vramkit-trace v1", optionally followed by words that describe the recording.
- * Other lines starting with '#' are comments. Events are "a ID SIZE STREAM T_US" (allocate
- * SIZE bytes on STREAM; ID names the block until it is freed) and "f ID STREAM T_US" (free
- * block ID); T_US is a wall-clock time in microseconds, which replay does not use.
- *
- * A trace is parsed completely before anything is timed: ids become dense slots (a slot is
- * unique among live blocks and slots are reused, so a replay needs only an array of
+ * The format and its one reader are the library's (vramkit.h, vram_trace_reader_*): this
+ * file only keeps what the reader hands over in the compact form a replay loop wants. A
+ * trace is loaded completely before anything is timed: ids are already dense slots (a slot
+ * is unique among live blocks and slots are reused, so a replay needs only an array of
  * slot_count pointers), streams become small indices, and the peak of live bytes is
- * computed from the op sizes, independently of any allocator.
+ * computed from the op sizes, independently of any allocator. An op costs sizeof(trace_op_t)
+ * bytes, so the loader refuses a trace past max_ops rather than grow without bound.
  */
 #ifndef VRAMKIT_TOOLS_TRACE_IO_H
 #define VRAMKIT_TOOLS_TRACE_IO_H
 
 #include <stddef.h>
 #include <stdint.h>
-
-/* The first line of every trace: the magic, a blank, the version, then anything. */
-#define TRACE_HEADER_MAGIC "# vramkit-trace"
-#define TRACE_FORMAT_VERSION "v1"
 
 typedef struct trace_op {
   uint64_t size;     /* allocation: bytes asked for; free: the size the block had */
@@ -46,12 +39,18 @@ typedef enum trace_status {
   TRACE_OK = 0,
   TRACE_EIO = -1,     /* cannot open or decompress the file */
   TRACE_EFORMAT = -2, /* no header, or a malformed line; the message names file and line */
-  TRACE_ENOMEM = -3   /* out of host memory */
+  TRACE_ENOMEM = -3,  /* out of host memory */
+  TRACE_ELIMIT = -4   /* more than max_ops events, or more streams than an op can name */
 } trace_status;
 
-/* Parse the gzip (or plain) text trace at path. On failure, writes a message naming the
- * file (and line) into error and leaves *trace empty. */
-int trace_load(const char *path, trace_t *trace, char *error, size_t error_cap);
+/* The most distinct streams a trace may use: trace_op_t.stream's range. */
+#define TRACE_MAX_STREAMS 65535
+
+/* Load the gzip (or plain) text trace at path, refusing it past max_ops events (0: no
+ * limit). On failure, writes a message naming the file (and line) into error and leaves
+ * *trace empty. */
+int trace_load(const char *path, uint64_t max_ops, trace_t *trace, char *error,
+               size_t error_cap);
 void trace_free(trace_t *trace);
 
 #endif

@@ -462,6 +462,10 @@ static PyMethodDef core_methods[] = {
     {"record_read", core_record_read, METH_VARARGS,
      PyDoc_STR("record_read(folder_fd, name, /)\n--\n\n(verdict, record or None, reason) of "
                "one record file: verdict 0 live, 1 exited, 2 skipped, 3 gone.")},
+    {"trace_read", core_trace_read, METH_VARARGS,
+     PyDoc_STR("trace_read(path, max_ops, /)\n--\n\n(ops, unmatched_frees) of a vramkit "
+               "trace, read by the library's reader: ops are (is_alloc, id, size, stream, "
+               "t_us); max_ops < 0 is the library's default limit, 0 none.")},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,7 +1,8 @@
 /* _core.h - what the files of the vramkit._core extension share: the module state, the
  * mapping of engine statuses to exceptions and the argument converters (_core_errors.c),
- * the DeviceBuffer type (_core_buffer.c), history and snapshots (_core_history.c); the
- * module itself, its pool-wide functions and its method table are _core.c.
+ * the DeviceBuffer type (_core_buffer.c), history and snapshots (_core_history.c), trace
+ * files (_core_trace.c); the module itself, its pool-wide functions and its method table
+ * are _core.c.
  *
  * Nothing here is visible outside the extension: VRAMKIT_PY_INTERNAL hides the symbols,
  * and PyInit__core is the module's only export. */
@@ -32,7 +33,7 @@ typedef struct {
   PyObject *VramError;            /* base of every vramkit error */
   PyObject *OutOfMemoryError;     /* VRAM_ENOMEM; also a MemoryError */
   PyObject *HostMemoryError;      /* VRAM_EHOSTMEM; also a MemoryError */
-  PyObject *InvalidArgumentError; /* VRAM_EINVAL, VRAM_ETRACE; ValueError */
+  PyObject *InvalidArgumentError; /* VRAM_EINVAL, VRAM_ETRACE, VRAM_ELIMIT; ValueError */
   PyObject *InvalidDeviceError;   /* VRAM_EDEVICE; ValueError */
   PyObject *ConfigError;          /* VRAM_EENV; ValueError */
   PyObject *AllocatorError;       /* pointer misuse and pool misuse; RuntimeError */
@@ -100,5 +101,8 @@ VRAMKIT_PY_INTERNAL PyObject *core_snapshot(PyObject *module, PyObject *args);
 /* ---- _core_records.c */
 VRAMKIT_PY_INTERNAL PyObject *core_records_open(PyObject *module, PyObject *args);
 VRAMKIT_PY_INTERNAL PyObject *core_record_read(PyObject *module, PyObject *args);
+
+/* ---- _core_trace.c */
+VRAMKIT_PY_INTERNAL PyObject *core_trace_read(PyObject *module, PyObject *args);
 
 #endif /* VRAMKIT_PY_CORE_H */

@@ -5,6 +5,7 @@ the rest is the package's plumbing. tests/python/test_typing.py checks that ever
 extension exports is declared here and nothing more.
 """
 
+import os
 from collections.abc import Callable, Iterable
 from typing import Any, Final, NoReturn, Protocol, SupportsIndex, TypedDict, final
 
@@ -152,3 +153,6 @@ def stack_count() -> int: ...
 def records_open(folder: str | bytes | None = None, /) -> int: ...
 # (verdict: 0 live, 1 exited, 2 skipped, 3 gone; the record as a dict when live; the reason)
 def record_read(folder_fd: int, name: str | bytes, /) -> tuple[int, dict | None, str]: ...
+
+def trace_read(path: str | bytes | os.PathLike, max_ops: int, /) -> tuple[
+    list[tuple[bool, int, int, int, int]], int]: ...

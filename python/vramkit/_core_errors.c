@@ -30,7 +30,8 @@ PyObject *status_type(core_state *st, int status) {
   case VRAM_ENOMEM: return st->OutOfMemoryError;
   case VRAM_EHOSTMEM: return st->HostMemoryError;
   case VRAM_EINVAL:
-  case VRAM_ETRACE: return st->InvalidArgumentError;
+  case VRAM_ETRACE:
+  case VRAM_ELIMIT: return st->InvalidArgumentError;
   case VRAM_EDEVICE: return st->InvalidDeviceError;
   case VRAM_EENV:
   case VRAM_ESIMCAPACITY: return st->ConfigError;

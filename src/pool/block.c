@@ -52,6 +52,16 @@ static void cache_flush(vram_pool_t *pool, vram_arena *a) {
   if (large) _vram_block_uncache(pool, large);
 }
 
+/* Every cached block is in an arena of the list (a cache is filled only through
+ * _vram_block_retire, which lists its arena), so the list is all a flush needs to see. */
 void _vram_cache_flush_all(vram_pool_t *pool) {
-  for (vram_arena *a = pool->arenas; a; a = a->next) cache_flush(pool, a);
+  vram_arena *a = pool->cache_arenas;
+  pool->cache_arenas = NULL;
+  while (a) {
+    vram_arena *next = a->cache_next;
+    a->cache_next = NULL;
+    a->cache_listed = false;
+    cache_flush(pool, a);
+    a = next;
+  }
 }

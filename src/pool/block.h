@@ -132,6 +132,16 @@ VRAM_HOT void _vram_block_uncache(vram_pool_t *pool, vram_block *b) {
   _vram_block_make_free(pool, b);
 }
 
+/* An arena whose one-block cache was filled joins the pool's list of those a flush visits,
+ * once: only a flush empties the list. One test of a flag beside the cache slots, where a
+ * flush that walked every arena cost a miss per stream at every growth past the peak. */
+VRAM_HOT void _vram_cache_note(vram_pool_t *pool, vram_arena *a) {
+  if (a->cache_listed) return;
+  a->cache_listed = true;
+  a->cache_next = pool->cache_arenas;
+  pool->cache_arenas = a;
+}
+
 /* A freed block goes to its arena's cache; the block it displaces is coalesced now. */
 VRAM_HOT void _vram_block_retire(vram_pool_t *pool, vram_block *b) {
   /* The block is merged with its neighbours when it leaves the cache, often on the very
@@ -150,6 +160,7 @@ VRAM_HOT void _vram_block_retire(vram_pool_t *pool, vram_block *b) {
   vram_block *old = *slot;
   *slot = b;
   if (old) _vram_block_uncache(pool, old);
+  else _vram_cache_note(pool, b->segment->arena);
 }
 
 #endif /* VRAM_BLOCK_H */

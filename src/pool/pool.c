@@ -444,13 +444,6 @@ int vram_segment_of(vram_pool_t *pool, void *ptr, void **base, size_t *size) {
   return VRAM_OK;
 }
 
-/* The arena of `stream` if the pool has one; unlike _vram_arena_get it never makes one. */
-static vram_arena *arena_of(const vram_pool_t *pool, vram_stream_t stream) {
-  for (vram_arena *a = pool->arenas; a; a = a->next)
-    if (a->stream == stream) return a;
-  return NULL;
-}
-
 /* The free block of `a` holding [addr, addr + size), or why there is none. */
 static int free_block_holding(vram_arena *a, uintptr_t addr, size_t size, vram_block **out) {
   vram_block *b = block_at(a, addr);
@@ -492,7 +485,7 @@ typedef struct malloc_at_call {
 static int malloc_at_locked(vram_pool_t *pool, void *arg) {
   malloc_at_call *c = arg;
   size_t rounded = _vram_round_up(c->size, VRAM_ALIGN);
-  vram_arena *a = arena_of(pool, c->stream);
+  vram_arena *a = _vram_arena_find(pool, c->stream);
   if (!a) return VRAM_EFOREIGN;
   /* Parked blocks are free memory to the caller: merge them so the range reads as free. */
   _vram_cache_flush_all(pool);

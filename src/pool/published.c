@@ -15,11 +15,29 @@ static bool pool_on_sim(const vram_pool_t *pool) {
   return strncmp(pool->src->zName, "sim", 3) == 0;
 }
 
+/* Arenas a publication may walk each time. The walk of cached and largest free bytes costs
+ * a miss per arena, and a segment growth publishes: with thousands of streams (an arena
+ * each) that walk, not the allocation, was the cost of every growth, so past this many
+ * arenas it runs once per arena_count / VRAM_PUBLISH_WALK_ARENAS publications. The two
+ * figures of the record may then lag by that many growths; the others are always current. */
+#define VRAM_PUBLISH_WALK_ARENAS 64
+
+static void free_figures(vram_pool_t *pool, size_t *cached, size_t *largest) {
+  size_t every = pool->arena_count / VRAM_PUBLISH_WALK_ARENAS;
+  if (every < 2 || pool->publish_calls++ % every == 0) {
+    pool->published_cached = _vram_pool_cached_free(pool);
+    pool->published_largest = _vram_pool_largest_free(pool);
+  }
+  *cached = pool->published_cached;
+  *largest = pool->published_largest;
+}
+
 void _vram_pool_publish_slow(vram_pool_t *pool) {
   vram_device_record *d = pool->published;
   if (!d) return;
   const vram_stats_t *s = &pool->stats;
-  size_t cached = _vram_pool_cached_free(pool), largest = _vram_pool_largest_free(pool);
+  size_t cached, largest;
+  free_figures(pool, &cached, &largest);
   vram_publish_slow v = {
       .allocated = (uint64_t)s->allocated_bytes.current,
       .reserved = (uint64_t)s->reserved_bytes.current,

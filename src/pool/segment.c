@@ -13,14 +13,47 @@
 #include "pool/segment.h"
 #include "prim/hostmem.h"
 
-vram_arena *_vram_arena_find_or_create(vram_pool_t *pool, vram_stream_t stream) {
-  vram_arena *a;
-  for (a = pool->arenas; a; a = a->next) {
-    if (a->stream == stream) {
-      pool->last_arena = a;
-      return a;
-    }
+static size_t arena_home(const vram_pool_t *pool, vram_stream_t stream) {
+  /* Streams are pointers: Fibonacci hashing spreads their aligned low bits. */
+  return (size_t)(((uint64_t)(uintptr_t)stream * 0x9E3779B97F4A7C15ull) >> 32) & pool->arena_mask;
+}
+
+vram_arena *_vram_arena_find(const vram_pool_t *pool, vram_stream_t stream) {
+  if (!pool->arena_slots) return NULL;
+  for (size_t i = arena_home(pool, stream);; i = (i + 1) & pool->arena_mask) {
+    vram_arena *a = pool->arena_slots[i];
+    if (!a || a->stream == stream) return a;
   }
+}
+
+static void arena_slot_put(vram_pool_t *pool, vram_arena *a) {
+  size_t i = arena_home(pool, a->stream);
+  while (pool->arena_slots[i]) i = (i + 1) & pool->arena_mask;
+  pool->arena_slots[i] = a;
+}
+
+/* Room for one more arena at a load of at most one half; false when host memory runs out.
+ * Arenas are never removed before the pool goes, so the table only grows. */
+static bool arena_table_reserve(vram_pool_t *pool) {
+  size_t capacity = pool->arena_slots ? pool->arena_mask + 1 : 0;
+  if ((pool->arena_count + 1) * 2 <= capacity) return true;
+  size_t bigger = capacity ? 2 * capacity : 16;
+  vram_arena **slots = calloc(bigger, sizeof *slots);
+  if (!slots) return false;
+  free(pool->arena_slots);
+  pool->arena_slots = slots;
+  pool->arena_mask = bigger - 1;
+  for (vram_arena *a = pool->arenas; a; a = a->next) arena_slot_put(pool, a);
+  return true;
+}
+
+vram_arena *_vram_arena_find_or_create(vram_pool_t *pool, vram_stream_t stream) {
+  vram_arena *a = _vram_arena_find(pool, stream);
+  if (a) {
+    pool->last_arena = a;
+    return a;
+  }
+  if (!arena_table_reserve(pool)) return NULL;
   a = calloc(1, sizeof *a);
   if (!a) return NULL;
   a->stream = stream;
@@ -29,6 +62,8 @@ vram_arena *_vram_arena_find_or_create(vram_pool_t *pool, vram_stream_t stream) 
   _vram_tlsf_init(&a->retired);
   a->next = pool->arenas;
   pool->arenas = a;
+  arena_slot_put(pool, a);
+  pool->arena_count++;
   pool->last_arena = a;
   return a;
 }
@@ -390,5 +425,8 @@ void _vram_segments_destroy(vram_pool_t *pool) {
     if (a->release_event) pool->src->xEventDestroy(pool->src_state, a->release_event);
     free(a);
   }
-  pool->arenas = pool->last_arena = NULL;
+  pool->arenas = pool->last_arena = pool->cache_arenas = NULL;
+  free(pool->arena_slots);
+  pool->arena_slots = NULL;
+  pool->arena_mask = pool->arena_count = 0;
 }

@@ -17,6 +17,8 @@ static inline vram_block **_vram_arena_cache_slot(vram_arena *a, bool small) {
   return small ? &a->cached_small : &a->cached_large;
 }
 
+/* The stream's arena if the pool has one (it never makes one). */
+vram_arena *_vram_arena_find(const vram_pool_t *pool, vram_stream_t stream);
 /* The stream's arena, made on first use; NULL when host memory runs out. */
 vram_arena *_vram_arena_find_or_create(vram_pool_t *pool, vram_stream_t stream);
 

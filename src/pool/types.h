@@ -149,6 +149,9 @@ struct vram_arena {
   bool grows_virtual;
   vram_segment *segments; /* doubly linked list, both kinds */
   vram_block *cached_small, *cached_large; /* the one-block caches, or NULL */
+  /* On the pool's list of arenas whose caches a flush must look at (block.h). */
+  bool cache_listed;
+  vram_arena *cache_next;
   vram_arena *next;
   void *release_event;    /* recorded on `stream` before memory of this arena is released */
   uint64_t quiesced_at;   /* pool release epoch at which the stream was last waited for */
@@ -232,6 +235,20 @@ struct vram_pool {
   size_t limit;           /* hard limit on reserved bytes; 0 = none */
 
   vram_arena *arenas;
+  /* Arenas whose one-block cache was filled since the last flush (block.h): a flush, which
+   * the peak guard runs at every growth past the peak, visits these, not every arena. */
+  vram_arena *cache_arenas;
+  /* Stream -> arena, open addressing at most half full (NULL = empty slot), so that a
+   * program with many streams pays one probe per arena switch, not a walk of the list.
+   * What still walks every arena: an OOM's report, statistics and snapshots. */
+  vram_arena **arena_slots;
+  size_t arena_mask;        /* capacity - 1; 0 while no arena exists */
+  size_t arena_count;
+  /* The published record's cached and largest free bytes walk every arena; with many
+   * arenas the walk runs on one call in arena_count / VRAM_PUBLISH_WALK_ARENAS
+   * (published.c), and the calls between publish these last values. */
+  size_t published_cached, published_largest;
+  size_t publish_calls;
   /* Fixed sources: fully free segments, most recently freed at the head, so that release
    * gives back the longest-unused first without scanning every segment. */
   vram_segment *idle_head, *idle_tail;

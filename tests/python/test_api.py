@@ -289,6 +289,7 @@ def test_every_status_maps_to_its_exception():
         _core.VRAM_EUNSUPPORTED: (vramkit.UnsupportedError, NotImplementedError),
         _core.VRAM_EFAULT: (vramkit.DriverError, RuntimeError),
         _core.VRAM_ESIMCAPACITY: (vramkit.ConfigError, ValueError),
+        _core.VRAM_ELIMIT: (vramkit.InvalidArgumentError, ValueError),
     }
     for status, (cls, base) in expected.items():
         with pytest.raises(cls) as info:

@@ -82,5 +82,19 @@ def test_a_recording_that_is_not_a_loop_is_refused(tmp_path):
     assert "not a first step of 2016 ops" in done.stderr, done.stderr
 
 
+def test_a_recording_replay_would_refuse_is_refused(tmp_path):
+    # The bench reads through the library's trace reader: a NUL byte is an error, as in
+    # replay, not a line cut short.
+    broken = tmp_path / "nul.trace.gz"
+    with gzip.open(broken, "wb") as f:
+        f.write(b"# vramkit-trace v1\na 0 1024 0 1\x00 junk\nf 0 0 2\n")
+    done = subprocess.run([sys.executable, str(SWEEP), "--recording", str(broken),
+                           "--tool", str(installed_script())],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "nul.trace.gz:2: a NUL byte" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

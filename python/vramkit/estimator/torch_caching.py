@@ -686,10 +686,10 @@ def read_trace(path) -> list:
     allocated (blocks from before the recording began) are left out."""
     from ..plot import _read
 
-    raw = _read.read_bytes(path)
+    raw = _read.read_head(path)
     if not raw.startswith(_read.TRACE_MAGIC):
         kind = _read.kind_of(path, raw)     # raises with the reason for most files
         raise _read.PlotInputError(f"{path}: a {kind} file, not a vramkit trace")
-    ops, _unmatched = _read.parse_trace(path, raw)
+    ops, _unmatched = _read.parse_trace(path)
     return [("a", ident, size, stream) if is_alloc else ("f", ident, stream)
             for is_alloc, ident, size, stream, _time in ops]

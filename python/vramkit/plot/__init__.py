@@ -14,23 +14,24 @@ subcommand's arguments).
 
 from __future__ import annotations
 
+from . import _read
 from ._read import PlotInputError
 
 __all__ = ["PlotInputError", "plot"]
 
 
-def load(path: str, device: int | None = None):
+def load(path: str, device: int | None = None, max_ops: int = _read.DEFAULT_MAX_OPS):
     """The History of a file, for a trace without reserved memory yet (see plot)."""
-    from . import _history, _read
+    from . import _history
 
-    raw = _read.read_bytes(path)
-    kind = _read.kind_of(path, raw)
+    kind = _read.kind_of(path, _read.read_head(path))
     if kind == "trace":
-        ops, unmatched = _read.parse_trace(path, raw)
+        ops, unmatched = _read.parse_trace(path, max_ops)
         if device not in (None, 0):
             raise PlotInputError(f"{path}: a trace holds one device; --device {device} "
                                  f"does not apply")
         return _history.from_trace(path, ops, unmatched).finish()
+    raw = _read.read_bytes(path)
     if kind == "log":
         from . import _log
 
@@ -38,18 +39,19 @@ def load(path: str, device: int | None = None):
     return _history.from_snapshot(path, _read.load_snapshot_object(path, raw, kind), device)
 
 
-def plot(path: str, output: str, device: int | None = None, replay: bool = True) -> list[str]:
+def plot(path: str, output: str, device: int | None = None, replay: bool = True,
+         max_ops: int = _read.DEFAULT_MAX_OPS) -> list[str]:
     """Draw FILE into OUTPUT (.html, or .png with matplotlib) and return the notes on what
     was skipped or is uncertain (the page shows them too). Raises PlotInputError on input
-    that cannot be drawn; replay=False leaves a trace's reserved memory unknown instead of
-    replaying it."""
+    that cannot be drawn, a trace of more than max_ops ops included (0: no limit);
+    replay=False leaves a trace's reserved memory unknown instead of replaying it."""
     from . import _html, _layout, _png, _replay
 
     if not output.lower().endswith((".html", ".htm", ".png")):
         raise ValueError(f"{output}: the output must end in .html or .png")
     from ..cli import shown
 
-    history = load(path, device)
+    history = load(path, device, max_ops)
     history.path = shown(history.path)  # the page and the PNG are UTF-8: no raw bytes
     pending = None
     if history.kind == "trace":

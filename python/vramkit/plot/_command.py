@@ -9,8 +9,9 @@ import sys
 
 from ..cli import (EXIT_FAILURE, EXIT_MISSING_DEPENDENCY, EXIT_OK, input_error, shown,
                    usage_error)
+from ._read import DEFAULT_MAX_OPS
 
-USAGE = """usage: vramkit plot FILE -o OUT.html|OUT.png [--device N] [--no-replay]
+USAGE = """usage: vramkit plot FILE -o OUT.html|OUT.png [--device N] [--no-replay] [--max-ops N]
 
 Draw the memory history in FILE: a vramkit trace (as vramkit replay reads), a snapshot
 pickle (torch.cuda.memory._dump_snapshot() or vramkit.dump_snapshot()) or a training-loop log
@@ -22,6 +23,8 @@ and the segments view. OUT.png draws the timeline with matplotlib (pip install '
   -o, --output OUT   the file to write; its suffix picks the kind
   --device N         the device of a snapshot to draw (default: the one with most history)
   --no-replay        for a trace: do not replay it on sim to find reserved memory
+  --max-ops N        refuse a trace of more than N ops (default 5,000,000; 0: no limit):
+                     each op drawn takes a few hundred bytes of memory
 
 exit status (the table of vramkit --help): 0 drawn, 2 input that cannot be drawn, 3 bad
 arguments, 4 the output cannot be written, 5 matplotlib missing"""
@@ -35,13 +38,14 @@ def main(args: list[str]) -> int:
     output = None
     device = None
     replay = True
+    max_ops = DEFAULT_MAX_OPS
     i = 0
     while i < len(args):
         arg = args[i]
         if arg in ("-h", "--help"):
             print(USAGE)
             return EXIT_OK
-        if arg in ("-o", "--output", "--device"):
+        if arg in ("-o", "--output", "--device", "--max-ops"):
             if i + 1 >= len(args):
                 return _usage(f"{arg} needs a value")
             value = args[i + 1]
@@ -50,6 +54,10 @@ def main(args: list[str]) -> int:
                 if not value.isdigit():
                     return _usage(f"--device: expected a device number, got '{value}'")
                 device = int(value)
+            elif arg == "--max-ops":
+                if not (value.isascii() and value.isdigit()):
+                    return _usage(f"--max-ops: expected a number of ops, got '{value}'")
+                max_ops = int(value)
             else:
                 output = value
             continue
@@ -70,7 +78,7 @@ def main(args: list[str]) -> int:
     if not output.lower().endswith((".html", ".htm", ".png")):
         return _usage(f"-o {output}: the output must end in .html or .png")
     try:
-        notes = plot(files[0], output, device=device, replay=replay)
+        notes = plot(files[0], output, device=device, replay=replay, max_ops=max_ops)
     except PlotInputError as error:
         return input_error("plot", error)
     except MissingMatplotlib as error:

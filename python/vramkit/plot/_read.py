@@ -1,7 +1,9 @@
 """Reading the files `vramkit plot` accepts: a vramkit trace or a snapshot pickle.
 
 The kind is told from the content (a trace's header line, a pickle's protocol byte, a JSON
-object), never from the name, and gzip is undone first whatever the file is called. A
+object), never from the name, and gzip is undone first whatever the file is called; only
+the head of a file is read for that. A trace is then read by the library's one trace
+reader (through vramkit._core), never by a parser of its own here. A
 snapshot is read with an unpickler that refuses every global, so that only dicts, lists,
 tuples, strings, bytes, numbers, booleans and None can come out of it: a snapshot from
 elsewhere must not be able to run code here. Every problem is a PlotInputError whose text
@@ -14,7 +16,6 @@ import gzip
 import io
 import json
 import pickle
-import re
 import struct
 import zlib
 
@@ -95,93 +96,46 @@ def load_snapshot_object(path: str, raw: bytes, kind: str):
             from None
 
 
-_GAP = r"[ \t]+"
-_NUMBER = r"(\d+)"
-# A whole line of a valid trace, as trace_io.c splits it: blanks around fields, a comment, or
-# nothing. findall runs it over the text in C; the line-by-line loop runs only to word the
-# error when some line does not match.
-_LINE = re.compile(rf"^[ \t]*(?:(a){_GAP}{_NUMBER}{_GAP}{_NUMBER}{_GAP}{_NUMBER}{_GAP}{_NUMBER}"
-                   rf"|f{_GAP}{_NUMBER}{_GAP}{_NUMBER}{_GAP}{_NUMBER}|#.*|)[ \t\r]*$", re.M)
+# The most ops `vramkit plot` draws unless --max-ops says otherwise. Every op becomes
+# several Python objects (the op, its block, its event), a few hundred bytes in all, so the
+# limit is far below the replay's (vramkit.h, VRAM_TRACE_DEFAULT_MAX_OPS): past it a small
+# gzip file of repeated lines would take more memory than the machine has.
+DEFAULT_MAX_OPS = 5_000_000
+# How much of a file kind_of needs: a trace's header line, a pickle's first byte, a log's
+# first line. Only a snapshot is read whole; a trace is read line by line.
+HEAD_BYTES = 1 << 16
 
 
-def parse_trace(path: str, raw: bytes):
-    """The ops of a v1 trace as (is_alloc, id, size, stream, t_us) tuples, checked as
-    tools/trace_io.c checks them; frees of ids that are not live are counted, not kept,
-    as the replay does (blocks allocated before recording began)."""
+def read_head(path: str) -> bytes:
+    """The first HEAD_BYTES of the file's content, decompressed when it is gzip, for
+    kind_of; a large or hostile gzip file is never decompressed whole here."""
     try:
-        text = raw.decode("ascii")
-    except UnicodeDecodeError as error:
-        raise PlotInputError(f"{path}: not a text trace: byte {error.start} is not ASCII") \
-            from None
-    rows = _LINE.findall(text)
-    if len(rows) == text.count("\n") + 1:
-        fast = _rows_to_ops(rows)
-        if fast is not None:
-            return fast
-    ops = []
-    append = ops.append
-    live = set()
-    unmatched = 0
-    hint = "expected 'a ID SIZE STREAM T_US' or 'f ID STREAM T_US'"
-    limit = 1 << 64
-    for number, line in enumerate(text.split("\n"), 1):
-        fields = line.split()
-        if not fields or fields[0][0] == "#":
-            continue
-        tag = fields[0]
-        count = len(fields)
-        if (tag == "a" and count == 5) or (tag == "f" and count == 4):
-            # One check for all the numbers of the line: the text is ASCII, so isdigit
-            # means 0-9 only (no sign, no '_', which int() would take).
-            if not "".join(fields[1:]).isdigit() or "" in fields:
-                raise PlotInputError(f"{path}:{number}: a field is not an unsigned decimal "
-                                     f"number: {line[:80]!r}")
-            values = list(map(int, fields[1:]))
-            if max(values) >= limit:
-                raise PlotInputError(f"{path}:{number}: a number does not fit in 64 bits")
-            ident = values[0]
-            if count == 5:
-                if ident in live:
-                    raise PlotInputError(f"{path}:{number}: block ID {ident} allocated again "
-                                         f"while still live")
-                live.add(ident)
-                append((True, ident, values[1], values[2], values[3]))
-            elif ident in live:
-                live.discard(ident)
-                append((False, ident, 0, values[1], values[2]))
-            else:
-                unmatched += 1
-        elif tag in ("a", "f"):
-            raise PlotInputError(f"{path}:{number}: '{tag}' event with {count - 1} fields: "
-                                 f"{hint}")
-        else:
-            raise PlotInputError(f"{path}:{number}: unknown event '{tag[:20]}': {hint}")
-    return ops, unmatched
+        with open(path, "rb") as f:
+            raw = f.read(HEAD_BYTES)
+    except OSError as error:
+        raise PlotInputError(f"{path}: cannot read: {error.strerror}") from None
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            with gzip.open(path, "rb") as unzipped:
+                raw = unzipped.read(HEAD_BYTES)
+        except (OSError, EOFError, zlib.error) as error:
+            raise PlotInputError(f"{path}: cannot decompress (corrupt or truncated gzip): "
+                                 f"{error}") from None
+    return raw
 
 
-def _rows_to_ops(rows):
-    """The ops of rows that all matched _LINE, or None when a number needs the careful
-    path (past 64 bits, or an ID allocated twice) so that it words the error."""
-    ops = []
-    append = ops.append
-    live = set()
-    unmatched = 0
-    limit = 1 << 64
-    for is_alloc, ident, size, stream, t, f_ident, f_stream, f_t in rows:
-        if is_alloc:
-            ident = int(ident)
-            if ident in live:
-                return None
-            live.add(ident)
-            append((True, ident, int(size), int(stream), int(t)))
-        elif f_ident:
-            ident = int(f_ident)
-            if ident in live:
-                live.discard(ident)
-                append((False, ident, 0, int(f_stream), int(f_t)))
-            else:
-                unmatched += 1
-    if ops and max(max(op[1], op[2], op[3], op[4]) for op in ops) >= limit:
-        return None
-    return ops, unmatched
+def parse_trace(path: str, max_ops: int = DEFAULT_MAX_OPS):
+    """The ops of a v1 trace as (is_alloc, id, size, stream, t_us) tuples, read by the
+    library's trace reader (vram_trace_reader_*, the one `vramkit replay` uses), so that
+    both accept and refuse the same files with the same messages; frees of ids that are
+    not live are counted, not kept, as the replay does (blocks allocated before recording
+    began). More than max_ops ops (0: no limit) is a PlotInputError naming the limit."""
+    from .. import _core
 
+    try:
+        return _core.trace_read(path, max_ops)
+    except _core.VramError as error:
+        message = str(error)
+        if getattr(error, "status", None) == _core.VRAM_ELIMIT:
+            message += " (--max-ops N raises the limit)"
+        raise PlotInputError(message) from None

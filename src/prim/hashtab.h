@@ -1,14 +1,16 @@
 /* hashtab.h - a small open-addressing hash table from 64-bit keys to 32-bit values.
  *
- * Two users: the trace reader maps trace block ids to dense slots with it, and
+ * Users: the trace reader (src/trace/reader.c) maps trace block ids to dense slots with
+ * it, the command's trace loader maps stream numbers to indices, and
  * `vramkit replay --baseline` times one insert or delete per replayed op with it, the
  * yardstick the allocator's per-op cost is judged against (the aim: at most 8x it). That
  * second use is why everything here is inline: the baseline must be the bare table cost,
  * not the cost of a call. Linear probing with backward-shift deletion keeps probe runs
- * short without tombstones; the table never grows on its own, callers size it up front.
+ * short without tombstones; the table never grows on its own: callers size it up front, or
+ * call hashtab_reserve before each insert.
  */
-#ifndef VRAMKIT_TOOLS_HASHTAB_H
-#define VRAMKIT_TOOLS_HASHTAB_H
+#ifndef VRAMKIT_PRIM_HASHTAB_H
+#define VRAMKIT_PRIM_HASHTAB_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -37,6 +39,8 @@ static inline int hashtab_init(hashtab_t *table, size_t max_count) {
   if (!table->keys || !table->values) {
     free(table->keys);
     free(table->values);
+    table->keys = NULL;
+    table->values = NULL;
     return -1;
   }
   for (size_t i = 0; i < capacity; i++) table->keys[i] = HASHTAB_EMPTY;
@@ -79,6 +83,20 @@ static inline void hashtab_insert(hashtab_t *table, uint64_t key, uint32_t value
   table->keys[i] = key;
   table->values[i] = value;
   table->count++;
+}
+
+/* Room for one more key at a load of at most one half, rehashing into a table twice as
+ * large when needed. 0 or -1 (out of memory; the table is unchanged). */
+static inline int hashtab_reserve(hashtab_t *table) {
+  size_t capacity = table->mask + 1;
+  if ((table->count + 1) * 2 <= capacity) return 0;
+  hashtab_t bigger;
+  if (hashtab_init(&bigger, capacity) != 0) return -1;
+  for (size_t i = 0; i < capacity; i++)
+    if (table->keys[i] != HASHTAB_EMPTY) hashtab_insert(&bigger, table->keys[i], table->values[i]);
+  hashtab_close(table);
+  *table = bigger;
+  return 0;
 }
 
 /* Remove the entry at index hole (from hashtab_find), pulling later entries of the same
