@@ -309,7 +309,9 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
         torch_expandable_peak_allocated=expandable["peak_allocated"],
         device_memory=card if limit is None else limit, fits=fits_ours,
         torch_fits=fits_native, torch_expandable_fits=fits_expandable,
-        min_device_memory=int(ours.get("min_capacity_bytes", ours["peak_reserved_bytes"]))
+        # The replay searches up to four times the peak live bytes, and finds nothing
+        # for a step smaller than a quarter of its first segment: uncapped, it ran.
+        min_device_memory=int(ours.get("min_capacity_bytes") or ours["peak_reserved_bytes"])
         + CUDA_CONTEXT_BYTES,
         breakdown={c: breakdown.get(c, 0) for c in _record_categories()},
         top_sites=top, source=source, emulated=target.emulated, trace=trace_path,
@@ -330,17 +332,15 @@ def _record_categories():
 
 def _model_blocks(args, build, target) -> list[str]:
     """The repeated blocks of the (first) model the step takes, built on fake tensors."""
-    import contextlib
-
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from . import _emulate, variants
+    from . import _step, variants
     if build is None:
         models_ = [a for a in args if isinstance(a, torch.nn.Module)]
         return variants.repeated_blocks(models_[0]) if models_ else []
-    emulation = _emulate.emulated_cuda() if target.emulated else contextlib.nullcontext()
-    with emulation, FakeTensorMode(allow_non_fake_inputs=True), torch.device(target.device):
+    with _step.on_target(target), FakeTensorMode(allow_non_fake_inputs=True), \
+            torch.device(target.device):
         built = build()
     built = built if isinstance(built, tuple) else (built,)
     models_ = [b for b in built if isinstance(b, torch.nn.Module)]

@@ -1,0 +1,207 @@
+"""Tests of vramkit.estimate on the steps users write (issue 38): models moved with
+.to("cuda"), .cuda() or .to(dtype) inside build(), real models on the CPU or the meta
+device, a step that is a module's method, gradient accumulation, inference under
+no_grad, and a model too large to build on the machine making the estimate. They run on
+the CPU stand-in for CUDA; sizes are checked against hand counts.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import vramkit  # noqa: E402
+
+
+def _rounded(n: int) -> int:
+    return max(512, -(-n // 512) * 512)
+
+
+class _Plain(torch.nn.Module):
+    """One of each layer whose move failed: an embedding, a convolution, a layer norm, a
+    linear layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(100, 32)
+        self.conv = torch.nn.Conv2d(1, 4, 3, padding=1)
+        self.norm = torch.nn.LayerNorm(32)
+        self.head = torch.nn.Linear(32, 8)
+
+    def forward(self, ids):
+        x = self.embed(ids)                                  # (batch, 16, 32)
+        x = x + self.conv(x.unsqueeze(1)).mean(1)
+        return self.head(self.norm(x))
+
+
+# Each parameter is a block of its own: the weights and biases of the four layers.
+_PLAIN_ELEMENTS = (100 * 32, 4 * 1 * 3 * 3, 4, 32, 32, 8 * 32, 8)
+
+
+def _plain_bytes(itemsize: int) -> int:
+    return sum(_rounded(n * itemsize) for n in _PLAIN_ELEMENTS)
+
+
+def _plain_step(net, opt, ids):
+    net(ids).float().pow(2).mean().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+_MOVES = {
+    "to('cuda')": (lambda m: m.to("cuda"), 4),
+    ".cuda()": (lambda m: m.cuda(), 4),
+    "to(device=)": (lambda m: m.to(device=torch.device("cuda")), 4),
+    "to(dtype)": (lambda m: m.to(torch.bfloat16), 2),
+    "to('cuda', dtype)": (lambda m: m.to("cuda", torch.bfloat16), 2),
+    ".cuda().half()": (lambda m: m.cuda().half(), 2),
+    "to(device=, dtype=)": (lambda m: m.to(device="cuda:0", dtype=torch.bfloat16), 2),
+}
+
+
+@pytest.mark.parametrize("how", list(_MOVES))
+def test_a_model_moved_inside_build(how):
+    """A build() that makes the model and moves it (every form of .to and .cuda): the
+    parameters are counted in the dtype they were moved to, and a move to the device they
+    are already on changes nothing."""
+    move, itemsize = _MOVES[how]
+
+    def build():
+        net = move(_Plain())
+        return net, torch.optim.SGD(net.parameters(), lr=0.1), \
+            torch.randint(0, 100, (4, 16), device="cuda")
+
+    e = vramkit.estimate(_plain_step, build=build, model_workspaces=False)
+    assert e.breakdown["parameters"] == _plain_bytes(itemsize)
+    assert e.breakdown["inputs"] == _rounded(4 * 16 * 8)
+    if itemsize == 4:
+        def unmoved():
+            net = _Plain()
+            return net, torch.optim.SGD(net.parameters(), lr=0.1), \
+                torch.randint(0, 100, (4, 16), device="cuda")
+        same = vramkit.estimate(_plain_step, build=unmoved, model_workspaces=False)
+        assert e.peak_allocated == same.peak_allocated
+
+
+transformers = None
+
+
+def _gpt2_config():
+    global transformers
+    transformers = pytest.importorskip("transformers")
+    return transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=1000,
+                                   n_positions=64, bos_token_id=0, eos_token_id=0)
+
+
+def _lm_step(net, opt, ids):
+    net(input_ids=ids, labels=ids).loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def _gpt2_parameter_bytes(net, itemsize: int = 4) -> int:
+    return sum(_rounded(p.numel() * itemsize) for p in net.parameters())
+
+
+@pytest.mark.parametrize("how", ["to('cuda')", ".cuda()", "to('cuda', dtype)"])
+def test_a_transformer_moved_inside_build(how):
+    config = _gpt2_config()
+    move, itemsize = _MOVES[how]
+
+    def build():
+        net = move(transformers.GPT2LMHeadModel(config))
+        ids = torch.randint(0, 1000, (2, 32), device="cuda")
+        return net, torch.optim.AdamW(net.parameters()), ids
+
+    e = vramkit.estimate(_lm_step, build=build)
+    expected = _gpt2_parameter_bytes(transformers.GPT2LMHeadModel(config), itemsize)
+    assert e.breakdown["parameters"] == expected
+    assert e.breakdown["optimizer state"] >= 2 * expected
+
+
+def test_real_models_on_the_cpu_and_on_the_meta_device():
+    """A model built for real on the CPU and the same model on the meta device (no
+    memory) give the same estimate, and neither is touched."""
+    config = _gpt2_config()
+    ids = torch.randint(0, 1000, (2, 32))
+    real = transformers.GPT2LMHeadModel(config)
+    with torch.device("meta"):
+        meta = transformers.GPT2LMHeadModel(config)
+    on_cpu = vramkit.estimate(_lm_step, real, torch.optim.AdamW(real.parameters()), ids)
+    on_meta = vramkit.estimate(_lm_step, meta, torch.optim.AdamW(meta.parameters()), ids)
+    assert on_cpu.peak_allocated == on_meta.peak_allocated
+    assert on_meta.breakdown["parameters"] == _gpt2_parameter_bytes(real)
+    assert all(p.device.type == "meta" and p.grad is None for p in meta.parameters())
+    assert all(p.device.type == "cpu" and p.grad is None for p in real.parameters())
+
+
+class _Trainer(torch.nn.Module):
+    """A step written as a method of the module that holds the model and its optimizer."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.net = transformers.GPT2LMHeadModel(config)
+        self.opt = torch.optim.AdamW(self.net.parameters())
+
+    def train_step(self, ids):
+        _lm_step(self.net, self.opt, ids)
+
+
+def test_a_step_that_is_a_method_of_the_model():
+    """estimate(trainer.train_step, batch): the method runs on a fake twin of its module,
+    so the parameters and the optimizer's state are counted, and the real module keeps
+    its weights, no gradient and an optimizer without state."""
+    config = _gpt2_config()
+    trainer = _Trainer(config)
+    before = [p.detach().clone() for p in trainer.parameters()]
+    ids = torch.randint(0, 1000, (2, 32))
+    e = vramkit.estimate(trainer.train_step, ids)
+    as_function = vramkit.estimate(_lm_step, trainer.net, trainer.opt, ids)
+    assert e.breakdown["parameters"] == _gpt2_parameter_bytes(trainer.net)
+    assert e.breakdown["optimizer state"] == as_function.breakdown["optimizer state"] > 0
+    assert e.peak_allocated == as_function.peak_allocated
+    assert not trainer.opt.state
+    for p, old in zip(trainer.parameters(), before):
+        assert p.grad is None and torch.equal(p.detach(), old)
+
+
+def _moved_gpt2_build(batch: int, train: bool = True):
+    config = _gpt2_config()
+
+    def build():
+        net = transformers.GPT2LMHeadModel(config).cuda()
+        net.train(train)
+        ids = torch.randint(0, 1000, (batch, 32), device="cuda")
+        return net, torch.optim.AdamW(net.parameters()), ids
+    return build
+
+
+def test_gradient_accumulation_over_micro_batches():
+    """Four micro-batches of 2 before one optimizer step: the same parameters, gradients
+    and optimizer state as one batch of 8, and less kept for backward at the peak."""
+    def accumulating(net, opt, ids):
+        for micro in ids.chunk(4):
+            (net(input_ids=micro, labels=micro).loss / 4).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    micro = vramkit.estimate(accumulating, build=_moved_gpt2_build(8))
+    whole = vramkit.estimate(_lm_step, build=_moved_gpt2_build(8))
+    assert micro.breakdown["parameters"] == whole.breakdown["parameters"]
+    assert micro.peak_allocated < whole.peak_allocated
+    assert micro.breakdown["activations"] < whole.breakdown["activations"]
+
+
+def test_inference_under_no_grad():
+    """Forward alone under torch.no_grad(): nothing is kept for a backward pass, there
+    are no gradients and no optimizer state, and the peak is below the training step's."""
+    def infer(net, opt, ids):
+        with torch.no_grad():
+            net(input_ids=ids)
+
+    e = vramkit.estimate(infer, build=_moved_gpt2_build(4, train=False))
+    train = vramkit.estimate(_lm_step, build=_moved_gpt2_build(4))
+    assert e.breakdown["gradients"] == e.breakdown["optimizer state"] == 0
+    assert e.breakdown["activations"] == 0
+    assert e.breakdown["parameters"] == train.breakdown["parameters"]
+    assert e.peak_allocated < train.peak_allocated
