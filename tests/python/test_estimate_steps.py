@@ -205,3 +205,55 @@ def test_inference_under_no_grad():
     assert e.breakdown["activations"] == 0
     assert e.breakdown["parameters"] == train.breakdown["parameters"]
     assert e.peak_allocated < train.peak_allocated
+
+
+def _bf16_autocast_step(net, opt, ids):
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = net(input_ids=ids, labels=ids).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def test_what_if_lists_only_changes_to_the_step():
+    """On a step under bf16 autocast, "bf16 autocast" changes nothing and is not listed
+    (nor bf16 autocast with checkpointing, which is checkpointing alone there); fp16
+    autocast replaces the step's bf16, and is estimated on the CPU stand-in too."""
+    advice = vramkit.advise(_bf16_autocast_step, build=_moved_gpt2_build(2),
+                            memory_limit="8G")
+    rows = {r.variant: r for r in advice.rows}
+    assert "bf16 autocast" not in rows
+    assert not any(name.startswith("bf16 autocast +") for name in rows)
+    fp16 = rows["fp16 autocast (instead of bf16)"]
+    assert fp16.peak_reserved is not None and fp16.fits, fp16.note
+    # Two bytes an element either way: the same peak, to within the CPU's op lists.
+    assert abs(fp16.peak_allocated - rows["as written"].peak_allocated) \
+        < rows["as written"].peak_allocated / 100
+    assert "checkpointing all 2 blocks" in rows
+
+
+def test_a_change_that_cannot_be_estimated_says_why_whole():
+    """A step that reads a value only under autocast: the autocast rows are listed as not
+    estimated, with no numbers, and the reason is printed whole under the table."""
+    from vramkit.estimator import variants
+
+    def step(net, opt, x):
+        if torch.is_autocast_enabled("cuda") or torch.is_autocast_enabled("cpu"):
+            x.sum().item()
+        _plain_step(net, opt, x)
+
+    def build():
+        net = _Plain()
+        return net, torch.optim.SGD(net.parameters(), lr=0.1), \
+            torch.randint(0, 100, (4, 16), device="cuda")
+
+    chosen = [variants.Variant("as written"),
+              variants.Variant("fp16 autocast", autocast=torch.float16)]
+    advice = vramkit.advise(step, build=build, variants=chosen, model_workspaces=False)
+    row = advice.rows[1]
+    assert row.variant == "fp16 autocast" and row.peak_reserved is None
+    with pytest.raises(vramkit.estimator.UntraceableStep) as info:
+        vramkit.estimate(step, build=build, variant=chosen[1], model_workspaces=False)
+    text = str(advice)
+    assert " ".join(str(info.value).split()) in " ".join(text.split())
+    assert "0.00" not in text.splitlines()[3]

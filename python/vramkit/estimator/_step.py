@@ -307,13 +307,20 @@ def _where(error: BaseException) -> str:
     return found
 
 
+def _words(text: str, most: int = 300) -> str:
+    """``text`` to at most about ``most`` characters, cut between words, never in one."""
+    if len(text) <= most:
+        return text
+    return text[:most].rsplit(" ", 1)[0] + " ..."
+
+
 def _explain(error: Exception) -> str:
     text = f"{type(error).__name__}: {error}"
-    first = (text.splitlines()[0] if text else type(error).__name__) + _where(error)
+    first = _words(text.splitlines()[0] if text else type(error).__name__) + _where(error)
     for needle, advice in _WORKAROUNDS:
         if needle in text.lower():
-            return (f"the step could not run on fake tensors ({first[:300]}); {advice}. "
+            return (f"the step could not run on fake tensors ({first}); {advice}. "
                     f"No estimate is given rather than one that leaves this out.")
-    return (f"the step could not run on fake tensors ({first[:300]}); the operation "
+    return (f"the step could not run on fake tensors ({first}); the operation "
             f"named there needs a real device or real values. No estimate is given "
             f"rather than one that leaves it out.")
