@@ -257,3 +257,38 @@ def test_a_change_that_cannot_be_estimated_says_why_whole():
     text = str(advice)
     assert " ".join(str(info.value).split()) in " ".join(text.split())
     assert "0.00" not in text.splitlines()[3]
+
+
+def test_max_batch_for_a_card_and_under_a_cap(tmp_path):
+    """--device-memory is a card, of which the CUDA context takes its share before the
+    allocator gets the rest; --cap is an allocator limit, which the context is not
+    counted against. The two answers differ by the context, each output says which
+    question it answered, and the card's answer is find_max_batch under a cap of the
+    card less the context."""
+    import json
+    import subprocess
+    import sys
+
+    from vramkit.estimator import CUDA_CONTEXT_BYTES, models
+    _gpt2_config().to_json_file(str(tmp_path / "config.json"))
+    model = str(tmp_path / "config.json")
+
+    def ask(*question):
+        out = subprocess.run([sys.executable, "-m", "vramkit", "estimate", "--model", model,
+                              "--seq", "256", "--max-batch", *question],
+                             capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    card, cap = ask("--device-memory", "1G"), ask("--cap", "1G")
+    assert "a 1G card (less the CUDA context)" in card
+    assert "an allocator cap of 1G" in cap
+    on_card, under_cap = (int(text.split(":")[-1]) for text in (card, cap))
+    assert 0 < on_card < under_cap
+    work = lambda n: models.workload(model, n, seq=256)  # noqa: E731
+    assert vramkit.find_max_batch(work(1).step, lambda n: work(n).build(),
+                                  memory_limit=(1 << 30) - CUDA_CONTEXT_BYTES) == on_card
+    both = subprocess.run([sys.executable, "-m", "vramkit", "estimate", "--model", model,
+                           "--max-batch", "--cap", "1G", "--device-memory", "1G"],
+                          capture_output=True, text=True)
+    assert both.returncode == 3 and "give one" in both.stderr

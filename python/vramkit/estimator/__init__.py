@@ -65,6 +65,8 @@ class Estimate:
                                      # process exits unless estimate() got trace_path)
     fake_ops: int
     notes: list = field(default_factory=list)
+    capped: bool = False             # device_memory is an allocator cap (memory_limit),
+                                     # not a card that the CUDA context shares
 
     def __str__(self) -> str:
         return format_estimate(self)
@@ -100,7 +102,8 @@ def format_estimate(e: Estimate) -> str:
                                    else "")]
     lines.append(f"  peak allocated            {_gib(e.peak_allocated)}"
                  f"   (PyTorch's allocator counts {_gib(e.torch_peak_allocated)})")
-    card = f" on {_gib(e.device_memory)}" if e.device_memory else ""
+    card = (f" under a cap of {_gib(e.device_memory)}" if e.capped
+            else f" on a card of {_gib(e.device_memory)}") if e.device_memory else ""
     lines.append(f"  peak reserved, vramkit    {_gib(e.peak_reserved)} ({e.source})"
                  + (f"   {verdict[e.fits]}{card}" if e.device_memory else ""))
     lines.append(f"  peak reserved, PyTorch    {_gib(e.torch_peak_reserved)}"
@@ -315,7 +318,7 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
         + CUDA_CONTEXT_BYTES,
         breakdown={c: breakdown.get(c, 0) for c in _record_categories()},
         top_sites=top, source=source, emulated=target.emulated, trace=trace_path,
-        fake_ops=recording.fake_ops, notes=notes)
+        fake_ops=recording.fake_ops, notes=notes, capped=limit is not None)
 
 
 def __getattr__(name):
