@@ -292,3 +292,43 @@ def test_max_batch_for_a_card_and_under_a_cap(tmp_path):
                            "--max-batch", "--cap", "1G", "--device-memory", "1G"],
                           capture_output=True, text=True)
     assert both.returncode == 3 and "give one" in both.stderr
+
+
+_LARGE = """
+import resource, sys, torch, transformers, vramkit
+config = transformers.LlamaConfig(
+    hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+    num_attention_heads=32, num_key_value_heads=8, vocab_size=128256)
+def step(net, opt, ids):
+    net(input_ids=ids, labels=ids).loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+if sys.argv[1] == "build":
+    def build():
+        net = transformers.LlamaForCausalLM(config).cuda()
+        return net, torch.optim.AdamW(net.parameters()), torch.randint(0, 128256, (1, 16))
+    e = vramkit.estimate(step, build=build, model_workspaces=False)
+else:
+    with torch.device("meta"):
+        net = transformers.LlamaForCausalLM(config)
+    e = vramkit.estimate(step, net, torch.optim.AdamW(net.parameters()),
+                         torch.randint(0, 128256, (1, 16)), model_workspaces=False)
+print(e.breakdown["parameters"], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10)
+"""
+
+
+@pytest.mark.parametrize("how", ["build", "meta"])
+def test_a_model_larger_than_this_machine_is_never_built_in_its_memory(how):
+    """Llama 3 8B in fp32 (32 GB of weights, as much again of gradients and twice that
+    of AdamW's moments) is estimated from build() or from a model on the meta device by
+    a process whose peak resident memory stays a small fraction of its weights."""
+    pytest.importorskip("transformers")
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", _LARGE, how], capture_output=True,
+                         text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    parameters, peak_rss = map(int, out.stdout.split()[-2:])
+    assert parameters > 8_000_000_000 * 4
+    assert peak_rss < parameters / 8
+
