@@ -332,3 +332,101 @@ def test_a_model_larger_than_this_machine_is_never_built_in_its_memory(how):
     assert parameters > 8_000_000_000 * 4
     assert peak_rss < parameters / 8
 
+
+class _DropPathBlock(torch.nn.Module):
+    """A residual block with layer scale and a drop path that asks whether its per-sample
+    mask kept every sample, as some drop-path implementations do."""
+
+    def __init__(self, rate: float):
+        super().__init__()
+        self.lin = torch.nn.Linear(32, 32)
+        self.gamma = torch.nn.Parameter(torch.full((32,), 1e-6))
+        self.rate = rate
+
+    def forward(self, x):
+        y = self.gamma * self.lin(x)
+        if self.training and self.rate > 0:
+            keep = torch.rand(x.shape[0], 1, device=x.device) >= self.rate
+            if not keep.all():
+                y = y * keep / (1 - self.rate)
+        return x + y
+
+
+class _ConvNeXtLike(torch.nn.Module):
+    """The model-building pattern of timm's ConvNeXt (and Swin, PoolFormer...): drop-path
+    rates read with .tolist() from torch.linspace in __init__; and a forward that picks
+    every second sample with nonzero() on a mask made from the batch size alone."""
+
+    def __init__(self, depths=(2, 3)):
+        super().__init__()
+        rates = [r.tolist() for r in torch.linspace(0, 0.2, sum(depths)).split(depths)]
+        self.blocks = torch.nn.Sequential(*(_DropPathBlock(r) for s in rates for r in s))
+        self.head = torch.nn.Linear(32, 4)
+
+    def forward(self, x):
+        even = torch.nonzero(torch.arange(x.shape[0], device=x.device) % 2 == 0)
+        return self.head(self.blocks(x)[even.squeeze(1)])
+
+
+def _convnext_like_build():
+    net = _ConvNeXtLike().cuda()
+    return net, torch.optim.SGD(net.parameters(), lr=0.1), torch.randn(8, 32, device="cuda")
+
+
+def _sgd_step(net, opt, x):
+    net(x).sum().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def test_values_computed_from_known_values_alone_are_read():
+    """Values that depend on no weight and no input (drop-path rates from linspace, a
+    random keep mask, indices from arange) are computed, so the model builds and the
+    step runs: every parameter is counted and the selected half of the batch reaches
+    the head."""
+    e = vramkit.estimate(_sgd_step, build=_convnext_like_build, model_workspaces=False)
+    params = 5 * (_rounded(32 * 32 * 4) + 2 * _rounded(32 * 4)) \
+        + _rounded(4 * 32 * 4) + _rounded(4 * 4)
+    assert e.breakdown["parameters"] == e.breakdown["gradients"] == params
+    assert e.breakdown["inputs"] == _rounded(8 * 32 * 4)
+
+
+def test_values_of_weights_or_the_batch_are_still_refused():
+    """However small the model, a value computed from its weights (a loss read with
+    .item()) or from the batch (a boolean mask on it) is not guessed: the estimate is
+    refused, naming the operation and the user's line."""
+    import inspect
+
+    def reads_the_loss(net, opt, x):
+        loss = net(x).sum()
+        if loss.item() > 0:
+            loss.backward()
+
+    def masks_the_batch(net, opt, x):
+        net(x[x[:, 0] > 0]).sum().backward()
+
+    for step, op in ((reads_the_loss, "_local_scalar_dense"), (masks_the_batch, "nonzero")):
+        with pytest.raises(vramkit.estimator.UntraceableStep) as info:
+            vramkit.estimate(step, build=_convnext_like_build, model_workspaces=False)
+        text = str(info.value)
+        line = inspect.getsourcelines(step)[1] + (2 if op != "nonzero" else 1)
+        assert op in text and f"{__file__}:{line} in {step.__name__}" in text, text
+
+
+def test_timm_convnext_tiny():
+    """The model the issue reported (its drop-path rates read with .tolist() in
+    __init__), on small images."""
+    timm = pytest.importorskip("timm")
+
+    def build():
+        net = timm.create_model("convnext_tiny", drop_path_rate=0.1).cuda()
+        return net, torch.optim.AdamW(net.parameters()), \
+            torch.randn(2, 3, 64, 64, device="cuda")
+
+    def step(net, opt, x):
+        net(x).float().logsumexp(-1).mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    e = vramkit.estimate(step, build=build)
+    assert e.breakdown["parameters"] > 4 * 28_000_000

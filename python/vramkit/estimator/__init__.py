@@ -339,11 +339,12 @@ def _first_model(args, build, target):
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from . import _step
+    from ._values import KnownValues
     if build is None:
         built = args
     else:
         with _step.on_target(target), FakeTensorMode(allow_non_fake_inputs=True), \
-                torch.device(target.device):
+                KnownValues(), torch.device(target.device):
             built = build()
         built = built if isinstance(built, tuple) else (built,)
     models_ = [b for b in built if isinstance(b, torch.nn.Module)]

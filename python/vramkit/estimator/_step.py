@@ -25,6 +25,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from . import _emulate
 from ._moves import fake_module_moves
 from ._record import Recording, StorageRecorder, classify
+from ._values import KnownValues
 from .workspaces import WorkspaceTableError
 
 
@@ -163,6 +164,7 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
     entered around the steps (a FLOP counter). ``workspace_hook`` and
     ``after_outputs_hook`` are the recorder's (StorageRecorder says when each is called)."""
     mode = FakeTensorMode(allow_non_fake_inputs=True)
+    known = KnownValues()  # from build() on: drop-path rates made there are read later
     recorder = StorageRecorder()
     recorder.workspace_hook = workspace_hook
     recorder.after_outputs_hook = after_outputs_hook
@@ -172,8 +174,11 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
         # the real program holds it before its first step (building leaves nothing else).
         twins = _Twins(mode, target)
         if build is not None:
-            with mode, torch.device(target.device):
-                built = build()
+            with mode, known, torch.device(target.device):
+                try:
+                    built = build()
+                except Exception as error:  # noqa: BLE001 - explained, then re-raised
+                    raise UntraceableStep("build(): " + _explain(error)) from error
             args = (*built, *args) if isinstance(built, tuple) else (built, *args)
         else:
             args = twins.any(tuple(args))
@@ -186,7 +191,9 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
         values = (*args, *kwargs.values())
         if owner is not None:
             values += (owner, *vars(owner).values())
-        with mode, recorder, (around_step or contextlib.nullcontext()):
+        known.forget(p for m in _found(values, torch.nn.Module) for p in m.parameters())
+        known.forget(_found(values, torch.Tensor))
+        with mode, known, recorder, (around_step or contextlib.nullcontext()):
             for m in _found(values, torch.nn.Module):
                 for p in m.parameters():
                     recorder.set_role(p, "parameters")
@@ -278,6 +285,10 @@ _WORKAROUNDS = (
     ("data-dependent", "the step reads a tensor's values (.item(), .tolist(), a Python "
      "if on a tensor, nonzero() or a boolean mask): compute that value outside the step, "
      "or give the step a fixed value for the estimate"),
+    ("dynamicoutputshape", "the size of what the operation makes depends on values the "
+     "estimate cannot know (nonzero(), a boolean mask, unique() on weights or on the "
+     "batch): give the step a fixed size for the estimate, e.g. an index of the count "
+     "you expect"),
     ("item()", "the step reads a tensor's values with .item(): pass the value in instead"),
     ("no fake impl", "an operation has no fake (meta) kernel, e.g. a custom CUDA "
      "extension: register one with torch.library.register_fake, or estimate the rest of "
