@@ -265,7 +265,6 @@ def test_max_batch_for_a_card_and_under_a_cap(tmp_path):
     counted against. The two answers differ by the context, each output says which
     question it answered, and the card's answer is find_max_batch under a cap of the
     card less the context."""
-    import json
     import subprocess
     import sys
 
