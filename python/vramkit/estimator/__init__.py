@@ -65,6 +65,8 @@ class Estimate:
                                      # process exits unless estimate() got trace_path)
     fake_ops: int
     notes: list = field(default_factory=list)
+    capped: bool = False             # device_memory is an allocator cap (memory_limit),
+                                     # not a card that the CUDA context shares
 
     def __str__(self) -> str:
         return format_estimate(self)
@@ -100,7 +102,8 @@ def format_estimate(e: Estimate) -> str:
                                    else "")]
     lines.append(f"  peak allocated            {_gib(e.peak_allocated)}"
                  f"   (PyTorch's allocator counts {_gib(e.torch_peak_allocated)})")
-    card = f" on {_gib(e.device_memory)}" if e.device_memory else ""
+    card = (f" under a cap of {_gib(e.device_memory)}" if e.capped
+            else f" on a card of {_gib(e.device_memory)}") if e.device_memory else ""
     lines.append(f"  peak reserved, vramkit    {_gib(e.peak_reserved)} ({e.source})"
                  + (f"   {verdict[e.fits]}{card}" if e.device_memory else ""))
     lines.append(f"  peak reserved, PyTorch    {_gib(e.torch_peak_reserved)}"
@@ -309,11 +312,13 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
         torch_expandable_peak_allocated=expandable["peak_allocated"],
         device_memory=card if limit is None else limit, fits=fits_ours,
         torch_fits=fits_native, torch_expandable_fits=fits_expandable,
-        min_device_memory=int(ours.get("min_capacity_bytes", ours["peak_reserved_bytes"]))
+        # The replay searches up to four times the peak live bytes, and finds nothing
+        # for a step smaller than a quarter of its first segment: uncapped, it ran.
+        min_device_memory=int(ours.get("min_capacity_bytes") or ours["peak_reserved_bytes"])
         + CUDA_CONTEXT_BYTES,
         breakdown={c: breakdown.get(c, 0) for c in _record_categories()},
         top_sites=top, source=source, emulated=target.emulated, trace=trace_path,
-        fake_ops=recording.fake_ops, notes=notes)
+        fake_ops=recording.fake_ops, notes=notes, capped=limit is not None)
 
 
 def __getattr__(name):
@@ -328,23 +333,29 @@ def _record_categories():
     return CATEGORIES
 
 
-def _model_blocks(args, build, target) -> list[str]:
-    """The repeated blocks of the (first) model the step takes, built on fake tensors."""
-    import contextlib
-
+def _first_model(args, build, target):
+    """The (first) model the step takes, built on fake tensors if build() makes it."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from . import _emulate, variants
+    from . import _step
+    from ._values import KnownValues
     if build is None:
-        models_ = [a for a in args if isinstance(a, torch.nn.Module)]
-        return variants.repeated_blocks(models_[0]) if models_ else []
-    emulation = _emulate.emulated_cuda() if target.emulated else contextlib.nullcontext()
-    with emulation, FakeTensorMode(allow_non_fake_inputs=True), torch.device(target.device):
-        built = build()
-    built = built if isinstance(built, tuple) else (built,)
+        built = args
+    else:
+        with _step.on_target(target), FakeTensorMode(allow_non_fake_inputs=True), \
+                KnownValues(), torch.device(target.device):
+            built = build()
+        built = built if isinstance(built, tuple) else (built,)
     models_ = [b for b in built if isinstance(b, torch.nn.Module)]
-    return variants.repeated_blocks(models_[0]) if models_ else []
+    return models_[0] if models_ else None
+
+
+def _model_blocks(args, build, target) -> list[str]:
+    """The repeated blocks of the (first) model the step takes."""
+    from . import variants
+    model = _first_model(args, build, target)
+    return variants.repeated_blocks(model) if model is not None else []
 
 
 def advise(step_fn, *args, build=None, device_memory=None, memory_limit=None,
@@ -354,40 +365,50 @@ def advise(step_fn, *args, build=None, device_memory=None, memory_limit=None,
     autocast, bf16 weights and states, 8-bit optimizer states, activation checkpointing
     of all or every 2nd repeated block, and with ``make_batch(n)`` and ``batch`` smaller
     batches): predicted peaks, what each saves, whether it fits, and the compute it adds
-    (FLOPs counted on fake tensors), most saving first. Returns an :class:`Advice`,
-    printable as a table."""
+    (FLOPs counted on fake tensors), most saving first. A change the step already makes
+    (bf16 autocast on a step under bf16 autocast) is left out; autocast in another dtype
+    replaces the step's own. A change that cannot be estimated is listed with the reason.
+    Returns an :class:`Advice`, printable as a table."""
     from . import _step, variants as _variants
 
     target = _step.choose_target(kwargs.pop("device", "cuda"), kwargs.pop("emulate", None))
-    blocks = _model_blocks(args, build, target)
+    model = _first_model(args, build, target)
+    blocks = _variants.repeated_blocks(model) if model is not None else []
+    weights = {p.dtype for p in model.parameters() if p.is_floating_point()} \
+        if model is not None else set()
     chosen = variants if variants is not None else _variants.standard_variants(len(blocks))
     # An estimate's own option, not the step's: the FLOP count below gets the rest.
     common = dict(device_memory=device_memory, memory_limit=memory_limit, source=source,
                   emulate=target.emulated,
                   model_workspaces=kwargs.pop("model_workspaces", True))
-    base_flops = None
-    rows = []
-    base = None
+    rows, done, autocast = [], set(), set()
+    base = base_flops = None
     for v in chosen:
-        note = ""
+        if base is not None:
+            v = _variants.as_it_changes(v, autocast, weights)
+            if v is None or _variants.key(v) in done:
+                continue
+        done.add(_variants.key(v))
         try:
             e = estimate(step_fn, *args, build=build, variant=v, **common, **kwargs)
             # Counted in a recording of its own: PyTorch's FLOP counter on the mode stack
             # changes what activation checkpointing keeps (measured: all 12 GPT-2 blocks
             # checkpointed kept 13.90 GiB with it, 6.92 GiB without), so the estimate
-            # is never made under it.
+            # is never made under it. The step as written says which autocast it runs.
             flops = _variants.flops_of(step_fn, args, kwargs, target=target, build=build,
-                                       variant=v)
+                                       variant=v, autocast=autocast if base is None else None)
         except _step.UntraceableStep as error:
-            rows.append(_variants.AdviceRow(v.name, 0, 0, 0, None, 0, None,
-                                            f"not estimated: {str(error)[:120]}"))
+            if base is None:
+                raise  # nothing to compare the changes with
+            rows.append(_variants.AdviceRow(v.name, None, None, None, None, None, None,
+                                            str(error)))
             continue
         if base is None:
             base, base_flops = e, flops
         rows.append(_variants.AdviceRow(
             v.name, e.peak_allocated, e.peak_reserved, e.torch_peak_reserved, e.fits,
             base.peak_reserved - e.peak_reserved,
-            (flops / base_flops - 1.0) if base_flops else None, note))
+            (flops / base_flops - 1.0) if base_flops else None))
     if make_batch is not None and batch:
         for n in sorted({max(1, batch // 2), max(1, batch // 4)} - {batch}, reverse=True):
             e = estimate(step_fn, build=lambda n=n: make_batch(n), **common, **kwargs)
@@ -395,9 +416,9 @@ def advise(step_fn, *args, build=None, device_memory=None, memory_limit=None,
                 f"batch {n} instead of {batch}", e.peak_allocated, e.peak_reserved,
                 e.torch_peak_reserved, e.fits, base.peak_reserved - e.peak_reserved,
                 None, "same compute per sample"))
-    head, rest = rows[:1], sorted(rows[1:], key=lambda r: -r.saves)
-    return _variants.Advice(head + rest, base.device_memory if base else None,
-                            base.min_device_memory if base else None)
+    head = rows[:1]
+    rest = sorted(rows[1:], key=lambda r: (r.saves is None, -(r.saves or 0)))
+    return _variants.Advice(head + rest, base.device_memory, base.min_device_memory)
 
 
 @dataclass

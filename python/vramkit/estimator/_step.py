@@ -16,13 +16,16 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
+import types
 from dataclasses import dataclass
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from . import _emulate
+from ._moves import fake_module_moves
 from ._record import Recording, StorageRecorder, classify
+from ._values import KnownValues
 from .workspaces import WorkspaceTableError
 
 
@@ -74,9 +77,40 @@ class _Twins:
 
     def module(self, m: torch.nn.Module) -> torch.nn.Module:
         memo = {id(t): self.tensor(t) for t in (*m.parameters(), *m.buffers())}
-        twin = copy.deepcopy(m, memo)
-        self.memo[id(m)] = twin
+        return self._copy(m, memo)
+
+    def _copy(self, obj, memo: dict):
+        """A deep copy of ``obj`` over the twins in ``memo``; an optimizer it holds (a
+        module whose step is its own method keeps one) is twinned as one, so that the
+        step's optimizer is the twin the estimator watches."""
+        for value in vars(obj).values():
+            if isinstance(value, torch.optim.Optimizer):
+                memo[id(value)] = self.any(value)
+        twin = copy.deepcopy(obj, {**self.memo, **memo})
+        self.memo[id(obj)] = twin
         return twin
+
+    def owner(self, step_fn):
+        """``step_fn`` bound to the twin of what it belongs to, when it is a module or a
+        method of an object holding modules (``estimate(trainer.train_step, batch)``):
+        the step then runs on fake twins, never on the real model. The twin is returned
+        too (None for a plain function), so that its modules and optimizers are watched."""
+        if isinstance(step_fn, torch.nn.Module):
+            twin = self.any(step_fn)
+            return twin, twin
+        owner = getattr(step_fn, "__self__", None)
+        if not inspect.ismethod(step_fn) or owner is None or isinstance(owner, type) \
+                or not hasattr(owner, "__dict__") or not (
+                    isinstance(owner, torch.nn.Module)
+                    or _found(vars(owner).values(), (torch.nn.Module, torch.Tensor))):
+            return step_fn, None
+        if isinstance(owner, torch.nn.Module):
+            twin = self.any(owner)
+        else:
+            memo = {id(v): self.any(v) for v in vars(owner).values()
+                    if isinstance(v, (torch.nn.Module, torch.Tensor))}
+            twin = self._copy(owner, memo)
+        return types.MethodType(step_fn.__func__, twin), twin
 
     def optimizer(self, opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
         groups = []
@@ -130,28 +164,36 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
     entered around the steps (a FLOP counter). ``workspace_hook`` and
     ``after_outputs_hook`` are the recorder's (StorageRecorder says when each is called)."""
     mode = FakeTensorMode(allow_non_fake_inputs=True)
+    known = KnownValues()  # from build() on: drop-path rates made there are read later
     recorder = StorageRecorder()
     recorder.workspace_hook = workspace_hook
     recorder.after_outputs_hook = after_outputs_hook
     recorder.device_type = None if target.emulated else "cuda"
-    emulation = _emulate.emulated_cuda() if target.emulated else contextlib.nullcontext()
-    with emulation:
+    with on_target(target):
         # What exists before the step is recorded from the objects themselves below, as
         # the real program holds it before its first step (building leaves nothing else).
+        twins = _Twins(mode, target)
         if build is not None:
-            with mode, torch.device(target.device):
-                built = build()
+            with mode, known, torch.device(target.device):
+                try:
+                    built = build()
+                except Exception as error:  # noqa: BLE001 - explained, then re-raised
+                    raise UntraceableStep("build(): " + _explain(error)) from error
             args = (*built, *args) if isinstance(built, tuple) else (built, *args)
         else:
-            twins = _Twins(mode, target)
             args = twins.any(tuple(args))
             kwargs = twins.any(dict(kwargs))
+        step_fn, owner = twins.owner(step_fn)
         if variant is not None:
             with mode:
                 args = tuple(variant.transform(list(args)))
             step_fn = variant.wrap(step_fn)
         values = (*args, *kwargs.values())
-        with mode, recorder, (around_step or contextlib.nullcontext()):
+        if owner is not None:
+            values += (owner, *vars(owner).values())
+        known.forget(p for m in _found(values, torch.nn.Module) for p in m.parameters())
+        known.forget(_found(values, torch.Tensor))
+        with mode, known, recorder, (around_step or contextlib.nullcontext()):
             for m in _found(values, torch.nn.Module):
                 for p in m.parameters():
                     recorder.set_role(p, "parameters")
@@ -186,6 +228,15 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
             recorder.phase = "done"
     classify(recorder.recording, recorder)
     return recorder.recording, recorder
+
+
+@contextlib.contextmanager
+def on_target(target: Target):
+    """What a step and its build() run under besides the fake mode: the CPU standing in
+    for CUDA where there is no GPU, and moves of fake modules (.to("cuda"), .half())."""
+    emulation = _emulate.emulated_cuda() if target.emulated else contextlib.nullcontext()
+    with emulation, fake_module_moves():
+        yield
 
 
 def _as_on_the_gpu(opt: torch.optim.Optimizer) -> None:
@@ -234,6 +285,10 @@ _WORKAROUNDS = (
     ("data-dependent", "the step reads a tensor's values (.item(), .tolist(), a Python "
      "if on a tensor, nonzero() or a boolean mask): compute that value outside the step, "
      "or give the step a fixed value for the estimate"),
+    ("dynamicoutputshape", "the size of what the operation makes depends on values the "
+     "estimate cannot know (nonzero(), a boolean mask, unique() on weights or on the "
+     "batch): give the step a fixed size for the estimate, e.g. an index of the count "
+     "you expect"),
     ("item()", "the step reads a tensor's values with .item(): pass the value in instead"),
     ("no fake impl", "an operation has no fake (meta) kernel, e.g. a custom CUDA "
      "extension: register one with torch.library.register_fake, or estimate the rest of "
@@ -263,13 +318,20 @@ def _where(error: BaseException) -> str:
     return found
 
 
+def _words(text: str, most: int = 300) -> str:
+    """``text`` to at most about ``most`` characters, cut between words, never in one."""
+    if len(text) <= most:
+        return text
+    return text[:most].rsplit(" ", 1)[0] + " ..."
+
+
 def _explain(error: Exception) -> str:
     text = f"{type(error).__name__}: {error}"
-    first = (text.splitlines()[0] if text else type(error).__name__) + _where(error)
+    first = _words(text.splitlines()[0] if text else type(error).__name__) + _where(error)
     for needle, advice in _WORKAROUNDS:
         if needle in text.lower():
-            return (f"the step could not run on fake tensors ({first[:300]}); {advice}. "
+            return (f"the step could not run on fake tensors ({first}); {advice}. "
                     f"No estimate is given rather than one that leaves this out.")
-    return (f"the step could not run on fake tensors ({first[:300]}); the operation "
+    return (f"the step could not run on fake tensors ({first}); the operation "
             f"named there needs a real device or real values. No estimate is given "
             f"rather than one that leaves it out.")

@@ -58,7 +58,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpointing", action="store_true",
                    help="activation checkpointing of every block")
     p.add_argument("--device-memory", default=None, metavar="SIZE",
-                   help="the card to check the fit on, e.g. 24G or 80G")
+                   help="the card to check the fit on, e.g. 24G or 80G (the allocator "
+                        "gets it less the CUDA context)")
+    p.add_argument("--cap", default=None, metavar="SIZE",
+                   help="an allocator cap to check the fit under instead (VRAMKIT_LIMIT, "
+                        "set_per_process_memory_fraction), which the CUDA context is not "
+                        "counted against")
     p.add_argument("--source", default=None, choices=("cuda", "vmm"),
                    help="the vramkit source to model (default cuda)")
     p.add_argument("--max-batch", action="store_true",
@@ -114,7 +119,8 @@ def _as_json(e) -> dict:
             "torch_expandable_peak_reserved": e.torch_expandable_peak_reserved,
             "torch_peak_allocated": e.torch_peak_allocated,
             "torch_expandable_peak_allocated": e.torch_expandable_peak_allocated,
-            "device_memory": e.device_memory, "fits": e.fits, "torch_fits": e.torch_fits,
+            "device_memory": e.device_memory, "capped": e.capped,
+            "fits": e.fits, "torch_fits": e.torch_fits,
             "torch_expandable_fits": e.torch_expandable_fits,
             "min_device_memory": e.min_device_memory, "breakdown": e.breakdown,
             "top_sites": [{"site": s, "bytes": b, "blocks": c} for s, b, c in e.top_sites],
@@ -143,6 +149,13 @@ def _refused(error: Exception, model: str) -> int:
     return EXIT_FAILURE
 
 
+def _question(args) -> str:
+    """Which fit was asked about: a card, which the CUDA context shares, or a cap."""
+    if args.cap:
+        return f"an allocator cap of {args.cap} (the CUDA context not counted)"
+    return f"a {args.device_memory} card (less the CUDA context)"
+
+
 def main(argv: list[str]) -> int:
     try:
         args = _parser().parse_args(argv)
@@ -152,9 +165,13 @@ def main(argv: list[str]) -> int:
         return int(done.code or 0)
     if args.batch < 1 or args.seq < 1:
         return usage_error("estimate", "--batch and --seq must be at least 1")
-    if (args.max_batch or args.plan_checkpointing) and not args.device_memory:
+    if (args.max_batch or args.plan_checkpointing) and not (args.device_memory or args.cap):
         return usage_error("estimate", "--max-batch and --plan-checkpointing need "
-                                       "--device-memory")
+                                       "--device-memory or --cap")
+    if args.device_memory and args.cap:
+        return usage_error("estimate", "--device-memory (a card) and --cap (an allocator "
+                                       "limit) are separate questions: give one")
+    fit = dict(device_memory=args.device_memory, memory_limit=args.cap)
     if args.max_batch + args.what_if + args.plan_checkpointing > 1:
         return usage_error("estimate", "--max-batch, --what-if and --plan-checkpointing "
                                        "are separate questions: ask one")
@@ -176,18 +193,18 @@ def main(argv: list[str]) -> int:
         with _Progress("estimating"):
             if args.max_batch:
                 best = find_max_batch(first.step, lambda n: work(n).build(),
-                                      device_memory=args.device_memory, source=args.source)
+                                      **fit, source=args.source)
             elif args.what_if:
                 advice = advise(first.step, build=first.build,
-                                device_memory=args.device_memory, source=args.source,
+                                **fit, source=args.source,
                                 make_batch=lambda n: work(n).build(), batch=args.batch)
             elif args.plan_checkpointing:
                 plan = plan_checkpointing(first.step, build=first.build,
-                                          device_memory=args.device_memory,
+                                          **fit,
                                           source=args.source)
             else:
                 result: Estimate = estimate(first.step, build=first.build,
-                                            device_memory=args.device_memory,
+                                            **fit,
                                             source=args.source, trace_path=args.trace)
     except (ImportError, ValueError, UntraceableStep) as error:
         return _refused(error, args.model)
@@ -213,10 +230,10 @@ def main(argv: list[str]) -> int:
     if args.max_batch:
         if args.json:
             print(json.dumps({"model": args.model, "max_batch": best,
-                              "device_memory": args.device_memory}))
+                              "device_memory": args.device_memory, "cap": args.cap}))
         else:
             print(f"largest batch of {first.name.split(' batch ')[0]} that fits "
-                  f"{args.device_memory} under vramkit: {best}")
+                  f"{_question(args)} under vramkit: {best}")
         return EXIT_OK if best else EXIT_DOES_NOT_FIT
     if args.json:
         print(json.dumps({"model": args.model, "workload": first.name, **_as_json(result)}))

@@ -31,6 +31,12 @@ _NAMED = {
                                num_hidden_layers=16, num_attention_heads=32,
                                num_key_value_heads=8, vocab_size=32000,
                                max_position_embeddings=4096)),
+    # Llama 3 8B's published configuration: too large to build on most machines that
+    # would estimate it, which the estimator never does (its weights are fake tensors).
+    "llama-3-8b": ("llama", dict(hidden_size=4096, intermediate_size=14336,
+                                 num_hidden_layers=32, num_attention_heads=32,
+                                 num_key_value_heads=8, vocab_size=128256,
+                                 max_position_embeddings=8192, rope_theta=500000.0)),
     "gpt2-medium": ("gpt2", dict(n_embd=1024, n_layer=24, n_head=16)),
     "gpt2-large": ("gpt2", dict(n_embd=1280, n_layer=36, n_head=20)),
     "vit-b16": ("vit", {}),

@@ -16,7 +16,10 @@ depends on the card and is not claimed.
 from __future__ import annotations
 
 import collections
+import contextlib
+import dataclasses
 import functools
+import textwrap
 from dataclasses import dataclass, field
 
 import torch
@@ -139,7 +142,9 @@ class Variant:
             return step_fn
 
         def step(*args, **kwargs):
-            with torch.autocast("cuda", dtype=self.autocast):
+            # The step's own CUDA autocast takes this dtype too: nested inside, it would
+            # otherwise win, and mix the two lower precisions in one operation.
+            with autocast_dtype(self.autocast), torch.autocast("cuda", dtype=self.autocast):
                 return step_fn(*args, **kwargs)
         return step
 
@@ -171,6 +176,71 @@ class Variant:
         return out
 
 
+@contextlib.contextmanager
+def autocast_dtype(dtype: torch.dtype):
+    """Every ``torch.autocast("cuda", ...)`` made in its length runs in ``dtype``."""
+    autocast = torch.amp.autocast_mode.autocast
+    original = autocast.__init__
+
+    def init(self, device_type, *args, **kwargs):
+        if device_type == "cuda":
+            if args:
+                args = (dtype, *args[1:])
+            else:
+                kwargs = dict(kwargs, dtype=dtype)
+        original(self, device_type, *args, **kwargs)
+
+    autocast.__init__ = init
+    try:
+        yield
+    finally:
+        autocast.__init__ = original
+
+
+@contextlib.contextmanager
+def autocast_seen(dtypes: set):
+    """Adds to ``dtypes`` the dtype of each autocast the code in its length enables (the
+    CPU stand-in's, which stands for CUDA's, included)."""
+    autocast = torch.amp.autocast_mode.autocast
+    original = autocast.__enter__
+
+    def enter(self):
+        if getattr(self, "_enabled", False):
+            dtypes.add(self.fast_dtype)
+        return original(self)
+
+    autocast.__enter__ = enter
+    try:
+        yield
+    finally:
+        autocast.__enter__ = original
+
+
+def as_it_changes(variant: Variant, autocast: set, weights: set) -> Variant | None:
+    """``variant`` as a change to a step that already runs under the autocast dtypes
+    ``autocast`` with weights of the dtypes ``weights``: the parts it already does are
+    dropped, and None if nothing is left (bf16 autocast on a bf16-autocast step)."""
+    same_autocast = variant.autocast is not None and autocast == {variant.autocast}
+    same_weights = variant.weights is not None and weights == {variant.weights}
+    changed = dataclasses.replace(
+        variant, autocast=None if same_autocast else variant.autocast,
+        weights=None if same_weights else variant.weights)
+    if changed.autocast is None and changed.weights is None and not (
+            changed.checkpoint_every or changed.checkpoint_names
+            or changed.eight_bit_states or changed.batch):
+        return None
+    if changed.autocast is not None and autocast and not same_autocast:
+        named = " and ".join(sorted(_short(d) for d in autocast))
+        changed.name = f"{variant.name} (instead of {named})"
+    elif same_autocast and changed.checkpoint_every:
+        changed.name = variant.name.replace(f"{_short(variant.autocast)} autocast + ", "")
+    return changed
+
+
+def _short(dtype: torch.dtype) -> str:
+    return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
+
+
 def standard_variants(blocks: int) -> list[Variant]:
     """The changes the guide suggests, in the order the table lists them."""
     out = [Variant("as written"),
@@ -190,13 +260,20 @@ def standard_variants(blocks: int) -> list[Variant]:
 @dataclass
 class AdviceRow:
     variant: str
-    peak_allocated: int
-    peak_reserved: int
-    torch_peak_reserved: int
+    peak_allocated: int | None   # None (and the note says why): not estimated
+    peak_reserved: int | None
+    torch_peak_reserved: int | None
     fits: bool | None
-    saves: int                  # bytes of peak reserved saved against the step as written
+    saves: int | None           # bytes of peak reserved saved against the step as written
     extra_compute: float | None  # FLOPs over the step as written, minus 1 (0.3 = +30%)
     note: str = ""
+
+
+def key(variant: Variant) -> tuple:
+    """What a variant changes, its name left out: two with one key are one change."""
+    fields = dataclasses.asdict(variant)
+    fields.pop("name")
+    return tuple(sorted((k, str(v)) for k, v in fields.items()))
 
 
 @dataclass
@@ -211,7 +288,17 @@ class Advice:
         lines = [f"{'what':<44}{'peak alloc':>11}{'vramkit':>9}{'PyTorch':>9}"
                  f"{'saves':>8}{'compute':>9}  {head}",
                  f"{'':<44}{'GiB':>11}{'GiB':>9}{'GiB':>9}{'GiB':>8}"]
+        reasons = []
         for r in self.rows:
+            if r.peak_reserved is None:
+                # A reason is given whole, under the table, rather than cut to a column.
+                reasons.append(textwrap.fill(f"{r.variant}: {r.note}", 88,
+                                             subsequent_indent="    ",
+                                             break_long_words=False,
+                                             break_on_hyphens=False))
+                lines.append(f"{r.variant:<44}{'-':>11}{'-':>9}{'-':>9}{'-':>8}{'-':>9}  "
+                             f"not estimated (below)")
+                continue
             compute = "-" if r.extra_compute is None else f"{100 * r.extra_compute:+.0f}%"
             fits = {True: "yes", False: "no", None: ""}[r.fits]
             lines.append(f"{r.variant:<44}{gib(r.peak_allocated):>11}{gib(r.peak_reserved):>9}"
@@ -222,6 +309,9 @@ class Advice:
             lines.append(f"as written it needs a card of {gib(self.min_device_memory)} GiB"
                          + (f" (the smallest common size: {cards[0]} GB class)" if cards
                             else ""))
+        if reasons:
+            lines.append("not estimated:")
+            lines.extend("  " + reason for reason in reasons)
         return "\n".join(lines)
 
 
@@ -230,11 +320,15 @@ class Advice:
 _CARDS = (24, 40, 48, 80, 94, 141)
 
 
-def flops_of(step_fn, args, kwargs, *, target, build=None, variant=None) -> int:
-    """The floating-point operations of one call of the step, counted on fake tensors."""
+def flops_of(step_fn, args, kwargs, *, target, build=None, variant=None,
+             autocast: set | None = None) -> int:
+    """The floating-point operations of one call of the step, counted on fake tensors;
+    the dtypes of the autocast regions it enters are added to ``autocast`` if given."""
     from torch.utils.flop_counter import FlopCounterMode
     from . import _step
     counter = FlopCounterMode(display=False)
-    _step.record_step(step_fn, args, kwargs, target=target, steps=1, build=build,
-                      variant=variant, around_step=counter)
+    watch = autocast_seen(autocast) if autocast is not None else contextlib.nullcontext()
+    with watch:
+        _step.record_step(step_fn, args, kwargs, target=target, steps=1, build=build,
+                          variant=variant, around_step=counter)
     return counter.get_total_flops()

@@ -1,0 +1,135 @@
+"""The values of the small tensors a step or its build() computes from known values alone.
+
+Fake tensors have no values, so reading one (``.item()``, ``.tolist()``, ``if t:``,
+``nonzero()``) fails. Many models read values that do not depend on any weight or input:
+timm's ConvNeXt, Swin and others build their drop-path rates with
+``torch.linspace(0, rate, depth).split(depths)`` and ``.tolist()`` in ``__init__``; a
+drop-path draws a per-sample mask and asks whether it is all ones. Those values can be
+computed exactly, and cheaply.
+
+:class:`KnownValues` is a dispatch mode just above the fake mode. An operation whose tensor
+arguments all have known values (or that takes no tensor, as ``linspace`` and ``rand``
+do), and whose outputs are small, is run a second time on real CPU tensors, and each fake
+output remembers its real twin. Reading the value of a fake tensor with a real twin gives
+the twin's; an operation whose output shape depends on values (``nonzero``, a boolean
+mask) gives a fake tensor of the shape the real one has. A value that depends on weights
+or inputs stays unknown, and reading it still fails with the reason: the estimate never
+guesses a value: the weights and the batch the step is given count as unknown, whatever
+their size.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch._subclasses.fake_tensor import (DataDependentOutputException,
+                                           DynamicOutputShapeException, FakeTensor)
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+from torch.utils.weak import WeakIdKeyDictionary
+
+# The most elements an output may have for its values to be computed: drop-path rates,
+# masks per sample and index lists, never activations or weights.
+MOST_ELEMENTS = 1 << 16
+
+_aten = torch.ops.aten
+
+
+def _writes(func) -> list[int]:
+    """The positions of the arguments ``func`` writes to (in-place and out= ops)."""
+    return [i for i, a in enumerate(func._schema.arguments)
+            if a.alias_info is not None and a.alias_info.is_write]
+
+
+class KnownValues(TorchDispatchMode):
+    """Real twins of the small fake tensors computed from known values alone."""
+
+    def __init__(self):
+        super().__init__()
+        self.real = WeakIdKeyDictionary()  # fake tensor -> real CPU tensor
+
+    def forget(self, tensors) -> None:
+        """Treat ``tensors`` as values unknown: weights and the batch stand for ones the
+        estimate cannot know (a real run's trained weights, its data), so what is read
+        from them is refused, however small they are."""
+        for t in tensors:
+            self.real.pop(t, None)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is _aten._local_scalar_dense.default and args[0] in self.real:
+            with _disable_current_modes():
+                return self.real[args[0]].item()
+        try:
+            out = func(*args, **kwargs)
+        except (DynamicOutputShapeException, DataDependentOutputException):
+            real = self._run_real(func, args, kwargs)
+            if real is None:
+                raise
+            return tree_map(lambda r: self._fake_of(r, args), real)
+        self._follow(func, args, kwargs, out)
+        return out
+
+    def _reals(self, args, kwargs):
+        """The arguments with each tensor replaced by its real twin; None if one has none.
+        A real tensor among them (allowed alongside fake ones) is its own twin."""
+        leaves, spec = tree_flatten((args, kwargs))
+        swapped = []
+        for leaf in leaves:
+            if isinstance(leaf, FakeTensor):
+                leaf = self.real.get(leaf)
+                if leaf is None:
+                    return None
+            elif isinstance(leaf, torch.device) and leaf.type != "cpu":
+                leaf = torch.device("cpu")
+            swapped.append(leaf)
+        real_args, real_kwargs = tree_unflatten(swapped, spec)
+        if "device" in real_kwargs:
+            real_kwargs["device"] = torch.device("cpu")
+        return real_args, real_kwargs
+
+    def _run_real(self, func, args, kwargs):
+        reals = self._reals(args, kwargs)
+        if reals is None:
+            return None
+        fakes = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+        if _writes(func) and any(not isinstance(a, FakeTensor) for a in fakes):
+            return None  # it would write to the user's real tensor
+        try:
+            with _disable_current_modes(), torch.no_grad():
+                return func(*reals[0], **reals[1])
+        except Exception:  # noqa: BLE001 - a value not computed stays unknown
+            return None
+
+    def _follow(self, func, args, kwargs, out) -> None:
+        outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
+        small = all(o.numel() <= MOST_ELEMENTS for o in outs)
+        real = self._run_real(func, args, kwargs) if small else None
+        if real is None:
+            # What the op wrote to no longer has the values its twin holds.
+            for i in _writes(func):
+                if i < len(args) and isinstance(args[i], torch.Tensor):
+                    self.real.pop(args[i], None)
+            for value in kwargs.values():
+                if isinstance(value, torch.Tensor) and value in self.real and _writes(func):
+                    self.real.pop(value, None)
+            return
+        reals = [r for r in tree_flatten(real)[0] if isinstance(r, torch.Tensor)]
+        if len(reals) != len(outs):
+            return
+        for fake, twin in zip(outs, reals):
+            if isinstance(fake, FakeTensor) and twin.shape == fake.shape:
+                self.real[fake] = twin
+
+    def _fake_of(self, real, args):
+        """A fake tensor of the real one's shape and dtype, on the device of the op's
+        first fake argument, remembering the real one as its twin."""
+        if not isinstance(real, torch.Tensor):
+            return real
+        first = next(a for a in tree_flatten(args)[0] if isinstance(a, FakeTensor))
+        mode = first.fake_mode
+        with _disable_current_modes():
+            meta = torch.empty_strided(real.shape, real.stride(), dtype=real.dtype,
+                                       device="meta")
+        fake = mode.fake_tensor_converter.from_meta_and_device(mode, meta, first.device)
+        self.real[fake] = real
+        return fake
