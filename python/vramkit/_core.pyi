@@ -28,6 +28,7 @@ VRAM_EHOSTMEM: Final[int]
 VRAM_EUNSUPPORTED: Final[int]
 VRAM_EFAULT: Final[int]
 VRAM_ESIMCAPACITY: Final[int]
+VRAM_ELIMIT: Final[int]
 
 class VramError(Exception):
     status: int
