@@ -16,6 +16,11 @@
 #define VRAM_REC_LEAKS 4u    /* VRAMKIT_LEAK_REPORT: C stacks kept for the report at exit */
 #define VRAM_REC_KEEP 8u     /* after a stop: no events, but the contexts of live blocks are
                                 kept true (frees drop theirs, new blocks get none) */
+#define VRAM_REC_KINDS 16u   /* split_stats: malloc and free take the recording path, which
+                                keeps the small and large shares, so that pools without them
+                                pay not even a branch for them */
+/* The bits a history start or stop keeps: they belong to the pool, not to the recording. */
+#define VRAM_REC_POOL_BITS (VRAM_REC_LEAKS | VRAM_REC_KINDS)
 
 static inline uint64_t _vram_stream_id(vram_stream_t stream) { return (uint64_t)(uintptr_t)stream; }
 

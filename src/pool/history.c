@@ -55,13 +55,14 @@ static int start_locked(vram_pool_t *pool, void *arg) {
     c->fresh = NULL;
   }
   vram_history *h = pool->history;
-  unsigned leaks = atomic_load(&pool->history_flags) & VRAM_REC_LEAKS;
+  unsigned kept = atomic_load(&pool->history_flags) & VRAM_REC_POOL_BITS;
+  unsigned leaks = kept & VRAM_REC_LEAKS;
   bool contexts = c->flags & VRAM_HISTORY_CONTEXTS;
   int rc = (contexts || leaks) ? _vram_ctx_keep(&h->contexts) : VRAM_OK;
   if (!rc) rc = _vram_history_begin(h, c->max_entries, pool->opts.device);
   if (rc) return rc;
   if (!contexts && !leaks) _vram_ctx_drop(&h->contexts);
-  atomic_store(&pool->history_flags, VRAM_REC_EVENTS | (contexts ? VRAM_REC_CONTEXTS : 0) | leaks);
+  atomic_store(&pool->history_flags, VRAM_REC_EVENTS | (contexts ? VRAM_REC_CONTEXTS : 0) | kept);
   return VRAM_OK;
 }
 
@@ -79,14 +80,14 @@ int vram_history_start(vram_pool_t *pool, size_t max_entries, unsigned flags) {
 static int stop_locked(vram_pool_t *pool, void *arg) {
   vram_history *h = pool->history;
   if (!h) return VRAM_OK;
-  unsigned leaks = atomic_load(&pool->history_flags) & VRAM_REC_LEAKS;
+  unsigned kept = atomic_load(&pool->history_flags) & VRAM_REC_POOL_BITS;
   /* Blocks allocated while recording keep their contexts after the stop, as PyTorch's keep
    * their stacks, so a snapshot taken later still says where each came from. That needs
    * the table kept true: malloc and free stay on their recording path (without events),
    * frees drop their entries and blocks allocated from now on get none, until the next
    * start. */
   unsigned keep = _vram_ctx_kept(&h->contexts) ? VRAM_REC_KEEP : 0;
-  atomic_store(&pool->history_flags, leaks | keep);
+  atomic_store(&pool->history_flags, kept | keep);
   _vram_history_end(h);
   return VRAM_OK;
 }
@@ -178,7 +179,7 @@ int _vram_history_attach_env(vram_pool_t *pool) {
     g_leak_pools[g_n_leak_pools++] = pool;
     if (!g_atexit_done) g_atexit_done = atexit(report_at_exit) == 0;
     pool->history = h;
-    atomic_store(&pool->history_flags, VRAM_REC_LEAKS);
+    atomic_fetch_or(&pool->history_flags, VRAM_REC_LEAKS);
   }
   pthread_mutex_unlock(&g_leak_lock);
   if (rc) _vram_history_free(h);

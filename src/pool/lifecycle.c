@@ -113,6 +113,7 @@ int vram_pool_create(vram_pool_t **out, const vram_options_t *opts) {
   _vram_lock_init(&pool->lock);
   pool->opts = o;
   pool->split_stats = o.split_stats != 0;
+  if (pool->split_stats) atomic_store(&pool->history_flags, VRAM_REC_KINDS);
   rc = pool_open_source(pool, methods);
   if (rc) {
     free(pool);

@@ -249,8 +249,6 @@ VRAM_HOT int malloc_locked(vram_pool_t *pool, void *arg) {
     vram_stat_up(&pool->stats.allocated_bytes, (int64_t)b->size);
     vram_stat_up(&pool->stats.requested_bytes, (int64_t)requested);
     vram_stat_up(&pool->stats.allocation, 1);
-    if (__builtin_expect(pool->split_stats, 0))
-      _vram_kind_alloc(pool, b->segment, b->size, requested);
     if (pool->pending_blocks) _vram_active_peaks_note(pool);
     _vram_pool_publish_hot(pool);
   } else if (rc == VRAM_ENOMEM) {
@@ -274,9 +272,10 @@ static __attribute__((noinline, cold)) int malloc_failed(vram_pool_t *pool, erro
 static int malloc_recorded_locked(vram_pool_t *pool, void *arg) {
   malloc_call *c = arg;
   int rc = malloc_locked(pool, c);
+  if (rc != VRAM_OK) return rc;
+  if (pool->split_stats) _vram_kind_alloc(pool, c->block->segment, c->block->size, c->size);
   vram_history *h = pool->history;
-  if (rc == VRAM_OK && h)
-    _vram_note_alloc(pool, h, c->block->addr, c->block->size, c->size, c->stream, c->context);
+  if (h) _vram_note_alloc(pool, h, c->block->addr, c->block->size, c->size, c->stream, c->context);
   return rc;
 }
 
@@ -327,8 +326,6 @@ static __attribute__((noinline)) void release_over_threshold(vram_pool_t *pool) 
 VRAM_HOT int free_block(vram_pool_t *pool, vram_block *b) {
   int rc;
   size_t size = b->size, requested = b->requested;
-  /* The kind before the block may merge; none when the pool keeps no split statistics. */
-  vram_kind_counts *kind = __builtin_expect(pool->split_stats, 0) ? _vram_kind_of(pool, b->segment) : NULL;
   if (b->uses && b->uses->count) {
     rc = _vram_pending_free(pool, b);
     if (rc) return rc;
@@ -338,7 +335,6 @@ VRAM_HOT int free_block(vram_pool_t *pool, vram_block *b) {
   vram_stat_down(&pool->stats.allocated_bytes, (int64_t)(size));
   vram_stat_down(&pool->stats.requested_bytes, (int64_t)(requested));
   vram_stat_down(&pool->stats.allocation, 1);
-  if (__builtin_expect(kind != NULL, 0)) _vram_kind_free(kind, size, requested);
   _vram_pool_publish_hot(pool);
   return VRAM_OK;
 }
@@ -352,19 +348,22 @@ VRAM_HOT int free_locked(vram_pool_t *pool, void *ptr) {
 }
 
 /* The recording path: the block's fields are read before the free may merge it away, and
- * the free is recorded before the release threshold gives segments back. */
+ * the free is recorded (and counted in its kind's share) before the release threshold
+ * gives segments back. */
 static int free_recorded_locked(vram_pool_t *pool, void *ptr) {
   vram_history *h = pool->history;
-  if (!h) return free_locked(pool, ptr);
+  if (!h && !pool->split_stats) return free_locked(pool, ptr);
   vram_block *b = NULL;
   int rc = live_block(pool, ptr, &b);
   if (rc) return rc;
   uint64_t addr = b->addr, size = b->size, requested = b->requested;
-  vram_stream_t stream = b->segment->arena->stream;
+  const vram_segment *segment = b->segment; /* b may merge away; its segment stays */
+  vram_stream_t stream = segment->arena->stream;
   bool pending = b->uses && b->uses->count;
   rc = free_block(pool, b);
   if (rc) return rc;
-  _vram_note_free(pool, h, addr, size, requested, stream, pending);
+  if (pool->split_stats) _vram_kind_free(_vram_kind_of(pool, segment), size, requested);
+  if (h) _vram_note_free(pool, h, addr, size, requested, stream, pending);
   if (pool->opts.release_threshold != SIZE_MAX) release_over_threshold(pool);
   return VRAM_OK;
 }

@@ -222,8 +222,6 @@ struct vram_pool {
   int64_t active_bytes_peak, active_peak;
   vram_block_cache blocks;
   vram_stats_t stats;
-  vram_kind_counts kinds[2]; /* [1] small segments, [0] large ones */
-  uint64_t num_sync_all_streams;
 
   vram_options_t opts;
   const vram_source_methods *src;
@@ -273,6 +271,9 @@ struct vram_pool {
   vram_error_fn on_error;
   void *on_error_user;
   char oom_report[2048];
+  /* Cold: PyTorch's small and large rows (split_stats) and its count of waits. */
+  vram_kind_counts kinds[2]; /* [1] small segments, [0] large ones */
+  uint64_t num_sync_all_streams;
 };
 
 /* ---- statistics: an increase moves total and maybe peak; a decrease only current.
