@@ -10,6 +10,7 @@
 #include "pool/events.h"
 #include "pool/oom.h"
 #include "pool/pending.h"
+#include "pool/placement.h"
 #include "pool/pool.h"
 #include "pool/published.h"
 #include "pool/segment.h"
@@ -77,10 +78,7 @@ static int pool_setup(vram_pool_t *pool) {
   pool->kept_ceiling = (size_t)(o->virtual_threshold * (double)pool->device_total);
   rc = _vram_ptrmap_init(&pool->ptrs, PTRMAP_INITIAL_BLOCKS);
   if (!rc) rc = _vram_pool_limit_from(pool, o->limit_bytes, o->limit_fraction, &pool->limit);
-  pool->has_virtual = pool->src->is_vmm != 0;
-  /* Virtual growth needs both families from the source and one rounding unit for both. */
-  pool->virtual_growth = !pool->src->is_vmm && pool->src->xReserve && pool->src->xMap &&
-                         (o->virtual_threshold < 1.0 || o->large_blocks == VRAM_LARGE_VIRTUAL);
+  _vram_place_init(pool);
   pool->vmm_reserve_size =
       _vram_round_up(pool->device_total + pool->device_total / 4, pool->granularity);
   size_t pre = 0;

@@ -10,8 +10,9 @@
  * lock taken once per call.
  *
  * Misses go down a ladder: drain completed cross-stream frees (pending.c); grow by a
- * segment from the source, or, for virtual memory, map granules (segment.c, granules.c);
- * release cached memory and retry; then fail with a report that says why and what to try.
+ * segment from the source, or, for virtual memory, map granules (placement.c decides
+ * which and what goes back, segment.c and granules.c do it); release cached memory and
+ * retry; then fail with a report that says why and what to try.
  *
  * Every entry point runs its work through locked_call, which takes the lock, runs the
  * invariant checker at VRAM_DEBUG >= 3, and lets go; every entry point given a pointer finds
@@ -26,6 +27,7 @@
 #include "pool/kinds.h"
 #include "pool/oom.h"
 #include "pool/pending.h"
+#include "pool/placement.h"
 #include "pool/pool.h"
 #include "pool/published.h"
 #include "pool/segment.h"
@@ -195,7 +197,7 @@ VRAM_HOT int alloc_attempt(vram_pool_t *pool, vram_arena *a, size_t rounded, siz
     vram_block *own = NULL;
     /* If no segment can be had (limit, device full, a failing driver call), carving is the
      * way left; the grow may have given b's segment back on its way, so look again. */
-    if (_vram_segment_grow(pool, a, rounded, small, &own) == VRAM_OK) {
+    if (_vram_place_grow(pool, a, rounded, small, &own) == VRAM_OK) {
       b = own;
       _vram_pool_publish_slow(pool);
     } else {
@@ -203,7 +205,7 @@ VRAM_HOT int alloc_attempt(vram_pool_t *pool, vram_arena *a, size_t rounded, siz
     }
   }
   if (!b) {
-    int rc = _vram_segment_grow(pool, a, rounded, small, &b);
+    int rc = _vram_place_grow(pool, a, rounded, small, &b);
     if (rc) return rc;
     _vram_pool_publish_slow(pool); /* a segment change: the slow fields too */
   }

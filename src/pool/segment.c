@@ -1,4 +1,5 @@
-/* segment.c - arenas and segments: growth from the source, release back to it.
+/* segment.c - arenas and segments: growth from the source, release back to it, as
+ * placement.c decides (which segment a miss grows by, which cached memory goes back).
  *
  * Fixed sources (cuda, managed, sim) hand out whole segments; virtual-memory sources
  * reserve one large range per arena and kind, whose granules granules.c maps. Release
@@ -9,7 +10,6 @@
 #include "pool/block.h"
 #include "pool/events.h"
 #include "pool/kinds.h"
-#include "pool/oom.h"
 #include "pool/segment.h"
 #include "prim/hostmem.h"
 
@@ -137,8 +137,8 @@ static inline void note_error(int *first_error, int rc) {
   if (rc && first_error && !*first_error) *first_error = rc;
 }
 
-/* Give back idle fixed segment s, its arena's stream waited for once per release epoch. */
-static int release_idle_one(vram_pool_t *pool, vram_segment *s) {
+/* Its arena's stream is waited for once per release epoch, however many of its segments go. */
+int _vram_segment_release_idle(vram_pool_t *pool, vram_segment *s) {
   vram_arena *a = s->arena;
   if (a->quiesced_at != pool->release_epoch) {
     int rc = _vram_arena_quiesce(pool, a);
@@ -156,7 +156,7 @@ size_t _vram_release_fixed_idle(vram_pool_t *pool, size_t want, int *first_error
   for (vram_segment *s = pool->idle_tail; s && released < want; s = prev) {
     prev = s->idle_prev;
     size_t size = s->size;
-    int rc = release_idle_one(pool, s);
+    int rc = _vram_segment_release_idle(pool, s);
     if (rc) {
       note_error(first_error, rc);
       continue;
@@ -166,17 +166,7 @@ size_t _vram_release_fixed_idle(vram_pool_t *pool, size_t want, int *first_error
   return released;
 }
 
-size_t _vram_release_cached(vram_pool_t *pool, size_t want, int *first_error) {
-  _vram_cache_flush_all(pool);
-  /* Fixed segments first: a granule can back any request, a fixed segment only what fits
-   * in it. */
-  size_t released = pool->idle_bytes ? _vram_release_fixed_idle(pool, want, first_error) : 0;
-  if (!pool->has_virtual || released >= want) return released;
-  size_t left = want == SIZE_MAX ? SIZE_MAX : want - released;
-  size_t granules = left == SIZE_MAX ? SIZE_MAX : (left + pool->granularity - 1) / pool->granularity;
-  released += _vram_granules_trim(pool, granules, first_error) * pool->granularity;
-  if (want != SIZE_MAX) return released;
-  /* Everything: empty virtual ranges go back too. */
+void _vram_release_empty_ranges(vram_pool_t *pool, int *first_error) {
   for (vram_arena *a = pool->arenas; a; a = a->next) {
     vram_segment *next;
     for (vram_segment *s = a->segments; s; s = next) {
@@ -185,103 +175,6 @@ size_t _vram_release_cached(vram_pool_t *pool, size_t want, int *first_error) {
       note_error(first_error, segment_release(pool, s));
     }
   }
-  return released;
-}
-
-/* What the guard gives back when only fixed segments can go: the smallest idle segment
- * that covers the shortfall by itself, one call and no more memory than needed, else idle
- * segments longest unused first. Longest unused first alone, as a release for the cap
- * does, can give back a large segment to make room for a small one, which the loop asks
- * for again at its next size: Note [The smallest segment that covers it] in
- * docs/performance.md.
- *
- * When even all idle segments fall short, every large one goes, but the small ones stay
- * if they are under a quarter of what is still short: the peak rises anyway, they would
- * lower it by little, and small blocks ask for them again. Where they are a good part of
- * the shortfall they go too, or a loop settles later: Note [Small segments when the guard
- * falls short] in docs/performance.md. */
-static void guard_release_fixed(vram_pool_t *pool, size_t want) {
-  vram_segment *fit = NULL;
-  size_t small_idle = 0;
-  for (vram_segment *s = pool->idle_tail; s; s = s->idle_prev) {
-    if (s->size >= want && (!fit || s->size < fit->size)) fit = s;
-    if (s->is_small) small_idle += s->size;
-  }
-  if (fit) {
-    pool->release_epoch++;
-    if (release_idle_one(pool, fit) == VRAM_OK) return;
-  }
-  size_t large_idle = pool->idle_bytes - small_idle;
-  if (pool->idle_bytes >= want || small_idle >= (want - large_idle) / 4) {
-    _vram_release_fixed_idle(pool, want, NULL);
-    return;
-  }
-  pool->release_epoch++;
-  vram_segment *prev;
-  for (vram_segment *s = pool->idle_tail; s; s = prev) {
-    prev = s->idle_prev;
-    if (!s->is_small) release_idle_one(pool, s);
-  }
-}
-
-/* The peak guard, before a new fixed segment of `size`: do not raise the high-water mark
- * while cached segments that cannot serve the request could go back instead. It keeps
- * peak reserved near peak live when sizes drift (inference over varying lengths), at the
- * cost of driver calls made only when the footprint would otherwise grow.
- *
- * A loop whose segments do not all fit under that peak would pay those calls every step:
- * a segment given back is asked for again later in the step, and making room for it gives
- * back another that the next step asks for (Note [How many ghosts] in docs/performance.md
- * has a loop that did). So the guard remembers the sizes it gave back, as an
- * adaptive cache remembers what it evicted (ARC's ghost entries). A new segment of such a
- * size shows that giving it back was a mistake: the guard's ceiling rises to what this
- * segment needs, so the loop keeps both. A loop settles within a few steps; sizes that do
- * not come back leave the ceiling where it was. reset_peak_stats lowers it again. */
-static void guard_peak(vram_pool_t *pool, size_t size) {
-  size_t peak = (size_t)pool->stats.reserved_bytes.peak;
-  size_t ceiling = pool->guard_ceiling > peak ? pool->guard_ceiling : peak;
-  size_t after = (size_t)pool->stats.reserved_bytes.current + size;
-  for (unsigned i = 0; i < VRAM_GUARD_GHOSTS; i++)
-    if (pool->guard_ghosts[i] == size) {
-      pool->guard_ghosts[i] = 0;
-      if (after > ceiling) ceiling = pool->guard_ceiling = after;
-      break;
-    }
-  if (after <= ceiling) return;
-  pool->guard_releasing = true;
-  /* Far from the cap a pool keeps what it maps (granules.c): the guard gives back fixed
-   * segments alone. Unmapping idle granules here, to make room for a small segment, made
-   * a loop's next large block map them again a step later. */
-  if (pool->has_virtual && _vram_granules_kept(pool, size)) {
-    _vram_cache_flush_all(pool);
-    if (pool->idle_bytes) _vram_release_fixed_idle(pool, after - ceiling, NULL);
-  } else if (!pool->has_virtual) {
-    _vram_cache_flush_all(pool);
-    guard_release_fixed(pool, after - ceiling);
-  } else {
-    _vram_release_cached(pool, after - ceiling, NULL);
-  }
-  pool->guard_releasing = false;
-}
-
-static size_t vmm_reserve_size(const vram_pool_t *pool, size_t rounded) {
-  size_t size = pool->vmm_reserve_size;
-  if (size < 2 * rounded) size = _vram_round_up(2 * rounded, pool->granularity);
-  return size;
-}
-
-/* Virtual growth (vram_options_t.virtual_threshold): a large request that would take
- * reserved memory past the threshold's share of the cap makes its arena grow virtual.
- * With large_blocks virtual, every large request does, from the first. */
-static bool grow_virtual(const vram_pool_t *pool, const vram_arena *a, size_t rounded, bool small) {
-  if (pool->src->is_vmm) return true;
-  if (small || !pool->virtual_growth) return false;
-  if (a->grows_virtual) return true; /* its range is full: another one */
-  if (_vram_large_blocks_virtual(pool)) return true;
-  size_t cap = pool->limit ? pool->limit : pool->device_total;
-  size_t own = _vram_fixed_segment_size(pool, rounded, false);
-  return (double)((size_t)pool->stats.reserved_bytes.current + own) >
-         pool->opts.virtual_threshold * (double)cap;
 }
 
 /* The arena's large requests go to virtual ranges from now on: the free blocks of its fixed
@@ -301,16 +194,13 @@ static void retire_fixed_large(vram_pool_t *pool, vram_arena *a) {
     s->index = &a->retired;
   }
   a->grows_virtual = true;
-  pool->has_virtual = true;
 }
 
-int _vram_segment_grow(vram_pool_t *pool, vram_arena *a, size_t rounded, bool small,
-                       vram_block **out_free) {
-  bool vmm = grow_virtual(pool, a, rounded, small);
-  size_t size = vmm ? vmm_reserve_size(pool, rounded) : _vram_fixed_segment_size(pool, rounded, small);
-  if (!vmm && pool->limit && (size_t)pool->stats.reserved_bytes.current + size > pool->limit)
-    return VRAM_ENOMEM;
-  if (!vmm) guard_peak(pool, size);
+/* The growth placement.c chose: no policy here, only the source calls and the bookkeeping. */
+int _vram_segment_add(vram_pool_t *pool, vram_arena *a, vram_growth g, bool small,
+                      vram_block **out_free) {
+  bool vmm = g.virtual;
+  size_t size = g.size;
   vram_segment *seg = _vram_host_zalloc(sizeof *seg); /* on a line of its own: types.h */
   vram_block *b = _vram_block_new(pool);
   if (!seg || !b) {
@@ -324,11 +214,6 @@ int _vram_segment_grow(vram_pool_t *pool, vram_arena *a, size_t rounded, bool sm
   if (rc) {
     _vram_host_free(seg, sizeof *seg);
     _vram_block_delete(pool, b);
-    if (rc == VRAM_EUNSUPPORTED && vmm && !pool->src->is_vmm) {
-      /* A device or driver without virtual memory: fixed segments from now on. */
-      pool->virtual_growth = false;
-      return _vram_segment_grow(pool, a, rounded, small, out_free);
-    }
     return rc;
   }
   seg->addr = addr;
@@ -343,7 +228,7 @@ int _vram_segment_grow(vram_pool_t *pool, vram_arena *a, size_t rounded, bool sm
       return rc;
     }
   }
-  if (vmm && !a->grows_virtual) retire_fixed_large(pool, a);
+  if (g.retire) retire_fixed_large(pool, a);
   segment_link(a, seg);
   b->addr = addr;
   b->size = size;
@@ -363,46 +248,6 @@ int _vram_segment_grow(vram_pool_t *pool, vram_arena *a, size_t rounded, bool sm
   *out_free = b;
   return VRAM_OK;
 }
-
-/* Preallocate mode (TensorFlow's default): hold `bytes` from the start in the default
- * stream's arena and serve every size from it, so a program that fits never calls the
- * driver again. The memory stays held through empty_cache. */
-static int preallocate(vram_pool_t *pool, size_t bytes) {
-  vram_arena *a = _vram_arena_get(pool, NULL);
-  if (!a) return VRAM_EHOSTMEM;
-  /* More than the device could ever hold is out of memory, as for vram_malloc; rounding
-   * such a size up would wrap. */
-  if (bytes > pool->max_request) return VRAM_ENOMEM;
-  pool->unified_index = true;
-  size_t rounded = _vram_round_up(bytes, pool->granularity);
-  vram_block *b = NULL;
-  if (pool->src->is_vmm) {
-    /* Reserve a range holding the preallocation and map it now. */
-    int rc = _vram_segment_grow(pool, a, rounded, false, &b);
-    if (rc) return rc;
-    rc = _vram_granules_map(pool, b->segment, b->addr, rounded);
-    if (rc) return rc;
-    pool->keep_mapped = rounded / pool->granularity;
-    return VRAM_OK;
-  }
-  /* One fixed segment held for good, whatever virtual growth would choose for its size. */
-  bool virtual_growth = pool->virtual_growth;
-  pool->virtual_growth = false;
-  int rc = _vram_segment_grow(pool, a, rounded, false, &b);
-  pool->virtual_growth = virtual_growth;
-  if (rc) return rc;
-  _vram_idle_remove(pool, b->segment);
-  b->segment->keep = true;
-  return VRAM_OK;
-}
-
-int _vram_pool_preallocate(vram_pool_t *pool, size_t bytes) {
-  /* Past what the device could ever hold: refused before rounding, which could overflow. */
-  int rc = bytes > pool->max_request ? VRAM_ENOMEM : preallocate(pool, bytes);
-  if (rc == VRAM_ENOMEM) _vram_note_preallocate_oom(pool, bytes);
-  return rc;
-}
-
 
 /* Blocks still in use (a forced destroy) lose their stream lists with their segments. */
 void _vram_segments_destroy(vram_pool_t *pool) {

@@ -65,21 +65,27 @@ static inline size_t _vram_fixed_segment_size(const vram_pool_t *pool, size_t ro
   return _vram_round_up(rounded, pool->granularity);
 }
 
-/* Add a segment able to hold `rounded` bytes to the arena; *out_free is its one free
- * block. ENOMEM when the limit or the device says no; other codes are source failures. */
-int _vram_segment_grow(vram_pool_t *pool, vram_arena *a, size_t rounded, bool small,
-                       vram_block **out_free);
+/* A growth as placement.c orders it: a fixed segment or a virtual range of `size` bytes;
+ * retire: the arena's first range, whose fixed large segments are retired as it is added. */
+typedef struct vram_growth {
+  bool virtual;
+  bool retire;
+  size_t size;
+} vram_growth;
 
-/* Release fully free segments (and, for virtual memory, idle granules) until at least
- * `want` bytes went back or nothing is left; SIZE_MAX releases everything cached. The
- * first failure goes to *first_error (if non-NULL and still 0). */
-size_t _vram_release_cached(vram_pool_t *pool, size_t want, int *first_error);
-/* Fixed segments only: release fully free ones until `want` bytes went back. */
+/* Add the segment of growth g to the arena; *out_free is its one free block. The limit and
+ * the peak guard are placement.c's; codes are the source's (or EHOSTMEM). */
+int _vram_segment_add(vram_pool_t *pool, vram_arena *a, vram_growth g, bool small,
+                      vram_block **out_free);
+
+/* Give back idle fixed segment s (the idle list) after its arena's stream; the caller has
+ * started a release epoch (vram_pool.release_epoch). */
+int _vram_segment_release_idle(vram_pool_t *pool, vram_segment *s);
+/* Fixed segments only: release fully free ones, longest unused first, until `want` bytes
+ * went back. The first failure goes to *first_error (if non-NULL and still 0). */
 size_t _vram_release_fixed_idle(vram_pool_t *pool, size_t want, int *first_error);
-
-/* Preallocate mode: hold `bytes` from the start and serve every size from them. When they
- * do not fit, VRAM_ENOMEM with an OOM report (oom.h), the creating thread's too. */
-int _vram_pool_preallocate(vram_pool_t *pool, size_t bytes);
+/* Give back every virtual range with nothing mapped and no block in use. */
+void _vram_release_empty_ranges(vram_pool_t *pool, int *first_error);
 
 /* Give every segment back to the source and free the arenas (pool teardown). */
 void _vram_segments_destroy(vram_pool_t *pool);

@@ -2,6 +2,7 @@
  * snapshots that src/obs formats. Every function here reads the pool with its lock held and
  * changes nothing. */
 #include "pool/granules.h"
+#include "pool/placement.h"
 #include "pool/snapshot.h"
 #include "pool/tlsf.h"
 
@@ -90,7 +91,7 @@ void _vram_pool_snapshot(const vram_pool_t *pool, bool ask_device, vram_pool_sna
   out->is_vmm = pool->src->is_vmm != 0;
   out->grows_virtual = pool->has_virtual && !pool->src->is_vmm;
   /* With large blocks virtual from the start, no threshold turns the pool virtual. */
-  bool threshold_applies = (pool->virtual_growth || out->grows_virtual) &&
+  bool threshold_applies = (pool->place->may_grow_virtual || out->grows_virtual) &&
                            pool->opts.large_blocks == VRAM_LARGE_FIXED;
   out->virtual_threshold = threshold_applies ? pool->opts.virtual_threshold : 1.0;
   out->tight_threshold = pool->opts.tight_threshold;

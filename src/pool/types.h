@@ -33,7 +33,7 @@
 /* Virtual memory: idle granules stay mapped while the pool holds at most its allocated peak
  * plus 1/2^this of it (granules.c, mapped_allowance). */
 #define VRAM_VMM_SLACK_SHIFT 6
-/* Fixed segments: how many sizes the peak guard remembers giving back (segment.c,
+/* Fixed segments: how many sizes the peak guard remembers giving back (placement.c,
  * guard_peak). Few enough that sizes which do not come back are soon forgotten, enough for
  * a training loop's segments: see Note [How many ghosts] in docs/performance.md. */
 #define VRAM_GUARD_GHOSTS 8
@@ -56,6 +56,7 @@
 typedef struct vram_block vram_block;
 typedef struct vram_segment vram_segment;
 typedef struct vram_arena vram_arena;
+typedef struct vram_placement vram_placement;
 
 /* CACHED: just freed and parked in its arena's one-block cache, not yet coalesced, so that
  * the next request of the same size on the same stream takes it back without touching the
@@ -252,7 +253,7 @@ struct vram_pool {
   vram_segment *idle_head, *idle_tail;
   size_t idle_bytes;
   uint64_t release_epoch;
-  /* The peak guard (segment.c): sizes of the segments it gave back lately, a ring (0 =
+  /* The peak guard (placement.c): sizes of the segments it gave back lately, a ring (0 =
    * empty), and the ceiling it lets reserved memory reach since one came back (0 = the
    * peak). */
   size_t guard_ghosts[VRAM_GUARD_GHOSTS];
@@ -264,7 +265,9 @@ struct vram_pool {
   size_t n_spare_events, cap_spare_events;
 
   size_t vmm_reserve_size; /* virtual range reserved per vmm segment */
-  bool virtual_growth;      /* fixed source that may grow virtual (opts.virtual_threshold) */
+  /* The placement policy's table for the pool's memory mode (placement.h), which sets
+   * has_virtual and unified_index, the mode as the hot path reads it. */
+  const vram_placement *place;
   bool has_virtual;         /* a virtual range (granules.c) was reserved at some point */
   size_t keep_mapped;      /* vmm preallocation: granules never trimmed below this */
 
@@ -306,10 +309,5 @@ static inline vram_stat_t vram_active_stat(const vram_stat_t *allocated, int64_t
 
 static inline size_t _vram_round_up(size_t n, size_t unit) { return (n + unit - 1) & ~(unit - 1); }
 
-/* A fixed-segment pool whose large requests go to virtual ranges from the first
- * (vram_options_t.large_blocks) and whose source can map them. */
-static inline bool _vram_large_blocks_virtual(const vram_pool_t *pool) {
-  return pool->virtual_growth && pool->opts.large_blocks == VRAM_LARGE_VIRTUAL;
-}
 
 #endif /* VRAM_TYPES_H */

@@ -1,0 +1,309 @@
+/* placement.c - the placement policy in one place: where a miss grows, when the peak guard
+ * gives back, what a release gives back, how a preallocation is held, for each memory
+ * mode. segment.c and granules.c carry the decisions out; pool.c's hot path reads only the
+ * data a table keeps in the pool (has_virtual, unified_index).
+ *
+ * The modes, one table each (the table a pool uses changes as it goes, never back to a
+ * mode it left):
+ *
+ *   fixed     fixed segments (cuda or sim with large_blocks fixed and no virtual
+ *             threshold): a miss grows by a fixed segment; before growing past its peak
+ *             the peak guard gives back idle segments; a release gives back idle segments,
+ *             longest unused first.
+ *   managed   the managed source: fixed segments as above; it cannot reserve a virtual
+ *             range, so it never leaves this mode.
+ *   growing   fixed segments whose source can map virtual ranges (cuda and sim by
+ *             default): small requests grow by fixed segments; large ones by a virtual
+ *             range from the first (large_blocks virtual) or once reserved memory would pass
+ *             the virtual threshold's share of the cap. The first range moves the pool to
+ *             mixed.
+ *   mixed     a fixed source that holds virtual ranges: growth as in growing (an arena
+ *             that has not turned virtual still grows fixed segments); the peak guard gives
+ *             back idle segments alone while the pool is far from its cap (it keeps what
+ *             it maps: kept), else any cached memory; a release gives back idle segments
+ *             first, then idle granules, then, for a full release, the ranges with nothing
+ *             mapped.
+ *   closed    mixed, after a reserve was refused as unsupported: no more ranges, fixed
+ *             segments for every miss, the ranges it holds still released as in mixed.
+ *   virtual   a virtual-memory source (vmm, sim:vmm): every miss grows by a virtual range
+ *             (granules.c maps what blocks touch); releases as in mixed.
+ *
+ * Preallocate mode is no table of its own: once its memory is held, placement is that of
+ * its source's mode; how it is held is each table's preallocate slot, and that every size
+ * shares one index is vram_pool.unified_index. */
+#include "pool/placement.h"
+
+#include "pool/block.h"
+#include "pool/granules.h"
+#include "pool/oom.h"
+
+/* ---------------------------------------------------------------------------------------
+ * What a miss grows by.
+ * ------------------------------------------------------------------------------------- */
+
+static vram_growth fixed_segment(const vram_pool_t *pool, size_t rounded, bool small) {
+  vram_growth g = {.virtual = false, .retire = false,
+                   .size = _vram_fixed_segment_size(pool, rounded, small)};
+  return g;
+}
+
+/* A virtual range of the pool's reserve size, or twice the request if that is more. The
+ * arena's first range retires its fixed large segments (segment.c). */
+static vram_growth virtual_range(const vram_pool_t *pool, const vram_arena *a, size_t rounded) {
+  size_t size = pool->vmm_reserve_size;
+  if (size < 2 * rounded) size = _vram_round_up(2 * rounded, pool->granularity);
+  vram_growth g = {.virtual = true, .retire = !a->grows_virtual, .size = size};
+  return g;
+}
+
+static vram_growth plan_fixed(const vram_pool_t *pool, const vram_arena *a, size_t rounded,
+                              bool small) {
+  (void)a;
+  return fixed_segment(pool, rounded, small);
+}
+
+static vram_growth plan_virtual(const vram_pool_t *pool, const vram_arena *a, size_t rounded,
+                                bool small) {
+  (void)small;
+  return virtual_range(pool, a, rounded);
+}
+
+/* Virtual growth (vram_options_t.virtual_threshold): a large request that would take
+ * reserved memory past the threshold's share of the cap makes its arena grow virtual.
+ * With large_blocks virtual, every large request does, from the first. */
+static vram_growth plan_growing(const vram_pool_t *pool, const vram_arena *a, size_t rounded,
+                                bool small) {
+  if (small) return fixed_segment(pool, rounded, small);
+  /* An arena that turned virtual stays so: its range is full, another one. */
+  if (a->grows_virtual || pool->opts.large_blocks == VRAM_LARGE_VIRTUAL)
+    return virtual_range(pool, a, rounded);
+  size_t cap = pool->limit ? pool->limit : pool->device_total;
+  size_t own = _vram_fixed_segment_size(pool, rounded, false);
+  if ((double)((size_t)pool->stats.reserved_bytes.current + own) >
+      pool->opts.virtual_threshold * (double)cap)
+    return virtual_range(pool, a, rounded);
+  return fixed_segment(pool, rounded, small);
+}
+
+/* ---------------------------------------------------------------------------------------
+ * What a release gives back.
+ * ------------------------------------------------------------------------------------- */
+
+static size_t release_fixed(vram_pool_t *pool, size_t want, int *first_error) {
+  _vram_cache_flush_all(pool);
+  return pool->idle_bytes ? _vram_release_fixed_idle(pool, want, first_error) : 0;
+}
+
+/* Fixed segments first: a granule can back any request, a fixed segment only what fits in
+ * it. */
+static size_t release_ranges(vram_pool_t *pool, size_t want, int *first_error) {
+  size_t released = release_fixed(pool, want, first_error);
+  if (released >= want) return released;
+  size_t left = want == SIZE_MAX ? SIZE_MAX : want - released;
+  size_t granules = left == SIZE_MAX ? SIZE_MAX : (left + pool->granularity - 1) / pool->granularity;
+  released += _vram_granules_trim(pool, granules, first_error) * pool->granularity;
+  /* Everything: empty virtual ranges go back too. */
+  if (want == SIZE_MAX) _vram_release_empty_ranges(pool, first_error);
+  return released;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * The peak guard.
+ * ------------------------------------------------------------------------------------- */
+
+/* What the guard gives back when only fixed segments can go: the smallest idle segment
+ * that covers the shortfall by itself, one call and no more memory than needed, else idle
+ * segments longest unused first. Longest unused first alone, as a release for the cap
+ * does, can give back a large segment to make room for a small one, which the loop asks
+ * for again at its next size: Note [The smallest segment that covers it] in
+ * docs/performance.md.
+ *
+ * When even all idle segments fall short, every large one goes, but the small ones stay
+ * if they are under a quarter of what is still short: the peak rises anyway, they would
+ * lower it by little, and small blocks ask for them again. Where they are a good part of
+ * the shortfall they go too, or a loop settles later: Note [Small segments when the guard
+ * falls short] in docs/performance.md. */
+static void guard_release_fixed(vram_pool_t *pool, size_t size, size_t want) {
+  (void)size;
+  _vram_cache_flush_all(pool);
+  vram_segment *fit = NULL;
+  size_t small_idle = 0;
+  for (vram_segment *s = pool->idle_tail; s; s = s->idle_prev) {
+    if (s->size >= want && (!fit || s->size < fit->size)) fit = s;
+    if (s->is_small) small_idle += s->size;
+  }
+  if (fit) {
+    pool->release_epoch++;
+    if (_vram_segment_release_idle(pool, fit) == VRAM_OK) return;
+  }
+  size_t large_idle = pool->idle_bytes - small_idle;
+  if (pool->idle_bytes >= want || small_idle >= (want - large_idle) / 4) {
+    _vram_release_fixed_idle(pool, want, NULL);
+    return;
+  }
+  pool->release_epoch++;
+  vram_segment *prev;
+  for (vram_segment *s = pool->idle_tail; s; s = prev) {
+    prev = s->idle_prev;
+    if (!s->is_small) _vram_segment_release_idle(pool, s);
+  }
+}
+
+/* Far from the cap a pool keeps what it maps (granules.c): the guard gives back fixed
+ * segments alone. Unmapping idle granules here, to make room for a small segment, made a
+ * loop's next large block map them again a step later. */
+static void guard_release_ranges(vram_pool_t *pool, size_t size, size_t want) {
+  if (_vram_granules_kept(pool, size)) {
+    _vram_cache_flush_all(pool);
+    if (pool->idle_bytes) _vram_release_fixed_idle(pool, want, NULL);
+  } else {
+    release_ranges(pool, want, NULL);
+  }
+}
+
+/* The peak guard, before a new fixed segment of `size`: do not raise the high-water mark
+ * while cached segments that cannot serve the request could go back instead. It keeps
+ * peak reserved near peak live when sizes drift (inference over varying lengths), at the
+ * cost of driver calls made only when the footprint would otherwise grow.
+ *
+ * A loop whose segments do not all fit under that peak would pay those calls every step:
+ * a segment given back is asked for again later in the step, and making room for it gives
+ * back another that the next step asks for (Note [How many ghosts] in docs/performance.md
+ * has a loop that did). So the guard remembers the sizes it gave back, as an
+ * adaptive cache remembers what it evicted (ARC's ghost entries). A new segment of such a
+ * size shows that giving it back was a mistake: the guard's ceiling rises to what this
+ * segment needs, so the loop keeps both. A loop settles within a few steps; sizes that do
+ * not come back leave the ceiling where it was. reset_peak_stats lowers it again. */
+static void guard_peak(vram_pool_t *pool, size_t size) {
+  size_t peak = (size_t)pool->stats.reserved_bytes.peak;
+  size_t ceiling = pool->guard_ceiling > peak ? pool->guard_ceiling : peak;
+  size_t after = (size_t)pool->stats.reserved_bytes.current + size;
+  for (unsigned i = 0; i < VRAM_GUARD_GHOSTS; i++)
+    if (pool->guard_ghosts[i] == size) {
+      pool->guard_ghosts[i] = 0;
+      if (after > ceiling) ceiling = pool->guard_ceiling = after;
+      break;
+    }
+  if (after <= ceiling) return;
+  pool->guard_releasing = true;
+  pool->place->guard_release(pool, size, after - ceiling);
+  pool->guard_releasing = false;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Preallocation.
+ * ------------------------------------------------------------------------------------- */
+
+static int grow_as(vram_pool_t *pool, vram_arena *a, vram_growth g, bool small,
+                   vram_block **out_free);
+
+/* One fixed segment held for good, whatever virtual growth would choose for its size. */
+static int preallocate_fixed(vram_pool_t *pool, vram_arena *a, size_t rounded) {
+  vram_block *b = NULL;
+  int rc = grow_as(pool, a, fixed_segment(pool, rounded, false), false, &b);
+  if (rc) return rc;
+  _vram_idle_remove(pool, b->segment);
+  b->segment->keep = true;
+  return VRAM_OK;
+}
+
+/* A range holding the preallocation, mapped now and never trimmed below it. */
+static int preallocate_range(vram_pool_t *pool, vram_arena *a, size_t rounded) {
+  vram_block *b = NULL;
+  int rc = grow_as(pool, a, virtual_range(pool, a, rounded), false, &b);
+  if (rc) return rc;
+  rc = _vram_granules_map(pool, b->segment, b->addr, rounded);
+  if (rc) return rc;
+  pool->keep_mapped = rounded / pool->granularity;
+  return VRAM_OK;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * The tables, and the moves between them.
+ * ------------------------------------------------------------------------------------- */
+
+static const vram_placement place_fixed = {"fixed", false, false, plan_fixed,
+                                           guard_release_fixed, release_fixed, preallocate_fixed};
+static const vram_placement place_managed = {"managed", false, false, plan_fixed,
+                                             guard_release_fixed, release_fixed,
+                                             preallocate_fixed};
+static const vram_placement place_growing = {"growing", true, false, plan_growing,
+                                             guard_release_fixed, release_fixed,
+                                             preallocate_fixed};
+static const vram_placement place_mixed = {"mixed", true, true, plan_growing,
+                                           guard_release_ranges, release_ranges,
+                                           preallocate_fixed};
+static const vram_placement place_closed = {"closed", false, true, plan_fixed,
+                                            guard_release_ranges, release_ranges,
+                                            preallocate_fixed};
+static const vram_placement place_virtual = {"virtual", false, true, plan_virtual,
+                                             guard_release_ranges, release_ranges,
+                                             preallocate_range};
+
+static void place_set(vram_pool_t *pool, const vram_placement *place) {
+  pool->place = place;
+  pool->has_virtual = place->holds_ranges;
+}
+
+/* The table of a fixed source from what it may still do and what it holds. */
+static const vram_placement *fixed_mode(const vram_pool_t *pool, bool grows, bool holds) {
+  if (holds) return grows ? &place_mixed : &place_closed;
+  if (grows) return &place_growing;
+  return pool->opts.source == VRAM_SOURCE_MANAGED ? &place_managed : &place_fixed;
+}
+
+void _vram_place_init(vram_pool_t *pool) {
+  const vram_options_t *o = &pool->opts;
+  if (pool->src->is_vmm) {
+    place_set(pool, &place_virtual);
+    return;
+  }
+  /* Virtual growth needs both families from the source and one rounding unit for both. */
+  bool grows = pool->src->xReserve && pool->src->xMap &&
+               (o->virtual_threshold < 1.0 || o->large_blocks == VRAM_LARGE_VIRTUAL);
+  place_set(pool, fixed_mode(pool, grows, false));
+}
+
+/* Grow as told: the limit and the peak guard first for a fixed segment; the first range of
+ * a fixed source moves the pool to a mode that holds ranges. */
+static int grow_as(vram_pool_t *pool, vram_arena *a, vram_growth g, bool small,
+                   vram_block **out_free) {
+  if (!g.virtual) {
+    if (pool->limit && (size_t)pool->stats.reserved_bytes.current + g.size > pool->limit)
+      return VRAM_ENOMEM;
+    guard_peak(pool, g.size);
+  }
+  int rc = _vram_segment_add(pool, a, g, small, out_free);
+  if (rc == VRAM_OK && g.virtual && !pool->place->holds_ranges)
+    place_set(pool, fixed_mode(pool, pool->place->may_grow_virtual, true));
+  return rc;
+}
+
+int _vram_place_grow(vram_pool_t *pool, vram_arena *a, size_t rounded, bool small,
+                     vram_block **out_free) {
+  vram_growth g = pool->place->plan(pool, a, rounded, small);
+  int rc = grow_as(pool, a, g, small, out_free);
+  if (rc == VRAM_EUNSUPPORTED && g.virtual && pool->place->may_grow_virtual) {
+    /* A device or driver without virtual memory: fixed segments from now on. */
+    place_set(pool, fixed_mode(pool, false, pool->place->holds_ranges));
+    rc = grow_as(pool, a, pool->place->plan(pool, a, rounded, small), small, out_free);
+  }
+  return rc;
+}
+
+/* Preallocate mode (TensorFlow's default): hold `bytes` from the start in the default
+ * stream's arena and serve every size from it, so a program that fits never calls the
+ * driver again. The memory stays held through empty_cache. */
+static int preallocate(vram_pool_t *pool, size_t bytes) {
+  vram_arena *a = _vram_arena_get(pool, NULL);
+  if (!a) return VRAM_EHOSTMEM;
+  pool->unified_index = true;
+  return pool->place->preallocate(pool, a, _vram_round_up(bytes, pool->granularity));
+}
+
+int _vram_pool_preallocate(vram_pool_t *pool, size_t bytes) {
+  /* Past what the device could ever hold: refused before rounding, which could overflow. */
+  int rc = bytes > pool->max_request ? VRAM_ENOMEM : preallocate(pool, bytes);
+  if (rc == VRAM_ENOMEM) _vram_note_preallocate_oom(pool, bytes);
+  return rc;
+}
