@@ -61,7 +61,9 @@ static double ratio(uint64_t numerator, uint64_t denominator) {
 static PyObject *result_dict(const vram_replay_result *r, const vram_replay_options *opts) {
   PyObject *d = PyDict_New();
   if (d == NULL) return NULL;
-  int bad = set_item(d, "trace", PyUnicode_DecodeFSDefault(r->name)) ||
+  /* As the command's JSON writes it: a byte that starts no UTF-8 sequence reads U+FFFD. */
+  int bad = set_item(d, "trace", PyUnicode_DecodeUTF8(r->name, (Py_ssize_t)strlen(r->name),
+                                                      "replace")) ||
             set_item(d, "source", PyUnicode_FromString(vram_source_name(r->source))) ||
             set_item(d, "ops", PyLong_FromUnsignedLongLong(r->ops)) ||
             set_item(d, "peak_live_bytes", PyLong_FromUnsignedLongLong(r->peak_live_bytes)) ||
