@@ -507,6 +507,74 @@ VRAM_API const char *vram_trace_reader_error(const vram_trace_reader_t *reader);
 VRAM_API uint64_t vram_trace_reader_live(const vram_trace_reader_t *reader);
 VRAM_API void vram_trace_reader_close(vram_trace_reader_t *reader);
 
+/* -------------------------------------------------------------------------------------
+ * Replay: one trace through a fresh pool per pass, the loop `vramkit replay` runs, as a
+ * call, so that the command and the Python package report one engine's figures. A trace
+ * is loaded whole first (16 bytes an op, refused past max_ops), so that only the op loop
+ * is under the clock. An allocation that runs out of memory is counted and skipped (its
+ * free ignored); any other failure ends the replay with a negative status and a message
+ * in result->error. Every pass ends by freeing what is left and checking that the pool got
+ * every byte back. Nothing here reads the environment: the pool is opts->pool.
+ * ------------------------------------------------------------------------------------- */
+typedef struct vram_replay_trace vram_replay_trace_t;
+
+typedef struct vram_replay_options {
+  vram_options_t pool;     /* the pool each pass creates */
+  uint64_t capacity;       /* nonzero: the limit and the sim device's capacity, in bytes */
+  int repeat;              /* cold passes, each on a fresh pool; the best time counts (>= 1) */
+  int warm;                /* also time a pass on a pool an untimed pass has filled */
+  int baseline;            /* also time a hash-table insert or delete per op (a yardstick) */
+  int min_capacity;        /* also bisect the smallest capacity with no out-of-memory */
+  int64_t calls_after;     /* count the cold pass's source calls after this op; -1: not */
+  /* Called on the last cold pass before its final frees (the command prints a summary). */
+  void (*before_drain)(vram_pool_t *pool, void *context);
+  void *context;
+} vram_replay_options;
+
+/* Fill the options of `vramkit replay --repeat 1` on `pool` (vram_options_init's if NULL). */
+VRAM_API void vram_replay_options_init(vram_replay_options *opts, const vram_options_t *pool);
+
+typedef struct vram_replay_result {
+  char name[256];                  /* the file name less its directory and ".trace.gz" */
+  vram_source_kind source;         /* the source the pool ran on */
+  uint64_t ops, skipped_frees;     /* ops replayed; frees of IDs the trace never allocated */
+  uint64_t peak_live_bytes;        /* from the trace alone; UINT64_MAX when saturated */
+  uint64_t peak_reserved_bytes, ooms, device_calls;    /* of the first cold pass */
+  uint64_t device_calls_after, device_calls_warm;
+  double ns_per_op, ns_per_op_warm, baseline_ns_per_op; /* best of the passes */
+  /* 1 found, 0 not asked, -1 none up to 4x peak live (or the sim's largest capacity),
+   * -2 peak live past the sim's largest capacity: nothing to search. */
+  int have_min_capacity;
+  uint64_t min_capacity_bytes;
+  vram_source_kind min_capacity_source; /* sim or sim:vmm: the source's host model */
+  /* The first out-of-memory of the first cold pass: the op (-1: the pool's creation, its
+   * preallocation), the bytes asked, and the pool's report of why. */
+  int64_t first_oom_op;
+  uint64_t first_oom_size;
+  char first_oom_report[4096];
+  int failed_creating;             /* the failure was vram_pool_create's (status returned) */
+  char error[1024];                /* why a negative status was returned */
+} vram_replay_result;
+
+/* Load the trace at path (VRAM_EIO, VRAM_ETRACE, VRAM_ELIMIT past max_ops or 65535 streams,
+ * VRAM_EHOSTMEM; the message in error). max_ops 0: no limit. */
+VRAM_API int vram_replay_load(const char *path, uint64_t max_ops, vram_replay_trace_t **out,
+                              char *error, size_t cap);
+/* What the trace alone says: name, ops, skipped_frees, peak_live_bytes (the rest zeroed). */
+VRAM_API void vram_replay_describe(const vram_replay_trace_t *trace, vram_replay_result *result);
+/* Replay a loaded trace as opts ask; VRAM_OK even with out-of-memory (result->ooms). */
+VRAM_API int vram_replay_trace(const vram_replay_trace_t *trace, const vram_replay_options *opts,
+                               vram_replay_result *result);
+/* The smallest capacity, to 1 MiB, under which the trace replays with no out-of-memory on
+ * the host model of `pool`'s source family (sim for sim/cuda/managed, sim:vmm for vmm):
+ * fills result's min_capacity fields. */
+VRAM_API int vram_replay_min_capacity(const vram_replay_trace_t *trace,
+                                      const vram_options_t *pool, vram_replay_result *result);
+VRAM_API void vram_replay_unload(vram_replay_trace_t *trace);
+/* Load, replay and unload: one call for one trace. */
+VRAM_API int vram_replay_run(const vram_replay_options *opts, const char *path,
+                             uint64_t max_ops, vram_replay_result *result);
+
 /* Number of devices the source kind can see (sim: 8). */
 VRAM_API int vram_device_count(vram_source_kind kind, int *count);
 

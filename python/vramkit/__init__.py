@@ -58,6 +58,7 @@ __all__ = [
     "plan_checkpointing",
     "snapshot",
     "diagnose",  # the OOM doctor (doctor.py)
+    "replay",  # a trace through the engine, in this process (_replaying.py)
     # Training-loop logging (logger.py).
     "MemoryLogger", "tqdm_postfix",
 ]
@@ -75,6 +76,7 @@ _LAZY = {
     "history_mark": "leaks", "leak_check": "leaks", "leaks": "leaks",
     "MemoryLogger": "logger", "tqdm_postfix": "logger",
     "diagnose": "doctor",
+    "replay": "_replaying",
     "Estimate": "estimator", "estimate": "estimator", "find_max_batch": "estimator",
     "advise": "estimator", "plan_checkpointing": "estimator",
     "doctor_estimates": "estimator",

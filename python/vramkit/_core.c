@@ -466,6 +466,17 @@ static PyMethodDef core_methods[] = {
      PyDoc_STR("trace_read(path, max_ops, /)\n--\n\n(ops, unmatched_frees) of a vramkit "
                "trace, read by the library's reader: ops are (is_alloc, id, size, stream, "
                "t_us); max_ops < 0 is the library's default limit, 0 none.")},
+    {"replay", (PyCFunction)(void (*)(void))core_replay, METH_VARARGS | METH_KEYWORDS,
+     PyDoc_STR("replay(path, source='sim', capacity=0, min_capacity=False, repeat=1, "
+               "settings=None, max_ops=-1)\n--\n\nThe trace replayed on pools of its own "
+               "(vram_replay_run): the keys of `vramkit replay --json`, and first_oom_report. "
+               "settings: (name, value) pairs of VRAMKIT_* pool settings; nothing is read "
+               "from the environment.")},
+    {"replay_reserved", core_replay_reserved, METH_VARARGS,
+     PyDoc_STR("replay_reserved(ops, capacity, blocks, /)\n--\n\nops (int64 triples: size "
+               "or -1 for a free, block number below blocks, stream) on a private sim pool of "
+               "capacity bytes: int64 pairs (op number, reserved bytes) where reserved "
+               "changed.")},
     {NULL, NULL, 0, NULL},
 };
 

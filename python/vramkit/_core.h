@@ -105,4 +105,8 @@ VRAMKIT_PY_INTERNAL PyObject *core_record_read(PyObject *module, PyObject *args)
 /* ---- _core_trace.c */
 VRAMKIT_PY_INTERNAL PyObject *core_trace_read(PyObject *module, PyObject *args);
 
+/* ---- _core_replay.c */
+VRAMKIT_PY_INTERNAL PyObject *core_replay(PyObject *module, PyObject *args, PyObject *kwargs);
+VRAMKIT_PY_INTERNAL PyObject *core_replay_reserved(PyObject *module, PyObject *args);
+
 #endif /* VRAMKIT_PY_CORE_H */

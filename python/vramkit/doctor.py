@@ -44,7 +44,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import textwrap
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
@@ -566,50 +565,23 @@ def _segment_for(requested: int, expandable: bool, pytorch: bool) -> int:
 
 
 # ---------------------------------------------------------------------------------------
-# Traces, through the packaged C command.
+# Traces, replayed by the engine in this process (vramkit.replay).
 # ---------------------------------------------------------------------------------------
 
-# Options of the user's shell that would change the pools the replays measure: the
-# doctor compares the sources at their defaults, and says which change it tries.
-# The library's table names them (_core.env_variables), so no list here goes stale.
-def _pool_variables() -> set:
-    from . import _core
+def _replay(path: str, source: str, capacity: int | None, settings: dict | None = None):
+    """One replay of the trace with the smallest capacity searched: (its result, the first
+    OOM's report or ""). The pools run at the library's defaults with only ``settings``
+    changed (vramkit.replay reads no environment): the doctor compares the sources at their
+    defaults, and says which change it tries."""
+    from ._replaying import replay
+    from ._core import VramError
 
-    return {name for name, _, pool_option in _core.env_variables() if pool_option}
-
-
-class MissingCommand(Exception):
-    """The packaged C command, which replays traces, is not installed."""
-
-
-def _replay(path: str, source: str, capacity: int | None, extra_env: dict | None = None):
-    """One `vramkit replay --json --min-capacity` of the trace: (its JSON object, stderr)."""
-    from .cli import binary_path
-
-    binary = binary_path()
-    if not os.access(binary, os.X_OK):
-        raise MissingCommand(f"the C command that replays traces is missing (expected at "
-                             f"{binary}); reinstall the package with pip")
-    pool_variables = _pool_variables()
-    env = {k: v for k, v in os.environ.items() if k not in pool_variables}
-    env.update(extra_env or {})
-    args = [str(binary), "replay", "--json", "--repeat", "1", "--min-capacity", "--source", source]
-    if capacity is not None:
-        args += ["--capacity", str(capacity)]
-    done = subprocess.run(args + ["--", path], capture_output=True, text=True,
-                          errors="replace", env=env)
-    if done.returncode == 2:
-        message = done.stderr.strip().splitlines()
-        raise DoctorInputError(message[-1].removeprefix("vramkit replay: ") if message
-                               else f"{path}: not a readable trace")
-    if done.returncode not in (0, 1):
-        raise DoctorInputError(f"{path}: vramkit replay failed (exit {done.returncode}): "
-                               f"{done.stderr.strip()[-300:]}")
     try:
-        return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
-    except (IndexError, ValueError):
-        raise DoctorInputError(f"{path}: vramkit replay gave no result: "
-                               f"{done.stderr.strip()[-300:]}") from None
+        result = replay(path, source=source, capacity=capacity, min_capacity=True,
+                        settings=settings)
+    except VramError as error:
+        raise DoctorInputError(str(error)) from None
+    return result, result.get("first_oom_report") or ""
 
 
 # Fixed segments alone: every block in a cuMemAlloc segment (the settings that keep every
@@ -782,7 +754,7 @@ def main(args: list[str]) -> int:
     import sys
 
     from . import _core
-    from .cli import EXIT_FAILURE, EXIT_OK, input_error, usage_error
+    from .cli import EXIT_OK, input_error, usage_error
 
     paths, capacity, as_json = [], None, False
     i = 0
@@ -819,8 +791,5 @@ def main(args: list[str]) -> int:
         result = diagnose(paths[0], capacity=capacity)
     except DoctorInputError as error:
         return input_error("doctor", error)
-    except MissingCommand as error:
-        print(f"vramkit doctor: {error}", file=sys.stderr)
-        return EXIT_FAILURE
     print(json.dumps(result.to_dict(), indent=2) if as_json else result)
     return EXIT_OK

@@ -1,14 +1,14 @@
-/* trace_io.c - the trace loader: the library's reader in, a dense op array out (see
- * trace_io.h). Parsing and its checks belong to the reader (src/trace/reader.c); what is
+/* load.c - the trace loader: the library's reader in, a dense op array out (see
+ * load.h). Parsing and its checks belong to the reader (src/trace/reader.c); what is
  * here is the replay's own bookkeeping: stream numbers to indices, through a hash table so
  * that a trace with thousands of streams costs no more per op than one with two, and the
  * peak of live bytes.
  */
 #define _POSIX_C_SOURCE 200809L
-#include "trace_io.h"
+#include "load.h"
 
-#include "grow.h"
-#include "hashtab.h"
+#include "prim/grow.h"
+#include "prim/hashtab.h"
 #include "vramkit.h"
 
 #include <stdio.h>
@@ -109,7 +109,7 @@ static int status_of(int vram_status) {
   }
 }
 
-int trace_load(const char *path, uint64_t max_ops, trace_t *trace, char *error, size_t cap) {
+int _vram_trace_load(const char *path, uint64_t max_ops, trace_t *trace, char *error, size_t cap) {
   memset(trace, 0, sizeof *trace);
   if (cap) error[0] = '\0';
   builder_t b = {.trace = trace, .empty_key_index = -1};
@@ -136,11 +136,11 @@ int trace_load(const char *path, uint64_t max_ops, trace_t *trace, char *error, 
   if (rc == TRACE_OK) trace->left_live = (uint32_t)vram_trace_reader_live(reader);
   vram_trace_reader_close(reader);
   if (b.streams.keys) hashtab_close(&b.streams);
-  if (rc != TRACE_OK) trace_free(trace);
+  if (rc != TRACE_OK) _vram_trace_free(trace);
   return rc;
 }
 
-void trace_free(trace_t *trace) {
+void _vram_trace_free(trace_t *trace) {
   free(trace->path);
   free(trace->name);
   free(trace->ops);

@@ -1,4 +1,4 @@
-/* trace_io.h - allocation traces (format v1) loaded into memory for a timed replay.
+/* load.h - allocation traces (format v1) loaded into memory for a timed replay.
  *
  * The format and its one reader are the library's (vramkit.h, vram_trace_reader_*): this
  * file only keeps what the reader hands over in the compact form a replay loop wants. A
@@ -8,8 +8,8 @@
  * computed from the op sizes, independently of any allocator. An op costs sizeof(trace_op_t)
  * bytes, so the loader refuses a trace past max_ops rather than grow without bound.
  */
-#ifndef VRAMKIT_TOOLS_TRACE_IO_H
-#define VRAMKIT_TOOLS_TRACE_IO_H
+#ifndef VRAMKIT_REPLAY_LOAD_H
+#define VRAMKIT_REPLAY_LOAD_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -49,8 +49,8 @@ typedef enum trace_status {
 /* Load the gzip (or plain) text trace at path, refusing it past max_ops events (0: no
  * limit). On failure, writes a message naming the file (and line) into error and leaves
  * *trace empty. */
-int trace_load(const char *path, uint64_t max_ops, trace_t *trace, char *error,
+int _vram_trace_load(const char *path, uint64_t max_ops, trace_t *trace, char *error,
                size_t error_cap);
-void trace_free(trace_t *trace);
+void _vram_trace_free(trace_t *trace);
 
 #endif

@@ -1,0 +1,65 @@
+"""vramkit.replay(): the engine's replay in this process, with the command's figures, and
+the estimator, the doctor and the plots using it with no child process (issue 36)."""
+
+import glob
+import json
+import subprocess
+
+import pytest
+
+import vramkit
+from vramkit import cli
+
+TRACES = sorted(glob.glob("data/traces/*.trace.gz"))
+FIGURES = ("ops", "peak_live_bytes", "peak_reserved_bytes", "ooms", "device_calls",
+           "min_capacity_bytes", "min_capacity_source", "skipped_frees")
+
+
+@pytest.mark.parametrize("source", ["sim", "sim:vmm"])
+def test_same_figures_as_the_command(source):
+    path = TRACES[0]
+    done = subprocess.run([str(cli.binary_path()), "replay", "--json", "--repeat", "1",
+                           "--min-capacity", "--source", source, path],
+                          capture_output=True, text=True, env={})
+    command = json.loads(done.stdout.splitlines()[-1])
+    ours = vramkit.replay(path, source=source, min_capacity=True)
+    assert set(command) <= set(ours)
+    assert {k: ours[k] for k in FIGURES} == {k: command[k] for k in FIGURES}
+
+
+def test_out_of_memory_is_a_figure_with_its_report(tmp_path):
+    path = tmp_path / "t.trace"
+    path.write_text("# vramkit-trace v1\na 1 8388608 0 1\na 2 8388608 0 2\n")
+    result = vramkit.replay(path, capacity=10 << 20)
+    assert result["ooms"] == 1 and result["capacity_bytes"] == 10 << 20
+    assert "out of memory" in result["first_oom_report"]
+
+
+def test_the_environment_does_not_reach_the_replay(tmp_path, monkeypatch):
+    path = tmp_path / "t.trace"
+    path.write_text("# vramkit-trace v1\na 1 8388608 0 1\n")
+    monkeypatch.setenv("VRAMKIT_LIMIT", "1M")
+    assert vramkit.replay(path)["ooms"] == 0
+    assert vramkit.replay(path, settings={"VRAMKIT_LIMIT": "1M"})["ooms"] == 1
+    with pytest.raises(vramkit.ConfigError):
+        vramkit.replay(path, settings={"VRAMKIT_LIMIT": "lots"})
+    with pytest.raises(vramkit.VramError):
+        vramkit.replay(tmp_path / "missing.trace")
+
+
+def test_no_child_process(tmp_path, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"a process was started: {args}")
+
+    monkeypatch.setattr(subprocess, "run", refuse)
+    monkeypatch.setattr(subprocess, "Popen", refuse)
+    path = tmp_path / "t.trace"
+    path.write_text("# vramkit-trace v1\na 1 8388608 0 1\na 2 8388608 0 2\nf 1 0 3\n")
+    assert vramkit.diagnose(str(path), capacity=12 << 20).cause is not None
+    from vramkit.estimator import _replay
+
+    assert _replay.vramkit_replay(str(path), "cuda", None)["ooms"] == 0
+    from vramkit.plot import _replay as plot_replay, load
+
+    steps, note = plot_replay.Replay(load(str(path), None, 0)).result()
+    assert note == "" and steps[-1][1] > 0
