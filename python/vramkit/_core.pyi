@@ -157,3 +157,14 @@ def record_read(folder_fd: int, name: str | bytes, /) -> tuple[int, dict | None,
 
 def trace_read(path: str | bytes | os.PathLike, max_ops: int, /) -> tuple[
     list[tuple[bool, int, int, int, int]], int]: ...
+
+# One trace through pools of its own, the engine's replay (vram_replay_run): the keys of
+# `vramkit replay --json`, plus first_oom_report. settings: (name, value) pairs of VRAMKIT_*
+# pool settings; nothing is read from the environment.
+def replay(path: str | bytes | os.PathLike, source: str = "sim", capacity: int = 0,
+           min_capacity: bool = False, repeat: int = 1,
+           settings: Iterable[tuple[str, str]] | None = None,
+           max_ops: int = -1) -> dict[str, Any]: ...
+# ops: int64 triples (size or -1 for a free, block number, stream) on a private sim pool;
+# the int64 pairs (op number, reserved bytes) where reserved changed.
+def replay_reserved(ops: bytes, capacity: int, blocks: int, /) -> bytes: ...
