@@ -24,10 +24,11 @@ DEBIAN_PACKAGES := build-essential cmake pkg-config clang libcmocka-dev zlib1g-d
 # matplotlib for the PNG of `vramkit plot` (the package's optional `plot` extra),
 # prometheus_client, whose parser checks `vramkit export`'s text (the `prometheus` extra),
 # and PyTorch (the version the GPU machine runs) with transformers, on which the
-# estimator's tests run training steps under fake tensors (the `estimate` extra).
+# estimator's tests run training steps under fake tensors (the `estimate` extra), and
+# atheris, libFuzzer's engine for Python, under which the snapshot readers' fuzz target runs.
 PYTHON_PACKAGES := scikit-build-core:scikit_build_core pytest:pytest numpy:numpy \
                    torch==2.11.0:torch transformers:transformers \
-                   matplotlib:matplotlib prometheus_client:prometheus_client
+                   matplotlib:matplotlib prometheus_client:prometheus_client atheris:atheris
 
 SHELL := /bin/bash
 PYTHON ?= python3
