@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +25,8 @@ from vramkit.plot import PlotInputError, load, plot
 from vramkit.plot import _layout
 
 TRAIN = "/home/user/project/train.py"
+TRACE_DIR = Path(__file__).resolve().parents[2] / "data" / "traces"
+TRACES = sorted(TRACE_DIR.glob("*.trace.gz"))
 BASE = 0x7F0000000000
 INTERNAL = {"filename": "/usr/lib/python3/site-packages/torch/nn/modules/linear.py",
             "line": 125, "name": "forward"}
@@ -196,6 +199,100 @@ def test_a_trace_without_sizes_for_early_frees_says_what_it_skipped(tmp_path):
 
 
 # ---- the layout ------------------------------------------------------------------------
+
+def _trace_steps(path):
+    """(time from the first op, live bytes after it) per op, read from the trace file
+    itself, not through the plot's reader, as the replay counts: frees of ids not live
+    are skipped."""
+    with gzip.open(path, "rt") as f:
+        rows = [line.split() for line in f if line[:1] in ("a", "f")]
+    t0 = int(rows[0][-1])
+    sizes = {}
+    live = 0
+    steps = []
+    for row in rows:
+        if row[0] == "a":
+            sizes[row[1]] = int(row[2])
+            live += int(row[2])
+        elif row[1] in sizes:
+            live -= sizes.pop(row[1])
+        else:
+            continue
+        steps.append((int(row[-1]) - t0, live))
+    return steps
+
+
+def _most_per_bucket(steps, bucket, width):
+    """The most of a step series at any instant inside each bucket, the value carried in
+    at the bucket's start included."""
+    most = [0] * width
+    value = 0
+    k_now = 0
+    for t, v in steps:
+        k = bucket(t)
+        for j in range(k_now + 1, k + 1):
+            most[j] = value
+        k_now = max(k_now, k)
+        value = v
+        most[k_now] = max(most[k_now], v)
+    for j in range(k_now + 1, width):
+        most[j] = value
+    return most
+
+
+def _drawn_tops(lay, page):
+    """Per bucket, the top of every band drawn there in bytes: the bands of the layout (as
+    the PNG and the page's points place them) and the merged band as the page draws it."""
+    tops = [[] for _ in range(lay.width)]
+    for block, first, end, points in lay.bands:
+        for j in range(0, len(points), 2):
+            stop = points[j + 2] if j + 2 < len(points) else end
+            for k in range(points[j], stop):
+                tops[k].append(points[j + 1] + block.size)
+    unit = page["unit"]
+    for k, top in enumerate(page["small"]["top"]):
+        # The page holds heights in units: half a unit is its rounding, not a crossing.
+        tops[k].append(top * unit - unit / 2)
+    return tops
+
+
+# A big block too short-lived for a band of its own; then, inside one bucket (100 µs), 64
+# small blocks live at once and gone before a big block starts: the merged band's most
+# and the new band never coexist there.
+SYNTHETIC = [f"a 0 {100 * MiB} 0 0", f"a 66 {40 * MiB} 0 20000", "f 66 0 20010"]
+SYNTHETIC += [f"a {i} {64 * 1024} 0 {50_000 + i}" for i in range(1, 65)]
+SYNTHETIC += [f"f {i} 0 50070" for i in range(1, 65)]
+SYNTHETIC += [f"a 65 {100 * MiB} 0 50080", "f 65 0 90000", "f 0 0 100000"]
+
+
+@pytest.mark.parametrize("name", ["synthetic"] + [p.name for p in TRACES])
+def test_every_band_stays_under_live_and_reserved_at_its_time(tmp_path, name):
+    """Issue 36: what the timeline draws at a time is at most what was live then (the
+    trace's own count) and at most what the engine reserved then (its replay)."""
+    from vramkit.plot import _html, _replay
+
+    path = write_trace(tmp_path / name, SYNTHETIC) if name == "synthetic" \
+        else TRACE_DIR / name
+    h = load(str(path))
+    lay = _layout.layout(h)
+    h.reserved, note = _replay.Replay(h).result()
+    assert h.reserved is not None, note
+    lay.reserved = _layout.reserved_per_bucket(h, lay.width)
+    page = _html.page_data(h, lay)
+    bucket = _layout.bucketer(h, lay.width)
+    live = _most_per_bucket(_trace_steps(path), bucket, lay.width)
+    reserved = _most_per_bucket(h.reserved, bucket, lay.width)
+    tops = _drawn_tops(lay, page)
+    over_live = [(k, max(t), live[k]) for k, t in enumerate(tops) if t and max(t) > live[k]]
+    over_reserved = [(k, max(t), reserved[k]) for k, t in enumerate(tops)
+                     if t and max(t) > reserved[k]]
+    assert not over_live, f"{len(over_live)} buckets drawn above live: {over_live[:3]}"
+    assert not over_reserved, \
+        f"{len(over_reserved)} buckets drawn above reserved: {over_reserved[:3]}"
+    assert max(max(t, default=0) for t in tops) <= max(v for _, v in _trace_steps(path))
+    # The page's reserved line is the engine's: the most reserved inside each bucket.
+    assert lay.reserved == reserved
+
 
 def test_a_band_drops_when_an_older_one_is_freed(small_trace):
     h = load(str(small_trace))

@@ -7,7 +7,7 @@ a training-loop log of ``vramkit.MemoryLogger`` (JSON lines or CSV, read by _log
 is told from the content. The HTML page is one self-contained file: the timeline
 (each allocation a band, reserved above, out-of-memory points), the segments view and what
 could not be drawn. Reserved memory of a trace comes from replaying it on a fresh sim pool
-in a child process (see _replay). The modules: _read (files), _history (the common model),
+in this process (see _replay). The modules: _read (files), _history (the common model),
 _replay, _layout (geometry and merging), _html and _png (the two outputs), _command (the
 subcommand's arguments).
 """

@@ -58,8 +58,7 @@ def _asset(name: str) -> str:
 
 
 def page_data(history, lay) -> dict:
-    tallest = max([a + b for a, b in zip(lay.big_top, lay.small_max)] + (lay.reserved or [])
-                  + [1])
+    tallest = max(lay.small_top + (lay.reserved or []) + [1])
     unit = tallest * 1.05 / HEIGHT     # headroom, so a line at the peak stays visible
     sites: dict[str, int] = {}
 
@@ -75,8 +74,9 @@ def page_data(history, lay) -> dict:
                       block.size, round(block.start), -1 if block.end is None
                       else round(block.end), block.stream, pts])
     small = {"bottom": [round(v / unit) for v in lay.big_top],
-             "top": [round((a + b) / unit) for a, b in zip(lay.big_top, lay.small_max)],
-             "count": lay.small_count, "bytes": lay.small_max}
+             "top": [round(v / unit) for v in lay.small_top],
+             "count": lay.small_count, "bytes": lay.small_max,
+             "drawn": [a - b for a, b in zip(lay.small_top, lay.big_top)]}
     peak_reserved = max(v for _, v in history.reserved) if history.reserved else None
     return {
         "kind": {"trace": "vramkit trace", "log": "memory log"}.get(history.kind,

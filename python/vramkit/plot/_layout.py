@@ -1,13 +1,25 @@
 """The timeline's geometry: which allocations are drawn as bands of their own, where each
 band sits over time, and what is merged into the one band of small and short-lived blocks.
 
-Time is cut into WIDTH buckets. An allocation gets its own band when it is at least a pixel
-tall (the peak over ROWS) and outlives a bucket; bands are stacked oldest at the bottom, so a
-band only moves down, when an older one is freed, and its bottom edge is kept as the
-(bucket, offset) points where it moved. Everything else is summed per bucket (the most that
-was live at once inside it) into one band on top. This bounds the page however long the
-history is: at most MAX_BANDS bands and POINT_BUDGET points; past the budget the number of
-bands is halved until it fits, and the page says how many allocations were merged.
+Time is cut into WIDTH buckets, one column each. An allocation gets its own band when it is
+at least a pixel tall (the peak over ROWS) and outlives a bucket; a band covers the buckets
+from its start's to before its end's, so every band drawn in a bucket is live at the
+bucket's end. Bands are stacked oldest at the bottom, compacted at every bucket (a band
+only moves down, when an older one is freed), so their stack is the bytes of the bands
+live then, with no gaps; a band's bottom edge is kept as the (bucket, offset) points where
+it moved.
+
+Everything else goes into one merged band on top, and that band is what keeps the column
+true: the merged blocks' most at once inside a bucket and the bands at its end need not
+coexist (temporaries freed before a big block starts), so stacking one on the other would
+draw more than was ever live. The merged band is drawn as its most at once, cut to what
+the most live at once in the bucket (all blocks, as the engine counts allocated) leaves
+above the bands; the column's top is then at most the bucket's peak allocated, which is at
+most its peak reserved, the line drawn above. The hover keeps the uncut most.
+
+This bounds the page however long the history is: at most MAX_BANDS bands and POINT_BUDGET
+points; past the budget the number of bands is halved until it fits, and the page says how
+many allocations were merged.
 """
 
 from __future__ import annotations
@@ -22,7 +34,9 @@ POINT_BUDGET = 150_000
 
 class Layout:
     """bands: (block, first bucket, end bucket, [bucket, bottom, ...]) in stacking order;
-    big_top/small_max/small_count/reserved: per bucket (bytes; reserved None if unknown)."""
+    per bucket, in bytes: big_top (the bands' stack), small_max and small_count (the merged
+    blocks' most at once and how many), small_top (the merged band's drawn top, see the
+    module note) and reserved (None if unknown)."""
 
     def __init__(self):
         self.width = WIDTH
@@ -30,6 +44,7 @@ class Layout:
         self.big_top = []
         self.small_max = []
         self.small_count = []
+        self.small_top = []
         self.merged = 0
         self.reserved = None
         self.ooms = []
@@ -80,7 +95,9 @@ def layout(history, width=WIDTH, max_bands=MAX_BANDS, point_budget=POINT_BUDGET)
     out.big_top = big_top
     big = {id(blocks[i]) for i in candidates}
     out.merged = len(blocks) - len(big)
-    out.small_max, out.small_count = _small(history.events, big, bucket, width)
+    out.small_max, out.small_count, live_max = _small(history.events, big, bucket, width)
+    out.small_top = [top + max(0, min(small, live - top))
+                     for top, small, live in zip(big_top, out.small_max, live_max)]
     out.reserved = reserved_per_bucket(history, width)
     out.ooms = [(bucket(t), text) for t, text in history.ooms]
     return out
@@ -137,21 +154,26 @@ def _stack(blocks, candidates, first, ends, width, point_budget):
 
 
 def _small(events, big, bucket, width):
-    """Per bucket: the most bytes of merged blocks live at once, and how many were live."""
+    """Per bucket: the most bytes of merged blocks live at once, how many were live, and
+    the most bytes of all blocks live at once (the value carried in at its start counts)."""
     most = [0] * width
     count = [0] * width
-    live = 0
-    live_count = 0
+    most_all = [0] * width
+    live = live_count = live_all = 0
     k_now = 0
     for t, block, is_alloc in events:
-        if id(block) in big:
-            continue
         k = bucket(t)
         if k > k_now:
             for j in range(k_now + 1, k + 1):
                 most[j] = live
                 count[j] = live_count
+                most_all[j] = live_all
             k_now = k
+        live_all += block.size if is_alloc else -block.size
+        if live_all > most_all[k_now]:
+            most_all[k_now] = live_all
+        if id(block) in big:
+            continue
         if is_alloc:
             live += block.size
             live_count += 1
@@ -164,7 +186,8 @@ def _small(events, big, bucket, width):
     for j in range(k_now + 1, width):
         most[j] = live
         count[j] = live_count
-    return most, count
+        most_all[j] = live_all
+    return most, count, most_all
 
 
 def _steps_max(steps, bucket, width):

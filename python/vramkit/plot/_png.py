@@ -42,7 +42,7 @@ def render(history, lay, output):
     axes.add_collection(PolyCollection(polygons, facecolors=colours, linewidths=0))
     xs = [k * to_time for k in range(width + 1)]
     small_bottom = [v / gib for v in lay.big_top]
-    small_top = [(a + b) / gib for a, b in zip(lay.big_top, lay.small_max)]
+    small_top = [v / gib for v in lay.small_top]
     axes.fill_between(xs[:-1], small_bottom, small_top, step="post", color="#b8b8b8",
                       linewidth=0, label="small or short-lived blocks, merged")
     tallest = max(small_top + [0])

@@ -122,6 +122,8 @@
       const k = bucketAt(event, svg);
       return D.small.count[k] + " small or short-lived blocks merged here" +
         "\nat most " + bytes(D.small.bytes[k]) + " live at once" +
+        (D.small.drawn[k] < D.small.bytes[k] ? "\ndrawn " + bytes(D.small.drawn[k]) +
+          " tall: no more was live at once here above the bands" : "") +
         "\nbetween " + time(Math.round(k * D.span / W)) + " and " +
         time(Math.round((k + 1) * D.span / W));
     }
