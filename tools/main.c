@@ -7,18 +7,36 @@
 
 #include <string.h>
 
-static const char main_usage[] =
+static const char usage_head[] =
     "usage: vramkit COMMAND [options]\n"
     "\n"
     "vramkit " VRAMKIT_VERSION ": a caching GPU memory allocator, its replay and benchmarks.\n"
     "\n"
     "commands:\n"
-    "  replay   replay allocation traces (format v1) and report fragmentation and speed\n"
-    "  bench    benchmarks: random workload, alloc+free pair, scaling with live blocks\n"
-    "  help     this text\n"
+    "  replay    replay allocation traces (format v1) and report fragmentation and speed\n"
+    "  bench     benchmarks: random workload, alloc+free pair, scaling with live blocks\n"
+    "  help      this text\n";
+static const char usage_tail[] =
     "\n"
     "vramkit COMMAND --help describes a command. --version prints the version.\n"
     "\n" CLI_EXIT_STATUS_HELP;
+
+/* The Python package's subcommands, when its dispatcher started this program to print the
+ * one usage ("--also-commands" first, then lines of "name<TAB>summary"): the package runs
+ * this program rather than reading its text, so that the usage has one owner. */
+static const char *also_commands;
+
+static void print_usage(FILE *out) {
+  fputs(usage_head, out);
+  for (const char *line = also_commands; line && *line;) {
+    const char *tab = strchr(line, '\t'), *end = strchr(line, '\n');
+    if (!end) end = line + strlen(line);
+    if (tab && tab < end) fprintf(out, "  %-10.*s%.*s\n", (int)(tab - line), line,
+                                  (int)(end - tab - 1), tab + 1);
+    line = *end ? end + 1 : end;
+  }
+  fputs(usage_tail, out);
+}
 
 /* The VRAMKIT_* variables, from the library's one table of them. */
 static void print_variables(FILE *out) {
@@ -29,8 +47,14 @@ static void print_variables(FILE *out) {
 }
 
 int main(int argc, char **argv) {
+  if (argc >= 3 && strcmp(argv[1], "--also-commands") == 0) {
+    also_commands = argv[2];
+    argv[2] = argv[0];
+    argv += 2;
+    argc -= 2;
+  }
   if (argc < 2) {
-    fputs(main_usage, stderr);
+    print_usage(stderr);
     return CLI_EXIT_USAGE;
   }
   const char *command = argv[1];
@@ -42,7 +66,7 @@ int main(int argc, char **argv) {
       if (strcmp(argv[2], "replay") == 0) return cmd_replay(2, help_argv);
       if (strcmp(argv[2], "bench") == 0) return cmd_bench(2, help_argv);
     }
-    fputs(main_usage, stdout);
+    print_usage(stdout);
     print_variables(stdout);
     return CLI_EXIT_OK;
   }

@@ -17,9 +17,7 @@ shell shows for a C command that SIGPIPE ended.
 from __future__ import annotations
 
 import os
-import re
 import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Callable, NamedTuple, Sequence
@@ -108,32 +106,11 @@ def _exec_binary(args: Sequence[str]) -> int:
     return EXIT_FAILURE
 
 
-def _with_python_commands(usage: str) -> str:
-    """The C command's usage text with the Python subcommands added at the end of its
-    "commands:" list, aligned with the C ones; other text is returned as it is."""
-    lines = usage.split("\n")
-    if "commands:" not in lines:
-        return usage
-    start = end = lines.index("commands:") + 1
-    while end < len(lines) and lines[end].startswith("  "):
-        end += 1
-    listed = {line.split()[0] for line in lines[start:end] if line.strip()}
-    first = re.match(r"  \S+\s+", lines[start]) if start < end else None
-    width = len(first.group(0)) - 2 if first else max(map(len, COMMANDS), default=0) + 2
-    extra = [f"  {name:<{width}}{entry.summary}" for name, entry in COMMANDS.items()
-             if name not in listed]
-    return "\n".join(lines[:end] + extra + lines[end:])
-
-
 def _help(args: list[str]) -> int:
-    """The C command's own answer to these arguments (its usage), with both kinds listed."""
-    binary = binary_path()
-    if not os.access(binary, os.X_OK):
-        return _missing_binary("help")
-    done = subprocess.run([str(binary), *args], capture_output=True, text=True)
-    sys.stdout.write(_with_python_commands(done.stdout))
-    sys.stderr.write(_with_python_commands(done.stderr))
-    return done.returncode
+    """The C command's usage, with the Python subcommands named to it: it prints the one
+    usage (and exits as it does), so that no text of it is read back here."""
+    listing = "\n".join(f"{name}\t{entry.summary}" for name, entry in COMMANDS.items())
+    return _exec_binary(["--also-commands", listing, *args])
 
 
 @command("version", "the version, and where the package and its C command are installed")
