@@ -437,17 +437,16 @@ def _changed_after(snap: dict, device: int, oom: dict) -> bool:
                                                            "segment_free") for e in later)
 
 
-def _from_snapshot(snap, capacity: int | None, estimate_fn, origin: str) -> Diagnosis:
+def _device_blocks(snap, device: int, origin: str):
+    """The device's figures in a checked snapshot: reserved, allocated, cached free, the
+    largest free block, bytes by live call site, whether any block had frames, and whether
+    its segments are expandable (mapped where needed)."""
     from .plot._history import SiteCache
 
     call_site = SiteCache()
-    oom = _last_oom(snap)
-    devices = {s.get("device", 0) for s in snap["segments"] if isinstance(s, dict)}
-    device = oom[0] if oom else (min(devices) if devices else 0)
     reserved = allocated = cached = largest = 0
     sites: dict[str, int] = {}
-    framed = False
-    expandable = False
+    framed = expandable = False
     for i, seg in enumerate(snap["segments"]):
         if not isinstance(seg, dict) or not isinstance(seg.get("blocks", []), list):
             raise DoctorInputError(f"{origin}: segment {i} is not a segment with a block list")
@@ -471,6 +470,15 @@ def _from_snapshot(snap, capacity: int | None, estimate_fn, origin: str) -> Diag
                 sites[site] = sites.get(site, 0) + size
     if expandable:
         largest = cached  # mapped where needed: every free byte serves one request
+    return reserved, allocated, cached, largest, sites, framed, expandable
+
+
+def _from_snapshot(snap, capacity: int | None, estimate_fn, origin: str) -> Diagnosis:
+    oom = _last_oom(snap)
+    devices = {s.get("device", 0) for s in snap["segments"] if isinstance(s, dict)}
+    device = oom[0] if oom else (min(devices) if devices else 0)
+    reserved, allocated, cached, largest, sites, framed, expandable = \
+        _device_blocks(snap, device, origin)
     settings = snap.get("allocator_settings")
     settings = settings if isinstance(settings, dict) else {}
     source = settings.get("vramkit_source") or ("vmm" if expandable else None)
