@@ -334,6 +334,66 @@ VRAM_API int vram_summary(vram_pool_t *pool, char *buf, size_t cap);
 VRAM_API int vram_stats_json(vram_pool_t *pool, char *buf, size_t cap);
 /* The report of the last OOM of this pool ("" if none), as vram_summary writes. */
 VRAM_API int vram_oom_report(vram_pool_t *pool, char *buf, size_t cap);
+/* Why a request ran out of memory: the engine's one classification (src/obs/stats.c says
+ * the rules and their order), which the report's "cause:" line names. */
+typedef enum vram_oom_cause {
+  VRAM_OOM_PREALLOCATE,   /* the pool's up-front reservation (VRAMKIT_PREALLOCATE) */
+  VRAM_OOM_FRAGMENTATION, /* the room is there, not in one piece */
+  VRAM_OOM_GRANULARITY,   /* the room is there, not in whole segments */
+  VRAM_OOM_LIMIT,         /* a limit refused it while the device had room */
+  VRAM_OOM_LIVE,          /* live memory plus the request is more than the cap */
+  VRAM_OOM_OTHERS         /* other processes hold what is missing */
+} vram_oom_cause;
+#define VRAM_OOM_CAUSE_COUNT 6
+/* "preallocate", "fragmentation", ...; NULL for a value out of range. */
+VRAM_API const char *vram_oom_cause_name(int cause);
+
+/* Another process on the GPU at the OOM (NVML, and the records vramkit processes publish). */
+#define VRAM_OOM_MAX_NEIGHBOURS 8
+#define VRAM_OOM_UNKNOWN UINT64_MAX /* a figure nobody could give */
+typedef struct vram_oom_neighbour {
+  int pid;
+  int is_vramkit;       /* it publishes a record: the three figures below are its own */
+  char name[64];
+  uint64_t used_bytes;  /* NVML's figure, or VRAM_OOM_UNKNOWN */
+  uint64_t reserved_bytes, allocated_bytes, cached_free_bytes;
+} vram_oom_neighbour_t;
+
+/* The figures of an OOM, as the pool saw them, and the cause chosen from them: what the
+ * report's text is written from, for programs that would otherwise parse it. */
+typedef struct vram_oom_info {
+  int cause;                   /* a vram_oom_cause */
+  int device;
+  vram_source_kind source;
+  int preallocate;             /* the pool's creation failed, not a request */
+  uint64_t requested;          /* bytes asked */
+  uint64_t max_request;        /* nonzero: the most any request may be here (the request
+                                * was more than the device could ever hold) */
+  uint64_t capacity;           /* the device's capacity */
+  uint64_t device_free;        /* free on the device, as the source says */
+  uint64_t limit;              /* 0: none */
+  uint64_t reserved, allocated, cached_free, largest_free_block;
+  uint64_t granularity;        /* the smallest segment or mapping the pool takes */
+  uint64_t may_reserve;        /* what the pool could still take: device free, under the limit */
+  uint64_t raise_limit_by;     /* cause limit: what raising the limit needs; else 0 */
+  uint64_t others_used;        /* the device less ours and free: other processes' */
+  uint64_t shortfall;          /* cause live: how much live memory must shrink; else 0 */
+  double fragmentation;        /* vram_stats_t.fragmentation */
+  int neighbours_total;        /* other processes found, listed or not */
+  int neighbours_count;        /* entries in neighbours */
+  vram_oom_neighbour_t neighbours[VRAM_OOM_MAX_NEIGHBOURS];
+} vram_oom_info_t;
+
+/* The figures of this pool's last OOM: VRAM_EINVAL (and *info zeroed) if it had none. */
+VRAM_API int vram_oom_info(vram_pool_t *pool, vram_oom_info_t *info);
+/* As vram_pool_create_report, the figures of this thread's last failed pool creation. */
+VRAM_API int vram_pool_create_oom_info(vram_oom_info_t *info);
+/* Choose info->cause (and raise_limit_by, others_used, shortfall) from the figures in it:
+ * requested, max_request, preallocate, capacity, device_free, limit, reserved, allocated,
+ * cached_free, granularity (0: 1). The engine's own rules, for figures read elsewhere (a
+ * snapshot's). */
+VRAM_API void vram_oom_classify(vram_oom_info_t *info);
+
 /* The OOM report of a pool that could not be made: that of the last vram_pool_create (or
  * default pool creation) on this thread, when it failed with VRAM_ENOMEM because the
  * preallocation did not fit; "" when the last creation did not fail so. Written as
@@ -552,6 +612,7 @@ typedef struct vram_replay_result {
   int64_t first_oom_op;
   uint64_t first_oom_size;
   char first_oom_report[4096];
+  vram_oom_info_t first_oom_info;  /* its figures (meaningful when ooms > 0) */
   int failed_creating;             /* the failure was vram_pool_create's (status returned) */
   char error[1024];                /* why a negative status was returned */
 } vram_replay_result;

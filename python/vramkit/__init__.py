@@ -45,8 +45,8 @@ __all__ = [
     "DriverError", "ForeignPointerError", "HostMemoryError", "InvalidArgumentError",
     "InvalidDeviceError", "NoDriverError", "OutOfMemoryError", "UnsupportedError",
     "VramError", "annotate", "configure", "device_count", "empty", "empty_cache", "get_memory_info",
-    "enable_peer_access", "last_oom_report", "max_memory_allocated", "max_memory_reserved",
-    "mem_get_info",
+    "enable_peer_access", "last_oom_info", "last_oom_report", "max_memory_allocated",
+    "max_memory_reserved", "mem_get_info",
     "memory_allocated", "memory_reserved", "memory_stats", "memory_stats_raw",
     "memory_summary", "reset_memory_stats", "reset_peak_memory_stats",
     "set_memory_growth", "set_memory_limit", "set_per_process_memory_fraction", "source",
@@ -307,6 +307,18 @@ def last_oom_report(device=None) -> str:
         d = hooks.vramkit_torch_last_oom_device() if hooks is not None else -1
         device = d if d >= 0 else 0
     return _core.oom_report(_device(device))
+
+
+def last_oom_info(device=None) -> dict | None:
+    """The figures of the last out-of-memory failure as the engine kept them (None if
+    none): the cause by name, requested, capacity, device_free, limit, reserved, allocated,
+    cached_free, largest_free_block, raise_limit_by, others_used, shortfall, neighbours...
+    (vram_oom_info_t). The device as last_oom_report chooses it."""
+    if device is None:
+        hooks = _torch_hooks_if_loaded()
+        d = hooks.vramkit_torch_last_oom_device() if hooks is not None else -1
+        device = d if d >= 0 else 0
+    return _core.oom_info(_device(device))
 
 
 def source(device=None) -> str:

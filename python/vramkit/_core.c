@@ -392,6 +392,14 @@ static PyMethodDef core_methods[] = {
                "(current, peak, total)}, 'large_pool': {...}, 'num_sync_all_streams': int}.")},
     {"stats_json", core_stats_json, METH_VARARGS,
      PyDoc_STR("stats_json(device, /)\n--\n\nThe pool's statistics as a JSON string.")},
+    {"oom_info", core_oom_info, METH_VARARGS,
+     PyDoc_STR("oom_info(device, /)\n--\n\nThe figures and cause of the pool's last OOM as a "
+               "dict (vram_oom_info_t; cause as its name), or None if it had none.")},
+    {"oom_classify", core_oom_classify, METH_O,
+     PyDoc_STR("oom_classify(figures, /)\n--\n\nThe engine's cause of these figures "
+               "(vram_oom_classify): the dict oom_info gives, filled from a mapping with "
+               "requested, capacity, device_free, limit, reserved, allocated, cached_free, "
+               "largest_free_block, granularity (absent: 0).")},
     {"oom_report", core_oom_report, METH_VARARGS,
      PyDoc_STR("oom_report(device, /)\n--\n\nThe report of the pool's last OOM ('' if none).")},
     {"empty_cache", core_empty_cache, METH_VARARGS,
@@ -469,7 +477,8 @@ static PyMethodDef core_methods[] = {
     {"replay", (PyCFunction)(void (*)(void))core_replay, METH_VARARGS | METH_KEYWORDS,
      PyDoc_STR("replay(path, source='sim', capacity=0, min_capacity=False, repeat=1, "
                "settings=None, max_ops=-1)\n--\n\nThe trace replayed on pools of its own "
-               "(vram_replay_run): the keys of `vramkit replay --json`, and first_oom_report. "
+               "(vram_replay_run): the keys of `vramkit replay --json`, first_oom_report "
+               "and first_oom. "
                "settings: (name, value) pairs of VRAMKIT_* pool settings; nothing is read "
                "from the environment.")},
     {"replay_reserved", core_replay_reserved, METH_VARARGS,

@@ -109,4 +109,9 @@ VRAMKIT_PY_INTERNAL PyObject *core_trace_read(PyObject *module, PyObject *args);
 VRAMKIT_PY_INTERNAL PyObject *core_replay(PyObject *module, PyObject *args, PyObject *kwargs);
 VRAMKIT_PY_INTERNAL PyObject *core_replay_reserved(PyObject *module, PyObject *args);
 
+/* ---- _core_oom.c */
+VRAMKIT_PY_INTERNAL PyObject *oom_info_dict(const vram_oom_info_t *info);
+VRAMKIT_PY_INTERNAL PyObject *core_oom_info(PyObject *module, PyObject *args);
+VRAMKIT_PY_INTERNAL PyObject *core_oom_classify(PyObject *module, PyObject *figures);
+
 #endif /* VRAMKIT_PY_CORE_H */

@@ -6,7 +6,7 @@ extension exports is declared here and nothing more.
 """
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, NoReturn, Protocol, SupportsIndex, TypedDict, final
 
 VERSION: Final[str]
@@ -34,6 +34,7 @@ class VramError(Exception):
     status: int
     errname: str
     report: str | None
+    oom_info: dict[str, Any] | None
 
 class OutOfMemoryError(VramError, MemoryError): ...
 class HostMemoryError(VramError, MemoryError): ...
@@ -102,6 +103,10 @@ def split_stats(device: int, /) -> dict[str, dict[str, tuple[int, int, int]] | i
 def summary(device: int, /) -> str: ...
 def stats_json(device: int, /) -> str: ...
 def oom_report(device: int, /) -> str: ...
+# The figures and cause (its name) of the pool's last OOM (vram_oom_info_t), None before any.
+def oom_info(device: int, /) -> dict[str, Any] | None: ...
+# The engine's cause of figures read elsewhere (vram_oom_classify): oom_info's dict.
+def oom_classify(figures: Mapping[str, int | None], /) -> dict[str, Any]: ...
 def empty_cache(device: int, /) -> None: ...
 def reset_peak_stats(device: int, /) -> None: ...
 def mem_get_info(device: int, /) -> tuple[int, int]: ...
@@ -159,8 +164,9 @@ def trace_read(path: str | bytes | os.PathLike, max_ops: int, /) -> tuple[
     list[tuple[bool, int, int, int, int]], int]: ...
 
 # One trace through pools of its own, the engine's replay (vram_replay_run): the keys of
-# `vramkit replay --json`, plus first_oom_report. settings: (name, value) pairs of VRAMKIT_*
-# pool settings; nothing is read from the environment.
+# `vramkit replay --json`, plus first_oom_report and first_oom (oom_info's dict, or None).
+# settings: (name, value) pairs of VRAMKIT_* pool settings; nothing is read from the
+# environment.
 def replay(path: str | bytes | os.PathLike, source: str = "sim", capacity: int = 0,
            min_capacity: bool = False, repeat: int = 1,
            settings: Iterable[tuple[str, str]] | None = None,

@@ -47,8 +47,9 @@ PyObject *status_type(core_state *st, int status) {
   }
 }
 
-/* The exception of `status` with this message, carrying .status, .errname and .report
- * (the OOM report, else None), so callers can test the code rather than parse text. */
+/* The exception of `status` with this message, carrying .status, .errname, .report (the
+ * OOM report, else None) and .oom_info (its figures, set by raise_oom, else None), so
+ * callers can test the code and read the figures rather than parse text. */
 PyObject *new_error(core_state *st, int status, PyObject *message, PyObject *report) {
   PyObject *exc = PyObject_CallOneArg(status_type(st, status), message);
   if (exc == NULL) return NULL;
@@ -56,7 +57,8 @@ PyObject *new_error(core_state *st, int status, PyObject *message, PyObject *rep
   PyObject *name = PyUnicode_FromString(vram_errname(status));
   int failed = code == NULL || name == NULL || PyObject_SetAttrString(exc, "status", code) < 0 ||
                PyObject_SetAttrString(exc, "errname", name) < 0 ||
-               PyObject_SetAttrString(exc, "report", report ? report : Py_None) < 0;
+               PyObject_SetAttrString(exc, "report", report ? report : Py_None) < 0 ||
+               PyObject_SetAttrString(exc, "oom_info", Py_None) < 0;
   Py_XDECREF(code);
   Py_XDECREF(name);
   if (failed) Py_CLEAR(exc);
@@ -69,6 +71,25 @@ PyObject *raise_message(core_state *st, int status, PyObject *message, PyObject 
   PyObject *exc = new_error(st, status, message, report);
   Py_DECREF(message);
   if (exc == NULL) return NULL;
+  PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+  Py_DECREF(exc);
+  return NULL;
+}
+
+/* Raise out of memory with the report as the message and the figures as .oom_info (rc
+ * not VRAM_OK: none to give). Consumes report. */
+static PyObject *raise_oom(core_state *st, int status, PyObject *report, int rc,
+                           const vram_oom_info_t *info) {
+  PyObject *exc = new_error(st, status, report, report);
+  Py_DECREF(report);
+  if (exc == NULL) return NULL;
+  PyObject *figures = rc == VRAM_OK ? oom_info_dict(info) : Py_NewRef(Py_None);
+  if (figures == NULL || PyObject_SetAttrString(exc, "oom_info", figures) < 0) {
+    Py_XDECREF(figures);
+    Py_DECREF(exc);
+    return NULL;
+  }
+  Py_DECREF(figures);
   PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
   Py_DECREF(exc);
   return NULL;
@@ -168,9 +189,8 @@ PyObject *raise_status(core_state *st, int status, int device, vram_pool_t *pool
     PyObject *report = pool_text(pool, vram_oom_report, &rs);
     if (report == NULL) PyErr_Clear();
     if (report != NULL && PyUnicode_GetLength(report) > 0) {
-      raise_message(st, status, Py_NewRef(report), report);
-      Py_DECREF(report);
-      return NULL;
+      vram_oom_info_t info;
+      return raise_oom(st, status, report, vram_oom_info(pool, &info), &info);
     }
     Py_XDECREF(report);
   }
@@ -184,9 +204,8 @@ PyObject *raise_status(core_state *st, int status, int device, vram_pool_t *pool
       PyObject *report = PyUnicode_DecodeUTF8(text, (Py_ssize_t)strlen(text), "replace");
       PyMem_Free(text);
       if (report == NULL) return NULL;
-      raise_message(st, status, Py_NewRef(report), report);
-      Py_DECREF(report);
-      return NULL;
+      vram_oom_info_t info;
+      return raise_oom(st, status, report, vram_pool_create_oom_info(&info), &info);
     }
   }
   if (device == NO_DEVICE)

@@ -95,7 +95,9 @@ static PyObject *result_dict(const vram_replay_result *r, const vram_replay_opti
                                                         r->first_oom_report,
                                                         (Py_ssize_t)strlen(r->first_oom_report),
                                                         "replace")
-                                                  : Py_NewRef(Py_None));
+                                                  : Py_NewRef(Py_None)) ||
+          set_item(d, "first_oom", r->ooms ? oom_info_dict(&r->first_oom_info)
+                                           : Py_NewRef(Py_None));
   if (bad) Py_CLEAR(d);
   return d;
 }

@@ -39,7 +39,8 @@ def replay(path, source: str = "sim", capacity: int | None = None,
     peak_live_bytes, peak_reserved_bytes, reserved_over_live, ns_per_op, ooms,
     skipped_frees, repeat, device_calls; capacity_bytes with a capacity; min_capacity_bytes,
     min_capacity_over_live and min_capacity_source with min_capacity) and
-    first_oom_report, the pool's report of the first out-of-memory (None without one).
+    first_oom_report, the pool's report of the first out-of-memory, and first_oom, its
+    figures and cause as ``_core.oom_info`` gives them (each None without one).
     Out-of-memory is a figure, not an error; an unreadable trace or a bad setting raises
     vramkit.VramError (ConfigError for a bad value). See the module's note for ``settings``.
     """

@@ -1,39 +1,35 @@
 """The OOM doctor: why an allocation failed, in one screen, with numbers, and the fixes
 ranked by what each is predicted to gain.
 
-``vramkit.diagnose(source)`` reads what an out-of-memory failure leaves behind and names
-one of four causes:
+``vramkit.diagnose(source)`` names the cause the C engine chose when the request failed
+(vram_oom_info_t, src/obs/stats.c, which says the rules), one of CAUSES:
 
 - ``live``: live memory plus the request is more than the cap (the limit, else the
-  device): packed perfectly and with the GPU to itself the pool still could not serve it.
-  The largest live call sites come from the snapshot's block frames where it has them, the
-  parameter count from ``model=`` where given (the first thing to check: what the weights,
-  their gradients and the optimizer's state take before any activation).
+  device). The largest live call sites come from the snapshot's block frames where it has
+  them, the parameter count from ``model=`` where given.
 - ``fragmentation``: the memory is there (cached free, plus what the pool may still
-  reserve) but no free block is large enough; the ``vmm`` source maps memory where it is
-  needed, and a trace says what it would gain by replaying on ``sim:vmm``.
+  reserve) but no free block is large enough; ``granularity``: the same, but not in whole
+  segments the pool maps.
 - ``others``: live memory and the request would fit the device, but other processes hold
-  the difference (NVML's and the published records' pids, from the report).
+  the difference (NVML's and the published records' pids, from the engine's figures).
 - ``limit``: a limit or memory fraction refused it while the device had room.
+- ``preallocate``: the pool's up-front reservation (VRAMKIT_PREALLOCATE) did not fit.
 
-The C engine chooses the cause when it writes the report (the ``cause:`` line of
-``src/obs/stats.c``); this module reads that line where there is one and applies the same
-rules itself to a snapshot or a trace. The source may be:
+The doctor reads the engine's figures, never the report's text. The source may be:
 
-- a ``vramkit.OutOfMemoryError`` (or any exception carrying vramkit's report, as
-  ``torch.OutOfMemoryError`` does under vramkit.torch), or the report text itself;
+- a ``vramkit.OutOfMemoryError`` (its ``.oom_info``), an exception carrying vramkit's
+  report (``torch.OutOfMemoryError`` under vramkit.torch: this process's pool's figures),
+  or the figures themselves (the dict of ``vramkit.last_oom_info()``);
 - a snapshot pickle, vramkit's (``vramkit.dump_snapshot``) or PyTorch's
   (``torch.cuda.memory._dump_snapshot``): segments with their blocks, and ``device_traces``
-  whose ``oom`` entries carry the request's size and ``device_free``; a snapshot does not
-  say the device's capacity, so ``capacity=`` gives it;
-- a vramkit trace (format v1, what ``vramkit replay`` reads): with ``capacity=`` it is
-  replayed under that cap by the packaged C command on the default settings (``sim``, the
-  cuda source's model, large blocks in virtual ranges), on fixed segments alone
-  (``VRAMKIT_LARGE_BLOCKS=fixed VRAMKIT_VIRTUAL_THRESHOLD=1``), on ``sim:vmm``, with large
-  blocks mapped granule by granule from the start (``VRAMKIT_VIRTUAL_THRESHOLD=0``) and
-  with tight fixed segments (``VRAMKIT_LARGE_BLOCKS=fixed VRAMKIT_TIGHT_THRESHOLD=0``),
-  each with ``--min-capacity``, so that each fix's effect is a measured number rather
-  than a guess.
+  whose ``oom`` entries carry the request's size and ``device_free``; its figures are
+  classified by the engine's rules (``_core.oom_classify``), and since a snapshot does not
+  say the device's capacity, ``capacity=`` gives it;
+- a vramkit trace (format v1): with ``capacity=`` it is replayed in process by the engine
+  (``vramkit.replay``) under that cap on the default settings, on fixed segments alone,
+  on ``sim:vmm``, with ``VRAMKIT_VIRTUAL_THRESHOLD=0`` and with tight fixed segments, each
+  with its smallest fitting capacity searched. Only the settings on which the run fits are
+  listed as fixes; where none does, the smallest capacity that fits is the fix.
 
 ``vramkit doctor SNAPSHOT_OR_TRACE [--capacity SIZE] [--json]`` prints the same after the
 fact (:func:`main`).
@@ -43,14 +39,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import textwrap
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
 __all__ = ["CAUSES", "Diagnosis", "DoctorInputError", "Fix", "LIVE_VARIANTS", "diagnose", "main"]
 
-CAUSES = ("live", "fragmentation", "others", "limit")
+# The engine's causes (vram_oom_cause, src/obs/stats.c), every one of them.
+CAUSES = ("live", "fragmentation", "others", "limit", "granularity", "preallocate")
 
 # The variants an estimate_fn is asked about for a `live` cause, with the fix each stands
 # for. "baseline" is asked first: the saving of a variant is baseline minus its estimate.
@@ -72,8 +68,8 @@ fragmentation, other processes holding the GPU, or a limit set too low; with the
 and the fixes ranked by predicted effect.
 
 SNAPSHOT_OR_TRACE is a memory snapshot pickle (vramkit.dump_snapshot or PyTorch's
-torch.cuda.memory._dump_snapshot, recorded with the OOM in its trace), a vramkit trace
-(format v1, as vramkit replay reads), or a saved OOM report.
+torch.cuda.memory._dump_snapshot, recorded with the OOM in its trace) or a vramkit trace
+(format v1, as vramkit replay reads). A trace's fixes are the settings on which it fits.
 
   --capacity SIZE  a trace: replay it under this cap (on the default settings, on fixed
                    segments alone, on sim:vmm, and with VRAMKIT_VIRTUAL_THRESHOLD=0 and
@@ -178,7 +174,6 @@ class Diagnosis:
 # Sizes.
 # ---------------------------------------------------------------------------------------
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
-_SIZE = r"(\d+(?:\.\d+)?) (B|KiB|MiB|GiB|TiB|PiB|EiB)"
 
 
 def _size(value) -> str:
@@ -193,33 +188,9 @@ def _size(value) -> str:
     return f"{sign}{v:.1f} {_UNITS[unit]}" if unit else f"{sign}{int(v)} B"
 
 
-def _bytes_of(number: str, unit: str) -> int:
-    return int(round(float(number) * 1024 ** _UNITS.index(unit)))
-
-
 # ---------------------------------------------------------------------------------------
-# The rules, as the C report applies them (src/obs/stats.c, classify_oom).
+# The fixes of each cause.
 # ---------------------------------------------------------------------------------------
-
-def _classify(requested: int, allocated: int, reserved: int, device_free: int,
-              device_total: int | None, limit: int | None) -> str:
-    """The cause of a failed request, by the C report's precedence: fragmentation (all of
-    it fits, only placement failed: costs no memory to fix), limit (the user's setting is
-    the only thing in the way), live (more than the device, or than the limit with no room
-    on the device either), others (it would fit the device, other processes hold the
-    rest). device_total None (a snapshot without capacity=): other processes cannot be
-    told from live memory, so the answer is live and the caller says why in a note."""
-    needed = allocated + requested
-    under_limit = not limit or needed <= limit
-    device_has_room = needed <= reserved + device_free
-    if under_limit and device_has_room:
-        return "fragmentation"
-    if not under_limit:
-        return "limit" if device_has_room else "live"
-    if device_total is None:
-        return "live"
-    return "others" if needed <= device_total else "live"
-
 
 def _rank(fixes: list[Fix]) -> list[Fix]:
     """Largest predicted effect first; fixes without a prediction after, in given order."""
@@ -300,100 +271,130 @@ def _model_numbers(model) -> dict:
 
 
 # ---------------------------------------------------------------------------------------
-# The report.
+# The engine's figures of an OOM (vram_oom_info_t, as _core.oom_info gives them).
 # ---------------------------------------------------------------------------------------
-_HEADLINE = re.compile(r"vramkit: out of memory on device (\d+) \((\S+) source\): tried to "
-                       r"allocate .*?\((\d+) bytes\)")
-_CAUSE = re.compile(r"^  cause: (\w+): (.*)$", re.M)
-_DEVICE = re.compile(rf"device capacity {_SIZE}, free on device {_SIZE}, limit (?:{_SIZE}|none)")
-_POOL = re.compile(rf"reserved by vramkit {_SIZE}, allocated {_SIZE}, cached free {_SIZE}, "
-                   rf"largest free block {_SIZE}")
-_RAISE = re.compile(r"raise the limit by .*?\((\d+) bytes\)")
-_OTHERS = re.compile(r"other processes hold " + _SIZE)
-_NEIGHBOURS = re.compile(r"^  Other processes on this GPU: (.*)\.$", re.M)
-_NEIGHBOUR = re.compile(rf"pid (\d+)(?: \((.*?)\))?(?: {_SIZE})?(?:, vramkit: reserved {_SIZE}, "
-                        rf"{_SIZE} cached free)?")
 
-
-def _report_text(text: str) -> str | None:
-    """vramkit's report inside text (a PyTorch message carries it at its end), or None."""
-    at = text.find("vramkit: out of memory")
-    return text[at:] if at >= 0 else None
-
-
-def _neighbours(report: str) -> list[dict]:
-    m = _NEIGHBOURS.search(report)
-    if not m or m.group(1).startswith("unknown"):
-        return []
-    out = []
-    for clause in m.group(1).split(";"):
-        n = _NEIGHBOUR.search(clause.strip())
-        if not n:
-            continue
-        entry = {"pid": int(n.group(1)), "name": n.group(2) or "",
-                 "bytes": _bytes_of(n.group(3), n.group(4)) if n.group(3) else None}
-        if n.group(7):
-            entry["cached_free"] = _bytes_of(n.group(7), n.group(8))
-        out.append(entry)
-    return sorted(out, key=lambda p: -(p["bytes"] or 0))
-
-
-def _from_report(text: str, estimate_fn, origin: str) -> Diagnosis:
-    report = _report_text(text)
-    head = _HEADLINE.search(report or "")
-    if head is None:
-        raise DoctorInputError(f"{origin}: not a vramkit out-of-memory report (no line "
-                               f"'vramkit: out of memory on device ...')")
-    device, source, requested = int(head.group(1)), head.group(2), int(head.group(3))
-    numbers: dict = {"device": device, "requested": requested}
-    dev, pool = _DEVICE.search(report), _POOL.search(report)
-    if dev:
-        numbers["device_total"] = _bytes_of(dev.group(1), dev.group(2))
-        numbers["device_free"] = _bytes_of(dev.group(3), dev.group(4))
-        numbers["limit"] = _bytes_of(dev.group(5), dev.group(6)) if dev.group(5) else None
-    if pool:
-        for i, key in enumerate(("reserved", "allocated", "cached_free", "largest_free_block")):
-            numbers[key] = _bytes_of(pool.group(2 * i + 1), pool.group(2 * i + 2))
-    notes = ["the figures are the report's, rounded as it prints them"]
-    cause_line = _CAUSE.search(report)
-    if cause_line and cause_line.group(1) in CAUSES:
-        cause, summary = cause_line.group(1), cause_line.group(2)
-    elif dev and pool:
-        # A report from before the cause line: the same rules on its figures.
-        cause = _classify(requested, numbers["allocated"], numbers["reserved"],
-                          numbers["device_free"], numbers["device_total"], numbers["limit"])
-        summary = "chosen here from the report's figures (it has no cause line)"
-    else:
-        raise DoctorInputError(f"{origin}: the report has neither a cause line nor the "
-                               f"figures to choose one from")
-    processes = _neighbours(report)
-    fixes: list[Fix] = []
+def _summary(cause: str, n: dict) -> str:
+    """One sentence with the figures that chose the cause. n holds the Diagnosis numbers:
+    from the engine's struct, or read from a snapshot (whose limit is unknown: None)."""
+    rq, alloc, cap = n.get("requested") or 0, n.get("allocated") or 0, n.get("device_total")
+    needed, free, cached = alloc + rq, n.get("device_free") or 0, n.get("cached_free") or 0
+    limit, reserved = n.get("limit"), n.get("reserved") or 0
+    if cause == "preallocate":
+        bound = (f"the device's capacity of {_size(cap)}" if cap is not None and rq > cap else
+                 f"the limit of {_size(limit)}" if limit and rq > limit else
+                 f"the {_size(free)} free on the device (other processes hold the rest)")
+        return f"the preallocation of {_size(rq)} is more than {bound}"
+    if cause == "granularity":
+        g, room = n.get("granularity") or 1, n.get("may_reserve") or 0
+        return (f"the pool maps memory in whole segments of {_size(g)}: of the {_size(room)} "
+                f"it may still reserve, {_size(room - room % g)} can be mapped, which with the "
+                f"{_size(cached)} cached free is less than the request of {_size(rq)}")
     if cause == "fragmentation":
-        fixes = _fragmentation_fixes(source, numbers.get("cached_free"))
+        room = n.get("may_reserve", free)
+        return (f"{_size(cached)} is cached free and {_size(room)} more may be reserved, "
+                f"against a request of {_size(rq)}, but the largest free block is "
+                f"{_size(n.get('largest_free_block'))}: the room is there, not in one piece "
+                f"(live memory plus the request, {_size(needed)}, would fit)")
+    if cause == "limit":
+        if limit is None:
+            return (f"the device had {_size(free)} free, enough for the request of {_size(rq)} "
+                    f"in a segment of its own, yet it failed: a limit or memory fraction "
+                    f"refused it (the snapshot does not record which; reserved is "
+                    f"{_size(reserved)})")
+        return (f"the limit of {_size(limit)} refused it: reserved {_size(reserved)} plus the "
+                f"request {_size(rq)} is more, while the device has {_size(free)} free")
+    if cause == "others":
+        return (f"other processes hold {_size(n.get('others_bytes'))} of the device's "
+                f"{_size(cap)}: free on the device {_size(free)} plus cached free "
+                f"{_size(cached)} cannot serve the request {_size(rq)}, though live memory and "
+                f"the request ({_size(needed)}) would fit on the device alone")
+    if n.get("max_request"):
+        return f"the request alone ({_size(rq)}) is more than the device can hold"
+    if cap is None:
+        return (f"live memory {_size(alloc)} plus the request {_size(rq)} is {_size(needed)}, "
+                f"more than reserved {_size(reserved)} plus the {_size(free)} free on the device")
+    bound = (f"the device's {_size(cap)}" if needed > cap or not limit else
+             f"the limit of {_size(limit)}, and the device has only {_size(free)} free besides")
+    return (f"live memory {_size(alloc)} plus the request {_size(rq)} is {_size(needed)}, more "
+            f"than {bound}: live memory itself is too much")
+
+
+# The struct's figures as the Diagnosis names them.
+_INFO_NUMBERS = (("device", "device"), ("requested", "requested"), ("allocated", "allocated"),
+                 ("reserved", "reserved"), ("cached_free", "cached_free"),
+                 ("largest_free_block", "largest_free_block"), ("device_total", "capacity"),
+                 ("device_free", "device_free"), ("limit", "limit"),
+                 ("granularity", "granularity"), ("may_reserve", "may_reserve"),
+                 ("max_request", "max_request"), ("raise_limit_by", "raise_limit_by"),
+                 ("others_bytes", "others_used"), ("shortfall", "shortfall"))
+
+
+def _setting_fixes(cause: str, n: dict) -> list[Fix]:
+    """The fixes of the causes a setting of the pool's own makes: a preallocation, and a
+    request no whole segment can place."""
+    if cause == "preallocate":
+        cap = min(n["limit"] or n["device_total"], n["device_total"])
+        can = min(cap, n["device_free"])
+        return [Fix(f"lower VRAMKIT_PREALLOCATE to what the device can give ({_size(can)} "
+                    f"now), or leave it unset to grow on demand", None)]
+    g = n.get("granularity") or 1
+    mappable = n["may_reserve"] - n["may_reserve"] % g
+    missing = max(0, n["requested"] - n["cached_free"] - mappable)
+    more = -(-missing // g) * g
+    return [Fix(f"raise the limit (VRAMKIT_LIMIT) or the device's memory by {_size(more)}: "
+                f"the pool maps whole segments of {_size(g)}", more or None)]
+
+
+def _from_info(info: dict, estimate_fn, origin: str) -> Diagnosis:
+    """The diagnosis of the engine's own figures and cause of an OOM."""
+    cause = info.get("cause")
+    if cause not in CAUSES:
+        raise DoctorInputError(f"{origin}: the OOM's cause {cause!r} is not one the doctor "
+                               f"knows ({', '.join(CAUSES)})")
+    numbers = {key: info.get(field) for key, field in _INFO_NUMBERS}
+    processes = sorted(({k: p.get(k) for k in ("pid", "name", "bytes", "cached_free")
+                         if k in p} for p in info.get("neighbours") or []),
+                       key=lambda p: -(p.get("bytes") or 0))
+    notes: list[str] = []
+    if cause == "fragmentation":
+        fixes = _fragmentation_fixes(info.get("source"), numbers["cached_free"])
     elif cause == "limit":
-        m = _RAISE.search(report)
-        raise_by = int(m.group(1)) if m else None
-        if raise_by is None and numbers.get("limit"):
-            raise_by = numbers["reserved"] + requested - numbers["limit"]
-        fixes = [_limit_fix(raise_by, numbers.get("reserved"), requested, numbers.get("limit"),
-                            numbers.get("device_total"))]
+        fixes = [_limit_fix(numbers["raise_limit_by"] or None, numbers["reserved"],
+                            numbers["requested"], numbers["limit"], numbers["device_total"])]
+    elif cause == "live" and numbers["max_request"]:
+        fixes = [Fix("check how the request's size is computed: no setting serves a request "
+                     "larger than the device", None)]
     elif cause == "live":
-        shortfall = None
-        if "allocated" in numbers and "device_total" in numbers:
-            cap = min(numbers["limit"] or numbers["device_total"], numbers["device_total"])
-            shortfall = max(0, numbers["allocated"] + requested - cap) or None
-        if "more than the device can hold" in report or "No memory setting can serve" in report:
-            fixes = [Fix("check how the request's size is computed: no setting serves a "
-                         "request larger than the device", None)]
-        else:
-            fixes = _live_fixes(shortfall, estimate_fn, notes)
+        fixes = _live_fixes(numbers["shortfall"] or None, estimate_fn, notes)
     elif cause == "others":
-        fixes = _others_fixes(processes, numbers, report)
-    return Diagnosis(cause, summary, f"out of memory on device {device} ({source} source), "
-                     f"{_size(requested)} asked", numbers, _rank(fixes), [], processes, notes)
+        fixes = _others_fixes(processes, numbers)
+    else:
+        fixes = _setting_fixes(cause, numbers)
+    device, source = numbers["device"], info.get("source")
+    return Diagnosis(cause, _summary(cause, numbers), f"out of memory on device {device} "
+                     f"({source} source), {_size(numbers['requested'])} asked", numbers,
+                     _rank(fixes), [], processes, notes)
 
 
-def _others_fixes(processes: list[dict], numbers: dict, report: str | None) -> list[Fix]:
+def _info_of_exception(error: BaseException) -> dict:
+    """The engine's figures of the OOM an exception reports: its own (.oom_info, which
+    vramkit's OutOfMemoryError carries), else, for one carrying vramkit's report (PyTorch's,
+    under vramkit.torch), those this process's pool kept at its last OOM."""
+    info = getattr(error, "oom_info", None)
+    if info:
+        return info
+    if "vramkit: out of memory" in (getattr(error, "report", None) or str(error)):
+        from . import last_oom_info
+
+        info = last_oom_info()
+        if info:
+            return info
+    raise DoctorInputError(f"{type(error).__name__}: not a vramkit out-of-memory report (no "
+                           f"figures: vramkit's OutOfMemoryError carries them as .oom_info)")
+
+
+def _others_fixes(processes: list[dict], numbers: dict) -> list[Fix]:
     """Each neighbour's memory as the fix of stopping or moving it, and a vramkit
     neighbour's cached free memory as what its empty_cache would give back."""
     fixes = []
@@ -403,17 +404,9 @@ def _others_fixes(processes: list[dict], numbers: dict, report: str | None) -> l
             fixes.append(Fix(f"pid {p['pid']}{name} runs vramkit: its empty_cache() gives back "
                              f"{_size(p['cached_free'])} it holds unused", p["cached_free"]))
         fixes.append(Fix(f"stop pid {p['pid']}{name} or move it to another GPU", p.get("bytes")))
-    held = None
-    m = _OTHERS.search(report or "")
-    if m:
-        held = _bytes_of(m.group(1), m.group(2))
-    elif numbers.get("device_total") is not None and numbers.get("device_free") is not None:
-        held = max(0, numbers["device_total"] - numbers.get("reserved", 0) - numbers["device_free"])
-    if held is not None:
-        numbers["others_bytes"] = held
     if not processes:
         fixes.append(Fix("find what else holds the GPU (nvidia-smi, vramkit top) and stop it or "
-                         "give this job another GPU", held))
+                         "give this job another GPU", numbers.get("others_bytes")))
     return fixes
 
 
@@ -444,17 +437,16 @@ def _changed_after(snap: dict, device: int, oom: dict) -> bool:
                                                            "segment_free") for e in later)
 
 
-def _from_snapshot(snap, capacity: int | None, estimate_fn, origin: str) -> Diagnosis:
+def _device_blocks(snap, device: int, origin: str):
+    """The device's figures in a checked snapshot: reserved, allocated, cached free, the
+    largest free block, bytes by live call site, whether any block had frames, and whether
+    its segments are expandable (mapped where needed)."""
     from .plot._history import SiteCache
 
     call_site = SiteCache()
-    oom = _last_oom(snap)
-    devices = {s.get("device", 0) for s in snap["segments"] if isinstance(s, dict)}
-    device = oom[0] if oom else (min(devices) if devices else 0)
     reserved = allocated = cached = largest = 0
     sites: dict[str, int] = {}
-    framed = False
-    expandable = False
+    framed = expandable = False
     for i, seg in enumerate(snap["segments"]):
         if not isinstance(seg, dict) or not isinstance(seg.get("blocks", []), list):
             raise DoctorInputError(f"{origin}: segment {i} is not a segment with a block list")
@@ -478,6 +470,15 @@ def _from_snapshot(snap, capacity: int | None, estimate_fn, origin: str) -> Diag
                 sites[site] = sites.get(site, 0) + size
     if expandable:
         largest = cached  # mapped where needed: every free byte serves one request
+    return reserved, allocated, cached, largest, sites, framed, expandable
+
+
+def _from_snapshot(snap, capacity: int | None, estimate_fn, origin: str) -> Diagnosis:
+    oom = _last_oom(snap)
+    devices = {s.get("device", 0) for s in snap["segments"] if isinstance(s, dict)}
+    device = oom[0] if oom else (min(devices) if devices else 0)
+    reserved, allocated, cached, largest, sites, framed, expandable = \
+        _device_blocks(snap, device, origin)
     settings = snap.get("allocator_settings")
     settings = settings if isinstance(settings, dict) else {}
     source = settings.get("vramkit_source") or ("vmm" if expandable else None)
@@ -500,53 +501,38 @@ def _from_snapshot(snap, capacity: int | None, estimate_fn, origin: str) -> Diag
     if _changed_after(snap, oom[0], entry):
         notes.append("memory was allocated or freed after the OOM: the blocks are those of "
                      "the moment of the snapshot, not of the failure")
-    needed = allocated + requested
     fixes: list[Fix] = []
-    # The snapshot does not record a limit, so the rules differ from the report's in one
+    # The snapshot does not record a limit, so the rules differ from the engine's in one
     # place: the device having room for the whole request in one piece (and no held memory
     # that could serve it) is what shows a limit refused it, as the pool would otherwise
-    # have taken a new segment.
+    # have taken a new segment. The rest is the engine's rule (vram_oom_classify).
+    from . import _core
+
+    engine = _core.oom_classify(dict(numbers, capacity=capacity or 0, limit=None))
+    numbers.update(others_bytes=engine["others_used"] if capacity else None,
+                   may_reserve=engine["may_reserve"])
     if largest < requested <= cached:
         cause = "fragmentation"
     elif device_free >= _segment_for(requested, expandable, "vramkit_version" not in settings):
         cause = "limit"
     else:
-        cause = _classify(requested, allocated, reserved, device_free, capacity, None)
+        cause = engine["cause"]
     if cause == "fragmentation":
-        summary = (f"{_size(cached)} is cached free and the device has {_size(device_free)} "
-                   f"free, against a request of {_size(requested)}, but the largest free block "
-                   f"is {_size(largest)}: the room is there, not in one piece (live memory "
-                   f"plus the request, {_size(needed)}, would fit)")
         fixes = _fragmentation_fixes(source, cached)
     elif cause == "limit":
-        summary = (f"the device had {_size(device_free)} free, enough for the request of "
-                   f"{_size(requested)} in a segment of its own, yet it failed: a limit or "
-                   f"memory fraction refused it (the snapshot does not record which; reserved "
-                   f"is {_size(reserved)})")
         fixes = [_limit_fix(None, reserved, requested, None, capacity)]
     elif cause == "others":
-        held = max(0, capacity - reserved - device_free)
-        summary = (f"other processes hold {_size(held)} of the device's {_size(capacity)}: free "
-                   f"on the device {_size(device_free)} plus cached free {_size(cached)} cannot "
-                   f"serve the request {_size(requested)}, though live memory and the request "
-                   f"({_size(needed)}) would fit on the device alone")
-        fixes = _others_fixes([], numbers, None)
+        fixes = _others_fixes([], numbers)
     else:
+        shortfall = engine["shortfall"]
         if capacity is None:
             notes.insert(0, "the snapshot does not record the device's capacity: pass "
                             "capacity= (--capacity) to tell live memory from other processes")
-            summary = (f"live memory {_size(allocated)} plus the request {_size(requested)} is "
-                       f"{_size(needed)}, more than reserved {_size(reserved)} plus the "
-                       f"{_size(device_free)} free on the device")
-            shortfall = needed - reserved - device_free
-        else:
-            summary = (f"live memory {_size(allocated)} plus the request {_size(requested)} is "
-                       f"{_size(needed)}, more than the device's {_size(capacity)}: live memory "
-                       f"itself is too much")
-            shortfall = needed - capacity
+            shortfall = allocated + requested - reserved - device_free
         fixes = _live_fixes(shortfall, estimate_fn, notes)
-    return Diagnosis(cause, summary, f"snapshot of device {device}: out of memory, "
-                     f"{_size(requested)} asked", numbers, _rank(fixes), call_sites, [], notes)
+    return Diagnosis(cause, _summary(cause, numbers), f"snapshot of device {device}: out of "
+                     f"memory, {_size(requested)} asked", numbers, _rank(fixes), call_sites, [],
+                     notes)
 
 
 def _segment_for(requested: int, expandable: bool, pytorch: bool) -> int:
@@ -565,110 +551,14 @@ def _segment_for(requested: int, expandable: bool, pytorch: bool) -> int:
 
 
 # ---------------------------------------------------------------------------------------
-# Traces, replayed by the engine in this process (vramkit.replay).
-# ---------------------------------------------------------------------------------------
-
-def _replay(path: str, source: str, capacity: int | None, settings: dict | None = None):
-    """One replay of the trace with the smallest capacity searched: (its result, the first
-    OOM's report or ""). The pools run at the library's defaults with only ``settings``
-    changed (vramkit.replay reads no environment): the doctor compares the sources at their
-    defaults, and says which change it tries."""
-    from ._replaying import replay
-    from ._core import VramError
-
-    try:
-        result = replay(path, source=source, capacity=capacity, min_capacity=True,
-                        settings=settings)
-    except VramError as error:
-        raise DoctorInputError(str(error)) from None
-    return result, result.get("first_oom_report") or ""
-
-
-# Fixed segments alone: every block in a cuMemAlloc segment (the settings that keep every
-# tensor shareable by CUDA IPC).
-_FIXED_ALONE = {"VRAMKIT_LARGE_BLOCKS": "fixed", "VRAMKIT_VIRTUAL_THRESHOLD": "1"}
-
-
-def _from_trace(path: str, capacity: int | None, estimate_fn, origin: str) -> Diagnosis:
-    # The default settings are the cuda source's (sim models it, large blocks in virtual
-    # ranges); fixed segments alone are what large blocks fixed with threshold 1 give.
-    default, default_err = _replay(path, "sim", capacity)
-    fixed, _ = _replay(path, "sim", capacity, _FIXED_ALONE)
-    vmm, _ = _replay(path, "sim:vmm", capacity)
-    peak_live = default["peak_live_bytes"]
-    need_default = default.get("min_capacity_bytes")
-    need_fixed, need_vmm = fixed.get("min_capacity_bytes"), vmm.get("min_capacity_bytes")
-    numbers = {"peak_live": peak_live, "capacity": capacity,
-               "peak_reserved": default["peak_reserved_bytes"],
-               "min_capacity_default": need_default, "min_capacity_fixed": need_fixed,
-               "min_capacity_vmm": need_vmm, "ooms_default": default["ooms"],
-               "ooms_fixed": fixed["ooms"], "ooms_vmm": vmm["ooms"]}
-    notes = []
-    where = f"trace {default['trace']} ({default['ops']} ops)"
-    if capacity is None:
-        summary = (f"no capacity given: the trace needs {_size(need_default)} on the default "
-                   f"settings, {_size(need_fixed)} on fixed segments alone and "
-                   f"{_size(need_vmm)} on the vmm source (peak live {_size(peak_live)}); "
-                   f"pass capacity= (--capacity) to diagnose it under a cap")
-        return Diagnosis(None, summary, where, numbers, [], [], [], notes)
-    first = _CAUSE.search(default_err)
-    if first:
-        notes.append(f"the first allocation that failed on the default settings, as the pool "
-                     f"reported it: {first.group(1)}: {first.group(2)}")
-    if default["ooms"] == 0:
-        summary = (f"it replays with no out-of-memory under {_size(capacity)} on the default "
-                   f"settings (peak reserved {_size(default['peak_reserved_bytes'])}, peak "
-                   f"live {_size(peak_live)})")
-        if fixed["ooms"]:
-            summary += (f"; on fixed segments alone (VRAMKIT_LARGE_BLOCKS=fixed "
-                        f"VRAMKIT_VIRTUAL_THRESHOLD=1) "
-                        f"{fixed['ooms']} allocations fail: it needs {_size(need_fixed)} there")
-        return Diagnosis(None, summary, where, numbers, [], [], [], notes)
-    if peak_live > capacity:
-        shortfall = peak_live - capacity
-        summary = (f"peak live memory {_size(peak_live)} is more than the capacity "
-                   f"{_size(capacity)}: live memory itself is too much, by {_size(shortfall)} "
-                   f"({default['ooms']} allocations failed on the default settings, "
-                   f"{vmm['ooms']} on vmm)")
-        fixes = _live_fixes(shortfall, estimate_fn, notes)
-        return Diagnosis("live", summary, where, numbers, fixes, [], [], notes)
-    early, _ = _replay(path, "sim", capacity, {"VRAMKIT_VIRTUAL_THRESHOLD": "0"})
-    tight, _ = _replay(path, "sim", capacity,
-                       {"VRAMKIT_LARGE_BLOCKS": "fixed", "VRAMKIT_TIGHT_THRESHOLD": "0"})
-    need_early, need_tight = early.get("min_capacity_bytes"), tight.get("min_capacity_bytes")
-    numbers.update(min_capacity_virtual_early=need_early, ooms_virtual_early=early["ooms"],
-                   min_capacity_tight=need_tight, ooms_tight=tight["ooms"],
-                   peak_reserved_vmm=vmm["peak_reserved_bytes"])
-    summary = (f"peak live memory {_size(peak_live)} fits the capacity {_size(capacity)}, but "
-               f"on the default settings {default['ooms']} allocations failed: the trace "
-               f"needs {_size(need_default)} there, the free memory is not in pieces large "
-               f"enough")
-
-    def gain(need):
-        return need_default - need if need_default is not None and need is not None else None
-
-    def outcome(run, need):
-        fits = "no OOM" if run["ooms"] == 0 else f"{run['ooms']} OOMs"
-        return f"under {_size(capacity)}: {fits}, and it needs {_size(need)}"
-
-    fixes = [
-        Fix(f"the vmm source (VRAMKIT_SOURCE=vmm): replayed on sim:vmm {outcome(vmm, need_vmm)}, "
-            f"peak reserved {_size(vmm['peak_reserved_bytes'])}", gain(need_vmm)),
-        Fix(f"VRAMKIT_VIRTUAL_THRESHOLD=0 (large blocks mapped granule by granule, where "
-            f"live blocks are, from the start): replayed {outcome(early, need_early)}",
-            gain(need_early)),
-        Fix(f"VRAMKIT_LARGE_BLOCKS=fixed VRAMKIT_TIGHT_THRESHOLD=0 (fixed segments of their "
-            f"own size for large requests): replayed {outcome(tight, need_tight)}",
-            gain(need_tight)),
-        Fix("vramkit.empty_cache() between phases of the run (the OOM path already gives back "
-            "every wholly free segment)", None),
-    ]
-    return Diagnosis("fragmentation", summary, where, numbers, _rank(fixes), [], [], notes)
-
-
-# ---------------------------------------------------------------------------------------
 # The entry points.
 # ---------------------------------------------------------------------------------------
+
+# A report's text is for people; the doctor reads the figures the engine keeps with it.
+_REPORT_TEXT = ("{}: an out-of-memory report's text, which the doctor does not parse: pass the "
+                "OutOfMemoryError (its .oom_info), vramkit.last_oom_info(), a snapshot "
+                "or a trace")
+
 
 def _from_path(path: str, capacity: int | None, estimate_fn) -> Diagnosis:
     from .plot import _read
@@ -680,9 +570,11 @@ def _from_path(path: str, capacity: int | None, estimate_fn) -> Diagnosis:
         raise DoctorInputError(str(error)) from None
     head = raw[:1 << 16].decode("utf-8", "replace")
     if raw.startswith(_read.TRACE_MAGIC):
-        return _from_trace(path, capacity, estimate_fn, path)
+        from ._doctor_trace import from_trace
+
+        return from_trace(path, capacity, estimate_fn)
     if "vramkit: out of memory" in head and raw[:1] != b"\x80":
-        return _from_report(raw.decode("utf-8", "replace"), estimate_fn, path)
+        raise DoctorInputError(_REPORT_TEXT.format(path))
     try:
         kind = _read.kind_of(path, raw)
         if kind == "log":
@@ -713,12 +605,13 @@ def diagnose(source, *, capacity: int | str | None = None,
                                  or capacity <= 0):
         raise ValueError(f"capacity must be a positive number of bytes, got {capacity!r}")
     if isinstance(source, BaseException):
-        text = getattr(source, "report", None) or str(source)
-        result = _from_report(text, estimate_fn, type(source).__name__)
+        result = _from_info(_info_of_exception(source), estimate_fn, type(source).__name__)
         _add_live_call_sites(result)
+    elif isinstance(source, dict):
+        result = _from_info(source, estimate_fn, "the OOM's figures")
     elif isinstance(source, str) and "out of memory" in source and (
             "\n" in source or not os.path.exists(source)):
-        result = _from_report(source, estimate_fn, "the report")
+        raise DoctorInputError(_REPORT_TEXT.format("the report"))
     elif isinstance(source, (str, os.PathLike)):
         result = _from_path(os.fspath(source), capacity, estimate_fn)
     else:

@@ -215,13 +215,15 @@ def _oom_count() -> int:
 def oom_report():
     """Within this block, a torch.OutOfMemoryError raised by an allocation through vramkit
     gains ``exc.report``: vramkit's report (the text its message already ends with), for
-    code that logs or inspects it apart from the message."""
+    code that logs or inspects it apart from the message, and ``exc.oom_info``, its figures
+    (vramkit.last_oom_info)."""
     before = _oom_count()
     try:
         yield
     except torch.OutOfMemoryError as exc:
         if _oom_count() != before:
             exc.report = vramkit.last_oom_report()
+            exc.oom_info = vramkit.last_oom_info()
         raise
 
 

@@ -13,7 +13,6 @@
 /* Another process holding memory on the pool's GPU (the OOM report's neighbours): from
  * NVML on a real device, from the published records (obs/publish.h) for vramkit processes
  * and on sim. */
-#define VRAM_OOM_MAX_NEIGHBOURS 8
 #define VRAM_NEIGHBOUR_UNKNOWN UINT64_MAX /* NVML gave no figure (or no NVML) */
 typedef struct vram_neighbour {
   int pid;
@@ -34,6 +33,7 @@ typedef struct vram_neighbours {
 typedef struct vram_pool_snapshot {
   int device;
   const char *source_name;  /* "sim", "cuda", ... */
+  vram_source_kind source;
   bool is_vmm;              /* the source maps granules where they are needed */
   double tight_threshold;   /* vram_options_t.tight_threshold */
   bool fixed_large;         /* large requests get fixed segments, where tight placement acts */
@@ -58,7 +58,11 @@ typedef struct vram_oom_request {
 /* Each returns the length of the full text, like snprintf, and writes at most cap bytes. */
 int _vram_format_summary(const vram_pool_snapshot *snap, char *buf, size_t cap);
 int _vram_format_stats_json(const vram_stats_t *s, char *buf, size_t cap);
-int _vram_format_oom_report(const vram_pool_snapshot *snap, const vram_oom_request *req, char *buf,
-                            size_t cap);
+/* The figures and cause of a refused request (vram_oom_info_t), from the snapshot taken at
+ * the failure; the report is then written from them, so that text and figures agree. */
+void _vram_oom_info_fill(const vram_pool_snapshot *snap, const vram_oom_request *req,
+                         vram_oom_info_t *info);
+int _vram_format_oom_report(const vram_pool_snapshot *snap, const vram_oom_request *req,
+                            const vram_oom_info_t *info, char *buf, size_t cap);
 
 #endif /* VRAM_OBS_FORMAT_H */

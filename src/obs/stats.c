@@ -189,17 +189,12 @@ static void format_neighbours(text_out *o, const vram_neighbours *nb) {
  * (limit or live) or over what the device leaves us (live if over the whole device, else
  * others). The report is made after the ladder gave every free segment back, so cached
  * free here is memory inside segments that still hold live blocks. */
-typedef enum oom_cause {
-  OOM_PREALLOCATE,
-  OOM_FRAGMENTATION,
-  OOM_GRANULARITY,
-  OOM_LIMIT,
-  OOM_LIVE,
-  OOM_OTHERS
-} oom_cause;
+static const char *const oom_cause_names[VRAM_OOM_CAUSE_COUNT] = {
+    "preallocate", "fragmentation", "granularity", "limit", "live", "others"};
 
-static const char *const oom_cause_names[] = {"preallocate", "fragmentation", "granularity",
-                                              "limit",       "live",          "others"};
+const char *vram_oom_cause_name(int cause) {
+  return cause >= 0 && cause < VRAM_OOM_CAUSE_COUNT ? oom_cause_names[cause] : NULL;
+}
 
 /* A request past what any device addresses (2^48 bytes), or a thousand times and more the
  * device's capacity (a unit off, a shape multiplied out wrong), was computed wrong, and the
@@ -208,51 +203,102 @@ static const char *const oom_cause_names[] = {"preallocate", "fragmentation", "g
 #define OOM_ABSURD_SIZE ((size_t)VRAM_SIM_MAX_CAPACITY)
 #define OOM_ABSURD_FACTOR 1024
 
-static bool absurd_request(const vram_pool_snapshot *snap, size_t size) {
-  return size > OOM_ABSURD_SIZE || size / OOM_ABSURD_FACTOR >= snap->device_total;
+static bool absurd_request(const vram_oom_info_t *in) {
+  return in->requested > OOM_ABSURD_SIZE || in->requested / OOM_ABSURD_FACTOR >= in->capacity;
 }
 
-/* a + b, saturating: a request near SIZE_MAX must not wrap into a small sum. */
-static size_t add_sat(size_t a, size_t b) { return a > SIZE_MAX - b ? SIZE_MAX : a + b; }
+/* a + b, saturating: a request near UINT64_MAX must not wrap into a small sum. */
+static uint64_t add_sat(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
 
 /* What the pool may still take from the device: its free memory, under the limit if set. */
-static size_t may_reserve(const vram_pool_snapshot *snap) {
-  size_t limit = snap->stats.limit_bytes, reserved = (size_t)snap->stats.reserved_bytes.current;
-  size_t room = snap->device_free;
-  if (limit) room = limit > reserved ? (limit - reserved < room ? limit - reserved : room) : 0;
+static uint64_t may_reserve(const vram_oom_info_t *in) {
+  uint64_t room = in->device_free;
+  if (in->limit)
+    room = in->limit > in->reserved ? (in->limit - in->reserved < room ? in->limit - in->reserved
+                                                                       : room)
+                                    : 0;
   return room;
 }
 
-/* The smallest unit the pool maps (1 where the snapshot does not say). */
-static size_t granule_of(const vram_pool_snapshot *snap) {
-  return snap->granularity ? snap->granularity : 1;
+/* The smallest unit the pool maps (1 where the figures do not say). */
+static uint64_t granule_of(const vram_oom_info_t *in) {
+  return in->granularity ? in->granularity : 1;
 }
 
 /* The cap that bounds the pool: the limit where it is below the device, else the device. */
-static size_t cap_of(const vram_pool_snapshot *snap, const char **what) {
-  size_t limit = snap->stats.limit_bytes;
-  bool by_limit = limit && limit <= snap->device_total;
+static uint64_t cap_of(const vram_oom_info_t *in, const char **what) {
+  bool by_limit = in->limit && in->limit <= in->capacity;
   *what = by_limit ? "limit" : "device's capacity";
-  return by_limit ? limit : snap->device_total;
+  return by_limit ? in->limit : in->capacity;
 }
 
-static oom_cause classify_oom(const vram_pool_snapshot *snap, const vram_oom_request *req) {
-  const vram_stats_t *s = &snap->stats;
-  size_t limit = s->limit_bytes, reserved = (size_t)s->reserved_bytes.current;
-  size_t needed = add_sat((size_t)s->allocated_bytes.current, req->size);
-  if (req->preallocate) return OOM_PREALLOCATE;
-  if (req->max_request) return OOM_LIVE;
-  bool under_limit = !limit || needed <= limit;
-  bool device_has_room = needed <= add_sat(reserved, snap->device_free);
-  bool fits_whole_device = needed <= snap->device_total;
+static int classify_oom(const vram_oom_info_t *in) {
+  uint64_t needed = add_sat(in->allocated, in->requested);
+  if (in->preallocate) return VRAM_OOM_PREALLOCATE;
+  if (in->max_request) return VRAM_OOM_LIVE;
+  bool under_limit = !in->limit || needed <= in->limit;
+  bool device_has_room = needed <= add_sat(in->reserved, in->device_free);
+  bool fits_whole_device = needed <= in->capacity;
   if (under_limit && device_has_room) {
-    size_t room = may_reserve(snap);
-    size_t mappable = room - room % granule_of(snap);
-    return add_sat(snap->cached_free, mappable) < req->size ? OOM_GRANULARITY
-                                                            : OOM_FRAGMENTATION;
+    uint64_t room = may_reserve(in);
+    uint64_t mappable = room - room % granule_of(in);
+    return add_sat(in->cached_free, mappable) < in->requested ? VRAM_OOM_GRANULARITY
+                                                               : VRAM_OOM_FRAGMENTATION;
   }
-  if (!under_limit) return device_has_room ? OOM_LIMIT : OOM_LIVE;
-  return fits_whole_device ? OOM_OTHERS : OOM_LIVE;
+  if (!under_limit) return device_has_room ? VRAM_OOM_LIMIT : VRAM_OOM_LIVE;
+  return fits_whole_device ? VRAM_OOM_OTHERS : VRAM_OOM_LIVE;
+}
+
+void vram_oom_classify(vram_oom_info_t *in) {
+  if (!in) return;
+  in->may_reserve = may_reserve(in);
+  in->cause = classify_oom(in);
+  /* The device less what we reserve and what is free: someone else's. */
+  uint64_t ours = in->reserved < in->capacity ? in->reserved : in->capacity;
+  uint64_t held = in->capacity - ours;
+  in->others_used = held > in->device_free ? held - in->device_free : 0;
+  /* Enough to take a segment of the request's size beside everything reserved now. */
+  uint64_t want = add_sat(in->reserved, in->requested);
+  in->raise_limit_by = in->cause == VRAM_OOM_LIMIT && want > in->limit ? want - in->limit : 0;
+  const char *what;
+  uint64_t needed = add_sat(in->allocated, in->requested), cap = cap_of(in, &what);
+  in->shortfall = in->cause == VRAM_OOM_LIVE && !in->max_request && needed > cap ? needed - cap
+                                                                                : 0;
+}
+
+void _vram_oom_info_fill(const vram_pool_snapshot *snap, const vram_oom_request *req,
+                         vram_oom_info_t *in) {
+  const vram_stats_t *s = &snap->stats;
+  memset(in, 0, sizeof *in);
+  in->device = snap->device;
+  in->source = snap->source;
+  in->preallocate = req->preallocate;
+  in->requested = req->size;
+  in->max_request = req->max_request;
+  in->capacity = snap->device_total;
+  in->device_free = snap->device_free;
+  in->limit = s->limit_bytes;
+  in->reserved = (uint64_t)s->reserved_bytes.current;
+  in->allocated = (uint64_t)s->allocated_bytes.current;
+  in->cached_free = snap->cached_free;
+  in->largest_free_block = s->largest_free_block;
+  in->granularity = snap->granularity;
+  in->fragmentation = s->fragmentation;
+  vram_oom_classify(in);
+  const vram_neighbours *nb = snap->neighbours;
+  if (!nb) return;
+  in->neighbours_total = nb->total;
+  for (int i = 0; i < nb->count && i < VRAM_OOM_MAX_NEIGHBOURS; i++) {
+    const vram_neighbour *n = &nb->list[i];
+    vram_oom_neighbour_t *o = &in->neighbours[in->neighbours_count++];
+    o->pid = n->pid;
+    o->is_vramkit = n->is_vramkit;
+    snprintf(o->name, sizeof o->name, "%s", n->name);
+    o->used_bytes = n->used_bytes == VRAM_NEIGHBOUR_UNKNOWN ? VRAM_OOM_UNKNOWN : n->used_bytes;
+    o->reserved_bytes = n->reserved_bytes;
+    o->allocated_bytes = n->allocated_bytes;
+    o->cached_free_bytes = n->cached_free_bytes;
+  }
 }
 
 /* "a plus b is a + b, more than bound", each figure in one unit with as many decimals as
@@ -318,37 +364,34 @@ static void sum_texts(sum_text *t, uint64_t a, uint64_t b, uint64_t bound) {
 }
 
 /* The cause line of a failed preallocation: what refused it. */
-static void format_preallocate_cause(text_out *o, const vram_pool_snapshot *snap,
-                                     const vram_oom_request *req) {
-  size_t limit = snap->stats.limit_bytes;
+static void format_preallocate_cause(text_out *o, const vram_oom_info_t *in) {
   char rq[32], bound[32];
-  human_size_1(rq, sizeof rq, req->size);
-  if (req->size > snap->device_total) {
-    human_size_1(bound, sizeof bound, snap->device_total);
+  human_size_1(rq, sizeof rq, in->requested);
+  if (in->requested > in->capacity) {
+    human_size_1(bound, sizeof bound, in->capacity);
     out_printf(o, "the preallocation of %s is more than the device's capacity of %s.\n", rq,
                bound);
-  } else if (limit && req->size > limit) {
-    human_size_1(bound, sizeof bound, limit);
+  } else if (in->limit && in->requested > in->limit) {
+    human_size_1(bound, sizeof bound, in->limit);
     out_printf(o, "the preallocation of %s is more than the limit of %s.\n", rq, bound);
   } else {
-    human_size_1(bound, sizeof bound, snap->device_free);
+    human_size_1(bound, sizeof bound, in->device_free);
     out_printf(o, "the preallocation of %s is more than the %s free on the device (other "
                   "processes hold the rest).\n", rq, bound);
   }
 }
 
 /* The cause line of a request that whole segments cannot place. */
-static void format_granularity_cause(text_out *o, const vram_pool_snapshot *snap,
-                                     const vram_oom_request *req) {
+static void format_granularity_cause(text_out *o, const vram_oom_info_t *in) {
   const char *what;
-  size_t cap = cap_of(snap, &what), g = granule_of(snap), room = may_reserve(snap);
+  uint64_t cap = cap_of(in, &what), g = granule_of(in), room = in->may_reserve;
   char capt[32], seg[32], rq[32], more[32], mappable[32], cfr[32];
   human_size_1(capt, sizeof capt, cap);
   human_size_1(seg, sizeof seg, g);
-  human_size_1(rq, sizeof rq, req->size);
+  human_size_1(rq, sizeof rq, in->requested);
   human_size_1(more, sizeof more, room);
   human_size_1(mappable, sizeof mappable, room - room % g);
-  human_size_1(cfr, sizeof cfr, snap->cached_free);
+  human_size_1(cfr, sizeof cfr, in->cached_free);
   if (cap < g)
     out_printf(o, "the %s of %s is smaller than the smallest segment the pool maps (%s): no "
                   "request fits under it.\n", what, capt, seg);
@@ -358,135 +401,129 @@ static void format_granularity_cause(text_out *o, const vram_pool_snapshot *snap
                   "request of %s.\n", seg, more, mappable, cfr, rq);
 }
 
+/* The cause line of live memory over the cap. */
+static void format_live_cause(text_out *o, const vram_oom_info_t *in, const char *fre) {
+  if (in->max_request) {
+    char rq[32];
+    human_size_1(rq, sizeof rq, in->requested);
+    out_printf(o, "the request alone (%s) is more than the device can hold.\n", rq);
+    return;
+  }
+  bool over_device = add_sat(in->allocated, in->requested) > in->capacity;
+  sum_text t;
+  sum_texts(&t, in->allocated, in->requested, over_device ? in->capacity : in->limit);
+  if (over_device)
+    out_printf(o, "live memory %s plus the request %s is %s, more than the device's %s: "
+                  "live memory itself is too much.\n", t.a, t.b, t.sum, t.bound);
+  else
+    out_printf(o, "live memory %s plus the request %s is %s, more than the limit of %s, "
+                  "and the device has only %s free besides: live memory itself is too "
+                  "much.\n", t.a, t.b, t.sum, t.bound, fre);
+}
+
 /* The cause line, with the numbers that chose it. */
-static void format_oom_cause(text_out *o, const vram_pool_snapshot *snap,
-                             const vram_oom_request *req) {
-  const vram_stats_t *s = &snap->stats;
-  size_t limit = s->limit_bytes, reserved = (size_t)s->reserved_bytes.current;
-  size_t allocated = (size_t)s->allocated_bytes.current;
-  size_t needed = add_sat(allocated, req->size);
+static void format_oom_cause(text_out *o, const vram_oom_info_t *in) {
+  uint64_t needed = add_sat(in->allocated, in->requested);
   char rq[32], nd[32], lim[32], res[32], fre[32], tot[32], cfr[32], lfb[32], more[32];
-  human_size_1(rq, sizeof rq, req->size);
+  human_size_1(rq, sizeof rq, in->requested);
   human_size_1(nd, sizeof nd, needed);
-  human_size_1(lim, sizeof lim, limit);
-  human_size_1(res, sizeof res, reserved);
-  human_size_1(fre, sizeof fre, snap->device_free);
-  human_size_1(tot, sizeof tot, snap->device_total);
-  human_size_1(cfr, sizeof cfr, snap->cached_free);
-  human_size_1(lfb, sizeof lfb, s->largest_free_block);
-  oom_cause cause = classify_oom(snap, req);
-  out_printf(o, "  cause: %s: ", oom_cause_names[cause]);
-  switch (cause) {
-  case OOM_PREALLOCATE:
-    format_preallocate_cause(o, snap, req);
+  human_size_1(lim, sizeof lim, in->limit);
+  human_size_1(res, sizeof res, in->reserved);
+  human_size_1(fre, sizeof fre, in->device_free);
+  human_size_1(tot, sizeof tot, in->capacity);
+  human_size_1(cfr, sizeof cfr, in->cached_free);
+  human_size_1(lfb, sizeof lfb, in->largest_free_block);
+  out_printf(o, "  cause: %s: ", vram_oom_cause_name(in->cause));
+  switch (in->cause) {
+  case VRAM_OOM_PREALLOCATE:
+    format_preallocate_cause(o, in);
     break;
-  case OOM_GRANULARITY:
-    format_granularity_cause(o, snap, req);
+  case VRAM_OOM_GRANULARITY:
+    format_granularity_cause(o, in);
     break;
-  case OOM_FRAGMENTATION:
-    human_size_1(more, sizeof more, may_reserve(snap));
+  case VRAM_OOM_FRAGMENTATION:
+    human_size_1(more, sizeof more, in->may_reserve);
     out_printf(o, "%s is cached free and the pool may reserve %s more, against a request "
                   "of %s, but the largest free block is %s: the room is there, not in one "
                   "piece (live memory plus the request, %s, would fit).\n",
                cfr, more, rq, lfb, nd);
     break;
-  case OOM_LIMIT: {
-    /* Enough to take a segment of the request's size beside everything reserved now. */
-    size_t raise = add_sat(reserved, req->size) - limit;
-    human_size_1(more, sizeof more, raise);
+  case VRAM_OOM_LIMIT:
+    human_size_1(more, sizeof more, in->raise_limit_by);
     out_printf(o, "the limit of %s refused it: reserved %s plus the request %s is more, while "
-                  "the device has %s free; raise the limit by %s (%zu bytes).\n",
-               lim, res, rq, fre, more, raise);
+                  "the device has %s free; raise the limit by %s (%llu bytes).\n",
+               lim, res, rq, fre, more, (unsigned long long)in->raise_limit_by);
     break;
-  }
-  case OOM_LIVE: {
-    if (req->max_request) {
-      out_printf(o, "the request alone (%s) is more than the device can hold.\n", rq);
-      break;
-    }
-    bool over_device = needed > snap->device_total;
-    sum_text t;
-    sum_texts(&t, allocated, req->size, over_device ? snap->device_total : limit);
-    if (over_device)
-      out_printf(o, "live memory %s plus the request %s is %s, more than the device's %s: "
-                    "live memory itself is too much.\n", t.a, t.b, t.sum, t.bound);
-    else
-      out_printf(o, "live memory %s plus the request %s is %s, more than the limit of %s, "
-                    "and the device has only %s free besides: live memory itself is too "
-                    "much.\n", t.a, t.b, t.sum, t.bound, fre);
+  case VRAM_OOM_LIVE:
+    format_live_cause(o, in, fre);
     break;
-  }
-  case OOM_OTHERS: {
-    /* The device less what we reserve and what is free: someone else's. */
-    size_t ours = reserved < snap->device_total ? reserved : snap->device_total;
-    size_t held = snap->device_total - ours;
-    held = held > snap->device_free ? held - snap->device_free : 0;
-    human_size_1(more, sizeof more, held);
+  case VRAM_OOM_OTHERS:
+    human_size_1(more, sizeof more, in->others_used);
     out_printf(o, "other processes hold %s of the device's %s: free on the device %s plus "
                   "cached free %s cannot serve the request %s, though live memory and the "
                   "request (%s) would fit on the device alone.\n",
                more, tot, fre, cfr, rq, nd);
     break;
   }
-  }
 }
 
 /* The first line: what was asked, where, and for a size past the device, its capacity. */
 static void format_oom_headline(text_out *o, const vram_pool_snapshot *snap,
-                                const vram_oom_request *req) {
+                                const vram_oom_request *req, const vram_oom_info_t *in) {
   char rq[32], where[48];
-  human_size(rq, sizeof rq, req->size);
+  human_size(rq, sizeof rq, in->requested);
   stream_name(where, sizeof where, req->stream);
-  out_printf(o, "vramkit: out of memory on device %d (%s source): ", snap->device,
+  out_printf(o, "vramkit: out of memory on device %d (%s source): ", in->device,
              snap->source_name);
-  if (req->preallocate) {
-    out_printf(o, "could not preallocate %s (%zu bytes) when creating the pool.\n", rq,
-               req->size);
-  } else if (req->max_request) {
+  if (in->preallocate) {
+    out_printf(o, "could not preallocate %s (%llu bytes) when creating the pool.\n", rq,
+               (unsigned long long)in->requested);
+  } else if (in->max_request) {
     /* The headline in one decimal, as a person would say it. */
     char size[32], most[32];
-    human_size_1(size, sizeof size, req->size);
-    human_size_1(most, sizeof most, req->max_request);
-    out_printf(o, "tried to allocate %s (%zu bytes) on %s, more than device %d's %s of %s.\n",
-               size, req->size, where, snap->device,
-               req->max_request == snap->device_total ? "capacity" : "addressable limit", most);
+    human_size_1(size, sizeof size, in->requested);
+    human_size_1(most, sizeof most, in->max_request);
+    out_printf(o, "tried to allocate %s (%llu bytes) on %s, more than device %d's %s of %s.\n",
+               size, (unsigned long long)in->requested, where, in->device,
+               in->max_request == in->capacity ? "capacity" : "addressable limit", most);
   } else {
-    out_printf(o, "tried to allocate %s (%zu bytes) on %s.\n", rq, req->size, where);
+    out_printf(o, "tried to allocate %s (%llu bytes) on %s.\n", rq,
+               (unsigned long long)in->requested, where);
   }
 }
 
 /* Advice where no setting of the pool's own helps: a preallocation, a request past the
  * device, a cap below one segment. Returns true if it gave the report's last word. */
 static bool format_oom_setting_advice(text_out *o, const vram_pool_snapshot *snap,
-                                      const vram_oom_request *req) {
+                                      const vram_oom_info_t *in) {
   bool sim = strncmp(snap->source_name, "sim", 3) == 0;
   const char *what;
-  size_t cap = cap_of(snap, &what);
+  uint64_t cap = cap_of(in, &what);
   char size[32];
-  if (req->preallocate) {
-    human_size_1(size, sizeof size, cap < snap->device_free ? cap : snap->device_free);
+  if (in->preallocate) {
+    human_size_1(size, sizeof size, cap < in->device_free ? cap : in->device_free);
     out_printf(o, "  Lower VRAMKIT_PREALLOCATE to what the device can give (%s now), or leave "
                   "it unset to grow on demand.", size);
     return true;
   }
-  if (req->max_request && absurd_request(snap, req->size)) {
+  if (in->max_request && absurd_request(in)) {
     out_printf(o, "  No memory setting can serve a request this large: check how its size was "
                    "computed (a negative number converted to an unsigned size, or a shape "
                    "multiplied out wrong, gives sizes like this).");
     return true;
   }
-  if (req->max_request) {
-    human_size_1(size, sizeof size, req->max_request);
+  if (in->max_request) {
+    human_size_1(size, sizeof size, in->max_request);
     out_printf(o, "  The request alone is more than this device's %s of %s: no limit or cache "
                   "release can serve it. Split it into smaller allocations, use a device with "
                   "more memory%s, or the managed source (VRAMKIT_SOURCE=managed) to spill to "
                   "host memory.",
-               req->max_request == snap->device_total ? "capacity" : "addressable limit", size,
+               in->max_request == in->capacity ? "capacity" : "addressable limit", size,
                sim ? " (on sim, a larger VRAMKIT_SIM_CAPACITY)" : "");
     return true;
   }
-  if (cap < granule_of(snap) && classify_oom(snap, req) == OOM_GRANULARITY) {
-    human_size_1(size, sizeof size, granule_of(snap));
+  if (cap < granule_of(in) && in->cause == VRAM_OOM_GRANULARITY) {
+    human_size_1(size, sizeof size, granule_of(in));
     out_printf(o, "  Raise the %s to at least one segment, %s (%s).", what, size,
                strcmp(what, "limit") == 0 ? "VRAMKIT_LIMIT" : sim ? "VRAMKIT_SIM_CAPACITY"
                                                                   : "a device with more memory");
@@ -497,18 +534,16 @@ static bool format_oom_setting_advice(text_out *o, const vram_pool_snapshot *sna
 
 /* What to try, chosen from the numbers of the report. */
 static void format_oom_advice(text_out *o, const vram_pool_snapshot *snap,
-                              const vram_oom_request *req, const char *lim) {
-  if (format_oom_setting_advice(o, snap, req)) return;
-  const vram_stats_t *s = &snap->stats;
-  size_t requested = req->size, limit = s->limit_bytes, cached = snap->cached_free;
-  if (limit && (size_t)s->reserved_bytes.current + requested > limit)
+                              const vram_oom_info_t *in, const char *lim) {
+  if (format_oom_setting_advice(o, snap, in)) return;
+  uint64_t requested = in->requested, limit = in->limit, cached = in->cached_free;
+  if (limit && in->reserved + requested > limit)
     out_printf(o, "  The limit of %s is what refused it: raise it (VRAMKIT_LIMIT, "
                   "set_per_process_memory_fraction) if the device has room.\n", lim);
   if (cached >= requested) {
     out_printf(o, "  %.1f%% of reserved memory is free but fragmented: try the vmm source "
                   "(VRAMKIT_SOURCE=vmm), which maps physical memory where it is needed",
-               s->reserved_bytes.current ? 100.0 * (double)cached / (double)s->reserved_bytes.current
-                                         : 0.0);
+               in->reserved ? 100.0 * (double)cached / (double)in->reserved : 0.0);
     /* Fixed segments that turn virtual near the cap: starting sooner leaves fewer holes. */
     if (!snap->is_vmm && snap->virtual_threshold < 1.0)
       out_printf(o, ", or a lower VRAMKIT_VIRTUAL_THRESHOLD (now %.2f%s), so that this pool "
@@ -518,9 +553,9 @@ static void format_oom_advice(text_out *o, const vram_pool_snapshot *snap,
   }
   /* Live bytes plus the request fit under the cap: the free memory around live blocks is
    * what failed it, the waste tight placement avoids on fixed segments. */
-  size_t cap_bytes = limit ? limit : snap->device_total;
+  uint64_t cap_bytes = limit ? limit : in->capacity;
   if (snap->fixed_large && snap->tight_threshold > 0 && cached > 0 &&
-      (size_t)s->allocated_bytes.current + requested <= cap_bytes)
+      in->allocated + requested <= cap_bytes)
     out_printf(o, "  Live memory and this request would fit: keep fixed segments tighter with "
                   "VRAMKIT_TIGHT_THRESHOLD=0, which gives large requests segments of their own "
                   "size instead of carving cached ones (less memory, more driver calls).\n");
@@ -530,28 +565,27 @@ static void format_oom_advice(text_out *o, const vram_pool_snapshot *snap,
                 "(VRAMKIT_SOURCE=managed) to spill to host memory.");
 }
 
-int _vram_format_oom_report(const vram_pool_snapshot *snap, const vram_oom_request *req, char *buf,
-                            size_t cap) {
+int _vram_format_oom_report(const vram_pool_snapshot *snap, const vram_oom_request *req,
+                            const vram_oom_info_t *in, char *buf, size_t cap) {
   text_out o = {buf, cap, 0};
   if (cap) buf[0] = 0;
-  const vram_stats_t *s = &snap->stats;
   char tot[32], fre[32], res[32], alc[32], lfb[32], lim[32], cfr[32];
-  human_size(cfr, sizeof cfr, snap->cached_free);
-  human_size(tot, sizeof tot, snap->device_total);
-  human_size(fre, sizeof fre, snap->device_free);
-  human_stat(res, sizeof res, s->reserved_bytes.current);
-  human_stat(alc, sizeof alc, s->allocated_bytes.current);
-  human_size(lfb, sizeof lfb, s->largest_free_block);
-  if (s->limit_bytes) human_size(lim, sizeof lim, s->limit_bytes);
+  human_size(cfr, sizeof cfr, in->cached_free);
+  human_size(tot, sizeof tot, in->capacity);
+  human_size(fre, sizeof fre, in->device_free);
+  human_stat(res, sizeof res, (int64_t)in->reserved);
+  human_stat(alc, sizeof alc, (int64_t)in->allocated);
+  human_size(lfb, sizeof lfb, in->largest_free_block);
+  if (in->limit) human_size(lim, sizeof lim, in->limit);
   else snprintf(lim, sizeof lim, "none");
-  format_oom_headline(&o, snap, req);
-  format_oom_cause(&o, snap, req);
+  format_oom_headline(&o, snap, req, in);
+  format_oom_cause(&o, in);
   out_printf(&o,
              "  device capacity %s, free on device %s, limit %s;\n"
              "  reserved by vramkit %s, allocated %s, cached free %s, largest free block %s, "
              "fragmentation %.1f%%.\n",
-             tot, fre, lim, res, alc, cfr, lfb, 100.0 * s->fragmentation);
+             tot, fre, lim, res, alc, cfr, lfb, 100.0 * in->fragmentation);
   format_neighbours(&o, snap->neighbours);
-  format_oom_advice(&o, snap, req, lim);
+  format_oom_advice(&o, snap, in, lim);
   return (int)o.len;
 }

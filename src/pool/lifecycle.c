@@ -110,6 +110,7 @@ int vram_pool_create(vram_pool_t **out, const vram_options_t *opts) {
   if (!pool) return VRAM_EHOSTMEM;
   _vram_lock_init(&pool->lock);
   pool->opts = o;
+  pool->oom_info.cause = -1; /* no OOM yet: vram_oom_info says so */
   pool->split_stats = o.split_stats != 0;
   if (pool->split_stats) atomic_store(&pool->history_flags, VRAM_REC_KINDS);
   rc = pool_open_source(pool, methods);

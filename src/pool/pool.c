@@ -715,6 +715,21 @@ int vram_oom_report(vram_pool_t *pool, char *buf, size_t cap) {
   return locked_call(pool, oom_report_locked, &c, NULL);
 }
 
+static int oom_info_locked(vram_pool_t *pool, void *arg) {
+  vram_oom_info_t *info = arg;
+  if (pool->oom_info.cause < 0) {
+    memset(info, 0, sizeof *info);
+    return VRAM_EINVAL;
+  }
+  *info = pool->oom_info;
+  return VRAM_OK;
+}
+
+int vram_oom_info(vram_pool_t *pool, vram_oom_info_t *info) {
+  if (!pool || !info) return VRAM_EINVAL;
+  return locked_call(pool, oom_info_locked, info, NULL);
+}
+
 static int set_error_callback_locked(vram_pool_t *pool, void *arg) {
   const error_hook *h = arg;
   pool->on_error = h->fn;

@@ -88,6 +88,7 @@ void _vram_pool_fill_stats(const vram_pool_t *pool, vram_stats_t *out) {
 void _vram_pool_snapshot(const vram_pool_t *pool, bool ask_device, vram_pool_snapshot *out) {
   out->device = pool->opts.device;
   out->source_name = pool->src->zName;
+  out->source = pool->opts.source;
   out->is_vmm = pool->src->is_vmm != 0;
   out->grows_virtual = pool->has_virtual && !pool->src->is_vmm;
   /* With large blocks virtual from the start, no threshold turns the pool virtual. */

@@ -274,6 +274,7 @@ struct vram_pool {
   vram_error_fn on_error;
   void *on_error_user;
   char oom_report[2048];
+  vram_oom_info_t oom_info;  /* the figures of the last OOM; cause -1: none yet */
   /* Cold: PyTorch's small and large rows (split_stats) and its count of waits. */
   vram_kind_counts kinds[2]; /* [1] small segments, [0] large ones */
   uint64_t num_sync_all_streams;

@@ -119,6 +119,7 @@ static size_t run_ops(vram_pool_t *pool, const trace_t *trace, _vram_replay_pass
           pass->report->first_oom_size = op->size;
           vram_oom_report(pool, pass->report->first_oom_report,
                           sizeof pass->report->first_oom_report);
+          vram_oom_info(pool, &pass->report->first_oom_info);
           pass->report = NULL;
         }
         if (pass->stop_at_oom) break;
@@ -149,6 +150,7 @@ static int create_failed(int status, const trace_t *trace, const vram_options_t 
       pass->report->first_oom_op = -1;
       vram_pool_create_report(pass->report->first_oom_report,
                               sizeof pass->report->first_oom_report);
+      vram_pool_create_oom_info(&pass->report->first_oom_info);
     }
     return VRAM_OK;
   }

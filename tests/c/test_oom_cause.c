@@ -1,5 +1,6 @@
 /* test_oom_cause.c - the OOM report's cause line: "  cause: <kind>: <sentence>", right
- * after the headline, with exactly one of fragmentation, limit, live and others.
+ * after the headline, with exactly one kind; and the figures it is written from
+ * (vram_oom_info_t, vram_oom_info, vram_oom_classify), checked beside the text.
  *
  * Two layers. The formatter is a pure function of a snapshot, so every boundary and every
  * precedence between the kinds is planted there directly (numbers a real pool would take
@@ -46,7 +47,9 @@ static vram_pool_snapshot plant(planted p) {
 static void report_of(planted p, size_t size, size_t max_request, char *buf, size_t cap) {
   vram_pool_snapshot snap = plant(p);
   vram_oom_request req = {.size = size, .stream = NULL, .max_request = max_request};
-  int n = _vram_format_oom_report(&snap, &req, buf, cap);
+  vram_oom_info_t info;
+  _vram_oom_info_fill(&snap, &req, &info);
+  int n = _vram_format_oom_report(&snap, &req, &info, buf, cap);
   assert_true(n > 0);
   assert_true((size_t)n < cap);
   assert_int_equal((size_t)n, strlen(buf));
@@ -263,6 +266,29 @@ static void t_planted_above_capacity(void **state) {
   expect_no_text(report, "negative number");
 }
 
+/* Each cause has its name, the report's word; past the range, none. */
+static void t_cause_names(void **state) {
+  (void)state;
+  const char *names[] = {"preallocate", "fragmentation", "granularity",
+                         "limit",       "live",          "others"};
+  for (int c = 0; c < VRAM_OOM_CAUSE_COUNT; c++)
+    assert_string_equal(vram_oom_cause_name(c), names[c]);
+  assert_null(vram_oom_cause_name(VRAM_OOM_CAUSE_COUNT));
+  assert_null(vram_oom_cause_name(-1));
+  /* vram_oom_classify on figures alone, as a snapshot gives them: 30 MiB cached free in
+   * pieces, the device nearly full, 20 MiB asked. */
+  vram_oom_info_t in = {.requested = 20 * VT_MiB, .capacity = 64 * VT_MiB,
+                        .device_free = 4 * VT_MiB, .reserved = 60 * VT_MiB,
+                        .allocated = 30 * VT_MiB, .cached_free = 30 * VT_MiB,
+                        .largest_free_block = 10 * VT_MiB, .granularity = 2 * VT_MiB};
+  vram_oom_classify(&in);
+  assert_int_equal(in.cause, VRAM_OOM_FRAGMENTATION);
+  in.allocated = 50 * VT_MiB;
+  vram_oom_classify(&in);
+  assert_int_equal(in.cause, VRAM_OOM_LIVE);
+  assert_int_equal(in.shortfall, 6 * VT_MiB);
+}
+
 /* A report too long for its buffer is cut, never overrun, and its length still says so. */
 static void t_short_buffer(void **state) {
   (void)state;
@@ -270,10 +296,12 @@ static void t_short_buffer(void **state) {
                .allocated = 40 * VT_MiB};
   vram_pool_snapshot snap = plant(p);
   vram_oom_request req = {.size = 40 * VT_MiB};
+  vram_oom_info_t info;
+  _vram_oom_info_fill(&snap, &req, &info);
   char full[4096], cut[100];
-  int n = _vram_format_oom_report(&snap, &req, full, sizeof full);
+  int n = _vram_format_oom_report(&snap, &req, &info, full, sizeof full);
   memset(cut, 'x', sizeof cut);
-  assert_int_equal(_vram_format_oom_report(&snap, &req, cut, 64), n);
+  assert_int_equal(_vram_format_oom_report(&snap, &req, &info, cut, 64), n);
   assert_int_equal(strlen(cut), 63);
   assert_int_equal(cut[64], 'x');
   assert_memory_equal(cut, full, 63);
@@ -381,9 +409,23 @@ static void t_sim_limit(void **state) {
   vram_pool_t *pool = vt_pool_from(&o);
   void *blocks[1];
   size_t sizes[1] = {40 * VT_MiB};
+  vram_oom_info_t info;
+  /* No OOM yet: nothing to read, and the struct says nothing stale. */
+  VT_EXPECT(vram_oom_info(pool, &info), VRAM_EINVAL);
+  VT_EXPECT(vram_oom_info(pool, NULL), VRAM_EINVAL);
   VT_OK(vram_malloc(pool, sizes[0], NULL, &blocks[0]));
   void *p = NULL;
   VT_EXPECT(vram_malloc(pool, 40 * VT_MiB, NULL, &p), VRAM_ENOMEM);
+  /* The figures the report is written from, exact where the text rounds. */
+  VT_OK(vram_oom_info(pool, &info));
+  assert_int_equal(info.cause, VRAM_OOM_LIMIT);
+  assert_string_equal(vram_oom_cause_name(info.cause), "limit");
+  assert_int_equal(info.requested, 40 * VT_MiB);
+  assert_int_equal(info.limit, 64 * VT_MiB);
+  assert_int_equal(info.capacity, 1 * VT_GiB);
+  assert_int_equal(info.allocated, 40 * VT_MiB);
+  assert_int_equal(info.raise_limit_by, 16 * VT_MiB);
+  assert_int_equal(info.source, VRAM_SOURCE_SIM);
   expect_intact(pool, blocks, sizes, 1);
   char report[4096];
   pool_report(pool, report, sizeof report);
@@ -478,6 +520,12 @@ static void t_preallocate_report(void **state) {
     expect_text(report, "the preallocation of 100.0 GiB is more than the device's capacity of "
                         "80.0 GiB");
     expect_text(report, "Lower VRAMKIT_PREALLOCATE");
+    vram_oom_info_t info;
+    VT_OK(vram_pool_create_oom_info(&info));
+    assert_int_equal(info.cause, VRAM_OOM_PREALLOCATE);
+    assert_true(info.preallocate);
+    assert_int_equal(info.requested, 100 * VT_GiB);
+    assert_int_equal(info.capacity, 80 * VT_GiB);
     /* Under a limit, and past anything a device holds. */
     o.limit_bytes = 8 * VT_GiB;
     o.preallocate_bytes = 10 * VT_GiB;
@@ -493,6 +541,7 @@ static void t_preallocate_report(void **state) {
     pool = vt_pool_from(&o);
     assert_int_equal(vram_pool_create_report(report, sizeof report), 0);
     assert_string_equal(report, "");
+    VT_EXPECT(vram_pool_create_oom_info(&info), VRAM_EINVAL);
     VT_OK(vram_pool_destroy(pool));
   }
 }
@@ -542,6 +591,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(t_planted_others),        cmocka_unit_test(t_planted_boundaries),
       cmocka_unit_test(t_planted_granularity),   cmocka_unit_test(t_planted_sum_digits),
       cmocka_unit_test(t_planted_above_capacity),
+      cmocka_unit_test(t_cause_names),
       cmocka_unit_test(t_short_buffer),          cmocka_unit_test(t_sizes_past_int64),
       cmocka_unit_test(t_sim_fragmentation),
       cmocka_unit_test(t_sim_limit),             cmocka_unit_test(t_sim_live),

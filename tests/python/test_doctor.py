@@ -5,8 +5,8 @@ interpreter (the pool's capacity and limit are fixed when it is created), and ea
 that the pool is still whole after the failure: the live buffers keep their addresses and
 sizes, the snapshot's blocks tile their segments, and a request that fits is served. sim
 keeps one device per pool, so no other process can hold its memory: others is planted as
-the report the engine writes on a real GPU and as a PyTorch snapshot whose oom entry has
-little device_free. The command runs on a trace, on snapshots, and on bad files.
+the figures the engine keeps on a real GPU (oom_info) and as a PyTorch snapshot whose oom
+entry has little device_free. The command runs on a trace, on snapshots, and on bad files.
 """
 
 import gzip
@@ -165,20 +165,24 @@ show(d)
     assert "make_activations" in d["call_sites"][0]["site"]
 
 
-# The report a pool on a real GPU writes when other processes hold it (src/obs/stats.c's
-# format: the headline, the cause line, the figures, the neighbours from NVML and the
+# The figures a pool on a real GPU keeps when other processes hold it (vram_oom_info_t as
+# _core.oom_info gives it: the cause the engine chose, the neighbours from NVML and the
 # published records).
-OTHERS_REPORT = """\
-vramkit: out of memory on device 0 (cuda source): tried to allocate 2.00 GiB (2147483648 bytes) on the default stream.
-  cause: others: other processes hold 5.5 GiB of the device's 8.0 GiB: free on the device 1.0 GiB plus cached free 512.0 MiB cannot serve the request 2.0 GiB, though live memory and the request (3.0 GiB) would fit on the device alone.
-  device capacity 8.00 GiB, free on device 1.00 GiB, limit none;
-  reserved by vramkit 1.50 GiB, allocated 1.00 GiB, cached free 512.00 MiB, largest free block 512.00 MiB, fragmentation 0.0%.
-  Other processes on this GPU: pid 4242 (bigjob) 5.00 GiB; pid 77 (trainer) 512.00 MiB, vramkit: reserved 512.00 MiB, 256.00 MiB cached free it could give back (empty_cache).
-  Reduce the batch size, drop references to buffers and tensors you no longer need."""
+OTHERS_INFO = {
+    "cause": "others", "device": 0, "source": "cuda", "preallocate": False,
+    "requested": 2 * GiB, "max_request": 0, "capacity": 8 * GiB, "device_free": 1 * GiB,
+    "limit": None, "reserved": 1536 * MiB, "allocated": 1 * GiB, "cached_free": 512 * MiB,
+    "largest_free_block": 512 * MiB, "granularity": 2 * MiB, "may_reserve": 1 * GiB,
+    "raise_limit_by": 0, "others_used": 5632 * MiB, "shortfall": 0, "fragmentation": 0.0,
+    "neighbours_total": 2,
+    "neighbours": [{"pid": 77, "name": "trainer", "bytes": 512 * MiB, "reserved": 512 * MiB,
+                    "allocated": 256 * MiB, "cached_free": 256 * MiB},
+                   {"pid": 4242, "name": "bigjob", "bytes": 5 * GiB}],
+}
 
 
-def test_others_from_a_report():
-    d = diagnose(OTHERS_REPORT)
+def test_others_from_the_engines_figures():
+    d = diagnose(OTHERS_INFO)
     assert d.cause == "others"
     assert d.numbers["others_bytes"] == int(5.5 * GiB)
     assert [(p["pid"], p["name"], p["bytes"]) for p in d.processes] == \
@@ -191,16 +195,49 @@ def test_others_from_a_report():
     text = str(d)
     assert "cause: others" in text and "pid 4242 (bigjob)" in text
     assert len(text.splitlines()) <= 30  # one screen
-    # The same report carried by an exception, as vramkit.torch raises it.
-    error = MemoryError("CUDA out of memory. " + OTHERS_REPORT)
+    # The same figures carried by an exception, as vramkit.torch's oom_report() sets them.
+    error = MemoryError("CUDA out of memory. vramkit: out of memory on device 0 ...")
+    error.oom_info = OTHERS_INFO
     assert diagnose(error).cause == "others"
 
 
-def test_a_report_without_a_cause_line_is_classified_here():
-    old = "\n".join(line for line in OTHERS_REPORT.splitlines() if "cause:" not in line)
-    d = diagnose(old)
-    assert d.cause == "others"
-    assert "no cause line" in d.summary
+def test_a_reports_text_is_not_parsed():
+    # The figures are the engine's: a report's text is refused, saying where they are.
+    text = ("vramkit: out of memory on device 0 (cuda source): tried to allocate 2.00 GiB "
+            "(2147483648 bytes) on the default stream.\n  cause: others: ...")
+    with pytest.raises(DoctorInputError, match=r"oom_info"):
+        diagnose(text)
+    with pytest.raises(DoctorInputError, match=r"oom_info"):
+        diagnose(MemoryError(text))
+
+
+# The engine's causes (vram_oom_cause_name), spelled out so that none can drop silently.
+ENGINE_CAUSES = ["preallocate", "fragmentation", "granularity", "limit", "live", "others"]
+
+
+@pytest.mark.parametrize("cause", ENGINE_CAUSES)
+def test_every_cause_of_the_engine_is_known(cause):
+    from vramkit import _core
+
+    classified = {_core.oom_classify({"requested": r, **f})["cause"] for r, f in _PLANTED}
+    assert set(vramkit.doctor.CAUSES) == set(ENGINE_CAUSES) == classified | {"preallocate"}
+    d = diagnose(dict(OTHERS_INFO, cause=cause, preallocate=cause == "preallocate"))
+    assert d.cause == cause and d.fixes and d.summary
+
+
+# Figures the engine classifies as each cause but preallocate (a request against them).
+_PLANTED = [
+    (20 * MiB, {"capacity": 64 * MiB, "device_free": 4 * MiB, "reserved": 60 * MiB,
+                "allocated": 30 * MiB, "cached_free": 30 * MiB, "largest_free_block": 10 * MiB}),
+    (3 * MiB, {"capacity": 64 * MiB, "device_free": 3 * MiB, "reserved": 0, "allocated": 0,
+               "granularity": 2 * MiB}),
+    (40 * MiB, {"capacity": 1 * GiB, "device_free": 1 * GiB, "limit": 64 * MiB,
+                "reserved": 40 * MiB, "allocated": 40 * MiB}),
+    (40 * MiB, {"capacity": 64 * MiB, "device_free": 24 * MiB, "reserved": 40 * MiB,
+                "allocated": 40 * MiB}),
+    (2 * GiB, {"capacity": 8 * GiB, "device_free": 1 * GiB, "reserved": 1536 * MiB,
+               "allocated": 1 * GiB, "cached_free": 512 * MiB}),
+]
 
 
 def _torch_snapshot(blocks, oom_size, device_free, expandable=False):
@@ -281,32 +318,58 @@ def test_pytorch_snapshots_of_fragmentation_and_a_limit(tmp_path):
 # The command, on a trace and on a snapshot.
 # ---------------------------------------------------------------------------------------
 
-def test_command_on_a_trace_that_fragments():
-    # stream_prefetch's peak live is 1546.6 MiB; the default settings need 1558 MiB for it
-    # and fixed segments alone 1662 (the bisections of sim).
-    trace = TRACES / "stream_prefetch.trace.gz"
-    done = _doctor(trace, "--capacity", "1552M", "--json")
+def _trace_fixes(trace, capacity):
+    done = _doctor(trace, "--capacity", capacity, "--json")
     assert done.returncode == 0, done.stderr
-    d = json.loads(done.stdout)
+    return json.loads(done.stdout)
+
+
+def test_command_on_a_trace_that_fragments():
+    # stream_prefetch's peak live is 1546.6 MiB; the default settings need more than 1552
+    # MiB for it, and so does every setting the doctor tries.
+    trace = TRACES / "stream_prefetch.trace.gz"
+    d = _trace_fixes(trace, "1552M")
     assert d["cause"] == "fragmentation"
     n = d["numbers"]
     assert n["peak_live"] <= 1552 * MiB < n["min_capacity_default"] < n["min_capacity_fixed"]
     assert n["ooms_default"] > 0 and n["ooms_fixed"] > n["ooms_default"]
-    # Each gain is measured: the default settings' need less the fix's, ranked by it.
-    fixes = {f["text"].split(" (")[0]: f for f in d["fixes"]}
-    vmm, early = fixes["the vmm source"], fixes["VRAMKIT_VIRTUAL_THRESHOLD=0"]
-    tight = fixes["VRAMKIT_LARGE_BLOCKS=fixed VRAMKIT_TIGHT_THRESHOLD=0"]
-    assert "OOM" in vmm["text"] and "OOM" in early["text"]
-    assert vmm["effect_bytes"] == n["min_capacity_default"] - n["min_capacity_vmm"]
-    assert early["effect_bytes"] == n["min_capacity_default"] - n["min_capacity_virtual_early"]
-    assert tight["effect_bytes"] == n["min_capacity_default"] - n["min_capacity_tight"]
-    effects = [f["effect_bytes"] for f in d["fixes"] if f["effect_bytes"] is not None]
-    assert effects == sorted(effects, reverse=True) and d["fixes"][0]["effect_bytes"] == effects[0]
+    assert n["ooms_vmm"] and n["ooms_virtual_early"] and n["ooms_tight"]
+    # No setting fits: the one fix is the smallest capacity the replays found that fits.
+    least = min(n[f"min_capacity_{k}"] for k in ("default", "vmm", "virtual_early", "tight"))
+    assert n["min_capacity_fits"] == least
+    assert [f["effect_bytes"] for f in d["fixes"]] == [None]
+    assert f"the smallest capacity that fits is {least / MiB:.1f} MiB" in d["fixes"][0]["text"]
+    assert "no setting tried fits" in d["summary"]
     # Text: one screen with the cause first.
     text = _doctor(trace, "--capacity", "1552M")
     assert text.returncode == 0, text.stderr
     assert text.stdout.splitlines()[1].startswith("cause: fragmentation")
     assert len(text.stdout.splitlines()) <= 30
+
+
+def test_a_trace_lists_only_fixes_on_which_it_fits():
+    # bert_infer_varlen (peak live 686.5 MiB) under 690 MiB: the default settings fail, and
+    # so do vmm, VIRTUAL_THRESHOLD=0 and tight segments: no fix is listed that still OOMs;
+    # the doctor says what would fit instead.
+    trace = TRACES / "bert_infer_varlen.trace.gz"
+    d = _trace_fixes(trace, "690M")
+    assert d["cause"] == "fragmentation"
+    n = d["numbers"]
+    assert n["ooms_default"] and n["ooms_vmm"] and n["ooms_virtual_early"] and n["ooms_tight"]
+    assert len(d["fixes"]) == 1 and "OOM" not in d["fixes"][0]["text"]
+    assert n["min_capacity_fits"] > 690 * MiB
+    assert f"{n['min_capacity_fits'] / MiB:.1f} MiB" in d["fixes"][0]["text"]
+    # Where a setting fits and the default does not, it is the fix, with its measured gain.
+    between = n["min_capacity_fits"]
+    assert between < n["min_capacity_default"], "no capacity where only a fix fits"
+    d = _trace_fixes(trace, str(between))
+    assert d["cause"] == "fragmentation" and d["fixes"]
+    for fix in d["fixes"]:
+        assert "with no OOM" in fix["text"]
+        assert fix["effect_bytes"] is not None and fix["effect_bytes"] > 0
+    n = d["numbers"]
+    fitting = {k for k in ("vmm", "virtual_early", "tight") if n[f"ooms_{k}"] == 0}
+    assert len(d["fixes"]) == len(fitting) >= 1
 
 
 def test_command_on_a_trace_that_fits_only_with_virtual_growth():

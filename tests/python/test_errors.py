@@ -43,6 +43,10 @@ def test_a_size_no_device_holds_is_out_of_memory(nbytes):
     assert "capacity" in text and "4.00 GiB" in text, text
     assert "device 0" in text
     assert isinstance(exc.report, str) and exc.report
+    # The figures, as the pool kept them: the request alone past the device.
+    if nbytes < 1 << 64:
+        assert exc.oom_info["cause"] == "live" and exc.oom_info["requested"] == nbytes
+        assert exc.oom_info["max_request"] and exc.oom_info == _core.oom_info(0)
     _assert_user_facing(exc)
     assert vramkit.memory_allocated() == before
     # The pool goes on serving.
@@ -247,5 +251,7 @@ def test_preallocation_past_the_device_carries_a_report(run):
             raise AssertionError("no OOM")
         except v.OutOfMemoryError as exc:
             assert exc.report and "cause: preallocate" in exc.report, exc.report
+            assert exc.oom_info["cause"] == "preallocate", exc.oom_info
+            assert exc.oom_info["requested"] == 100 << 30
             assert "could not preallocate 100.00 GiB" in str(exc), exc
     """, env={"VRAMKIT_PREALLOCATE": "100G", "VRAMKIT_SIM_CAPACITY": "80G"})

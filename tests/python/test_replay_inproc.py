@@ -33,6 +33,12 @@ def test_out_of_memory_is_a_figure_with_its_report(tmp_path):
     result = vramkit.replay(path, capacity=10 << 20)
     assert result["ooms"] == 1 and result["capacity_bytes"] == 10 << 20
     assert "out of memory" in result["first_oom_report"]
+    # The figures the report is written from, with the engine's cause as its name.
+    first = result["first_oom"]
+    assert first["cause"] == "live" and first["requested"] == 8 << 20
+    assert first["allocated"] == 8 << 20 and first["capacity"] == 10 << 20
+    assert first["shortfall"] == 6 << 20
+    assert vramkit.replay(path, capacity=20 << 20)["first_oom"] is None
 
 
 def test_the_environment_does_not_reach_the_replay(tmp_path, monkeypatch):
