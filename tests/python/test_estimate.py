@@ -341,11 +341,14 @@ def test_the_doctor_ranks_fixes_by_the_estimates_of_this_step():
     base = fn("baseline")
     assert fn("half_batch") < base and fn("checkpointing") < base
     assert fn("baseline") == base  # asked once, estimated once
-    report = ("vramkit: out of memory on device 0 (sim source): tried to allocate 2.00 GiB "
-              "(2147483648 bytes) on the default stream.\n"
-              "  cause: live: live memory of 7.50 GiB plus this request exceeds the "
-              "device's 8.00 GiB.\n")
-    d = vramkit.diagnose(report, estimate_fn=fn)
+    # The engine's figures of such an OOM (vramkit.last_oom_info()'s dict): 7.5 GiB live
+    # and 2 GiB asked on an 8 GiB device.
+    GiB = 1 << 30
+    info = {"cause": "live", "device": 0, "source": "sim", "requested": 2 * GiB,
+            "capacity": 8 * GiB, "device_free": GiB // 2, "limit": 0,
+            "reserved": 15 * GiB // 2, "allocated": 15 * GiB // 2, "cached_free": 0,
+            "largest_free_block": 0, "shortfall": 3 * GiB // 2, "neighbours": []}
+    d = vramkit.diagnose(info, estimate_fn=fn)
     assert d.cause == "live"
     effects = [f.effect for f in d.fixes if f.effect is not None]
     assert effects and effects == sorted(effects, reverse=True)
