@@ -22,14 +22,15 @@ import sys
 from pathlib import Path
 from typing import Callable, NamedTuple, Sequence
 
-EXIT_OK = 0
-EXIT_DOES_NOT_FIT = 1        # out of memory, or an estimate that does not fit the card
-EXIT_BAD_INPUT = 2           # a trace, snapshot, log, report or model configuration
-EXIT_USAGE = 3               # the command line
-EXIT_FAILURE = 4             # the tool itself: allocator error, unwritable output, no C command
-EXIT_MISSING_DEPENDENCY = 5  # an optional package: matplotlib, PyTorch, transformers
-EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE  # what a shell shows for a command SIGPIPE ended
+from ._command_io import (EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_DOES_NOT_FIT, EXIT_FAILURE,
+                          EXIT_MISSING_DEPENDENCY, EXIT_OK, EXIT_USAGE, input_error, shown,
+                          usage_error)
 
+# The exit-status table and the message helpers are the command's surface too: named here
+# for those who script against vramkit.cli, defined in _command_io for the subcommands.
+__all__ = ["COMMANDS", "Command", "EXIT_BAD_INPUT", "EXIT_BROKEN_PIPE", "EXIT_DOES_NOT_FIT",
+           "EXIT_FAILURE", "EXIT_MISSING_DEPENDENCY", "EXIT_OK", "EXIT_USAGE", "binary_path",
+           "command", "input_error", "main", "shown", "usage_error"]
 
 class Command(NamedTuple):
     """A subcommand written in Python: a one-line summary for the help, and the function
@@ -40,31 +41,6 @@ class Command(NamedTuple):
 
 
 COMMANDS: dict[str, Command] = {}
-
-
-def usage_error(command: str, message: str) -> int:
-    """What every Python subcommand does with a bad command line, as the C command does:
-    the message (names in it escaped) and where the help is on stderr, exit status 3."""
-    print(f"vramkit {command}: {shown(message)} (see vramkit {command} --help)", file=sys.stderr)
-    return EXIT_USAGE
-
-
-def shown(text) -> str:
-    """A file name (str, bytes or path) or a message carrying one, as messages show it:
-    bytes the file system's encoding cannot decode as \\xNN, control characters escaped as
-    repr() escapes them, so that no name garbles a terminal or a log, or fails to print."""
-    text = os.fsdecode(text) if not isinstance(text, str) else text
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else
-                   f"\\x{ord(c) - 0xDC00:02x}" if 0xDC80 <= ord(c) <= 0xDCFF else
-                   repr(c)[1:-1] for c in text)
-
-
-def input_error(command: str, error) -> int:
-    """A file the subcommand cannot read: the message (which names it) on stderr, exit 2."""
-    print(f"vramkit {command}: {shown(str(error))}", file=sys.stderr)
-    return EXIT_BAD_INPUT
 
 
 def command(name: str, summary: str) -> Callable[[Callable[[list[str]], int]], Callable[[list[str]], int]]:

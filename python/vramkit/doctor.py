@@ -644,10 +644,8 @@ def _add_live_call_sites(result: Diagnosis) -> None:
 
 def main(args: list[str]) -> int:
     """`vramkit doctor SNAPSHOT_OR_TRACE [--capacity SIZE] [--json]`; the exit status."""
-    import sys
-
     from . import _core
-    from .cli import EXIT_OK, input_error, usage_error
+    from ._command_io import EXIT_OK, input_error, usage_error
 
     paths, capacity, as_json = [], None, False
     i = 0

@@ -26,8 +26,8 @@ What a record proves: that some process of this user wrote it, and that the pid 
 alive, runs as this user and started when the record says. Its figures are what that
 process says of itself; a process of the same user can write any figures.
 
-Names (``name``, ``cmdline``) are the writers' own text: show them through
-:func:`printable`, never raw.
+Names (``name``, ``cmdline``) are the writers' own text: show them escaped (as ``vramkit
+top`` does, through the commands' ``shown``), never raw.
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import _core
+from ._command_io import shown
 
-__all__ = ["DeviceRecord", "ProcessRecord", "default_directory", "printable", "read_record",
-           "read_records"]
+__all__ = ["DeviceRecord", "ProcessRecord", "default_directory", "read_record", "read_records"]
 
 # vram_record_verdict (include/vramkit.h).
 _LIVE, _EXITED, _SKIPPED, _GONE = 0, 1, 2, 3
@@ -97,17 +97,6 @@ class ProcessRecord:
     path: str = ""
 
 
-_ESCAPES = {code: f"\\x{code:02x}" for code in [*range(0x20), *range(0x7F, 0xA0)]}
-_ESCAPES[ord("\\")] = "\\\\"
-
-
-def printable(text: str) -> str:
-    """Foreign text (a process name, a command line, a file name) as it may be shown:
-    control characters (C0, DEL, C1) and backslashes escaped as \\xNN and \\\\, so that a
-    name can neither drive the terminal nor forge a line of output."""
-    return text.translate(_ESCAPES)
-
-
 def default_directory() -> Path:
     """Where this user's processes publish: $VRAMKIT_PUBLISH_DIR, else /dev/shm/vramkit-<uid>."""
     configured = os.environ.get("VRAMKIT_PUBLISH_DIR")
@@ -132,7 +121,7 @@ def _read_in(folder_fd: int, folder: Path, name: str, problems: list[str] | None
             pass
     elif verdict == _SKIPPED and problems is not None:
         # An exited process's record is no problem: it is what a crash leaves behind.
-        problems.append(f"{printable(str(path))}: {why}")
+        problems.append(f"{shown(str(path))}: {why}")
     return None
 
 
@@ -147,7 +136,7 @@ def read_record(path: str | os.PathLike, problems: list[str] | None = None,
         folder_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as error:
         if problems is not None:
-            problems.append(f"{printable(str(path.parent))}: {error.strerror}")
+            problems.append(f"{shown(str(path.parent))}: {error.strerror}")
         return None
     try:
         return _read_in(folder_fd, path.parent, path.name, problems, clean)
@@ -167,14 +156,14 @@ def read_records(directory: str | os.PathLike | None = None, problems: list[str]
         folder_fd = _core.records_open(None if directory is None else os.fspath(folder))
     except OSError as error:
         if error.errno != errno.ENOENT and problems is not None:  # none yet: no process
-            problems.append(f"{printable(str(folder))}: {error.strerror}")
+            problems.append(f"{shown(str(folder))}: {error.strerror}")
         return []
     try:
         names = sorted(entry for entry in os.listdir(folder_fd) if entry.endswith(".rec"))
         records = [_read_in(folder_fd, folder, name, problems, clean) for name in names]
     except OSError as error:
         if problems is not None:
-            problems.append(f"{printable(str(folder))}: {error.strerror}")
+            problems.append(f"{shown(str(folder))}: {error.strerror}")
         return []
     finally:
         os.close(folder_fd)

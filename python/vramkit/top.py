@@ -24,9 +24,8 @@ import time
 from pathlib import Path
 
 from . import records as _records
-from .records import printable
 from ._nvml import NvmlError, nvml, select_visible
-from .cli import EXIT_FAILURE, EXIT_OK, usage_error
+from ._command_io import EXIT_FAILURE, EXIT_OK, shown, usage_error
 
 USAGE = """usage: vramkit top [--once] [--json] [--interval SECONDS] [--dir FOLDER]
 
@@ -181,10 +180,10 @@ _HEADER = (f"{'PID':>8} {'NAME':<15} {'DEVICE':<9} {'NVML':>7} {'ALLOC':>7} {'RE
 
 def _process_line(entry: dict) -> str:
     vramkit = entry["vramkit"]
-    head = f"{entry['pid']:>8} {printable(entry['name'] or '?')[:15]:<15} "
+    head = f"{entry['pid']:>8} {shown(entry['name'] or '?')[:15]:<15} "
     if vramkit is None:
         return head + f"{'':<9} {format_bytes(entry['nvml_used_bytes']):>7}"
-    device = printable(f"{vramkit['source']}:{vramkit['device']}")[:9]
+    device = shown(f"{vramkit['source']}:{vramkit['device']}")[:9]
     head += f"{device:<9} {format_bytes(entry['nvml_used_bytes']):>7} "
     if vramkit["busy"]:
         return head + "busy (being written)"
@@ -202,12 +201,12 @@ def render(document: dict) -> list[str]:
     gpus, unmatched = document["gpus"], document["unmatched_processes"]
     count = len({e["pid"] for g in gpus for e in g["processes"] if e["vramkit"]}
                 | {e["pid"] for e in unmatched})
-    lines = [f"vramkit top - {printable(document['hostname'])} - {len(gpus)} GPU{'s' * (len(gpus) != 1)}, "
+    lines = [f"vramkit top - {shown(document['hostname'])} - {len(gpus)} GPU{'s' * (len(gpus) != 1)}, "
              f"{count} vramkit process{'es' * (count != 1)} - "
              f"{time.strftime('%H:%M:%S', time.localtime(document['time']))}"]
     for gpu in gpus:
         utilization = "-" if gpu["utilization_gpu"] is None else f"{gpu['utilization_gpu']}%"
-        lines += ["", f"GPU {gpu['index']}  {printable(gpu['name'])}  {printable(gpu['uuid'])}",
+        lines += ["", f"GPU {gpu['index']}  {shown(gpu['name'])}  {shown(gpu['uuid'])}",
                   f"  used {format_bytes(gpu['used_bytes'])} of {format_bytes(gpu['total_bytes'])}"
                   f", free {format_bytes(gpu['free_bytes'])}, utilisation {utilization}"]
         if gpu["processes"]:
@@ -221,7 +220,7 @@ def render(document: dict) -> list[str]:
     if not gpus and not unmatched:
         lines += ["", "no GPU and no vramkit process to show"]
     if document["notes"]:
-        lines += ["", "notes:"] + [f"  {printable(note)}" for note in document["notes"]]
+        lines += ["", "notes:"] + [f"  {shown(note)}" for note in document["notes"]]
     return lines
 
 

@@ -419,10 +419,11 @@ def test_a_record_truncated_under_the_reader_never_kills_it(tmp_path):
 
 
 def test_names_are_printed_escaped():
-    assert records.printable("x\x1b[2J\x1b[41mX\x1b[8m\nforged\\") == (
-        "x\\x1b[2J\\x1b[41mX\\x1b[8m\\x0aforged\\\\")
-    assert records.printable("trainer \u00e9\u4e2d") == "trainer \u00e9\u4e2d"
-    assert records.printable("\u009b31m") == "\\x9b31m"
+    from vramkit._command_io import shown
+
+    assert shown("x\x1b[2J\x1b[41mX\x1b[8m\nforged") == "x\\x1b[2J\\x1b[41mX\\x1b[8m\\nforged"
+    assert shown("trainer \u00e9\u4e2d") == "trainer \u00e9\u4e2d"
+    assert shown("\u009b31m") == "\\x9b31m"
 
 
 def test_a_folder_name_too_long_is_refused_not_cut(tmp_path, sleeper, monkeypatch):

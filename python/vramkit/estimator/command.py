@@ -21,8 +21,8 @@ import sys
 import threading
 import time
 
-from ..cli import (EXIT_DOES_NOT_FIT, EXIT_FAILURE, EXIT_MISSING_DEPENDENCY, EXIT_OK,
-                   input_error, usage_error)
+from .._command_io import (EXIT_DOES_NOT_FIT, EXIT_FAILURE, EXIT_MISSING_DEPENDENCY, EXIT_OK,
+                           input_error, usage_error)
 
 EXIT_STATUS = ("exit status (the table of vramkit --help): 0 estimated (and it fits), 1 the "
                "step does not fit the card (or not even batch 1 does), 2 a config.json that "

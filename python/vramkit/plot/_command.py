@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import sys
 
-from ..cli import (EXIT_FAILURE, EXIT_MISSING_DEPENDENCY, EXIT_OK, input_error, shown,
-                   usage_error)
+from .._command_io import (EXIT_FAILURE, EXIT_MISSING_DEPENDENCY, EXIT_OK, input_error, shown,
+                           usage_error)
 from ._read import DEFAULT_MAX_OPS
 
 USAGE = """usage: vramkit plot FILE -o OUT.html|OUT.png [--device N] [--no-replay] [--max-ops N]
