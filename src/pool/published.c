@@ -7,12 +7,11 @@
 #include "obs/escape.h"
 #include "pool/published.h"
 #include "pool/snapshot.h"
-#include "prim/cuda_driver.h"
-#include "prim/nvml.h"
 
-/* The sim sources have no GPU: no UUID, no NVML. */
-static bool pool_on_sim(const vram_pool_t *pool) {
-  return strncmp(pool->src->zName, "sim", 3) == 0;
+/* The device's UUID as its source gives it, "" where it has none (sim). */
+static void device_uuid(const vram_pool_t *pool, char *buf, size_t cap) {
+  buf[0] = 0;
+  if (pool->src->xDeviceUuid) pool->src->xDeviceUuid(pool->src_state, buf, cap);
 }
 
 /* Arenas a publication may walk each time. The walk of cached and largest free bytes costs
@@ -54,7 +53,7 @@ void _vram_pool_publish_slow(vram_pool_t *pool) {
 
 void _vram_pool_publish_open(vram_pool_t *pool) {
   char uuid[48] = "";
-  if (!pool_on_sim(pool)) _vram_cuda_device_uuid(pool->opts.device, uuid, sizeof uuid);
+  device_uuid(pool, uuid, sizeof uuid);
   pool->published = _vram_publish_claim(pool->opts.device, pool->src->zName, uuid);
   _vram_pool_publish_slow(pool);
 }
@@ -88,19 +87,19 @@ static vram_neighbour *add(vram_neighbours *out, int pid) {
 
 void _vram_pool_neighbours(const vram_pool_t *pool, vram_neighbours *out) {
   memset(out, 0, sizeof *out);
-  /* A sim device is this process's own: no other process can be on it. */
-  if (pool_on_sim(pool)) return;
+  /* A source that names no other process (sim: its device is this process's own) has
+   * no neighbours. */
+  if (!pool->src->xProcesses) return;
   char uuid[48] = "";
   if (pool->published) snprintf(uuid, sizeof uuid, "%s", pool->published->uuid);
-  else _vram_cuda_device_uuid(pool->opts.device, uuid, sizeof uuid);
+  else device_uuid(pool, uuid, sizeof uuid);
   vram_record_peer peers[MAX_PEERS];
   int n_peers = _vram_publish_peers(uuid, peers, MAX_PEERS);
   bool used_peer[MAX_PEERS] = {false};
   int self = (int)getpid();
   static _Thread_local vram_nvml_process procs[MAX_NVML];
-  vram_nvml_gpu gpu;
   const char *why = "";
-  int n = _vram_nvml_processes(uuid, procs, MAX_NVML, &gpu, &why);
+  int n = pool->src->xProcesses(pool->src_state, procs, MAX_NVML, &why);
   if (n < 0) snprintf(out->note, sizeof out->note, "%s", why);
   for (int i = 0; i < n; i++) {
     if ((int)procs[i].pid == self) continue;

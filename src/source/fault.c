@@ -92,6 +92,17 @@ static int fault_event_synchronize(void *state, void *event) {
   return f->inner->xEventSynchronize(f->inner_state, event);
 }
 
+/* Who is on the device is a question, not an allocation: never a planted failure. */
+static void fault_device_uuid(void *state, char *buf, size_t cap) {
+  fault_state *f = state;
+  f->inner->xDeviceUuid(f->inner_state, buf, cap);
+}
+
+static int fault_processes(void *state, vram_nvml_process *out, int max, const char **why) {
+  fault_state *f = state;
+  return f->inner->xProcesses(f->inner_state, out, max, why);
+}
+
 int _vram_fault_wrap(const vram_source_methods *inner, void *inner_state,
                      const vram_fault_plan *plan, const vram_source_methods **out_methods,
                      void **out_state) {
@@ -119,6 +130,8 @@ int _vram_fault_wrap(const vram_source_methods *inner, void *inner_state,
       .xEventRecord = fault_event_record,
       .xEventQuery = fault_event_query,
       .xEventSynchronize = fault_event_synchronize,
+      .xDeviceUuid = inner->xDeviceUuid ? fault_device_uuid : NULL,
+      .xProcesses = inner->xProcesses ? fault_processes : NULL,
   };
   *out_methods = &f->table;
   *out_state = f;

@@ -18,6 +18,7 @@
 #ifndef VRAM_SOURCE_H
 #define VRAM_SOURCE_H
 
+#include "prim/nvml.h"
 #include "vramkit.h"
 
 #define VRAM_SIM_DEVICES 8 /* the sim models a machine of eight identical devices */
@@ -65,7 +66,20 @@ typedef struct vram_source_methods {
   /* 1 when complete, 0 while pending, negative status on error. */
   int (*xEventQuery)(void *state, void *event);
   int (*xEventSynchronize)(void *state, void *event);
+
+  /* Who else is on the device, for the OOM report's neighbours; NULL where no other
+   * process can be (sim: the device is this process's own). xDeviceUuid: the GPU as NVML
+   * and other processes' records name it ("GPU-..."), "" when the driver gives none.
+   * xProcesses: the compute processes NVML lists on it, how many were written to out (at
+   * most max), or -1 with *why (static text). */
+  void (*xDeviceUuid)(void *state, char *buf, size_t cap);
+  int (*xProcesses)(void *state, vram_nvml_process *out, int max, const char **why);
 } vram_source_methods;
+
+/* device_identity.c: xDeviceUuid and xProcesses for the sources on the CUDA driver, whose
+ * state starts with a vram_cuda_device. */
+void _vram_source_device_uuid(void *state, char *buf, size_t cap);
+int _vram_source_processes(void *state, vram_nvml_process *out, int max, const char **why);
 
 /* The sources compiled into the library. */
 extern const vram_source_methods _vram_source_sim;      /* fixed segments, host only */
