@@ -140,13 +140,14 @@ run: deps
 test: test-intro deps test-release test-debug test-asan pytest
 
 # What `make test` runs and how long it takes, said before it starts. The time: `time make
-# test` from two fresh clones on the 2-core development machine (shared with other builds):
-# 5 min 4 s, and 7 min 42 s with the venv's set-up; most of it is the debug build's tests.
+# test` from a fresh clone on the 2-core development machine, the venv's set-up included:
+# 13 min 22 s; the sanitizer build's fuzzing is a minute of it.
 test-intro:
-	@echo "make test: builds and runs four suites, about 5 to 8 minutes on 2 cores:"
+	@echo "make test: builds and runs four suites, about 10 to 15 minutes on 2 cores:"
 	@echo "  1. Release build (build/): the C tests under ctest, the C quick start, the install test"
 	@echo "  2. Debug build (build-debug/): the same tests, the invariant checker after every call"
-	@echo "  3. clang ASan+UBSan build (build-asan/): the same tests under the sanitizers"
+	@echo "  3. clang ASan+UBSan build (build-asan/): the same tests under the sanitizers, and"
+	@echo "     each fuzz target of tests/fuzz for 15 s"
 	@echo "  4. pytest in $(VENV): the Python package built from this tree, and its tests on sim"
 	@echo "  (conformance_cuda/vmm/managed need a GPU; here that suite runs on the fake driver)"
 
