@@ -54,28 +54,17 @@ int _vram_publish_dir(char *buf, size_t cap) {
 }
 
 
-/* Reads a small /proc file into buf (NUL-terminated); the length read. */
-static size_t read_proc(const char *path, char *buf, size_t cap) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
-  ssize_t n = read(fd, buf, cap - 1);
-  close(fd);
-  if (n < 0) n = 0;
-  buf[n] = 0;
-  return (size_t)n;
-}
-
 static void fill_header(vram_process_record *r, bool with_cmdline) {
   r->version = VRAM_RECORD_VERSION;
   r->record_size = (uint32_t)sizeof *r;
   r->pid = (int32_t)getpid();
   r->uid = (uint32_t)geteuid();
   r->start_ticks = _vram_process_start_ticks(getpid());
-  size_t n = read_proc("/proc/self/comm", r->name, sizeof r->name);
+  size_t n = _vram_read_proc("/proc/self/comm", r->name, sizeof r->name);
   while (n && r->name[n - 1] == '\n') r->name[--n] = 0;
   if (with_cmdline) {
     /* Arguments are NUL-separated; the record keeps them space-separated. */
-    n = read_proc("/proc/self/cmdline", r->cmdline, sizeof r->cmdline);
+    n = _vram_read_proc("/proc/self/cmdline", r->cmdline, sizeof r->cmdline);
     for (size_t i = 0; n && i + 1 < n; i++)
       if (!r->cmdline[i]) r->cmdline[i] = ' ';
   }

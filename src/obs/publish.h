@@ -63,6 +63,9 @@ int _vram_publish_dir(char *buf, size_t cap);
 /* publish_read.c: the start time of a process (field 22 of its /proc stat), 0 if gone; the
  * record keeps its writer's, readers compare it to tell a live writer from a reused pid. */
 uint64_t _vram_process_start_ticks(int pid);
+/* publish_read.c: a small /proc file read into buf, NUL-terminated; the length read, 0
+ * when it cannot be read (the writer's own name and command line, the readers' checks). */
+size_t _vram_read_proc(const char *path, char *buf, size_t cap);
 
 /* One record of another live process of this user, for the neighbours. */
 typedef struct vram_record_peer {

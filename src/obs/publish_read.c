@@ -59,8 +59,7 @@ static ssize_t read_at(int fd, void *buf, size_t len, off_t at) {
   return (ssize_t)got;
 }
 
-/* A small /proc file, NUL-terminated; its length, 0 when it cannot be read. */
-static size_t read_proc_file(const char *path, char *buf, size_t cap) {
+size_t _vram_read_proc(const char *path, char *buf, size_t cap) {
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return 0;
   ssize_t n = read(fd, buf, cap - 1);
@@ -83,7 +82,7 @@ static proc_identity identify(int pid) {
   proc_identity id = {0};
   char path[64], buf[1024];
   snprintf(path, sizeof path, "/proc/%d/stat", pid);
-  if (!read_proc_file(path, buf, sizeof buf)) return id;
+  if (!_vram_read_proc(path, buf, sizeof buf)) return id;
   /* The name (field 2) may hold spaces and parentheses: fields count from the last ')'. */
   char *p = strrchr(buf, ')');
   if (!p || !p[1]) return id;
@@ -96,7 +95,7 @@ static proc_identity identify(int pid) {
   }
   snprintf(path, sizeof path, "/proc/%d/status", pid);
   char status[4096];
-  if (read_proc_file(path, status, sizeof status)) {
+  if (_vram_read_proc(path, status, sizeof status)) {
     /* "Uid:\treal\teffective\tsaved\tfs" */
     const char *uid = strstr(status, "\nUid:");
     unsigned real, effective;

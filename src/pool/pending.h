@@ -22,6 +22,7 @@ static inline void _vram_active_peaks_note(vram_pool_t *pool) {
   int64_t blocks = pool->stats.allocation.current + (int64_t)pool->pending_blocks;
   if (bytes > pool->active_bytes_peak) pool->active_bytes_peak = bytes;
   if (blocks > pool->active_peak) pool->active_peak = blocks;
+  if (!pool->split_stats) return; /* the kinds' shares are kept only with split_stats */
   for (int i = 0; i < 2; i++) {
     vram_kind_counts *k = &pool->kinds[i];
     int64_t kb = k->allocated_bytes.current + (int64_t)k->pending_bytes;

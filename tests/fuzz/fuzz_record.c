@@ -11,30 +11,18 @@
 #include <unistd.h>
 
 #include "fuzz.h"
+#include "obs/publish.h"
 #include "vramkit.h"
 #include "vramkit_record.h"
 
 static char folder[256];
 static uint64_t self_ticks;
 
-/* Field 22 of /proc/self/stat, counted from the last ')' as the reader counts it. */
-static uint64_t start_ticks(void) {
-  char buf[1024];
-  FILE *f = fopen("/proc/self/stat", "r");
-  if (!f) return 0;
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
-  buf[n] = 0;
-  char *p = strrchr(buf, ')');
-  for (int field = 3; p && field <= 22; field++) p = strchr(p + 1, ' ');
-  return p ? strtoull(p, NULL, 10) : 0;
-}
-
 static void setup(void) {
   const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
   snprintf(folder, sizeof folder, "%s/vramkit-fuzz-record-XXXXXX", tmp);
   if (!mkdtemp(folder)) abort();
-  self_ticks = start_ticks();
+  self_ticks = _vram_process_start_ticks(getpid());
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
