@@ -50,6 +50,7 @@ __all__ = [
     "memory_allocated", "memory_reserved", "memory_stats", "memory_stats_raw",
     "memory_summary", "reset_memory_stats", "reset_peak_memory_stats",
     "set_memory_growth", "set_memory_limit", "set_per_process_memory_fraction", "source",
+    "Pool", "default_pool",  # pools as objects (pool.py)
     # Memory history, snapshots and leaks (history.py, leaks.py).
     "LeakDetector", "LeakReport", "MemoryLeakWarning", "dump_snapshot", "history_mark",
     "leak_check", "leaks", "memory_history", "record_memory_history", "save_trace",
@@ -77,6 +78,8 @@ _LAZY = {
     "MemoryLogger": "logger", "tqdm_postfix": "logger",
     "diagnose": "doctor",
     "replay": "_replaying",
+    # Pools as objects: private ones, and each device's default pool.
+    "Pool": "pool", "default_pool": "pool",
     "Estimate": "estimator", "estimate": "estimator", "find_max_batch": "estimator",
     "advise": "estimator", "plan_checkpointing": "estimator",
     "doctor_estimates": "estimator",
@@ -188,8 +191,11 @@ def memory_stats(device=None) -> dict:
     ...). small_pool is the memory of vramkit's small segments (requests up to 1 MiB), as
     PyTorch's; docs/python.md says which figures have no vramkit equivalent."""
     d = _device(device)
-    raw = _core.stats(d)
-    split = _core.split_stats(d)
+    return _flat_stats(_core.stats(d), _core.split_stats(d))
+
+
+def _flat_stats(raw: dict, split: dict) -> dict:
+    """memory_stats()'s flat dict of a pool's stats and split_stats."""
     out = {}
     for name, value in raw.items():
         if isinstance(value, tuple):
@@ -388,9 +394,12 @@ def set_memory_limit(device, limit: int | float | str) -> None:
         # The extension checks ints itself: negative, or more than any device holds.
         _core.set_limit(_device(device), limit, 0.0)
         return
-    text = _size_text("limit", limit, True)
-    nbytes, fraction = _core.parse_size(text, True)
-    _core.set_limit(_device(device), nbytes, fraction)
+    _core.set_limit(_device(device), *_limit_args(limit))
+
+
+def _limit_args(limit) -> tuple[int, float]:
+    """(bytes, fraction) of a limit given as a size string, a percentage or a fraction."""
+    return _core.parse_size(_size_text("limit", limit, True), True)
 
 
 # ---------------------------------------------------------------------------------------

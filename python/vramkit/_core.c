@@ -28,12 +28,9 @@ static PyObject *stat_tuple(const vram_stat_t *s) {
   return Py_BuildValue("(LLL)", (long long)s->current, (long long)s->peak, (long long)s->total);
 }
 
-static PyObject *core_stats(PyObject *module, PyObject *args) {
-  int device;
-  if (!PyArg_ParseTuple(args, "O&:stats", device_converter, &device)) return NULL;
-  core_state *st = get_state(module);
-  vram_pool_t *pool = get_pool(st, device);
-  if (pool == NULL) return NULL;
+/* The calls on one pool, shared by the module's functions (a device's default pool) and
+ * the methods of Pool (_core_pool.c). `device` only names the pool in messages. */
+PyObject *pool_stats(core_state *st, vram_pool_t *pool, int device) {
   vram_stats_t s;
   int rc = vram_get_stats(pool, &s);
   if (rc != VRAM_OK) return raise_status(st, rc, device, pool);
@@ -86,12 +83,7 @@ static PyObject *kind_dict(const vram_kind_stats_t *k) {
 }
 
 /* vram_get_split_stats: PyTorch's small_pool and large_pool rows. */
-static PyObject *core_split_stats(PyObject *module, PyObject *args) {
-  int device;
-  if (!PyArg_ParseTuple(args, "i:split_stats", &device)) return NULL;
-  core_state *st = get_state(module);
-  vram_pool_t *pool = get_pool(st, device);
-  if (pool == NULL) return NULL;
+PyObject *pool_split_stats(core_state *st, vram_pool_t *pool, int device) {
   vram_split_stats_t s;
   int rc = vram_get_split_stats(pool, &s);
   if (rc != VRAM_OK) return raise_status(st, rc, device, pool);
@@ -105,37 +97,15 @@ static PyObject *core_split_stats(PyObject *module, PyObject *args) {
   return out;
 }
 
-/* Shared body of the functions that return a pool's text. */
-static PyObject *text_call(PyObject *module, PyObject *args, const char *format, text_fn fn) {
-  int device;
-  if (!PyArg_ParseTuple(args, format, device_converter, &device)) return NULL;
-  core_state *st = get_state(module);
-  vram_pool_t *pool = get_pool(st, device);
-  if (pool == NULL) return NULL;
+/* A pool's text (vram_summary, vram_stats_json, vram_oom_report). */
+PyObject *pool_text_of(core_state *st, vram_pool_t *pool, int device, text_fn fn) {
   int rc;
   PyObject *text = pool_text(pool, fn, &rc);
   if (text == NULL && rc != VRAM_OK) return raise_status(st, rc, device, pool);
   return text;
 }
 
-static PyObject *core_summary(PyObject *module, PyObject *args) {
-  return text_call(module, args, "O&:summary", vram_summary);
-}
-
-static PyObject *core_stats_json(PyObject *module, PyObject *args) {
-  return text_call(module, args, "O&:stats_json", vram_stats_json);
-}
-
-static PyObject *core_oom_report(PyObject *module, PyObject *args) {
-  return text_call(module, args, "O&:oom_report", vram_oom_report);
-}
-
-static PyObject *core_empty_cache(PyObject *module, PyObject *args) {
-  int device;
-  if (!PyArg_ParseTuple(args, "O&:empty_cache", device_converter, &device)) return NULL;
-  core_state *st = get_state(module);
-  vram_pool_t *pool = get_pool(st, device);
-  if (pool == NULL) return NULL;
+PyObject *pool_empty_cache(core_state *st, vram_pool_t *pool, int device) {
   int rc;
   /* Releasing segments calls the driver (cuMemFree, unmaps): other threads may run. */
   Py_BEGIN_ALLOW_THREADS
@@ -145,30 +115,78 @@ static PyObject *core_empty_cache(PyObject *module, PyObject *args) {
   Py_RETURN_NONE;
 }
 
-static PyObject *core_reset_peak_stats(PyObject *module, PyObject *args) {
-  int device;
-  if (!PyArg_ParseTuple(args, "O&:reset_peak_stats", device_converter, &device))
-    return NULL;
-  core_state *st = get_state(module);
-  vram_pool_t *pool = get_pool(st, device);
-  if (pool == NULL) return NULL;
+PyObject *pool_reset_peak_stats(core_state *st, vram_pool_t *pool, int device) {
   int rc = vram_reset_peak_stats(pool);
   if (rc != VRAM_OK) return raise_status(st, rc, device, pool);
   Py_RETURN_NONE;
 }
 
-static PyObject *core_mem_get_info(PyObject *module, PyObject *args) {
-  int device;
-  if (!PyArg_ParseTuple(args, "O&:mem_get_info", device_converter, &device)) return NULL;
-  core_state *st = get_state(module);
-  vram_pool_t *pool = get_pool(st, device);
-  if (pool == NULL) return NULL;
+PyObject *pool_mem_get_info(core_state *st, vram_pool_t *pool, int device) {
   size_t free_bytes = 0, total_bytes = 0;
   int rc = vram_mem_get_info(pool, &free_bytes, &total_bytes);
   if (rc != VRAM_OK) return raise_status(st, rc, device, pool);
   /* Sizes: unsigned, so that a figure past 2^63 is not read as a negative Py_ssize_t. */
   return Py_BuildValue("(KK)", (unsigned long long)free_bytes, (unsigned long long)total_bytes);
 }
+
+/* A limit caps reserved memory; it asks for nothing, so one past any device is no
+ * out-of-memory error but a bad argument. */
+int limit_fits(core_state *st, const size_arg *limit) {
+  if (!limit->too_big) return 1;
+  raise_message(st, VRAM_EINVAL,
+                PyUnicode_FromFormat("limit: %S bytes is more than any device holds "
+                                     "(0 removes the limit)",
+                                     limit->obj),
+                NULL);
+  return 0;
+}
+
+PyObject *pool_set_limit(core_state *st, vram_pool_t *pool, int device, size_t bytes,
+                         double fraction) {
+  int rc;
+  /* Lowering a limit may release cached segments through the driver. */
+  Py_BEGIN_ALLOW_THREADS
+  rc = vram_set_limit(pool, bytes, fraction);
+  Py_END_ALLOW_THREADS
+  if (rc != VRAM_OK) return raise_status(st, rc, device, pool);
+  Py_RETURN_NONE;
+}
+
+PyObject *pool_summary(core_state *st, vram_pool_t *pool, int device) {
+  return pool_text_of(st, pool, device, vram_summary);
+}
+
+PyObject *pool_stats_json(core_state *st, vram_pool_t *pool, int device) {
+  return pool_text_of(st, pool, device, vram_stats_json);
+}
+
+PyObject *pool_oom_report(core_state *st, vram_pool_t *pool, int device) {
+  return pool_text_of(st, pool, device, vram_oom_report);
+}
+
+/* The module's functions on a device's default pool: (device, /) in, the pool call out. */
+PyObject *on_default_pool(PyObject *module, PyObject *args, const char *format,
+                          pool_call call) {
+  int device;
+  if (!PyArg_ParseTuple(args, format, device_converter, &device)) return NULL;
+  core_state *st = get_state(module);
+  vram_pool_t *pool = get_pool(st, device);
+  return pool == NULL ? NULL : call(st, pool, device);
+}
+
+#define ON_DEFAULT_POOL(name)                                                              \
+  static PyObject *core_##name(PyObject *module, PyObject *args) {                         \
+    return on_default_pool(module, args, "O&:" #name, pool_##name);                        \
+  }
+ON_DEFAULT_POOL(stats)
+ON_DEFAULT_POOL(split_stats)
+ON_DEFAULT_POOL(summary)
+ON_DEFAULT_POOL(stats_json)
+ON_DEFAULT_POOL(oom_report)
+ON_DEFAULT_POOL(empty_cache)
+ON_DEFAULT_POOL(reset_peak_stats)
+ON_DEFAULT_POOL(mem_get_info)
+#undef ON_DEFAULT_POOL
 
 static PyObject *core_set_limit(PyObject *module, PyObject *args) {
   int device;
@@ -178,23 +196,9 @@ static PyObject *core_set_limit(PyObject *module, PyObject *args) {
   if (!PyArg_ParseTuple(args, "O&O&d:set_limit", device_converter, &device, size_converter,
                         &limit, &fraction))
     return NULL;
-  if (limit.too_big) {
-    /* A limit caps reserved memory; it asks for nothing, so it is no out-of-memory error. */
-    return raise_message(st, VRAM_EINVAL,
-                         PyUnicode_FromFormat("limit: %S bytes is more than any device holds "
-                                              "(0 removes the limit)",
-                                              limit.obj),
-                         NULL);
-  }
+  if (!limit_fits(st, &limit)) return NULL;
   vram_pool_t *pool = get_pool(st, device);
-  if (pool == NULL) return NULL;
-  int rc;
-  /* Lowering a limit may release cached segments through the driver. */
-  Py_BEGIN_ALLOW_THREADS
-  rc = vram_set_limit(pool, limit.bytes, fraction);
-  Py_END_ALLOW_THREADS
-  if (rc != VRAM_OK) return raise_status(st, rc, device, pool);
-  Py_RETURN_NONE;
+  return pool == NULL ? NULL : pool_set_limit(st, pool, device, limit.bytes, fraction);
 }
 
 static PyObject *core_enable_peer_access(PyObject *module, PyObject *args) {
@@ -217,9 +221,11 @@ static PyObject *core_source(PyObject *module, PyObject *args) {
   return PyUnicode_FromString(vram_source_name(vram_pool_source(pool)));
 }
 
-/* One override of init_pool: `value` is the text, or (argument, text) when it came from a
- * Python argument, which a bad value then blames instead of the variable. */
-static int apply_override(core_state *st, vram_options_t *opts, PyObject *key, PyObject *value) {
+/* One override of init_pool or option of Pool: `value` is the text, or (argument, text)
+ * when it came from a Python argument, which a bad value then blames instead of the
+ * variable, with argument_status (init_pool: a bad argument; Pool: a bad option). */
+int apply_override(core_state *st, vram_options_t *opts, PyObject *key, PyObject *value,
+                   int argument_status) {
   PyObject *argument = NULL, *text_obj = value;
   if (PyTuple_Check(value) && PyTuple_GET_SIZE(value) == 2) {
     argument = PyTuple_GET_ITEM(value, 0);
@@ -233,7 +239,7 @@ static int apply_override(core_state *st, vram_options_t *opts, PyObject *key, P
   if (rc == VRAM_OK) return 0;
   /* The engine's message quotes the value: blame the argument, or keep the variable. */
   if (argument != NULL)
-    raise_message(st, VRAM_EINVAL,
+    raise_message(st, argument_status,
                   PyUnicode_FromFormat("%S: %s", argument, reason_of(why, name)), NULL);
   else
     raise_message(st, rc, PyUnicode_FromString(why ? why : vram_strerror(rc)), NULL);
@@ -265,7 +271,7 @@ static PyObject *core_init_pool(PyObject *module, PyObject *args) {
   PyObject *key, *value;
   Py_ssize_t pos = 0;
   while (PyDict_Next(overrides, &pos, &key, &value))
-    if (apply_override(st, &opts, key, value) < 0) return NULL;
+    if (apply_override(st, &opts, key, value, VRAM_EINVAL) < 0) return NULL;
   opts.device = device;
   vram_pool_t *pool = NULL;
   /* Preallocation may call the driver: let other threads run meanwhile. */
@@ -554,6 +560,9 @@ static int core_exec(PyObject *module) {
       (PyTypeObject *)PyType_FromModuleAndSpec(module, &DeviceBuffer_spec, NULL);
   if (st->DeviceBuffer_Type == NULL) return -1;
   if (PyModule_AddType(module, st->DeviceBuffer_Type) < 0) return -1;
+  st->Pool_Type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &Pool_spec, NULL);
+  if (st->Pool_Type == NULL) return -1;
+  if (PyModule_AddType(module, st->Pool_Type) < 0) return -1;
 
   if (PyModule_AddStringConstant(module, "VERSION", VRAMKIT_VERSION) < 0) return -1;
   /* The status codes, by name, for callers that test .status. */
@@ -594,6 +603,7 @@ static int core_traverse(PyObject *module, visitproc visit, void *arg) {
   Py_VISIT(st->NoDriverError);
   Py_VISIT(st->UnsupportedError);
   Py_VISIT(st->DeviceBuffer_Type);
+  Py_VISIT(st->Pool_Type);
   Py_VISIT(st->device_resolver);
   return 0;
 }
@@ -614,6 +624,7 @@ static int core_clear(PyObject *module) {
   Py_CLEAR(st->NoDriverError);
   Py_CLEAR(st->UnsupportedError);
   Py_CLEAR(st->DeviceBuffer_Type);
+  Py_CLEAR(st->Pool_Type);
   Py_CLEAR(st->device_resolver);
   return 0;
 }
@@ -625,7 +636,7 @@ static PyModuleDef_Slot core_slots[] = {
     {0, NULL},
 };
 
-static struct PyModuleDef core_module = {
+struct PyModuleDef core_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "vramkit._core",
     .m_doc = "Thin CPython layer over vramkit's C API. Use the vramkit package instead.",

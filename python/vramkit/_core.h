@@ -1,8 +1,8 @@
 /* _core.h - what the files of the vramkit._core extension share: the module state, the
  * mapping of engine statuses to exceptions and the argument converters (_core_errors.c),
- * the DeviceBuffer type (_core_buffer.c), history and snapshots (_core_history.c), trace
- * files (_core_trace.c); the module itself, its pool-wide functions and its method table
- * are _core.c.
+ * the DeviceBuffer type (_core_buffer.c), the Pool type (_core_pool.c), history and
+ * snapshots (_core_history.c), trace files (_core_trace.c); the module itself, its
+ * pool-wide functions and its method table are _core.c.
  *
  * Nothing here is visible outside the extension: VRAMKIT_PY_INTERNAL hides the symbols,
  * and PyInit__core is the module's only export. */
@@ -44,6 +44,7 @@ typedef struct {
   PyObject *NoDriverError;        /* VRAM_ENODRIVER */
   PyObject *UnsupportedError;     /* VRAM_EUNSUPPORTED; NotImplementedError */
   PyTypeObject *DeviceBuffer_Type;
+  PyTypeObject *Pool_Type;
   PyObject *device_resolver; /* the package's name -> ordinal function, for empty() */
 } core_state;
 
@@ -85,9 +86,39 @@ VRAMKIT_PY_INTERNAL int stream_converter(PyObject *obj, void *out);
 VRAMKIT_PY_INTERNAL int device_converter(PyObject *obj, void *out);
 VRAMKIT_PY_INTERNAL int device_from_object(core_state *st, PyObject *obj, int *device);
 
+/* ---- _core.c: the module, and the calls on one pool that its functions (on a device's
+ * default pool) and Pool's methods share; `device` names the pool in messages. */
+extern VRAMKIT_PY_INTERNAL struct PyModuleDef core_module;
+typedef PyObject *(*pool_call)(core_state *st, vram_pool_t *pool, int device);
+/* Parse (device, /) with format, then call on the device's default pool. */
+VRAMKIT_PY_INTERNAL PyObject *on_default_pool(PyObject *module, PyObject *args,
+                                              const char *format, pool_call call);
+VRAMKIT_PY_INTERNAL PyObject *pool_summary(core_state *st, vram_pool_t *pool, int device);
+VRAMKIT_PY_INTERNAL PyObject *pool_stats_json(core_state *st, vram_pool_t *pool, int device);
+VRAMKIT_PY_INTERNAL PyObject *pool_oom_report(core_state *st, vram_pool_t *pool, int device);
+VRAMKIT_PY_INTERNAL PyObject *pool_stats(core_state *st, vram_pool_t *pool, int device);
+VRAMKIT_PY_INTERNAL PyObject *pool_split_stats(core_state *st, vram_pool_t *pool, int device);
+VRAMKIT_PY_INTERNAL PyObject *pool_text_of(core_state *st, vram_pool_t *pool, int device,
+                                           text_fn fn);
+VRAMKIT_PY_INTERNAL PyObject *pool_empty_cache(core_state *st, vram_pool_t *pool, int device);
+VRAMKIT_PY_INTERNAL PyObject *pool_reset_peak_stats(core_state *st, vram_pool_t *pool,
+                                                    int device);
+VRAMKIT_PY_INTERNAL PyObject *pool_mem_get_info(core_state *st, vram_pool_t *pool, int device);
+VRAMKIT_PY_INTERNAL int limit_fits(core_state *st, const size_arg *limit);
+VRAMKIT_PY_INTERNAL PyObject *pool_set_limit(core_state *st, vram_pool_t *pool, int device,
+                                             size_t bytes, double fraction);
+VRAMKIT_PY_INTERNAL int apply_override(core_state *st, vram_options_t *opts, PyObject *key,
+                                       PyObject *value, int argument_status);
+
 /* ---- _core_buffer.c */
 extern VRAMKIT_PY_INTERNAL PyType_Spec DeviceBuffer_spec;
+VRAMKIT_PY_INTERNAL PyObject *buffer_new(core_state *st, vram_pool_t *pool, int device,
+                                         const size_arg *nbytes, PyObject *stream_obj,
+                                         PyObject *owner);
 VRAMKIT_PY_INTERNAL PyObject *core_empty(PyObject *module, PyObject *args, PyObject *kwargs);
+
+/* ---- _core_pool.c */
+extern VRAMKIT_PY_INTERNAL PyType_Spec Pool_spec;
 
 /* ---- _core_history.c */
 VRAMKIT_PY_INTERNAL PyObject *core_stack_frames(PyObject *module, PyObject *ids);
@@ -97,6 +128,14 @@ VRAMKIT_PY_INTERNAL PyObject *core_history_stop(PyObject *module, PyObject *args
 VRAMKIT_PY_INTERNAL PyObject *core_history_read(PyObject *module, PyObject *args);
 VRAMKIT_PY_INTERNAL PyObject *core_history_annotate(PyObject *module, PyObject *args);
 VRAMKIT_PY_INTERNAL PyObject *core_snapshot(PyObject *module, PyObject *args);
+VRAMKIT_PY_INTERNAL int context_converter(PyObject *obj, void *out);
+VRAMKIT_PY_INTERNAL PyObject *pool_history_start(core_state *st, vram_pool_t *pool, int device,
+                                                 Py_ssize_t max_entries, int with_stacks);
+VRAMKIT_PY_INTERNAL PyObject *pool_history_stop(core_state *st, vram_pool_t *pool, int device);
+VRAMKIT_PY_INTERNAL PyObject *pool_history_read(core_state *st, vram_pool_t *pool, int device);
+VRAMKIT_PY_INTERNAL PyObject *pool_history_annotate(core_state *st, vram_pool_t *pool,
+                                                    int device, unsigned long long context);
+VRAMKIT_PY_INTERNAL PyObject *pool_snapshot(core_state *st, vram_pool_t *pool, int device);
 
 /* ---- _core_records.c */
 VRAMKIT_PY_INTERNAL PyObject *core_records_open(PyObject *module, PyObject *args);
@@ -111,6 +150,7 @@ VRAMKIT_PY_INTERNAL PyObject *core_replay_reserved(PyObject *module, PyObject *a
 
 /* ---- _core_oom.c */
 VRAMKIT_PY_INTERNAL PyObject *oom_info_dict(const vram_oom_info_t *info);
+VRAMKIT_PY_INTERNAL PyObject *pool_oom_info(core_state *st, vram_pool_t *pool, int device);
 VRAMKIT_PY_INTERNAL PyObject *core_oom_info(PyObject *module, PyObject *args);
 VRAMKIT_PY_INTERNAL PyObject *core_oom_classify(PyObject *module, PyObject *figures);
 

@@ -1,13 +1,14 @@
 /* _core_buffer.c - vramkit.DeviceBuffer and vramkit.empty(): one block of device memory
- * from a default pool, freed when its last reference goes. */
+ * from a default pool or a Pool, freed when its last reference goes. */
 #include "_core.h"
 
 /* ---------------------------------------------------------------------------------------
  * DeviceBuffer: one block of device memory, freed when the last reference goes.
  *
  * A C type with its own tp_dealloc, because `vramkit.empty(n)` followed by `del` is a hot
- * path that must beat CuPy's pool from Python: no __dict__, no GC tracking (the object
- * holds no Python references), no Python-level __del__.
+ * path that must beat CuPy's pool from Python: no __dict__, no GC tracking, no Python-level
+ * __del__. Its one Python reference, to the Pool it came from, keeps that pool alive while
+ * the block is; a Pool refers to nothing, so no cycle can pass through a buffer.
  * ------------------------------------------------------------------------------------- */
 typedef struct {
   PyObject_HEAD
@@ -18,10 +19,41 @@ typedef struct {
   int device;
   int has_stream; /* the caller named a stream: __cuda_array_interface__ reports it */
   int freed;
+  PyObject *owner; /* the Pool it came from (a strong reference), NULL from vramkit.empty() */
 } DeviceBuffer;
 
 /* A device argument: an int as is; anything else ("cuda:1", "GPU:0", torch.device...) goes
  * through the package's resolver, so every function accepts the same device names. */
+
+/* A buffer of nbytes from pool, which `owner` (if not NULL) stands for and is kept alive
+ * by the buffer. */
+PyObject *buffer_new(core_state *st, vram_pool_t *pool, int device, const size_arg *nbytes,
+                     PyObject *stream_obj, PyObject *owner) {
+  vram_stream_t stream = NULL;
+  if (stream_obj != Py_None && !stream_converter(stream_obj, &stream)) return NULL;
+  if (nbytes->too_big) return raise_too_big(st, pool, device, nbytes);
+
+  /* The GIL stays held: a cached allocation takes tens of nanoseconds, less than
+   * releasing and retaking the GIL would. */
+  void *ptr = NULL;
+  int rc = vram_malloc(pool, nbytes->bytes, stream, &ptr);
+  if (rc != VRAM_OK) return raise_status(st, rc, device, pool);
+
+  DeviceBuffer *self = PyObject_New(DeviceBuffer, st->DeviceBuffer_Type);
+  if (self == NULL) {
+    vram_free(pool, ptr);
+    return NULL;
+  }
+  self->ptr = ptr;
+  self->nbytes = nbytes->bytes;
+  self->pool = pool;
+  self->stream = stream;
+  self->device = device;
+  self->has_stream = stream_obj != Py_None;
+  self->freed = 0;
+  self->owner = Py_XNewRef(owner);
+  return (PyObject *)self;
+}
 
 PyObject *core_empty(PyObject *module, PyObject *args, PyObject *kwargs) {
   static char *kwlist[] = {"nbytes", "device", "stream", NULL};
@@ -33,31 +65,9 @@ PyObject *core_empty(PyObject *module, PyObject *args, PyObject *kwargs) {
                                    &nbytes, &device_obj, &stream_obj))
     return NULL;
   if (device_obj != NULL && !device_from_object(st, device_obj, &device)) return NULL;
-  vram_stream_t stream = NULL;
-  if (stream_obj != Py_None && !stream_converter(stream_obj, &stream)) return NULL;
   vram_pool_t *pool = get_pool(st, device);
   if (pool == NULL) return NULL;
-  if (nbytes.too_big) return raise_too_big(st, pool, device, &nbytes);
-
-  /* The GIL stays held: a cached allocation takes tens of nanoseconds, less than
-   * releasing and retaking the GIL would. */
-  void *ptr = NULL;
-  int rc = vram_malloc(pool, nbytes.bytes, stream, &ptr);
-  if (rc != VRAM_OK) return raise_status(st, rc, device, pool);
-
-  DeviceBuffer *self = PyObject_New(DeviceBuffer, st->DeviceBuffer_Type);
-  if (self == NULL) {
-    vram_free(pool, ptr);
-    return NULL;
-  }
-  self->ptr = ptr;
-  self->nbytes = nbytes.bytes;
-  self->pool = pool;
-  self->stream = stream;
-  self->device = device;
-  self->has_stream = stream_obj != Py_None;
-  self->freed = 0;
-  return (PyObject *)self;
+  return buffer_new(st, pool, device, &nbytes, stream_obj, NULL);
 }
 
 static void DeviceBuffer_dealloc(DeviceBuffer *self) {
@@ -75,7 +85,10 @@ static void DeviceBuffer_dealloc(DeviceBuffer *self) {
       PyErr_Restore(type, value, tb);
     }
   }
+  /* After the free: the last buffer of a Pool nobody else holds takes the pool with it. */
+  PyObject *owner = self->owner;
   PyObject_Free(self);
+  Py_XDECREF(owner);
   Py_DECREF(tp);
 }
 
@@ -137,6 +150,10 @@ static PyObject *DeviceBuffer_get_nbytes(DeviceBuffer *self, void *closure) {
 
 static PyObject *DeviceBuffer_get_device(DeviceBuffer *self, void *closure) {
   return PyLong_FromLong(self->device);
+}
+
+static PyObject *DeviceBuffer_get_pool(DeviceBuffer *self, void *closure) {
+  return Py_NewRef(self->owner ? self->owner : Py_None);
 }
 
 static PyObject *DeviceBuffer_get_stream(DeviceBuffer *self, void *closure) {
@@ -211,6 +228,10 @@ static PyGetSetDef DeviceBuffer_getset[] = {
     {"nbytes", (getter)DeviceBuffer_get_nbytes, NULL,
      PyDoc_STR("size asked for, in bytes (0 once freed)"), NULL},
     {"device", (getter)DeviceBuffer_get_device, NULL, PyDoc_STR("device ordinal"), NULL},
+    {"pool", (getter)DeviceBuffer_get_pool, NULL,
+     PyDoc_STR("the vramkit.Pool it came from (kept alive by the buffer); None from "
+               "vramkit.empty(), whose pool is the device's default pool"),
+     NULL},
     {"stream", (getter)DeviceBuffer_get_stream, NULL,
      PyDoc_STR("stream handle given to empty(), or None"), NULL},
     {"freed", (getter)DeviceBuffer_get_freed, NULL, PyDoc_STR("True once free() ran"), NULL},
@@ -224,8 +245,8 @@ static PyType_Slot DeviceBuffer_slots[] = {
     {Py_tp_repr, DeviceBuffer_repr},
     {Py_tp_methods, DeviceBuffer_methods},
     {Py_tp_getset, DeviceBuffer_getset},
-    {Py_tp_doc, "DeviceBuffer: device memory from vramkit.empty(); freed when the last "
-                "reference goes, or by free()."},
+    {Py_tp_doc, "DeviceBuffer: device memory from vramkit.empty() or Pool.allocate(); freed "
+                "when the last reference goes, or by free()."},
     {0, NULL},
 };
 
@@ -233,7 +254,7 @@ PyType_Spec DeviceBuffer_spec = {
     .name = "vramkit.DeviceBuffer",
     .basicsize = sizeof(DeviceBuffer),
     /* Not a base type: the hot path relies on the exact layout and dealloc. Instances are
-     * made only by empty(). */
+     * made only by empty() and Pool.allocate(). */
     .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION | Py_TPFLAGS_IMMUTABLETYPE,
     .slots = DeviceBuffer_slots,
 };

@@ -225,19 +225,12 @@ PyObject *core_stack_count(PyObject *module, PyObject *Py_UNUSED(ignored)) {
 
 /* history_start(device, max_entries, stacks, /): start (or restart: the ring is cleared)
  * the pool's recording; with stacks, each allocation gets the id of its Python stack. */
-PyObject *core_history_start(PyObject *module, PyObject *args) {
-  int device, with_stacks;
-  Py_ssize_t max_entries;
-  if (!PyArg_ParseTuple(args, "O&np:history_start", device_converter, &device, &max_entries,
-                        &with_stacks))
-    return NULL;
-  core_state *st = get_state(module);
+PyObject *pool_history_start(core_state *st, vram_pool_t *pool, int device,
+                             Py_ssize_t max_entries, int with_stacks) {
   if (max_entries <= 0)
     return raise_message(st, VRAM_EINVAL,
                          PyUnicode_FromFormat("max_entries must be > 0, got %zd", max_entries),
                          NULL);
-  vram_pool_t *pool = get_pool(st, device);
-  if (pool == NULL) return NULL;
   /* Process-wide and harmless to set again: pools call it only when they record with
    * VRAM_HISTORY_CONTEXTS. */
   if (with_stacks) vram_set_context_fn(capture_stack, NULL);
@@ -246,24 +239,31 @@ PyObject *core_history_start(PyObject *module, PyObject *args) {
   Py_RETURN_NONE;
 }
 
-PyObject *core_history_stop(PyObject *module, PyObject *args) {
-  int device;
-  if (!PyArg_ParseTuple(args, "O&:history_stop", device_converter, &device)) return NULL;
+PyObject *core_history_start(PyObject *module, PyObject *args) {
+  int device, with_stacks;
+  Py_ssize_t max_entries;
+  if (!PyArg_ParseTuple(args, "O&np:history_start", device_converter, &device, &max_entries,
+                        &with_stacks))
+    return NULL;
   core_state *st = get_state(module);
+  if (max_entries <= 0) return pool_history_start(st, NULL, device, max_entries, with_stacks);
   vram_pool_t *pool = get_pool(st, device);
   if (pool == NULL) return NULL;
+  return pool_history_start(st, pool, device, max_entries, with_stacks);
+}
+
+PyObject *pool_history_stop(core_state *st, vram_pool_t *pool, int device) {
   int rc = vram_history_stop(pool);
   if (rc != VRAM_OK) return raise_status(st, rc, device, pool);
   Py_RETURN_NONE;
 }
 
-/* history_read(device, /) -> (events: bytes of vram_event_t, oldest first, dropped). */
-PyObject *core_history_read(PyObject *module, PyObject *args) {
-  int device;
-  if (!PyArg_ParseTuple(args, "O&:history_read", device_converter, &device)) return NULL;
-  core_state *st = get_state(module);
-  vram_pool_t *pool = get_pool(st, device);
-  if (pool == NULL) return NULL;
+PyObject *core_history_stop(PyObject *module, PyObject *args) {
+  return on_default_pool(module, args, "O&:history_stop", pool_history_stop);
+}
+
+/* (events: bytes of vram_event_t, oldest first, dropped). */
+PyObject *pool_history_read(core_state *st, vram_pool_t *pool, int device) {
   size_t count = 0, total = 0;
   uint64_t dropped = 0;
   int rc = vram_history_read(pool, NULL, 0, &count, &total, &dropped);
@@ -289,9 +289,13 @@ PyObject *core_history_read(PyObject *module, PyObject *args) {
   }
 }
 
+PyObject *core_history_read(PyObject *module, PyObject *args) {
+  return on_default_pool(module, args, "O&:history_read", pool_history_read);
+}
+
 /* "O&" converter for an annotation's context: the engine keeps 64 bits, and "K" would keep
  * the low 64 of any int (of -1 too) without a word. */
-static int context_converter(PyObject *obj, void *out) {
+int context_converter(PyObject *obj, void *out) {
   if (PyBool_Check(obj)) {
     PyErr_SetString(PyExc_TypeError, "history_annotate(): context must be an int, not bool");
     return 0;
@@ -311,6 +315,13 @@ static int context_converter(PyObject *obj, void *out) {
   return 1;
 }
 
+PyObject *pool_history_annotate(core_state *st, vram_pool_t *pool, int device,
+                                unsigned long long context) {
+  int rc = vram_history_annotate(pool, (uint64_t)context);
+  if (rc != VRAM_OK) return raise_status(st, rc, device, pool);
+  Py_RETURN_NONE;
+}
+
 PyObject *core_history_annotate(PyObject *module, PyObject *args) {
   int device;
   unsigned long long context;
@@ -319,19 +330,11 @@ PyObject *core_history_annotate(PyObject *module, PyObject *args) {
   core_state *st = get_state(module);
   vram_pool_t *pool = get_pool(st, device);
   if (pool == NULL) return NULL;
-  int rc = vram_history_annotate(pool, (uint64_t)context);
-  if (rc != VRAM_OK) return raise_status(st, rc, device, pool);
-  Py_RETURN_NONE;
+  return pool_history_annotate(st, pool, device, context);
 }
 
-/* snapshot(device, /) -> (segments: bytes of vram_snapshot_segment_t, blocks: bytes of
- * vram_snapshot_block_t). */
-PyObject *core_snapshot(PyObject *module, PyObject *args) {
-  int device;
-  if (!PyArg_ParseTuple(args, "O&:snapshot", device_converter, &device)) return NULL;
-  core_state *st = get_state(module);
-  vram_pool_t *pool = get_pool(st, device);
-  if (pool == NULL) return NULL;
+/* (segments: bytes of vram_snapshot_segment_t, blocks: bytes of vram_snapshot_block_t). */
+PyObject *pool_snapshot(core_state *st, vram_pool_t *pool, int device) {
   /* Each vram_snapshot call is a snapshot event in the history: start from the sizes the
    * last snapshot needed, so that one call is usually enough. */
   static size_t last_segments = 64, last_blocks = 1024;
@@ -375,4 +378,8 @@ PyObject *core_snapshot(PyObject *module, PyObject *args) {
     Py_DECREF(segs);
     Py_DECREF(blocks);
   }
+}
+
+PyObject *core_snapshot(PyObject *module, PyObject *args) {
+  return on_default_pool(module, args, "O&:snapshot", pool_snapshot);
 }

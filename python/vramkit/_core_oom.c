@@ -64,16 +64,18 @@ PyObject *oom_info_dict(const vram_oom_info_t *in) {
   return d;
 }
 
-/* oom_info(device): the figures of the default pool's last OOM, or None before any. */
-PyObject *core_oom_info(PyObject *module, PyObject *args) {
-  int device;
-  if (!PyArg_ParseTuple(args, "O&:oom_info", device_converter, &device)) return NULL;
-  core_state *st = get_state(module);
-  vram_pool_t *pool = get_pool(st, device);
-  if (pool == NULL) return NULL;
+/* The figures of a pool's last OOM, or None before any. */
+PyObject *pool_oom_info(core_state *st, vram_pool_t *pool, int device) {
+  (void)st;
+  (void)device;
   vram_oom_info_t info;
   if (vram_oom_info(pool, &info) != VRAM_OK) Py_RETURN_NONE;
   return oom_info_dict(&info);
+}
+
+/* oom_info(device): that of the device's default pool. */
+PyObject *core_oom_info(PyObject *module, PyObject *args) {
+  return on_default_pool(module, args, "O&:oom_info", pool_oom_info);
 }
 
 /* A figure of oom_classify's mapping: absent or None reads 0. */

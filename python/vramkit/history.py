@@ -116,18 +116,8 @@ def _devices_in_use() -> list[int]:
 # Recording.
 # ---------------------------------------------------------------------------------------
 
-def record_memory_history(enabled: str | None = "all", stacks: str | None = "python",
-                          max_entries: int = DEFAULT_MAX_ENTRIES, device=None) -> None:
-    """Start recording the pools' memory history, as torch.cuda.memory._record_memory_history.
-
-    enabled: "all" records every event (the ``device_traces`` of snapshot()); "state" keeps
-    only what a snapshot needs (the stack of each live block), as PyTorch's does; None stops
-    recording (what was recorded stays readable until the next start). stacks: "python"
-    attaches the Python stack of each allocation; None records none (cheaper). max_entries:
-    the size of the ring of events; the oldest are overwritten beyond it, and snapshot()
-    says so (``trace_alloc_overflowed``). device: one device, or None for every device in
-    use (device 0 at least). Starting again clears what was recorded.
-    """
+def check_recording_args(enabled, stacks, max_entries) -> None:
+    """Refuse what record_memory_history() (a device's or a Pool's) cannot record."""
     if enabled is not None and not isinstance(enabled, str):
         raise TypeError(f"enabled must be 'all', 'state' or None, not "
                         f"{type(enabled).__name__}")
@@ -143,6 +133,21 @@ def record_memory_history(enabled: str | None = "all", stacks: str | None = "pyt
         raise TypeError(f"max_entries must be an int, not {type(max_entries).__name__}")
     if max_entries <= 0:
         raise _invalid(f"max_entries must be > 0, got {max_entries}")
+
+
+def record_memory_history(enabled: str | None = "all", stacks: str | None = "python",
+                          max_entries: int = DEFAULT_MAX_ENTRIES, device=None) -> None:
+    """Start recording the pools' memory history, as torch.cuda.memory._record_memory_history.
+
+    enabled: "all" records every event (the ``device_traces`` of snapshot()); "state" keeps
+    only what a snapshot needs (the stack of each live block), as PyTorch's does; None stops
+    recording (what was recorded stays readable until the next start). stacks: "python"
+    attaches the Python stack of each allocation; None records none (cheaper). max_entries:
+    the size of the ring of events; the oldest are overwritten beyond it, and snapshot()
+    says so (``trace_alloc_overflowed``). device: one device, or None for every device in
+    use (device 0 at least). Starting again clears what was recorded.
+    """
+    check_recording_args(enabled, stacks, max_entries)
     if device is None:
         devices = sorted(set(_devices_in_use()) | {0})
     else:
@@ -168,7 +173,11 @@ def record_memory_history(enabled: str | None = "all", stacks: str | None = "pyt
 
 def _live_blocks(device: int) -> list[tuple]:
     """(addr, size, requested, context, stream) of each live block of the pool."""
-    segs, raw = _core.snapshot(device)
+    return live_blocks_of(*_core.snapshot(device))
+
+
+def live_blocks_of(segs: bytes, raw: bytes) -> list[tuple]:
+    """_live_blocks() of a pool's snapshot records."""
     blocks = list(_BLOCK.iter_unpack(raw))
     out = []
     for s in _SEGMENT.iter_unpack(segs):
@@ -251,9 +260,7 @@ def _frames_of(ids) -> dict[int, list]:
 # Snapshot.
 # ---------------------------------------------------------------------------------------
 
-def _allocator_settings(devices, overflowed: bool, max_entries: int) -> dict:
-    pkg = _pkg()
-    sources = sorted({pkg.source(d) for d in devices}) if devices else []
+def _allocator_settings(sources, overflowed: bool, max_entries: int) -> dict:
     return {
         # PyTorch's keys, with what they mean under vramkit: no split limit, no garbage
         # collection threshold, expandable segments where the source maps virtual memory.
@@ -313,16 +320,29 @@ def snapshot(device=None) -> dict:
     for d in devices:
         segs, blocks = _core.snapshot(d)
         rec = _recordings.get(d)
-        events, dropped = _read(d) if rec is not None and rec.enabled == "all" else ([], 0)
-        raw[d] = (list(_SEGMENT.iter_unpack(segs)), list(_BLOCK.iter_unpack(blocks)),
-                  events, dropped)
+        raw[d] = raw_records(segs, blocks, _core.history_read(d)
+                             if rec is not None and rec.enabled == "all" else None)
+    return assemble_snapshot(raw, _recordings, sorted({_pkg().source(d) for d in devices}))
+
+
+def raw_records(segs: bytes, blocks: bytes, history) -> tuple:
+    """(segments, blocks, events, dropped) unpacked from a pool's records (history: what
+    history_read gave, or None when the pool keeps no events)."""
+    events, dropped = ([], 0) if history is None else \
+        (list(_EVENT.iter_unpack(history[0])), history[1])
+    return (list(_SEGMENT.iter_unpack(segs)), list(_BLOCK.iter_unpack(blocks)), events,
+            dropped)
+
+
+def assemble_snapshot(raw: dict, recordings: dict, sources: list) -> dict:
+    """snapshot()'s dict of {device: raw_records(...)}, with each device's recording."""
     ids = [b[3] for _, blocks, _, _ in raw.values() for b in blocks]
     ids += [e[5] for _, _, events, _ in raw.values() for e in events]
     frames_of = _frames_of(ids)
 
     segments, traces, overflowed, max_entries = [], [], False, 0
     for d, (segs, blocks, events, dropped) in raw.items():
-        rec = _recordings.get(d)
+        rec = recordings.get(d)
         if rec is not None:
             max_entries = max(max_entries, rec.max_entries if rec.enabled == "all" else 0)
             overflowed = overflowed or dropped > 0
@@ -352,7 +372,7 @@ def snapshot(device=None) -> dict:
     return {
         "segments": segments,
         "device_traces": traces,
-        "allocator_settings": _allocator_settings(devices, overflowed, max_entries),
+        "allocator_settings": _allocator_settings(sources, overflowed, max_entries),
         "external_annotations": [],
     }
 
@@ -407,7 +427,12 @@ def memory_history(device=None) -> list[dict]:
     with the ``empty_cache`` entries PyTorch has no action for kept in."""
     d = _device(device)
     _full_recording(d, "memory_history()")
-    events, _ = _read(d)
+    return trace_entries(_core.history_read(d)[0])
+
+
+def trace_entries(raw: bytes) -> list[dict]:
+    """memory_history()'s entries of a pool's recorded events (history_read's bytes)."""
+    events = list(_EVENT.iter_unpack(raw))
     frames_of = _frames_of([e[5] for e in events])
     out = []
     for e in events:
