@@ -150,6 +150,20 @@ class Pool(_core.Pool):
         baseline = history.live_blocks_of(*self.snapshot_records()) if enabled == "all" else []
         self._recording = history._Recording(enabled, stacks, max_entries, baseline)
 
+    def annotate(self, name: str) -> None:
+        """vramkit.annotate() in this pool's history."""
+        from . import history
+
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, not {type(name).__name__}")
+        if self.is_default:
+            history.annotate(name, self.device)
+        elif self._recording is None:
+            raise _core.error(_core.VRAM_EINVAL, "Pool.annotate(): this pool records no "
+                              "history; call record_memory_history() first")
+        else:
+            self.history_annotate(history._new_annotation(name))
+
     def snapshot(self) -> dict:
         """The dict of vramkit.snapshot() (torch.cuda.memory._snapshot()) for this pool."""
         from . import history

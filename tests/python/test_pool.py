@@ -133,6 +133,31 @@ def test_an_unknown_option_suggests_the_nearest():
         vramkit.Pool(limit=[1])
 
 
+def test_a_bad_device_is_no_config_error_and_a_pool_is_made_once():
+    with pytest.raises(vramkit.InvalidDeviceError, match="device 9"):
+        vramkit.Pool(source="sim", device=9)
+    pool = sim_pool(device="cuda:1")
+    assert pool.device == 1
+    with pytest.raises(vramkit.InvalidArgumentError, match="made already"):
+        vramkit._core.Pool.__init__(pool, 0, {})
+    assert pool.stats()["allocation"][0] == 0
+
+
+def test_each_private_sim_pool_models_a_device_of_its_own():
+    a, b = sim_pool(), sim_pool()
+    held = a.allocate(6 * GiB), b.allocate(6 * GiB)  # 12 GiB: more than one device holds
+    assert a.mem_get_info() == b.mem_get_info() == (2 * GiB, 8 * GiB)
+    vmm = vramkit.Pool(source="sim:vmm", capacity="1G")
+    vmm.record_memory_history()
+    big = vmm.allocate(5 * MiB)
+    vmm.annotate("after the big one")
+    snap = vmm.snapshot()
+    assert vmm.source == "sim:vmm" and snap["allocator_settings"]["expandable_segments"]
+    notes = [e["user_metadata"] for e in snap["device_traces"][0] if e["action"] == "annotate"]
+    assert notes == ["after the big one"]
+    del held, big
+
+
 def _shape(snap: dict) -> dict:
     """What two pools given the same requests agree on: no addresses, times or frames."""
     segments = sorted((s["total_size"], s["allocated_size"], s["segment_type"],
