@@ -34,16 +34,26 @@ def _pool_options() -> dict[str, str]:
     return names
 
 
+def _takes_percentages() -> set[str]:
+    """The variables whose sizes may be a share of the device, as their help says."""
+    return {name for name, text, pool_option in _core.env_variables()
+            if pool_option and "percentage" in text}
+
+
 def _config_error(message: str):
     return _core.error(_core.VRAM_EENV, message)
 
 
-def _option_text(name: str, value) -> str:
-    """A value as the variable's text; the engine, not Python, says whether it is right."""
+def _option_text(name: str, value, percentages: bool) -> str:
+    """A value as the variable's text; the engine, not Python, says whether it is right. A
+    float given for a size that takes percentages is a fraction of the device (0.5: "50%"),
+    as in set_limit()."""
     if isinstance(value, str):
         return value
     if isinstance(value, bool):
         raise TypeError(f"{name} must be a str, int or float, not bool")
+    if isinstance(value, float) and percentages and 0.0 < value <= 1.0:
+        return f"{value * 100:.10g}%"
     if isinstance(value, (int, float)):
         return repr(value)
     raise TypeError(f"{name} must be a str, int or float, not {type(value).__name__}")
@@ -51,7 +61,7 @@ def _option_text(name: str, value) -> str:
 
 def _overrides(options: dict) -> dict:
     """{VRAMKIT_* name: (option, text)} of Pool()'s keyword options."""
-    known = _pool_options()
+    known, percentages = _pool_options(), _takes_percentages()
     out = {}
     for name, value in options.items():
         if value is None:
@@ -62,7 +72,7 @@ def _overrides(options: dict) -> dict:
             hint = f" (did you mean {near[0]!r}?)" if near else ""
             raise _config_error(f"Pool(): unknown option {name!r}{hint}; the options are "
                                 f"{', '.join(sorted(known))}")
-        out[variable] = (name, _option_text(name, value))
+        out[variable] = (name, _option_text(name, value, variable in percentages))
     return out
 
 
@@ -76,7 +86,8 @@ class Pool(_core.Pool):
 
     Options (each None: the engine's default; no environment is read): source ("auto",
     "sim", "sim:vmm", "cuda", "vmm", "managed"), capacity (the sim device's size, "8G"),
-    limit, preallocate (a size or a percentage such as "50%"), release_threshold,
+    limit, preallocate (bytes, a size, a percentage such as "50%" or a fraction such as
+    0.5), release_threshold,
     tight_threshold, virtual_threshold, large_blocks: the VRAMKIT_* variables' names and
     values. A bad name or value raises ConfigError naming the option.
     """

@@ -29,6 +29,8 @@ def test_two_private_pools_keep_their_own_stats_and_limits():
     assert (a.stats()["limit_bytes"], b.stats()["limit_bytes"]) == (4 * GiB, GiB)
     b.set_limit("512M")
     assert (a.stats()["limit_bytes"], b.stats()["limit_bytes"]) == (4 * GiB, 512 * MiB)
+    a.set_limit(0.25)  # a fraction of the device, as in the options
+    assert a.stats()["limit_bytes"] == sim_pool(limit=0.25).stats()["limit_bytes"] == 2 * GiB
     assert a.source == b.source == "sim" and a.device == b.device == 0
     assert not a.is_default and not a.closed
     del kept, one
