@@ -188,6 +188,14 @@ class Pool(_core.Pool):
         recordings = {self.device: rec} if rec is not None else {}
         return history.assemble_snapshot({self.device: raw}, recordings, [self.source])
 
+    def dump_snapshot(self, path="dump_snapshot.pickle") -> None:
+        """snapshot() as vramkit.dump_snapshot() writes it: a pickle PyTorch's viewer and
+        `vramkit plot` read."""
+        import pickle
+
+        with open(path, "wb") as f:
+            pickle.dump(self.snapshot(), f, protocol=4)
+
     def memory_history(self) -> list[dict]:
         """The recorded events as trace entries, as vramkit.memory_history()."""
         from . import history

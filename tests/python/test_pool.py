@@ -6,6 +6,7 @@ with the module functions, and many threads on one pool.
 """
 
 import gc
+import pickle
 import threading
 import weakref
 
@@ -199,14 +200,17 @@ def test_snapshot_and_history_have_the_default_pools_format(run):
                if b["state"] == "active_allocated")
 
 
-def test_snapshot_of_a_private_pool_reads_in_the_plot_reader():
+def test_snapshot_of_a_private_pool_reads_in_the_plot_reader(tmp_path):
     from vramkit.plot import _history
 
-    pool = sim_pool()
+    pool = sim_pool(device=2)
     pool.record_memory_history()
     held = [pool.allocate(MiB), pool.allocate(5 * MiB)]
-    history = _history.from_snapshot("private pool", pool.snapshot())
-    assert history.device == 0
+    pool.dump_snapshot(tmp_path / "pool.pickle")
+    with open(tmp_path / "pool.pickle", "rb") as f:
+        snap = pickle.load(f)
+    history = _history.from_snapshot("private pool", snap)
+    assert history.device == 2 and [len(t) for t in snap["device_traces"]][:2] == [0, 0]
     pool.record_memory_history(enabled=None)
     del held
 
