@@ -177,8 +177,8 @@ void _vram_release_empty_ranges(vram_pool_t *pool, int *first_error) {
   }
 }
 
-/* The arena's large requests go to virtual ranges from now on: the free blocks of its fixed
- * large segments leave the index for the retired one, so that those segments drain as
+/* The arena's large requests go to virtual ranges from now on (placement.c records it):
+ * the free blocks of its fixed large segments leave the index for the retired one, so that those segments drain as
  * their blocks are freed and go back (the idle list) when granules need the memory. Their
  * holes, fixed in size and place, are what keeps fixed segments from fitting a cap
  * tightly. */
@@ -193,7 +193,6 @@ static void retire_fixed_large(vram_pool_t *pool, vram_arena *a) {
       }
     s->index = &a->retired;
   }
-  a->grows_virtual = true;
 }
 
 /* The growth placement.c chose: no policy here, only the source calls and the bookkeeping. */
