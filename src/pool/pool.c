@@ -10,9 +10,10 @@
  * lock taken once per call.
  *
  * Misses go down a ladder: drain completed cross-stream frees (pending.c); grow by a
- * segment from the source, or, for virtual memory, map granules (placement.c decides
- * which and what goes back, segment.c and granules.c do it); release cached memory and
- * retry; then fail with a report that says why and what to try.
+ * segment from the source, or, for virtual memory, map granules (placement.h and .c decide
+ * which block a request takes, what grows and what goes back; segment.c and granules.c do
+ * it); release cached memory and retry; then fail with a report that says why and what to
+ * try.
  *
  * Every entry point runs its work through locked_call, which takes the lock, runs the
  * invariant checker at VRAM_DEBUG >= 3, and lets go; every entry point given a pointer finds
