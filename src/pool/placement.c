@@ -25,7 +25,8 @@
  *                                   idle granules elsewhere, then idle fixed segments;
  *                                   past the allowance, idle granules elsewhere
  *   the peak guard                  the table's guard_release, before a fixed segment would
- *                                   raise the high-water mark, with its ghosts
+ *                                   raise the high-water mark, with its ghosts (segment.c
+ *                                   tells _vram_place_segment_released what went back)
  *   what a release gives back       the table's release (the OOM ladder, empty_cache, the
  *                                   limit, the release threshold: _vram_place_releasable)
  *   how a preallocation is held     the table's preallocate

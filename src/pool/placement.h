@@ -59,6 +59,14 @@ static inline bool _vram_large_blocks_virtual(const vram_pool_t *pool) {
   return pool->place->may_grow_virtual && pool->opts.large_blocks == VRAM_LARGE_VIRTUAL;
 }
 
+/* A segment of `size` bytes went back to the source (segment.c tells): while the peak guard
+ * gives back, it remembers the size, a ghost (guard_peak in placement.c). */
+static inline void _vram_place_segment_released(vram_pool_t *pool, size_t size) {
+  if (!pool->guard_releasing) return;
+  pool->guard_ghosts[pool->guard_ghost_next] = size;
+  pool->guard_ghost_next = (pool->guard_ghost_next + 1) % VRAM_GUARD_GHOSTS;
+}
+
 /* ---------------------------------------------------------------------------------------
  * Virtual memory: how much stays mapped.
  * ------------------------------------------------------------------------------------- */
