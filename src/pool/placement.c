@@ -169,7 +169,8 @@ static size_t mapped_allowance(const vram_pool_t *pool, size_t request) {
                                   (size_t)pool->stats.reserved_bytes.peak);
 }
 
-bool _vram_place_over_allowance(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size) {
+bool _vram_place_over_allowance(vram_pool_t *pool, vram_segment *seg, uintptr_t addr,
+                                size_t size) {
   size_t need = _vram_granules_unmapped_in(pool, seg, addr, size);
   if (!need) return false;
   size_t after = (size_t)pool->stats.reserved_bytes.current + need * pool->granularity;
