@@ -1,5 +1,5 @@
-/* block.c - the rare work of blocks (block.h has the per-call steps): slabs of host structs
- * and flushing the one-block caches. */
+/* block.c - the rare work of blocks (block.h has the per-call steps): slabs of host structs,
+ * flushing the one-block caches, and splitting a free block at an address. */
 #include <stdlib.h>
 
 #include "pool/block.h"
@@ -64,4 +64,26 @@ void _vram_cache_flush_all(vram_pool_t *pool) {
     cache_flush(pool, a);
     a = next;
   }
+}
+
+/* The front becomes a free block of its own in the index; b keeps the back. */
+int _vram_block_split_front(vram_pool_t *pool, vram_block *b, uintptr_t addr) {
+  vram_block *front = _vram_block_new(pool);
+  if (!front) return VRAM_EHOSTMEM;
+  vram_segment *seg = b->segment;
+  _vram_block_link_before(front, b, addr - b->addr);
+  _vram_tlsf_resize(seg->index, b, b->size - front->size);
+  front->state = VRAM_BLOCK_FREE;
+  _vram_tlsf_insert(seg->index, front);
+  return VRAM_OK;
+}
+
+void _vram_block_merge_front(vram_pool_t *pool, vram_block *b) {
+  vram_block *front = b->addr_prev;
+  vram_tlsf *index = b->segment->index;
+  size_t size = front->size + b->size;
+  _vram_tlsf_remove(index, front);
+  b->addr = front->addr;
+  _vram_block_unlink(pool, front);
+  _vram_tlsf_resize(index, b, size);
 }

@@ -19,6 +19,11 @@ bool _vram_block_slab_add(vram_pool_t *pool);
 void _vram_blocks_destroy(vram_pool_t *pool);
 /* block.c: merge the blocks parked in every arena's one-block cache. */
 void _vram_cache_flush_all(vram_pool_t *pool);
+/* block.c: split free block b at `addr` (inside it): the front becomes a free block of its
+ * own in the index, b keeps the back (where a placement chose to carve). VRAM_EHOSTMEM when
+ * no block struct can be had. Undone by _vram_block_merge_front. */
+int _vram_block_split_front(vram_pool_t *pool, vram_block *b, uintptr_t addr);
+void _vram_block_merge_front(vram_pool_t *pool, vram_block *b);
 
 static inline vram_block *_vram_block_new(vram_pool_t *pool) {
   vram_block_cache *c = &pool->blocks;

@@ -14,23 +14,18 @@
  *
  * (Blocks parked in their arena's one-block cache count as used until they are merged.)
  *
- * Two regimes (_vram_granules_kept). Far from the cap (no limit, and reserved memory
- * within the virtual threshold's share of the device) runs are mapped in mappings of up to 128 MiB
- * and kept: a handle costs about the same at 2 and at 128 MiB, and the pool then behaves
- * like PyTorch's expandable segments with best-fit placement. Near the cap, or under a
- * limit, each granule is its own mapping, and physical granules are interchangeable,
- * which is what makes this layout tight: when a request needs new granules and the pool
- * would otherwise pass its limit or its allowance (its high-water mark, or its allocated
- * peak plus 1/64), idle granules anywhere are unmapped first and their memory mapped where
- * it is needed. So the footprint follows the granules that live blocks touch, not the
- * history of holes. Mapping costs tens of microseconds per handle (bench/vmm_cost.c), so
- * idle granules stay mapped until memory is actually needed. */
+ * What stays mapped, what makes room for a new mapping and how many granules one mapping
+ * holds are the placement policy's (placement.c: the kept regime far from the cap, the
+ * allowance near it); this file maps, unmaps and keeps the bits as it is told. Mapping
+ * costs tens of microseconds per handle (bench/vmm_cost.c), so idle granules stay mapped
+ * until memory is actually needed. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "pool/events.h"
 #include "pool/granules.h"
 #include "pool/kinds.h"
+#include "pool/placement.h"
 #include "pool/segment.h"
 
 #define BITS 64
@@ -340,37 +335,9 @@ size_t _vram_granules_trim(vram_pool_t *pool, size_t want, int *first_error) {
   return trim(pool, want, NULL, 0, 0, first_error);
 }
 
-/* Far from the cap a pool keeps what it maps (_vram_granules_kept, granules.h): with no
- * limit, while its reserved memory (this request's included) stays within the virtual
- * threshold's share of the device. It then maps in mappings of up to VRAM_VMM_MAP_UNIT
- * granules and unmaps nothing to stay within an allowance, as PyTorch's expandable
- * segments do: a physical handle costs about as much at 128 MiB as at 2 MiB
- * (bench/vmm_cost.c), and a loop's blocks then land on mapped memory after its first pass.
- * Under a limit, or past the threshold, it fits: one granule per mapping, and idle
- * granules give their memory to new mappings.
- *
- * What the pool may hold mapped before new mappings first take idle granules back: its
- * high-water mark of mapped bytes, or the peak of allocated bytes (this request included)
- * plus 1/2^VRAM_VMM_SLACK_SHIFT of it, whichever is larger. Without the slack a pool that
- * reached its peak would unmap and map again on almost every request that lands on
- * unmapped space; with it a training loop's steady state makes few or none (Note [The
- * mapped allowance's slack] in docs/performance.md). Far from the cap there is no
- * allowance. */
-static size_t mapped_allowance(const vram_pool_t *pool, size_t request) {
-  if (_vram_granules_kept(pool, request)) return SIZE_MAX;
-  size_t allocated = (size_t)pool->stats.allocated_bytes.current + request;
-  if ((size_t)pool->stats.allocated_bytes.peak > allocated)
-    allocated = (size_t)pool->stats.allocated_bytes.peak;
-  size_t allowance = allocated + (allocated >> VRAM_VMM_SLACK_SHIFT);
-  size_t high_water = (size_t)pool->stats.reserved_bytes.peak;
-  return allowance > high_water ? allowance : high_water;
-}
-
-bool _vram_granules_over_allowance(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size) {
-  size_t need = _vram_granules_unmapped_in(pool, seg, addr, size);
-  if (!need) return false;
-  size_t after = (size_t)pool->stats.reserved_bytes.current + need * pool->granularity;
-  return after > mapped_allowance(pool, size) || (pool->limit && after > pool->limit);
+size_t _vram_granules_trim_outside(vram_pool_t *pool, size_t want, vram_segment *seg, size_t g0,
+                                   size_t g1) {
+  return trim(pool, want, seg, g0, g1, NULL);
 }
 
 /* The mappings one acquire made, so that a map failing part way gives them back: the
@@ -402,35 +369,18 @@ static void fresh_undo(vram_pool_t *pool, vram_segment *seg, fresh_list *f) {
       mark_unmapped(pool, seg, f->at[i], f->at[i + 1]);
 }
 
-/* Map the unmapped granules of [g0, g1), which hold the `size` bytes of a request: under
- * a limit, or past the allowance, idle granules elsewhere are unmapped first. Fresh
- * granules are idle (mark_mapped); on failure nothing of this call stays mapped. */
+/* Map the unmapped granules of [g0, g1), which hold the `size` bytes of a request, once
+ * placement made room for them. Fresh granules are idle (mark_mapped); on failure nothing
+ * of this call stays mapped. */
 static int map_span(vram_pool_t *pool, vram_segment *seg, size_t g0, size_t g1, size_t size) {
   size_t G = pool->granularity;
   size_t need = unmapped_between(seg, g0, g1);
   if (need) {
-    size_t reserved = (size_t)pool->stats.reserved_bytes.current;
-    size_t bytes = need * G;
-    /* Under a limit, or where mapping would raise the high-water mark, idle granules
-     * elsewhere give their memory first. */
-    if (pool->limit && reserved + bytes > pool->limit) {
-      trim(pool, (reserved + bytes - pool->limit + G - 1) / G, seg, g0, g1, NULL);
-      reserved = (size_t)pool->stats.reserved_bytes.current;
-      if (reserved + bytes > pool->limit && pool->idle_bytes) {
-        _vram_release_fixed_idle(pool, reserved + bytes - pool->limit, NULL);
-        reserved = (size_t)pool->stats.reserved_bytes.current;
-      }
-      if (reserved + bytes > pool->limit) return VRAM_ENOMEM;
-    }
-    size_t allowance = mapped_allowance(pool, size);
-    if (reserved + bytes > allowance) {
-      size_t over = (reserved + bytes - allowance + G - 1) / G;
-      trim(pool, over, seg, g0, g1, NULL);
-    }
+    int rc = _vram_place_make_room(pool, seg, g0, g1, need * G, size);
+    if (rc) return rc;
     /* Map each run of unmapped granules (in pieces, below); undo this call's on failure. */
     fresh_list fresh = {.n = 0, .cap = 16};
     fresh.at = fresh.stack;
-    int rc = VRAM_OK;
     for (size_t g = g0; g < g1 && rc == VRAM_OK;) {
       if (bit_get(seg->gran_mapped, g)) {
         g++;
@@ -442,7 +392,7 @@ static int map_span(vram_pool_t *pool, vram_segment *seg, size_t g0, size_t g1, 
        * are cut from where the run begins. Cutting at multiples of the unit instead split a
        * run that crosses one into two handles for nothing: a fifth more mappings on
        * gpt2_train, each of them tens of microseconds. */
-      size_t unit = _vram_granules_kept(pool, (run_end - g) * G) ? VRAM_VMM_MAP_UNIT : 1;
+      size_t unit = _vram_place_map_unit(pool, (run_end - g) * G);
       while (g < run_end) {
         size_t piece_end = run_end - g > unit ? g + unit : run_end;
         rc = pool->src->xMap(pool->src_state, seg->addr + g * G, (piece_end - g) * G);

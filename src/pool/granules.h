@@ -21,20 +21,10 @@ void _vram_granules_release(vram_pool_t *pool, vram_block *b);
  * their arenas' streams first. Returns the number unmapped; the first failure goes to
  * *first_error (if non-NULL and still 0). */
 size_t _vram_granules_trim(vram_pool_t *pool, size_t want, int *first_error);
-/* Whether the pool, holding `bytes` more, is far enough from its cap to keep what it maps:
- * no limit, and reserved memory within the virtual threshold's share of the device. Inline,
- * against a ceiling worked out once: it runs on every allocation from a virtual range. */
-static inline bool _vram_granules_kept(const vram_pool_t *pool, size_t bytes) {
-  return !pool->limit && (size_t)pool->stats.reserved_bytes.current + bytes <= pool->kept_ceiling;
-}
-/* Whether taking [addr, addr+size) would map granules past the pool's allowance or limit,
- * so that idle granules elsewhere would be unmapped first: never far from the cap, which
- * is answered here, before any count, on every allocation from a virtual range. */
-bool _vram_granules_over_allowance(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size);
-static inline bool _vram_granules_must_trim(vram_pool_t *pool, vram_segment *seg, uintptr_t addr,
-                                            size_t size) {
-  return !_vram_granules_kept(pool, size) && _vram_granules_over_allowance(pool, seg, addr, size);
-}
+/* The same, leaving alone granules [g0, g1) of seg (a span about to be mapped); failures
+ * leave granules mapped and idle, tried again later. */
+size_t _vram_granules_trim_outside(vram_pool_t *pool, size_t want, vram_segment *seg, size_t g0,
+                                   size_t g1);
 size_t _vram_granules_idle_total(const vram_pool_t *pool);
 /* The lowest address at or after `addr` where `size` bytes fit inside [addr, addr+span)
  * on granules that are all mapped already, in *start; false if there is none. */

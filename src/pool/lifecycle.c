@@ -75,7 +75,6 @@ static int pool_setup(vram_pool_t *pool) {
   int rc = pool->src->xMemInfo(pool->src_state, &free_bytes, &pool->device_total);
   if (rc) return rc;
   pool->max_request = max_request_of(pool);
-  pool->kept_ceiling = (size_t)(o->virtual_threshold * (double)pool->device_total);
   rc = _vram_ptrmap_init(&pool->ptrs, PTRMAP_INITIAL_BLOCKS);
   if (!rc) rc = _vram_pool_limit_from(pool, o->limit_bytes, o->limit_fraction, &pool->limit);
   _vram_place_init(pool);

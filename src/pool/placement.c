@@ -1,7 +1,35 @@
-/* placement.c - the placement policy in one place: where a miss grows, when the peak guard
- * gives back, what a release gives back, how a preallocation is held, for each memory
- * mode. segment.c and granules.c carry the decisions out; pool.c's hot path reads only the
- * data a table keeps in the pool (has_virtual, unified_index).
+/* placement.c - the placement policy in one place, for each memory mode: where a miss
+ * grows, which free block a request takes, what stays mapped and what makes room for a
+ * mapping, when the peak guard gives back, what a release gives back, how a preallocation
+ * is held. segment.c, granules.c and block.c carry the decisions out; pool.c asks and does
+ * what it is told. What the hot path asks is inline in placement.h and reads fields only
+ * (has_virtual, unified_index, kept_ceiling, the options): no call through the table.
+ *
+ * The questions, and who asks them:
+ *
+ *   what a miss grows by            the table's plan (a fixed segment or a virtual range);
+ *                                   _vram_place_grow, from pool.c's alloc_attempt
+ *   which free block a request      _vram_place_fit (placement.h): the index's fit, or on
+ *     takes                         virtual memory a window already mapped where the fit
+ *                                   would map past the allowance, or for a small request
+ *                                   that would raise the peak, idle mapped granules of the
+ *                                   large range; _vram_place_wants_own_segment: tight
+ *                                   placement, a segment of its own instead of carving a
+ *                                   fully free bigger one (vram_options_t.tight_threshold)
+ *   what stays mapped               _vram_place_keeps_mapped: far from the cap (no limit,
+ *                                   reserved within the virtual threshold's share of the
+ *                                   device) what is mapped stays, in mappings of up to
+ *                                   VRAM_VMM_MAP_UNIT granules (_vram_place_map_unit); else
+ *                                   one granule a mapping, held to the allowance
+ *   what makes room for a mapping   _vram_place_make_room, from granules.c: under a limit,
+ *                                   idle granules elsewhere, then idle fixed segments;
+ *                                   past the allowance, idle granules elsewhere
+ *   the peak guard                  the table's guard_release, before a fixed segment would
+ *                                   raise the high-water mark, with its ghosts (segment.c
+ *                                   tells _vram_place_segment_released what went back)
+ *   what a release gives back       the table's release (the OOM ladder, empty_cache, the
+ *                                   limit, the release threshold: _vram_place_releasable)
+ *   how a preallocation is held     the table's preallocate
  *
  * The modes, one table each (the table a pool uses changes as it goes, never back to a
  * mode it left):
@@ -16,17 +44,21 @@
  *             default): small requests grow by fixed segments; large ones by a virtual
  *             range from the first (large_blocks virtual) or once reserved memory would pass
  *             the virtual threshold's share of the cap. The first range moves the pool to
- *             mixed.
+ *             mixed, and marks its arena as one whose large requests go to ranges
+ *             (vram_arena.grows_virtual; segment.c retires its fixed large segments).
  *   mixed     a fixed source that holds virtual ranges: growth as in growing (an arena
  *             that has not turned virtual still grows fixed segments); the peak guard gives
- *             back idle segments alone while the pool is far from its cap (it keeps what
- *             it maps: kept), else any cached memory; a release gives back idle segments
- *             first, then idle granules, then, for a full release, the ranges with nothing
- *             mapped.
+ *             back idle segments alone while the pool keeps what it maps, else any cached
+ *             memory; a release gives back idle segments first, then idle granules, then,
+ *             for a full release, the ranges with nothing mapped.
  *   closed    mixed, after a reserve was refused as unsupported: no more ranges, fixed
  *             segments for every miss, the ranges it holds still released as in mixed.
  *   virtual   a virtual-memory source (vmm, sim:vmm): every miss grows by a virtual range
  *             (granules.c maps what blocks touch); releases as in mixed.
+ *
+ * The questions of which block a request takes and of what stays mapped have one answer
+ * for every mode: they ask what the pool holds (a fit in a virtual range, has_virtual),
+ * which a mode decides, and so need no slot of the table.
  *
  * Preallocate mode is no table of its own: once its memory is held, placement is that of
  * its source's mode; how it is held is each table's preallocate slot, and that every size
@@ -107,6 +139,116 @@ static size_t release_ranges(vram_pool_t *pool, size_t want, int *first_error) {
   return released;
 }
 
+size_t _vram_place_releasable(const vram_pool_t *pool) {
+  size_t cached = pool->idle_bytes;
+  if (pool->place->holds_ranges) cached += _vram_granules_idle_total(pool) * pool->granularity;
+  return cached;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Virtual memory: what stays mapped, what makes room for a mapping.
+ * ------------------------------------------------------------------------------------- */
+
+/* Far from the cap a pool keeps what it maps (_vram_place_keeps_mapped): it maps in
+ * mappings of up to VRAM_VMM_MAP_UNIT granules and unmaps nothing to stay within an
+ * allowance, as PyTorch's expandable segments do: a physical handle costs about as much at
+ * 128 MiB as at 2 MiB (bench/vmm_cost.c), and a loop's blocks then land on mapped memory
+ * after its first pass. Under a limit, or past the threshold, it fits: one granule per
+ * mapping, and idle granules give their memory to new mappings.
+ *
+ * What the pool may hold mapped before new mappings first take idle granules back
+ * (_vram_place_allowance_of): its high-water mark, or its allocated peak (this request
+ * included) plus a slack. Without the slack a pool that reached its peak would unmap and
+ * map again on almost every request that lands on unmapped space; with it a training
+ * loop's steady state makes few or none (Note [The mapped allowance's slack] in
+ * docs/performance.md). Far from the cap there is no allowance. */
+static size_t mapped_allowance(const vram_pool_t *pool, size_t request) {
+  if (_vram_place_keeps_mapped(pool, request)) return SIZE_MAX;
+  return _vram_place_allowance_of((size_t)pool->stats.allocated_bytes.current + request,
+                                  (size_t)pool->stats.allocated_bytes.peak,
+                                  (size_t)pool->stats.reserved_bytes.peak);
+}
+
+bool _vram_place_over_allowance(vram_pool_t *pool, vram_segment *seg, uintptr_t addr,
+                                size_t size) {
+  size_t need = _vram_granules_unmapped_in(pool, seg, addr, size);
+  if (!need) return false;
+  size_t after = (size_t)pool->stats.reserved_bytes.current + need * pool->granularity;
+  return after > mapped_allowance(pool, size) || (pool->limit && after > pool->limit);
+}
+
+/* Under a limit, idle granules elsewhere give their memory first, then idle fixed segments
+ * (a mixed pool); past the allowance, where mapping would raise the high-water mark, idle
+ * granules elsewhere go back, but the mapping goes ahead if they fall short. */
+int _vram_place_make_room(vram_pool_t *pool, vram_segment *seg, size_t g0, size_t g1,
+                          size_t bytes, size_t size) {
+  size_t G = pool->granularity;
+  size_t reserved = (size_t)pool->stats.reserved_bytes.current;
+  if (pool->limit && reserved + bytes > pool->limit) {
+    _vram_granules_trim_outside(pool, (reserved + bytes - pool->limit + G - 1) / G, seg, g0, g1);
+    reserved = (size_t)pool->stats.reserved_bytes.current;
+    if (reserved + bytes > pool->limit && pool->idle_bytes) {
+      _vram_release_fixed_idle(pool, reserved + bytes - pool->limit, NULL);
+      reserved = (size_t)pool->stats.reserved_bytes.current;
+    }
+    if (reserved + bytes > pool->limit) return VRAM_ENOMEM;
+  }
+  size_t allowance = mapped_allowance(pool, size);
+  if (reserved + bytes > allowance)
+    _vram_granules_trim_outside(pool, (reserved + bytes - allowance + G - 1) / G, seg, g0, g1);
+  return VRAM_OK;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Which free block a request takes (placement.h's _vram_place_fit asks these).
+ * ------------------------------------------------------------------------------------- */
+
+/* Virtual memory: where in free space a request lands decides whether the driver is
+ * called. When the index's fit would map granules while idle mapped granules exist, look
+ * through a bounded number of free blocks of the request's size and above for a window
+ * whose granules are all mapped, and carve the request there: no map call now, and no
+ * trim of idle granules elsewhere to stay within the allowance. A training loop whose
+ * blocks land in other places each step then reuses the mapped memory it has instead of
+ * unmapping and mapping granules every step. */
+#define VRAM_MAPPED_SCAN_LIMIT 16
+VRAM_NOINLINE vram_block *_vram_place_mapped_fit(vram_pool_t *pool, vram_tlsf *index,
+                                                 size_t rounded) {
+  if (_vram_granules_idle_total(pool) * pool->granularity < rounded) return NULL;
+  int fl, sl, budget = VRAM_MAPPED_SCAN_LIMIT;
+  _vram_tlsf_mapping(rounded, &fl, &sl);
+  for (int f = fl; f < VRAM_TLSF_FL_COUNT && budget > 0; f++) {
+    if (!((index->fl_bitmap >> f) & 1)) continue;
+    for (int s = f == fl ? sl : 0; s < VRAM_TLSF_SL_COUNT && budget > 0; s++) {
+      if (!((index->sl_bitmap[f] >> s) & 1)) continue;
+      for (vram_block *c = index->heads[f][s]; c && budget > 0; c = c->free_next, budget--) {
+        uintptr_t start;
+        if (c->size < rounded ||
+            !_vram_granules_mapped_window(pool, c->segment, c->addr, c->size, rounded, &start))
+          continue;
+        if (start != c->addr && _vram_block_split_front(pool, c, start) != VRAM_OK) return NULL;
+        return c;
+      }
+    }
+  }
+  return NULL;
+}
+
+/* A small request that its own segments cannot serve without growing (a new 2 MiB small
+ * segment, or on vmm new granules of the small range) past the high-water mark, while the
+ * arena's large range may hold idle mapped granules (a pool keeps them far from its cap):
+ * the request is carved from one of those instead, so the peak stays where the large
+ * blocks put it. */
+vram_block *_vram_place_small_into_large(vram_pool_t *pool, vram_arena *a, vram_block *b,
+                                         size_t rounded) {
+  vram_block **cached = _vram_arena_cache_slot(a, false); /* back in the index, to be seen */
+  if (*cached) {
+    _vram_block_uncache(pool, *cached);
+    *cached = NULL;
+  }
+  vram_block *mapped = _vram_place_mapped_fit(pool, _vram_arena_index(a, false), rounded);
+  return mapped ? mapped : b;
+}
+
 /* ---------------------------------------------------------------------------------------
  * The peak guard.
  * ------------------------------------------------------------------------------------- */
@@ -153,7 +295,7 @@ static void guard_release_fixed(vram_pool_t *pool, size_t size, size_t want) {
  * segments alone. Unmapping idle granules here, to make room for a small segment, made a
  * loop's next large block map them again a step later. */
 static void guard_release_ranges(vram_pool_t *pool, size_t size, size_t want) {
-  if (_vram_granules_kept(pool, size)) {
+  if (_vram_place_keeps_mapped(pool, size)) {
     _vram_cache_flush_all(pool);
     if (pool->idle_bytes) _vram_release_fixed_idle(pool, want, NULL);
   } else {
@@ -254,6 +396,7 @@ static const vram_placement *fixed_mode(const vram_pool_t *pool, bool grows, boo
 
 void _vram_place_init(vram_pool_t *pool) {
   const vram_options_t *o = &pool->opts;
+  pool->kept_ceiling = (size_t)(o->virtual_threshold * (double)pool->device_total);
   if (pool->src->is_vmm) {
     place_set(pool, &place_virtual);
     return;
@@ -274,6 +417,8 @@ static int grow_as(vram_pool_t *pool, vram_arena *a, vram_growth g, bool small,
     guard_peak(pool, g.size);
   }
   int rc = _vram_segment_add(pool, a, g, small, out_free);
+  /* The arena's large requests go to ranges from now on (plan_growing asks this). */
+  if (rc == VRAM_OK && g.retire) a->grows_virtual = true;
   if (rc == VRAM_OK && g.virtual && !pool->place->holds_ranges)
     place_set(pool, fixed_mode(pool, pool->place->may_grow_virtual, true));
   return rc;

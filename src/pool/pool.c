@@ -10,9 +10,10 @@
  * lock taken once per call.
  *
  * Misses go down a ladder: drain completed cross-stream frees (pending.c); grow by a
- * segment from the source, or, for virtual memory, map granules (placement.c decides
- * which and what goes back, segment.c and granules.c do it); release cached memory and
- * retry; then fail with a report that says why and what to try.
+ * segment from the source, or, for virtual memory, map granules (placement.h and .c decide
+ * which block a request takes, what grows and what goes back; segment.c and granules.c do
+ * it); release cached memory and retry; then fail with a report that says why and what to
+ * try.
  *
  * Every entry point runs its work through locked_call, which takes the lock, runs the
  * invariant checker at VRAM_DEBUG >= 3, and lets go; every entry point given a pointer finds
@@ -81,79 +82,6 @@ VRAM_HOT int live_block(vram_pool_t *pool, const void *ptr, vram_block **out) {
  * Allocation.
  * ------------------------------------------------------------------------------------- */
 
-/* Tight placement (vram_options_t.tight_threshold). Carving a request from a fully free
- * cached segment bigger than the one it would get of its own pins the whole segment for the
- * request's lifetime; with lifetimes that do not nest, such pinned remainders are most of the
- * waste of fixed segments (the random workload of bench/ shows it). Past the threshold the
- * request gets its own segment instead, at the price of driver calls whenever the cached
- * sizes do not match: a pair for each such request once the pool is at its peak, which is
- * why the default never does it. */
-static bool wants_own_segment(const vram_pool_t *pool, const vram_block *b, size_t rounded,
-                              bool small) {
-  const vram_segment *seg = b->segment;
-  if (small || seg->used_bytes || seg->keep || seg->gran_mapped) return false;
-  size_t own = _vram_fixed_segment_size(pool, rounded, false);
-  if (seg->size <= own) return false;
-  size_t cap = pool->limit ? pool->limit : pool->device_total;
-  return (double)((size_t)pool->stats.reserved_bytes.current + own) >
-         pool->opts.tight_threshold * (double)cap;
-}
-
-static int split_front_off(vram_pool_t *pool, vram_block *b, uintptr_t addr);
-
-/* Virtual memory: where in free space a request lands decides whether the driver is
- * called. When the index's fit would map granules while idle mapped granules exist, look
- * through a bounded number of free blocks of the request's size and above for a window
- * whose granules are all mapped, and carve the request there: no map call now, and no
- * trim of idle granules elsewhere to stay within the allowance. A training loop whose
- * blocks land in other places each step then reuses the mapped memory it has instead of
- * unmapping and mapping granules every step. NULL: no such window; b stays the fit. */
-#define VRAM_MAPPED_SCAN_LIMIT 16
-static __attribute__((noinline)) vram_block *mapped_fit(vram_pool_t *pool, vram_tlsf *index,
-                                                        size_t rounded) {
-  if (_vram_granules_idle_total(pool) * pool->granularity < rounded) return NULL;
-  int fl, sl, budget = VRAM_MAPPED_SCAN_LIMIT;
-  _vram_tlsf_mapping(rounded, &fl, &sl);
-  for (int f = fl; f < VRAM_TLSF_FL_COUNT && budget > 0; f++) {
-    if (!((index->fl_bitmap >> f) & 1)) continue;
-    for (int s = f == fl ? sl : 0; s < VRAM_TLSF_SL_COUNT && budget > 0; s++) {
-      if (!((index->sl_bitmap[f] >> s) & 1)) continue;
-      for (vram_block *c = index->heads[f][s]; c && budget > 0; c = c->free_next, budget--) {
-        uintptr_t start;
-        if (c->size < rounded ||
-            !_vram_granules_mapped_window(pool, c->segment, c->addr, c->size, rounded, &start))
-          continue;
-        if (start != c->addr && split_front_off(pool, c, start) != VRAM_OK) return NULL;
-        return c;
-      }
-    }
-  }
-  return NULL;
-}
-
-/* A small request that its own segments cannot serve without growing (b NULL, or a fit on
- * virtual memory): a new 2 MiB small segment, or on vmm new granules of the small range.
- * Where that growth would raise the high-water mark while the arena's large range holds
- * idle mapped granules (a pool keeps them far from its cap), the request is carved from
- * one of those instead, so the peak stays where the large blocks put it. Returns the block
- * to take, or b. */
-static vram_block *small_into_mapped_large(vram_pool_t *pool, vram_arena *a, vram_block *b,
-                                           size_t rounded) {
-  size_t growth = !b ? VRAM_SMALL_SEGMENT
-                 : _vram_granules_unmapped_in(pool, b->segment, b->addr, rounded) *
-                       pool->granularity;
-  if (!growth || (size_t)pool->stats.reserved_bytes.current + growth <=
-                     (size_t)pool->stats.reserved_bytes.peak)
-    return b;
-  vram_block **cached = _vram_arena_cache_slot(a, false); /* back in the index, to be seen */
-  if (*cached) {
-    _vram_block_uncache(pool, *cached);
-    *cached = NULL;
-  }
-  vram_block *mapped = mapped_fit(pool, _vram_arena_index(a, false), rounded);
-  return mapped ? mapped : b;
-}
-
 /* One attempt: reuse a cached block, else grow. */
 VRAM_HOT int alloc_attempt(vram_pool_t *pool, vram_arena *a, size_t rounded, size_t requested,
                            vram_block **out) {
@@ -184,16 +112,9 @@ VRAM_HOT int alloc_attempt(vram_pool_t *pool, vram_arena *a, size_t rounded, siz
     _vram_pending_drain(pool, false);
     b = _vram_tlsf_find(index, rounded);
   }
-  if (b && b->segment->gran_mapped && _vram_granules_must_trim(pool, b->segment, b->addr, rounded)) {
-    vram_block *mapped = mapped_fit(pool, index, rounded);
-    if (mapped) b = mapped;
-  }
-  /* A small fit in a fixed segment needs no growth: only a miss, or a fit on virtual
-   * memory, may. */
-  if (small && pool->has_virtual && (!b || b->segment->gran_mapped))
-    b = small_into_mapped_large(pool, a, b, rounded);
-  /* The threshold first: off by default, it keeps the common path to one predictable test. */
-  if (pool->opts.tight_threshold < 1.0 && b && wants_own_segment(pool, b, rounded, small)) {
+  /* Which free block the request takes is placement's (placement.h): NULL to grow. */
+  b = _vram_place_fit(pool, a, index, b, rounded, small);
+  if (_vram_place_wants_own_segment(pool, b, rounded, small)) {
     vram_block *own = NULL;
     /* If no segment can be had (limit, device full, a failing driver call), carving is the
      * way left; the grow may have given b's segment back on its way, so look again. */
@@ -316,9 +237,7 @@ int vram_malloc(vram_pool_t *pool, size_t size, vram_stream_t stream, void **out
 
 /* Keep cached memory under the release threshold. */
 static __attribute__((noinline)) void release_over_threshold(vram_pool_t *pool) {
-  /* The idle granules are counted by a walk of the segments: only where there are any. */
-  size_t cached = pool->idle_bytes;
-  if (pool->has_virtual) cached += _vram_granules_idle_total(pool) * pool->granularity;
+  size_t cached = _vram_place_releasable(pool);
   if (cached > pool->opts.release_threshold)
     _vram_release_cached(pool, cached - pool->opts.release_threshold, NULL);
   _vram_pool_publish_slow(pool);
@@ -454,29 +373,6 @@ static int free_block_holding(vram_arena *a, uintptr_t addr, size_t size, vram_b
   return VRAM_OK;
 }
 
-/* Split free block `b` at `addr` (inside it): the front becomes a free block of its own in
- * the index, `b` keeps the back. Undone by merge_front_back. */
-static int split_front_off(vram_pool_t *pool, vram_block *b, uintptr_t addr) {
-  vram_block *front = _vram_block_new(pool);
-  if (!front) return VRAM_EHOSTMEM;
-  vram_segment *seg = b->segment;
-  _vram_block_link_before(front, b, addr - b->addr);
-  _vram_tlsf_resize(seg->index, b, b->size - front->size);
-  front->state = VRAM_BLOCK_FREE;
-  _vram_tlsf_insert(seg->index, front);
-  return VRAM_OK;
-}
-
-static void merge_front_back(vram_pool_t *pool, vram_block *b) {
-  vram_block *front = b->addr_prev;
-  vram_tlsf *index = b->segment->index;
-  size_t size = front->size + b->size;
-  _vram_tlsf_remove(index, front);
-  b->addr = front->addr;
-  _vram_block_unlink(pool, front);
-  _vram_tlsf_resize(index, b, size);
-}
-
 typedef struct malloc_at_call {
   uintptr_t addr;
   size_t size;
@@ -494,11 +390,11 @@ static int malloc_at_locked(vram_pool_t *pool, void *arg) {
   int rc = free_block_holding(a, c->addr, rounded, &b);
   if (rc) return rc;
   bool split = b->addr < c->addr;
-  if (split && (rc = split_front_off(pool, b, c->addr)) != VRAM_OK) return rc;
+  if (split && (rc = _vram_block_split_front(pool, b, c->addr)) != VRAM_OK) return rc;
   vram_block *live = NULL;
   rc = _vram_block_take(pool, b, rounded, c->size, &live);
   if (rc) {
-    if (split) merge_front_back(pool, b);
+    if (split) _vram_block_merge_front(pool, b);
     return rc;
   }
   vram_stat_up(&pool->stats.allocated_bytes, (int64_t)live->size);

@@ -10,6 +10,7 @@
 #include "pool/block.h"
 #include "pool/events.h"
 #include "pool/kinds.h"
+#include "pool/placement.h"
 #include "pool/segment.h"
 #include "prim/hostmem.h"
 
@@ -117,10 +118,7 @@ static int segment_release(vram_pool_t *pool, vram_segment *seg) {
     _vram_note(pool, VRAM_EVENT_SEGMENT_FREE, seg->addr, seg->size, 0, seg->arena->stream, 0);
   }
   pool->stats.num_device_free++;
-  if (pool->guard_releasing) {
-    pool->guard_ghosts[pool->guard_ghost_next] = seg->size;
-    pool->guard_ghost_next = (pool->guard_ghost_next + 1) % VRAM_GUARD_GHOSTS;
-  }
+  _vram_place_segment_released(pool, seg->size);
   vram_stat_down(&pool->stats.segment, 1);
   vram_stat_down(&_vram_kind_of(pool, seg)->segment, 1);
   _vram_tlsf_remove(seg->index, seg->first);
@@ -177,8 +175,8 @@ void _vram_release_empty_ranges(vram_pool_t *pool, int *first_error) {
   }
 }
 
-/* The arena's large requests go to virtual ranges from now on: the free blocks of its fixed
- * large segments leave the index for the retired one, so that those segments drain as
+/* The arena's large requests go to virtual ranges from now on (placement.c records it):
+ * the free blocks of its fixed large segments leave the index for the retired one, so that those segments drain as
  * their blocks are freed and go back (the idle list) when granules need the memory. Their
  * holes, fixed in size and place, are what keeps fixed segments from fitting a cap
  * tightly. */
@@ -193,7 +191,6 @@ static void retire_fixed_large(vram_pool_t *pool, vram_arena *a) {
       }
     s->index = &a->retired;
   }
-  a->grows_virtual = true;
 }
 
 /* The growth placement.c chose: no policy here, only the source calls and the bookkeeping. */

@@ -31,14 +31,14 @@
 #define VRAM_SMALL_MAX ((size_t)1 << 20)       /* requests up to this go to small segments */
 #define VRAM_SMALL_SEGMENT ((size_t)2 << 20)   /* size of one small segment */
 /* Virtual memory: idle granules stay mapped while the pool holds at most its allocated peak
- * plus 1/2^this of it (granules.c, mapped_allowance). */
+ * plus 1/2^this of it (placement.c, mapped_allowance). */
 #define VRAM_VMM_SLACK_SHIFT 6
 /* Fixed segments: how many sizes the peak guard remembers giving back (placement.c,
  * guard_peak). Few enough that sizes which do not come back are soon forgotten, enough for
  * a training loop's segments: see Note [How many ghosts] in docs/performance.md. */
 #define VRAM_GUARD_GHOSTS 8
 /* Virtual memory far from the cap: granules per mapping at most, one physical handle each
- * (granules.c, _vram_granules_kept): 128 MiB at 2 MiB granules, where a handle's cost is still
+ * (placement.h, _vram_place_map_unit): 128 MiB at 2 MiB granules, where a handle's cost is still
  * close to one granule's (bench/vmm_cost.c). */
 #define VRAM_VMM_MAP_UNIT ((size_t)64)
 /* No device addresses more than this: larger requests are refused as out of memory before
@@ -230,7 +230,7 @@ struct vram_pool {
   size_t granularity;     /* source's segment / mapping unit, a power of two */
   unsigned granule_shift; /* its log2: granule indices are shifts (granules.c) */
   size_t device_total;    /* total device memory, for fractions */
-  size_t kept_ceiling;    /* virtual_threshold of device_total, in bytes (granules.h) */
+  size_t kept_ceiling;    /* virtual_threshold of device_total, in bytes (placement.h) */
   size_t limit;           /* hard limit on reserved bytes; 0 = none */
 
   vram_arena *arenas;
