@@ -24,6 +24,11 @@ foreach(variable IN LISTS listed)
   endif()
 endforeach()
 set(ENV{VRAMKIT_SOURCE} sim)
+# Each variable is listed beside its own help, not its neighbour's.
+if(NOT help_text MATCHES "\n  VRAMKIT_SOURCE +auto, sim" OR
+   NOT help_text MATCHES "\n  VRAMKIT_LIMIT +a size")
+  message(FATAL_ERROR "vramkit --help does not put each variable beside its help:\n${help_text}")
+endif()
 
 set(HEADER "# vramkit-trace v1 workload=test")
 

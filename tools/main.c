@@ -41,9 +41,11 @@ static void print_usage(FILE *out) {
 /* The VRAMKIT_* variables, from the library's one table of them. */
 static void print_variables(FILE *out) {
   fputs("\nenvironment (a VRAMKIT_* name not listed here is ignored, with a warning):\n", out);
-  const char *help = NULL;
-  for (size_t i = 0; vram_env_variable(i, NULL, NULL); i++)
-    fprintf(out, "  %-26s %s\n", vram_env_variable(i, &help, NULL), help);
+  const char *name, *help = NULL;
+  /* The name first, then the help it set: a call's arguments are evaluated in no set
+   * order, so the two must not meet in one call. */
+  for (size_t i = 0; (name = vram_env_variable(i, &help, NULL)) != NULL; i++)
+    fprintf(out, "  %-26s %s\n", name, help);
 }
 
 int main(int argc, char **argv) {
