@@ -6,10 +6,16 @@ past the limit and checks that vramkit's OutOfMemoryError reaches the client as 
 while the worker lives on and still allocates; and checks the plugin on workers that were
 running when it was registered and on one that joined later. Bad options fail on the
 client, before anything reaches the scheduler. One cluster serves the module: starting
-worker processes is most of the time these tests take.
+worker processes is most of the time these tests take. bench/dask_bench.py's CPU check
+runs its paths (the workloads, the pool figures, the test past a limit) on sim.
 """
 
 import importlib.util
+import json
+import pathlib
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -80,7 +86,16 @@ def test_a_worker_that_joins_later_gets_the_pool(client):
         assert all(info is not None and info["reserved"] >= 256 * MiB and
                    info["limit_bytes"] == GiB for info in infos.values())
     finally:
+        # Back to two, once the scheduler has let the third go: a later registration would
+        # otherwise be sent to a worker that is closing.
         cluster.scale(2)
+        deadline = time.monotonic() + 60
+        while client.run_on_scheduler(_worker_count) > 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def _worker_count(dask_scheduler) -> int:
+    return len(dask_scheduler.workers)
 
 
 def test_other_pool_options_on_a_configured_worker_raise_on_the_client(client):
@@ -140,3 +155,25 @@ def test_without_distributed_the_import_says_what_to_install():
     assert proc.returncode != 0
     assert "ImportError: vramkit.dask needs Dask's distributed scheduler: pip install dask " \
            "distributed" in proc.stderr
+
+
+BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench" / "dask_bench.py"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="CuPy is installed")
+def test_the_benchmark_says_it_needs_a_gpu():
+    proc = subprocess.run([sys.executable, str(BENCH)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2
+    assert "dask_bench: needs a GPU and CuPy" in proc.stderr
+
+
+def test_the_benchmark_runs_its_paths_on_the_cpu(tmp_path):
+    out = tmp_path / "bench.json"
+    subprocess.run([sys.executable, str(BENCH), "--cpu-check", "--json", str(out)],
+                   check=True, capture_output=True, timeout=120)
+    rows = json.loads(out.read_text())["rows"]
+    assert [row["workload"] for row in rows] == ["make", "sum", "matmul", "rechunk", "oom"]
+    assert all(row["peak_reserved_bytes"] >= 64 * MiB for row in rows[:4])
+    assert rows[4]["past_limit"].startswith("vramkit.OutOfMemoryError: ")
+    assert rows[4]["after"] == "same worker allocates"
