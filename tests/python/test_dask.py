@@ -108,6 +108,30 @@ def test_other_pool_options_on_a_configured_worker_raise_on_the_client(client):
                for info in client.run(vramkit.dask.worker_pool_info).values())
 
 
+def test_the_same_options_again_are_accepted(client):
+    pids = {info["pid"] for info in client.run(vramkit.dask.worker_pool_info).values()}
+    vramkit.dask.install(client, **POOL)  # replaces the registered plugin: teardown, setup
+    infos = client.run(vramkit.dask.worker_pool_info).values()
+    assert {info["pid"] for info in infos} == pids
+    assert all(info["limit_bytes"] == GiB for info in infos)
+
+
+def test_a_pool_that_does_not_fit_fails_its_setup_and_one_that_fits_follows():
+    run_python("""
+        import vramkit, vramkit.dask
+        too_big = vramkit.dask.PoolPlugin(source="sim", pool_size="8G", sim_capacity="4G")
+        try:
+            too_big.setup(None)
+            raise SystemExit("an 8 GiB pool was made on a 4 GiB device")
+        except vramkit.OutOfMemoryError as exc:
+            assert "could not preallocate 8.00 GiB" in str(exc), exc
+        assert vramkit.dask.worker_pool_info() is None
+        fits = vramkit.dask.PoolPlugin(source="sim", pool_size="1G", sim_capacity="4G")
+        fits.setup(None)
+        assert vramkit.dask.worker_pool_info()["reserved"] == 1 << 30
+    """)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="CuPy is installed")
 def test_asking_for_a_missing_framework_names_it(client):
     plugin = vramkit.dask.PoolPlugin(cupy=True, **POOL)
