@@ -64,8 +64,8 @@ def size_bytes(text: str) -> int:
     return _core.parse_size(text, False)[0]
 
 
-def missing_for_gpu_run() -> str | None:
-    """Why this machine cannot run the GPU benchmark, or None."""
+def missing_for_gpu_run(arms: list[str]) -> str | None:
+    """Why this machine cannot run the GPU benchmark of these arms, or None."""
     try:
         import cupy
     except ImportError:
@@ -75,7 +75,10 @@ def missing_for_gpu_run() -> str | None:
             return "CUDA sees no GPU"
     except Exception as exc:  # CuPy raises its CUDARuntimeError without a driver
         return f"CUDA cannot start ({exc})"
-    for module in ("dask", "distributed", "vramkit.dask"):
+    # The rmm arm is dask-cuda's RMM set-up; the vramkit arm runs on a plain LocalCluster too.
+    modules = ["dask", "distributed", "vramkit.dask"] + \
+        (["dask_cuda", "rmm"] if "rmm" in arms else [])
+    for module in modules:
         try:
             __import__(module)
         except ImportError as exc:
@@ -311,7 +314,7 @@ def print_table(rows: list[dict]) -> None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if not args.cpu_check:
-        why = missing_for_gpu_run()
+        why = missing_for_gpu_run(args.arms.split(","))
         if why:
             print(f"dask_bench: needs a GPU and CuPy (with dask, distributed, dask-cuda and "
                   f"RMM): {why}. bench/dask_bench.py --cpu-check runs the script's paths on "
