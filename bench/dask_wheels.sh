@@ -37,7 +37,7 @@ fail() { echo "dask_wheels: $*" >&2; exit 1; }
 PYTHON=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 
 distribution() {  # a wheel file's distribution name, normalised: dask_cuda, rmm_cu13, ...
-  basename "$1" | cut -d- -f1 | tr 'A-Z' 'a-z'
+  basename "$1" | cut -d- -f1 | tr '[:upper:]' '[:lower:]'
 }
 
 download() {
@@ -53,7 +53,7 @@ download() {
     case " $SKIPPED " in *" $name "*) rm -f "$wheel" ;; esac
   done
   ls -1 "$DIR"
-  echo "dask_wheels: $(ls "$DIR"/*.whl | wc -l) wheels, $(du -sh "$DIR" | cut -f1) in $DIR" >&2
+  echo "dask_wheels: $(find "$DIR" -name '*.whl' | wc -l) wheels, $(du -sh "$DIR" | cut -f1) in $DIR" >&2
 }
 
 install() {
