@@ -25,10 +25,12 @@ DEBIAN_PACKAGES := build-essential cmake pkg-config clang libcmocka-dev zlib1g-d
 # prometheus_client, whose parser checks `vramkit export`'s text (the `prometheus` extra),
 # and PyTorch (the version the GPU machine runs) with transformers, on which the
 # estimator's tests run training steps under fake tensors (the `estimate` extra), and
-# atheris, libFuzzer's engine for Python, under which the snapshot readers' fuzz target runs.
+# atheris, libFuzzer's engine for Python, under which the snapshot readers' fuzz target runs,
+# and dask with distributed, whose local cluster of worker processes runs vramkit.dask's tests.
 PYTHON_PACKAGES := scikit-build-core:scikit_build_core pytest:pytest numpy:numpy \
                    torch==2.11.0:torch transformers:transformers \
-                   matplotlib:matplotlib prometheus_client:prometheus_client atheris:atheris
+                   matplotlib:matplotlib prometheus_client:prometheus_client atheris:atheris \
+                   dask:dask distributed:distributed
 
 SHELL := /bin/bash
 PYTHON ?= python3
