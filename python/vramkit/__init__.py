@@ -66,7 +66,7 @@ __all__ = [
 
 # vramkit.prometheus imports prometheus_client only when its server starts, but loads
 # lazily like the framework integrations so that `import vramkit` never pays for it.
-_INTEGRATIONS = ("torch", "cupy", "numba", "prometheus", "distributed")
+_INTEGRATIONS = ("torch", "cupy", "numba", "dask", "prometheus", "distributed")
 
 # Memory history and leaks live in submodules loaded on first use, so that `import vramkit`
 # stays as light as it was for programs that never record.

@@ -521,7 +521,8 @@ static int core_exec(PyObject *module) {
   if (add_exception(module, &st->VramError, "VramError",
                     "Base class of every error vramkit raises; .status, .errname and "
                     ".report (None unless out of memory) describe it.",
-                    Py_BuildValue("(O)", PyExc_Exception)) < 0)
+                    Py_BuildValue("(O)", PyExc_Exception)) < 0 ||
+      install_error_reduce(st->VramError) < 0)
     return -1;
 #define SUB(slot, name, doc, ...)                                                          \
   b = Py_BuildValue(__VA_ARGS__);                                                          \

@@ -77,6 +77,8 @@ VRAMKIT_PY_INTERNAL PyObject *raise_message(core_state *st, int status, PyObject
 VRAMKIT_PY_INTERNAL const char *reason_of(const char *why, const char *variable);
 VRAMKIT_PY_INTERNAL PyObject *raise_bad_device(core_state *st, int device, vram_source_kind kind);
 VRAMKIT_PY_INTERNAL PyObject *raise_sim_capacity(core_state *st, int device, size_t capacity);
+/* VramError.__reduce__ (pickling that tblib and dask's distributed honour). */
+VRAMKIT_PY_INTERNAL int install_error_reduce(PyObject *vram_error);
 VRAMKIT_PY_INTERNAL PyObject *raise_status(core_state *st, int status, int device, vram_pool_t *pool);
 VRAMKIT_PY_INTERNAL vram_pool_t *get_pool(core_state *st, int device);
 VRAMKIT_PY_INTERNAL int size_converter(PyObject *obj, void *out);

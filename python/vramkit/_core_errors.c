@@ -400,3 +400,37 @@ int device_from_object(core_state *st, PyObject *obj, int *device) {
   Py_DECREF(ordinal);
   return ok;
 }
+
+/* ---------------------------------------------------------------------------------------
+ * Pickling.
+ * ------------------------------------------------------------------------------------- */
+
+/* BaseException's own reduce gives the same triple, but tools that carry exceptions between
+ * processes (tblib, under dask's distributed) rebuild a class without an explicit
+ * __reduce__ through cls.__new__, and for OutOfMemoryError, a MemoryError too, that is
+ * MemoryError.__new__, which refuses the subclass: the receiver would get a plain
+ * Exception. An explicit one makes every such tool rebuild it as pickle does, as
+ * cls(*args) with .status, .errname and .report restored from its __dict__. */
+static PyObject *error_reduce(PyObject *self, PyObject *Py_UNUSED(ignored)) {
+  PyObject *args = PyObject_GetAttrString(self, "args");
+  if (args == NULL) return NULL;
+  PyObject *dict = PyObject_GenericGetDict(self, NULL);
+  if (dict == NULL) {
+    Py_DECREF(args);
+    return NULL;
+  }
+  PyObject *triple = Py_BuildValue("(ONN)", (PyObject *)Py_TYPE(self), args, dict);
+  return triple;
+}
+
+static PyMethodDef error_reduce_def = {
+    "__reduce__", error_reduce, METH_NOARGS,
+    PyDoc_STR("(type, args, attributes): how pickle and tblib rebuild the error.")};
+
+int install_error_reduce(PyObject *vram_error) {
+  PyObject *descr = PyDescr_NewMethod((PyTypeObject *)vram_error, &error_reduce_def);
+  if (descr == NULL) return -1;
+  int rc = PyObject_SetAttrString(vram_error, "__reduce__", descr);
+  Py_DECREF(descr);
+  return rc;
+}

@@ -65,20 +65,6 @@ _applied: dict[int, dict] = {}
 _applied_lock = threading.Lock()
 
 
-def _reduce_vram_error(error: vramkit.VramError):
-    return type(error), error.args, error.__dict__
-
-
-# distributed sends a task's exception through tblib, which rebuilds an exception whose
-# __init__ is not BaseException's with cls.__new__(cls): for vramkit's OutOfMemoryError
-# (VramError, MemoryError) that resolves to MemoryError.__new__, which refuses the class,
-# and the client would get a plain Exception with the text. An explicit __reduce__ makes
-# tblib rebuild it as pickle does, cls(*args) with its attributes, so the client catches
-# vramkit.OutOfMemoryError with .report. Only while the core has not defined one itself.
-if vramkit.VramError.__reduce__ is BaseException.__reduce__:
-    vramkit.VramError.__reduce__ = _reduce_vram_error
-
-
 def _pool_options(source, pool_size, maximum_pool_size, managed, release_threshold,
                   passed_through: dict) -> dict:
     """The vramkit.configure keywords of the plugin's options, each checked as configure

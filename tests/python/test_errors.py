@@ -255,3 +255,20 @@ def test_preallocation_past_the_device_carries_a_report(run):
             assert exc.oom_info["requested"] == 100 << 30
             assert "could not preallocate 100.00 GiB" in str(exc), exc
     """, env={"VRAMKIT_PREALLOCATE": "100G", "VRAMKIT_SIM_CAPACITY": "80G"})
+
+
+def test_an_out_of_memory_error_crosses_processes_as_itself():
+    """Pickle, and tblib (how dask's distributed sends a task's exception back), give the
+    client the same class with its report and status, not a plain Exception."""
+    import pickle
+
+    tblib = pytest.importorskip("tblib.pickling_support")
+    with pytest.raises(vramkit.OutOfMemoryError) as caught:
+        vramkit.empty(1 << 62)
+    error = caught.value
+    plain = pickle.loads(pickle.dumps(error))
+    tblib.install(error)  # this instance (and its traceback) now pickles through tblib
+    for name, back in (("pickle", plain), ("tblib", pickle.loads(pickle.dumps(error)))):
+        assert type(back) is vramkit.OutOfMemoryError, name
+        assert back.args == error.args and back.report == error.report, name
+        assert back.status == error.status and back.errname == error.errname, name
