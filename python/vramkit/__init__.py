@@ -70,16 +70,18 @@ _INTEGRATIONS = ("torch", "cupy", "numba", "prometheus", "distributed")
 # Memory history and leaks live in submodules loaded on first use, so that `import vramkit`
 # stays as light as it was for programs that never record.
 _LAZY = {
-    "annotate": "history", "dump_snapshot": "history", "memory_history": "history",
-    "record_memory_history": "history", "save_trace": "history", "snapshot": "history",
-    "LeakDetector": "leaks", "LeakReport": "leaks", "MemoryLeakWarning": "leaks",
-    "history_mark": "leaks", "leak_check": "leaks", "leaks": "leaks",
-    "MemoryLogger": "logger", "tqdm_postfix": "logger",
-    "diagnose": "doctor",
-    "replay": "_replaying",
-    "Estimate": "estimator", "estimate": "estimator", "find_max_batch": "estimator",
-    "advise": "estimator", "plan_checkpointing": "estimator",
-    "doctor_estimates": "estimator",
+    "annotate": "observe.history", "dump_snapshot": "observe.history",
+    "memory_history": "observe.history", "record_memory_history": "observe.history",
+    "save_trace": "observe.history", "snapshot": "observe.history",
+    "LeakDetector": "observe.leaks", "LeakReport": "observe.leaks",
+    "MemoryLeakWarning": "observe.leaks", "history_mark": "observe.leaks",
+    "leak_check": "observe.leaks", "leaks": "observe.leaks",
+    "MemoryLogger": "observe.logger", "tqdm_postfix": "observe.logger",
+    "diagnose": "plan.doctor",
+    "replay": "plan._replaying",
+    "Estimate": "plan.estimator", "estimate": "plan.estimator", "find_max_batch": "plan.estimator",
+    "advise": "plan.estimator", "plan_checkpointing": "plan.estimator",
+    "doctor_estimates": "plan.estimator",
 }
 
 
@@ -547,5 +549,5 @@ def _torch_hooks_if_loaded():
     """The ctypes handle of libvramkit_torch if vramkit.torch loaded it, else None."""
     import sys
 
-    mod = sys.modules.get(f"{__name__}.torch")
+    mod = sys.modules.get(f"{__name__}.plug.torch")
     return getattr(mod, "_hooks", None) if mod is not None else None

@@ -49,7 +49,7 @@ def plot(path: str, output: str, device: int | None = None, replay: bool = True,
 
     if not output.lower().endswith((".html", ".htm", ".png")):
         raise ValueError(f"{output}: the output must end in .html or .png")
-    from .._command_io import shown
+    from ..cli._exit import shown
 
     history = load(path, device, max_ops)
     history.path = shown(history.path)  # the page and the PNG are UTF-8: no raw bytes

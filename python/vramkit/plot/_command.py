@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from .._command_io import (EXIT_FAILURE, EXIT_MISSING_DEPENDENCY, EXIT_OK, input_error, shown,
+from ..cli._exit import (EXIT_FAILURE, EXIT_MISSING_DEPENDENCY, EXIT_OK, input_error, shown,
                            usage_error)
 from ._read import DEFAULT_MAX_OPS
 

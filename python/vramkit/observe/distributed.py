@@ -47,7 +47,7 @@ import pathlib
 import socket
 import sys
 
-from . import _core
+from .. import _core
 from . import logger as _logger
 
 __all__ = ["MemoryLogger", "dump_snapshot", "gather_stats", "local_stats", "memory_summary",
@@ -161,7 +161,7 @@ def _default_device() -> int:
 
 
 def _resolve_device(device) -> int:
-    from . import _device
+    from .. import _device
 
     return _default_device() if device is None else _device(device)
 
@@ -194,7 +194,7 @@ def local_stats(device=None) -> dict:
     num_device_free; and memory_stats, the whole vramkit.memory_stats() dict. A device
     whose pool is not in use reports zeros and is not created (configure() stays possible).
     device None: torch's current CUDA device if this process initialised CUDA, else 0."""
-    from . import _pool_in_use, memory_stats
+    from .. import _pool_in_use, memory_stats
 
     d = _resolve_device(device)
     dist = _initialised_dist()

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from . import records as _records
 from ._nvml import NvmlError, nvml, select_visible
-from ._command_io import EXIT_FAILURE, EXIT_OK, shown, usage_error
+from ..cli._exit import EXIT_FAILURE, EXIT_OK, shown, usage_error
 
 USAGE = """usage: vramkit top [--once] [--json] [--interval SECONDS] [--dir FOLDER]
 

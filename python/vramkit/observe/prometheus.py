@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import socket
 
-from . import _core
+from .. import _core
 
 __all__ = ["VramkitCollector", "register", "start_http_server"]
 
@@ -78,7 +78,7 @@ class VramkitCollector:
         self._host = socket.gethostname()
 
     def collect(self):
-        from . import _TRACKED_DEVICES, _pool_in_use
+        from .. import _TRACKED_DEVICES, _pool_in_use
 
         _, core = _client()
         families = []

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Callable, NamedTuple, Sequence
 
-from ._command_io import (EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_DOES_NOT_FIT, EXIT_FAILURE,
+from ._exit import (EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_DOES_NOT_FIT, EXIT_FAILURE,
                           EXIT_MISSING_DEPENDENCY, EXIT_OK, EXIT_USAGE, input_error, shown,
                           usage_error)
 
@@ -55,7 +55,7 @@ def command(name: str, summary: str) -> Callable[[Callable[[list[str]], int]], C
 
 def binary_path() -> Path:
     """Where the wheel installs the C command."""
-    return Path(__file__).resolve().with_name("_bin") / "vramkit"
+    return Path(__file__).resolve().parent.parent / "_bin" / "vramkit"
 
 
 def _missing_binary(subcommand: str) -> int:
@@ -99,46 +99,46 @@ def _version(args: list[str]) -> int:
         print(f"vramkit version: unexpected argument '{args[0]}' (see vramkit version --help)",
               file=sys.stderr)
         return EXIT_USAGE
-    from . import __version__
+    from .. import __version__
 
     binary = binary_path()
     print(f"vramkit {__version__}")
-    print(f"package: {Path(__file__).resolve().parent}")
+    print(f"package: {Path(__file__).resolve().parent.parent}")
     print(f"command: {binary}{'' if os.access(binary, os.X_OK) else ' (missing)'}")
     return EXIT_OK
 
 
 @command("plot", "draw a trace or a memory snapshot: an offline HTML page or a PNG")
 def _plot(args: list[str]) -> int:
-    from .plot._command import main as plot_main
+    from ..plot._command import main as plot_main
 
     return plot_main(args)
 
 
 @command("export", "serve Prometheus metrics of every GPU and vramkit process here")
 def _export(args: list[str]) -> int:
-    from .export import main as export_main
+    from ..observe.export import main as export_main
 
     return export_main(args)
 
 
 @command("top", "GPU memory per GPU and per process, live: NVML's view and vramkit's pools")
 def _top(args: list[str]) -> int:
-    from .top import main as top_main
+    from ..observe.top import main as top_main
 
     return top_main(args)
 
 
 @command("estimate", "a model's training step before it runs: peak memory, fit, largest batch")
 def _estimate(args: list[str]) -> int:
-    from .estimator.command import main as estimate_main
+    from ..plan.estimator.command import main as estimate_main
 
     return estimate_main(args)
 
 
 @command("doctor", "why an allocation ran out of memory, from a snapshot or a trace, and the fixes")
 def _doctor(args: list[str]) -> int:
-    from .doctor import main as doctor_main
+    from ..plan.doctor import main as doctor_main
 
     return doctor_main(args)
 

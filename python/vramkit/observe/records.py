@@ -37,8 +37,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import _core
-from ._command_io import shown
+from .. import _core
+from ..cli._exit import shown
 
 __all__ = ["DeviceRecord", "ProcessRecord", "default_directory", "read_record", "read_records"]
 

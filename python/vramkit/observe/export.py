@@ -34,7 +34,7 @@ import sys
 import time
 
 from ._serve import Server, reply_bytes
-from ._command_io import EXIT_FAILURE, usage_error
+from ..cli._exit import EXIT_FAILURE, usage_error
 
 USAGE = """usage: vramkit export [--port PORT] [--address ADDRESS] [--timeout SECONDS]
                       [--max-connections N] [--once]

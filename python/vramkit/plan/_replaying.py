@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 
-from . import _core
+from .. import _core
 
 # The pool settings that change where blocks go, and so what fits, without changing the
 # device or its cap: the ones a replay may take from the user's environment.

@@ -78,7 +78,7 @@ class _VramkitReader(_TorchReader):
 
 def allocator_reader():
     """The statistics of whichever allocator PyTorch allocates CUDA memory through."""
-    hooks = sys.modules.get("vramkit.torch")
+    hooks = sys.modules.get("vramkit.plug.torch")
     if hooks is not None and hooks.installed() and hooks.backend() == "pluggable":
         return _VramkitReader()
     return _TorchReader()
@@ -96,7 +96,7 @@ def cache_path(identity: dict, folder: str = "cudnn-workspaces") -> str:
     """Where the measurements on one kind of device are kept: $VRAMKIT_CACHE_DIR, else
     $XDG_CACHE_HOME/vramkit, else ~/.cache/vramkit, then <folder>/<identity>.json (the
     convolutions' in cudnn-workspaces, the other ops' scratch buffers in op-scratch)."""
-    from .._torch_build import cache_dir
+    from ...plug._torch_build import cache_dir
     name = f"{identity['device']}-torch{identity['torch']}-cudnn{identity['cudnn']}"
     return os.path.join(cache_dir(), folder,
                         re.sub(r"[^A-Za-z0-9._+-]+", "_", name) + ".json")

@@ -46,7 +46,7 @@ import warnings
 import weakref
 from typing import Any, Callable
 
-from . import _core
+from .. import _core
 
 __all__ = ["MemoryLogger", "tqdm_postfix"]
 
@@ -64,13 +64,13 @@ _JSON_SUFFIXES = (".jsonl", ".ndjson", ".json")
 
 
 def _device_index(device) -> int:
-    from . import _device
+    from .. import _device
 
     return _device(device)
 
 
 def _pool_in_use(device: int) -> bool:
-    from . import _pool_in_use as in_use
+    from .. import _pool_in_use as in_use
 
     return in_use(device)
 

@@ -90,7 +90,7 @@ def _site_name(path: str, line: int, function: str) -> str:
 
 
 def _folded_prefixes() -> tuple[str, ...]:
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     return (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep, here + os.sep)
 
 

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 
-from .._command_io import (EXIT_DOES_NOT_FIT, EXIT_FAILURE, EXIT_MISSING_DEPENDENCY, EXIT_OK,
+from ...cli._exit import (EXIT_DOES_NOT_FIT, EXIT_FAILURE, EXIT_MISSING_DEPENDENCY, EXIT_OK,
                            input_error, usage_error)
 
 EXIT_STATUS = ("exit status (the table of vramkit --help): 0 estimated (and it fits), 1 the "

@@ -684,7 +684,7 @@ def read_trace(path) -> list:
     """The events of a vramkit trace file (``# vramkit-trace v1``, gzip or not) as replay
     takes them. It is read and checked by vramkit.plot's reader; frees of ids that are not
     allocated (blocks from before the recording began) are left out."""
-    from ..plot import _read
+    from ...plot import _read
 
     raw = _read.read_head(path)
     if not raw.startswith(_read.TRACE_MAGIC):

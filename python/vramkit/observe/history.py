@@ -22,7 +22,7 @@ import threading
 import time
 import warnings
 
-from . import _core
+from .. import _core
 
 # The C records, as the extension copies them (include/vramkit.h).
 _EVENT = struct.Struct("=6Q2i")    # time_us addr size requested stream context device kind

@@ -310,7 +310,7 @@ def _where(error: BaseException) -> str:
     import os
     import traceback
     folded = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
-              os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)
+              os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep)
     found = ""
     for frame in traceback.extract_tb(error.__traceback__):
         if not os.path.abspath(frame.filename).startswith(folded):

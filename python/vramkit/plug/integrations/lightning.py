@@ -21,7 +21,7 @@ except ImportError:
         raise ImportError("vramkit.integrations.lightning needs Lightning: pip install "
                           "lightning (or pytorch_lightning)") from None
 
-from ..logger import MemoryLogger
+from ...observe.logger import MemoryLogger
 from . import log_path
 
 __all__ = ["MemoryCallback"]

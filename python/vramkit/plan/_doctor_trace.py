@@ -21,7 +21,7 @@ def _replay(path: str, source: str, capacity: int | None, settings: dict | None 
     defaults with only ``settings`` changed (vramkit.replay reads no environment): the
     doctor compares the sources at their defaults, and says which change it tries."""
     from ._replaying import replay
-    from ._core import VramError
+    from .._core import VramError
 
     try:
         return replay(path, source=source, capacity=capacity, min_capacity=True,

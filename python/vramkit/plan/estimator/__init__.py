@@ -20,7 +20,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 
-from .. import _core
+from ... import _core
 
 # cuBLAS keeps one workspace per handle, and PyTorch gives each thread that runs a matrix
 # product its own handle: the thread that runs forward and autograd's thread that runs

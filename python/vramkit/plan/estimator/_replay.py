@@ -20,7 +20,7 @@ _SIM_OF_SOURCE = {"cuda": "sim", "sim": "sim", "managed": "sim", "vmm": "sim:vmm
 def write_trace(events, path: str, comment: str) -> int:
     """Write ``events`` (("a", id, size, stream), ("f", id, stream)) as a trace whose
     times are the ops' numbers, through the package's one trace writer."""
-    from ..history import write_trace as write
+    from ...observe.history import write_trace as write
 
     timed = (event + (t,) for t, event in enumerate(events))
     return write(path, timed, comment)

@@ -25,7 +25,7 @@ def _is_oom(error: BaseException) -> bool:
 
 def _under_vramkit() -> bool:
     import sys
-    hooks = sys.modules.get("vramkit.torch")
+    hooks = sys.modules.get("vramkit.plug.torch")
     return bool(hooks and hooks.installed())
 
 

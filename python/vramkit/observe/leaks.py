@@ -14,7 +14,7 @@ import warnings
 from collections import deque
 from dataclasses import dataclass, field
 
-from . import _core
+from .. import _core
 from . import history as _h
 
 UNKNOWN = ("<no stack>", 0, "<recorded without stacks>")

@@ -39,7 +39,8 @@ class BuildError(RuntimeError):
 
 
 def package_dir() -> str:
-    return os.path.dirname(os.path.abspath(__file__))
+    """The vramkit package's folder, where the build installs the C hooks and the header."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def c_hooks_path() -> str:

@@ -385,7 +385,7 @@ def _info_of_exception(error: BaseException) -> dict:
     if info:
         return info
     if "vramkit: out of memory" in (getattr(error, "report", None) or str(error)):
-        from . import last_oom_info
+        from .. import last_oom_info
 
         info = last_oom_info()
         if info:
@@ -441,7 +441,7 @@ def _device_blocks(snap, device: int, origin: str):
     """The device's figures in a checked snapshot: reserved, allocated, cached free, the
     largest free block, bytes by live call site, whether any block had frames, and whether
     its segments are expandable (mapped where needed)."""
-    from .plot._history import SiteCache
+    from ..plot._history import SiteCache
 
     call_site = SiteCache()
     reserved = allocated = cached = largest = 0
@@ -506,7 +506,7 @@ def _from_snapshot(snap, capacity: int | None, estimate_fn, origin: str) -> Diag
     # place: the device having room for the whole request in one piece (and no held memory
     # that could serve it) is what shows a limit refused it, as the pool would otherwise
     # have taken a new segment. The rest is the engine's rule (vram_oom_classify).
-    from . import _core
+    from .. import _core
 
     engine = _core.oom_classify(dict(numbers, capacity=capacity or 0, limit=None))
     numbers.update(others_bytes=engine["others_used"] if capacity else None,
@@ -561,8 +561,8 @@ _REPORT_TEXT = ("{}: an out-of-memory report's text, which the doctor does not p
 
 
 def _from_path(path: str, capacity: int | None, estimate_fn) -> Diagnosis:
-    from .plot import _read
-    from .plot._snapshot import check
+    from ..plot import _read
+    from ..plot._snapshot import check
 
     try:
         raw = _read.read_bytes(path)
@@ -598,7 +598,7 @@ def diagnose(source, *, capacity: int | str | None = None,
     the saving each predicts. model: a torch.nn.Module whose parameters are counted.
     Raises DoctorInputError for what cannot be read."""
     if isinstance(capacity, str):
-        from . import _core
+        from .. import _core
 
         capacity = _core.parse_size(capacity, False)[0]
     if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int)
@@ -626,12 +626,12 @@ def _add_live_call_sites(result: Diagnosis) -> None:
     """Right after an OOM in this process, the pool's blocks are the ones that failed it:
     their call sites, when memory history recorded stacks."""
     try:
-        from .history import snapshot
+        from ..observe.history import snapshot
 
         snap = snapshot(result.numbers.get("device", 0))
     except Exception:  # no pool, no history: the report alone is the diagnosis
         return
-    from .plot._history import call_site
+    from ..plot._history import call_site
 
     sites: dict[str, int] = {}
     for seg in snap["segments"]:
@@ -644,8 +644,8 @@ def _add_live_call_sites(result: Diagnosis) -> None:
 
 def main(args: list[str]) -> int:
     """`vramkit doctor SNAPSHOT_OR_TRACE [--capacity SIZE] [--json]`; the exit status."""
-    from . import _core
-    from ._command_io import EXIT_OK, input_error, usage_error
+    from .. import _core
+    from ..cli._exit import EXIT_OK, input_error, usage_error
 
     paths, capacity, as_json = [], None, False
     i = 0

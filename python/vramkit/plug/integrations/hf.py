@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from transformers import TrainerCallback
 
-from ..logger import MemoryLogger
+from ...observe.logger import MemoryLogger
 from . import log_path
 
 __all__ = ["MemoryCallback"]
