@@ -29,7 +29,7 @@
 // (the profiler's, the CUDA sanitizer's and trace trackers' events); torch_backend_stats.hpp
 // turns the engine's statistics into c10's DeviceStats.
 //
-// Built against the installed torch at install() time (vramkit/_torch_build.py), because c10's
+// Built against the installed torch at install() time (vramkit/plug/_torch_build.py), because c10's
 // C++ ABI is torch's own. Everything here runs on PyTorch's threads, with or without the GIL:
 // no Python, and no exception leaves a deleter.
 #include <algorithm>

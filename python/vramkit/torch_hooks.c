@@ -9,7 +9,7 @@
  * allocation must therefore raise a C++ exception PyTorch translates (c10::OutOfMemoryError),
  * which C cannot do. So this library has no alloc function of its own: it offers
  * vramkit_torch_alloc(), which reports a failure as a status and a message, and the small
- * C++ library built from torch_oom.cpp against the installed PyTorch (vramkit/_torch_build.py)
+ * C++ library built from torch_oom.cpp against the installed PyTorch (vramkit/plug/_torch_build.py)
  * turns that into the exception. Everything else (free, empty_cache, the memory fraction,
  * record_stream) cannot fail in a way PyTorch could report, and lives here.
  *

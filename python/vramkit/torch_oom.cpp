@@ -4,7 +4,7 @@
 // as a C++ exception: c10::OutOfMemoryError, which PyTorch's Python bindings raise as
 // torch.OutOfMemoryError, exactly what its own caching allocator raises. Throwing a c10
 // exception needs c10's headers and library, so this file is compiled against the PyTorch
-// installed beside vramkit (vramkit/_torch_build.py does that once, and caches the result);
+// installed beside vramkit (vramkit/plug/_torch_build.py does that once, and caches the result);
 // everything else stays in C, in libvramkit_torch.so, which this library links.
 //
 // The exception leaves through std::function and PyTorch's own C++ frames only: the C code

@@ -155,7 +155,7 @@ def test_once_serves_the_records_and_nvml_with_dcgm_labels(tmp_path, fake_nvml, 
     sim = one(text, "vramkit_reserved_bytes", gpu=1, pid=sleeper, source="sim", UUID="")
     assert sim == SIM_DEVICE["reserved_bytes"]
     # NVML's view, equal to what the NVML wrapper reads from the same fake.
-    from vramkit._nvml import Nvml
+    from vramkit.observe._nvml import Nvml
 
     os.environ["FAKE_NVML_PROCESSES"] = env["FAKE_NVML_PROCESSES"]
     try:

@@ -1,6 +1,6 @@
 """The complete PyTorch backend (python/vramkit/torch_backend.cpp) without a GPU.
 
-Built by vramkit._torch_build against the torch installed in the test environment, as
+Built by vramkit.plug._torch_build against the torch installed in the test environment, as
 vramkit.torch.install() builds it, then: its own logic driven on sim by a C++ program
 compiled together with it (torch_backend_driver.cpp), and its installation into a real
 torch, after which PyTorch's own statistics call reaches vramkit. Everything a CUDA device
@@ -16,7 +16,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from vramkit import _torch_build  # noqa: E402
+from vramkit.plug import _torch_build  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
 

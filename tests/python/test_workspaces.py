@@ -78,7 +78,7 @@ def _train(net, opt, x):
 
 def _signatures(build, step=_train):
     """The convolution signatures one recording of the step meets, by key."""
-    model = ws.ConvWorkspaceModel(table_path=str(ROOT / "python/vramkit/estimator/data/"
+    model = ws.ConvWorkspaceModel(table_path=str(ROOT / "python/vramkit/plan/estimator/data/"
                                                  "cudnn_workspaces.json"))
     _step.record_step(step, (), {}, target=_step.choose_target(), build=build, steps=1,
                       after_outputs_hook=model.hook)

@@ -6,7 +6,7 @@ free memory, its utilisation and the processes holding memory on it. NVML is ope
 has no build-time or pip dependency on it and works, with a clear reason, where it is missing.
 ``VRAMKIT_NVML_LIBRARY`` names another library to open instead (the tests point it at a fake).
 
-    from vramkit._nvml import nvml, NvmlError
+    from vramkit.observe._nvml import nvml, NvmlError
     try:
         gpus = nvml().devices()
     except NvmlError as error:

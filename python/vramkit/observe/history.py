@@ -96,7 +96,7 @@ _frames_cache: dict[int, list] = {}  # stack id -> folded frames (ids are never 
 def _pkg():
     # The package imports this module while it loads; by the time anything here runs, it
     # is complete, and its device and pool helpers are the ones to use.
-    return sys.modules[__package__]
+    return sys.modules[__name__.partition(".")[0]]  # vramkit, above observe/
 
 
 def _device(device) -> int:

@@ -1,6 +1,6 @@
 """`vramkit top`: a live view of GPU memory, per GPU and per process, from outside and inside.
 
-NVML (vramkit._nvml) gives what the driver sees: each GPU's total / used / free, its
+NVML (vramkit.observe._nvml) gives what the driver sees: each GPU's total / used / free, its
 utilisation, and each process's used memory. The records vramkit processes publish
 (vramkit.records) give what only the allocator knows: allocated, reserved, cached free,
 largest free block, fragmentation, peaks and OOMs. A vramkit process is joined to its GPU by

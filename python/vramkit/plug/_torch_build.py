@@ -1,4 +1,4 @@
-"""vramkit._torch_build: build, once, the libraries through which PyTorch allocates.
+"""vramkit.plug._torch_build: build, once, the libraries through which PyTorch allocates.
 
 Two C++ libraries must be compiled against the PyTorch in use, whose C++ ABI and c10
 library a wheel built for no particular torch cannot know:

@@ -25,7 +25,7 @@ allocator does: its message starts "CUDA out of memory." and carries vramkit's r
 the process and its CUDA context go on (free something and allocate again). Inside
 ``with vramkit.torch.oom_report():`` the exception also gains a ``.report`` attribute.
 The backend (and the fallback's alloc function) is C++ built against the installed torch:
-install() builds it once with the C++ compiler it finds and caches it (vramkit._torch_build
+install() builds it once with the C++ compiler it finds and caches it (vramkit.plug._torch_build
 says where and how; ``python -m vramkit.torch build`` builds both ahead, for images without
 a compiler).
 """
@@ -109,7 +109,7 @@ def install(device=None, backend: str | None = None, **options) -> str:
     backend where it builds, else the fallback, with a warning that says why).
     options are vramkit.configure()'s (source, limit, preallocate, release_threshold,
     tight_threshold, virtual_threshold, large_blocks); they configure the pool of `device` (default:
-    every visible device) before first use. Returns the path taken. Raises vramkit._torch_build.BuildError (a
+    every visible device) before first use. Returns the path taken. Raises vramkit.plug._torch_build.BuildError (a
     RuntimeError), leaving PyTorch's own allocator in place, if no path can be built.
     """
     global _hooks, _allocator, _backend_lib, _path

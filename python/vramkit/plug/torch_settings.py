@@ -1,4 +1,4 @@
-"""vramkit.torch_settings: PyTorch's allocator settings under vramkit's backend.
+"""vramkit.plug.torch_settings: PyTorch's allocator settings under vramkit's backend.
 
 PYTORCH_CUDA_ALLOC_CONF (or PYTORCH_ALLOC_CONF) and torch.cuda.memory._set_allocator_settings()
 configure PyTorch's caching allocator, which vramkit replaces: each key is honoured, mapped
