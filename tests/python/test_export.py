@@ -504,7 +504,7 @@ def test_port_in_use_is_exit_4_with_a_message(tmp_path):
     (["--port", "http"], "--port: expected a port number"),
     (["--port"], "--port needs a value"),
     (["--port", "70000"], "--port: expected a port number"),
-    (["--verbose"], "unexpected argument '--verbose'"),
+    (["--verbose"], "unknown option '--verbose'"),
     (["--timeout", "0"], "--timeout: expected seconds above 0"),
     (["--timeout=soon"], "--timeout: expected seconds above 0"),
     (["--max-connections", "0"], "--max-connections: expected a whole number"),

@@ -103,3 +103,50 @@ def test_run_by_public_name():
                             capture_output=True, text=True, timeout=120)
     if "needs PyTorch" not in result.stderr:
         assert result.stdout.startswith("usage: python -m vramkit.torch build"), result.stderr
+
+
+LIBRARY_PACKAGES = ("plug", "observe", "plan", "plot")
+
+
+@pytest.mark.parametrize("package", [*LIBRARY_PACKAGES, "cli", "plan.estimator",
+                                     "plug.integrations"])
+def test_each_subpackage_imports_alone(package):
+    """No import circle: each subpackage imports first in a fresh interpreter."""
+    result = _fresh(f"import vramkit.{package}")
+    assert result.returncode == 0, result.stderr
+
+
+def _imported_modules(path, package: str):
+    """The absolute names of the modules a source file imports (relative ones resolved)."""
+    import ast
+
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                anchor = ".".join(parts[:len(parts) - node.level + 1])
+                base = f"{anchor}.{base}" if base else anchor
+            yield base
+            yield from (f"{base}.{alias.name}" for alias in node.names)
+
+
+def test_the_library_never_imports_the_command_line():
+    """plug/, observe/, plan/ and plot/ are what the command line calls; none of them calls
+    back into vramkit.cli, so that the command line sits on top and no circle forms."""
+    import pathlib
+
+    root = pathlib.Path(vramkit.__file__).parent
+    checked = 0
+    for top in LIBRARY_PACKAGES:
+        for path in sorted((root / top).rglob("*.py")):
+            relative = path.relative_to(root.parent).with_suffix("")
+            parts = relative.parts[:-1] if relative.name == "__init__" else relative.parts
+            package = ".".join(parts if relative.name == "__init__" else parts[:-1])
+            names = set(_imported_modules(path, package))
+            assert not any(n == "vramkit.cli" or n.startswith("vramkit.cli.") for n in names), \
+                (path, sorted(n for n in names if "cli" in n))
+            checked += 1
+    assert checked > 40

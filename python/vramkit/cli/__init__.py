@@ -5,7 +5,10 @@
 the package, at ``vramkit/_bin/vramkit``; every subcommand that is not written in Python is
 handed to it with the same arguments, by ``exec``, so that its help, output and exit status
 are exactly those of a ``build/vramkit`` built from source. Subcommands written in Python
-register in :data:`COMMANDS` with :func:`command`; ``vramkit --help`` lists both kinds.
+register in :data:`COMMANDS` with :func:`command`, each a module of this package (top.py,
+plot.py, ...) with its parser (one argparse style, _parser.py) and its run(); they call into
+the library (observe/, plan/, plot/), which never imports this package. ``vramkit --help``
+lists both kinds.
 
 Exit statuses are one table for every subcommand, C or Python: the C command's
 (tools/cli.h, CLI_EXIT_*, printed by ``vramkit --help``) with the Python subcommands'
@@ -16,6 +19,8 @@ shell shows for a C command that SIGPIPE ended.
 
 from __future__ import annotations
 
+import functools
+import importlib
 import os
 import signal
 import sys
@@ -23,11 +28,12 @@ from pathlib import Path
 from typing import Callable, NamedTuple, Sequence
 
 from ._exit import (EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_DOES_NOT_FIT, EXIT_FAILURE,
-                          EXIT_MISSING_DEPENDENCY, EXIT_OK, EXIT_USAGE, input_error, shown,
-                          usage_error)
+                    EXIT_MISSING_DEPENDENCY, EXIT_OK, EXIT_USAGE, input_error, shown,
+                    usage_error)
+from ._parser import parse
 
 # The exit-status table and the message helpers are the command's surface too: named here
-# for those who script against vramkit.cli, defined in _command_io for the subcommands.
+# for those who script against vramkit.cli, defined in _exit for the subcommands.
 __all__ = ["COMMANDS", "Command", "EXIT_BAD_INPUT", "EXIT_BROKEN_PIPE", "EXIT_DOES_NOT_FIT",
            "EXIT_FAILURE", "EXIT_MISSING_DEPENDENCY", "EXIT_OK", "EXIT_USAGE", "binary_path",
            "command", "input_error", "main", "shown", "usage_error"]
@@ -43,14 +49,18 @@ class Command(NamedTuple):
 COMMANDS: dict[str, Command] = {}
 
 
-def command(name: str, summary: str) -> Callable[[Callable[[list[str]], int]], Callable[[list[str]], int]]:
-    """Register the decorated function as the subcommand ``vramkit NAME``."""
+def command(name: str, summary: str, module: str | None = None) -> None:
+    """Register ``vramkit NAME``, whose parser() and run(options) live in the module
+    vramkit.cli.MODULE (NAME's by default), imported only when the command runs."""
+    COMMANDS[name] = Command(summary, functools.partial(_run, module or name))
 
-    def register(function: Callable[[list[str]], int]) -> Callable[[list[str]], int]:
-        COMMANDS[name] = Command(summary, function)
-        return function
 
-    return register
+def _run(module_name: str, args: list[str]) -> int:
+    """Parse the command line with the command's parser (one style: cli/_parser.py), then
+    run it; a command line that does not parse never reaches run()."""
+    module = importlib.import_module(f"{__name__}.{module_name}")
+    options = parse(module.parser(), args)
+    return options if isinstance(options, int) else module.run(options)
 
 
 def binary_path() -> Path:
@@ -89,58 +99,12 @@ def _help(args: list[str]) -> int:
     return _exec_binary(["--also-commands", listing, *args])
 
 
-@command("version", "the version, and where the package and its C command are installed")
-def _version(args: list[str]) -> int:
-    if args and args[0] in ("-h", "--help"):
-        print("usage: vramkit version\n\nPrint the version (as vramkit --version does), then the "
-              "folder of the Python package\nand the path of the C command it runs.")
-        return EXIT_OK
-    if args:
-        print(f"vramkit version: unexpected argument '{args[0]}' (see vramkit version --help)",
-              file=sys.stderr)
-        return EXIT_USAGE
-    from .. import __version__
-
-    binary = binary_path()
-    print(f"vramkit {__version__}")
-    print(f"package: {Path(__file__).resolve().parent.parent}")
-    print(f"command: {binary}{'' if os.access(binary, os.X_OK) else ' (missing)'}")
-    return EXIT_OK
-
-
-@command("plot", "draw a trace or a memory snapshot: an offline HTML page or a PNG")
-def _plot(args: list[str]) -> int:
-    from ..plot._command import main as plot_main
-
-    return plot_main(args)
-
-
-@command("export", "serve Prometheus metrics of every GPU and vramkit process here")
-def _export(args: list[str]) -> int:
-    from ..observe.export import main as export_main
-
-    return export_main(args)
-
-
-@command("top", "GPU memory per GPU and per process, live: NVML's view and vramkit's pools")
-def _top(args: list[str]) -> int:
-    from ..observe.top import main as top_main
-
-    return top_main(args)
-
-
-@command("estimate", "a model's training step before it runs: peak memory, fit, largest batch")
-def _estimate(args: list[str]) -> int:
-    from ..plan.estimator.command import main as estimate_main
-
-    return estimate_main(args)
-
-
-@command("doctor", "why an allocation ran out of memory, from a snapshot or a trace, and the fixes")
-def _doctor(args: list[str]) -> int:
-    from ..plan.doctor import main as doctor_main
-
-    return doctor_main(args)
+command("version", "the version, and where the package and its C command are installed")
+command("plot", "draw a trace or a memory snapshot: an offline HTML page or a PNG")
+command("export", "serve Prometheus metrics of every GPU and vramkit process here")
+command("top", "GPU memory per GPU and per process, live: NVML's view and vramkit's pools")
+command("estimate", "a model's training step before it runs: peak memory, fit, largest batch")
+command("doctor", "why an allocation ran out of memory, from a snapshot or a trace, and the fixes")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,15 +1,15 @@
-"""What every subcommand of the ``vramkit`` command shares, apart from the dispatcher that
-starts it (cli.py): the one table of exit statuses, the messages for a bad command line and
-an unreadable file, and foreign text (file names, process names) shown escaped. The
-subcommands import this module, never cli.py, so that the dispatcher imports them and is
-imported by none.
+"""What every subcommand of the ``vramkit`` command shares: the one table of exit statuses
+(the C command's, tools/cli.h, which ``vramkit --help`` prints), and the messages for a bad
+command line and an unreadable file. Foreign text in them is escaped by vramkit._shown,
+which the library modules use too.
 """
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
+
+from .._shown import shown
 
 EXIT_OK = 0
 EXIT_DOES_NOT_FIT = 1        # out of memory, or an estimate that does not fit the card
@@ -25,18 +25,6 @@ def usage_error(command: str, message: str) -> int:
     the message (names in it escaped) and where the help is on stderr, exit status 3."""
     print(f"vramkit {command}: {shown(message)} (see vramkit {command} --help)", file=sys.stderr)
     return EXIT_USAGE
-
-
-def shown(text) -> str:
-    """A file name (str, bytes or path) or a message carrying one, as messages show it:
-    bytes the file system's encoding cannot decode as \\xNN, control characters escaped as
-    repr() escapes them, so that no name garbles a terminal or a log, or fails to print."""
-    text = os.fsdecode(text) if not isinstance(text, str) else text
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else
-                   f"\\x{ord(c) - 0xDC00:02x}" if 0xDC80 <= ord(c) <= 0xDCFF else
-                   repr(c)[1:-1] for c in text)
 
 
 def input_error(command: str, error) -> int:

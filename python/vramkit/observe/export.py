@@ -17,7 +17,8 @@ figures name processes, and the network should not learn them by default. NVML m
 failing, or a record that cannot be read, leaves those series out (and says why on stderr
 and in a comment), never the exporter.
 
-The server (_serve.py) is one thread around a selector rather than http.server's thread per
+This module gathers and serves the metrics; its command line is vramkit.cli.export. The
+server (_serve.py) is one thread around a selector rather than http.server's thread per
 connection, so that idle or half-open connections cost a descriptor each and no thread or
 CPU: each has --timeout to send its request and again to take its reply, at most
 --max-connections are held (the descriptor limit may lower it), one more is answered 503
@@ -34,28 +35,6 @@ import sys
 import time
 
 from ._serve import Server, reply_bytes
-from ..cli._exit import EXIT_FAILURE, usage_error
-
-USAGE = """usage: vramkit export [--port PORT] [--address ADDRESS] [--timeout SECONDS]
-                      [--max-connections N] [--once]
-
-Serve Prometheus metrics at http://ADDRESS:PORT/metrics for every GPU (from NVML) and every
-vramkit process of this user on the machine (from the records they publish): vramkit_*_bytes
-gauges, vramkit_ooms_total and vramkit_alloc_retries_total counters, with dcgm-exporter's
-labels gpu, UUID, modelName and hostname, and pid and process for processes. Command lines
-are never served.
-
-  --port PORT        the port to listen on (default 9400; 0 picks a free one)
-  --address ADDRESS  the address to listen on (default 127.0.0.1, this machine only;
-                     0.0.0.0 for every interface)
-  --timeout SECONDS  the time a client has to send its request, and again to take the
-                     reply, before its connection is closed (default 5)
-  --max-connections N
-                     connections held at once (default 4096, lowered to what the
-                     descriptor limit allows); one more is answered 503 with Retry-After
-  --once             print the metrics once on stdout and exit (for tests and cron)
-
-exit status: 0 done, 1 cannot listen (port in use, bad address), 3 bad arguments"""
 
 DEFAULT_PORT = 9400
 DEFAULT_ADDRESS = "127.0.0.1"
@@ -318,93 +297,35 @@ def connection_room(wanted: int) -> tuple[int, int | None]:
     return max(1, soft - min(SPARE_DESCRIPTORS, soft // 4)), soft
 
 
-def _usage(message: str) -> int:
-    return usage_error("export", message)
+class CannotListen(OSError):
+    """The exporter could not listen where it was asked to; the message says why and what
+    to do."""
 
 
-def _option(name: str, value: str):
-    """(value, None) for an option that takes one, or (None, the usage message)."""
-    if name == "--port":
-        if not value.isdigit() or int(value) > 65535:
-            return None, f"--port: expected a port number from 0 to 65535, got '{value}'"
-        return int(value), None
-    if name == "--address":
-        if not value.strip():
-            return None, "--address: expected an address such as 127.0.0.1"
-        return value.strip().strip("[]"), None
-    if name == "--timeout":
-        try:
-            seconds = float(value)
-        except ValueError:
-            seconds = math.nan
-        if not 0 < seconds <= 3600:  # NaN fails too
-            return None, f"--timeout: expected seconds above 0, up to 3600, got '{value}'"
-        return seconds, None
-    if not value.isdigit() or int(value) < 1:
-        return None, f"--max-connections: expected a whole number from 1, got '{value}'"
-    return int(value), None
-
-
-def main(args: list[str]) -> int:
-    options = {"--port": DEFAULT_PORT, "--address": DEFAULT_ADDRESS,
-               "--timeout": DEFAULT_TIMEOUT_S, "--max-connections": DEFAULT_MAX_CONNECTIONS}
-    once = False
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        name, eq, inline = arg.partition("=")
-        if arg in ("-h", "--help"):
-            print(USAGE)
-            return 0
-        if arg == "--once":
-            once = True
-            i += 1
-            continue
-        if name in options:
-            if eq:
-                value = inline
-                i += 1
-            elif i + 1 < len(args):
-                value = args[i + 1]
-                i += 2
-            else:
-                return _usage(f"{name} needs a value")
-            options[name], problem = _option(name, value)
-            if problem:
-                return _usage(problem)
-            continue
-        return _usage(f"unexpected argument '{arg}'")
-    if once:
-        sys.stdout.write(render())
-        sys.stdout.flush()
-        return 0
-    return serve(options["--address"], options["--port"], options["--timeout"],
-                 options["--max-connections"])
+def _listen_problem(error: OSError, address: str, port: int) -> str:
+    if error.errno == errno.EADDRINUSE:
+        return (f"port {port} on {address} is already in use (another exporter? "
+                f"dcgm-exporter also serves 9400); choose another with --port")
+    if error.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT) or \
+            isinstance(error, socket.gaierror):
+        return (f"cannot listen on {address}: it is not an address of this machine "
+                f"({error.strerror or error})")
+    if error.errno == errno.EACCES:
+        return (f"not allowed to listen on port {port} (ports below 1024 need privileges); "
+                f"choose another with --port")
+    return f"cannot listen on {address}:{port}: {error.strerror or error}"
 
 
 def serve(address: str, port: int, timeout: float = DEFAULT_TIMEOUT_S,
-          max_connections: int = DEFAULT_MAX_CONNECTIONS) -> int:
+          max_connections: int = DEFAULT_MAX_CONNECTIONS) -> None:
+    """Serve /metrics until Ctrl-C, saying on stderr where. Raises CannotListen."""
     held, limit = connection_room(max_connections)
     exporter = Exporter()
     try:
         server = Server(address, port, exporter.respond, timeout=timeout,
                         max_connections=held)
     except OSError as error:
-        if error.errno == errno.EADDRINUSE:
-            print(f"vramkit export: port {port} on {address} is already in use (another "
-                  f"exporter? dcgm-exporter also serves 9400); choose another with --port",
-                  file=sys.stderr)
-        elif error.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT) or \
-                isinstance(error, socket.gaierror):
-            print(f"vramkit export: cannot listen on {address}: it is not an address of "
-                  f"this machine ({error.strerror or error})", file=sys.stderr)
-        elif error.errno == errno.EACCES:
-            print(f"vramkit export: not allowed to listen on port {port} (ports below 1024 "
-                  f"need privileges); choose another with --port", file=sys.stderr)
-        else:
-            print(f"vramkit export: cannot listen on {address}:{port}: "
-                  f"{error.strerror or error}", file=sys.stderr)
-        return EXIT_FAILURE
+        raise CannotListen(_listen_problem(error, address, port)) from None
     host, bound = server.server_address[:2]
     shown = f"[{host}]" if ":" in host else host
     if address in ("127.0.0.1", "::1", "localhost"):
@@ -423,4 +344,3 @@ def serve(address: str, port: int, timeout: float = DEFAULT_TIMEOUT_S,
         pass
     finally:
         server.server_close()
-    return 0

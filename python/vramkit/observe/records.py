@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import _core
-from ..cli._exit import shown
+from .._shown import shown
 
 __all__ = ["DeviceRecord", "ProcessRecord", "default_directory", "read_record", "read_records"]
 

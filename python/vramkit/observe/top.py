@@ -11,37 +11,21 @@ user's processes (their records are theirs alone), a pid NVML does not list.
     vramkit top            refreshed each second (curses), q quits
     vramkit top --once     one screen, plain text
     vramkit top --json     one JSON document, for scripts
+
+This module gathers and draws the view; its command line is vramkit.cli.top.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import socket
-import sys
 import time
 from pathlib import Path
 
 from . import records as _records
 from ._nvml import NvmlError, nvml, select_visible
-from ..cli._exit import EXIT_FAILURE, EXIT_OK, shown, usage_error
-
-USAGE = """usage: vramkit top [--once] [--json] [--interval SECONDS] [--dir FOLDER]
-
-Show GPU memory per GPU and per process: NVML's total, used and free memory, utilisation
-and per-process used memory, and for processes using vramkit what their pools hold
-(allocated, reserved, cached free, largest free block, fragmentation, peak, OOMs).
-Refreshed every second; q quits.
-
-  --once              print one screen as plain text and exit
-  --json              print one JSON document and exit (with or without --once)
-  --interval SECONDS  the refresh period (default 1)
-  --dir FOLDER        where vramkit processes publish (default $VRAMKIT_PUBLISH_DIR,
-                      else /dev/shm/vramkit-<uid>)
-
-exit status: 0 shown, 3 bad arguments, 4 the terminal cannot be used"""
-
+from .._shown import shown
 
 # The smallest terminal the table fits in legibly; below it a line says so.
 MIN_COLUMNS, MIN_LINES = 60, 6
@@ -246,7 +230,9 @@ def _draw(screen, lines: list[str]) -> None:
     screen.refresh()
 
 
-def _live(directory, interval: float) -> int:
+def live(directory, interval: float) -> None:
+    """Redraw the view every interval seconds until q, Esc or Ctrl-C. Raises curses.error
+    when the terminal cannot be drawn on."""
     import curses
 
     def loop(screen) -> None:
@@ -263,56 +249,5 @@ def _live(directory, interval: float) -> int:
 
     try:
         curses.wrapper(loop)
-    except curses.error as error:
-        print(f"vramkit top: this terminal cannot be drawn on ({error}); use --once or --json",
-              file=sys.stderr)
-        return EXIT_FAILURE
     except KeyboardInterrupt:
         pass
-    return EXIT_OK
-
-
-def _usage(message: str) -> int:
-    return usage_error("top", message)
-
-
-def main(args: list[str]) -> int:
-    mode = "live"
-    interval = 1.0
-    directory = None
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if arg in ("-h", "--help"):
-            print(USAGE)
-            return EXIT_OK
-        if arg in ("--once", "--json"):
-            # --json is one document, so --once beside it (as scripts write it) changes nothing.
-            mode = "json" if "json" in (mode, arg[2:]) else "once"
-        elif arg in ("--interval", "--dir") or arg.startswith(("--interval=", "--dir=")):
-            name, _, value = arg.partition("=")
-            if not _:
-                if i + 1 >= len(args):
-                    return _usage(f"{arg} needs a value")
-                i += 1
-                value = args[i]
-            if name == "--dir":
-                directory = value
-            else:
-                try:
-                    interval = float(value)
-                except ValueError:
-                    interval = 0.0
-                if not 0.05 <= interval <= 3600:
-                    return _usage(f"--interval: expected seconds from 0.05 to 3600, got '{value}'")
-        else:
-            return _usage(f"unknown argument '{arg}'")
-        i += 1
-    if mode == "json":
-        print(json.dumps(snapshot(directory), indent=2))
-        return EXIT_OK
-    if mode == "once" or not (sys.stdout.isatty() and sys.stdin.isatty()):
-        # Not a terminal (a pipe, a log): one screen, as --once, rather than escape codes.
-        print("\n".join(render(snapshot(directory))))
-        return EXIT_OK
-    return _live(directory, interval)

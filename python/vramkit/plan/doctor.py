@@ -37,7 +37,6 @@ fact (:func:`main`).
 
 from __future__ import annotations
 
-import json
 import os
 import textwrap
 from dataclasses import dataclass, field
@@ -60,27 +59,6 @@ LIVE_VARIANTS = (
 
 # Fixed-segment sources round segments up to this (the driver's and sim's granule).
 _GRANULE = 2 << 20
-
-USAGE = """usage: vramkit doctor SNAPSHOT_OR_TRACE [--capacity SIZE] [--json]
-
-Say why an allocation ran out of memory, in one screen: live memory over the cap,
-fragmentation, other processes holding the GPU, or a limit set too low; with the numbers,
-and the fixes ranked by predicted effect.
-
-SNAPSHOT_OR_TRACE is a memory snapshot pickle (vramkit.dump_snapshot or PyTorch's
-torch.cuda.memory._dump_snapshot, recorded with the OOM in its trace) or a vramkit trace
-(format v1, as vramkit replay reads). A trace's fixes are the settings on which it fits.
-
-  --capacity SIZE  a trace: replay it under this cap (on the default settings, on fixed
-                   segments alone, on sim:vmm, and with VRAMKIT_VIRTUAL_THRESHOLD=0 and
-                   VRAMKIT_TIGHT_THRESHOLD=0) to find the cause and what each fix gains;
-                   a snapshot: the device's capacity, which a snapshot does not record
-  --json           one JSON document instead of the text
-
-SIZE takes K/M/G/T suffixes.
-exit status (the table of vramkit --help): 0 diagnosed, 2 the file cannot be read or is
-not a snapshot, trace or report, 3 bad arguments, 4 the C command is missing"""
-
 
 class DoctorInputError(Exception):
     """What was given cannot be diagnosed: a missing or corrupt file, or something that is
@@ -640,47 +618,3 @@ def _add_live_call_sites(result: Diagnosis) -> None:
             if site:
                 sites[site] = sites.get(site, 0) + block["size"]
     result.call_sites = sorted(sites.items(), key=lambda kv: -kv[1])
-
-
-def main(args: list[str]) -> int:
-    """`vramkit doctor SNAPSHOT_OR_TRACE [--capacity SIZE] [--json]`; the exit status."""
-    from .. import _core
-    from ..cli._exit import EXIT_OK, input_error, usage_error
-
-    paths, capacity, as_json = [], None, False
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if arg in ("-h", "--help"):
-            print(USAGE)
-            return EXIT_OK
-        if arg == "--json":
-            as_json = True
-        elif arg == "--capacity" or arg.startswith("--capacity="):
-            _, eq, value = arg.partition("=")
-            if not eq:
-                if i + 1 >= len(args):
-                    return usage_error("doctor", "--capacity needs a size")
-                i += 1
-                value = args[i]
-            try:
-                capacity = _core.parse_size(value, False)[0]
-            except Exception:
-                return usage_error("doctor", f"--capacity: cannot read '{value}' as a size such "
-                                             f"as '16G'")
-            if capacity <= 0:
-                return usage_error("doctor", "--capacity must be more than 0")
-        elif arg.startswith("-") and arg != "-":
-            return usage_error("doctor", f"unknown option '{arg}'")
-        else:
-            paths.append(arg)
-        i += 1
-    if len(paths) != 1:
-        return usage_error("doctor", "give one snapshot or trace" if not paths
-                           else f"one file at a time, not {len(paths)}")
-    try:
-        result = diagnose(paths[0], capacity=capacity)
-    except DoctorInputError as error:
-        return input_error("doctor", error)
-    print(json.dumps(result.to_dict(), indent=2) if as_json else result)
-    return EXIT_OK

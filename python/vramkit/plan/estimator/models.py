@@ -93,7 +93,7 @@ def config_for(model: str):
 
 def _config_file(transformers, model: str):
     """The configuration in a config.json, or in the one of a model folder."""
-    from ...cli._exit import shown
+    from ..._shown import shown
 
     path = os.path.join(model, "config.json") if os.path.isdir(model) else model
     if not os.path.isfile(path):

@@ -1,12 +1,13 @@
-"""`vramkit estimate`: a model's training step, estimated from its configuration alone.
+"""`vramkit estimate`'s command line: a model's training step, estimated from its
+configuration alone, by vramkit.plan.estimator.
 
     vramkit estimate --model gpt2 --batch 8 --seq 1024 --precision bf16-amp \\
                      --optimizer adamw [--checkpointing] [--device-memory 24G] [--json]
 
-The model is built from its Hugging Face configuration (models.py: no weights are
-downloaded) under fake tensors; the estimate (vramkit.estimate) says the peak allocated,
-the peak reserved under vramkit and under PyTorch's allocator, whether it fits the card,
-the breakdown at the peak and the call sites. --max-batch asks for the largest batch that
+The model is built from its Hugging Face configuration (plan/estimator/models.py: no
+weights are downloaded) under fake tensors; the estimate (vramkit.estimate) says the peak
+allocated, the peak reserved under vramkit and under PyTorch's allocator, whether it fits
+the card, the breakdown at the peak and the call sites. --max-batch asks for the largest batch that
 fits the card instead, --what-if for the table of changes (vramkit.advise), and
 --plan-checkpointing for the fewest blocks to checkpoint (vramkit.plan_checkpointing).
 Exit statuses are the table of vramkit --help (EXIT_STATUS below).
@@ -14,15 +15,15 @@ Exit statuses are the table of vramkit --help (EXIT_STATUS below).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import threading
 import time
 
-from ...cli._exit import (EXIT_DOES_NOT_FIT, EXIT_FAILURE, EXIT_MISSING_DEPENDENCY, EXIT_OK,
-                           input_error, usage_error)
+from ._exit import (EXIT_DOES_NOT_FIT, EXIT_FAILURE, EXIT_MISSING_DEPENDENCY, EXIT_OK,
+                    input_error, usage_error)
+from ._parser import CommandParser
 
 EXIT_STATUS = ("exit status (the table of vramkit --help): 0 estimated (and it fits), 1 the "
                "step does not fit the card (or not even batch 1 does), 2 a config.json that "
@@ -30,23 +31,15 @@ EXIT_STATUS = ("exit status (the table of vramkit --help): 0 estimated (and it f
                "not be estimated, 5 PyTorch or transformers missing")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # the project's usage error, not argparse's exit 2
-        raise _Usage(message)
-
-
-class _Usage(Exception):
-    pass
-
-
-def _parser() -> argparse.ArgumentParser:
-    from . import models
-    p = _Parser(prog="vramkit estimate", description=(
+def parser() -> CommandParser:
+    from ..plan.estimator import models
+    p = CommandParser("estimate", description=(
         "Estimate the GPU memory of one model's training step from its configuration "
         "alone (no weights downloaded, no GPU needed): peak allocated, peak reserved "
         "under vramkit and under PyTorch's allocator, and whether it fits the card."),
         epilog=EXIT_STATUS)
-    p.add_argument("--model", required=True,
+    # --model is checked after parsing, so that an unknown option is named first.
+    p.add_argument("--model",
                    help="a family (gpt2, llama, bert, vit, resnet...), a named size "
                         "(gpt2-medium, llama-1b, vit-b16, resnet50), a config.json path, "
                         "or a model id in the local Hugging Face cache")
@@ -113,7 +106,7 @@ class _Progress:
 
 
 def _as_json(e) -> dict:
-    from . import trace_is_kept
+    from ..plan.estimator import trace_is_kept
     return {"peak_allocated": e.peak_allocated, "peak_reserved": e.peak_reserved,
             "torch_peak_reserved": e.torch_peak_reserved,
             "torch_expandable_peak_reserved": e.torch_expandable_peak_reserved,
@@ -131,7 +124,7 @@ def _as_json(e) -> dict:
 
 def _refused(error: Exception, model: str) -> int:
     """The message and exit status of an estimate that could not be made."""
-    from . import models
+    from ..plan.estimator import models
 
     if isinstance(error, ImportError):  # models.MissingPackage: transformers
         print(f"vramkit estimate: {error}", file=sys.stderr)
@@ -156,33 +149,93 @@ def _question(args) -> str:
     return f"a {args.device_memory} card (less the CUDA context)"
 
 
-def main(argv: list[str]) -> int:
-    try:
-        args = _parser().parse_args(argv)
-    except _Usage as error:
-        return usage_error("estimate", str(error))
-    except SystemExit as done:  # --help
-        return int(done.code or 0)
+def _refused_command_line(args) -> str | None:
+    """Why the options, which parsed, do not make one question; None when they do."""
+    if args.model is None:
+        return "--model is needed: which model's step to estimate"
     if args.batch < 1 or args.seq < 1:
-        return usage_error("estimate", "--batch and --seq must be at least 1")
+        return "--batch and --seq must be at least 1"
     if (args.max_batch or args.plan_checkpointing) and not (args.device_memory or args.cap):
-        return usage_error("estimate", "--max-batch and --plan-checkpointing need "
-                                       "--device-memory or --cap")
+        return "--max-batch and --plan-checkpointing need --device-memory or --cap"
     if args.device_memory and args.cap:
-        return usage_error("estimate", "--device-memory (a card) and --cap (an allocator "
-                                       "limit) are separate questions: give one")
-    fit = dict(device_memory=args.device_memory, memory_limit=args.cap)
+        return ("--device-memory (a card) and --cap (an allocator limit) are separate "
+                "questions: give one")
     if args.max_batch + args.what_if + args.plan_checkpointing > 1:
-        return usage_error("estimate", "--max-batch, --what-if and --plan-checkpointing "
-                                       "are separate questions: ask one")
+        return "--max-batch, --what-if and --plan-checkpointing are separate questions: ask one"
+    return None
+
+
+def _answer(args, first, work):
+    """The answer to the one question asked, computed with a spinner: the largest batch,
+    the what-if table, the checkpointing plan, or the estimate."""
+    from ..plan.estimator import advise, estimate, find_max_batch, plan_checkpointing
+
+    fit = dict(device_memory=args.device_memory, memory_limit=args.cap, source=args.source)
+    with _Progress("estimating"):
+        if args.max_batch:
+            return find_max_batch(first.step, lambda n: work(n).build(), **fit)
+        if args.what_if:
+            return advise(first.step, build=first.build, **fit,
+                          make_batch=lambda n: work(n).build(), batch=args.batch)
+        if args.plan_checkpointing:
+            return plan_checkpointing(first.step, build=first.build, **fit)
+        return estimate(first.step, build=first.build, **fit, trace_path=args.trace)
+
+
+def _report_what_if(args, first, advice) -> int:
+    if args.json:
+        print(json.dumps({"model": args.model, "workload": first.name,
+                          "rows": [vars(r) for r in advice.rows],
+                          "min_device_memory": advice.min_device_memory}))
+    else:
+        print(first.name)
+        print(advice)
+    return EXIT_OK
+
+
+def _report_plan(args, first, plan) -> int:
+    if args.json:
+        print(json.dumps({"model": args.model, "workload": first.name,
+                          "checkpoint": plan.names, "blocks": plan.blocks,
+                          "fits": plan.fits,
+                          "peak_reserved": plan.estimate.peak_reserved}))
+    else:
+        print(first.name)
+        print(plan)
+    return EXIT_OK if plan.fits else EXIT_DOES_NOT_FIT
+
+
+def _report_max_batch(args, first, best) -> int:
+    if args.json:
+        print(json.dumps({"model": args.model, "max_batch": best,
+                          "device_memory": args.device_memory, "cap": args.cap}))
+    else:
+        print(f"largest batch of {first.name.split(' batch ')[0]} that fits "
+              f"{_question(args)} under vramkit: {best}")
+    return EXIT_OK if best else EXIT_DOES_NOT_FIT
+
+
+def _report_estimate(args, first, result) -> int:
+    if args.json:
+        print(json.dumps({"model": args.model, "workload": first.name, **_as_json(result)}))
+    else:
+        print(f"{first.name}")
+        print(result)
+    return EXIT_DOES_NOT_FIT if result.fits is False else EXIT_OK
+
+
+def run(args) -> int:
+    problem = _refused_command_line(args)
+    if problem:
+        return usage_error("estimate", problem)
     try:
         import torch  # noqa: F401
     except ImportError:
         print("vramkit estimate: needs PyTorch (pip install 'vramkit[torch]' transformers)",
               file=sys.stderr)
         return EXIT_MISSING_DEPENDENCY
-    from . import Estimate, advise, estimate, find_max_batch, models, plan_checkpointing
-    from ._step import UntraceableStep
+    from ..plan.estimator import models
+    from ..plan.estimator._step import UntraceableStep
 
     def work(batch: int):
         return models.workload(args.model, batch, seq=args.seq, precision=args.precision,
@@ -190,54 +243,9 @@ def main(argv: list[str]) -> int:
 
     try:
         first = work(args.batch)
-        with _Progress("estimating"):
-            if args.max_batch:
-                best = find_max_batch(first.step, lambda n: work(n).build(),
-                                      **fit, source=args.source)
-            elif args.what_if:
-                advice = advise(first.step, build=first.build,
-                                **fit, source=args.source,
-                                make_batch=lambda n: work(n).build(), batch=args.batch)
-            elif args.plan_checkpointing:
-                plan = plan_checkpointing(first.step, build=first.build,
-                                          **fit,
-                                          source=args.source)
-            else:
-                result: Estimate = estimate(first.step, build=first.build,
-                                            **fit,
-                                            source=args.source, trace_path=args.trace)
+        answer = _answer(args, first, work)
     except (ImportError, ValueError, UntraceableStep) as error:
         return _refused(error, args.model)
-    if args.what_if:
-        if args.json:
-            print(json.dumps({"model": args.model, "workload": first.name,
-                              "rows": [vars(r) for r in advice.rows],
-                              "min_device_memory": advice.min_device_memory}))
-        else:
-            print(first.name)
-            print(advice)
-        return EXIT_OK
-    if args.plan_checkpointing:
-        if args.json:
-            print(json.dumps({"model": args.model, "workload": first.name,
-                              "checkpoint": plan.names, "blocks": plan.blocks,
-                              "fits": plan.fits,
-                              "peak_reserved": plan.estimate.peak_reserved}))
-        else:
-            print(first.name)
-            print(plan)
-        return EXIT_OK if plan.fits else EXIT_DOES_NOT_FIT
-    if args.max_batch:
-        if args.json:
-            print(json.dumps({"model": args.model, "max_batch": best,
-                              "device_memory": args.device_memory, "cap": args.cap}))
-        else:
-            print(f"largest batch of {first.name.split(' batch ')[0]} that fits "
-                  f"{_question(args)} under vramkit: {best}")
-        return EXIT_OK if best else EXIT_DOES_NOT_FIT
-    if args.json:
-        print(json.dumps({"model": args.model, "workload": first.name, **_as_json(result)}))
-    else:
-        print(f"{first.name}")
-        print(result)
-    return EXIT_DOES_NOT_FIT if result.fits is False else EXIT_OK
+    report = (_report_max_batch if args.max_batch else _report_what_if if args.what_if
+              else _report_plan if args.plan_checkpointing else _report_estimate)
+    return report(args, first, answer)
