@@ -330,7 +330,7 @@ def test_a_corrupt_table_is_a_clear_error(table_file, text, problem):
 def test_the_shipped_table_is_valid():
     table = ws.Table.load(ws.TABLE_PATH)
     assert table.path == ws.TABLE_PATH
-    installed = pathlib.Path(vramkit.__file__).parent / "estimator" / "data" / \
+    installed = pathlib.Path(vramkit.__file__).parent / "plan" / "estimator" / "data" / \
         "cudnn_workspaces.json"
     assert installed.is_file()
 
