@@ -42,7 +42,7 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
-__all__ = ["CAUSES", "Diagnosis", "DoctorInputError", "Fix", "LIVE_VARIANTS", "diagnose", "main"]
+__all__ = ["CAUSES", "Diagnosis", "DoctorInputError", "Fix", "LIVE_VARIANTS", "diagnose"]
 
 # The engine's causes (vram_oom_cause, src/obs/stats.c), every one of them.
 CAUSES = ("live", "fragmentation", "others", "limit", "granularity", "preallocate")

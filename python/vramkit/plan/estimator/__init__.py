@@ -201,6 +201,79 @@ def _size(value, what: str) -> int | None:
     return nbytes
 
 
+def _checked_source(source: str | None) -> str:
+    """The vramkit source to model: the argument, else VRAMKIT_SOURCE, else cuda."""
+    from . import _replay
+
+    source = source or os.environ.get("VRAMKIT_SOURCE") or "cuda"
+    if source == "auto":
+        source = "cuda"
+    if source not in _replay._SIM_OF_SOURCE:
+        raise ValueError(f"estimate(): source must be one of "
+                         f"{sorted(_replay._SIM_OF_SOURCE)}, not {source!r}")
+    return source
+
+
+def _workspace_models(target, libraries) -> list:
+    """The models of what cuDNN's convolutions and other ops allocate inside themselves."""
+    # The CPU stand-in (no GPU, or emulate=True) sizes convolutions from the table and
+    # other ops' scratch not at all, as a machine without a GPU must; fake CUDA tensors
+    # measure both on that GPU.
+    on_device = None if target.emulated else target.device
+    device_type = None if target.emulated else "cuda"
+    models_ = []
+    if "cudnn" in libraries:
+        from .workspaces import ConvWorkspaceModel
+        models_.append(ConvWorkspaceModel(on_device, device_type=device_type))
+    if "scratch" in libraries:
+        from . import scratch
+        models_.append(scratch.OpScratchModel(on_device, device_type=device_type))
+    return models_
+
+
+def _written_trace(events: list, trace_path: str | None) -> str:
+    """The recorded step as a vramkit trace at trace_path, or in a scratch file."""
+    from . import _replay
+
+    if trace_path is None:
+        fd, trace_path = tempfile.mkstemp(prefix="estimate-", suffix=".trace.gz",
+                                          dir=_scratch_dir())
+        os.close(fd)
+    _replay.write_trace(events, trace_path, "recorded by vramkit.estimate under fake "
+                                            "tensors; times are op numbers")
+    return trace_path
+
+
+def _fits(trace_path: str, events: list, source: str, usable: int | None) -> tuple:
+    """Whether the step fits `usable` bytes under vramkit, PyTorch's allocator and its
+    expandable segments (three Nones without a card or a cap)."""
+    from . import _replay
+
+    if usable is None:
+        return None, None, None
+    # Under a cap an allocator frees its cache and retries before it fails, so what fits
+    # is decided by replaying under the cap, not by comparing the uncapped peak with it.
+    capped = _replay.vramkit_replay(trace_path, source, usable)
+    return (capped.get("ooms", 1) == 0,
+            _replay.torch_replay(events, False, usable)["ooms"] == 0,
+            _replay.torch_replay(events, True, usable)["ooms"] == 0)
+
+
+def _live_at_peak(recording) -> tuple[collections.Counter, list]:
+    """The bytes live at the peak by role, and the ten call sites holding most of them as
+    (site, bytes, blocks)."""
+    breakdown = collections.Counter()
+    sites: dict[str, list[int]] = {}
+    for bid in recording.live_at_peak:
+        block = recording.blocks[bid]
+        breakdown[block.role] += block.size
+        entry = sites.setdefault(block.site, [0, 0])
+        entry[0] += block.size
+        entry[1] += 1
+    top = sorted(((s, b, c) for s, (b, c) in sites.items()), key=lambda x: -x[1])[:10]
+    return breakdown, top
+
+
 def estimate(step_fn, *args, device_memory=None, source: str | None = None,
              steps: int = 2, trace_path: str | None = None, device="cuda",
              build=None, emulate: bool | None = None, memory_limit=None,
@@ -237,26 +310,10 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
     limit = _size(memory_limit, "memory_limit")
     if card is not None and limit is not None:
         raise ValueError("estimate(): give device_memory or memory_limit, not both")
-    source = source or os.environ.get("VRAMKIT_SOURCE") or "cuda"
-    if source == "auto":
-        source = "cuda"
-    if source not in _replay._SIM_OF_SOURCE:
-        raise ValueError(f"estimate(): source must be one of "
-                         f"{sorted(_replay._SIM_OF_SOURCE)}, not {source!r}")
+    source = _checked_source(source)
     libraries = _workspace_libraries(model_workspaces)
     target = _step.choose_target(device, emulate)
-    # The CPU stand-in (no GPU, or emulate=True) sizes convolutions from the table and
-    # other ops' scratch not at all, as a machine without a GPU must; fake CUDA tensors
-    # measure both on that GPU.
-    on_device = None if target.emulated else target.device
-    device_type = None if target.emulated else "cuda"
-    models_ = []
-    if "cudnn" in libraries:
-        from .workspaces import ConvWorkspaceModel
-        models_.append(ConvWorkspaceModel(on_device, device_type=device_type))
-    if "scratch" in libraries:
-        from . import scratch
-        models_.append(scratch.OpScratchModel(on_device, device_type=device_type))
+    models_ = _workspace_models(target, libraries)
     try:
         recording, _recorder = _step.record_step(
             step_fn, args, kwargs, target=target, steps=steps, build=build,
@@ -269,40 +326,17 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
         raise _step.UntraceableStep("estimate(): the step allocated nothing on the GPU: "
                                     "are its model and batch on a CUDA device?")
     events = list(recording.events())
-    if trace_path is None:
-        fd, trace_path = tempfile.mkstemp(prefix="estimate-", suffix=".trace.gz",
-                                          dir=_scratch_dir())
-        os.close(fd)
-    _replay.write_trace(events, trace_path, "recorded by vramkit.estimate under fake "
-                                            "tensors; times are op numbers")
+    trace_path = _written_trace(events, trace_path)
     usable = limit if card is None else max(card - CUDA_CONTEXT_BYTES, 0)
     ours = _replay.vramkit_replay(trace_path, source, None, min_capacity=True)
     native = _replay.torch_replay(events, False, None)
     expandable = _replay.torch_replay(events, True, None)
 
-    # Under a cap an allocator frees its cache and retries before it fails, so what fits
-    # is decided by replaying under the cap, not by comparing the uncapped peak with it.
-    fits_ours = fits_native = fits_expandable = None
-    if usable is not None:
-        capped = _replay.vramkit_replay(trace_path, source, usable)
-        fits_ours = capped.get("ooms", 1) == 0
-        fits_native = _replay.torch_replay(events, False, usable)["ooms"] == 0
-        fits_expandable = _replay.torch_replay(events, True, usable)["ooms"] == 0
-    breakdown = collections.Counter()
-    sites: dict[str, list[int]] = {}
-    for bid in recording.live_at_peak:
-        block = recording.blocks[bid]
-        breakdown[block.role] += block.size
-        entry = sites.setdefault(block.site, [0, 0])
-        entry[0] += block.size
-        entry[1] += 1
-    top = sorted(((s, b, c) for s, (b, c) in sites.items()), key=lambda x: -x[1])[:10]
-    notes = []
-    if target.emulated:
-        notes.append("no GPU here: the step ran on CPU kernels standing in for CUDA's; "
-                     "on a machine with a GPU the estimate uses CUDA's own")
-    for model in models_:
-        notes.extend(model.notes())
+    fits_ours, fits_native, fits_expandable = _fits(trace_path, events, source, usable)
+    breakdown, top = _live_at_peak(recording)
+    notes = ["no GPU here: the step ran on CPU kernels standing in for CUDA's; on a machine "
+             "with a GPU the estimate uses CUDA's own"] if target.emulated else []
+    notes.extend(note for model in models_ for note in model.notes())
     return Estimate(
         peak_allocated=recording.peak_allocated,
         peak_reserved=int(ours["peak_reserved_bytes"]),
