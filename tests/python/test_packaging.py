@@ -86,8 +86,8 @@ def test_backend_parts_are_installed_and_keyed():
     in _BACKEND_PARTS, whose contents key the cached build: a changed part rebuilds."""
     from vramkit.plug import _torch_build
 
-    source = (PACKAGE / _torch_build._BACKEND_SOURCE_NAME).read_text()
+    source = (PACKAGE / "plug" / _torch_build._BACKEND_SOURCE_NAME).read_text()
     included = set(re.findall(r'^#include "(torch_backend_[a-z_]+\.hpp)"', source, re.M))
     assert included == set(_torch_build._BACKEND_PARTS)
     for part in _torch_build._BACKEND_PARTS:
-        assert (PACKAGE / part).is_file(), part
+        assert (PACKAGE / "plug" / part).is_file(), part

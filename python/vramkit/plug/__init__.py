@@ -6,4 +6,7 @@ come from vramkit's pools from then on: ``vramkit.torch`` (PyTorch's allocator, 
 it compiles against the installed PyTorch), ``vramkit.cupy``, ``vramkit.numba``, and
 ``vramkit.integrations`` (memory logging callbacks for the Hugging Face and Lightning
 trainers). Each imports its framework only when imported itself, so this package is empty.
+PyTorch's native parts are here too: torch_hooks.c (built with the package), and
+torch_oom.cpp and torch_backend.cpp with its torch_backend_*.hpp, which the wheel carries
+as sources because they are compiled against the PyTorch installed beside vramkit.
 """

@@ -40,7 +40,12 @@ class BuildError(RuntimeError):
 
 def package_dir() -> str:
     """The vramkit package's folder, where the build installs the C hooks and the header."""
-    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return os.path.dirname(source_dir())
+
+
+def source_dir() -> str:
+    """plug/, where the C++ sources compiled here travel, beside this module."""
+    return os.path.dirname(os.path.abspath(__file__))
 
 
 def c_hooks_path() -> str:
@@ -112,7 +117,7 @@ def build(include_dir: str | None = None, lib_dir: str | None = None, abi: int |
         lib_dir = t_lib if lib_dir is None else lib_dir
         abi = t_abi if abi is None else abi
     compiler = _require_compiler(compiler)
-    source = os.path.join(package_dir(), _SOURCE_NAME)
+    source = os.path.join(source_dir(), _SOURCE_NAME)
     hooks_dir = os.path.dirname(c_hooks_path())
     command = lambda output: build_command(compiler, source, output, include_dir, lib_dir, abi,
                                            hooks_dir)
@@ -232,14 +237,14 @@ def build_backend(compiler: str | None = None, directory: str | None = None) -> 
     include_dir, lib_dir, abi = torch_paths()
     cuda_include, cudart = cuda_runtime()
     compiler = _require_compiler(compiler)
-    source = os.path.join(package_dir(), _BACKEND_SOURCE_NAME)
+    source = os.path.join(source_dir(), _BACKEND_SOURCE_NAME)
     package = package_dir()
     vk_include = vramkit_include_dir()
     header = os.path.join(vk_include, "vramkit.h")
     if not os.path.isfile(header):
         raise BuildError(f"vramkit: {header} is missing; reinstall vramkit")
     digest = hashlib.sha256()
-    for path in [header] + [os.path.join(package, part) for part in _BACKEND_PARTS]:
+    for path in [header] + [os.path.join(source_dir(), part) for part in _BACKEND_PARTS]:
         with open(path, "rb") as f:
             digest.update(f.read())
     header_digest = digest.hexdigest()
