@@ -32,7 +32,7 @@ settings); a summary goes to stdout. The isolated records fill the estimator's t
 
     python3 bench/cudnn_workspace_probe.py --out bench/results/cudnn_workspaces.json
     python -m vramkit.estimator.workspace_table import bench/results/cudnn_workspaces.json \\
-        --table python/vramkit/estimator/data/cudnn_workspaces.json
+        --table python/vramkit/plan/estimator/data/cudnn_workspaces.json
 
 Needs a CUDA GPU and PyTorch; torchvision for the models (else transformers' ResNet-50 and
 ViT-B/16, whose convolutions have the same shapes). It runs in about three minutes on an

@@ -135,7 +135,7 @@ def reset_peak(arm: str) -> None:
 
 def process_device_bytes(pid: int) -> int:
     """Device memory NVML counts for one process, over every GPU."""
-    from vramkit._nvml import nvml
+    from vramkit.observe._nvml import nvml
     return sum(p.used_bytes or 0 for gpu in nvml().devices() for p in gpu.processes
                if p.pid == pid)
 

@@ -14,7 +14,7 @@ python3 -m pip install -q --no-index --no-deps --no-build-isolation . >/tmp/pip.
   { tail -30 /tmp/pip.log; exit 1; }
 cd /tmp || exit 1
 python3 -c "import torch, vramkit; print('torch', torch.__version__, 'vramkit', vramkit.__version__)"
-python3 -c "from vramkit import _torch_build as b; print(b.cuda_runtime()); print(b.build_backend())"
+python3 -c "from vramkit.plug import _torch_build as b; print(b.cuda_runtime()); print(b.build_backend())"
 if [ $# -gt 0 ]; then
   timeout 520 python3 -m pytest -v -rs -p no:cacheprovider \
     "$ROOT/tests/gpu/test_torch_backend.py" -k "$1" 2>&1 | tail -60

@@ -31,7 +31,7 @@ python3 -c "import expecttest" 2>/dev/null ||
   { echo "expecttest is missing and .whl/ has no wheel of it" >&2; exit 1; }
 python3 -c "import psutil" 2>/dev/null || echo "warning: psutil is missing; test_cuda.py imports it"
 python3 -c "import torch, vramkit; print('torch', torch.__version__, 'vramkit', vramkit.__version__)"
-python3 -c "from vramkit import _torch_build as b; print(b.build_backend())" || exit 1
+python3 -c "from vramkit.plug import _torch_build as b; print(b.build_backend())" || exit 1
 
 run_one() {  # $1: native or vramkit
   # The site folder's sitecustomize installs vramkit in every interpreter of the run (the

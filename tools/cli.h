@@ -12,7 +12,7 @@
 #include "vramkit.h"
 
 /* Exit statuses, one per kind of failure so that scripts can tell them apart. The Python
- * subcommands (python/vramkit/cli.py, EXIT_*) use the same table, and 5 besides. */
+ * subcommands (python/vramkit/cli/__init__.py, EXIT_*) use the same table, and 5 besides. */
 enum {
   CLI_EXIT_OK = 0,
   CLI_EXIT_OOM = 1,       /* out of memory: under --capacity, or a size no device holds */

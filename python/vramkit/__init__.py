@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib as _importlib
 import os as _os
 import re as _re
+import sys as _sys
 import threading as _threading
 
 from . import _core
@@ -68,21 +69,89 @@ __all__ = [
 # lazily like the framework integrations so that `import vramkit` never pays for it.
 _INTEGRATIONS = ("torch", "cupy", "numba", "dask", "prometheus", "distributed")
 
+# The modules live in subpackages by what users do with them (plug/, observe/, plan/), but
+# users and the docs name them at the top: `import vramkit.torch`, `vramkit.history`,
+# `from vramkit.estimator import estimate`, `python -m vramkit.torch build`. This table is
+# the one place that keeps those names: the finder below makes `vramkit.NAME` (and each of
+# its submodules) the very module object of its home `vramkit.HOME`, imported only when
+# first named, so that `import vramkit` still imports no framework. The module's __name__
+# and __spec__ stay those of its home.
+_PUBLIC_NAMES = {
+    "torch": "plug.torch", "cupy": "plug.cupy", "numba": "plug.numba", "dask": "plug.dask",
+    "integrations": "plug.integrations",
+    "history": "observe.history", "leaks": "observe.leaks", "logger": "observe.logger",
+    "records": "observe.records", "top": "observe.top", "export": "observe.export",
+    "prometheus": "observe.prometheus", "distributed": "observe.distributed",
+    "estimator": "plan.estimator", "doctor": "plan.doctor",
+}
+
+
+def _home_of(fullname: str) -> str | None:
+    """The home of `vramkit.NAME[.SUB]` when NAME is a public name, else None."""
+    prefix, _, rest = fullname.partition(".")
+    name, dot, sub = rest.partition(".")
+    if prefix != __name__ or name not in _PUBLIC_NAMES:
+        return None
+    return f"{__name__}.{_PUBLIC_NAMES[name]}{dot}{sub}"
+
+
+class _PublicNameFinder:
+    """Finder and loader of the public names: the loader hands back the home module itself
+    (creating it is importing the home), and `python -m vramkit.NAME` runs the home."""
+
+    @staticmethod
+    def find_spec(fullname, path=None, target=None):
+        home = _home_of(fullname)
+        if home is None:
+            return None
+        from importlib.machinery import ModuleSpec
+
+        return ModuleSpec(fullname, _PublicNameFinder, loader_state=home)
+
+    @staticmethod
+    def create_module(spec):
+        module = _importlib.import_module(spec.loader_state)
+        spec.loader_state = (spec.loader_state, module.__spec__)
+        return module
+
+    @staticmethod
+    def exec_module(module):
+        # The import machinery set __spec__ to the public name's spec: give back the home's.
+        home, home_spec = module.__spec__.loader_state
+        module.__spec__ = home_spec
+
+    @staticmethod
+    def get_code(fullname):
+        # For runpy (`python -m vramkit.NAME`): run the home as __main__, with its own package
+        # for its relative imports.
+        return compile(f"import runpy\nrunpy.run_module({_home_of(fullname)!r}, "
+                       f"run_name='__main__', alter_sys=True)\n", f"<{fullname}>", "exec")
+
+    @staticmethod
+    def is_package(fullname):
+        return False
+
+
+if not any(finder is _PublicNameFinder for finder in _sys.meta_path):
+    _sys.meta_path.insert(0, _PublicNameFinder)
+
 # Memory history and leaks live in submodules loaded on first use, so that `import vramkit`
 # stays as light as it was for programs that never record.
 _LAZY = {
-    "annotate": "history", "dump_snapshot": "history", "memory_history": "history",
-    "record_memory_history": "history", "save_trace": "history", "snapshot": "history",
-    "LeakDetector": "leaks", "LeakReport": "leaks", "MemoryLeakWarning": "leaks",
-    "history_mark": "leaks", "leak_check": "leaks", "leaks": "leaks",
-    "MemoryLogger": "logger", "tqdm_postfix": "logger",
-    "diagnose": "doctor",
-    "replay": "_replaying",
+    "annotate": "observe.history", "dump_snapshot": "observe.history",
+    "memory_history": "observe.history", "record_memory_history": "observe.history",
+    "save_trace": "observe.history", "snapshot": "observe.history",
+    "LeakDetector": "observe.leaks", "LeakReport": "observe.leaks",
+    "MemoryLeakWarning": "observe.leaks", "history_mark": "observe.leaks",
+    "leak_check": "observe.leaks", "leaks": "observe.leaks",
+    "MemoryLogger": "observe.logger", "tqdm_postfix": "observe.logger",
+    "diagnose": "plan.doctor",
+    "replay": "plan._replaying",
     # Pools as objects: private ones, and each device's default pool.
     "Pool": "pool", "default_pool": "pool",
-    "Estimate": "estimator", "estimate": "estimator", "find_max_batch": "estimator",
-    "advise": "estimator", "plan_checkpointing": "estimator",
-    "doctor_estimates": "estimator",
+    "Estimate": "plan.estimator", "estimate": "plan.estimator", "find_max_batch": "plan.estimator",
+    "advise": "plan.estimator", "plan_checkpointing": "plan.estimator",
+    "doctor_estimates": "plan.estimator",
 }
 
 
@@ -556,5 +625,5 @@ def _torch_hooks_if_loaded():
     """The ctypes handle of libvramkit_torch if vramkit.torch loaded it, else None."""
     import sys
 
-    mod = sys.modules.get(f"{__name__}.torch")
+    mod = sys.modules.get(f"{__name__}.plug.torch")
     return getattr(mod, "_hooks", None) if mod is not None else None

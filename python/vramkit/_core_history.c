@@ -1,12 +1,12 @@
 /* _core_history.c - the engine's memory history, snapshots and the Python stacks attached
- * to allocations, handed to vramkit/history.py. */
+ * to allocations, handed to vramkit/observe/history.py. */
 #include "_core.h"
 
 /* ---------------------------------------------------------------------------------------
  * Memory history, snapshots and Python stacks.
  *
  * The engine records events and snapshots in C structs; these calls hand them over as one
- * bytes object each (a memcpy here), unpacked by vramkit/history.py with struct: a list of
+ * bytes object each (a memcpy here), unpacked by vramkit/observe/history.py with struct: a list of
  * tuples built here would cost the same object allocations, only in more C. EVENT_SIZE,
  * SEGMENT_SIZE and BLOCK_SIZE let the package check its struct formats against the C
  * layout at import.

@@ -140,7 +140,7 @@ class Pool(_core.Pool):
     def record_memory_history(self, enabled: str | None = "all", stacks: str | None = "python",
                               max_entries: int | None = None) -> None:
         """vramkit.record_memory_history() for this pool alone."""
-        from . import history
+        from .observe import history
 
         if self.is_default:
             kwargs = {} if max_entries is None else {"max_entries": max_entries}
@@ -163,7 +163,7 @@ class Pool(_core.Pool):
 
     def annotate(self, name: str) -> None:
         """vramkit.annotate() in this pool's history."""
-        from . import history
+        from .observe import history
 
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, not {type(name).__name__}")
@@ -177,7 +177,7 @@ class Pool(_core.Pool):
 
     def snapshot(self) -> dict:
         """The dict of vramkit.snapshot() (torch.cuda.memory._snapshot()) for this pool."""
-        from . import history
+        from .observe import history
 
         if self.is_default:
             return history.snapshot(self.device)
@@ -198,7 +198,7 @@ class Pool(_core.Pool):
 
     def memory_history(self) -> list[dict]:
         """The recorded events as trace entries, as vramkit.memory_history()."""
-        from . import history
+        from .observe import history
 
         if self.is_default:
             return history.memory_history(self.device)

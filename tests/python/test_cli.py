@@ -150,6 +150,33 @@ def test_one_exit_status_table_for_c_and_python(script):
         assert "vramkit --help" in text or name in ("version", "top", "export"), name
 
 
+def test_every_python_subcommand_parses_in_one_style(script):
+    """One parser style: an unknown option, an option without its value or a bad value is
+    one line on stderr naming the command and its help, exit 3, nothing on stdout; --help
+    is the command's help on stdout, exit 0."""
+    for name in vramkit.cli.COMMANDS:
+        for args, says in ((["--frobnicate"], "unknown option '--frobnicate'"),
+                           (["--frob=1"], "unknown option '--frob=1'")):
+            done = run(script, name, *args)
+            assert done.returncode == vramkit.cli.EXIT_USAGE, (name, args, done.stderr)
+            assert done.stdout == "" and done.stderr.count("\n") == 1, (name, done.stderr)
+            assert done.stderr.startswith(f"vramkit {name}: {says}"), (name, done.stderr)
+            assert done.stderr.endswith(f"(see vramkit {name} --help)\n"), done.stderr
+        helped = run(script, name, "--help")
+        assert helped.returncode == 0 and helped.stderr == "", (name, helped.stderr)
+        assert helped.stdout.startswith(f"usage: vramkit {name}"), (name, helped.stdout)
+    for name, args, says in (("top", ["--interval"], "--interval needs a value"),
+                             ("plot", ["t.trace", "-o"], "--output needs a value"),
+                             ("plot", ["--device", "x"], "--device: expected a device number, "
+                                                         "got 'x'"),
+                             ("doctor", ["--capacity", "0"], "--capacity: expected a size"),
+                             ("estimate", ["--batch", "x"], "--batch: invalid int value"),
+                             ("version", ["extra"], "unexpected argument 'extra'")):
+        done = run(script, name, *args)
+        assert done.returncode == 3 and done.stderr.count("\n") == 1, (name, done.stderr)
+        assert done.stderr.startswith(f"vramkit {name}: {says}"), (name, done.stderr)
+
+
 def test_a_closed_stdout_ends_quietly(script, tmp_path):
     """`vramkit ... | head -1` where head has gone: no traceback, the SIGPIPE status."""
     snap = tmp_path / "s.pickle"
@@ -158,8 +185,8 @@ def test_a_closed_stdout_ends_quietly(script, tmp_path):
     os.close(read)
     env = {k: v for k, v in os.environ.items() if not k.startswith("VRAMKIT_")}
     try:
-        # (estimate's help is argparse's, which ignores a failed write itself.)
-        for args in (["top", "--once"], ["version"], ["doctor", snap], ["plot", "--help"]):
+        for args in (["top", "--once"], ["version"], ["doctor", snap],
+                     *([name, "--help"] for name in vramkit.cli.COMMANDS)):
             done = subprocess.run([str(script), *map(str, args)], stdout=write,
                                   stderr=subprocess.PIPE, text=True, env=env, timeout=120)
             assert (done.returncode, done.stderr) == (141, ""), args

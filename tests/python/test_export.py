@@ -155,7 +155,7 @@ def test_once_serves_the_records_and_nvml_with_dcgm_labels(tmp_path, fake_nvml, 
     sim = one(text, "vramkit_reserved_bytes", gpu=1, pid=sleeper, source="sim", UUID="")
     assert sim == SIM_DEVICE["reserved_bytes"]
     # NVML's view, equal to what the NVML wrapper reads from the same fake.
-    from vramkit._nvml import Nvml
+    from vramkit.observe._nvml import Nvml
 
     os.environ["FAKE_NVML_PROCESSES"] = env["FAKE_NVML_PROCESSES"]
     try:
@@ -504,7 +504,7 @@ def test_port_in_use_is_exit_4_with_a_message(tmp_path):
     (["--port", "http"], "--port: expected a port number"),
     (["--port"], "--port needs a value"),
     (["--port", "70000"], "--port: expected a port number"),
-    (["--verbose"], "unexpected argument '--verbose'"),
+    (["--verbose"], "unknown option '--verbose'"),
     (["--timeout", "0"], "--timeout: expected seconds above 0"),
     (["--timeout=soon"], "--timeout: expected seconds above 0"),
     (["--max-connections", "0"], "--max-connections: expected a whole number"),

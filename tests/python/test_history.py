@@ -1,4 +1,4 @@
-"""Memory history and snapshots (vramkit/history.py) against PyTorch's snapshot format, on
+"""Memory history and snapshots (vramkit/observe/history.py) against PyTorch's snapshot format, on
 the sim source: keys and types field by field, blocks tiling segments, frames naming this
 file's lines, every action where it belongs, overflow, the pickle, and the trace that
 `vramkit replay` reproduces. Where torch is installed, torch's own _memory_viz reads the

@@ -1,4 +1,4 @@
-"""Leak finding (vramkit/leaks.py) on the sim source: leaks(since=mark) and leak_check name
+"""Leak finding (vramkit/observe/leaks.py) on the sim source: leaks(since=mark) and leak_check name
 the lines that allocated what is still live; LeakDetector stays quiet through 1,000
 steady steps and names the line of a planted leak.
 

@@ -1,4 +1,4 @@
-"""Tests of vramkit._nvml, the NVML wrapper, against a fake NVML built from fake_nvml.c.
+"""Tests of vramkit.observe._nvml, the NVML wrapper, against a fake NVML built from fake_nvml.c.
 
 The fake is a real shared library with NVML's signatures and struct layouts, opened through
 VRAMKIT_NVML_LIBRARY, so a wrong ctypes field, version word or fallback shows as wrong
@@ -55,7 +55,7 @@ def run_with_nvml(library, code: str, env: dict | None = None) -> subprocess.Com
 
 DEVICES_AS_JSON = """
     import dataclasses, json
-    from vramkit._nvml import nvml
+    from vramkit.observe._nvml import nvml
     print(json.dumps([dataclasses.asdict(gpu) for gpu in nvml().devices()]))
 """
 
@@ -109,7 +109,7 @@ def test_many_processes_grow_the_buffer(fake_dir):
 
 def test_missing_library_is_a_clear_error():
     done = run_with_nvml(None, """
-        from vramkit._nvml import nvml, NvmlError, visible_uuids
+        from vramkit.observe._nvml import nvml, NvmlError, visible_uuids
         for _ in range(2):  # the cached failure is raised again, as clearly
             try:
                 nvml()
@@ -127,7 +127,7 @@ def test_missing_library_is_a_clear_error():
 
 def test_failed_init_says_nvml_s_reason(fake_dir):
     done = run_with_nvml(build_fake_nvml(fake_dir), """
-        from vramkit._nvml import nvml, NvmlError
+        from vramkit.observe._nvml import nvml, NvmlError
         try:
             nvml()
         except NvmlError as error:
@@ -144,7 +144,7 @@ def test_a_library_that_is_not_nvml(tmp_path):
     if not libc:
         pytest.skip("no libc to stand for a library that is not NVML")
     done = run_with_nvml(libc, """
-        from vramkit._nvml import nvml, NvmlError
+        from vramkit.observe._nvml import nvml, NvmlError
         try:
             nvml()
         except NvmlError as error:
@@ -173,7 +173,7 @@ def test_a_library_that_is_not_nvml(tmp_path):
 def test_visible_uuids(fake_dir, environ, expected):
     done = run_with_nvml(build_fake_nvml(fake_dir), f"""
         import json, os
-        from vramkit._nvml import visible_uuids
+        from vramkit.observe._nvml import visible_uuids
         print(json.dumps([visible_uuids({environ!r}), visible_uuids()]))
     """, {"CUDA_VISIBLE_DEVICES": "1"})
     assert done.returncode == 0, done.stderr

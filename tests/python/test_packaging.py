@@ -84,10 +84,10 @@ def test_stub_passes_stubtest():
 def test_backend_parts_are_installed_and_keyed():
     """Every file torch_backend.cpp includes from the package is installed beside it and is
     in _BACKEND_PARTS, whose contents key the cached build: a changed part rebuilds."""
-    from vramkit import _torch_build
+    from vramkit.plug import _torch_build
 
-    source = (PACKAGE / _torch_build._BACKEND_SOURCE_NAME).read_text()
+    source = (PACKAGE / "plug" / _torch_build._BACKEND_SOURCE_NAME).read_text()
     included = set(re.findall(r'^#include "(torch_backend_[a-z_]+\.hpp)"', source, re.M))
     assert included == set(_torch_build._BACKEND_PARTS)
     for part in _torch_build._BACKEND_PARTS:
-        assert (PACKAGE / part).is_file(), part
+        assert (PACKAGE / "plug" / part).is_file(), part

@@ -419,7 +419,7 @@ def test_a_record_truncated_under_the_reader_never_kills_it(tmp_path):
 
 
 def test_names_are_printed_escaped():
-    from vramkit._command_io import shown
+    from vramkit.cli._exit import shown
 
     assert shown("x\x1b[2J\x1b[41mX\x1b[8m\nforged") == "x\\x1b[2J\\x1b[41mX\\x1b[8m\\nforged"
     assert shown("trainer \u00e9\u4e2d") == "trainer \u00e9\u4e2d"

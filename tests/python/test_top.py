@@ -200,7 +200,7 @@ def test_nvml_failing_init_is_a_note(publish, tmp_path):
 
 
 def test_bad_arguments(publish):
-    for args, message in [(["--bogus"], "unknown argument '--bogus'"),
+    for args, message in [(["--bogus"], "unknown option '--bogus'"),
                           (["--interval"], "--interval needs a value"),
                           (["--interval", "0"], "--interval: expected seconds"),
                           (["--once", "--json", "--once"], None)]:

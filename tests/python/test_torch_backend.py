@@ -1,6 +1,6 @@
-"""The complete PyTorch backend (python/vramkit/torch_backend.cpp) without a GPU.
+"""The complete PyTorch backend (python/vramkit/plug/torch_backend.cpp) without a GPU.
 
-Built by vramkit._torch_build against the torch installed in the test environment, as
+Built by vramkit.plug._torch_build against the torch installed in the test environment, as
 vramkit.torch.install() builds it, then: its own logic driven on sim by a C++ program
 compiled together with it (torch_backend_driver.cpp), and its installation into a real
 torch, after which PyTorch's own statistics call reaches vramkit. Everything a CUDA device
@@ -16,7 +16,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from vramkit import _torch_build  # noqa: E402
+from vramkit.plug import _torch_build  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -42,7 +42,7 @@ def test_backend_logic_on_sim(toolchain, tmp_path):
         abi, cuda_include, cudart, _torch_build.package_dir(),
         _torch_build.vramkit_include_dir())
     command = [c for c in command if c != "-shared"]          # a program, not a library
-    command[1:1] = ["-I", _torch_build.package_dir(), "-Wall", "-Wextra", "-Werror"]
+    command[1:1] = ["-I", _torch_build.source_dir(), "-Wall", "-Wextra", "-Werror"]
     built = subprocess.run(command, capture_output=True, text=True)
     assert built.returncode == 0, built.stderr[-4000:]
     env = {k: v for k, v in os.environ.items() if not k.startswith("VRAMKIT_")}

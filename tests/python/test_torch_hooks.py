@@ -1,7 +1,7 @@
 """The PyTorch allocator hooks without PyTorch, on sim.
 
 The C side (libvramkit_torch.so) is called through ctypes as the C++ side calls it; the C++
-side (torch_oom.cpp) is built by vramkit._torch_build, as install() builds it, but against a
+side (torch_oom.cpp) is built by vramkit.plug._torch_build, as install() builds it, but against a
 stand-in for c10's exception header (fake_c10/), and called by a small C++ program the way
 CUDAPluggableAllocator calls it. The same source, built against the real PyTorch, is tested
 through PyTorch itself on the GPU (tests/gpu).
@@ -23,7 +23,7 @@ MiB, GiB = 1 << 20, 1 << 30
 def test_c_hooks_share_the_default_pools(run):
     run(r"""
         import ctypes, re, vramkit
-        from vramkit import _torch_build
+        from vramkit.plug import _torch_build
         MiB = 1 << 20
         lib = ctypes.CDLL(_torch_build.c_hooks_path())
         lib.vramkit_torch_alloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p,
@@ -88,7 +88,7 @@ def test_c_hooks_share_the_default_pools(run):
 @pytest.fixture
 def fake_torch(tmp_path):
     """An include dir with the stand-in c10 header and a lib dir with an empty libc10.so, in
-    the layout vramkit._torch_build expects of an installed torch."""
+    the layout vramkit.plug._torch_build expects of an installed torch."""
     compiler = shutil.which("c++") or shutil.which("g++")
     if compiler is None:
         pytest.skip("no C++ compiler")
@@ -102,7 +102,7 @@ def fake_torch(tmp_path):
 
 
 def test_cpp_hooks_throw_and_are_cached(fake_torch, tmp_path):
-    from vramkit import _torch_build
+    from vramkit.plug import _torch_build
 
     compiler, include_dir, lib_dir = fake_torch
     cache = tmp_path / "cache"
@@ -144,7 +144,7 @@ def test_cpp_hooks_throw_and_are_cached(fake_torch, tmp_path):
 
 
 def test_no_compiler_is_a_clear_error(fake_torch, tmp_path, monkeypatch):
-    from vramkit import _torch_build
+    from vramkit.plug import _torch_build
 
     _, include_dir, lib_dir = fake_torch
     monkeypatch.setenv("CXX", "no-such-compiler-anywhere")
@@ -156,7 +156,7 @@ def test_no_compiler_is_a_clear_error(fake_torch, tmp_path, monkeypatch):
 
 
 def test_failed_compile_names_the_command(fake_torch, tmp_path):
-    from vramkit import _torch_build
+    from vramkit.plug import _torch_build
 
     compiler, _, lib_dir = fake_torch
     empty_include = tmp_path / "no_headers"
@@ -169,7 +169,7 @@ def test_failed_compile_names_the_command(fake_torch, tmp_path):
 
 
 def test_prebuilt_library_from_the_environment(tmp_path, monkeypatch):
-    from vramkit import _torch_build
+    from vramkit.plug import _torch_build
 
     monkeypatch.setenv("VRAMKIT_TORCH_HOOKS", str(tmp_path / "missing.so"))
     with pytest.raises(_torch_build.BuildError, match="no such file"):

@@ -73,7 +73,7 @@ def test_small_and_large_pool_rows_split_as_pytorch_does():
 
 
 def test_allocator_settings_map_warn_or_refuse():
-    from vramkit import torch_settings
+    from vramkit.plug import torch_settings
 
     with pytest.warns(RuntimeWarning) as caught:
         options = torch_settings.map_settings(
@@ -97,7 +97,7 @@ def test_allocator_settings_map_warn_or_refuse():
 
 
 def test_settings_set_later_say_what_they_do():
-    from vramkit import torch_settings
+    from vramkit.plug import torch_settings
 
     seen = []
     hook = torch_settings.settings_hook(seen.append)

@@ -78,7 +78,7 @@ def _train(net, opt, x):
 
 def _signatures(build, step=_train):
     """The convolution signatures one recording of the step meets, by key."""
-    model = ws.ConvWorkspaceModel(table_path=str(ROOT / "python/vramkit/estimator/data/"
+    model = ws.ConvWorkspaceModel(table_path=str(ROOT / "python/vramkit/plan/estimator/data/"
                                                  "cudnn_workspaces.json"))
     _step.record_step(step, (), {}, target=_step.choose_target(), build=build, steps=1,
                       after_outputs_hook=model.hook)
@@ -330,7 +330,7 @@ def test_a_corrupt_table_is_a_clear_error(table_file, text, problem):
 def test_the_shipped_table_is_valid():
     table = ws.Table.load(ws.TABLE_PATH)
     assert table.path == ws.TABLE_PATH
-    installed = pathlib.Path(vramkit.__file__).parent / "estimator" / "data" / \
+    installed = pathlib.Path(vramkit.__file__).parent / "plan" / "estimator" / "data" / \
         "cudnn_workspaces.json"
     assert installed.is_file()
 

@@ -1,5 +1,5 @@
 // torch_backend_driver.cpp - the complete PyTorch backend's own logic, on sim, with no GPU:
-// compiled together with python/vramkit/torch_backend.cpp (included below, so that the
+// compiled together with python/vramkit/plug/torch_backend.cpp (included below, so that the
 // class itself is called, not a copy) against the real torch headers, by
 // tests/python/test_torch_backend.py, and run with VRAMKIT_SOURCE=sim.
 //

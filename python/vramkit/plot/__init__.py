@@ -8,8 +8,8 @@ is told from the content. The HTML page is one self-contained file: the timeline
 (each allocation a band, reserved above, out-of-memory points), the segments view and what
 could not be drawn. Reserved memory of a trace comes from replaying it on a fresh sim pool
 in this process (see _replay). The modules: _read (files), _history (the common model),
-_replay, _layout (geometry and merging), _html and _png (the two outputs), _command (the
-subcommand's arguments).
+_replay, _layout (geometry and merging), _html and _png (the two outputs). The subcommand's
+arguments are vramkit.cli.plot's.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def plot(path: str, output: str, device: int | None = None, replay: bool = True,
 
     if not output.lower().endswith((".html", ".htm", ".png")):
         raise ValueError(f"{output}: the output must end in .html or .png")
-    from .._command_io import shown
+    from .._shown import shown
 
     history = load(path, device, max_ops)
     history.path = shown(history.path)  # the page and the PNG are UTF-8: no raw bytes

@@ -238,17 +238,49 @@ def _hex(address):
     return "?" if address is None else f"0x{address:x}"
 
 
-def _trace_entries(h, entries, seg_reserved, seg_active, sites):
-    live = {}
-    pre = []               # blocks freed in the history but allocated before it
-    regular = []
-    events = []
-    reserved_steps = []
-    reserved = 0
-    unknown: dict[str, int] = {}
-    malformed = []
-    unmatched_no_size = 0
-    realloc = 0
+class _TraceWalk:
+    """What walking a snapshot's trace entries in order finds: the blocks (those freed but
+    allocated before the history apart), the alloc and free events, the reserved bytes at
+    each segment event, and the counts of what could not be drawn."""
+
+    def __init__(self):
+        self.live = {}
+        self.pre = []          # blocks freed in the history but allocated before it
+        self.regular = []
+        self.events = []
+        self.reserved_steps = []
+        self.reserved = 0
+        self.unknown: dict[str, int] = {}
+        self.malformed = []
+        self.unmatched_no_size = 0
+        self.realloc = 0
+
+    def alloc(self, t, e, addr, size, sites):
+        if addr in self.live:
+            self.realloc += 1
+            old = self.live[addr]
+            old.end = t
+            self.events.append((t, old, False))
+        block = Block(size, t, e.get("stream", 0), sites(e.get("frames")), addr,
+                      e.get("requested_size"))
+        self.live[addr] = block
+        self.regular.append(block)
+        self.events.append((t, block, True))
+
+    def free(self, t, e, addr, size):
+        block = self.live.pop(addr, None)
+        if block is None:
+            if size == 0:
+                self.unmatched_no_size += 1
+                return
+            block = Block(size, 0.0, e.get("stream", 0), PRE_HISTORY_SITE, addr)
+            self.pre.append(block)
+        block.end = t
+        self.events.append((t, block, False))
+
+
+def _time_axis(h, entries) -> tuple[bool, float]:
+    """(whether every entry has time_us, the time the axis starts at)."""
     have_time = all(isinstance(e, dict) and isinstance(e.get("time_us"), (int, float))
                     and not isinstance(e.get("time_us"), bool) for e in entries)
     # From the earliest, not the first: an entry out of order must not fall before the axis.
@@ -257,13 +289,19 @@ def _trace_entries(h, entries, seg_reserved, seg_active, sites):
         h.time_unit = "entries"
         h.notes.append("the history has no time_us on every entry (PyTorch before 2.2): "
                        "the time axis counts entries")
+    return have_time, t0
+
+
+def _walk_trace(h, entries, sites) -> _TraceWalk:
+    walk = _TraceWalk()
+    have_time, t0 = _time_axis(h, entries)
     for number, e in enumerate(entries):
         if not isinstance(e, dict) or not isinstance(e.get("action"), str):
-            malformed.append(number)
+            walk.malformed.append(number)
             continue
         action = e["action"]
         if action not in _KNOWN_ACTIONS:
-            unknown[action] = unknown.get(action, 0) + 1
+            walk.unknown[action] = walk.unknown.get(action, 0) + 1
             continue
         t = (e["time_us"] - t0) if have_time else number
         h.last_time = max(h.last_time, t)
@@ -278,67 +316,59 @@ def _trace_entries(h, entries, seg_reserved, seg_active, sites):
             continue
         addr = e.get("addr")
         if not _is_int(addr) or not _is_int(size) or size < 0:
-            malformed.append(number)
+            walk.malformed.append(number)
             continue
         if action.startswith("segment_"):
-            reserved += size if action in ("segment_alloc", "segment_map") else -size
-            reserved_steps.append((t, reserved))
+            walk.reserved += size if action in ("segment_alloc", "segment_map") else -size
+            walk.reserved_steps.append((t, walk.reserved))
         elif action == "alloc":
-            if addr in live:
-                realloc += 1
-                old = live[addr]
-                old.end = t
-                events.append((t, old, False))
-            block = Block(size, t, e.get("stream", 0), sites(e.get("frames")), addr,
-                          e.get("requested_size"))
-            live[addr] = block
-            regular.append(block)
-            events.append((t, block, True))
+            walk.alloc(t, e, addr, size, sites)
         elif action == "free_requested":
-            if addr not in live:
-                # Its free_completed follows; the block is counted there.
-                continue
+            # Its free_completed follows; a block not live is counted there.
+            continue
         else:  # free_completed, or the legacy "free"
-            block = live.pop(addr, None)
-            if block is None:
-                if size == 0:
-                    unmatched_no_size += 1
-                    continue
-                block = Block(size, 0.0, e.get("stream", 0), PRE_HISTORY_SITE, addr)
-                pre.append(block)
-            block.end = t
-            events.append((t, block, False))
+            walk.free(t, e, addr, size)
+    return walk
+
+
+def _skipped_notes(h, walk: _TraceWalk) -> None:
+    if walk.pre:
+        h.notes.append(f"{len(walk.pre)} blocks ({sum(b.size for b in walk.pre)} bytes) were "
+                       f"allocated before the history began: drawn from its start, call site "
+                       f"unknown")
+    if walk.unknown:
+        listed = ", ".join(f"'{a[:30]}' ({n})" for a, n in sorted(walk.unknown.items()))
+        h.notes.append(f"skipped entries with an unknown action: {listed}")
+    if walk.malformed:
+        h.notes.append(f"skipped {len(walk.malformed)} malformed trace entries (the first: "
+                       f"entry {walk.malformed[0]})")
+    if walk.unmatched_no_size:
+        h.notes.append(f"skipped {walk.unmatched_no_size} frees of blocks never allocated in "
+                       f"the history and of unknown size")
+    if walk.realloc:
+        h.notes.append(f"{walk.realloc} allocations reused an address never freed in the "
+                       f"history: the earlier block is ended there")
+
+
+def _trace_entries(h, entries, seg_reserved, seg_active, sites):
+    walk = _walk_trace(h, entries, sites)
     # Bytes still allocated at snapshot time that no alloc entry accounts for: blocks that
     # predate the history and outlive it, drawn as one band from the start.
-    live_end = sum(b.size for b in live.values())
+    live_end = sum(b.size for b in walk.live.values())
     baseline = seg_active - live_end
     if h.segments and baseline > 0:
         block = Block(baseline, 0.0, 0, PRE_HISTORY_SITE + ", still allocated at the end")
-        pre.insert(0, block)
-    h.blocks = pre + regular
-    h.events = [(0.0, b, True) for b in pre] + events
-    if pre:
-        h.notes.append(f"{len(pre)} blocks ({sum(b.size for b in pre)} bytes) were allocated "
-                       f"before the history began: drawn from its start, call site unknown")
-    if unknown:
-        listed = ", ".join(f"'{a[:30]}' ({n})" for a, n in sorted(unknown.items()))
-        h.notes.append(f"skipped entries with an unknown action: {listed}")
-    if malformed:
-        h.notes.append(f"skipped {len(malformed)} malformed trace entries (the first: entry "
-                       f"{malformed[0]})")
-    if unmatched_no_size:
-        h.notes.append(f"skipped {unmatched_no_size} frees of blocks never allocated in the "
-                       f"history and of unknown size")
-    if realloc:
-        h.notes.append(f"{realloc} allocations reused an address never freed in the history: "
-                       f"the earlier block is ended there")
-    if reserved_steps or h.segments:
-        start = seg_reserved - reserved if h.segments else 0
+        walk.pre.insert(0, block)
+    h.blocks = walk.pre + walk.regular
+    h.events = [(0.0, b, True) for b in walk.pre] + walk.events
+    _skipped_notes(h, walk)
+    if walk.reserved_steps or h.segments:
+        start = seg_reserved - walk.reserved if h.segments else 0
         if start < 0:
             h.notes.append(f"the segment events free {-start} bytes more than the snapshot's "
                            f"segments and the history account for: reserved is drawn from 0")
             start = 0
-        h.reserved = [(0.0, start)] + [(t, start + r) for t, r in reserved_steps]
+        h.reserved = [(0.0, start)] + [(t, start + r) for t, r in walk.reserved_steps]
     else:
         h.reserved_note = "no segment events and no segments: reserved memory is unknown"
     h.finish()

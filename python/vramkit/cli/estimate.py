@@ -1,0 +1,251 @@
+"""`vramkit estimate`'s command line: a model's training step, estimated from its
+configuration alone, by vramkit.plan.estimator.
+
+    vramkit estimate --model gpt2 --batch 8 --seq 1024 --precision bf16-amp \\
+                     --optimizer adamw [--checkpointing] [--device-memory 24G] [--json]
+
+The model is built from its Hugging Face configuration (plan/estimator/models.py: no
+weights are downloaded) under fake tensors; the estimate (vramkit.estimate) says the peak
+allocated, the peak reserved under vramkit and under PyTorch's allocator, whether it fits
+the card, the breakdown at the peak and the call sites. --max-batch asks for the largest batch that
+fits the card instead, --what-if for the table of changes (vramkit.advise), and
+--plan-checkpointing for the fewest blocks to checkpoint (vramkit.plan_checkpointing).
+Exit statuses are the table of vramkit --help (EXIT_STATUS below).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+
+from ._exit import (EXIT_DOES_NOT_FIT, EXIT_FAILURE, EXIT_MISSING_DEPENDENCY, EXIT_OK,
+                    input_error, usage_error)
+from ._parser import CommandParser
+
+EXIT_STATUS = ("exit status (the table of vramkit --help): 0 estimated (and it fits), 1 the "
+               "step does not fit the card (or not even batch 1 does), 2 a config.json that "
+               "cannot be read or built, 3 bad arguments or an unknown model, 4 the step could "
+               "not be estimated, 5 PyTorch or transformers missing")
+
+
+def parser() -> CommandParser:
+    from ..plan.estimator import models
+    p = CommandParser("estimate", description=(
+        "Estimate the GPU memory of one model's training step from its configuration "
+        "alone (no weights downloaded, no GPU needed): peak allocated, peak reserved "
+        "under vramkit and under PyTorch's allocator, and whether it fits the card."),
+        epilog=EXIT_STATUS)
+    # --model is checked after parsing, so that an unknown option is named first.
+    p.add_argument("--model",
+                   help="a family (gpt2, llama, bert, vit, resnet...), a named size "
+                        "(gpt2-medium, llama-1b, vit-b16, resnet50), a config.json path, "
+                        "or a model id in the local Hugging Face cache")
+    p.add_argument("--batch", type=int, default=8, help="batch size (default 8)")
+    p.add_argument("--seq", type=int, default=1024,
+                   help="tokens per sample for language models (default 1024)")
+    p.add_argument("--precision", choices=models.PRECISIONS, default="fp32")
+    p.add_argument("--optimizer", choices=models.OPTIMIZERS, default="adamw")
+    p.add_argument("--checkpointing", action="store_true",
+                   help="activation checkpointing of every block")
+    p.add_argument("--device-memory", default=None, metavar="SIZE",
+                   help="the card to check the fit on, e.g. 24G or 80G (the allocator "
+                        "gets it less the CUDA context)")
+    p.add_argument("--cap", default=None, metavar="SIZE",
+                   help="an allocator cap to check the fit under instead (VRAMKIT_LIMIT, "
+                        "set_per_process_memory_fraction), which the CUDA context is not "
+                        "counted against")
+    p.add_argument("--source", default=None, choices=("cuda", "vmm"),
+                   help="the vramkit source to model (default cuda)")
+    p.add_argument("--max-batch", action="store_true",
+                   help="find the largest batch that fits --device-memory instead")
+    p.add_argument("--what-if", action="store_true",
+                   help="the same step under autocast, bf16 weights, 8-bit optimizer "
+                        "states, checkpointing and smaller batches: a table")
+    p.add_argument("--plan-checkpointing", action="store_true",
+                   help="the fewest blocks to checkpoint for the step to fit "
+                        "--device-memory")
+    p.add_argument("--trace", default=None, metavar="PATH",
+                   help="keep the recorded step there (a vramkit trace, for vramkit "
+                        "replay and vramkit plot); without it the trace is not kept")
+    p.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    return p
+
+
+class _Progress:
+    """A spinner on stderr once the estimate has taken more than a second (a terminal
+    only), so a long estimate does not look hung."""
+
+    def __init__(self, what: str):
+        self.what = what
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        if self.done.wait(1.0) or not sys.stderr.isatty():
+            return
+        start = time.monotonic()
+        frames = "|/-\\"
+        i = 0
+        while not self.done.wait(0.2):
+            sys.stderr.write(f"\r{frames[i % 4]} {self.what} "
+                             f"{time.monotonic() - start + 1.0:.0f} s")
+            sys.stderr.flush()
+            i += 1
+        sys.stderr.write("\r" + " " * (len(self.what) + 12) + "\r")
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join()
+
+
+def _as_json(e) -> dict:
+    from ..plan.estimator import trace_is_kept
+    return {"peak_allocated": e.peak_allocated, "peak_reserved": e.peak_reserved,
+            "torch_peak_reserved": e.torch_peak_reserved,
+            "torch_expandable_peak_reserved": e.torch_expandable_peak_reserved,
+            "torch_peak_allocated": e.torch_peak_allocated,
+            "torch_expandable_peak_allocated": e.torch_expandable_peak_allocated,
+            "device_memory": e.device_memory, "capped": e.capped,
+            "fits": e.fits, "torch_fits": e.torch_fits,
+            "torch_expandable_fits": e.torch_expandable_fits,
+            "min_device_memory": e.min_device_memory, "breakdown": e.breakdown,
+            "top_sites": [{"site": s, "bytes": b, "blocks": c} for s, b, c in e.top_sites],
+            "source": e.source, "emulated": e.emulated,
+            "trace": e.trace if trace_is_kept(e) else None,
+            "notes": e.notes}
+
+
+def _refused(error: Exception, model: str) -> int:
+    """The message and exit status of an estimate that could not be made."""
+    from ..plan.estimator import models
+
+    if isinstance(error, ImportError):  # models.MissingPackage: transformers
+        print(f"vramkit estimate: {error}", file=sys.stderr)
+        return EXIT_MISSING_DEPENDENCY
+    if isinstance(error, models.BadConfig):
+        return input_error("estimate", error)
+    if isinstance(error, ValueError) and not isinstance(error, models.UnknownModel):
+        if os.path.isfile(model) or os.path.isdir(model):
+            # transformers refused a value of the user's configuration when building it.
+            return input_error("estimate", f"{model}: not a usable model configuration: "
+                                           f"{error}")
+    if isinstance(error, ValueError):
+        return usage_error("estimate", str(error))
+    print(f"vramkit estimate: {error}", file=sys.stderr)  # an UntraceableStep
+    return EXIT_FAILURE
+
+
+def _question(args) -> str:
+    """Which fit was asked about: a card, which the CUDA context shares, or a cap."""
+    if args.cap:
+        return f"an allocator cap of {args.cap} (the CUDA context not counted)"
+    return f"a {args.device_memory} card (less the CUDA context)"
+
+
+def _refused_command_line(args) -> str | None:
+    """Why the options, which parsed, do not make one question; None when they do."""
+    if args.model is None:
+        return "--model is needed: which model's step to estimate"
+    if args.batch < 1 or args.seq < 1:
+        return "--batch and --seq must be at least 1"
+    if (args.max_batch or args.plan_checkpointing) and not (args.device_memory or args.cap):
+        return "--max-batch and --plan-checkpointing need --device-memory or --cap"
+    if args.device_memory and args.cap:
+        return ("--device-memory (a card) and --cap (an allocator limit) are separate "
+                "questions: give one")
+    if args.max_batch + args.what_if + args.plan_checkpointing > 1:
+        return "--max-batch, --what-if and --plan-checkpointing are separate questions: ask one"
+    return None
+
+
+def _answer(args, first, work):
+    """The answer to the one question asked, computed with a spinner: the largest batch,
+    the what-if table, the checkpointing plan, or the estimate."""
+    from ..plan.estimator import advise, estimate, find_max_batch, plan_checkpointing
+
+    fit = dict(device_memory=args.device_memory, memory_limit=args.cap, source=args.source)
+    with _Progress("estimating"):
+        if args.max_batch:
+            return find_max_batch(first.step, lambda n: work(n).build(), **fit)
+        if args.what_if:
+            return advise(first.step, build=first.build, **fit,
+                          make_batch=lambda n: work(n).build(), batch=args.batch)
+        if args.plan_checkpointing:
+            return plan_checkpointing(first.step, build=first.build, **fit)
+        return estimate(first.step, build=first.build, **fit, trace_path=args.trace)
+
+
+def _report_what_if(args, first, advice) -> int:
+    if args.json:
+        print(json.dumps({"model": args.model, "workload": first.name,
+                          "rows": [vars(r) for r in advice.rows],
+                          "min_device_memory": advice.min_device_memory}))
+    else:
+        print(first.name)
+        print(advice)
+    return EXIT_OK
+
+
+def _report_plan(args, first, plan) -> int:
+    if args.json:
+        print(json.dumps({"model": args.model, "workload": first.name,
+                          "checkpoint": plan.names, "blocks": plan.blocks,
+                          "fits": plan.fits,
+                          "peak_reserved": plan.estimate.peak_reserved}))
+    else:
+        print(first.name)
+        print(plan)
+    return EXIT_OK if plan.fits else EXIT_DOES_NOT_FIT
+
+
+def _report_max_batch(args, first, best) -> int:
+    if args.json:
+        print(json.dumps({"model": args.model, "max_batch": best,
+                          "device_memory": args.device_memory, "cap": args.cap}))
+    else:
+        print(f"largest batch of {first.name.split(' batch ')[0]} that fits "
+              f"{_question(args)} under vramkit: {best}")
+    return EXIT_OK if best else EXIT_DOES_NOT_FIT
+
+
+def _report_estimate(args, first, result) -> int:
+    if args.json:
+        print(json.dumps({"model": args.model, "workload": first.name, **_as_json(result)}))
+    else:
+        print(f"{first.name}")
+        print(result)
+    return EXIT_DOES_NOT_FIT if result.fits is False else EXIT_OK
+
+
+def run(args) -> int:
+    problem = _refused_command_line(args)
+    if problem:
+        return usage_error("estimate", problem)
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("vramkit estimate: needs PyTorch (pip install 'vramkit[torch]' transformers)",
+              file=sys.stderr)
+        return EXIT_MISSING_DEPENDENCY
+    from ..plan.estimator import models
+    from ..plan.estimator._step import UntraceableStep
+
+    def work(batch: int):
+        return models.workload(args.model, batch, seq=args.seq, precision=args.precision,
+                               optimizer=args.optimizer, checkpointing=args.checkpointing)
+
+    try:
+        first = work(args.batch)
+        answer = _answer(args, first, work)
+    except (ImportError, ValueError, UntraceableStep) as error:
+        return _refused(error, args.model)
+    report = (_report_max_batch if args.max_batch else _report_what_if if args.what_if
+              else _report_plan if args.plan_checkpointing else _report_estimate)
+    return report(args, first, answer)

@@ -1,0 +1,50 @@
+"""vramkit.replay(): a trace replayed by the engine in this process, with the figures of
+``vramkit replay --json`` (the library's vram_replay_run, through _core).
+
+One rule says which settings a replay runs under, for every caller (the estimator, the
+doctor, scripts): the replay reads no environment at all. Its pool is the library's
+defaults on ``source``, with ``capacity`` as both limit and sim capacity, and then the
+``settings`` given, ``{"VRAMKIT_LARGE_BLOCKS": "fixed", ...}``, names as the environment
+spells them. A caller that wants the user's own placement to count (what fits depends on
+it) passes :func:`placement_settings`, the user's ``VRAMKIT_*`` placement variables; sizes,
+limits, preallocation and the source are never taken from the environment, since they are
+the question a replay asks.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .. import _core
+
+# The pool settings that change where blocks go, and so what fits, without changing the
+# device or its cap: the ones a replay may take from the user's environment.
+PLACEMENT_SETTINGS = ("VRAMKIT_TIGHT_THRESHOLD", "VRAMKIT_VIRTUAL_THRESHOLD",
+                      "VRAMKIT_LARGE_BLOCKS")
+
+
+def placement_settings(environ=None) -> dict:
+    """The user's placement variables (PLACEMENT_SETTINGS) that are set in ``environ``
+    (default os.environ), for ``replay(settings=...)``."""
+    environ = os.environ if environ is None else environ
+    return {name: environ[name] for name in PLACEMENT_SETTINGS if name in environ}
+
+
+def replay(path, source: str = "sim", capacity: int | None = None,
+           min_capacity: bool = False, repeat: int = 1, settings: dict | None = None,
+           max_ops: int | None = None) -> dict:
+    """Replay the trace at ``path`` on pools of its own (never the process-wide ones).
+
+    Returns a dict with the keys of ``vramkit replay --json`` (trace, source, ops,
+    peak_live_bytes, peak_reserved_bytes, reserved_over_live, ns_per_op, ooms,
+    skipped_frees, repeat, device_calls; capacity_bytes with a capacity; min_capacity_bytes,
+    min_capacity_over_live and min_capacity_source with min_capacity) and
+    first_oom_report, the pool's report of the first out-of-memory, and first_oom, its
+    figures and cause as ``_core.oom_info`` gives them (each None without one).
+    Out-of-memory is a figure, not an error; an unreadable trace or a bad setting raises
+    vramkit.VramError (ConfigError for a bad value). See the module's note for ``settings``.
+    """
+    pairs = tuple((str(k), str(v)) for k, v in (settings or {}).items())
+    return _core.replay(os.fspath(path), source=source, capacity=capacity or 0,
+                        min_capacity=bool(min_capacity), repeat=int(repeat), settings=pairs,
+                        max_ops=-1 if max_ops is None else int(max_ops))

@@ -1,0 +1,639 @@
+"""Plan before you run: a training step's peak memory, predicted without a GPU.
+
+:func:`estimate` runs the user's step on PyTorch's fake tensors (shapes, no memory),
+records every storage the step creates and frees, in order (parameters, gradients,
+optimizer state, autocast copies, activations, temporaries), adds what fake tensors
+cannot see (cuBLAS workspaces, modelled from measurement on an H200; cuDNN's convolution
+workspaces, measured on the GPU where there is one, else taken from a table of H200
+measurements: workspaces.py; other ops' scratch buffers, measured on the GPU where there
+is one: scratch.py), and replays the result on a simulated device under
+vramkit's placement policy and under a model of PyTorch's caching allocator. The answer:
+peak allocated, peak reserved under each allocator, whether it fits a given card, the
+smallest card it fits, a breakdown by category at the peak and the call sites that hold
+the most there. The trace is kept for ``vramkit replay`` and ``vramkit plot``.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import tempfile
+from dataclasses import dataclass, field
+
+from ... import _core
+
+# cuBLAS keeps one workspace per handle, and PyTorch gives each thread that runs a matrix
+# product its own handle: the thread that runs forward and autograd's thread that runs
+# backward. PyTorch allocates the workspace through its caching allocator, so it counts in
+# memory_allocated. Measured on an H200, PyTorch 2.11, CUDA 13.0 (bench/estimate_check.py,
+# "workspace" line): the first product on a thread adds 32 MiB to memory_allocated.
+CUBLAS_WORKSPACE_BYTES = 32 << 20
+_MATMUL_OPS = ("mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear",
+               "_scaled_mm", "convolution", "cudnn_convolution", "_convolution")
+
+# What the CUDA context and the driver take from the card before the first allocation,
+# so that a card of N bytes leaves N minus this to the allocator. Measured on an H200
+# (bench/estimate_check.py, "context" line): the memory NVML counts for a process that
+# has initialised CUDA and allocated nothing, 518 MiB.
+CUDA_CONTEXT_BYTES = 543_162_368
+
+
+@dataclass
+class Estimate:
+    """What :func:`estimate` predicts for one step. Sizes in bytes."""
+
+    peak_allocated: int              # what vramkit (and expandable segments) count: each
+                                     # block at its request rounded to 512 bytes
+    peak_reserved: int               # vramkit on the chosen source
+    torch_peak_reserved: int         # PyTorch's caching allocator, default settings
+    torch_expandable_peak_reserved: int
+    # What torch.cuda.max_memory_allocated() reports under PyTorch's allocator: its large
+    # pool leaves a remainder of up to 1 MiB unsplit inside the block it hands out, and
+    # counts it as allocated (a 19.5 MiB request in a 20 MiB segment counts 20 MiB).
+    torch_peak_allocated: int
+    torch_expandable_peak_allocated: int
+    device_memory: int | None        # the card asked about, if any
+    fits: bool | None                # vramkit, on that card
+    torch_fits: bool | None
+    torch_expandable_fits: bool | None
+    min_device_memory: int           # the smallest card vramkit runs the step on
+    breakdown: dict                  # category -> bytes live at the peak
+    top_sites: list                  # [(site, bytes, count)] live at the peak, largest first
+    source: str
+    emulated: bool                   # True: no GPU here, a CPU stood in for it
+    trace: str                       # the recorded step as a vramkit trace (kept until the
+                                     # process exits unless estimate() got trace_path)
+    fake_ops: int
+    notes: list = field(default_factory=list)
+    capped: bool = False             # device_memory is an allocator cap (memory_limit),
+                                     # not a card that the CUDA context shares
+
+    def __str__(self) -> str:
+        return format_estimate(self)
+
+
+_scratch: list[str] = []
+
+
+def _scratch_dir() -> str:
+    """Where the traces of estimates not given a trace_path go: one folder per process,
+    removed when it exits, so that a search over many estimates leaves nothing behind."""
+    if not _scratch:
+        import atexit
+        import shutil
+        path = tempfile.mkdtemp(prefix="vramkit-estimates-")
+        atexit.register(shutil.rmtree, path, True)
+        _scratch.append(path)
+    return _scratch[0]
+
+
+def trace_is_kept(e: "Estimate") -> bool:
+    """Whether ``e.trace`` outlives this process (estimate() was given trace_path)."""
+    return not (_scratch and e.trace.startswith(_scratch[0] + os.sep))
+
+
+def _gib(n: int | None) -> str:
+    return "-" if n is None else f"{n / (1 << 30):.2f} GiB"
+
+
+def format_estimate(e: Estimate) -> str:
+    verdict = {True: "fits", False: "does not fit", None: ""}
+    lines = ["vramkit estimate" + (" (no GPU here: a CPU stood in for it)" if e.emulated
+                                   else "")]
+    lines.append(f"  peak allocated            {_gib(e.peak_allocated)}"
+                 f"   (PyTorch's allocator counts {_gib(e.torch_peak_allocated)})")
+    card = (f" under a cap of {_gib(e.device_memory)}" if e.capped
+            else f" on a card of {_gib(e.device_memory)}") if e.device_memory else ""
+    lines.append(f"  peak reserved, vramkit    {_gib(e.peak_reserved)} ({e.source})"
+                 + (f"   {verdict[e.fits]}{card}" if e.device_memory else ""))
+    lines.append(f"  peak reserved, PyTorch    {_gib(e.torch_peak_reserved)}"
+                 + (f"   {verdict[e.torch_fits]}{card}" if e.device_memory else ""))
+    lines.append(f"    with expandable_segments {_gib(e.torch_expandable_peak_reserved)}"
+                 + (f"   {verdict[e.torch_expandable_fits]}{card}" if e.device_memory
+                    else ""))
+    lines.append(f"  smallest card (vramkit)   {_gib(e.min_device_memory)}")
+    lines.append("  at the peak:")
+    for category, nbytes in sorted(e.breakdown.items(), key=lambda kv: -kv[1]):
+        if nbytes:
+            lines.append(f"    {category:<22}{_gib(nbytes):>12}")
+    if e.top_sites:
+        lines.append("  largest call sites at the peak:")
+        for site, nbytes, count in e.top_sites[:5]:
+            lines.append(f"    {_gib(nbytes):>10}  {count:>5} blocks  {site}")
+    for note in e.notes:
+        lines.append(f"  note: {note}")
+    lines.append(f"  trace: {e.trace}" + ("" if trace_is_kept(e) else
+                 " (removed at exit: trace_path, or --trace, keeps it)"))
+    return "\n".join(lines)
+
+
+# The libraries whose workspaces estimate(model_workspaces=...) can model: cuBLAS's,
+# cuDNN's convolutions', and "scratch", the scratch buffers other ATen ops allocate and
+# free inside themselves (layer norm, reductions, softmax, losses: scratch.py).
+WORKSPACE_LIBRARIES = ("cublas", "cudnn", "scratch")
+
+
+def _workspace_libraries(value) -> frozenset:
+    """model_workspaces as the set of libraries it names: True all, False none, or one
+    name or several of WORKSPACE_LIBRARIES."""
+    if value is True:
+        return frozenset(WORKSPACE_LIBRARIES)
+    if value is False or value is None:
+        return frozenset()
+    names = (value,) if isinstance(value, str) else value
+    try:
+        chosen = frozenset(names)
+    except TypeError:
+        chosen = None
+    if chosen is None or not chosen <= set(WORKSPACE_LIBRARIES):
+        raise ValueError(f"estimate(): model_workspaces must be True, False, or names "
+                         f"among {WORKSPACE_LIBRARIES}, not {value!r}")
+    return chosen
+
+
+def _workspace_model(enabled: bool):
+    """The cuBLAS workspaces: one per thread that runs a matrix product, kept to the end."""
+    if not enabled:
+        return None
+    seen_threads: set[int] = set()
+
+    def hook(recorder, op_name: str, thread: int) -> None:
+        if thread in seen_threads:
+            return
+        base = op_name.split(".")[0]
+        if base in _MATMUL_OPS:
+            seen_threads.add(thread)
+            recorder.allocate_modelled(CUBLAS_WORKSPACE_BYTES, "cuBLAS workspace",
+                                       "workspaces")
+
+    return hook
+
+
+def _after_outputs(models_: list):
+    """The recorder's after-outputs hook calling each model's in turn (None for none): a
+    convolution and an op with scratch are different ops, so at most one adds blocks."""
+    if not models_:
+        return None
+    if len(models_) == 1:
+        return models_[0].hook
+    hooks = [m.hook for m in models_]
+
+    def hook(recorder, func, args, kwargs, out) -> None:
+        for h in hooks:
+            h(recorder, func, args, kwargs, out)
+
+    return hook
+
+
+def _size(value, what: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise TypeError(f"estimate(): {what} must be a size in bytes or a string like "
+                        f"'24G', not {type(value).__name__}")
+    if isinstance(value, int):
+        if value <= 0:
+            raise ValueError(f"estimate(): {what} must be positive, not {value}")
+        return value
+    nbytes, fraction = _core.parse_size(value)
+    if fraction or nbytes <= 0:
+        raise ValueError(f"estimate(): {what} must be a size like '24G', not {value!r}")
+    return nbytes
+
+
+def _checked_source(source: str | None) -> str:
+    """The vramkit source to model: the argument, else VRAMKIT_SOURCE, else cuda."""
+    from . import _replay
+
+    source = source or os.environ.get("VRAMKIT_SOURCE") or "cuda"
+    if source == "auto":
+        source = "cuda"
+    if source not in _replay._SIM_OF_SOURCE:
+        raise ValueError(f"estimate(): source must be one of "
+                         f"{sorted(_replay._SIM_OF_SOURCE)}, not {source!r}")
+    return source
+
+
+def _workspace_models(target, libraries) -> list:
+    """The models of what cuDNN's convolutions and other ops allocate inside themselves."""
+    # The CPU stand-in (no GPU, or emulate=True) sizes convolutions from the table and
+    # other ops' scratch not at all, as a machine without a GPU must; fake CUDA tensors
+    # measure both on that GPU.
+    on_device = None if target.emulated else target.device
+    device_type = None if target.emulated else "cuda"
+    models_ = []
+    if "cudnn" in libraries:
+        from .workspaces import ConvWorkspaceModel
+        models_.append(ConvWorkspaceModel(on_device, device_type=device_type))
+    if "scratch" in libraries:
+        from . import scratch
+        models_.append(scratch.OpScratchModel(on_device, device_type=device_type))
+    return models_
+
+
+def _written_trace(events: list, trace_path: str | None) -> str:
+    """The recorded step as a vramkit trace at trace_path, or in a scratch file."""
+    from . import _replay
+
+    if trace_path is None:
+        fd, trace_path = tempfile.mkstemp(prefix="estimate-", suffix=".trace.gz",
+                                          dir=_scratch_dir())
+        os.close(fd)
+    _replay.write_trace(events, trace_path, "recorded by vramkit.estimate under fake "
+                                            "tensors; times are op numbers")
+    return trace_path
+
+
+def _fits(trace_path: str, events: list, source: str, usable: int | None) -> tuple:
+    """Whether the step fits `usable` bytes under vramkit, PyTorch's allocator and its
+    expandable segments (three Nones without a card or a cap)."""
+    from . import _replay
+
+    if usable is None:
+        return None, None, None
+    # Under a cap an allocator frees its cache and retries before it fails, so what fits
+    # is decided by replaying under the cap, not by comparing the uncapped peak with it.
+    capped = _replay.vramkit_replay(trace_path, source, usable)
+    return (capped.get("ooms", 1) == 0,
+            _replay.torch_replay(events, False, usable)["ooms"] == 0,
+            _replay.torch_replay(events, True, usable)["ooms"] == 0)
+
+
+def _live_at_peak(recording) -> tuple[collections.Counter, list]:
+    """The bytes live at the peak by role, and the ten call sites holding most of them as
+    (site, bytes, blocks)."""
+    breakdown = collections.Counter()
+    sites: dict[str, list[int]] = {}
+    for bid in recording.live_at_peak:
+        block = recording.blocks[bid]
+        breakdown[block.role] += block.size
+        entry = sites.setdefault(block.site, [0, 0])
+        entry[0] += block.size
+        entry[1] += 1
+    top = sorted(((s, b, c) for s, (b, c) in sites.items()), key=lambda x: -x[1])[:10]
+    return breakdown, top
+
+
+def estimate(step_fn, *args, device_memory=None, source: str | None = None,
+             steps: int = 2, trace_path: str | None = None, device="cuda",
+             build=None, emulate: bool | None = None, memory_limit=None,
+             variant=None, model_workspaces=True, **kwargs) -> Estimate:
+    """Predict the memory of ``steps`` calls of ``step_fn(*args, **kwargs)`` on a GPU.
+
+    ``args``/``kwargs`` are what the step takes, built as usual (a model on the CPU or
+    on the ``meta`` device, its optimizer, a batch): the step runs on fake twins of them
+    on the GPU (or, on a machine without one, on a CPU standing in for it), and nothing
+    real is touched. Alternatively ``build`` is a function, run under the fake tensors,
+    that returns the first arguments (model, optimizer, batch), which avoids building a
+    large model for real. ``device_memory`` (bytes or "80G") is the card to check the fit
+    on; ``source`` the vramkit source to model ("cuda" by default, or "vmm").
+    ``memory_limit`` checks the fit under an allocator limit instead (VRAMKIT_LIMIT,
+    ``set_per_process_memory_fraction``), which the CUDA context does not count against.
+    ``emulate=True`` runs the CPU stand-in even where a GPU is present (to compare).
+    ``variant`` (a :class:`vramkit.estimator.variants.Variant`) estimates the step with
+    one change made to it: autocast, bf16 weights, checkpointing, 8-bit states.
+    ``model_workspaces`` adds the library workspaces fake tensors cannot see: True (the
+    default) all of them, False none, or "cublas", "cudnn" or "scratch" (or several in a
+    tuple) only those. cuDNN's convolution workspaces are measured on the GPU where the
+    estimate runs with one (which resets its peak memory statistics), else taken from
+    the table of H200 measurements (vramkit.estimator.workspaces); the scratch buffers
+    of other ops (layer norm, reductions, softmax, losses; not fused attention's:
+    vramkit.estimator.scratch) are measured on the GPU too, and without one count 0.
+    The notes say which, and what was not modelled."""
+    from . import _replay, _step
+
+    if not callable(step_fn):
+        raise TypeError("estimate(): step_fn must be callable")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"estimate(): steps must be a positive int, not {steps!r}")
+    card = _size(device_memory, "device_memory")
+    limit = _size(memory_limit, "memory_limit")
+    if card is not None and limit is not None:
+        raise ValueError("estimate(): give device_memory or memory_limit, not both")
+    source = _checked_source(source)
+    libraries = _workspace_libraries(model_workspaces)
+    target = _step.choose_target(device, emulate)
+    models_ = _workspace_models(target, libraries)
+    try:
+        recording, _recorder = _step.record_step(
+            step_fn, args, kwargs, target=target, steps=steps, build=build,
+            workspace_hook=_workspace_model("cublas" in libraries), variant=variant,
+            after_outputs_hook=_after_outputs(models_))
+    finally:
+        for model in models_:
+            model.finish()
+    if recording.peak_allocated == 0:
+        raise _step.UntraceableStep("estimate(): the step allocated nothing on the GPU: "
+                                    "are its model and batch on a CUDA device?")
+    events = list(recording.events())
+    trace_path = _written_trace(events, trace_path)
+    usable = limit if card is None else max(card - CUDA_CONTEXT_BYTES, 0)
+    ours = _replay.vramkit_replay(trace_path, source, None, min_capacity=True)
+    native = _replay.torch_replay(events, False, None)
+    expandable = _replay.torch_replay(events, True, None)
+
+    fits_ours, fits_native, fits_expandable = _fits(trace_path, events, source, usable)
+    breakdown, top = _live_at_peak(recording)
+    notes = ["no GPU here: the step ran on CPU kernels standing in for CUDA's; on a machine "
+             "with a GPU the estimate uses CUDA's own"] if target.emulated else []
+    notes.extend(note for model in models_ for note in model.notes())
+    return Estimate(
+        peak_allocated=recording.peak_allocated,
+        peak_reserved=int(ours["peak_reserved_bytes"]),
+        torch_peak_reserved=native["peak_reserved"],
+        torch_expandable_peak_reserved=expandable["peak_reserved"],
+        torch_peak_allocated=native["peak_allocated"],
+        torch_expandable_peak_allocated=expandable["peak_allocated"],
+        device_memory=card if limit is None else limit, fits=fits_ours,
+        torch_fits=fits_native, torch_expandable_fits=fits_expandable,
+        # The replay searches up to four times the peak live bytes, and finds nothing
+        # for a step smaller than a quarter of its first segment: uncapped, it ran.
+        min_device_memory=int(ours.get("min_capacity_bytes") or ours["peak_reserved_bytes"])
+        + CUDA_CONTEXT_BYTES,
+        breakdown={c: breakdown.get(c, 0) for c in _record_categories()},
+        top_sites=top, source=source, emulated=target.emulated, trace=trace_path,
+        fake_ops=recording.fake_ops, notes=notes, capped=limit is not None)
+
+
+def __getattr__(name):
+    if name == "UntraceableStep":
+        from ._step import UntraceableStep
+        return UntraceableStep
+    raise AttributeError(f"module 'vramkit.estimator' has no attribute {name!r}")
+
+
+def _record_categories():
+    from ._record import CATEGORIES
+    return CATEGORIES
+
+
+def _first_model(args, build, target):
+    """The (first) model the step takes, built on fake tensors if build() makes it."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from . import _step
+    from ._values import KnownValues
+    if build is None:
+        built = args
+    else:
+        with _step.on_target(target), FakeTensorMode(allow_non_fake_inputs=True), \
+                KnownValues(), torch.device(target.device):
+            built = build()
+        built = built if isinstance(built, tuple) else (built,)
+    models_ = [b for b in built if isinstance(b, torch.nn.Module)]
+    return models_[0] if models_ else None
+
+
+def _model_blocks(args, build, target) -> list[str]:
+    """The repeated blocks of the (first) model the step takes."""
+    from . import variants
+    model = _first_model(args, build, target)
+    return variants.repeated_blocks(model) if model is not None else []
+
+
+def advise(step_fn, *args, build=None, device_memory=None, memory_limit=None,
+           make_batch=None, batch: int | None = None, variants=None, source=None,
+           **kwargs):
+    """The step as written and under each change the guide suggests (bf16 or fp16
+    autocast, bf16 weights and states, 8-bit optimizer states, activation checkpointing
+    of all or every 2nd repeated block, and with ``make_batch(n)`` and ``batch`` smaller
+    batches): predicted peaks, what each saves, whether it fits, and the compute it adds
+    (FLOPs counted on fake tensors), most saving first. A change the step already makes
+    (bf16 autocast on a step under bf16 autocast) is left out; autocast in another dtype
+    replaces the step's own. A change that cannot be estimated is listed with the reason.
+    Returns an :class:`Advice`, printable as a table."""
+    from . import _step, variants as _variants
+
+    target = _step.choose_target(kwargs.pop("device", "cuda"), kwargs.pop("emulate", None))
+    model = _first_model(args, build, target)
+    blocks = _variants.repeated_blocks(model) if model is not None else []
+    weights = {p.dtype for p in model.parameters() if p.is_floating_point()} \
+        if model is not None else set()
+    chosen = variants if variants is not None else _variants.standard_variants(len(blocks))
+    # An estimate's own option, not the step's: the FLOP count below gets the rest.
+    common = dict(device_memory=device_memory, memory_limit=memory_limit, source=source,
+                  emulate=target.emulated,
+                  model_workspaces=kwargs.pop("model_workspaces", True))
+    rows, done, autocast = [], set(), set()
+    base = base_flops = None
+    for v in chosen:
+        if base is not None:
+            v = _variants.as_it_changes(v, autocast, weights)
+            if v is None or _variants.key(v) in done:
+                continue
+        done.add(_variants.key(v))
+        try:
+            e = estimate(step_fn, *args, build=build, variant=v, **common, **kwargs)
+            # Counted in a recording of its own: PyTorch's FLOP counter on the mode stack
+            # changes what activation checkpointing keeps (measured: all 12 GPT-2 blocks
+            # checkpointed kept 13.90 GiB with it, 6.92 GiB without), so the estimate
+            # is never made under it. The step as written says which autocast it runs.
+            flops = _variants.flops_of(step_fn, args, kwargs, target=target, build=build,
+                                       variant=v, autocast=autocast if base is None else None)
+        except _step.UntraceableStep as error:
+            if base is None:
+                raise  # nothing to compare the changes with
+            rows.append(_variants.AdviceRow(v.name, None, None, None, None, None, None,
+                                            str(error)))
+            continue
+        if base is None:
+            base, base_flops = e, flops
+        rows.append(_variants.AdviceRow(
+            v.name, e.peak_allocated, e.peak_reserved, e.torch_peak_reserved, e.fits,
+            base.peak_reserved - e.peak_reserved,
+            (flops / base_flops - 1.0) if base_flops else None))
+    if make_batch is not None and batch:
+        for n in sorted({max(1, batch // 2), max(1, batch // 4)} - {batch}, reverse=True):
+            e = estimate(step_fn, build=lambda n=n: make_batch(n), **common, **kwargs)
+            rows.append(_variants.AdviceRow(
+                f"batch {n} instead of {batch}", e.peak_allocated, e.peak_reserved,
+                e.torch_peak_reserved, e.fits, base.peak_reserved - e.peak_reserved,
+                None, "same compute per sample"))
+    head = rows[:1]
+    rest = sorted(rows[1:], key=lambda r: (r.saves is None, -(r.saves or 0)))
+    return _variants.Advice(head + rest, base.device_memory, base.min_device_memory)
+
+
+@dataclass
+class CheckpointPlan:
+    """The fewest repeated blocks to checkpoint for the step to fit: ``names`` for
+    :func:`vramkit.estimator.variants.apply_checkpointing` on the real model, and the
+    estimate of the planned step that verifies it."""
+
+    names: list
+    blocks: int
+    estimate: Estimate
+    fits: bool
+
+    def __str__(self) -> str:
+        if not self.names:
+            verdict = "fits without checkpointing" if self.fits else "does not fit"
+            return f"checkpoint plan: the step {verdict}"
+        head = (f"checkpoint plan: {len(self.names)} of {self.blocks} blocks"
+                + ("" if self.fits else " (all of them, and it still does not fit)"))
+        return head + "\n  " + "\n  ".join(self.names) + \
+            f"\n  planned step: peak reserved {_gib(self.estimate.peak_reserved)}"
+
+
+def plan_checkpointing(step_fn, *args, build=None, device_memory=None,
+                       memory_limit=None, **kwargs) -> CheckpointPlan:
+    """Given a card or a limit, the fewest of the model's repeated blocks (spread evenly)
+    to checkpoint so that the step fits under vramkit, by a search on the estimate."""
+    from . import _step, variants as _variants
+
+    if device_memory is None and memory_limit is None:
+        raise ValueError("plan_checkpointing(): give device_memory or memory_limit")
+    target = _step.choose_target(kwargs.pop("device", "cuda"), kwargs.pop("emulate", None))
+    blocks = _model_blocks(args, build, target)
+    cache: dict[int, Estimate] = {}
+
+    def planned(k: int) -> Estimate:
+        if k not in cache:
+            v = _variants.Variant(f"checkpointing {k} blocks",
+                                  checkpoint_names=_variants._spread(blocks, k))
+            cache[k] = estimate(step_fn, *args, build=build, device_memory=device_memory,
+                                memory_limit=memory_limit, variant=v,
+                                emulate=target.emulated, **kwargs)
+        return cache[k]
+
+    if planned(0).fits or not blocks:
+        return CheckpointPlan([], len(blocks), planned(0), bool(planned(0).fits))
+    if not planned(len(blocks)).fits:
+        return CheckpointPlan(list(blocks), len(blocks), planned(len(blocks)), False)
+    low, high = 0, len(blocks)  # planned(low) does not fit, planned(high) does
+    while high - low > 1:
+        mid = (low + high) // 2
+        if planned(mid).fits:
+            high = mid
+        else:
+            low = mid
+    return CheckpointPlan(_variants._spread(blocks, high), len(blocks), planned(high), True)
+
+
+def doctor_estimates(step_fn, *args, build=None, make_batch=None, batch: int | None = None,
+                     **kwargs):
+    """The ``estimate_fn`` of :func:`vramkit.diagnose` for this step: the predicted peak
+    reserved of the step as written ("baseline"), at half the batch ("half_batch", needs
+    ``make_batch(n)`` and ``batch``), under bf16 autocast ("bf16_autocast") and with all
+    repeated blocks checkpointed ("checkpointing"), so that the doctor ranks its fixes by
+    what they would save on this very step. Estimates are made on first use, once each."""
+    from . import variants as _variants
+
+    plans = {
+        "baseline": dict(build=build),
+        "bf16_autocast": dict(build=build,
+                              variant=_variants.Variant("bf16", autocast=_bf16())),
+        "checkpointing": dict(build=build,
+                              variant=_variants.Variant("ckpt", checkpoint_every=1)),
+    }
+    if make_batch is not None and batch:
+        plans["half_batch"] = dict(build=lambda: make_batch(max(1, batch // 2)))
+    cache: dict[str, int] = {}
+
+    def estimate_fn(name: str) -> int:
+        if name not in plans:
+            raise KeyError(f"no estimate for {name!r}: "
+                           + ("give make_batch and batch" if name == "half_batch"
+                              else f"known: {sorted(plans)}"))
+        if name not in cache:
+            use_args = () if name == "half_batch" else args
+            cache[name] = estimate(step_fn, *use_args, **plans[name], **kwargs).peak_reserved
+        return cache[name]
+
+    return estimate_fn
+
+
+def _bf16():
+    import torch
+    return torch.bfloat16
+
+
+_FIT_OF = {"vramkit": "fits", "torch": "torch_fits", "torch-expandable": "torch_expandable_fits"}
+
+
+def find_max_batch(step_fn, make_batch, device_memory=None, mode: str = "predict", *,
+                   memory_limit=None, allocator: str = "vramkit", start: int = 1,
+                   most: int = 4096, **estimate_kwargs) -> int:
+    """The largest batch size whose step fits. ``make_batch(n)`` returns the arguments of
+    ``step_fn`` for batch size ``n`` (model, optimizer and batch, say).
+
+    ``mode="predict"``: a search on :func:`estimate` (seconds on a CPU, no GPU needed)
+    for the card ``device_memory`` or the limit ``memory_limit``, under ``allocator``
+    ("vramkit", "torch" or "torch-expandable"). ``mode="measure"``: real steps on the GPU,
+    starting from the prediction, recovering from each out-of-memory error (as
+    accelerate's ``find_executable_batch_size`` and Lightning's batch size finder do), so
+    it needs few real tries. Returns 0 if not even ``start`` fits."""
+    if mode not in ("predict", "measure"):
+        raise ValueError(f"find_max_batch(): mode must be 'predict' or 'measure', not {mode!r}")
+    if allocator not in _FIT_OF:
+        raise ValueError(f"find_max_batch(): allocator must be one of {sorted(_FIT_OF)}, "
+                         f"not {allocator!r}")
+    if device_memory is None and memory_limit is None:
+        raise ValueError("find_max_batch(): give device_memory or memory_limit")
+
+    cache: dict[int, Estimate] = {}
+
+    def estimated(n: int) -> Estimate:
+        if n not in cache:
+            cache[n] = estimate(step_fn, build=lambda: make_batch(n),
+                                device_memory=device_memory, memory_limit=memory_limit,
+                                **estimate_kwargs)
+        return cache[n]
+
+    best = predict_largest(estimated, _FIT_OF[allocator], start, most)
+    if mode == "predict":
+        return best
+    from . import _measure
+    # A card of device_memory leaves the allocator that less the CUDA context, as the
+    # prediction assumed; on the real card that is the cap the measurement runs under.
+    cap = (memory_limit if memory_limit is not None
+           else _size(device_memory, "device_memory") - CUDA_CONTEXT_BYTES)
+    return _measure.largest_batch(step_fn, make_batch, best or start, cap, most)
+
+
+def predict_largest(estimated, fit_attribute: str, start: int = 1, most: int = 4096) -> int:
+    """The largest batch whose estimate fits. Memory grows about linearly with the batch,
+    so the estimates at ``start`` and ``start + 1`` give a first guess; the search from
+    there needs a handful of estimates instead of a doubling from 1."""
+    first = estimated(start)
+    if not getattr(first, fit_attribute):
+        return 0
+    second = estimated(start + 1)
+    per_sample = second.peak_reserved - first.peak_reserved
+    guess = start
+    room = (first.device_memory or 0) - first.peak_reserved
+    if per_sample > 0 and room > 0:
+        guess = max(start, min(most, start + int(room // per_sample)))
+    return _largest(lambda n: bool(getattr(estimated(n), fit_attribute)), start, most, guess)
+
+
+def _largest(fits, start: int, most: int, guess: int | None = None) -> int:
+    """The largest n in [start, most] with fits(n), for a monotone fits: galloping from
+    ``guess`` (steps of 1, 2, 4... away from it) to bracket the answer, then bisection."""
+    guess = min(max(guess or start, start), most)
+    if fits(guess):
+        low, step = guess, 1
+        while True:
+            high = min(low + step, most)
+            if high == low:
+                return low
+            if not fits(high):
+                break
+            low, step = high, step * 2
+    else:
+        high, step = guess, 1
+        while True:
+            low = max(high - step, start)
+            if fits(low):
+                break
+            if low == start:
+                return 0
+            high, step = low, step * 2
+    while high - low > 1:
+        mid = (low + high) // 2
+        if fits(mid):
+            low = mid
+        else:
+            high = mid
+    return low

@@ -1,0 +1,120 @@
+"""What the estimator reads of the device it measures transient blocks on, and how it keeps
+what it measured: the statistics of the allocator PyTorch allocates through (PyTorch's own,
+or vramkit's under its pluggable fallback), the identity of the device that a kept
+measurement holds for, and the file it is kept in. Shared by the convolution workspaces
+(workspaces.py) and the other ops' scratch buffers (scratch.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import tempfile
+
+__all__ = ["allocator_reader", "cache_path", "device_identity", "write_json_atomic"]
+
+
+class _TorchReader:
+    """PyTorch's allocator statistics: its caching allocator's, or vramkit's complete
+    backend's, which reports through the same functions."""
+
+    def allocated(self, device) -> int:
+        import torch
+        return torch.cuda.memory_allocated(device)
+
+    def reset_peak(self, device) -> None:
+        import torch
+        torch.cuda.reset_peak_memory_stats(device)
+
+    def peak(self, device) -> int:
+        import torch
+        return torch.cuda.max_memory_allocated(device)
+
+    def reserved(self, device) -> int:
+        import torch
+        return torch.cuda.memory_reserved(device)
+
+    def empty_cache(self, device) -> None:
+        import torch
+        torch.cuda.empty_cache()
+
+    def available(self, device) -> int:
+        """What an allocation could still get: the device's free memory, and what the
+        allocator holds cached but unused."""
+        import torch
+        free, _total = torch.cuda.mem_get_info(device)
+        return free + max(0, self.reserved(device) - self.allocated(device))
+
+    def observe(self, out) -> None:
+        """Told each measured call's outputs (a reader without real figures uses them)."""
+
+
+class _VramkitReader(_TorchReader):
+    """vramkit's own statistics, under vramkit.torch's CUDAPluggableAllocator fallback,
+    where PyTorch's memory functions report nothing."""
+
+    def allocated(self, device) -> int:
+        import vramkit
+        return vramkit.memory_allocated(device.index or 0)
+
+    def reset_peak(self, device) -> None:
+        import vramkit
+        vramkit.reset_peak_memory_stats(device.index or 0)
+
+    def peak(self, device) -> int:
+        import vramkit
+        return vramkit.max_memory_allocated(device.index or 0)
+
+    def reserved(self, device) -> int:
+        import vramkit
+        return vramkit.memory_reserved(device.index or 0)
+
+    def empty_cache(self, device) -> None:
+        import vramkit
+        vramkit.empty_cache(device.index or 0)
+
+
+def allocator_reader():
+    """The statistics of whichever allocator PyTorch allocates CUDA memory through."""
+    hooks = sys.modules.get("vramkit.plug.torch")
+    if hooks is not None and hooks.installed() and hooks.backend() == "pluggable":
+        return _VramkitReader()
+    return _TorchReader()
+
+
+def device_identity(device) -> dict:
+    """What a measurement holds for: the device's name, PyTorch's and cuDNN's versions."""
+    import torch
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    return {"device": name, "torch": torch.__version__,
+            "cudnn": torch.backends.cudnn.version()}
+
+
+def cache_path(identity: dict, folder: str = "cudnn-workspaces") -> str:
+    """Where the measurements on one kind of device are kept: $VRAMKIT_CACHE_DIR, else
+    $XDG_CACHE_HOME/vramkit, else ~/.cache/vramkit, then <folder>/<identity>.json (the
+    convolutions' in cudnn-workspaces, the other ops' scratch buffers in op-scratch)."""
+    from ...plug._torch_build import cache_dir
+    name = f"{identity['device']}-torch{identity['torch']}-cudnn{identity['cudnn']}"
+    return os.path.join(cache_dir(), folder,
+                        re.sub(r"[^A-Za-z0-9._+-]+", "_", name) + ".json")
+
+
+def write_json_atomic(path: str, data) -> None:
+    """Write ``data`` as JSON to ``path`` in one step: a scratch file in the same folder,
+    then renamed over it, so that a reader (another estimate, at the same time) never
+    sees half a file."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, scratch = tempfile.mkstemp(prefix=".workspaces-", suffix=".json", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1)
+            f.write("\n")
+        os.replace(scratch, path)
+    except BaseException:
+        if os.path.exists(scratch):
+            os.unlink(scratch)
+        raise

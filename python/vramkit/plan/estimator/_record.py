@@ -1,0 +1,290 @@
+"""Run a training step under PyTorch's fake tensors and record every storage it makes.
+
+A fake tensor has a shape, a dtype and a device but no memory, so a step run on them costs
+CPU time only. The recorder is a dispatch mode above the fake mode: it sees the output of
+every ATen operation, and each storage it has not seen before is an allocation of the
+size PyTorch's caching allocator would give it (rounded up to 512 bytes, what
+``torch.cuda.memory_allocated`` counts). A weak reference to the storage turns its death
+into the matching free, in the order the real step would free it, because CPython frees
+a storage the moment its last tensor goes.
+
+What an op allocates and frees inside itself, fake tensors do not show; the estimator's
+hooks add what it knows of (a cuBLAS workspace kept from a thread's first matrix product,
+a cuDNN convolution's workspaces after the op's outputs, freed at once).
+
+Each block carries what the estimate reports about it: the phase that made it (before
+the step, forward, backward, optimizer), the role it turns out to have (parameter,
+gradient, optimizer state, input, activation kept for backward, autocast copy of a
+weight), and the innermost frame of the Python code that made it, outside PyTorch and
+vramkit.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.weak import WeakIdKeyDictionary
+
+# PyTorch's caching allocator hands out blocks in multiples of 512 bytes (kMinBlockSize).
+BLOCK_ROUNDING = 512
+
+CATEGORIES = ("parameters", "gradients", "optimizer state", "inputs", "activations",
+              "autocast copies", "workspaces", "temporaries")
+
+
+def rounded(nbytes: int) -> int:
+    """The block size PyTorch's allocator gives a request of ``nbytes``."""
+    return max(BLOCK_ROUNDING, -(-nbytes // BLOCK_ROUNDING) * BLOCK_ROUNDING)
+
+
+@dataclass
+class Block:
+    size: int          # rounded, as memory_allocated() counts it
+    requested: int     # the storage's own size
+    phase: str         # "setup", "forward", "backward", "optimizer"
+    op: str            # the ATen operation that made it
+    site: str          # file:line:function of the code that made it
+    role: str = ""     # set once known: a category of CATEGORIES
+    freed: bool = False
+
+
+@dataclass
+class Recording:
+    """The ops of one recorded run: ("a", id, size) and ("f", id), and the blocks."""
+
+    ops: list = field(default_factory=list)
+    blocks: dict = field(default_factory=dict)
+    peak_allocated: int = 0
+    peak_op: int = 0               # index in ops just after the peak was reached
+    live_at_peak: tuple = ()       # block ids live at the peak
+    fake_ops: int = 0              # ATen operations run
+
+    def events(self):
+        """The ops as ``vramkit replay`` trace events on stream 0."""
+        for op in self.ops:
+            yield (op[0], op[1], op[2], 0) if op[0] == "a" else ("f", op[1], 0)
+
+
+# The steps `vramkit estimate --model` runs are the user's code there: not folded.
+_MODELS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models.py")
+
+
+def _site_name(path: str, line: int, function: str) -> str:
+    """A call site as a user reads it: an installed package's file from its package folder
+    (transformers/activations.py:66:forward, not the whole site-packages path), and a line of
+    the step `vramkit estimate --model` writes for the user by what it does there."""
+    if path == _MODELS_FILE:
+        import linecache
+        return f"the training step: {linecache.getline(path, line).strip() or function}"
+    marker = os.sep + "site-packages" + os.sep
+    if marker in path:
+        path = path[path.rindex(marker) + len(marker):]
+    return f"{path}:{line}:{function}"
+
+
+def _folded_prefixes() -> tuple[str, ...]:
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep, here + os.sep)
+
+
+class StorageRecorder(TorchDispatchMode):
+    """The dispatch mode that turns storages into allocations and frees.
+
+    ``phase`` is set by the caller around the step (setup, then the step's phases, which
+    the recorder tells apart itself: an op inside a backward graph task is backward, and
+    the optimizer hooks of :func:`optimizer_phase` mark the optimizer's)."""
+
+    def __init__(self):
+        super().__init__()
+        self.recording = Recording()
+        self.phase = "setup"
+        self._ids = WeakIdKeyDictionary()   # storage -> block id
+        self._refs: dict[int, weakref.ref] = {}
+        self._live: dict[int, int] = {}      # block id -> size
+        self._allocated = 0
+        self._next_id = 0
+        # Backward runs on autograd's threads; reentrant because a storage can die (and its
+        # weak reference call back into _freed) while this thread is inside track().
+        self._lock = threading.RLock()
+        self._folded = _folded_prefixes()
+        self.backward_starts: list[int] = []  # op index where each backward began
+        self._in_backward = False
+        self.device_type: str | None = None  # count only storages on this device type
+        self.workspace_hook = None           # called with (recorder, op name, thread id)
+        # Called with (recorder, func, args, kwargs, out) once an op's outputs are
+        # recorded: what the op allocates and frees inside itself after making them (a
+        # cuDNN convolution's workspace) goes there, before the next op.
+        self.after_outputs_hook = None
+        self.op_phase = "setup"              # the phase of the op being dispatched
+
+    # -- the dispatch hook ------------------------------------------------------------
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        phase = self.phase
+        in_backward = phase != "setup" and torch._C._current_graph_task_id() != -1
+        if in_backward:
+            phase = "backward"
+            if not self._in_backward:
+                self.backward_starts.append(len(self.recording.ops))
+        self._in_backward = in_backward
+        self.op_phase = phase
+        self.recording.fake_ops += 1
+        name = func.__name__ if hasattr(func, "__name__") else str(func)
+        if self.workspace_hook is not None:
+            self.workspace_hook(self, name, threading.get_ident())
+        # A weight cast by autocast: the copy of a parameter made in forward.
+        cast_of_weight = (func is torch.ops.aten._to_copy.default and phase == "forward"
+                          and args and isinstance(args[0], torch.Tensor)
+                          and self._role_of(args[0]) == "parameters")
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.track(t, phase, name, cast_of_weight)
+        if self.after_outputs_hook is not None:
+            self.after_outputs_hook(self, func, args, kwargs or {}, out)
+        return out
+
+    def _role_of(self, t: torch.Tensor) -> str:
+        bid = self.block_of(t)
+        return self.recording.blocks[bid].role if bid is not None else ""
+
+    # -- storages ------------------------------------------------------------------------
+
+    def track(self, t: torch.Tensor, phase: str, op: str,
+              cast_of_weight: bool = False) -> int | None:
+        """Record ``t``'s storage if it is new; returns its block id (None if empty)."""
+        if self.device_type is not None and t.device.type != self.device_type:
+            return None  # host memory (an optimizer's step counter, say)
+        try:
+            storage = t.untyped_storage()
+        except (NotImplementedError, RuntimeError):
+            return None  # a sparse or otherwise storage-less tensor: nothing to count
+        with self._lock:
+            bid = self._ids.get(storage)
+            if bid is not None:
+                return bid
+            nbytes = storage.nbytes()
+            if nbytes == 0:
+                return None
+            bid = self._next_id
+            self._next_id += 1
+            self._ids[storage] = bid
+            self._refs[bid] = weakref.ref(storage, lambda _ref, bid=bid: self._freed(bid))
+            block = Block(rounded(nbytes), nbytes, phase, op, self._site())
+            if cast_of_weight:
+                block.role = "autocast copies?"  # one if backward still holds it
+            self._allocate(bid, block)
+            return bid
+
+    def allocate_modelled(self, size: int, op: str, role: str) -> int:
+        """An allocation fake tensors cannot see (a library workspace), kept to the end."""
+        with self._lock:
+            bid = self._next_id
+            self._next_id += 1
+            self._allocate(bid, Block(rounded(size), size, self.phase, op, op, role))
+            return bid
+
+    def allocate_transient(self, size: int, op: str, site: str, role: str) -> int:
+        """An allocation an op makes and frees inside itself (a library workspace): it
+        counts toward the peak at the point it is made, and is freed at once."""
+        with self._lock:
+            bid = self._next_id
+            self._next_id += 1
+            self._allocate(bid, Block(rounded(size), size, self.op_phase, op, site, role))
+            self._freed(bid)
+            return bid
+
+    def _allocate(self, bid: int, block: Block) -> None:
+        rec = self.recording
+        rec.blocks[bid] = block
+        rec.ops.append(("a", bid, block.size))
+        self._live[bid] = block.size
+        self._allocated += block.size
+        if self._allocated > rec.peak_allocated:
+            rec.peak_allocated = self._allocated
+            rec.peak_op = len(rec.ops)
+            rec.live_at_peak = tuple(self._live)
+
+    def _freed(self, bid: int) -> None:
+        with self._lock:
+            size = self._live.pop(bid, None)
+            if size is None:
+                return
+            self._allocated -= size
+            self._refs.pop(bid, None)
+            self.recording.blocks[bid].freed = True
+            self.recording.ops.append(("f", bid))
+
+    def block_of(self, t: torch.Tensor) -> int | None:
+        try:
+            return self._ids.get(t.untyped_storage())
+        except (NotImplementedError, RuntimeError):
+            return None
+
+    def set_role(self, t: torch.Tensor, role: str, phase: str = "setup") -> None:
+        """Give ``t``'s block a role, recording it first if it predates the recorder."""
+        bid = self.block_of(t)
+        if bid is None:
+            bid = self.track(t, phase, "(existing)")
+        if bid is not None:
+            self.recording.blocks[bid].role = role
+
+    @property
+    def allocated(self) -> int:
+        return self._allocated
+
+    # -- call sites ----------------------------------------------------------------------
+
+    def _site(self) -> str:
+        frame = sys._getframe(2)
+        innermost = None
+        while frame is not None:
+            path = frame.f_code.co_filename
+            if innermost is None:
+                innermost = frame
+            if (not path.startswith(self._folded) or path == _MODELS_FILE) \
+                    and not path.startswith("<"):
+                break
+            frame = frame.f_back
+        frame = frame or innermost
+        if frame is None:
+            return "?"
+        return _site_name(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+
+
+def classify(recording: Recording, recorder: StorageRecorder) -> None:
+    """Settle every block's category from what the run showed about it: a block made in
+    forward and still live when the next backward began is kept for backward (an
+    activation, or an autocast copy of a weight); everything else unnamed is temporary."""
+    starts = recorder.backward_starts
+    allocated_at: dict[int, int] = {}
+    kept_for_backward: set[int] = set()
+    live: set[int] = set()
+    next_start = 0
+    for index, op in enumerate(recording.ops):
+        while next_start < len(starts) and starts[next_start] == index:
+            kept_for_backward.update(live)
+            live.clear()  # a block counts for the first backward after it only
+            next_start += 1
+        if op[0] == "a":
+            allocated_at[op[1]] = index
+            if recording.blocks[op[1]].phase == "forward":
+                live.add(op[1])
+        else:
+            live.discard(op[1])
+    for bid, block in recording.blocks.items():
+        if block.role in CATEGORIES:
+            continue
+        if block.role == "autocast copies?":
+            block.role = "autocast copies" if bid in kept_for_backward else "temporaries"
+        elif block.phase == "forward" and bid in kept_for_backward:
+            block.role = "activations"
+        else:
+            block.role = "temporaries"

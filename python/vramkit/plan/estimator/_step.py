@@ -1,0 +1,337 @@
+"""Run the user's training step on fake tensors, with the recorder watching.
+
+The user hands over what their step takes, built as usual (a model on the CPU or on the
+``meta`` device, its optimizer, a batch): each module, optimizer and tensor among the
+arguments is given a fake twin on the target device, sharing structure but no memory, and
+the step runs on the twins. The real objects are never touched.
+
+The recording starts with what exists before the step (parameters, buffers, the inputs),
+as the real program has them allocated before its first step; then ``steps`` steps run
+(two by default: the first creates the optimizer's state, the second runs with it, which
+is where a training loop's steady peak is).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import inspect
+import types
+from dataclasses import dataclass
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from . import _emulate
+from ._moves import fake_module_moves
+from ._record import Recording, StorageRecorder, classify
+from ._values import KnownValues
+from .workspaces import WorkspaceTableError
+
+
+class UntraceableStep(RuntimeError):
+    """The step did something fake tensors cannot follow; the message says what and how to
+    work around it."""
+
+
+@dataclass
+class Target:
+    """Where the fake step runs: ``device`` for its tensors, ``emulated`` when a CPU
+    stands for the GPU (no CUDA driver on this machine)."""
+
+    device: torch.device
+    emulated: bool
+
+
+def choose_target(device: str | torch.device = "cuda", emulate: bool | None = None) -> Target:
+    """Fake CUDA tensors where a GPU is present, else (or if ``emulate``) a CPU for it."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"estimate(): device must be a CUDA device, not {device}")
+    if not emulate and torch.cuda.is_available():
+        return Target(torch.device("cuda", device.index or 0), False)
+    return Target(torch.device("cpu"), True)
+
+
+class _Twins:
+    """Fake twins of the user's objects, made once each (a parameter shared by two modules
+    stays shared)."""
+
+    def __init__(self, mode: FakeTensorMode, target: Target):
+        self.mode = mode
+        self.target = target
+        self.memo: dict[int, object] = {}
+
+    def tensor(self, t: torch.Tensor) -> torch.Tensor:
+        twin = self.memo.get(id(t))
+        if twin is None:
+            fake = self.mode.from_tensor(t.detach())
+            with self.mode:
+                fake = fake.to(self.target.device)
+            if isinstance(t, torch.nn.Parameter):
+                fake = torch.nn.Parameter(fake, requires_grad=t.requires_grad)
+            elif t.requires_grad:
+                fake.requires_grad_(True)
+            twin = self.memo[id(t)] = fake
+        return twin
+
+    def module(self, m: torch.nn.Module) -> torch.nn.Module:
+        memo = {id(t): self.tensor(t) for t in (*m.parameters(), *m.buffers())}
+        return self._copy(m, memo)
+
+    def _copy(self, obj, memo: dict):
+        """A deep copy of ``obj`` over the twins in ``memo``; an optimizer it holds (a
+        module whose step is its own method keeps one) is twinned as one, so that the
+        step's optimizer is the twin the estimator watches."""
+        for value in vars(obj).values():
+            if isinstance(value, torch.optim.Optimizer):
+                memo[id(value)] = self.any(value)
+        twin = copy.deepcopy(obj, {**self.memo, **memo})
+        self.memo[id(obj)] = twin
+        return twin
+
+    def owner(self, step_fn):
+        """``step_fn`` bound to the twin of what it belongs to, when it is a module or a
+        method of an object holding modules (``estimate(trainer.train_step, batch)``):
+        the step then runs on fake twins, never on the real model. The twin is returned
+        too (None for a plain function), so that its modules and optimizers are watched."""
+        if isinstance(step_fn, torch.nn.Module):
+            twin = self.any(step_fn)
+            return twin, twin
+        owner = getattr(step_fn, "__self__", None)
+        if not inspect.ismethod(step_fn) or owner is None or isinstance(owner, type) \
+                or not hasattr(owner, "__dict__") or not (
+                    isinstance(owner, torch.nn.Module)
+                    or _found(vars(owner).values(), (torch.nn.Module, torch.Tensor))):
+            return step_fn, None
+        if isinstance(owner, torch.nn.Module):
+            twin = self.any(owner)
+        else:
+            memo = {id(v): self.any(v) for v in vars(owner).values()
+                    if isinstance(v, (torch.nn.Module, torch.Tensor))}
+            twin = self._copy(owner, memo)
+        return types.MethodType(step_fn.__func__, twin), twin
+
+    def optimizer(self, opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        groups = []
+        for group in opt.param_groups:
+            g = {k: v for k, v in group.items() if k != "params"}
+            g["params"] = [self.tensor(p) for p in group["params"]]
+            groups.append(g)
+        # The defaults hold every hyperparameter, some of which the class's constructor
+        # sets itself (AdamW's decoupled_weight_decay): pass only what it accepts.
+        accepted = inspect.signature(type(opt).__init__).parameters
+        twin = type(opt)(groups, **{k: v for k, v in opt.defaults.items()
+                                    if k in accepted and k != "params"})
+        self.memo[id(opt)] = twin
+        return twin
+
+    def any(self, value):
+        if id(value) in self.memo:
+            return self.memo[id(value)]
+        if isinstance(value, torch.nn.Module):
+            return self.module(value)
+        if isinstance(value, torch.optim.Optimizer):
+            return self.optimizer(value)
+        if isinstance(value, torch.Tensor):
+            return self.tensor(value)
+        if isinstance(value, (list, tuple)):
+            return type(value)(self.any(v) for v in value)
+        if isinstance(value, dict):
+            return {k: self.any(v) for k, v in value.items()}
+        return value
+
+
+def _found(values, kind) -> list:
+    """The objects of type ``kind`` among ``values``, looking into lists, tuples, dicts."""
+    found = []
+    for v in values:
+        if isinstance(v, kind):
+            found.append(v)
+        elif isinstance(v, (list, tuple)):
+            found.extend(_found(v, kind))
+        elif isinstance(v, dict):
+            found.extend(_found(v.values(), kind))
+    return found
+
+
+def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
+                workspace_hook=None, build=None, variant=None,
+                around_step=None, after_outputs_hook=None) -> tuple[Recording, StorageRecorder]:
+    """Run ``steps`` calls of ``step_fn`` on fake twins of ``args``/``kwargs`` (or on what
+    ``build()`` returns, made under the fake mode) and return the recording. ``variant``
+    (variants.Variant) changes the twins and the call first; ``around_step`` is a context
+    entered around the steps (a FLOP counter). ``workspace_hook`` and
+    ``after_outputs_hook`` are the recorder's (StorageRecorder says when each is called)."""
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    known = KnownValues()  # from build() on: drop-path rates made there are read later
+    recorder = StorageRecorder()
+    recorder.workspace_hook = workspace_hook
+    recorder.after_outputs_hook = after_outputs_hook
+    recorder.device_type = None if target.emulated else "cuda"
+    with on_target(target):
+        # What exists before the step is recorded from the objects themselves below, as
+        # the real program holds it before its first step (building leaves nothing else).
+        twins = _Twins(mode, target)
+        if build is not None:
+            with mode, known, torch.device(target.device):
+                try:
+                    built = build()
+                except Exception as error:  # noqa: BLE001 - explained, then re-raised
+                    raise UntraceableStep("build(): " + _explain(error)) from error
+            args = (*built, *args) if isinstance(built, tuple) else (built, *args)
+        else:
+            args = twins.any(tuple(args))
+            kwargs = twins.any(dict(kwargs))
+        step_fn, owner = twins.owner(step_fn)
+        if variant is not None:
+            with mode:
+                args = tuple(variant.transform(list(args)))
+            step_fn = variant.wrap(step_fn)
+        values = (*args, *kwargs.values())
+        if owner is not None:
+            values += (owner, *vars(owner).values())
+        known.forget(p for m in _found(values, torch.nn.Module) for p in m.parameters())
+        known.forget(_found(values, torch.Tensor))
+        with mode, known, recorder, (around_step or contextlib.nullcontext()):
+            for m in _found(values, torch.nn.Module):
+                for p in m.parameters():
+                    recorder.set_role(p, "parameters")
+                for b in m.buffers():
+                    recorder.set_role(b, "parameters")
+            for t in _found(values, torch.Tensor):
+                if recorder.block_of(t) is None or not recorder.recording.blocks[
+                        recorder.block_of(t)].role:
+                    recorder.set_role(t, "inputs")
+            optimizers = _found(values, torch.optim.Optimizer)
+            for opt in optimizers:
+                _as_on_the_gpu(opt)
+            hooks = _phase_hooks(recorder, optimizers)
+            try:
+                for _ in range(steps):
+                    recorder.phase = "forward"
+                    try:
+                        step_fn(*args, **kwargs)
+                    except WorkspaceTableError:
+                        raise  # the estimator's own data, not the step, is at fault
+                    except Exception as error:  # noqa: BLE001 - explained, then re-raised
+                        if target.emulated and type(error).__name__ == "CheckpointError":
+                            raise UntraceableStep(_CHECKPOINT_ON_CPU) from error
+                        raise UntraceableStep(_explain(error)) from error
+            finally:
+                for h in hooks:
+                    h.remove()
+            for m in _found(values, torch.nn.Module):
+                for p in m.parameters():
+                    if p.grad is not None:
+                        recorder.set_role(p.grad, "gradients")
+            recorder.phase = "done"
+    classify(recorder.recording, recorder)
+    return recorder.recording, recorder
+
+
+@contextlib.contextmanager
+def on_target(target: Target):
+    """What a step and its build() run under besides the fake mode: the CPU standing in
+    for CUDA where there is no GPU, and moves of fake modules (.to("cuda"), .half())."""
+    emulation = _emulate.emulated_cuda() if target.emulated else contextlib.nullcontext()
+    with emulation, fake_module_moves():
+        yield
+
+
+def _as_on_the_gpu(opt: torch.optim.Optimizer) -> None:
+    """On the GPU a group of plain CUDA tensors takes the multi-tensor ("foreach")
+    implementation by default, whose temporaries are the size of all the group's
+    parameters (AdamW's square roots of the second moments, say); fake tensors are not
+    plain tensors, so PyTorch would pick the per-tensor loop for them, whose temporaries
+    are one parameter's size. The GPU's default is made explicit on the fake optimizer."""
+    for group in opt.param_groups:
+        if "foreach" in group and group["foreach"] is None \
+                and not group.get("differentiable", False) and not group.get("fused"):
+            group["foreach"] = True
+
+
+def _phase_hooks(recorder: StorageRecorder, optimizers) -> list:
+    """Mark the optimizer's phase, its gradients when it starts and its state when it ends."""
+
+    def before(opt, _args, _kwargs):
+        recorder.phase = "optimizer"
+        for group in opt.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    recorder.set_role(p.grad, "gradients", "backward")
+
+    def after(opt, _args, _kwargs):
+        for state in opt.state.values():
+            for value in state.values():
+                if isinstance(value, torch.Tensor):
+                    recorder.set_role(value, "optimizer state", "optimizer")
+        recorder.phase = "after optimizer"
+
+    handles = []
+    for opt in optimizers:
+        handles.append(opt.register_step_pre_hook(before))
+        handles.append(opt.register_step_post_hook(after))
+    return handles
+
+
+# What fake tensors cannot do, as PyTorch says it, and what to do instead.
+_WORKAROUNDS = (
+    ("datadependent", "the step reads a tensor's values (.item(), .tolist(), a Python "
+     "if on a tensor, nonzero() or a boolean mask): compute that value outside the step, "
+     "or give the step a fixed value for the estimate"),
+    ("local_scalar_dense", "the step reads a tensor's value (.item(), float(t), a Python "
+     "if on a tensor): pass the value in instead, or give the step a fixed value"),
+    ("data-dependent", "the step reads a tensor's values (.item(), .tolist(), a Python "
+     "if on a tensor, nonzero() or a boolean mask): compute that value outside the step, "
+     "or give the step a fixed value for the estimate"),
+    ("dynamicoutputshape", "the size of what the operation makes depends on values the "
+     "estimate cannot know (nonzero(), a boolean mask, unique() on weights or on the "
+     "batch): give the step a fixed size for the estimate, e.g. an index of the count "
+     "you expect"),
+    ("item()", "the step reads a tensor's values with .item(): pass the value in instead"),
+    ("no fake impl", "an operation has no fake (meta) kernel, e.g. a custom CUDA "
+     "extension: register one with torch.library.register_fake, or estimate the rest of "
+     "the step without it"),
+    ("meta kernel", "an operation has no meta kernel: register one with "
+     "torch.library.register_fake, or leave it out of the estimated step"),
+)
+
+# Activation checkpointing recomputes forward inside backward; without a GPU the CPU
+# stand-in's device and attention mapping do not reach that recomputation (PyTorch 2.11).
+_CHECKPOINT_ON_CPU = ("activation checkpointing recomputes the forward pass during "
+                      "backward, which the CPU stand-in (this machine has no GPU) cannot "
+                      "follow; estimate a checkpointed step on a machine with a GPU")
+
+
+def _where(error: BaseException) -> str:
+    """The innermost frame of the failing call outside PyTorch and vramkit: the line of the
+    user's (or the model library's) code that asked for what fake tensors cannot give."""
+    import os
+    import traceback
+    folded = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
+              os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep)
+    found = ""
+    for frame in traceback.extract_tb(error.__traceback__):
+        if not os.path.abspath(frame.filename).startswith(folded):
+            found = f" at {frame.filename}:{frame.lineno} in {frame.name}"
+    return found
+
+
+def _words(text: str, most: int = 300) -> str:
+    """``text`` to at most about ``most`` characters, cut between words, never in one."""
+    if len(text) <= most:
+        return text
+    return text[:most].rsplit(" ", 1)[0] + " ..."
+
+
+def _explain(error: Exception) -> str:
+    text = f"{type(error).__name__}: {error}"
+    first = _words(text.splitlines()[0] if text else type(error).__name__) + _where(error)
+    for needle, advice in _WORKAROUNDS:
+        if needle in text.lower():
+            return (f"the step could not run on fake tensors ({first}); {advice}. "
+                    f"No estimate is given rather than one that leaves this out.")
+    return (f"the step could not run on fake tensors ({first}); the operation "
+            f"named there needs a real device or real values. No estimate is given "
+            f"rather than one that leaves it out.")

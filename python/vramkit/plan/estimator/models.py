@@ -1,0 +1,192 @@
+"""Training steps of well-known models, built from their configuration alone.
+
+``vramkit estimate --model gpt2`` and the accuracy check (bench/estimate_check.py) need a
+model without its weights: the Hugging Face ``transformers`` configuration classes give
+the architecture of each family with its published defaults (GPT2Config() is GPT-2 124M,
+ViTConfig() is ViT-B/16, ResNetConfig() is ResNet-50), so nothing is downloaded. A
+``config.json`` path or a model id already in the local Hugging Face cache works too.
+
+Each workload is a pair: ``build()`` makes (model, optimizer, batch) on the current
+device (under the estimator's fake tensors, or for real on a GPU), and ``step(model,
+optimizer, batch)`` runs forward, backward and the optimizer step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+PRECISIONS = ("fp32", "bf16-amp", "fp16-amp", "bf16")
+OPTIMIZERS = ("adamw", "sgd")
+
+# Families by transformers model_type: how to build the model and a batch for it.
+_LANGUAGE = {"gpt2", "llama", "mistral", "qwen2", "gpt_neox", "opt", "bert", "roberta"}
+_VISION = {"vit", "resnet"}
+
+# A Llama-style decoder the size of a small production model, for `--model llama-1b`.
+_NAMED = {
+    "llama-1b": ("llama", dict(hidden_size=2048, intermediate_size=5632,
+                               num_hidden_layers=16, num_attention_heads=32,
+                               num_key_value_heads=8, vocab_size=32000,
+                               max_position_embeddings=4096)),
+    # Llama 3 8B's published configuration: too large to build on most machines that
+    # would estimate it, which the estimator never does (its weights are fake tensors).
+    "llama-3-8b": ("llama", dict(hidden_size=4096, intermediate_size=14336,
+                                 num_hidden_layers=32, num_attention_heads=32,
+                                 num_key_value_heads=8, vocab_size=128256,
+                                 max_position_embeddings=8192, rope_theta=500000.0)),
+    "gpt2-medium": ("gpt2", dict(n_embd=1024, n_layer=24, n_head=16)),
+    "gpt2-large": ("gpt2", dict(n_embd=1280, n_layer=36, n_head=20)),
+    "vit-b16": ("vit", {}),
+    "resnet50": ("resnet", {}),
+}
+
+
+class UnknownModel(ValueError):
+    """The model name is neither a known family, a named size, nor a local config."""
+
+
+class BadConfig(ValueError):
+    """A configuration file that names no model transformers can build: unreadable, not
+    JSON, or with values of the wrong kind. The message names the file."""
+
+
+class MissingPackage(ImportError):
+    """transformers (or PyTorch) is not installed; the message says what to install."""
+
+
+@dataclass
+class Workload:
+    name: str
+    build: Callable
+    step: Callable
+    parameters: int | None = None
+
+
+def config_for(model: str):
+    """The transformers configuration for ``model``: a family (``gpt2``), a named size
+    (``llama-1b``), a path to a ``config.json``, or a model id in the local cache."""
+    try:
+        import transformers
+    except ImportError as error:
+        raise MissingPackage("estimating a model by name needs the transformers package "
+                             "(pip install transformers)") from error
+    if model in _NAMED:
+        family, overrides = _NAMED[model]
+        return transformers.AutoConfig.for_model(family, **overrides)
+    if os.path.exists(model):
+        return _config_file(transformers, model)
+    try:
+        return transformers.AutoConfig.for_model(model)
+    except ValueError:
+        pass
+    try:
+        return transformers.AutoConfig.from_pretrained(model, local_files_only=True)
+    except (OSError, ValueError) as error:
+        known = sorted(_LANGUAGE | _VISION | set(_NAMED))
+        raise UnknownModel(f"unknown model {model!r}: give a family ({', '.join(known)}), "
+                           f"a path to a config.json, or a model id already in the local "
+                           f"Hugging Face cache (nothing is downloaded)") from error
+
+
+def _config_file(transformers, model: str):
+    """The configuration in a config.json, or in the one of a model folder."""
+    from ..._shown import shown
+
+    path = os.path.join(model, "config.json") if os.path.isdir(model) else model
+    if not os.path.isfile(path):
+        raise BadConfig(f"{shown(model)}: a folder without a config.json")
+    try:
+        return transformers.AutoConfig.from_pretrained(path)
+    except ImportError:
+        raise
+    except Exception as error:  # noqa: BLE001
+        # transformers says "not a valid JSON file" as an OSError, and its newer releases
+        # check the kinds of the fields with exceptions of huggingface_hub's own: whatever
+        # it raises on reading this file is the file's fault.
+        why = " ".join(str(error).split())[:300] or type(error).__name__
+    raise BadConfig(f"{shown(path)}: not a usable model configuration: {why}")
+
+
+def workload(model: str, batch: int, seq: int = 1024, precision: str = "fp32",
+             optimizer: str = "adamw", checkpointing: bool = False,
+             image_size: int | None = None) -> Workload:
+    """The training step of ``model`` at ``batch`` (and ``seq`` tokens for language
+    models), in ``precision``, with ``optimizer``, optionally with activation
+    checkpointing of every block."""
+    import torch
+    import transformers
+
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, not {optimizer!r}")
+    if batch < 1:
+        raise ValueError(f"batch must be at least 1, not {batch}")
+    config = config_for(model)
+    family = config.model_type
+    amp_dtype = {"bf16-amp": torch.bfloat16, "fp16-amp": torch.float16}.get(precision)
+    weights_dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+
+    if family in _VISION:
+        size = image_size or getattr(config, "image_size", 224)
+        cls = (transformers.ResNetForImageClassification if family == "resnet"
+               else transformers.ViTForImageClassification)
+        labels = getattr(config, "num_labels", 2) or 2
+
+        def make_batch():
+            return (torch.randn(batch, 3, size, size, dtype=weights_dtype),
+                    torch.randint(0, labels, (batch,)))
+    elif family in _LANGUAGE or hasattr(config, "vocab_size"):
+        cls = (transformers.AutoModelForCausalLM if family not in ("bert", "roberta")
+               else transformers.AutoModelForMaskedLM)
+        vocab = config.vocab_size
+
+        def make_batch():
+            ids = torch.randint(0, vocab, (batch, seq))
+            return ids, ids
+    else:
+        raise UnknownModel(f"model family {family!r} is not one the estimator builds")
+
+    def build():
+        if cls is transformers.AutoModelForCausalLM or cls is transformers.AutoModelForMaskedLM:
+            net = cls.from_config(config, attn_implementation="sdpa")
+            # Named as transformers names the loss of a model whose class name does not say
+            # (GPT2LMHeadModel): left unset, transformers warns that it guessed.
+            if getattr(net, "loss_type", None) is None:
+                net.loss_type = ("ForCausalLM" if cls is transformers.AutoModelForCausalLM
+                                 else "ForMaskedLM")
+        else:
+            net = cls(config)
+        if weights_dtype is not torch.float32:
+            net = net.to(dtype=weights_dtype)
+        if checkpointing:
+            net.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False})
+        net.train()
+        if optimizer == "sgd":
+            opt = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9)
+        else:
+            opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
+        inputs, labels = make_batch()
+        return net, opt, (inputs, labels)
+
+    autocast = (lambda: torch.autocast("cuda", dtype=amp_dtype)) if amp_dtype else \
+        contextlib.nullcontext
+
+    def step(net, opt, batch_):
+        inputs, labels = batch_
+        with autocast():
+            if family in _VISION:
+                loss = net(pixel_values=inputs, labels=labels).loss
+            else:
+                loss = net(input_ids=inputs, labels=labels).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return Workload(f"{model} batch {batch}" + (f"x{seq}" if family not in _VISION else "")
+                    + f" {precision}" + (" checkpointing" if checkpointing else ""),
+                    build, step)

@@ -1,0 +1,103 @@
+"""vramkit.plug.torch_settings: PyTorch's allocator settings under vramkit's backend.
+
+PYTORCH_CUDA_ALLOC_CONF (or PYTORCH_ALLOC_CONF) and torch.cuda.memory._set_allocator_settings()
+configure PyTorch's caching allocator, which vramkit replaces: each key is honoured, mapped
+to vramkit's equivalent, or refused or warned about with a message naming the equivalent.
+None is dropped silently. vramkit.torch.install() reads the variable (map_settings) and
+routes later calls through settings_hook.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+# Keys PyTorch itself still serves under vramkit: its pinned host allocator is not replaced.
+_HOST_KEYS = ("pinned_use_cuda_host_register", "pinned_num_register_threads",
+              "pinned_use_background_threads", "pinned_reserve_segment_size_mb",
+              "pinned_use_host_register")
+
+# Keys with no vramkit equivalent: what vramkit does instead, named in the warning.
+_NO_EQUIVALENT = {
+    "max_split_size_mb": "vramkit splits blocks of any size and keeps fragmentation down by "
+                         "placement instead: tight_threshold (VRAMKIT_TIGHT_THRESHOLD) places "
+                         "large blocks tightly, large_blocks='virtual' maps them",
+    "max_non_split_rounding_mb": "vramkit rounds every request to 512 bytes and never hands "
+                                 "out a larger block whole",
+    "roundup_power2_divisions": "vramkit rounds every request to 512 bytes; there are no "
+                                "power-of-two size classes to divide",
+    "garbage_collection_threshold": "vramkit keeps cached memory under release_threshold "
+                                    "(VRAMKIT_RELEASE_THRESHOLD) instead",
+    "release_lock_on_cudamalloc": "vramkit's engine already calls the driver outside its "
+                                  "hot path; there is no lock to release",
+    "graph_capture_record_stream_reuse": "vramkit keeps a graph pool's blocks for the graph "
+                                         "until the capture ends",
+}
+
+
+class SettingsError(ValueError):
+    """A setting vramkit cannot serve at all (backend:cudaMallocAsync)."""
+
+
+def _pairs(conf: str):
+    for item in conf.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        key, _, value = item.partition(":")
+        yield key.strip(), value.strip()
+
+
+def _warn(message: str) -> None:
+    warnings.warn(f"vramkit.torch: {message}", RuntimeWarning, stacklevel=3)
+
+
+def map_settings(conf: str, where: str = "PYTORCH_CUDA_ALLOC_CONF") -> dict:
+    """vramkit.configure() options for PyTorch's settings string `conf`; warns for every key
+    with no equivalent, raises SettingsError for one that cannot run under vramkit."""
+    options: dict = {}
+    for key, value in _pairs(conf):
+        if key == "backend":
+            if value not in ("native", ""):
+                raise SettingsError(
+                    f"{where}: backend:{value} asks for another allocator than PyTorch's native "
+                    f"one, which vramkit replaces; drop it (or do not install vramkit)")
+        elif key == "expandable_segments":
+            # PyTorch's expandable segments are vramkit's virtual large blocks.
+            options["large_blocks"] = "virtual" if value.lower() == "true" else "fixed"
+        elif key == "per_process_memory_fraction":
+            options["limit"] = float(value)
+        elif key in _HOST_KEYS:
+            continue  # PyTorch's host allocator serves it, as without vramkit
+        elif key in _NO_EQUIVALENT:
+            _warn(f"{where}: {key}:{value} has no effect under vramkit: {_NO_EQUIVALENT[key]}")
+        else:
+            _warn(f"{where}: {key}:{value} is not a setting vramkit knows; it has no effect")
+    return options
+
+
+def from_environment() -> dict:
+    """map_settings() of the variable PyTorch reads (the CUDA one first, as PyTorch does)."""
+    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        conf = os.environ.get(name)
+        if conf:
+            return map_settings(conf, name)
+    return {}
+
+
+def settings_hook(original):
+    """A stand-in for torch's setter of allocator settings, installed once vramkit is the
+    allocator: PyTorch still records the settings (its host allocator reads them), and
+    vramkit says what they do under it. Its pools are configured already, so keys that map
+    to a vramkit option are refused with the option's name rather than half applied."""
+
+    def set_allocator_settings(conf: str):
+        where = "torch.cuda.memory._set_allocator_settings"
+        for key, value in map_settings(conf, where).items():
+            _warn(f"{where}: takes effect only before the first CUDA allocation under vramkit; "
+                  f"pass {key}={value!r} to vramkit.torch.install() (or set the matching "
+                  f"VRAMKIT_ variable) instead")
+        return original(conf)
+
+    set_allocator_settings.__wrapped__ = original
+    return set_allocator_settings
