@@ -279,7 +279,11 @@ VRAM_API vram_source_kind vram_pool_source(const vram_pool_t *pool);
   X(num_device_free, "source releases (cuMemFree / unmap calls)")                          \
   X(num_sync_waits, "times the pool waited for a stream event")                            \
   X(num_mallocs, "vram_malloc calls that succeeded")                                       \
-  X(num_frees, "vram_free calls that succeeded")
+  X(num_frees, "vram_free calls that succeeded")                                           \
+  X(giveback_requests, "times this pool asked its neighbours to give cached memory back")  \
+  X(giveback_received_bytes, "bytes neighbours gave back when this pool asked")            \
+  X(giveback_given_bytes, "bytes this pool gave back when a neighbour asked")              \
+  X(giveback_given_count, "times this pool gave memory back to a neighbour")
 
 typedef struct vram_stat {
   int64_t current, peak, total;
@@ -428,7 +432,10 @@ typedef enum vram_event_kind {
                                    device's free bytes at that moment */
   VRAM_EVENT_EMPTY_CACHE,       /* vram_empty_cache ran */
   VRAM_EVENT_SNAPSHOT,          /* vram_snapshot was taken */
-  VRAM_EVENT_ANNOTATE           /* vram_history_annotate: context names the annotation */
+  VRAM_EVENT_ANNOTATE,          /* vram_history_annotate: context names the annotation */
+  VRAM_EVENT_GIVE_BACK          /* a neighbour asked and the pool gave idle memory back:
+                                   addr = the asking process's pid, size = bytes given,
+                                   requested = bytes asked */
 } vram_event_kind;
 
 typedef struct vram_event {

@@ -155,6 +155,28 @@ static void format_neighbours(text_out *o, const vram_neighbours *nb) {
   if (nb->note[0]) out_printf(o, "  (NVML: %s; only vramkit processes are listed.)\n", nb->note);
 }
 
+/* What the give-back group did when this request asked it (pool/giveback.h): who was
+ * asked, what each gave back, and who did not answer in time. */
+static void format_giveback(text_out *o, const vram_giveback_outcome *gb) {
+  if (!gb) return;
+  char want[32], got[32], given[32];
+  human_size(want, sizeof want, gb->wanted_bytes);
+  human_size(got, sizeof got, gb->received_bytes);
+  out_printf(o, "  Give-back: asked %d vramkit neighbour%s on this device for %s, got %s back",
+             gb->asked, gb->asked == 1 ? "" : "s", want, got);
+  for (int i = 0; i < gb->count; i++) {
+    const vram_giveback_answer *a = &gb->list[i];
+    out_printf(o, "%s pid %d%s%s%s ", i ? ";" : ":", a->pid, a->name[0] ? " (" : "", a->name,
+               a->name[0] ? ")" : "");
+    human_size(given, sizeof given, a->given_bytes);
+    if (!a->answered) out_printf(o, "did not answer within %llu ms", (unsigned long long)gb->timeout_ms);
+    else if (a->given_bytes) out_printf(o, "gave back %s", given);
+    else out_printf(o, "had nothing idle to give back");
+  }
+  if (gb->asked > gb->count) out_printf(o, "; and %d more", gb->asked - gb->count);
+  out_printf(o, ".\n");
+}
+
 /* Why a request failed, one word a program can match ("  cause: <kind>: ...") and one
  * sentence with the numbers. Exactly one kind is chosen, in this order:
  *
@@ -586,6 +608,7 @@ int _vram_format_oom_report(const vram_pool_snapshot *snap, const vram_oom_reque
              "fragmentation %.1f%%.\n",
              tot, fre, lim, res, alc, cfr, lfb, 100.0 * in->fragmentation);
   format_neighbours(&o, snap->neighbours);
+  format_giveback(&o, snap->giveback);
   format_oom_advice(&o, snap, in, lim);
   return (int)o.len;
 }

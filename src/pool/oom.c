@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "pool/events.h"
+#include "pool/giveback.h"
 #include "pool/oom.h"
 #include "pool/published.h"
 #include "pool/snapshot.h"
@@ -24,6 +25,8 @@ static __attribute__((noinline, cold)) void write_report(vram_pool_t *pool,
   vram_neighbours neighbours;
   _vram_pool_neighbours(pool, &neighbours);
   snap.neighbours = &neighbours;
+  /* What the neighbours gave back, or did not, when this request asked them. */
+  snap.giveback = req->max_request || req->preallocate ? NULL : _vram_giveback_outcome(pool);
   _vram_pool_publish_slow(pool);
   _vram_oom_info_fill(&snap, req, &pool->oom_info);
   _vram_format_oom_report(&snap, req, &pool->oom_info, pool->oom_report,

@@ -103,6 +103,11 @@ static int fault_processes(void *state, vram_nvml_process *out, int max, const c
   return f->inner->xProcesses(f->inner_state, out, max, why);
 }
 
+static void fault_group_name(void *state, char *buf, size_t cap) {
+  fault_state *f = state;
+  f->inner->xGroupName(f->inner_state, buf, cap);
+}
+
 int _vram_fault_wrap(const vram_source_methods *inner, void *inner_state,
                      const vram_fault_plan *plan, const vram_source_methods **out_methods,
                      void **out_state) {
@@ -132,6 +137,7 @@ int _vram_fault_wrap(const vram_source_methods *inner, void *inner_state,
       .xEventSynchronize = fault_event_synchronize,
       .xDeviceUuid = inner->xDeviceUuid ? fault_device_uuid : NULL,
       .xProcesses = inner->xProcesses ? fault_processes : NULL,
+      .xGroupName = inner->xGroupName ? fault_group_name : NULL,
   };
   *out_methods = &f->table;
   *out_state = f;

@@ -74,6 +74,9 @@ typedef struct vram_source_methods {
    * most max), or -1 with *why (static text). */
   void (*xDeviceUuid)(void *state, char *buf, size_t cap);
   int (*xProcesses)(void *state, vram_nvml_process *out, int max, const char **why);
+  /* The device as the processes that share it name it, for the give-back group
+   * (pool/giveback.h); "" where no other process shares it. NULL: xDeviceUuid's name. */
+  void (*xGroupName)(void *state, char *buf, size_t cap);
 } vram_source_methods;
 
 /* device_identity.c: xDeviceUuid and xProcesses for the sources on the CUDA driver, whose
