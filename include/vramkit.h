@@ -346,9 +346,11 @@ typedef enum vram_oom_cause {
   VRAM_OOM_GRANULARITY,   /* the room is there, not in whole segments */
   VRAM_OOM_LIMIT,         /* a limit refused it while the device had room */
   VRAM_OOM_LIVE,          /* live memory plus the request is more than the cap */
-  VRAM_OOM_OTHERS         /* other processes hold what is missing */
+  VRAM_OOM_OTHERS,        /* other processes hold what is missing */
+  VRAM_OOM_GROUP_LIMIT    /* every vramkit process on the device together would pass the
+                             group limit (VRAMKIT_GROUP_LIMIT) */
 } vram_oom_cause;
-#define VRAM_OOM_CAUSE_COUNT 6
+#define VRAM_OOM_CAUSE_COUNT 7
 /* "preallocate", "fragmentation", ...; NULL for a value out of range. */
 VRAM_API const char *vram_oom_cause_name(int cause);
 
@@ -386,6 +388,9 @@ typedef struct vram_oom_info {
   int neighbours_total;        /* other processes found, listed or not */
   int neighbours_count;        /* entries in neighbours */
   vram_oom_neighbour_t neighbours[VRAM_OOM_MAX_NEIGHBOURS];
+  uint64_t group_limit;        /* VRAMKIT_GROUP_LIMIT in bytes; 0: none */
+  uint64_t group_reserved;     /* what every vramkit process on the device reserves together
+                                * (this pool included); 0 outside a give-back group */
 } vram_oom_info_t;
 
 /* The figures of this pool's last OOM: VRAM_EINVAL (and *info zeroed) if it had none. */

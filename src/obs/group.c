@@ -45,9 +45,43 @@ vram_group_file *_vram_group_open(const char *device_name) {
   return g;
 }
 
+/* Off the total what the entry holds, and the entry freed. */
+static void release_entry(vram_group_file *g, vram_group_member *m) {
+  atomic_store(&m->opted_in, 0u);
+  atomic_fetch_sub(&g->reserved_total, atomic_exchange(&m->reserved, 0));
+  _vram_member_free(&m->id);
+}
+
+bool _vram_group_clear_if_dead(vram_group_file *g, int member) {
+  if (!_vram_member_take_dead(&g->members[member].id)) return false;
+  release_entry(g, &g->members[member]);
+  return true;
+}
+
 void _vram_group_clear_dead(vram_group_file *g) {
-  for (int i = 0; i < VRAM_GROUP_MEMBERS; i++)
-    if (_vram_member_take_dead(&g->members[i].id)) _vram_member_free(&g->members[i].id);
+  for (int i = 0; i < VRAM_GROUP_MEMBERS; i++) _vram_group_clear_if_dead(g, i);
+}
+
+static bool try_take(vram_group_file *g, uint64_t bytes, uint64_t limit) {
+  uint64_t total = atomic_load(&g->reserved_total);
+  do {
+    if (limit && (bytes > limit || total > limit - bytes)) return false;
+  } while (!atomic_compare_exchange_weak(&g->reserved_total, &total, total + bytes));
+  return true;
+}
+
+bool _vram_group_take(vram_group_file *g, int member, uint64_t bytes, uint64_t limit) {
+  if (!try_take(g, bytes, limit)) {
+    _vram_group_clear_dead(g);
+    if (!try_take(g, bytes, limit)) return false;
+  }
+  atomic_fetch_add(&g->members[member].reserved, bytes);
+  return true;
+}
+
+void _vram_group_give(vram_group_file *g, int member, uint64_t bytes) {
+  atomic_fetch_sub(&g->members[member].reserved, bytes);
+  atomic_fetch_sub(&g->reserved_total, bytes);
 }
 
 int _vram_group_join(vram_group_file *g, bool opted_in) {
@@ -69,10 +103,7 @@ int _vram_group_join(vram_group_file *g, bool opted_in) {
   return i;
 }
 
-void _vram_group_leave(vram_group_file *g, int member) {
-  atomic_store(&g->members[member].opted_in, 0u);
-  _vram_member_free(&g->members[member].id);
-}
+void _vram_group_leave(vram_group_file *g, int member) { release_entry(g, &g->members[member]); }
 
 static long futex(_Atomic uint32_t *word, int op, uint32_t value, const struct timespec *timeout) {
   /* No FUTEX_PRIVATE_FLAG: the waiters are in other processes. */

@@ -29,7 +29,7 @@ typedef struct vram_group_member {
   vram_member_id id;
   _Atomic uint32_t opted_in;     /* it gives back when asked (VRAMKIT_GIVE_BACK) */
   _Atomic uint32_t answered;     /* the request_seq it last answered */
-  _Atomic uint64_t reserved;     /* bytes it holds from the device */
+  _Atomic uint64_t reserved;     /* bytes it holds from the device (exact: its source counts) */
   _Atomic uint64_t idle;         /* of them, in whole idle segments or granules: givable */
   _Atomic uint64_t given_bytes, given_count; /* what it gave back, all requests together */
   _Atomic uint64_t asked_count;  /* requests it answered */
@@ -45,6 +45,7 @@ typedef struct vram_group_file {
   _Atomic int32_t request_member;/* the asker's entry */
   uint32_t unused_;
   _Atomic uint64_t request_bytes;
+  _Atomic uint64_t reserved_total; /* every member's reserved: what group limits compare */
   vram_group_member members[VRAM_GROUP_MEMBERS];
 } vram_group_file;
 
@@ -55,8 +56,15 @@ vram_group_file *_vram_group_open(const char *device_name);
  * (after clearing dead members' entries). */
 int _vram_group_join(vram_group_file *g, bool opted_in);
 void _vram_group_leave(vram_group_file *g, int member);
-/* Clears the entries of members that died. */
+/* Clears the entries of members that died, their bytes off the group's total. */
 void _vram_group_clear_dead(vram_group_file *g);
+/* Clears entry `member` if its process died (true then). */
+bool _vram_group_clear_if_dead(vram_group_file *g, int member);
+
+/* Entry `member` holds `bytes` more, if the group's total stays within `limit` (0: no
+ * limit); false, and nothing held, if not (after clearing dead members' entries). */
+bool _vram_group_take(vram_group_file *g, int member, uint64_t bytes, uint64_t limit);
+void _vram_group_give(vram_group_file *g, int member, uint64_t bytes);
 
 /* The asker: posts a request for `bytes` from entry `member` and wakes the watchers;
  * returns the request's sequence. */

@@ -43,11 +43,13 @@ typedef struct gb_group {
   struct gb_group *next;
 } gb_group;
 
-/* A pool's membership: its entry in the group file, and its last request's outcome. */
+/* A pool's membership: its entry in the group file, and its last request's outcome. Its
+ * source's counting wrapper holds it too, and frees it when the source closes. */
 typedef struct vram_giveback {
   gb_group *group;
   int member;
   pid_t pid; /* the process that joined: a forked child's copy is not a member */
+  bool attached; /* in the group: false once the pool left */
   bool opted_in;
   uint64_t timeout_ms;
   uint64_t group_limit;
@@ -191,6 +193,29 @@ static int read_settings(const vram_pool_t *pool, vram_giveback *gb) {
   return VRAM_OK;
 }
 
+/* The source's counting (source/source.h): every byte of the pool's device memory in its
+ * entry and the group's total as it is taken, and growth past the group limit refused. */
+static bool count_take(void *user, size_t bytes) {
+  vram_giveback *gb = user;
+  if (!gb->attached || gb->pid != getpid()) return true;
+  return _vram_group_take(gb->group->file, gb->member, bytes, gb->group_limit);
+}
+static void count_give(void *user, size_t bytes) {
+  vram_giveback *gb = user;
+  if (gb->attached && gb->pid == getpid()) _vram_group_give(gb->group->file, gb->member, bytes);
+}
+static void count_close(void *user) { free(user); }
+
+/* With gb_lock held: the pool's source counts for the group from now on; what the pool
+ * already holds (a preallocation) is counted at once. */
+static int count_through_source(vram_pool_t *pool, vram_giveback *gb) {
+  vram_fault_plan plan = {.count_user = gb, .count_take = count_take, .count_give = count_give,
+                          .count_close = count_close};
+  int rc = _vram_fault_wrap(pool->src, pool->src_state, &plan, &pool->src, &pool->src_state);
+  if (!rc) _vram_group_take(gb->group->file, gb->member, (uint64_t)pool->stats.reserved_bytes.current, 0);
+  return rc;
+}
+
 static void device_name(const vram_pool_t *pool, char *buf, size_t cap) {
   buf[0] = 0;
   if (pool->src->xGroupName) pool->src->xGroupName(pool->src_state, buf, cap);
@@ -220,7 +245,14 @@ int _vram_giveback_join(vram_pool_t *pool) {
     gb->group = grp;
     gb->pid = getpid();
     gb->pool = pool;
+    gb->attached = true;
     atomic_store(&grp->file->members[gb->member].group_limit, gb->group_limit);
+  }
+  if (gb->member >= 0 && count_through_source(pool, gb) != VRAM_OK) {
+    _vram_group_leave(grp->file, gb->member);
+    gb->member = -1;
+  }
+  if (gb->member >= 0) {
     gb->next = grp->pools;
     grp->pools = gb;
     pool->giveback = gb;
@@ -242,9 +274,10 @@ void _vram_giveback_leave(vram_pool_t *pool) {
       *p = gb->next;
       break;
     }
+  gb->attached = false;
   _vram_group_leave(gb->group->file, gb->member);
   pthread_mutex_unlock(&gb_lock);
-  free(gb);
+  /* gb itself goes when the source closes (count_close): its segments go back after this. */
 }
 
 void _vram_giveback_note_usage(vram_pool_t *pool) {
@@ -253,8 +286,7 @@ void _vram_giveback_note_usage(vram_pool_t *pool) {
   vram_group_member *m = &gb->group->file->members[gb->member];
   size_t idle = pool->idle_bytes;
   if (pool->has_virtual) idle += _vram_granules_idle_total(pool) * pool->granularity;
-  atomic_store(&m->reserved, (uint64_t)pool->stats.reserved_bytes.current);
-  atomic_store(&m->idle, idle);
+  atomic_store(&m->idle, idle); /* reserved: the source counts it (count_take) */
 }
 
 /* ---- asking */
@@ -270,10 +302,7 @@ static int pick(vram_giveback *gb, vram_group_member **asked, uint64_t *before) 
   for (int i = 0; i < VRAM_GROUP_MEMBERS; i++) {
     vram_group_member *m = &g->members[i];
     if (i == gb->member) continue;
-    if (_vram_member_take_dead(&m->id)) {
-      _vram_member_free(&m->id);
-      continue;
-    }
+    if (_vram_group_clear_if_dead(g, i)) continue;
     if (!atomic_load(&m->opted_in) || !_vram_member_other_alive(&m->id)) continue;
     before[n] = atomic_load(&m->given_bytes);
     asked[n++] = m;
@@ -325,8 +354,14 @@ bool _vram_giveback_ask(vram_pool_t *pool, size_t rounded) {
   uint64_t before[VRAM_GROUP_MEMBERS];
   int n = pick(gb, asked, before);
   if (!n) return false;
+  /* The room the request has: the device's free memory, under the group limit if set. */
   size_t free_bytes = 0, total = 0;
   if (pool->src->xMemInfo(pool->src_state, &free_bytes, &total) != VRAM_OK) free_bytes = 0;
+  uint64_t group_total = atomic_load(&gb->group->file->reserved_total);
+  if (gb->group_limit) {
+    uint64_t under = gb->group_limit > group_total ? gb->group_limit - group_total : 0;
+    if (under < free_bytes) free_bytes = under;
+  }
   uint64_t want = rounded > free_bytes ? rounded - free_bytes : rounded;
   want = (want + pool->granularity - 1) & ~((uint64_t)pool->granularity - 1);
   vram_group_file *g = gb->group->file;
@@ -348,4 +383,12 @@ const vram_giveback_outcome *_vram_giveback_outcome(vram_pool_t *pool) {
   if (!gb || !gb->last.fresh) return NULL;
   gb->last.fresh = false;
   return &gb->last;
+}
+
+bool _vram_giveback_group_figures(const vram_pool_t *pool, uint64_t *limit, uint64_t *reserved) {
+  const vram_giveback *gb = pool->giveback;
+  if (!gb || gb->pid != getpid()) return false;
+  *limit = gb->group_limit;
+  *reserved = atomic_load(&gb->group->file->reserved_total);
+  return true;
 }

@@ -33,6 +33,9 @@ void _vram_giveback_leave(vram_pool_t *pool);
 bool _vram_giveback_ask(vram_pool_t *pool, size_t rounded);
 /* The pool's reserved and idle bytes to its group entry (slow path, lock held). */
 void _vram_giveback_note_usage(vram_pool_t *pool);
+/* The group limit this pool is under (0: none) and what the group reserves; false outside
+ * a group. */
+bool _vram_giveback_group_figures(const vram_pool_t *pool, uint64_t *limit, uint64_t *reserved);
 /* The outcome of the request the failing call just made, for the OOM report; NULL if it
  * made none. Marks it reported. */
 const struct vram_giveback_outcome *_vram_giveback_outcome(vram_pool_t *pool);

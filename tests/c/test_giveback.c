@@ -35,6 +35,7 @@ static char shared_name[64];
 /* What a child reports to the parent. */
 typedef struct outcome {
   int rc;              /* the call the role is about: B's malloc, A's checks */
+  int cause;           /* B: the cause of its OOM (vram_oom_cause), -1 when none */
   uint64_t free_before; /* B: free on the shared device before it asked */
   uint64_t requests, received, given_bytes, given_count;
   char report[2048];   /* B: the OOM report when it failed */
@@ -115,6 +116,8 @@ static int asker_main(int control, int reports) {
   out.free_before = free_bytes;
   void *p = NULL;
   out.rc = vram_malloc(pool, ASK, NULL, &p);
+  vram_oom_info_t info;
+  out.cause = vram_oom_info(pool, &info) == VRAM_OK ? info.cause : -1;
   if (out.rc == VRAM_ENOMEM) vram_oom_report(pool, out.report, sizeof out.report);
   fill_stats(pool, &out);
   if (out.rc == VRAM_ENOMEM && getenv("GIVEBACK_TEST_WAIT_FOR_ROOM")) {
@@ -312,6 +315,38 @@ static void test_slow_answer_within_the_timeout(void **state) {
   VT_OK(oa.rc);
 }
 
+/* The group limit: together A and B may hold 56 MiB. A holds 48, so B's 36 passes it
+ * although the device has room for 16 more: refused with the group-limit cause while A
+ * keeps its cache; served once A gives back. */
+static void test_group_limit_refuses_past_it(void **state) {
+  (void)state;
+  const char *const opted_out[] = {"VRAMKIT_GIVE_BACK=0", "VRAMKIT_GROUP_LIMIT=56M", NULL};
+  const char *const limited[] = {"VRAMKIT_GROUP_LIMIT=56M", NULL};
+  child a = spawn(holder_main, opted_out);
+  wait_ready(&a);
+  child b = spawn(asker_main, limited);
+  outcome ob = finish(&b);
+  outcome oa = finish(&a);
+  VT_EXPECT(ob.rc, VRAM_ENOMEM);
+  assert_int_equal(ob.cause, VRAM_OOM_GROUP_LIMIT);
+  assert_non_null(strstr(ob.report, "cause: group_limit: every vramkit process on this device "
+                                    "together may reserve 56.0 MiB"));
+  VT_OK(oa.rc);
+}
+
+static void test_group_limit_after_give_back(void **state) {
+  (void)state;
+  const char *const limited[] = {"VRAMKIT_GROUP_LIMIT=56M", NULL};
+  child a = spawn(holder_main, limited);
+  wait_ready(&a);
+  child b = spawn(asker_main, limited);
+  outcome ob = finish(&b);
+  outcome oa = finish(&a);
+  VT_OK(ob.rc);
+  assert_true(oa.given_bytes >= 28 * VT_MiB); /* 48 + 36 - 56 */
+  VT_OK(oa.rc);
+}
+
 /* Bad values are refused by name, before any pool; a pool made with one is not made. */
 static void test_bad_values_are_refused(void **state) {
   (void)state;
@@ -370,6 +405,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_stopped_neighbour_costs_the_timeout_only, setup, teardown),
       cmocka_unit_test_setup_teardown(test_late_answer_is_not_counted, setup, teardown),
       cmocka_unit_test_setup_teardown(test_slow_answer_within_the_timeout, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_group_limit_refuses_past_it, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_group_limit_after_give_back, setup, teardown),
       cmocka_unit_test_setup_teardown(test_bad_values_are_refused, setup, teardown),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
