@@ -53,7 +53,8 @@ static void *map_existing(int fd, const char *name, size_t size, uint64_t magic,
       return NULL;
     }
     if ((size_t)st.st_size == size) break;
-    if ((size_t)st.st_size > size || waited >= MAKER_WAIT_NS) {
+    /* Empty: the maker has not sized it yet. Any other size: another version's file. */
+    if (st.st_size != 0 || waited >= MAKER_WAIT_NS) {
       refuse(refusal, "a file of another size or version:", name, 0);
       return NULL;
     }
