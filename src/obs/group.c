@@ -30,7 +30,7 @@ vram_group_file *_vram_group_open(const char *device_name) {
   bool created = false;
   vram_group_file *g = _vram_shared_file_open(
       name, sizeof *g, VRAM_GROUP_MAGIC,
-      "no give-back group for this device (VRAMKIT_GIVE_BACK=0 silences this)", &created);
+      "no give-back group for this device", &created);
   if (!g) return NULL;
   if (created) {
     g->version = VRAM_GROUP_VERSION;

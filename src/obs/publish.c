@@ -262,6 +262,10 @@ void _vram_publish_store_slow(vram_device_record *d, const vram_publish_slow *v)
   d->num_alloc_retries = v->num_alloc_retries;
   d->limit_bytes = v->limit;
   d->capacity_bytes = v->capacity;
+  d->givable_bytes = v->givable;
+  d->given_back_bytes = v->given_back;
+  d->given_back_count = v->given_back_count;
+  d->group_limit_bytes = v->group_limit;
   d->updated_ns = now_ns();
   __atomic_store_n(&d->seq, seq + 2, __ATOMIC_RELEASE);
 }

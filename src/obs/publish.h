@@ -22,6 +22,7 @@
 typedef struct vram_publish_slow {
   uint64_t allocated, reserved, active, peak_allocated, peak_reserved;
   uint64_t largest_free, num_ooms, num_alloc_retries, limit, capacity;
+  uint64_t givable, given_back, given_back_count, group_limit;
 } vram_publish_slow;
 
 /* The slot of `device` in this process's record, claimed for one pool, or NULL when

@@ -392,3 +392,11 @@ bool _vram_giveback_group_figures(const vram_pool_t *pool, uint64_t *limit, uint
   *reserved = atomic_load(&gb->group->file->reserved_total);
   return true;
 }
+
+void _vram_giveback_publish_figures(const vram_pool_t *pool, uint64_t *givable, uint64_t *limit) {
+  const vram_giveback *gb = pool->giveback;
+  *givable = *limit = 0;
+  if (!gb || gb->pid != getpid()) return;
+  *givable = atomic_load(&gb->group->file->members[gb->member].idle);
+  *limit = gb->group_limit;
+}

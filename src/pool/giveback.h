@@ -31,8 +31,11 @@ void _vram_giveback_leave(vram_pool_t *pool);
 /* The OOM ladder's last step, lock held: asks the group for what a request of `rounded`
  * bytes lacks and waits for the answers; true when any memory came back (retry). */
 bool _vram_giveback_ask(vram_pool_t *pool, size_t rounded);
-/* The pool's reserved and idle bytes to its group entry (slow path, lock held). */
+/* The pool's idle bytes to its group entry (slow path, lock held). */
 void _vram_giveback_note_usage(vram_pool_t *pool);
+/* For the published record: the idle bytes a request could get back, and the group limit
+ * (0, 0 outside a group). */
+void _vram_giveback_publish_figures(const vram_pool_t *pool, uint64_t *givable, uint64_t *limit);
 /* The group limit this pool is under (0: none) and what the group reserves; false outside
  * a group. */
 bool _vram_giveback_group_figures(const vram_pool_t *pool, uint64_t *limit, uint64_t *reserved);

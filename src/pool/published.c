@@ -49,7 +49,10 @@ void _vram_pool_publish_slow(vram_pool_t *pool) {
       .num_ooms = s->num_ooms,
       .num_alloc_retries = s->num_alloc_retries,
       .limit = pool->limit,
-      .capacity = pool->device_total};
+      .capacity = pool->device_total,
+      .given_back = s->giveback_given_bytes,
+      .given_back_count = s->giveback_given_count};
+  _vram_giveback_publish_figures(pool, &v.givable, &v.group_limit);
   _vram_publish_store_slow(d, &v);
 }
 
