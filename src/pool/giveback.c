@@ -53,6 +53,7 @@ typedef struct vram_giveback {
   bool opted_in;
   uint64_t timeout_ms;
   uint64_t group_limit;
+  uint64_t soft_limit; /* VRAMKIT_SOFT_LIMIT: over it, a request takes all idle memory */
   vram_pool_t *pool;
   struct vram_giveback *next;
   vram_giveback_outcome last;
@@ -84,10 +85,14 @@ typedef struct give_back_call {
   size_t given;
 } give_back_call;
 
+/* What a request takes: the bytes asked; all idle memory from a pool over its soft limit,
+ * which holds more than it said it would need. */
 static int give_back_locked(vram_pool_t *pool, void *arg) {
   give_back_call *c = arg;
   _vram_pending_drain(pool, false); /* completed frees only: a watcher never waits on a stream */
-  c->given = _vram_release_cached(pool, c->want ? c->want : 1, NULL);
+  uint64_t soft = pool->giveback->soft_limit;
+  bool over_soft = soft && (uint64_t)pool->stats.reserved_bytes.current > soft;
+  c->given = _vram_release_cached(pool, over_soft ? SIZE_MAX : c->want ? c->want : 1, NULL);
   if (c->given) {
     pool->stats.giveback_given_bytes += c->given;
     pool->stats.giveback_given_count++;
@@ -163,10 +168,19 @@ static gb_group *group_of(const char *name) {
   return grp;
 }
 
+/* A limit variable (checked already) in bytes, a share of the card resolved; 0 if unset. */
+static uint64_t limit_of(const vram_pool_t *pool, const char *name) {
+  const char *v = getenv(name);
+  size_t bytes = 0;
+  double fraction = 0;
+  if (v && *v) _vram_parse_group_limit(v, &bytes, &fraction);
+  return bytes ? bytes : (uint64_t)(fraction * (double)pool->device_total);
+}
+
 /* The give-back variables; VRAM_EENV (with a line on stderr) for a bad one. */
 static int read_settings(const vram_pool_t *pool, vram_giveback *gb) {
   static const char *const names[] = {"VRAMKIT_GIVE_BACK", "VRAMKIT_GIVE_BACK_TIMEOUT",
-                                      "VRAMKIT_GROUP_LIMIT"};
+                                      "VRAMKIT_GROUP_LIMIT", "VRAMKIT_SOFT_LIMIT"};
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
     const char *v = getenv(names[i]);
     const char *why = v && *v ? _vram_env_check(names[i], v) : NULL;
@@ -183,13 +197,8 @@ static int read_settings(const vram_pool_t *pool, vram_giveback *gb) {
   v = getenv("VRAMKIT_GIVE_BACK_TIMEOUT");
   if (v && *v) _vram_parse_give_back_timeout(v, &ms);
   gb->timeout_ms = ms;
-  v = getenv("VRAMKIT_GROUP_LIMIT");
-  if (v && *v) {
-    size_t bytes;
-    double fraction;
-    _vram_parse_group_limit(v, &bytes, &fraction);
-    gb->group_limit = bytes ? bytes : (uint64_t)(fraction * (double)pool->device_total);
-  }
+  gb->group_limit = limit_of(pool, "VRAMKIT_GROUP_LIMIT");
+  gb->soft_limit = limit_of(pool, "VRAMKIT_SOFT_LIMIT");
   return VRAM_OK;
 }
 

@@ -200,6 +200,10 @@ static const struct setting {
     {"VRAMKIT_GROUP_LIMIT", NULL, check_group_limit, "a limit",
      "a size such as 40G or a percentage of the card such as 80%: what every vramkit process "
      "on the device may reserve together; unset for none (0 is refused)"},
+    {"VRAMKIT_SOFT_LIMIT", NULL, check_group_limit, "a limit",
+     "a size such as 8G or a percentage of the card such as 25%: asked by a neighbour, a "
+     "process over it gives back all its idle memory, one under it only what is asked; "
+     "unset for none (0 is refused)"},
     {"VRAMKIT_PUBLISH", NULL, NULL, NULL,
      "1, on, true or yes (default), 0, off, false or no, or cmdline (also store the command "
      "line); anything else leaves publishing on with a warning"},

@@ -236,6 +236,21 @@ static void test_neighbour_gives_back(void **state) {
   assert_true(oa.given_bytes >= ASK - ob.free_before);
   assert_int_equal(oa.given_count, 1);
   assert_int_equal(oa.given_bytes, ob.received);
+  assert_true(oa.given_bytes < 4 * BLOCK); /* what was asked, not all it had idle */
+}
+
+/* Over its soft limit, a neighbour asked gives back all its idle memory. */
+static void test_over_its_soft_limit_a_neighbour_gives_all_it_can(void **state) {
+  (void)state;
+  const char *const soft[] = {"VRAMKIT_SOFT_LIMIT=16M", NULL};
+  child a = spawn(holder_main, soft);
+  wait_ready(&a);
+  child b = spawn(asker_main, NULL);
+  outcome ob = finish(&b);
+  outcome oa = finish(&a);
+  VT_OK(ob.rc);
+  VT_OK(oa.rc);
+  assert_int_equal(oa.given_bytes, 4 * BLOCK);
 }
 
 static void test_opted_out_neighbour_keeps_its_cache(void **state) {
@@ -355,6 +370,7 @@ static void test_bad_values_are_refused(void **state) {
       {"VRAMKIT_GIVE_BACK", "maybe"},         {"VRAMKIT_GIVE_BACK_TIMEOUT", "-1"},
       {"VRAMKIT_GIVE_BACK_TIMEOUT", "20000"}, {"VRAMKIT_GIVE_BACK_TIMEOUT", "1.5"},
       {"VRAMKIT_GROUP_LIMIT", "0"},           {"VRAMKIT_GROUP_LIMIT", "150%"},
+      {"VRAMKIT_SOFT_LIMIT", "-8G"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     if (!*bad[i][1]) continue; /* an empty value is unset, as every variable reads it */
@@ -400,6 +416,8 @@ int main(int argc, char **argv) {
   setenv("VRAMKIT_PUBLISH_DIR", folder, 1);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_neighbour_gives_back, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_over_its_soft_limit_a_neighbour_gives_all_it_can, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(test_opted_out_neighbour_keeps_its_cache, setup, teardown),
       cmocka_unit_test_setup_teardown(test_dead_neighbours_memory_is_reclaimed, setup, teardown),
       cmocka_unit_test_setup_teardown(test_stopped_neighbour_costs_the_timeout_only, setup, teardown),
