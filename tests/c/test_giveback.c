@@ -200,6 +200,16 @@ static void end_by_signal(child *c) {
   close(c->reports);
 }
 
+/* A holds its memory, then B asks; both finish and report. */
+static void run_pair(const char *const *a_env, const char *const *b_env, outcome *oa,
+                     outcome *ob) {
+  child a = spawn(holder_main, a_env);
+  wait_ready(&a);
+  child b = spawn(asker_main, b_env);
+  *ob = finish(&b);
+  *oa = finish(&a);
+}
+
 /* Each test: its own shared sim and group, removed after it. */
 static int setup(void **state) {
   (void)state;
@@ -223,11 +233,8 @@ static int teardown(void **state) {
 
 static void test_neighbour_gives_back(void **state) {
   (void)state;
-  child a = spawn(holder_main, NULL);
-  wait_ready(&a);
-  child b = spawn(asker_main, NULL);
-  outcome ob = finish(&b);
-  outcome oa = finish(&a);
+  outcome oa, ob;
+  run_pair(NULL, NULL, &oa, &ob);
   assert_int_equal(ob.free_before, CAPACITY - HELD_BLOCKS * BLOCK); /* the shared free */
   VT_OK(ob.rc);
   assert_int_equal(ob.requests, 1);
@@ -243,11 +250,8 @@ static void test_neighbour_gives_back(void **state) {
 static void test_over_its_soft_limit_a_neighbour_gives_all_it_can(void **state) {
   (void)state;
   const char *const soft[] = {"VRAMKIT_SOFT_LIMIT=16M", NULL};
-  child a = spawn(holder_main, soft);
-  wait_ready(&a);
-  child b = spawn(asker_main, NULL);
-  outcome ob = finish(&b);
-  outcome oa = finish(&a);
+  outcome oa, ob;
+  run_pair(soft, NULL, &oa, &ob);
   VT_OK(ob.rc);
   VT_OK(oa.rc);
   assert_int_equal(oa.given_bytes, 4 * BLOCK);
@@ -256,11 +260,8 @@ static void test_over_its_soft_limit_a_neighbour_gives_all_it_can(void **state) 
 static void test_opted_out_neighbour_keeps_its_cache(void **state) {
   (void)state;
   const char *const opt_out[] = {"VRAMKIT_GIVE_BACK=0", NULL};
-  child a = spawn(holder_main, opt_out);
-  wait_ready(&a);
-  child b = spawn(asker_main, NULL);
-  outcome ob = finish(&b);
-  outcome oa = finish(&a);
+  outcome oa, ob;
+  run_pair(opt_out, NULL, &oa, &ob);
   VT_EXPECT(ob.rc, VRAM_ENOMEM);
   assert_int_equal(ob.requests, 0);
   assert_null(strstr(ob.report, "Give-back"));
@@ -337,11 +338,8 @@ static void test_group_limit_refuses_past_it(void **state) {
   (void)state;
   const char *const opted_out[] = {"VRAMKIT_GIVE_BACK=0", "VRAMKIT_GROUP_LIMIT=56M", NULL};
   const char *const limited[] = {"VRAMKIT_GROUP_LIMIT=56M", NULL};
-  child a = spawn(holder_main, opted_out);
-  wait_ready(&a);
-  child b = spawn(asker_main, limited);
-  outcome ob = finish(&b);
-  outcome oa = finish(&a);
+  outcome oa, ob;
+  run_pair(opted_out, limited, &oa, &ob);
   VT_EXPECT(ob.rc, VRAM_ENOMEM);
   assert_int_equal(ob.cause, VRAM_OOM_GROUP_LIMIT);
   assert_non_null(strstr(ob.report, "cause: group_limit: every vramkit process on this device "
@@ -352,11 +350,8 @@ static void test_group_limit_refuses_past_it(void **state) {
 static void test_group_limit_after_give_back(void **state) {
   (void)state;
   const char *const limited[] = {"VRAMKIT_GROUP_LIMIT=56M", NULL};
-  child a = spawn(holder_main, limited);
-  wait_ready(&a);
-  child b = spawn(asker_main, limited);
-  outcome ob = finish(&b);
-  outcome oa = finish(&a);
+  outcome oa, ob;
+  run_pair(limited, limited, &oa, &ob);
   VT_OK(ob.rc);
   assert_true(oa.given_bytes >= 28 * VT_MiB); /* 48 + 36 - 56 */
   VT_OK(oa.rc);
