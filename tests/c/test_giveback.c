@@ -36,6 +36,9 @@ static char shared_name[64];
 typedef struct outcome {
   int rc;              /* the call the role is about: B's malloc, A's checks */
   int cause;           /* B: the cause of its OOM (vram_oom_cause), -1 when none */
+  int pid;
+  int history_to_pid;  /* A: the pid its history's give-back events name (0: none) */
+  uint64_t history_given; /* A: the bytes those events say it gave */
   uint64_t free_before; /* B: free on the shared device before it asked */
   uint64_t requests, received, given_bytes, given_count;
   char report[2048];   /* B: the OOM report when it failed */
@@ -62,6 +65,7 @@ static vram_pool_t *child_pool(void) {
 static void fill_stats(vram_pool_t *pool, outcome *out) {
   vram_stats_t s;
   vram_get_stats(pool, &s);
+  out->pid = (int)getpid();
   out->requests = s.giveback_requests;
   out->received = s.giveback_received_bytes;
   out->given_bytes = s.giveback_given_bytes;
@@ -77,7 +81,7 @@ static void say(int fd, const void *what, size_t n) {
  * each freed once without complaint. */
 static int holder_main(int control, int reports) {
   vram_pool_t *pool = child_pool();
-  if (!pool) return 10;
+  if (!pool || vram_history_start(pool, 4096, 0) != VRAM_OK) return 10;
   void *p[HELD_BLOCKS];
   for (int i = 0; i < HELD_BLOCKS; i++)
     if (vram_malloc(pool, BLOCK, NULL, &p[i]) != VRAM_OK) return 11;
@@ -97,6 +101,14 @@ static int holder_main(int control, int reports) {
   }
   if (!_vram_pool_is_valid(pool)) out.rc = 15;
   fill_stats(pool, &out);
+  static vram_event_t events[4096];
+  size_t count = 0;
+  vram_history_read(pool, events, 4096, &count, NULL, NULL);
+  for (size_t i = 0; i < count; i++)
+    if (events[i].kind == VRAM_EVENT_GIVE_BACK) {
+      out.history_to_pid = (int)events[i].addr;
+      out.history_given += events[i].size;
+    }
   for (int k = 0; k < 2; k++)
     if (vram_free(pool, p[live[k]]) != VRAM_OK) out.rc = 16;
   if (vram_pool_destroy(pool) != VRAM_OK) out.rc = 17;
@@ -244,6 +256,8 @@ static void test_neighbour_gives_back(void **state) {
   assert_int_equal(oa.given_count, 1);
   assert_int_equal(oa.given_bytes, ob.received);
   assert_true(oa.given_bytes < 4 * BLOCK); /* what was asked, not all it had idle */
+  assert_int_equal(oa.history_to_pid, ob.pid); /* A's history: gave N bytes to B */
+  assert_int_equal(oa.history_given, oa.given_bytes);
 }
 
 /* Over its soft limit, a neighbour asked gives back all its idle memory. */
