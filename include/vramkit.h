@@ -279,7 +279,11 @@ VRAM_API vram_source_kind vram_pool_source(const vram_pool_t *pool);
   X(num_device_free, "source releases (cuMemFree / unmap calls)")                          \
   X(num_sync_waits, "times the pool waited for a stream event")                            \
   X(num_mallocs, "vram_malloc calls that succeeded")                                       \
-  X(num_frees, "vram_free calls that succeeded")
+  X(num_frees, "vram_free calls that succeeded")                                           \
+  X(giveback_requests, "times this pool asked its neighbours to give cached memory back")  \
+  X(giveback_received_bytes, "bytes neighbours gave back when this pool asked")            \
+  X(giveback_given_bytes, "bytes this pool gave back when a neighbour asked")              \
+  X(giveback_given_count, "times this pool gave memory back to a neighbour")
 
 typedef struct vram_stat {
   int64_t current, peak, total;
@@ -342,9 +346,11 @@ typedef enum vram_oom_cause {
   VRAM_OOM_GRANULARITY,   /* the room is there, not in whole segments */
   VRAM_OOM_LIMIT,         /* a limit refused it while the device had room */
   VRAM_OOM_LIVE,          /* live memory plus the request is more than the cap */
-  VRAM_OOM_OTHERS         /* other processes hold what is missing */
+  VRAM_OOM_OTHERS,        /* other processes hold what is missing */
+  VRAM_OOM_GROUP_LIMIT    /* every vramkit process on the device together would pass the
+                             group limit (VRAMKIT_GROUP_LIMIT) */
 } vram_oom_cause;
-#define VRAM_OOM_CAUSE_COUNT 6
+#define VRAM_OOM_CAUSE_COUNT 7
 /* "preallocate", "fragmentation", ...; NULL for a value out of range. */
 VRAM_API const char *vram_oom_cause_name(int cause);
 
@@ -382,6 +388,9 @@ typedef struct vram_oom_info {
   int neighbours_total;        /* other processes found, listed or not */
   int neighbours_count;        /* entries in neighbours */
   vram_oom_neighbour_t neighbours[VRAM_OOM_MAX_NEIGHBOURS];
+  uint64_t group_limit;        /* VRAMKIT_GROUP_LIMIT in bytes; 0: none */
+  uint64_t group_reserved;     /* what every vramkit process on the device reserves together
+                                * (this pool included); 0 outside a give-back group */
 } vram_oom_info_t;
 
 /* The figures of this pool's last OOM: VRAM_EINVAL (and *info zeroed) if it had none. */
@@ -428,7 +437,10 @@ typedef enum vram_event_kind {
                                    device's free bytes at that moment */
   VRAM_EVENT_EMPTY_CACHE,       /* vram_empty_cache ran */
   VRAM_EVENT_SNAPSHOT,          /* vram_snapshot was taken */
-  VRAM_EVENT_ANNOTATE           /* vram_history_annotate: context names the annotation */
+  VRAM_EVENT_ANNOTATE,          /* vram_history_annotate: context names the annotation */
+  VRAM_EVENT_GIVE_BACK          /* a neighbour asked and the pool gave idle memory back:
+                                   addr = the asking process's pid, size = bytes given,
+                                   requested = bytes asked */
 } vram_event_kind;
 
 typedef struct vram_event {

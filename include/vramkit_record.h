@@ -27,7 +27,7 @@ extern "C" {
 #endif
 
 #define VRAM_RECORD_MAGIC 0x314345524d525655ull /* "UVRMREC1" as bytes, little-endian */
-#define VRAM_RECORD_VERSION 1u
+#define VRAM_RECORD_VERSION 2u /* 2: the give-back figures (issue 39) */
 #define VRAM_RECORD_MAX_DEVICES 16
 #define VRAM_RECORD_NAME_MAX 64
 #define VRAM_RECORD_CMDLINE_MAX 512
@@ -51,7 +51,12 @@ typedef struct vram_device_record {
   uint64_t capacity_bytes;      /* the device's total memory */
   uint64_t updated_ns;          /* CLOCK_MONOTONIC of the last slow-path update (allocated, reserved,
                                    active and the peaks are stored at every alloc and free) */
-} vram_device_record;           /* 176 bytes */
+  uint64_t givable_bytes;       /* of cached_free, in whole idle segments or granules: what a
+                                   neighbour's request could get back (slow path) */
+  uint64_t given_back_bytes;    /* given back to neighbours that asked, in all */
+  uint64_t given_back_count;    /* times it gave some back */
+  uint64_t group_limit_bytes;   /* VRAMKIT_GROUP_LIMIT in force, 0 = none */
+} vram_device_record;           /* 208 bytes */
 
 typedef struct vram_process_record {
   uint64_t magic;               /* VRAM_RECORD_MAGIC */
@@ -65,15 +70,15 @@ typedef struct vram_process_record {
   uint32_t n_devices;           /* highest device with in_use + 1 */
   uint32_t reserved_;
   vram_device_record devices[VRAM_RECORD_MAX_DEVICES];
-} vram_process_record;          /* 3,432 bytes */
+} vram_process_record;          /* 3,944 bytes */
 
 /* The layout is the contract: a compiler or a field change that moves it fails here. */
 #if !defined(__cplusplus)
-_Static_assert(sizeof(vram_device_record) == 176, "vram_device_record must be 176 bytes");
-_Static_assert(sizeof(vram_process_record) == 3432, "vram_process_record must be 3,432 bytes");
+_Static_assert(sizeof(vram_device_record) == 208, "vram_device_record must be 208 bytes");
+_Static_assert(sizeof(vram_process_record) == 3944, "vram_process_record must be 3,944 bytes");
 #else
-static_assert(sizeof(vram_device_record) == 176, "vram_device_record must be 176 bytes");
-static_assert(sizeof(vram_process_record) == 3432, "vram_process_record must be 3,432 bytes");
+static_assert(sizeof(vram_device_record) == 208, "vram_device_record must be 208 bytes");
+static_assert(sizeof(vram_process_record) == 3944, "vram_process_record must be 3,944 bytes");
 #endif
 
 #ifdef __cplusplus

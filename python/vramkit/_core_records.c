@@ -63,6 +63,10 @@ static int fill_device(PyObject *d, const vram_device_record *s, int busy) {
   COUNTER(limit_bytes);
   COUNTER(capacity_bytes);
   COUNTER(updated_ns);
+  COUNTER(givable_bytes);
+  COUNTER(given_back_bytes);
+  COUNTER(given_back_count);
+  COUNTER(group_limit_bytes);
 #undef COUNTER
   return 0;
 }

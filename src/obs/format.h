@@ -29,6 +29,24 @@ typedef struct vram_neighbours {
   char note[192];            /* why NVML's view is missing, or "" */
 } vram_neighbours;
 
+/* The last request this pool made to its give-back group (pool/giveback.h), for the OOM
+ * report: who was asked, who answered in time, and what each gave back. */
+#define VRAM_GIVEBACK_MAX_LISTED 8
+typedef struct vram_giveback_answer {
+  int pid;
+  char name[64];             /* escaped (obs/escape.h) */
+  uint64_t given_bytes;      /* given back for this request */
+  bool answered;             /* answered before the asker's time was up */
+} vram_giveback_answer;
+
+typedef struct vram_giveback_outcome {
+  bool fresh;                /* made by the request that is failing now */
+  uint64_t wanted_bytes, received_bytes, timeout_ms;
+  int asked;                 /* members asked, listed or not */
+  int count;                 /* entries in `list` */
+  vram_giveback_answer list[VRAM_GIVEBACK_MAX_LISTED];
+} vram_giveback_outcome;
+
 /* One pool at one moment. */
 typedef struct vram_pool_snapshot {
   int device;
@@ -45,6 +63,7 @@ typedef struct vram_pool_snapshot {
   size_t device_free;       /* free on the device, as the source says (OOM report only) */
   size_t granularity;       /* the smallest segment or mapping the pool takes; 0: unknown */
   const vram_neighbours *neighbours; /* OOM report only, NULL elsewhere or when none asked */
+  const vram_giveback_outcome *giveback; /* OOM report only: the give-back just asked, or NULL */
 } vram_pool_snapshot;
 
 /* A request the pool refused. */

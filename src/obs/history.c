@@ -86,7 +86,7 @@ static void anchor(const vram_history *h, uint64_t *tick, uint64_t *ns) {
   *ns = _vram_monotonic_ns();
 }
 
-_Static_assert(VRAM_EVENT_ANNOTATE < VRAM_HSLOT_FREE_PAIR, "event kinds fit the slot's kind bits");
+_Static_assert(VRAM_EVENT_GIVE_BACK < VRAM_HSLOT_FREE_PAIR, "event kinds fit the slot's kind bits");
 _Static_assert(sizeof(vram_hslot) == 32 && sizeof(vram_hwide) == 32, "slots of half an event");
 _Static_assert(offsetof(vram_history, mode) < 64, "the fields an event touches fit one line");
 

@@ -73,29 +73,39 @@ static void fill_header(vram_process_record *r, bool with_cmdline) {
 }
 
 /* The directory, made if missing and refused unless it is ours and closed to others.
- * Returns an O_PATH-like descriptor for openat, or -1 (publishing then stays off). */
-static int open_dir(const char *dir) {
+ * Returns a descriptor for openat, or -1 after one line on stderr that starts with
+ * `refusal` (what stays off). Shared with the other files of the folder (the shared sim,
+ * the give-back group), which follow the same trust rules. */
+int _vram_private_dir_open(const char *dir, const char *refusal) {
+  const char *why = NULL;
+  int err = 0;
   if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
-    pub_warn("cannot create", dir, errno);
-    return -1;
+    why = "cannot create";
+    err = errno;
   }
-  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (dfd < 0) {
-    pub_warn("cannot open", dir, errno);
-    return -1;
-  }
+  int dfd = why ? -1 : open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   struct stat st;
-  if (fstat(dfd, &st) != 0 || !S_ISDIR(st.st_mode)) {
-    pub_warn("not a directory:", dir, 0);
+  if (why) {
+  } else if (dfd < 0) {
+    why = "cannot open";
+    err = errno;
+  } else if (fstat(dfd, &st) != 0 || !S_ISDIR(st.st_mode)) {
+    why = "not a directory:";
   } else if (st.st_uid != geteuid()) {
-    pub_warn("refusing a directory another user owns:", dir, 0);
+    why = "refusing a directory another user owns:";
   } else if (st.st_mode & 077) {
-    pub_warn("refusing a directory open to group or others (want mode 0700):", dir, 0);
+    why = "refusing a directory open to group or others (want mode 0700):";
   } else {
     return dfd;
   }
-  close(dfd);
+  fprintf(stderr, "vramkit: %s: %s %s%s%s\n", refusal, why, dir, err ? ": " : "",
+          err ? strerror(err) : "");
+  if (dfd >= 0) close(dfd);
   return -1;
+}
+
+static int open_dir(const char *dir) {
+  return _vram_private_dir_open(dir, "not publishing memory state (VRAMKIT_PUBLISH=0 silences this)");
 }
 
 /* "<pid>.rec", created fresh: a stale file of our pid is a dead process's (pids are
@@ -252,6 +262,10 @@ void _vram_publish_store_slow(vram_device_record *d, const vram_publish_slow *v)
   d->num_alloc_retries = v->num_alloc_retries;
   d->limit_bytes = v->limit;
   d->capacity_bytes = v->capacity;
+  d->givable_bytes = v->givable;
+  d->given_back_bytes = v->given_back;
+  d->given_back_count = v->given_back_count;
+  d->group_limit_bytes = v->group_limit;
   d->updated_ns = now_ns();
   __atomic_store_n(&d->seq, seq + 2, __ATOMIC_RELEASE);
 }

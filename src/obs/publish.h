@@ -22,6 +22,7 @@
 typedef struct vram_publish_slow {
   uint64_t allocated, reserved, active, peak_allocated, peak_reserved;
   uint64_t largest_free, num_ooms, num_alloc_retries, limit, capacity;
+  uint64_t givable, given_back, given_back_count, group_limit;
 } vram_publish_slow;
 
 /* The slot of `device` in this process's record, claimed for one pool, or NULL when
@@ -60,9 +61,16 @@ int _vram_record_read_device(int fd, int index, vram_device_record *out);
 /* The publish directory: $VRAMKIT_PUBLISH_DIR, else /dev/shm/vramkit-<uid>. -1 and buf ""
  * when it does not fit in cap: never a truncated name, which would be another folder. */
 int _vram_publish_dir(char *buf, size_t cap);
+/* The folder `dir`, made mode 0700 if missing, opened for openat when it is a directory of
+ * this user closed to group and others; else -1, with one line on stderr that starts with
+ * `refusal` (what stays off because of it). */
+int _vram_private_dir_open(const char *dir, const char *refusal);
 /* publish_read.c: the start time of a process (field 22 of its /proc stat), 0 if gone; the
  * record keeps its writer's, readers compare it to tell a live writer from a reused pid. */
 uint64_t _vram_process_start_ticks(int pid);
+/* publish_read.c: pid runs and is the process that started at start_ticks (not a zombie,
+ * not a reused pid): what the shared files' member tables check before trusting an entry. */
+bool _vram_process_alive(int pid, uint64_t start_ticks);
 /* publish_read.c: a small /proc file read into buf, NUL-terminated; the length read, 0
  * when it cannot be read (the writer's own name and command line, the readers' checks). */
 size_t _vram_read_proc(const char *path, char *buf, size_t cap);

@@ -109,6 +109,12 @@ static proc_identity identify(int pid) {
 
 uint64_t _vram_process_start_ticks(int pid) { return identify(pid).start_ticks; }
 
+bool _vram_process_alive(int pid, uint64_t start_ticks) {
+  if (pid <= 0) return false;
+  proc_identity id = identify(pid);
+  return id.start_ticks && id.start_ticks == start_ticks && !id.zombie;
+}
+
 int _vram_record_read_device(int fd, int index, vram_device_record *out) {
   off_t at = (off_t)offsetof(vram_process_record, devices) + (off_t)index * (off_t)sizeof *out;
   vram_device_record first, second;

@@ -155,6 +155,28 @@ static void format_neighbours(text_out *o, const vram_neighbours *nb) {
   if (nb->note[0]) out_printf(o, "  (NVML: %s; only vramkit processes are listed.)\n", nb->note);
 }
 
+/* What the give-back group did when this request asked it (pool/giveback.h): who was
+ * asked, what each gave back, and who did not answer in time. */
+static void format_giveback(text_out *o, const vram_giveback_outcome *gb) {
+  if (!gb) return;
+  char want[32], got[32], given[32];
+  human_size(want, sizeof want, gb->wanted_bytes);
+  human_size(got, sizeof got, gb->received_bytes);
+  out_printf(o, "  Give-back: asked %d vramkit neighbour%s on this device for %s, got %s back",
+             gb->asked, gb->asked == 1 ? "" : "s", want, got);
+  for (int i = 0; i < gb->count; i++) {
+    const vram_giveback_answer *a = &gb->list[i];
+    out_printf(o, "%s pid %d%s%s%s ", i ? ";" : ":", a->pid, a->name[0] ? " (" : "", a->name,
+               a->name[0] ? ")" : "");
+    human_size(given, sizeof given, a->given_bytes);
+    if (!a->answered) out_printf(o, "did not answer within %llu ms", (unsigned long long)gb->timeout_ms);
+    else if (a->given_bytes) out_printf(o, "gave back %s", given);
+    else out_printf(o, "had nothing idle to give back");
+  }
+  if (gb->asked > gb->count) out_printf(o, "; and %d more", gb->asked - gb->count);
+  out_printf(o, ".\n");
+}
+
 /* Why a request failed, one word a program can match ("  cause: <kind>: ...") and one
  * sentence with the numbers. Exactly one kind is chosen, in this order:
  *
@@ -181,6 +203,10 @@ static void format_neighbours(text_out *o, const vram_neighbours *nb) {
  *                  with the GPU to itself the pool still could not serve it, so live memory
  *                  is what must shrink. A request past the device's capacity or addressable
  *                  limit is this kind too.
+ *   group_limit    (before fragmentation) a group limit is set, the pool's own limit has room,
+ *                  and what every vramkit process on the device reserves, plus the request,
+ *                  less this pool's cached free memory, is more than the group limit:
+ *                  growth was refused by the group, not by the device.
  *   others         last: live memory and the request would fit the device and the limit,
  *                  but the device's free memory plus what we reserve falls short: other
  *                  processes hold the difference (device total - reserved - device free).
@@ -190,7 +216,7 @@ static void format_neighbours(text_out *o, const vram_neighbours *nb) {
  * others). The report is made after the ladder gave every free segment back, so cached
  * free here is memory inside segments that still hold live blocks. */
 static const char *const oom_cause_names[VRAM_OOM_CAUSE_COUNT] = {
-    "preallocate", "fragmentation", "granularity", "limit", "live", "others"};
+    "preallocate", "fragmentation", "granularity", "limit", "live", "others", "group_limit"};
 
 const char *vram_oom_cause_name(int cause) {
   return cause >= 0 && cause < VRAM_OOM_CAUSE_COUNT ? oom_cause_names[cause] : NULL;
@@ -239,6 +265,9 @@ static int classify_oom(const vram_oom_info_t *in) {
   bool under_limit = !in->limit || needed <= in->limit;
   bool device_has_room = needed <= add_sat(in->reserved, in->device_free);
   bool fits_whole_device = needed <= in->capacity;
+  if (under_limit && in->group_limit &&
+      add_sat(in->group_reserved, in->requested) > add_sat(in->group_limit, in->cached_free))
+    return VRAM_OOM_GROUP_LIMIT;
   if (under_limit && device_has_room) {
     uint64_t room = may_reserve(in);
     uint64_t mappable = room - room % granule_of(in);
@@ -464,6 +493,15 @@ static void format_oom_cause(text_out *o, const vram_oom_info_t *in) {
                   "request (%s) would fit on the device alone.\n",
                more, tot, fre, cfr, rq, nd);
     break;
+  case VRAM_OOM_GROUP_LIMIT:
+    human_size_1(lim, sizeof lim, in->group_limit);
+    human_size_1(more, sizeof more, in->group_reserved);
+    out_printf(o, "every vramkit process on this device together may reserve %s "
+                  "(VRAMKIT_GROUP_LIMIT); they reserve %s, and the request %s would pass it "
+                  "(cached free here %s): neighbours' idle memory given back, or a higher group "
+                  "limit, would let it fit.\n",
+               lim, more, rq, cfr);
+    break;
   }
 }
 
@@ -586,6 +624,7 @@ int _vram_format_oom_report(const vram_pool_snapshot *snap, const vram_oom_reque
              "fragmentation %.1f%%.\n",
              tot, fre, lim, res, alc, cfr, lfb, 100.0 * in->fragmentation);
   format_neighbours(&o, snap->neighbours);
+  format_giveback(&o, snap->giveback);
   format_oom_advice(&o, snap, in, lim);
   return (int)o.len;
 }

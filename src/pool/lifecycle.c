@@ -12,6 +12,7 @@
 #include "pool/pending.h"
 #include "pool/placement.h"
 #include "pool/pool.h"
+#include "pool/giveback.h"
 #include "pool/published.h"
 #include "pool/segment.h"
 
@@ -22,6 +23,7 @@
 #define PTRMAP_INITIAL_BLOCKS 4096
 
 static void pool_free_everything(vram_pool_t *pool) {
+  _vram_giveback_leave(pool);
   _vram_pool_publish_close(pool);
   _vram_history_detach(pool);
   _vram_pending_destroy(pool);
@@ -124,6 +126,11 @@ int vram_pool_create(vram_pool_t **out, const vram_options_t *opts) {
     return rc;
   }
   _vram_pool_publish_open(pool); /* never fails: publishing turns itself off instead */
+  rc = _vram_giveback_join(pool);
+  if (rc) {
+    pool_free_everything(pool);
+    return rc;
+  }
   *out = pool;
   return VRAM_OK;
 }

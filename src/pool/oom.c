@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "pool/events.h"
+#include "pool/giveback.h"
 #include "pool/oom.h"
 #include "pool/published.h"
 #include "pool/snapshot.h"
@@ -24,8 +25,14 @@ static __attribute__((noinline, cold)) void write_report(vram_pool_t *pool,
   vram_neighbours neighbours;
   _vram_pool_neighbours(pool, &neighbours);
   snap.neighbours = &neighbours;
+  /* What the neighbours gave back, or did not, when this request asked them. */
+  snap.giveback = req->max_request || req->preallocate ? NULL : _vram_giveback_outcome(pool);
   _vram_pool_publish_slow(pool);
   _vram_oom_info_fill(&snap, req, &pool->oom_info);
+  /* In a give-back group, the group's figures may name the group limit as the cause. */
+  if (_vram_giveback_group_figures(pool, &pool->oom_info.group_limit,
+                                   &pool->oom_info.group_reserved))
+    vram_oom_classify(&pool->oom_info);
   _vram_format_oom_report(&snap, req, &pool->oom_info, pool->oom_report,
                           sizeof pool->oom_report);
   _vram_note(pool, VRAM_EVENT_OOM, snap.device_free, req->size, req->size, req->stream, 0);

@@ -13,6 +13,7 @@
 #include <strings.h>
 
 #include "pool/options.h"
+#include "source/sim_shared.h"
 #include "vramkit.h"
 
 #define DEFAULT_SIM_CAPACITY ((size_t)80 << 30) /* an 80 GiB card, as an H100 */
@@ -79,12 +80,18 @@ static const char *parse_size_or_share(const char *v, size_t *bytes, double *fra
   return why;
 }
 /* 0 is refused: TensorFlow's memory_limit and PyTorch's memory fraction read 0 as none
- * allowed, and a limit that silently meant "no limit" would surprise either user. */
-static const char *parse_limit(vram_options_t *o, const char *v) {
-  const char *why = parse_size_or_share(v, &o->limit_bytes, &o->limit_fraction);
-  if (!why && o->limit_bytes == 0 && o->limit_fraction == 0)
+ * allowed, and a limit that silently meant "no limit" would surprise either user. The
+ * group limit reads the same way. */
+const char *_vram_parse_group_limit(const char *v, size_t *bytes, double *fraction) {
+  *bytes = 0;
+  *fraction = 0;
+  const char *why = parse_size_or_share(v, bytes, fraction);
+  if (!why && *bytes == 0 && *fraction == 0)
     why = "0 would read as no limit: for none, leave it unset";
   return why;
+}
+static const char *parse_limit(vram_options_t *o, const char *v) {
+  return _vram_parse_group_limit(v, &o->limit_bytes, &o->limit_fraction);
 }
 static const char *parse_preallocate(vram_options_t *o, const char *v) {
   return parse_size_or_share(v, &o->preallocate_bytes, &o->preallocate_fraction);
@@ -134,6 +141,29 @@ static const char *check_switch(vram_options_t *o, const char *v) {
   return _vram_parse_switch(v, &on) ? "" : NULL;
 }
 
+static const char *check_sim_shared(vram_options_t *o, const char *v) {
+  (void)o;
+  return _vram_sim_shared_name_error(v);
+}
+const char *_vram_parse_give_back_timeout(const char *v, unsigned *ms) {
+  if (!*v || strspn(v, "0123456789") != strlen(v)) return "";
+  if (strlen(v) > 5 || strtoul(v, NULL, 10) > VRAM_GIVE_BACK_TIMEOUT_MAX_MS)
+    return "it is more than 10000 ms";
+  *ms = (unsigned)strtoul(v, NULL, 10);
+  return NULL;
+}
+static const char *check_give_back_timeout(vram_options_t *o, const char *v) {
+  (void)o;
+  unsigned ms;
+  return _vram_parse_give_back_timeout(v, &ms);
+}
+static const char *check_group_limit(vram_options_t *o, const char *v) {
+  (void)o;
+  size_t bytes;
+  double fraction;
+  return _vram_parse_group_limit(v, &bytes, &fraction);
+}
+
 static const struct setting {
   const char *name;
   setting_parse_fn parse; /* a pool option's parser; NULL: read elsewhere */
@@ -158,6 +188,22 @@ static const struct setting {
      "a positive size such as 16G"},
     {"VRAMKIT_LEAK_REPORT", NULL, check_switch, "a switch",
      "1 (or on, true, yes) to print the blocks never freed at exit; 0, off, false or no"},
+    {"VRAMKIT_SIM_SHARED", NULL, check_sim_shared, "a shared sim name",
+     "a name of 1 to 64 letters, digits, '_', '.' or '-': the sim devices of every process "
+     "with the same name share one capacity (a file beside the published records)"},
+    {"VRAMKIT_GIVE_BACK", NULL, check_switch, "a switch",
+     "1 (default; or on, true, yes): give idle cached memory back when a neighbour on the "
+     "same device runs out; 0, off, false or no: never"},
+    {"VRAMKIT_GIVE_BACK_TIMEOUT", NULL, check_give_back_timeout, "a timeout",
+     "milliseconds from 0 to 10000 that a pool about to run out waits for its neighbours to "
+     "give back (default 250)"},
+    {"VRAMKIT_GROUP_LIMIT", NULL, check_group_limit, "a limit",
+     "a size such as 40G or a percentage of the card such as 80%: what every vramkit process "
+     "on the device may reserve together; unset for none (0 is refused)"},
+    {"VRAMKIT_SOFT_LIMIT", NULL, check_group_limit, "a limit",
+     "a size such as 8G or a percentage of the card such as 25%: asked by a neighbour, a "
+     "process over it gives back all its idle memory, one under it only what is asked; "
+     "unset for none (0 is refused)"},
     {"VRAMKIT_PUBLISH", NULL, NULL, NULL,
      "1, on, true or yes (default), 0, off, false or no, or cmdline (also store the command "
      "line); anything else leaves publishing on with a warning"},
@@ -173,6 +219,8 @@ static const struct setting {
     {"VRAMKIT_TEST_GPU", NULL, NULL, NULL, "tests: 1 runs the GPU conformance tests"},
     {"VRAMKIT_TEST_SOURCE", NULL, NULL, NULL, "tests: the source the C tests run on"},
     {"VRAMKIT_TEST_OPS", NULL, NULL, NULL, "tests: operations per thread of the thread tests"},
+    {"VRAMKIT_TEST_GIVE_BACK_DELAY", NULL, NULL, NULL,
+     "tests: milliseconds a give-back watcher waits before it answers (a late neighbour)"},
 };
 enum { N_SETTINGS = sizeof settings / sizeof settings[0] };
 
@@ -257,6 +305,20 @@ static int refuse(const struct setting *s, const char *value, const char *reason
   _vram_env_refusal(why_text, sizeof why_text, s->name, value, s->what, reason, s->help);
   if (why) *why = why_text;
   return VRAM_EENV;
+}
+
+const char *_vram_env_check(const char *name, const char *text) {
+  for (size_t i = 0; i < N_SETTINGS; i++) {
+    if (strcmp(name, settings[i].name) != 0 || !settings[i].check) continue;
+    vram_options_t scratch;
+    vram_options_init(&scratch);
+    const char *reason = settings[i].check(&scratch, text);
+    if (!reason) return NULL;
+    const char *why = NULL;
+    refuse(&settings[i], text, reason, &why);
+    return why;
+  }
+  return NULL;
 }
 
 int vram_options_set(vram_options_t *opts, const char *name, const char *value, const char **why) {

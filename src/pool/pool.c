@@ -25,6 +25,7 @@
 #include "pool/block.h"
 #include "pool/call.h"
 #include "pool/events.h"
+#include "pool/giveback.h"
 #include "pool/kinds.h"
 #include "pool/oom.h"
 #include "pool/pending.h"
@@ -165,6 +166,9 @@ VRAM_HOT int malloc_locked(vram_pool_t *pool, void *arg) {
       vram_block *hole = _vram_tlsf_find(&a->retired, rounded);
       if (hole) rc = _vram_block_take(pool, hole, rounded, requested, &c->block);
     }
+    /* Then the neighbours on the device: their idle cache, if they give it back in time. */
+    if (rc == VRAM_ENOMEM && pool->giveback && _vram_giveback_ask(pool, rounded))
+      rc = alloc_attempt(pool, a, rounded, requested, &c->block);
     _vram_pool_publish_slow(pool);
   }
   if (rc == VRAM_OK) {

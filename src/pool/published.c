@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "obs/escape.h"
+#include "pool/giveback.h"
 #include "pool/published.h"
 #include "pool/snapshot.h"
 
@@ -32,6 +33,7 @@ static void free_figures(vram_pool_t *pool, size_t *cached, size_t *largest) {
 }
 
 void _vram_pool_publish_slow(vram_pool_t *pool) {
+  if (pool->giveback) _vram_giveback_note_usage(pool);
   vram_device_record *d = pool->published;
   if (!d) return;
   const vram_stats_t *s = &pool->stats;
@@ -47,7 +49,10 @@ void _vram_pool_publish_slow(vram_pool_t *pool) {
       .num_ooms = s->num_ooms,
       .num_alloc_retries = s->num_alloc_retries,
       .limit = pool->limit,
-      .capacity = pool->device_total};
+      .capacity = pool->device_total,
+      .given_back = s->giveback_given_bytes,
+      .given_back_count = s->giveback_given_count};
+  _vram_giveback_publish_figures(pool, &v.givable, &v.group_limit);
   _vram_publish_store_slow(d, &v);
 }
 

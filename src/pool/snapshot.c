@@ -104,6 +104,8 @@ void _vram_pool_snapshot(const vram_pool_t *pool, bool ask_device, vram_pool_sna
   out->device_total = pool->device_total;
   out->device_free = 0;
   out->granularity = pool->granularity;
+  out->neighbours = NULL;
+  out->giveback = NULL;
   if (ask_device) {
     size_t total = 0;
     if (pool->src->xMemInfo(pool->src_state, &out->device_free, &total) == VRAM_OK && total)

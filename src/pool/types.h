@@ -232,6 +232,8 @@ struct vram_pool {
   size_t device_total;    /* total device memory, for fractions */
   size_t kept_ceiling;    /* virtual_threshold of device_total, in bytes (placement.h) */
   size_t limit;           /* hard limit on reserved bytes; 0 = none */
+  /* The pool's membership of its device's give-back group (pool/giveback.h), or NULL. */
+  struct vram_giveback *giveback;
 
   vram_arena *arenas;
   /* Arenas whose one-block cache was filled since the last flush (block.h): a flush, which

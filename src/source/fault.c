@@ -4,7 +4,12 @@
  * reserve, unreserve, map, unmap, event record) is numbered from 1; call number fail_at
  * fails with VRAM_EFAULT without reaching the inner source, and after it every
  * fail_every-th call fails too. The engine must come out of each failure valid with every
- * live block intact; the tests sweep fail_at over every call of a scenario. */
+ * live block intact; the tests sweep fail_at over every call of a scenario.
+ *
+ * The same wrapper counts device memory for whoever asks (the give-back group, which needs
+ * every byte a pool takes as it takes it, and refuses growth past a group limit): each
+ * segment or mapping is offered to count_take before the inner source sees it, and what
+ * goes back is told to count_give. */
 #include <stdbool.h>
 #include <stdlib.h>
 
@@ -28,7 +33,20 @@ static bool fault_now(fault_state *f) {
 static void fault_close(void *state) {
   fault_state *f = state;
   f->inner->xClose(f->inner_state);
+  if (f->plan.count_close) f->plan.count_close(f->plan.count_user);
   free(f);
+}
+
+/* The device bytes of a segment or mapping of `size`: the source rounds it to its unit. */
+static size_t device_bytes(fault_state *f, size_t size) {
+  size_t unit = f->inner->xGranularity(f->inner_state);
+  return (size + unit - 1) & ~(unit - 1);
+}
+static bool count_take(fault_state *f, size_t size) {
+  return !f->plan.count_take || f->plan.count_take(f->plan.count_user, device_bytes(f, size));
+}
+static void count_give(fault_state *f, size_t size) {
+  if (f->plan.count_give) f->plan.count_give(f->plan.count_user, device_bytes(f, size));
 }
 static size_t fault_granularity(void *state) {
   fault_state *f = state;
@@ -40,11 +58,18 @@ static int fault_mem_info(void *state, size_t *free_bytes, size_t *total_bytes) 
 }
 static int fault_alloc(void *state, size_t size, uintptr_t *addr) {
   fault_state *f = state;
-  return fault_now(f) ? VRAM_EFAULT : f->inner->xAlloc(f->inner_state, size, addr);
+  if (fault_now(f)) return VRAM_EFAULT;
+  if (!count_take(f, size)) return VRAM_ENOMEM;
+  int rc = f->inner->xAlloc(f->inner_state, size, addr);
+  if (rc) count_give(f, size);
+  return rc;
 }
 static int fault_free(void *state, uintptr_t addr, size_t size) {
   fault_state *f = state;
-  return fault_now(f) ? VRAM_EFAULT : f->inner->xFree(f->inner_state, addr, size);
+  if (fault_now(f)) return VRAM_EFAULT;
+  int rc = f->inner->xFree(f->inner_state, addr, size);
+  if (!rc) count_give(f, size);
+  return rc;
 }
 static int fault_reserve(void *state, size_t size, uintptr_t *addr) {
   fault_state *f = state;
@@ -56,11 +81,18 @@ static int fault_unreserve(void *state, uintptr_t addr, size_t size) {
 }
 static int fault_map(void *state, uintptr_t addr, size_t size) {
   fault_state *f = state;
-  return fault_now(f) ? VRAM_EFAULT : f->inner->xMap(f->inner_state, addr, size);
+  if (fault_now(f)) return VRAM_EFAULT;
+  if (!count_take(f, size)) return VRAM_ENOMEM;
+  int rc = f->inner->xMap(f->inner_state, addr, size);
+  if (rc) count_give(f, size);
+  return rc;
 }
 static int fault_unmap(void *state, uintptr_t addr, size_t size) {
   fault_state *f = state;
-  return fault_now(f) ? VRAM_EFAULT : f->inner->xUnmap(f->inner_state, addr, size);
+  if (fault_now(f)) return VRAM_EFAULT;
+  int rc = f->inner->xUnmap(f->inner_state, addr, size);
+  if (!rc) count_give(f, size);
+  return rc;
 }
 static int fault_enable_peer(void *state, int peer) {
   fault_state *f = state;
@@ -103,6 +135,11 @@ static int fault_processes(void *state, vram_nvml_process *out, int max, const c
   return f->inner->xProcesses(f->inner_state, out, max, why);
 }
 
+static void fault_group_name(void *state, char *buf, size_t cap) {
+  fault_state *f = state;
+  f->inner->xGroupName(f->inner_state, buf, cap);
+}
+
 int _vram_fault_wrap(const vram_source_methods *inner, void *inner_state,
                      const vram_fault_plan *plan, const vram_source_methods **out_methods,
                      void **out_state) {
@@ -132,6 +169,7 @@ int _vram_fault_wrap(const vram_source_methods *inner, void *inner_state,
       .xEventSynchronize = fault_event_synchronize,
       .xDeviceUuid = inner->xDeviceUuid ? fault_device_uuid : NULL,
       .xProcesses = inner->xProcesses ? fault_processes : NULL,
+      .xGroupName = inner->xGroupName ? fault_group_name : NULL,
   };
   *out_methods = &f->table;
   *out_state = f;

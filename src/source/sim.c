@@ -8,11 +8,16 @@
  * mapped granule, unmapping an unmapped one, or unmapping part of a mapping is an error).
  * Events complete after a configurable number of queries, or at once when synchronized, so
  * cross-stream ordering can be tested. Every fragmentation figure of the project is
- * measured on it. */
+ * measured on it.
+ *
+ * With VRAMKIT_SIM_SHARED=<name> the capacity is one that several processes share
+ * (sim_shared.h): every byte mapped or allocated is also taken from the shared total, and
+ * mem_info reports the shared free. Without it, nothing here looks at the shared file. */
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "source/sim_shared.h"
 #include "source/source.h"
 
 #define SIM_GRANULE ((size_t)2 << 20)
@@ -46,6 +51,7 @@ typedef struct sim_state {
   size_t n_holes, cap_holes;
   sim_reservation *res;
   size_t n_res, cap_res;
+  vram_sim_shared *shared; /* VRAMKIT_SIM_SHARED: the device other processes share; or NULL */
 } sim_state;
 
 typedef struct sim_event {
@@ -64,6 +70,15 @@ static int sim_open(const vram_source_config *cfg, void **out) {
   s->event_delay = cfg->sim_event_delay;
   s->next_addr = SIM_BASE + (uintptr_t)cfg->device * SIM_DEVICE_SPAN;
   s->end_addr = s->next_addr + SIM_DEVICE_SPAN;
+  const char *shared_name = getenv("VRAMKIT_SIM_SHARED");
+  if (shared_name && *shared_name) {
+    int rc = _vram_sim_shared_join(shared_name, cfg->device, s->capacity, &s->shared);
+    if (rc) {
+      free(s);
+      return rc;
+    }
+    s->capacity = _vram_sim_shared_capacity(s->shared);
+  }
   *out = s;
   return VRAM_OK;
 }
@@ -73,6 +88,7 @@ static void sim_close(void *state) {
   for (size_t i = 0; i < s->n_res; i++) free(s->res[i].mapped);
   free(s->res);
   free(s->holes);
+  _vram_sim_shared_leave(s->shared);
   free(s);
 }
 
@@ -80,9 +96,26 @@ static size_t sim_granularity(void *state) { return SIM_GRANULE; }
 
 static int sim_mem_info(void *state, size_t *free_bytes, size_t *total_bytes) {
   sim_state *s = state;
-  *free_bytes = s->capacity - s->used;
+  *free_bytes = s->shared ? _vram_sim_shared_free(s->shared) : s->capacity - s->used;
   *total_bytes = s->capacity;
   return VRAM_OK;
+}
+
+/* Device memory for `bytes` more: this process's count, and the shared one's too. */
+static int device_take(sim_state *s, size_t bytes) {
+  if (bytes > s->capacity - s->used) return VRAM_ENOMEM;
+  if (s->shared) return _vram_sim_shared_take(s->shared, bytes);
+  return VRAM_OK;
+}
+
+static void device_give(sim_state *s, size_t bytes) {
+  if (s->shared) _vram_sim_shared_give(s->shared, bytes);
+}
+
+static void sim_group_name(void *state, char *buf, size_t cap) {
+  sim_state *s = state;
+  buf[0] = 0;
+  if (s->shared) _vram_sim_shared_device_name(s->shared, buf, cap);
 }
 
 /* Address space: first fit among freed ranges, else the untouched end. */
@@ -138,9 +171,14 @@ static int sim_alloc(void *state, size_t size, uintptr_t *addr) {
   sim_state *s = state;
   if (!size) return VRAM_EINVAL;
   size_t rounded = (size + SIM_GRANULE - 1) & ~(SIM_GRANULE - 1);
-  if (rounded < size || rounded > s->capacity - s->used) return VRAM_ENOMEM;
-  int rc = space_take(s, rounded, addr);
+  if (rounded < size) return VRAM_ENOMEM;
+  int rc = device_take(s, rounded);
   if (rc) return rc;
+  rc = space_take(s, rounded, addr);
+  if (rc) {
+    device_give(s, rounded);
+    return rc;
+  }
   s->used += rounded;
   return VRAM_OK;
 }
@@ -152,6 +190,7 @@ static int sim_free(void *state, uintptr_t addr, size_t size) {
   int rc = space_give(s, addr, rounded);
   if (rc) return rc;
   s->used -= rounded;
+  device_give(s, rounded);
   return VRAM_OK;
 }
 
@@ -226,7 +265,8 @@ static int sim_map(void *state, uintptr_t addr, size_t size) {
   size_t g0, n;
   sim_reservation *r = granule_span(s, addr, size, false, &g0, &n);
   if (!r) return VRAM_EINVAL;
-  if (size > s->capacity - s->used) return VRAM_ENOMEM;
+  int rc = device_take(s, size);
+  if (rc) return rc;
   r->mapped[g0] = GRANULE_HEAD;
   memset(r->mapped + g0 + 1, GRANULE_TAIL, n - 1);
   r->n_mapped += n;
@@ -242,6 +282,7 @@ static int sim_unmap(void *state, uintptr_t addr, size_t size) {
   memset(r->mapped + g0, GRANULE_UNMAPPED, n);
   r->n_mapped -= n;
   s->used -= size;
+  device_give(s, size);
   return VRAM_OK;
 }
 
@@ -295,6 +336,7 @@ const vram_source_methods _vram_source_sim = {
     .xEventRecord = sim_event_record,
     .xEventQuery = sim_event_query,
     .xEventSynchronize = sim_event_synchronize,
+    .xGroupName = sim_group_name,
 };
 
 const vram_source_methods _vram_source_sim_vmm = {
@@ -314,4 +356,5 @@ const vram_source_methods _vram_source_sim_vmm = {
     .xEventRecord = sim_event_record,
     .xEventQuery = sim_event_query,
     .xEventSynchronize = sim_event_synchronize,
+    .xGroupName = sim_group_name,
 };

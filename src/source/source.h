@@ -18,6 +18,8 @@
 #ifndef VRAM_SOURCE_H
 #define VRAM_SOURCE_H
 
+#include <stdbool.h>
+
 #include "prim/nvml.h"
 #include "vramkit.h"
 
@@ -74,6 +76,9 @@ typedef struct vram_source_methods {
    * most max), or -1 with *why (static text). */
   void (*xDeviceUuid)(void *state, char *buf, size_t cap);
   int (*xProcesses)(void *state, vram_nvml_process *out, int max, const char **why);
+  /* The device as the processes that share it name it, for the give-back group
+   * (pool/giveback.h); "" where no other process shares it. NULL: xDeviceUuid's name. */
+  void (*xGroupName)(void *state, char *buf, size_t cap);
 } vram_source_methods;
 
 /* device_identity.c: xDeviceUuid and xProcesses for the sources on the CUDA driver, whose
@@ -96,6 +101,14 @@ const vram_source_methods *_vram_source_for(vram_source_kind kind);
 typedef struct vram_fault_plan {
   uint64_t fail_at;    /* 1-based call number that fails; 0 = never */
   uint64_t fail_every; /* after fail_at, every n-th call fails too; 0 = only fail_at */
+  /* Optional counting of device memory (NULL: none): count_take is offered the bytes of
+   * each segment or mapping before the source makes it, and refuses it (the call then
+   * fails with VRAM_ENOMEM) by returning false; count_give is told of each that went back
+   * (and of one whose making failed); count_close runs when the wrapper closes. */
+  void *count_user;
+  bool (*count_take)(void *user, size_t bytes);
+  void (*count_give)(void *user, size_t bytes);
+  void (*count_close)(void *user);
 } vram_fault_plan;
 int _vram_fault_wrap(const vram_source_methods *inner, void *inner_state,
                      const vram_fault_plan *plan, const vram_source_methods **out_methods,

@@ -269,8 +269,8 @@ static void t_planted_above_capacity(void **state) {
 /* Each cause has its name, the report's word; past the range, none. */
 static void t_cause_names(void **state) {
   (void)state;
-  const char *names[] = {"preallocate", "fragmentation", "granularity",
-                         "limit",       "live",          "others"};
+  const char *names[] = {"preallocate", "fragmentation", "granularity", "limit",
+                         "live",        "others",        "group_limit"};
   for (int c = 0; c < VRAM_OOM_CAUSE_COUNT; c++)
     assert_string_equal(vram_oom_cause_name(c), names[c]);
   assert_null(vram_oom_cause_name(VRAM_OOM_CAUSE_COUNT));
@@ -287,6 +287,16 @@ static void t_cause_names(void **state) {
   vram_oom_classify(&in);
   assert_int_equal(in.cause, VRAM_OOM_LIVE);
   assert_int_equal(in.shortfall, 6 * VT_MiB);
+  /* A group limit the processes of the device together would pass, while the device and
+   * the pool's own limit have room. */
+  vram_oom_info_t group = {.requested = 36 * VT_MiB, .capacity = 64 * VT_MiB,
+                           .device_free = 16 * VT_MiB, .granularity = 2 * VT_MiB,
+                           .group_limit = 56 * VT_MiB, .group_reserved = 48 * VT_MiB};
+  vram_oom_classify(&group);
+  assert_int_equal(group.cause, VRAM_OOM_GROUP_LIMIT);
+  group.group_limit = 0;
+  vram_oom_classify(&group);
+  assert_int_equal(group.cause, VRAM_OOM_OTHERS);
 }
 
 /* A report too long for its buffer is cut, never overrun, and its length still says so. */

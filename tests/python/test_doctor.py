@@ -212,7 +212,8 @@ def test_a_reports_text_is_not_parsed():
 
 
 # The engine's causes (vram_oom_cause_name), spelled out so that none can drop silently.
-ENGINE_CAUSES = ["preallocate", "fragmentation", "granularity", "limit", "live", "others"]
+ENGINE_CAUSES = ["preallocate", "fragmentation", "granularity", "limit", "live", "others",
+                 "group_limit"]
 
 
 @pytest.mark.parametrize("cause", ENGINE_CAUSES)
@@ -237,6 +238,8 @@ _PLANTED = [
                 "allocated": 40 * MiB}),
     (2 * GiB, {"capacity": 8 * GiB, "device_free": 1 * GiB, "reserved": 1536 * MiB,
                "allocated": 1 * GiB, "cached_free": 512 * MiB}),
+    (36 * MiB, {"capacity": 64 * MiB, "device_free": 16 * MiB, "reserved": 0, "allocated": 0,
+                "group_limit": 56 * MiB, "group_reserved": 48 * MiB}),
 ]
 
 

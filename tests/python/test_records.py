@@ -22,12 +22,13 @@ from vramkit import records
 from vramkit.records import read_record, read_records
 
 MAGIC = 0x314345524D525655
-RECORD_SIZE = 3432
-DEVICE_SIZE = 176
+RECORD_SIZE = 3944
+DEVICE_SIZE = 208
 DEVICES_AT = 616
 COUNTERS = ("allocated_bytes", "reserved_bytes", "active_bytes", "cached_free_bytes",
             "largest_free_block", "peak_allocated_bytes", "peak_reserved_bytes", "num_ooms",
-            "num_alloc_retries", "limit_bytes", "capacity_bytes", "updated_ns")
+            "num_alloc_retries", "limit_bytes", "capacity_bytes", "updated_ns", "givable_bytes",
+            "given_back_bytes", "given_back_count", "group_limit_bytes")
 
 
 def ticks_of(pid: int) -> int:
@@ -36,7 +37,7 @@ def ticks_of(pid: int) -> int:
 
 
 def record_bytes(pid, uid=None, ticks=None, name=b"trainer", cmdline=b"", devices=(),
-                 magic=MAGIC, version=1, size=RECORD_SIZE, n_devices=None) -> bytearray:
+                 magic=MAGIC, version=2, size=RECORD_SIZE, n_devices=None) -> bytearray:
     """A vram_process_record, field by field at the header's offsets."""
     data = bytearray(RECORD_SIZE)
     struct.pack_into("<QII", data, 0, magic, version, size)
@@ -52,7 +53,7 @@ def record_bytes(pid, uid=None, ticks=None, name=b"trainer", cmdline=b"", device
         source, uuid = device.get("source", b"sim"), device.get("uuid", b"")
         data[at + 16:at + 16 + len(source)] = source
         data[at + 32:at + 32 + len(uuid)] = uuid
-        struct.pack_into("<12Q", data, at + 80, *(device.get(key, 0) for key in COUNTERS))
+        struct.pack_into(f"<{len(COUNTERS)}Q", data, at + 80, *(device.get(key, 0) for key in COUNTERS))
     return data
 
 
@@ -143,7 +144,7 @@ def test_bad_files_are_skipped_with_a_reason_and_kept(tmp_path, sleeper):
     folder.mkdir(mode=0o700)
     (folder / "1.rec").write_bytes(b"not a record")
     (folder / "2.rec").write_bytes(b"\x7fELF" + bytes(4000))
-    (folder / "3.rec").write_bytes(record_bytes(pid, version=2))
+    (folder / "3.rec").write_bytes(record_bytes(pid, version=3))
     (folder / "4.rec").write_bytes(record_bytes(pid, size=4000))
     (folder / "5.rec").write_bytes(record_bytes(pid)[:1000])
     (folder / "6.rec").write_bytes(bytes(RECORD_SIZE))  # created, header not written yet
@@ -154,9 +155,9 @@ def test_bad_files_are_skipped_with_a_reason_and_kept(tmp_path, sleeper):
     text = reasons(folder)
     for number, reason in [(1, "too short for a record (12 bytes"),
                            (2, "not a vramkit record (magic 0x"),
-                           (3, "record version 2; this reader knows version 1"),
-                           (4, "record of 4000 bytes in a file of 3432"),
-                           (5, "record of 3432 bytes in a file of 1000"),
+                           (3, "record version 3; this reader knows version 2"),
+                           (4, "record of 4000 bytes in a file of 3944"),
+                           (5, "record of 3944 bytes in a file of 1000"),
                            (6, "not initialised yet"),
                            (7, f"the record's pid {pid} is not its file's name"),
                            (8, "a symbolic link"),
@@ -213,7 +214,7 @@ WRITER = """
     # between bursts whatever the load of the machine.
     import time
     fd = os.open(sys.argv[1], os.O_RDWR)
-    view = mmap.mmap(fd, 3432)
+    view = mmap.mmap(fd, 3944)
     at = 616
     seq = memoryview(view)[at:at + 8].cast("Q")
     n = 0

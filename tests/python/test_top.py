@@ -163,7 +163,8 @@ def test_fake_nvml_gpus_and_a_vramkit_process_joined_by_uuid(publish, sleepers, 
     write_record(publish, listed.pid, devices=[{
         "source": b"cuda", "uuid": A100.encode(), "allocated_bytes": 2 * GiB,
         "reserved_bytes": 3 * GiB, "cached_free_bytes": 1 * GiB, "largest_free_block": GiB // 4,
-        "peak_reserved_bytes": 4 * GiB, "num_ooms": 2}])
+        "peak_reserved_bytes": 4 * GiB, "num_ooms": 2, "givable_bytes": GiB // 2,
+        "given_back_bytes": 3 * GiB, "group_limit_bytes": 8 * GiB}])
     write_record(publish, by_ordinal.pid, devices=[{"source": b"vmm", "reserved_bytes": GiB}])
     document = top_json(publish, nvml=library,
                         FAKE_NVML_PROCESSES=f"1:{listed.pid}:{int(3.5 * GiB)}")
@@ -190,7 +191,10 @@ def test_fake_nvml_gpus_and_a_vramkit_process_joined_by_uuid(publish, sleepers, 
                FAKE_NVML_PROCESSES=f"1:{listed.pid}:{int(3.5 * GiB)}").stdout
     assert "GPU 0  Fake H200" in text and "GPU 1  Fake A100" in text
     row = next(line for line in text.splitlines() if line.split()[:1] == [str(listed.pid)])
-    assert row.split()[2:9] == ["cuda:0", "3.5G", "2.0G", "3.0G", "1.0G", "256.0M", "75%"]
+    # ... CACHED, GIVABLE (idle in whole segments), LARGEST, FRAG, PEAK, OOMS, GAVE
+    assert row.split()[2:13] == ["cuda:0", "3.5G", "2.0G", "3.0G", "1.0G", "512.0M", "256.0M",
+                                 "75%", "4.0G", "2", "3.0G"]
+    assert "group limit (VRAMKIT_GROUP_LIMIT): 8.0G" in text
 
 
 def test_nvml_failing_init_is_a_note(publish, tmp_path):

@@ -40,6 +40,7 @@ _OOM = _core.VRAM_EVENT_OOM
 _SNAPSHOT = _core.VRAM_EVENT_SNAPSHOT
 _ANNOTATE = _core.VRAM_EVENT_ANNOTATE
 _EMPTY_CACHE = _core.VRAM_EVENT_EMPTY_CACHE
+_GIVE_BACK = _core.VRAM_EVENT_GIVE_BACK
 
 # PyTorch's action names. empty_cache has none: its effect is already in the trace as the
 # segment_free entries it causes, so snapshot() leaves it out (memory_history() keeps it).
@@ -284,6 +285,9 @@ def _trace_entry(e, frames_of, with_empty_cache=False):
     t, addr, size, requested, stream, context, device, kind = e
     if kind == _EMPTY_CACHE:
         action = "empty_cache" if with_empty_cache else None
+    elif kind == _GIVE_BACK:
+        # Not a PyTorch action either: its segment_free entries carry its effect.
+        action = "give_back" if with_empty_cache else None
     else:
         action = _ACTIONS.get(kind)
     if action is None:
@@ -291,6 +295,8 @@ def _trace_entry(e, frames_of, with_empty_cache=False):
     entry = {"action": action}
     if kind == _OOM:
         entry["device_free"] = addr  # the engine puts the device's free bytes in addr
+    elif kind == _GIVE_BACK:
+        entry["to_pid"] = addr  # the engine puts the asking process's pid in addr
     else:
         entry["addr"] = addr
     entry.update(size=size, stream=stream, time_us=t + _UNIX_OFFSET_US,

@@ -70,6 +70,10 @@ class DeviceRecord:
     limit_bytes: int
     capacity_bytes: int
     updated_ns: int
+    givable_bytes: int = 0  # idle memory a neighbour's request could get back
+    given_back_bytes: int = 0  # given back to neighbours that asked
+    given_back_count: int = 0
+    group_limit_bytes: int = 0  # VRAMKIT_GROUP_LIMIT in force, 0 = none
     busy: bool = False
     fragmentation: float = field(init=False)
 

@@ -158,8 +158,11 @@ def format_bytes(value: int | None) -> str:
     return f"{value}B" if value else "0"
 
 
+# GIVABLE: of the cached memory, what a neighbour's request could get back (whole idle
+# segments); GAVE: what the process gave back to neighbours that asked (issue 39).
 _HEADER = (f"{'PID':>8} {'NAME':<15} {'DEVICE':<9} {'NVML':>7} {'ALLOC':>7} {'RESERVED':>8} "
-           f"{'CACHED':>7} {'LARGEST':>7} {'FRAG':>5} {'PEAK':>7} {'OOMS':>5}")
+           f"{'CACHED':>7} {'GIVABLE':>7} {'LARGEST':>7} {'FRAG':>5} {'PEAK':>7} {'OOMS':>5} "
+           f"{'GAVE':>7}")
 
 
 def _process_line(entry: dict) -> str:
@@ -174,10 +177,21 @@ def _process_line(entry: dict) -> str:
     return head + (f"{format_bytes(vramkit['allocated_bytes']):>7} "
                    f"{format_bytes(vramkit['reserved_bytes']):>8} "
                    f"{format_bytes(vramkit['cached_free_bytes']):>7} "
+                   f"{format_bytes(vramkit['givable_bytes']):>7} "
                    f"{format_bytes(vramkit['largest_free_block']):>7} "
                    f"{vramkit['fragmentation'] * 100:>4.0f}% "
                    f"{format_bytes(vramkit['peak_reserved_bytes']):>7} "
-                   f"{vramkit['num_ooms']:>5}")
+                   f"{vramkit['num_ooms']:>5} "
+                   f"{format_bytes(vramkit['given_back_bytes']):>7}")
+
+
+def _group_limits(entries: list[dict]) -> list[str]:
+    """The give-back group's limit (VRAMKIT_GROUP_LIMIT) as the processes listed set it."""
+    limits = sorted({e["vramkit"]["group_limit_bytes"] for e in entries
+                     if e["vramkit"] and e["vramkit"]["group_limit_bytes"]})
+    if not limits:
+        return []
+    return ["  group limit (VRAMKIT_GROUP_LIMIT): " + ", ".join(format_bytes(v) for v in limits)]
 
 
 def render(document: dict) -> list[str]:
@@ -196,11 +210,13 @@ def render(document: dict) -> list[str]:
         if gpu["processes"]:
             lines.append(_HEADER)
             lines += [_process_line(entry) for entry in gpu["processes"]]
+            lines += _group_limits(gpu["processes"])
         else:
             lines.append("  no compute process")
     if unmatched:
         lines += ["", "vramkit processes on no GPU that NVML shows (e.g. on sim):", _HEADER]
         lines += [_process_line(entry) for entry in unmatched]
+        lines += _group_limits(unmatched)
     if not gpus and not unmatched:
         lines += ["", "no GPU and no vramkit process to show"]
     if document["notes"]:

@@ -45,7 +45,8 @@ from typing import Callable, NamedTuple
 __all__ = ["CAUSES", "Diagnosis", "DoctorInputError", "Fix", "LIVE_VARIANTS", "diagnose"]
 
 # The engine's causes (vram_oom_cause, src/obs/stats.c), every one of them.
-CAUSES = ("live", "fragmentation", "others", "limit", "granularity", "preallocate")
+CAUSES = ("live", "fragmentation", "others", "limit", "granularity", "preallocate",
+          "group_limit")
 
 # The variants an estimate_fn is asked about for a `live` cause, with the fix each stands
 # for. "baseline" is asked first: the saving of a variant is baseline minus its estimate.
@@ -263,6 +264,10 @@ def _summary(cause: str, n: dict) -> str:
                  f"the limit of {_size(limit)}" if limit and rq > limit else
                  f"the {_size(free)} free on the device (other processes hold the rest)")
         return f"the preallocation of {_size(rq)} is more than {bound}"
+    if cause == "group_limit":
+        return (f"every vramkit process on this device together may reserve "
+                f"{_size(n.get('group_limit'))} (VRAMKIT_GROUP_LIMIT); they reserve "
+                f"{_size(n.get('group_reserved'))}, and the request of {_size(rq)} would pass it")
     if cause == "granularity":
         g, room = n.get("granularity") or 1, n.get("may_reserve") or 0
         return (f"the pool maps memory in whole segments of {_size(g)}: of the {_size(room)} "
@@ -305,12 +310,18 @@ _INFO_NUMBERS = (("device", "device"), ("requested", "requested"), ("allocated",
                  ("device_free", "device_free"), ("limit", "limit"),
                  ("granularity", "granularity"), ("may_reserve", "may_reserve"),
                  ("max_request", "max_request"), ("raise_limit_by", "raise_limit_by"),
-                 ("others_bytes", "others_used"), ("shortfall", "shortfall"))
+                 ("others_bytes", "others_used"), ("shortfall", "shortfall"),
+                 ("group_limit", "group_limit"), ("group_reserved", "group_reserved"))
 
 
 def _setting_fixes(cause: str, n: dict) -> list[Fix]:
     """The fixes of the causes a setting of the pool's own makes: a preallocation, and a
     request no whole segment can place."""
+    if cause == "group_limit":
+        over = (n.get("group_reserved") or 0) + n["requested"] - (n.get("group_limit") or 0)
+        return [Fix(f"raise VRAMKIT_GROUP_LIMIT by {_size(over)}, or let the neighbours on the "
+                    f"device give their idle cache back (VRAMKIT_GIVE_BACK, on by default)",
+                    over or None)]
     if cause == "preallocate":
         cap = min(n["limit"] or n["device_total"], n["device_total"])
         can = min(cap, n["device_free"])
