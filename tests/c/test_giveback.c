@@ -299,6 +299,11 @@ static void test_stopped_neighbour_costs_the_timeout_only(void **state) {
   child a = spawn(holder_main, NULL);
   wait_ready(&a);
   kill(a.pid, SIGSTOP);
+  /* kill() returns before the stop takes hold: wait until it has, or the watcher may
+   * still answer the request that follows. */
+  int stopped = 0;
+  assert_int_equal(waitpid(a.pid, &stopped, WUNTRACED), a.pid);
+  assert_true(WIFSTOPPED(stopped));
   const char *const short_wait[] = {"VRAMKIT_GIVE_BACK_TIMEOUT=100", NULL};
   child b = spawn(asker_main, short_wait);
   outcome ob = finish(&b);
