@@ -7,6 +7,8 @@ the CPU stand-in for CUDA; sizes are checked against hand counts.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -287,10 +289,40 @@ def test_max_batch_for_a_card_and_under_a_cap(tmp_path):
     work = lambda n: models.workload(model, n, seq=256)  # noqa: E731
     assert vramkit.find_max_batch(work(1).step, lambda n: work(n).build(),
                                   memory_limit=(1 << 30) - CUDA_CONTEXT_BYTES) == on_card
-    both = subprocess.run([sys.executable, "-m", "vramkit", "estimate", "--model", model,
-                           "--max-batch", "--cap", "1G", "--device-memory", "1G"],
-                          capture_output=True, text=True)
-    assert both.returncode == 3 and "give one" in both.stderr
+    # Given both, the tighter answers, and the text and --json say which bound it was.
+    card_binds = ask("--device-memory", "1G", "--cap", "1G")
+    cap_binds = json.loads(ask("--device-memory", "2G", "--cap", "1G", "--json"))
+    assert card_binds.startswith(card.split(" under vramkit")[0] + ", the tighter bound")
+    assert int(card_binds.split(":")[-1]) == on_card
+    assert cap_binds["bound"] == "cap" and cap_binds["max_batch"] == under_cap
+    assert cap_binds["answered_for"].startswith(
+        "an allocator cap of 1G (the CUDA context not counted), the tighter bound (than "
+        "a 2G card")
+    assert cap_binds["allocator_bytes"] == 1 << 30
+
+
+def test_a_card_and_a_cap_together_decide_by_the_tighter():
+    """estimate() and find_max_batch() given both a card and a cap: the fit is decided
+    under the one that leaves the allocator less, and the estimate says which."""
+    from vramkit.estimator import CUDA_CONTEXT_BYTES
+
+    def build():
+        net = _Plain().cuda()
+        return net, torch.optim.SGD(net.parameters(), lr=0.1), \
+            torch.randint(0, 100, (4, 16), device="cuda")
+
+    card = 1 << 30
+    common = dict(build=build, model_workspaces=False)
+    under_card = vramkit.estimate(_plain_step, device_memory=card, memory_limit=card,
+                                  **common)
+    assert (under_cap := vramkit.estimate(_plain_step, device_memory=2 * card,
+                                          memory_limit=card, **common)).bound == "cap"
+    assert under_card.bound == "card" and not under_card.capped
+    assert under_cap.capped and under_cap.device_memory == card
+    assert any("tighter bound" in note for note in under_card.notes + under_cap.notes)
+    tight = card - CUDA_CONTEXT_BYTES - 1
+    alone = vramkit.estimate(_plain_step, memory_limit=tight, **common)
+    assert alone.bound == "cap" and not any("tighter" in n for n in alone.notes)
 
 
 _LARGE = """

@@ -67,6 +67,8 @@ class Estimate:
     notes: list = field(default_factory=list)
     capped: bool = False             # device_memory is an allocator cap (memory_limit),
                                      # not a card that the CUDA context shares
+    bound: str | None = None         # which the fit was decided under: "card" or "cap"
+                                     # (given both, the one leaving the allocator less)
 
     def __str__(self) -> str:
         return format_estimate(self)
@@ -201,6 +203,35 @@ def _size(value, what: str) -> int | None:
     return nbytes
 
 
+def tighter_bound(device_memory=None, memory_limit=None):
+    """Which question a fit answers: ("card", card bytes, None) for a card, of which the
+    CUDA context takes its share first; ("cap", None, cap bytes) for an allocator cap,
+    which the context is not counted against; given both, the one that leaves the
+    allocator less; (None, None, None) for neither."""
+    card = _size(device_memory, "device_memory")
+    limit = _size(memory_limit, "memory_limit")
+    if card is not None and limit is not None:
+        if limit < card - CUDA_CONTEXT_BYTES:
+            card = None
+        else:
+            limit = None
+    if card is not None:
+        return "card", card, None
+    return ("cap" if limit is not None else None), None, limit
+
+
+def bound_words(bound: str, device_memory, memory_limit) -> str:
+    """Which of a card and a cap, both given, decided the fit, and why, in words."""
+    card = _size(device_memory, "device_memory")
+    left = max(card - CUDA_CONTEXT_BYTES, 0)
+    cap = _size(memory_limit, "memory_limit")
+    if bound == "cap":
+        return (f"the allocator cap ({_gib(cap)}) is the tighter bound: the card of "
+                f"{_gib(card)} leaves the allocator {_gib(left)} after the CUDA context")
+    return (f"the card ({_gib(card)}, which leaves the allocator {_gib(left)} after the "
+            f"CUDA context) is the tighter bound: the allocator cap is {_gib(cap)}")
+
+
 def estimate(step_fn, *args, device_memory=None, source: str | None = None,
              steps: int = 2, trace_path: str | None = None, device="cuda",
              build=None, emulate: bool | None = None, memory_limit=None,
@@ -215,7 +246,9 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
     large model for real. ``device_memory`` (bytes or "80G") is the card to check the fit
     on; ``source`` the vramkit source to model ("cuda" by default, or "vmm").
     ``memory_limit`` checks the fit under an allocator limit instead (VRAMKIT_LIMIT,
-    ``set_per_process_memory_fraction``), which the CUDA context does not count against.
+    ``set_per_process_memory_fraction``), which the CUDA context does not count against;
+    given both, the fit is decided under the one that leaves the allocator less
+    (``Estimate.bound`` says which, and a note why).
     ``emulate=True`` runs the CPU stand-in even where a GPU is present (to compare).
     ``variant`` (a :class:`vramkit.estimator.variants.Variant`) estimates the step with
     one change made to it: autocast, bf16 weights, checkpointing, 8-bit states.
@@ -233,10 +266,7 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
         raise TypeError("estimate(): step_fn must be callable")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"estimate(): steps must be a positive int, not {steps!r}")
-    card = _size(device_memory, "device_memory")
-    limit = _size(memory_limit, "memory_limit")
-    if card is not None and limit is not None:
-        raise ValueError("estimate(): give device_memory or memory_limit, not both")
+    bound, card, limit = tighter_bound(device_memory, memory_limit)
     source = source or os.environ.get("VRAMKIT_SOURCE") or "cuda"
     if source == "auto":
         source = "cuda"
@@ -303,6 +333,8 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
                      "on a machine with a GPU the estimate uses CUDA's own")
     for model in models_:
         notes.extend(model.notes())
+    if device_memory is not None and memory_limit is not None:
+        notes.append(bound_words(bound, device_memory, memory_limit))
     return Estimate(
         peak_allocated=recording.peak_allocated,
         peak_reserved=int(ours["peak_reserved_bytes"]),
@@ -318,7 +350,7 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
         + CUDA_CONTEXT_BYTES,
         breakdown={c: breakdown.get(c, 0) for c in _record_categories()},
         top_sites=top, source=source, emulated=target.emulated, trace=trace_path,
-        fake_ops=recording.fake_ops, notes=notes, capped=limit is not None)
+        fake_ops=recording.fake_ops, notes=notes, capped=limit is not None, bound=bound)
 
 
 def __getattr__(name):
@@ -525,7 +557,8 @@ def find_max_batch(step_fn, make_batch, device_memory=None, mode: str = "predict
     ``step_fn`` for batch size ``n`` (model, optimizer and batch, say).
 
     ``mode="predict"``: a search on :func:`estimate` (seconds on a CPU, no GPU needed)
-    for the card ``device_memory`` or the limit ``memory_limit``, under ``allocator``
+    for the card ``device_memory`` or the limit ``memory_limit`` (given both, the one
+    that leaves the allocator less: :func:`tighter_bound`), under ``allocator``
     ("vramkit", "torch" or "torch-expandable"). ``mode="measure"``: real steps on the GPU,
     starting from the prediction, recovering from each out-of-memory error (as
     accelerate's ``find_executable_batch_size`` and Lightning's batch size finder do), so
@@ -553,8 +586,8 @@ def find_max_batch(step_fn, make_batch, device_memory=None, mode: str = "predict
     from . import _measure
     # A card of device_memory leaves the allocator that less the CUDA context, as the
     # prediction assumed; on the real card that is the cap the measurement runs under.
-    cap = (memory_limit if memory_limit is not None
-           else _size(device_memory, "device_memory") - CUDA_CONTEXT_BYTES)
+    _, card, limit = tighter_bound(device_memory, memory_limit)
+    cap = limit if limit is not None else card - CUDA_CONTEXT_BYTES
     return _measure.largest_batch(step_fn, make_batch, best or start, cap, most)
 
 

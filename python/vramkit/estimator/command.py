@@ -61,13 +61,14 @@ def _parser() -> argparse.ArgumentParser:
                    help="the card to check the fit on, e.g. 24G or 80G (the allocator "
                         "gets it less the CUDA context)")
     p.add_argument("--cap", default=None, metavar="SIZE",
-                   help="an allocator cap to check the fit under instead (VRAMKIT_LIMIT, "
+                   help="an allocator cap to check the fit under (VRAMKIT_LIMIT, "
                         "set_per_process_memory_fraction), which the CUDA context is not "
-                        "counted against")
+                        "counted against; with --device-memory, the tighter of the two")
     p.add_argument("--source", default=None, choices=("cuda", "vmm"),
                    help="the vramkit source to model (default cuda)")
     p.add_argument("--max-batch", action="store_true",
-                   help="find the largest batch that fits --device-memory instead")
+                   help="find the largest batch that fits --device-memory or --cap (given "
+                        "both, the tighter; the answer says which) instead")
     p.add_argument("--what-if", action="store_true",
                    help="the same step under autocast, bf16 weights, 8-bit optimizer "
                         "states, checkpointing and smaller batches: a table")
@@ -119,7 +120,7 @@ def _as_json(e) -> dict:
             "torch_expandable_peak_reserved": e.torch_expandable_peak_reserved,
             "torch_peak_allocated": e.torch_peak_allocated,
             "torch_expandable_peak_allocated": e.torch_expandable_peak_allocated,
-            "device_memory": e.device_memory, "capped": e.capped,
+            "device_memory": e.device_memory, "capped": e.capped, "bound": e.bound,
             "fits": e.fits, "torch_fits": e.torch_fits,
             "torch_expandable_fits": e.torch_expandable_fits,
             "min_device_memory": e.min_device_memory, "breakdown": e.breakdown,
@@ -149,11 +150,25 @@ def _refused(error: Exception, model: str) -> int:
     return EXIT_FAILURE
 
 
-def _question(args) -> str:
-    """Which fit was asked about: a card, which the CUDA context shares, or a cap."""
-    if args.cap:
-        return f"an allocator cap of {args.cap} (the CUDA context not counted)"
-    return f"a {args.device_memory} card (less the CUDA context)"
+def _question(args) -> tuple[str, str]:
+    """Which fit was answered, as ("card" or "cap", words): a card, which the CUDA
+    context shares, or a cap; given both, the tighter, and what it was tighter than."""
+    from . import tighter_bound
+    bound, _, _ = tighter_bound(args.device_memory, args.cap)
+    card = f"a {args.device_memory} card (less the CUDA context)"
+    cap = f"an allocator cap of {args.cap} (the CUDA context not counted)"
+    words = card if bound == "card" else cap
+    if args.device_memory and args.cap:
+        other = cap if bound == "card" else card
+        words += f", the tighter bound (than {other})"
+    return bound, words
+
+
+def _allocator_bytes(args) -> int:
+    """What the answered bound leaves the allocator."""
+    from . import CUDA_CONTEXT_BYTES, tighter_bound
+    _, card, cap = tighter_bound(args.device_memory, args.cap)
+    return cap if cap is not None else max(card - CUDA_CONTEXT_BYTES, 0)
 
 
 def main(argv: list[str]) -> int:
@@ -168,9 +183,6 @@ def main(argv: list[str]) -> int:
     if (args.max_batch or args.plan_checkpointing) and not (args.device_memory or args.cap):
         return usage_error("estimate", "--max-batch and --plan-checkpointing need "
                                        "--device-memory or --cap")
-    if args.device_memory and args.cap:
-        return usage_error("estimate", "--device-memory (a card) and --cap (an allocator "
-                                       "limit) are separate questions: give one")
     fit = dict(device_memory=args.device_memory, memory_limit=args.cap)
     if args.max_batch + args.what_if + args.plan_checkpointing > 1:
         return usage_error("estimate", "--max-batch, --what-if and --plan-checkpointing "
@@ -228,12 +240,15 @@ def main(argv: list[str]) -> int:
             print(plan)
         return EXIT_OK if plan.fits else EXIT_DOES_NOT_FIT
     if args.max_batch:
+        bound, words = _question(args)
         if args.json:
             print(json.dumps({"model": args.model, "max_batch": best,
-                              "device_memory": args.device_memory, "cap": args.cap}))
+                              "device_memory": args.device_memory, "cap": args.cap,
+                              "bound": bound, "answered_for": words,
+                              "allocator_bytes": _allocator_bytes(args)}))
         else:
             print(f"largest batch of {first.name.split(' batch ')[0]} that fits "
-                  f"{_question(args)} under vramkit: {best}")
+                  f"{words} under vramkit: {best}")
         return EXIT_OK if best else EXIT_DOES_NOT_FIT
     if args.json:
         print(json.dumps({"model": args.model, "workload": first.name, **_as_json(result)}))
