@@ -333,6 +333,10 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
                      "on a machine with a GPU the estimate uses CUDA's own")
     for model in models_:
         notes.extend(model.notes())
+    if recording.generation_stand_ins:
+        notes.append("a generation loop's checks of which sequences drew an end-of-"
+                     "sequence token (or hold padding) were taken as none: the estimate "
+                     "is for generating every new token asked for, the longest run")
     if device_memory is not None and memory_limit is not None:
         notes.append(bound_words(bound, device_memory, memory_limit))
     return Estimate(

@@ -68,6 +68,9 @@ class Recording:
     peak_op: int = 0               # index in ops just after the peak was reached
     live_at_peak: tuple = ()       # block ids live at the peak
     fake_ops: int = 0              # ATen operations run
+    # Yes/no tensors of a generation loop computed from unknown values, taken as all "no"
+    # (no end-of-sequence token drawn): the step generated all its new tokens.
+    generation_stand_ins: int = 0
 
     def events(self):
         """The ops as ``vramkit replay`` trace events on stream 0."""

@@ -228,6 +228,7 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
                     if p.grad is not None:
                         recorder.set_role(p.grad, "gradients")
             recorder.phase = "done"
+    recorder.recording.generation_stand_ins = known.stand_ins
     classify(recorder.recording, recorder)
     return recorder.recording, recorder
 

@@ -20,6 +20,9 @@ their size.
 
 from __future__ import annotations
 
+import os
+import sys
+
 import torch
 from torch._subclasses.fake_tensor import (DataDependentOutputException,
                                            DynamicOutputShapeException, FakeTensor)
@@ -34,6 +37,28 @@ MOST_ELEMENTS = 1 << 16
 _aten = torch.ops.aten
 
 
+# The code whose yes/no tensors computed from unknown values decide how long to run,
+# not what to make: a text generator's "which sequences drew an end-of-sequence token?"
+# and "which tokens are padding?". Taken as all "no" (a known value: no token of the
+# batch or of the output is padding or an end), the generation runs to its
+# max_new_tokens: the longest it can run, and the most memory it can take.
+_GENERATION_LOOPS = (os.sep + os.path.join("transformers", "generation") + os.sep,)
+_TORCH = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+_VRAMKIT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _made_by_a_generation_loop() -> bool:
+    """Whether the innermost frame outside PyTorch and vramkit is a generation loop's."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if not (path.startswith(_TORCH) or path.startswith(_VRAMKIT)
+                or path.startswith("<")):
+            return any(loop in path for loop in _GENERATION_LOOPS)
+        frame = frame.f_back
+    return False
+
+
 def _writes(func) -> list[int]:
     """The positions of the arguments ``func`` writes to (in-place and out= ops)."""
     return [i for i, a in enumerate(func._schema.arguments)
@@ -46,6 +71,7 @@ class KnownValues(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.real = WeakIdKeyDictionary()  # fake tensor -> real CPU tensor
+        self.stand_ins = 0  # yes/no tensors of a generation loop taken as all "no"
 
     def forget(self, tensors) -> None:
         """Treat ``tensors`` as values unknown: weights and the batch stand for ones the
@@ -104,6 +130,12 @@ class KnownValues(TorchDispatchMode):
         outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
         small = all(o.numel() <= MOST_ELEMENTS for o in outs)
         real = self._run_real(func, args, kwargs) if small else None
+        if real is None and small and outs and all(o.dtype == torch.bool for o in outs) \
+                and not _writes(func) and _made_by_a_generation_loop():
+            with _disable_current_modes():  # real tensors, not the fake mode's
+                real = tuple(torch.zeros(o.shape, dtype=torch.bool) for o in outs)
+            real = real[0] if len(real) == 1 and isinstance(out, torch.Tensor) else real
+            self.stand_ins += 1
         if real is None:
             # What the op wrote to no longer has the values its twin holds.
             for i in _writes(func):
