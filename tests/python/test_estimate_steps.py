@@ -13,6 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import vramkit  # noqa: E402
+import vramkit.estimator  # noqa: E402,F401 - vramkit.estimator.UntraceableStep, alone too
 
 
 def _rounded(n: int) -> int:
@@ -548,3 +549,50 @@ def test_kv_cache_generation_with_generate_and_by_hand():
     assert by_hand.peak_allocated > short.peak_allocated
     assert any("every new token" in note for note in long.notes)
     assert not any("every new token" in note for note in by_hand.notes)
+
+
+def test_what_if_records_each_change_once_and_counts_its_compute(monkeypatch):
+    """advise() makes one recording per row, which gives both the memory and the FLOPs
+    (PyTorch's formulas, as its FlopCounterMode counts them on the step as written); the
+    recomputation of checkpointed blocks shows as added compute."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from vramkit.estimator import _step, variants
+    recordings = []
+    record = _step.record_step
+    monkeypatch.setattr(_step, "record_step",
+                        lambda *a, **k: recordings.append(1) or record(*a, **k))
+    chosen = [variants.Variant("as written"),
+              variants.Variant("checkpointing all", checkpoint_every=1)]
+    advice = vramkit.advise(_lm_step, build=_moved_gpt2_build(2), variants=chosen,
+                            model_workspaces=False)
+    assert len(recordings) == len(chosen)
+    assert advice.rows[1].extra_compute > 0.1
+
+    net = _tiny("gpt2")
+    ids = torch.randint(0, 1000, (2, 32))
+    with FlopCounterMode(display=False) as counter:
+        net(input_ids=ids, labels=ids).loss.backward()
+    e = vramkit.estimate(_lm_step, build=_moved_gpt2_build(2), model_workspaces=False)
+    # The CPU's attention here is unfused (two products forward, four backward); the
+    # GPU's fused kernels, which the estimate counts, recompute the scores in backward:
+    # one product of 2 * batch * heads * rows * rows * head size more for each layer.
+    recompute = 2 * 2 * 2 * 32 * 32 * 32
+    assert e.flops == counter.get_total_flops() + 2 * recompute
+
+
+def test_an_optimizer_that_reads_the_weights_values():
+    """Adafactor reads each weight's norm with .item() to scale its step: a value that
+    changes the update, not what it allocates. The step is estimated, with Adafactor's
+    factored second moments (a row and a column per matrix) as its state, and a note
+    says what was read; the step's own reads of values stay refused."""
+    def build():
+        net = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Linear(32, 8)).cuda()
+        return net, torch.optim.Adafactor(net.parameters(), lr=1e-2), \
+            torch.randn(4, 64, device="cuda")
+
+    e = vramkit.estimate(_sgd_step, build=build, model_workspaces=False)
+    assert e.breakdown["parameters"] == e.breakdown["gradients"] == sum(
+        _rounded(n * 4) for n in (64 * 32, 32, 32 * 8, 8))
+    assert 0 < e.breakdown["optimizer state"] < e.breakdown["parameters"]
+    assert any("Adafactor's step size" in note for note in e.notes)

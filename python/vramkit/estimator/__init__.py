@@ -16,6 +16,7 @@ the most there. The trace is kept for ``vramkit replay`` and ``vramkit plot``.
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -67,6 +68,9 @@ class Estimate:
     notes: list = field(default_factory=list)
     capped: bool = False             # device_memory is an allocator cap (memory_limit),
                                      # not a card that the CUDA context shares
+    flops: int = 0                   # floating-point operations of one step (PyTorch's
+                                     # FLOP formulas: matrix products, convolutions,
+                                     # attention), recomputation included
     bound: str | None = None         # which the fit was decided under: "card" or "cap"
                                      # (given both, the one leaving the allocator less)
 
@@ -337,6 +341,11 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
         notes.append("a generation loop's checks of which sequences drew an end-of-"
                      "sequence token (or hold padding) were taken as none: the estimate "
                      "is for generating every new token asked for, the longest run")
+    if recording.optimizer_reads:
+        notes.append(f"the optimizer's step read {recording.optimizer_reads} values of the "
+                     f"weights or gradients (Adafactor's step size, the gradient scaler's "
+                     f"check for infinities): taken as zero, which changes what the update "
+                     f"computes, not what it allocates")
     if device_memory is not None and memory_limit is not None:
         notes.append(bound_words(bound, device_memory, memory_limit))
     return Estimate(
@@ -354,7 +363,8 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
         + CUDA_CONTEXT_BYTES,
         breakdown={c: breakdown.get(c, 0) for c in _record_categories()},
         top_sites=top, source=source, emulated=target.emulated, trace=trace_path,
-        fake_ops=recording.fake_ops, notes=notes, capped=limit is not None, bound=bound)
+        fake_ops=recording.fake_ops, notes=notes, capped=limit is not None, bound=bound,
+        flops=recording.flops)
 
 
 def __getattr__(name):
@@ -426,13 +436,13 @@ def advise(step_fn, *args, build=None, device_memory=None, memory_limit=None,
                 continue
         done.add(_variants.key(v))
         try:
-            e = estimate(step_fn, *args, build=build, variant=v, **common, **kwargs)
-            # Counted in a recording of its own: PyTorch's FLOP counter on the mode stack
-            # changes what activation checkpointing keeps (measured: all 12 GPT-2 blocks
-            # checkpointed kept 13.90 GiB with it, 6.92 GiB without), so the estimate
-            # is never made under it. The step as written says which autocast it runs.
-            flops = _variants.flops_of(step_fn, args, kwargs, target=target, build=build,
-                                       variant=v, autocast=autocast if base is None else None)
+            # One recording gives the memory and the compute; the step as written also
+            # says which autocast it runs.
+            seen = (_variants.autocast_seen(autocast) if base is None
+                    else contextlib.nullcontext())
+            with seen:
+                e = estimate(step_fn, *args, build=build, variant=v, **common, **kwargs)
+            flops = e.flops
         except _step.UntraceableStep as error:
             if base is None:
                 raise  # nothing to compare the changes with

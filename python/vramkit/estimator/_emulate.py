@@ -29,7 +29,10 @@ import warnings
 
 import torch
 import torch.nn.functional as F
+from torch.utils import flop_counter
 from torch.utils._device import DeviceContext
+
+from ._record import add_flops
 
 _TENSOR_MOVES = {torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.type}
 
@@ -115,11 +118,14 @@ class _FusedAttention(torch.autograd.Function):
         logsumexp = torch.empty(batch, heads, padded, dtype=torch.float32,
                                 device=query.device)
         ctx.save_for_backward(query, key, value, out, logsumexp)
+        add_flops(flop_counter.sdpa_flop_count(*_per_query_head(query, key, value)))
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         query, key, value, out, logsumexp = ctx.saved_tensors
+        add_flops(flop_counter.sdpa_backward_flop_count(
+            grad_out.shape, *_per_query_head(query, key, value)))
         row_sums = torch.empty_like(logsumexp)  # noqa: F841 - allocated as the kernel does
         if query.dtype != torch.float32:
             accumulator = torch.empty(query.shape, dtype=torch.float32,  # noqa: F841
@@ -137,6 +143,13 @@ class _FusedAttention(torch.autograd.Function):
             grad_key = torch.empty_like(key)
             grad_value = torch.empty_like(value)
         return grad_query, grad_key, grad_value
+
+
+def _per_query_head(query, key, value) -> tuple:
+    """The shapes the fused kernels compute on, as PyTorch's FLOP formulas take them:
+    keys and values of grouped queries count once per query head, as they are used."""
+    heads = query.shape[:2]
+    return (tuple(query.shape), (*heads, *key.shape[2:]), (*heads, *value.shape[2:]))
 
 
 @contextlib.contextmanager

@@ -71,6 +71,8 @@ class Recording:
     # Yes/no tensors of a generation loop computed from unknown values, taken as all "no"
     # (no end-of-sequence token drawn): the step generated all its new tokens.
     generation_stand_ins: int = 0
+    optimizer_reads: int = 0       # values an optimizer's step read, taken as zero
+    flops: int = 0                 # floating-point operations of the last step recorded
 
     def events(self):
         """The ops as ``vramkit replay`` trace events on stream 0."""
@@ -187,6 +189,13 @@ class StorageRecorder(TorchDispatchMode):
         # before the step; None: no build() of the user's ran (`vramkit estimate
         # --model` builds its own), and those blocks are named in words.
         self.creation_sites: WeakIdKeyDictionary | None = None
+        # The floating-point operations of each step begun (record_step appends one per
+        # step), counted here by PyTorch's FLOP formulas rather than under its
+        # FlopCounterMode, which decomposes ops and so changes what checkpointing keeps:
+        # one recording gives both the memory and the compute.
+        self.step_flops: list[int] = []
+        from torch.utils.flop_counter import flop_registry
+        self._flop_formulas = flop_registry
 
     # -- the dispatch hook ------------------------------------------------------------
 
@@ -201,6 +210,10 @@ class StorageRecorder(TorchDispatchMode):
         self._in_backward = in_backward
         self.op_phase = phase
         self.recording.fake_ops += 1
+        if self.step_flops:
+            formula = self._flop_formulas.get(getattr(func, "_overloadpacket", None))
+            if formula is not None:
+                self.step_flops[-1] += formula(*args, **(kwargs or {}), out_val=out)
         name = func.__name__ if hasattr(func, "__name__") else str(func)
         if self.workspace_hook is not None:
             self.workspace_hook(self, name, threading.get_ident())
@@ -309,6 +322,16 @@ class StorageRecorder(TorchDispatchMode):
     @property
     def allocated(self) -> int:
         return self._allocated
+
+def add_flops(count: int) -> None:
+    """Count ``count`` floating-point operations to the step the recorder on the mode
+    stack is recording: what a stand-in for a GPU kernel (the CPU's fused attention)
+    computes without running the ops PyTorch's FLOP formulas count."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+    for mode in _get_current_dispatch_mode_stack():
+        if isinstance(mode, StorageRecorder) and mode.step_flops:
+            mode.step_flops[-1] += count
+
 
 def classify(recording: Recording, recorder: StorageRecorder) -> None:
     """Settle every block's category from what the run showed about it: a block made in

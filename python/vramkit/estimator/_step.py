@@ -212,6 +212,7 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
             try:
                 for _ in range(steps):
                     recorder.phase = "forward"
+                    recorder.step_flops.append(0)
                     try:
                         step_fn(*args, **kwargs)
                     except WorkspaceTableError:
@@ -229,6 +230,8 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
                         recorder.set_role(p.grad, "gradients")
             recorder.phase = "done"
     recorder.recording.generation_stand_ins = known.stand_ins
+    recorder.recording.optimizer_reads = known.optimizer_reads
+    recorder.recording.flops = recorder.step_flops[-1] if recorder.step_flops else 0
     classify(recorder.recording, recorder)
     return recorder.recording, recorder
 
