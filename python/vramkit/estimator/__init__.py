@@ -314,38 +314,9 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
     native = _replay.torch_replay(events, False, None)
     expandable = _replay.torch_replay(events, True, None)
 
-    # Under a cap an allocator frees its cache and retries before it fails, so what fits
-    # is decided by replaying under the cap, not by comparing the uncapped peak with it.
-    fits_ours = fits_native = fits_expandable = None
-    if usable is not None:
-        capped = _replay.vramkit_replay(trace_path, source, usable)
-        fits_ours = capped.get("ooms", 1) == 0
-        fits_native = _replay.torch_replay(events, False, usable)["ooms"] == 0
-        fits_expandable = _replay.torch_replay(events, True, usable)["ooms"] == 0
-    breakdown = collections.Counter()
-    sites: dict[str, list[int]] = {}
-    for bid in recording.live_at_peak:
-        block = recording.blocks[bid]
-        breakdown[block.role] += block.size
-        entry = sites.setdefault(block.site, [0, 0])
-        entry[0] += block.size
-        entry[1] += 1
-    top = sorted(((s, b, c) for s, (b, c) in sites.items()), key=lambda x: -x[1])[:10]
-    notes = []
-    if target.emulated:
-        notes.append("no GPU here: the step ran on CPU kernels standing in for CUDA's; "
-                     "on a machine with a GPU the estimate uses CUDA's own")
-    for model in models_:
-        notes.extend(model.notes())
-    if recording.generation_stand_ins:
-        notes.append("a generation loop's checks of which sequences drew an end-of-"
-                     "sequence token (or hold padding) were taken as none: the estimate "
-                     "is for generating every new token asked for, the longest run")
-    if recording.optimizer_reads:
-        notes.append(f"the optimizer's step read {recording.optimizer_reads} values of the "
-                     f"weights or gradients (Adafactor's step size, the gradient scaler's "
-                     f"check for infinities): taken as zero, which changes what the update "
-                     f"computes, not what it allocates")
+    fits_ours, fits_native, fits_expandable = _fits(events, trace_path, source, usable)
+    breakdown, top = _at_peak(recording)
+    notes = _notes(recording, target, models_)
     if device_memory is not None and memory_limit is not None:
         notes.append(bound_words(bound, device_memory, memory_limit))
     return Estimate(
@@ -365,6 +336,56 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
         top_sites=top, source=source, emulated=target.emulated, trace=trace_path,
         fake_ops=recording.fake_ops, notes=notes, capped=limit is not None, bound=bound,
         flops=recording.flops)
+
+
+def _fits(events, trace_path: str, source: str, usable: int | None) -> tuple:
+    """Whether the step fits ``usable`` bytes under vramkit, PyTorch's allocator and
+    expandable segments (Nones without a card or cap). Under a cap an allocator frees
+    its cache and retries before it fails, so what fits is decided by replaying under
+    the cap, not by comparing the uncapped peak with it."""
+    from . import _replay
+    if usable is None:
+        return None, None, None
+    capped = _replay.vramkit_replay(trace_path, source, usable)
+    return (capped.get("ooms", 1) == 0,
+            _replay.torch_replay(events, False, usable)["ooms"] == 0,
+            _replay.torch_replay(events, True, usable)["ooms"] == 0)
+
+
+def _at_peak(recording) -> tuple:
+    """The bytes of each category live at the peak, and the ten call sites holding the
+    most there as (site, bytes, blocks)."""
+    breakdown = collections.Counter()
+    sites: dict[str, list[int]] = {}
+    for bid in recording.live_at_peak:
+        block = recording.blocks[bid]
+        breakdown[block.role] += block.size
+        entry = sites.setdefault(block.site, [0, 0])
+        entry[0] += block.size
+        entry[1] += 1
+    top = sorted(((s, b, c) for s, (b, c) in sites.items()), key=lambda x: -x[1])[:10]
+    return breakdown, top
+
+
+def _notes(recording, target, models_) -> list[str]:
+    """What the estimate says about how it was made: the CPU stand-in, the workspace
+    models, and the values it took rather than knew."""
+    notes = []
+    if target.emulated:
+        notes.append("no GPU here: the step ran on CPU kernels standing in for CUDA's; "
+                     "on a machine with a GPU the estimate uses CUDA's own")
+    for model in models_:
+        notes.extend(model.notes())
+    if recording.generation_stand_ins:
+        notes.append("a generation loop's checks of which sequences drew an end-of-"
+                     "sequence token (or hold padding) were taken as none: the estimate "
+                     "is for generating every new token asked for, the longest run")
+    if recording.optimizer_reads:
+        notes.append(f"the optimizer's step read {recording.optimizer_reads} values of the "
+                     f"weights or gradients (Adafactor's step size, the gradient scaler's "
+                     f"check for infinities): taken as zero, which changes what the update "
+                     f"computes, not what it allocates")
+    return notes
 
 
 def __getattr__(name):
