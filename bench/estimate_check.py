@@ -424,9 +424,13 @@ def _memtracker(w, work) -> None:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
+
+    from vramkit.estimator._moves import fake_module_moves
     t0 = time.perf_counter()
     try:
-        with FakeTensorMode(allow_non_fake_inputs=True):
+        # The build moves its fake model with .to("cuda"), which PyTorch refuses for
+        # tensors its fake mode holds weak references to; the estimator's moves do it.
+        with FakeTensorMode(allow_non_fake_inputs=True), fake_module_moves():
             model, opt, batch = work.build()
             tracker = MemTracker()
             tracker.track_external(model, opt)
