@@ -152,7 +152,7 @@ def test_a_step_that_reads_values_is_refused_with_the_reason():
 @pytest.mark.parametrize("kwargs, error", [
     (dict(steps=0), ValueError), (dict(device_memory="lots"), ValueError),
     (dict(device_memory=-5), ValueError), (dict(device_memory=1.5), TypeError),
-    (dict(source="nope"), ValueError), (dict(device_memory="8G", memory_limit="4G"), ValueError),
+    (dict(source="nope"), ValueError), (dict(device_memory="8G", memory_limit="-4G"), ValueError),
     (dict(device="cpu"), ValueError),
 ])
 def test_bad_arguments_are_refused_before_anything_runs(kwargs, error):

@@ -7,10 +7,13 @@ the CPU stand-in for CUDA; sizes are checked against hand counts.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 torch = pytest.importorskip("torch")
 import vramkit  # noqa: E402
+import vramkit.estimator  # noqa: E402,F401 - vramkit.estimator.UntraceableStep, alone too
 
 
 def _rounded(n: int) -> int:
@@ -287,10 +290,40 @@ def test_max_batch_for_a_card_and_under_a_cap(tmp_path):
     work = lambda n: models.workload(model, n, seq=256)  # noqa: E731
     assert vramkit.find_max_batch(work(1).step, lambda n: work(n).build(),
                                   memory_limit=(1 << 30) - CUDA_CONTEXT_BYTES) == on_card
-    both = subprocess.run([sys.executable, "-m", "vramkit", "estimate", "--model", model,
-                           "--max-batch", "--cap", "1G", "--device-memory", "1G"],
-                          capture_output=True, text=True)
-    assert both.returncode == 3 and "give one" in both.stderr
+    # Given both, the tighter answers, and the text and --json say which bound it was.
+    card_binds = ask("--device-memory", "1G", "--cap", "1G")
+    cap_binds = json.loads(ask("--device-memory", "2G", "--cap", "1G", "--json"))
+    assert card_binds.startswith(card.split(" under vramkit")[0] + ", the tighter bound")
+    assert int(card_binds.split(":")[-1]) == on_card
+    assert cap_binds["bound"] == "cap" and cap_binds["max_batch"] == under_cap
+    assert cap_binds["answered_for"].startswith(
+        "an allocator cap of 1G (the CUDA context not counted), the tighter bound (than "
+        "a 2G card")
+    assert cap_binds["allocator_bytes"] == 1 << 30
+
+
+def test_a_card_and_a_cap_together_decide_by_the_tighter():
+    """estimate() and find_max_batch() given both a card and a cap: the fit is decided
+    under the one that leaves the allocator less, and the estimate says which."""
+    from vramkit.estimator import CUDA_CONTEXT_BYTES
+
+    def build():
+        net = _Plain().cuda()
+        return net, torch.optim.SGD(net.parameters(), lr=0.1), \
+            torch.randint(0, 100, (4, 16), device="cuda")
+
+    card = 1 << 30
+    common = dict(build=build, model_workspaces=False)
+    under_card = vramkit.estimate(_plain_step, device_memory=card, memory_limit=card,
+                                  **common)
+    assert (under_cap := vramkit.estimate(_plain_step, device_memory=2 * card,
+                                          memory_limit=card, **common)).bound == "cap"
+    assert under_card.bound == "card" and not under_card.capped
+    assert under_cap.capped and under_cap.device_memory == card
+    assert any("tighter bound" in note for note in under_card.notes + under_cap.notes)
+    tight = card - CUDA_CONTEXT_BYTES - 1
+    alone = vramkit.estimate(_plain_step, memory_limit=tight, **common)
+    assert alone.bound == "cap" and not any("tighter" in n for n in alone.notes)
 
 
 _LARGE = """
@@ -429,3 +462,136 @@ def test_timm_convnext_tiny():
 
     e = vramkit.estimate(step, build=build)
     assert e.breakdown["parameters"] > 4 * 28_000_000
+
+
+def _tiny(family: str):
+    """A two-layer model of each transformers family, small enough for a CPU."""
+    global transformers
+    transformers = pytest.importorskip("transformers")
+    t = transformers
+    if family == "llama":
+        return t.LlamaForCausalLM(t.LlamaConfig(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, vocab_size=1000))
+    if family == "t5":
+        return t.T5ForConditionalGeneration(t.T5Config(
+            d_model=64, d_ff=128, num_layers=2, num_heads=2, d_kv=32, vocab_size=1000,
+            decoder_start_token_id=0))
+    if family == "bert":
+        return t.BertForMaskedLM(t.BertConfig(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=2, vocab_size=1000))
+    return t.GPT2LMHeadModel(_gpt2_config())
+
+
+@pytest.mark.parametrize("family", ["llama", "t5", "bert"])
+def test_transformers_families_moved_inside_build(family):
+    """A decoder (Llama-style), an encoder-decoder (T5) and an encoder (BERT), each made
+    and moved with .to("cuda") in build(): parameters, gradients and AdamW's two moments
+    are each counted whole."""
+    def build():
+        net = _tiny(family).to("cuda")
+        return net, torch.optim.AdamW(net.parameters()), \
+            torch.randint(0, 1000, (2, 16), device="cuda")
+
+    e = vramkit.estimate(_lm_step, build=build, model_workspaces=False)
+    net = _tiny(family)
+    weights = _gpt2_parameter_bytes(net)
+    buffers = sum(_rounded(b.numel() * b.element_size()) for b in net.buffers())
+    assert e.breakdown["parameters"] == weights + buffers  # buffers count with them
+    ids = torch.randint(0, 1000, (2, 16))
+    net(input_ids=ids, labels=ids).loss.backward()  # a real step names what gets a grad
+    grads = sum(_rounded(p.grad.numel() * 4) for p in net.parameters()
+                if p.grad is not None)
+    # T5's relative-position biases get theirs through the attention's mask.
+    assert e.breakdown["gradients"] == grads
+    assert e.breakdown["optimizer state"] >= 2 * weights
+
+
+def _generation_build():
+    net = _tiny("gpt2").cuda().eval()
+    return net, None, torch.randint(0, 1000, (8, 8), device="cuda")
+
+
+def _generating(new_tokens: int):
+    def step(net, _opt, ids):
+        with torch.no_grad():
+            net.generate(ids, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    return step
+
+
+def _hand_loop(new_tokens: int):
+    def step(net, _opt, ids):
+        with torch.no_grad():
+            out = net(input_ids=ids, use_cache=True)
+            for _ in range(new_tokens):
+                token = out.logits[:, -1:].argmax(-1)
+                out = net(input_ids=token, past_key_values=out.past_key_values,
+                          use_cache=True)
+    return step
+
+
+def test_kv_cache_generation_with_generate_and_by_hand():
+    """model.generate() (whose end-of-sequence checks read the generated tokens) and a
+    hand loop over past_key_values: both are estimated, hold no gradient and no optimizer
+    state, and the key-value cache of a longer generation takes more at the peak; the
+    note says generate() was taken to produce every new token."""
+    short, long = (vramkit.estimate(_generating(n), build=_generation_build,
+                                    model_workspaces=False) for n in (2, 48))
+    by_hand = vramkit.estimate(_hand_loop(48), build=_generation_build,
+                               model_workspaces=False)
+    for e in (short, long, by_hand):
+        assert e.breakdown["gradients"] == e.breakdown["optimizer state"] == 0
+        assert e.breakdown["parameters"] == _gpt2_parameter_bytes(_tiny("gpt2"))
+    assert long.fake_ops > 10 * short.fake_ops  # every token was generated
+    assert long.peak_allocated > short.peak_allocated
+    assert by_hand.peak_allocated > short.peak_allocated
+    assert any("every new token" in note for note in long.notes)
+    assert not any("every new token" in note for note in by_hand.notes)
+
+
+def test_what_if_records_each_change_once_and_counts_its_compute(monkeypatch):
+    """advise() makes one recording per row, which gives both the memory and the FLOPs
+    (PyTorch's formulas, as its FlopCounterMode counts them on the step as written); the
+    recomputation of checkpointed blocks shows as added compute."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from vramkit.estimator import _step, variants
+    recordings = []
+    record = _step.record_step
+    monkeypatch.setattr(_step, "record_step",
+                        lambda *a, **k: recordings.append(1) or record(*a, **k))
+    chosen = [variants.Variant("as written"),
+              variants.Variant("checkpointing all", checkpoint_every=1)]
+    advice = vramkit.advise(_lm_step, build=_moved_gpt2_build(2), variants=chosen,
+                            model_workspaces=False)
+    assert len(recordings) == len(chosen)
+    assert advice.rows[1].extra_compute > 0.1
+
+    net = _tiny("gpt2")
+    ids = torch.randint(0, 1000, (2, 32))
+    with FlopCounterMode(display=False) as counter:
+        net(input_ids=ids, labels=ids).loss.backward()
+    e = vramkit.estimate(_lm_step, build=_moved_gpt2_build(2), model_workspaces=False)
+    # The CPU's attention here is unfused (two products forward, four backward); the
+    # GPU's fused kernels, which the estimate counts, recompute the scores in backward:
+    # one product of 2 * batch * heads * rows * rows * head size more for each layer.
+    recompute = 2 * 2 * 2 * 32 * 32 * 32
+    assert e.flops == counter.get_total_flops() + 2 * recompute
+
+
+def test_an_optimizer_that_reads_the_weights_values():
+    """Adafactor reads each weight's norm with .item() to scale its step: a value that
+    changes the update, not what it allocates. The step is estimated, with Adafactor's
+    factored second moments (a row and a column per matrix) as its state, and a note
+    says what was read; the step's own reads of values stay refused."""
+    def build():
+        net = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Linear(32, 8)).cuda()
+        return net, torch.optim.Adafactor(net.parameters(), lr=1e-2), \
+            torch.randn(4, 64, device="cuda")
+
+    e = vramkit.estimate(_sgd_step, build=build, model_workspaces=False)
+    assert e.breakdown["parameters"] == e.breakdown["gradients"] == sum(
+        _rounded(n * 4) for n in (64 * 32, 32, 32 * 8, 8))
+    assert 0 < e.breakdown["optimizer state"] < e.breakdown["parameters"]
+    assert any("Adafactor's step size" in note for note in e.notes)

@@ -54,13 +54,14 @@ def parser() -> CommandParser:
                    help="the card to check the fit on, e.g. 24G or 80G (the allocator "
                         "gets it less the CUDA context)")
     p.add_argument("--cap", default=None, metavar="SIZE",
-                   help="an allocator cap to check the fit under instead (VRAMKIT_LIMIT, "
+                   help="an allocator cap to check the fit under (VRAMKIT_LIMIT, "
                         "set_per_process_memory_fraction), which the CUDA context is not "
-                        "counted against")
+                        "counted against; with --device-memory, the tighter of the two")
     p.add_argument("--source", default=None, choices=("cuda", "vmm"),
                    help="the vramkit source to model (default cuda)")
     p.add_argument("--max-batch", action="store_true",
-                   help="find the largest batch that fits --device-memory instead")
+                   help="find the largest batch that fits --device-memory or --cap (given "
+                        "both, the tighter; the answer says which) instead")
     p.add_argument("--what-if", action="store_true",
                    help="the same step under autocast, bf16 weights, 8-bit optimizer "
                         "states, checkpointing and smaller batches: a table")
@@ -112,7 +113,7 @@ def _as_json(e) -> dict:
             "torch_expandable_peak_reserved": e.torch_expandable_peak_reserved,
             "torch_peak_allocated": e.torch_peak_allocated,
             "torch_expandable_peak_allocated": e.torch_expandable_peak_allocated,
-            "device_memory": e.device_memory, "capped": e.capped,
+            "device_memory": e.device_memory, "capped": e.capped, "bound": e.bound,
             "fits": e.fits, "torch_fits": e.torch_fits,
             "torch_expandable_fits": e.torch_expandable_fits,
             "min_device_memory": e.min_device_memory, "breakdown": e.breakdown,
@@ -142,11 +143,25 @@ def _refused(error: Exception, model: str) -> int:
     return EXIT_FAILURE
 
 
-def _question(args) -> str:
-    """Which fit was asked about: a card, which the CUDA context shares, or a cap."""
-    if args.cap:
-        return f"an allocator cap of {args.cap} (the CUDA context not counted)"
-    return f"a {args.device_memory} card (less the CUDA context)"
+def _question(args) -> tuple[str, str]:
+    """Which fit was answered, as ("card" or "cap", words): a card, which the CUDA
+    context shares, or a cap; given both, the tighter, and what it was tighter than."""
+    from ..plan.estimator import tighter_bound
+    bound, _, _ = tighter_bound(args.device_memory, args.cap)
+    card = f"a {args.device_memory} card (less the CUDA context)"
+    cap = f"an allocator cap of {args.cap} (the CUDA context not counted)"
+    words = card if bound == "card" else cap
+    if args.device_memory and args.cap:
+        other = cap if bound == "card" else card
+        words += f", the tighter bound (than {other})"
+    return bound, words
+
+
+def _allocator_bytes(args) -> int:
+    """What the answered bound leaves the allocator."""
+    from ..plan.estimator import CUDA_CONTEXT_BYTES, tighter_bound
+    _, card, cap = tighter_bound(args.device_memory, args.cap)
+    return cap if cap is not None else max(card - CUDA_CONTEXT_BYTES, 0)
 
 
 def _refused_command_line(args) -> str | None:
@@ -157,9 +172,6 @@ def _refused_command_line(args) -> str | None:
         return "--batch and --seq must be at least 1"
     if (args.max_batch or args.plan_checkpointing) and not (args.device_memory or args.cap):
         return "--max-batch and --plan-checkpointing need --device-memory or --cap"
-    if args.device_memory and args.cap:
-        return ("--device-memory (a card) and --cap (an allocator limit) are separate "
-                "questions: give one")
     if args.max_batch + args.what_if + args.plan_checkpointing > 1:
         return "--max-batch, --what-if and --plan-checkpointing are separate questions: ask one"
     return None
@@ -206,12 +218,15 @@ def _report_plan(args, first, plan) -> int:
 
 
 def _report_max_batch(args, first, best) -> int:
+    bound, words = _question(args)
     if args.json:
         print(json.dumps({"model": args.model, "max_batch": best,
-                          "device_memory": args.device_memory, "cap": args.cap}))
+                          "device_memory": args.device_memory, "cap": args.cap,
+                          "bound": bound, "answered_for": words,
+                          "allocator_bytes": _allocator_bytes(args)}))
     else:
         print(f"largest batch of {first.name.split(' batch ')[0]} that fits "
-              f"{_question(args)} under vramkit: {best}")
+              f"{words} under vramkit: {best}")
     return EXIT_OK if best else EXIT_DOES_NOT_FIT
 
 

@@ -16,6 +16,7 @@ the most there. The trace is kept for ``vramkit replay`` and ``vramkit plot``.
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -67,6 +68,11 @@ class Estimate:
     notes: list = field(default_factory=list)
     capped: bool = False             # device_memory is an allocator cap (memory_limit),
                                      # not a card that the CUDA context shares
+    flops: int = 0                   # floating-point operations of one step (PyTorch's
+                                     # FLOP formulas: matrix products, convolutions,
+                                     # attention), recomputation included
+    bound: str | None = None         # which the fit was decided under: "card" or "cap"
+                                     # (given both, the one leaving the allocator less)
 
     def __str__(self) -> str:
         return format_estimate(self)
@@ -201,77 +207,33 @@ def _size(value, what: str) -> int | None:
     return nbytes
 
 
-def _checked_source(source: str | None) -> str:
-    """The vramkit source to model: the argument, else VRAMKIT_SOURCE, else cuda."""
-    from . import _replay
-
-    source = source or os.environ.get("VRAMKIT_SOURCE") or "cuda"
-    if source == "auto":
-        source = "cuda"
-    if source not in _replay._SIM_OF_SOURCE:
-        raise ValueError(f"estimate(): source must be one of "
-                         f"{sorted(_replay._SIM_OF_SOURCE)}, not {source!r}")
-    return source
-
-
-def _workspace_models(target, libraries) -> list:
-    """The models of what cuDNN's convolutions and other ops allocate inside themselves."""
-    # The CPU stand-in (no GPU, or emulate=True) sizes convolutions from the table and
-    # other ops' scratch not at all, as a machine without a GPU must; fake CUDA tensors
-    # measure both on that GPU.
-    on_device = None if target.emulated else target.device
-    device_type = None if target.emulated else "cuda"
-    models_ = []
-    if "cudnn" in libraries:
-        from .workspaces import ConvWorkspaceModel
-        models_.append(ConvWorkspaceModel(on_device, device_type=device_type))
-    if "scratch" in libraries:
-        from . import scratch
-        models_.append(scratch.OpScratchModel(on_device, device_type=device_type))
-    return models_
+def tighter_bound(device_memory=None, memory_limit=None):
+    """Which question a fit answers: ("card", card bytes, None) for a card, of which the
+    CUDA context takes its share first; ("cap", None, cap bytes) for an allocator cap,
+    which the context is not counted against; given both, the one that leaves the
+    allocator less; (None, None, None) for neither."""
+    card = _size(device_memory, "device_memory")
+    limit = _size(memory_limit, "memory_limit")
+    if card is not None and limit is not None:
+        if limit < card - CUDA_CONTEXT_BYTES:
+            card = None
+        else:
+            limit = None
+    if card is not None:
+        return "card", card, None
+    return ("cap" if limit is not None else None), None, limit
 
 
-def _written_trace(events: list, trace_path: str | None) -> str:
-    """The recorded step as a vramkit trace at trace_path, or in a scratch file."""
-    from . import _replay
-
-    if trace_path is None:
-        fd, trace_path = tempfile.mkstemp(prefix="estimate-", suffix=".trace.gz",
-                                          dir=_scratch_dir())
-        os.close(fd)
-    _replay.write_trace(events, trace_path, "recorded by vramkit.estimate under fake "
-                                            "tensors; times are op numbers")
-    return trace_path
-
-
-def _fits(trace_path: str, events: list, source: str, usable: int | None) -> tuple:
-    """Whether the step fits `usable` bytes under vramkit, PyTorch's allocator and its
-    expandable segments (three Nones without a card or a cap)."""
-    from . import _replay
-
-    if usable is None:
-        return None, None, None
-    # Under a cap an allocator frees its cache and retries before it fails, so what fits
-    # is decided by replaying under the cap, not by comparing the uncapped peak with it.
-    capped = _replay.vramkit_replay(trace_path, source, usable)
-    return (capped.get("ooms", 1) == 0,
-            _replay.torch_replay(events, False, usable)["ooms"] == 0,
-            _replay.torch_replay(events, True, usable)["ooms"] == 0)
-
-
-def _live_at_peak(recording) -> tuple[collections.Counter, list]:
-    """The bytes live at the peak by role, and the ten call sites holding most of them as
-    (site, bytes, blocks)."""
-    breakdown = collections.Counter()
-    sites: dict[str, list[int]] = {}
-    for bid in recording.live_at_peak:
-        block = recording.blocks[bid]
-        breakdown[block.role] += block.size
-        entry = sites.setdefault(block.site, [0, 0])
-        entry[0] += block.size
-        entry[1] += 1
-    top = sorted(((s, b, c) for s, (b, c) in sites.items()), key=lambda x: -x[1])[:10]
-    return breakdown, top
+def bound_words(bound: str, device_memory, memory_limit) -> str:
+    """Which of a card and a cap, both given, decided the fit, and why, in words."""
+    card = _size(device_memory, "device_memory")
+    left = max(card - CUDA_CONTEXT_BYTES, 0)
+    cap = _size(memory_limit, "memory_limit")
+    if bound == "cap":
+        return (f"the allocator cap ({_gib(cap)}) is the tighter bound: the card of "
+                f"{_gib(card)} leaves the allocator {_gib(left)} after the CUDA context")
+    return (f"the card ({_gib(card)}, which leaves the allocator {_gib(left)} after the "
+            f"CUDA context) is the tighter bound: the allocator cap is {_gib(cap)}")
 
 
 def estimate(step_fn, *args, device_memory=None, source: str | None = None,
@@ -288,7 +250,9 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
     large model for real. ``device_memory`` (bytes or "80G") is the card to check the fit
     on; ``source`` the vramkit source to model ("cuda" by default, or "vmm").
     ``memory_limit`` checks the fit under an allocator limit instead (VRAMKIT_LIMIT,
-    ``set_per_process_memory_fraction``), which the CUDA context does not count against.
+    ``set_per_process_memory_fraction``), which the CUDA context does not count against;
+    given both, the fit is decided under the one that leaves the allocator less
+    (``Estimate.bound`` says which, and a note why).
     ``emulate=True`` runs the CPU stand-in even where a GPU is present (to compare).
     ``variant`` (a :class:`vramkit.estimator.variants.Variant`) estimates the step with
     one change made to it: autocast, bf16 weights, checkpointing, 8-bit states.
@@ -306,14 +270,27 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
         raise TypeError("estimate(): step_fn must be callable")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"estimate(): steps must be a positive int, not {steps!r}")
-    card = _size(device_memory, "device_memory")
-    limit = _size(memory_limit, "memory_limit")
-    if card is not None and limit is not None:
-        raise ValueError("estimate(): give device_memory or memory_limit, not both")
-    source = _checked_source(source)
+    bound, card, limit = tighter_bound(device_memory, memory_limit)
+    source = source or os.environ.get("VRAMKIT_SOURCE") or "cuda"
+    if source == "auto":
+        source = "cuda"
+    if source not in _replay._SIM_OF_SOURCE:
+        raise ValueError(f"estimate(): source must be one of "
+                         f"{sorted(_replay._SIM_OF_SOURCE)}, not {source!r}")
     libraries = _workspace_libraries(model_workspaces)
     target = _step.choose_target(device, emulate)
-    models_ = _workspace_models(target, libraries)
+    # The CPU stand-in (no GPU, or emulate=True) sizes convolutions from the table and
+    # other ops' scratch not at all, as a machine without a GPU must; fake CUDA tensors
+    # measure both on that GPU.
+    on_device = None if target.emulated else target.device
+    device_type = None if target.emulated else "cuda"
+    models_ = []
+    if "cudnn" in libraries:
+        from .workspaces import ConvWorkspaceModel
+        models_.append(ConvWorkspaceModel(on_device, device_type=device_type))
+    if "scratch" in libraries:
+        from . import scratch
+        models_.append(scratch.OpScratchModel(on_device, device_type=device_type))
     try:
         recording, _recorder = _step.record_step(
             step_fn, args, kwargs, target=target, steps=steps, build=build,
@@ -326,17 +303,22 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
         raise _step.UntraceableStep("estimate(): the step allocated nothing on the GPU: "
                                     "are its model and batch on a CUDA device?")
     events = list(recording.events())
-    trace_path = _written_trace(events, trace_path)
+    if trace_path is None:
+        fd, trace_path = tempfile.mkstemp(prefix="estimate-", suffix=".trace.gz",
+                                          dir=_scratch_dir())
+        os.close(fd)
+    _replay.write_trace(events, trace_path, "recorded by vramkit.estimate under fake "
+                                            "tensors; times are op numbers")
     usable = limit if card is None else max(card - CUDA_CONTEXT_BYTES, 0)
     ours = _replay.vramkit_replay(trace_path, source, None, min_capacity=True)
     native = _replay.torch_replay(events, False, None)
     expandable = _replay.torch_replay(events, True, None)
 
-    fits_ours, fits_native, fits_expandable = _fits(trace_path, events, source, usable)
-    breakdown, top = _live_at_peak(recording)
-    notes = ["no GPU here: the step ran on CPU kernels standing in for CUDA's; on a machine "
-             "with a GPU the estimate uses CUDA's own"] if target.emulated else []
-    notes.extend(note for model in models_ for note in model.notes())
+    fits_ours, fits_native, fits_expandable = _fits(events, trace_path, source, usable)
+    breakdown, top = _at_peak(recording)
+    notes = _notes(recording, target, models_)
+    if device_memory is not None and memory_limit is not None:
+        notes.append(bound_words(bound, device_memory, memory_limit))
     return Estimate(
         peak_allocated=recording.peak_allocated,
         peak_reserved=int(ours["peak_reserved_bytes"]),
@@ -352,7 +334,58 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
         + CUDA_CONTEXT_BYTES,
         breakdown={c: breakdown.get(c, 0) for c in _record_categories()},
         top_sites=top, source=source, emulated=target.emulated, trace=trace_path,
-        fake_ops=recording.fake_ops, notes=notes, capped=limit is not None)
+        fake_ops=recording.fake_ops, notes=notes, capped=limit is not None, bound=bound,
+        flops=recording.flops)
+
+
+def _fits(events, trace_path: str, source: str, usable: int | None) -> tuple:
+    """Whether the step fits ``usable`` bytes under vramkit, PyTorch's allocator and
+    expandable segments (Nones without a card or cap). Under a cap an allocator frees
+    its cache and retries before it fails, so what fits is decided by replaying under
+    the cap, not by comparing the uncapped peak with it."""
+    from . import _replay
+    if usable is None:
+        return None, None, None
+    capped = _replay.vramkit_replay(trace_path, source, usable)
+    return (capped.get("ooms", 1) == 0,
+            _replay.torch_replay(events, False, usable)["ooms"] == 0,
+            _replay.torch_replay(events, True, usable)["ooms"] == 0)
+
+
+def _at_peak(recording) -> tuple:
+    """The bytes of each category live at the peak, and the ten call sites holding the
+    most there as (site, bytes, blocks)."""
+    breakdown = collections.Counter()
+    sites: dict[str, list[int]] = {}
+    for bid in recording.live_at_peak:
+        block = recording.blocks[bid]
+        breakdown[block.role] += block.size
+        entry = sites.setdefault(block.site, [0, 0])
+        entry[0] += block.size
+        entry[1] += 1
+    top = sorted(((s, b, c) for s, (b, c) in sites.items()), key=lambda x: -x[1])[:10]
+    return breakdown, top
+
+
+def _notes(recording, target, models_) -> list[str]:
+    """What the estimate says about how it was made: the CPU stand-in, the workspace
+    models, and the values it took rather than knew."""
+    notes = []
+    if target.emulated:
+        notes.append("no GPU here: the step ran on CPU kernels standing in for CUDA's; "
+                     "on a machine with a GPU the estimate uses CUDA's own")
+    for model in models_:
+        notes.extend(model.notes())
+    if recording.generation_stand_ins:
+        notes.append("a generation loop's checks of which sequences drew an end-of-"
+                     "sequence token (or hold padding) were taken as none: the estimate "
+                     "is for generating every new token asked for, the longest run")
+    if recording.optimizer_reads:
+        notes.append(f"the optimizer's step read {recording.optimizer_reads} values of the "
+                     f"weights or gradients (Adafactor's step size, the gradient scaler's "
+                     f"check for infinities): taken as zero, which changes what the update "
+                     f"computes, not what it allocates")
+    return notes
 
 
 def __getattr__(name):
@@ -424,13 +457,13 @@ def advise(step_fn, *args, build=None, device_memory=None, memory_limit=None,
                 continue
         done.add(_variants.key(v))
         try:
-            e = estimate(step_fn, *args, build=build, variant=v, **common, **kwargs)
-            # Counted in a recording of its own: PyTorch's FLOP counter on the mode stack
-            # changes what activation checkpointing keeps (measured: all 12 GPT-2 blocks
-            # checkpointed kept 13.90 GiB with it, 6.92 GiB without), so the estimate
-            # is never made under it. The step as written says which autocast it runs.
-            flops = _variants.flops_of(step_fn, args, kwargs, target=target, build=build,
-                                       variant=v, autocast=autocast if base is None else None)
+            # One recording gives the memory and the compute; the step as written also
+            # says which autocast it runs.
+            seen = (_variants.autocast_seen(autocast) if base is None
+                    else contextlib.nullcontext())
+            with seen:
+                e = estimate(step_fn, *args, build=build, variant=v, **common, **kwargs)
+            flops = e.flops
         except _step.UntraceableStep as error:
             if base is None:
                 raise  # nothing to compare the changes with
@@ -559,7 +592,8 @@ def find_max_batch(step_fn, make_batch, device_memory=None, mode: str = "predict
     ``step_fn`` for batch size ``n`` (model, optimizer and batch, say).
 
     ``mode="predict"``: a search on :func:`estimate` (seconds on a CPU, no GPU needed)
-    for the card ``device_memory`` or the limit ``memory_limit``, under ``allocator``
+    for the card ``device_memory`` or the limit ``memory_limit`` (given both, the one
+    that leaves the allocator less: :func:`tighter_bound`), under ``allocator``
     ("vramkit", "torch" or "torch-expandable"). ``mode="measure"``: real steps on the GPU,
     starting from the prediction, recovering from each out-of-memory error (as
     accelerate's ``find_executable_batch_size`` and Lightning's batch size finder do), so
@@ -587,8 +621,8 @@ def find_max_batch(step_fn, make_batch, device_memory=None, mode: str = "predict
     from . import _measure
     # A card of device_memory leaves the allocator that less the CUDA context, as the
     # prediction assumed; on the real card that is the cap the measurement runs under.
-    cap = (memory_limit if memory_limit is not None
-           else _size(device_memory, "device_memory") - CUDA_CONTEXT_BYTES)
+    _, card, limit = tighter_bound(device_memory, memory_limit)
+    cap = limit if limit is not None else card - CUDA_CONTEXT_BYTES
     return _measure.largest_batch(step_fn, make_batch, best or start, cap, most)
 
 

@@ -10,7 +10,8 @@ step on fake *CPU* tensors and makes the CPU behave, for memory, as the GPU woul
 - ``torch.autocast("cuda", ...)`` becomes CPU autocast with the same dtype;
 - ``scaled_dot_product_attention`` allocates what the GPU's fused kernels allocate (flash
   or memory-efficient attention: an output and a log-sum-exp per row, never the
-  sequence-by-sequence score matrix that the CPU's fallback materialises), and dropout
+  sequence-by-sequence score matrix that the CPU's fallback materialises; a learned bias
+  added to the scores, as T5's relative positions are, gets its gradient), and dropout
   keeps the GPU's one-byte mask rather than the CPU's noise tensor;
 - the operations CUDA autocast runs in fp32 (layer norm, softmax, exp, log...) run in
   fp32 under the CPU's autocast too.
@@ -29,7 +30,10 @@ import warnings
 
 import torch
 import torch.nn.functional as F
+from torch.utils import flop_counter
 from torch.utils._device import DeviceContext
+
+from ._record import add_flops
 
 _TENSOR_MOVES = {torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.type}
 
@@ -90,6 +94,10 @@ def _fused_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
         return None
     if attn_mask is not None and attn_mask.dtype == torch.bool and attn_mask.dim() != 4:
         return None
+    if attn_mask is not None and attn_mask.requires_grad:
+        # A learned bias added to the scores (T5's relative positions): the kernel
+        # gives it a gradient, which reaches the weights it came from.
+        return _FusedAttention.apply(query, key, value, attn_mask)
     return _FusedAttention.apply(query, key, value)
 
 
@@ -105,7 +113,7 @@ class _FusedAttention(torch.autograd.Function):
     shapes and dtypes of what is made matter."""
 
     @staticmethod
-    def forward(ctx, query, key, value):
+    def forward(ctx, query, key, value, bias=None):
         batch, heads, rows, _ = query.shape
         padded = rows if query.dtype != torch.float32 else -(-rows // 32) * 32
         # The kernels write the output as (batch, rows, heads, dim) and return it
@@ -115,11 +123,16 @@ class _FusedAttention(torch.autograd.Function):
         logsumexp = torch.empty(batch, heads, padded, dtype=torch.float32,
                                 device=query.device)
         ctx.save_for_backward(query, key, value, out, logsumexp)
+        ctx.bias_shape = None if bias is None else bias.shape
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        add_flops(flop_counter.sdpa_flop_count(*_per_query_head(query, key, value)))
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         query, key, value, out, logsumexp = ctx.saved_tensors
+        add_flops(flop_counter.sdpa_backward_flop_count(
+            grad_out.shape, *_per_query_head(query, key, value)))
         row_sums = torch.empty_like(logsumexp)  # noqa: F841 - allocated as the kernel does
         if query.dtype != torch.float32:
             accumulator = torch.empty(query.shape, dtype=torch.float32,  # noqa: F841
@@ -136,7 +149,19 @@ class _FusedAttention(torch.autograd.Function):
         else:
             grad_key = torch.empty_like(key)
             grad_value = torch.empty_like(value)
-        return grad_query, grad_key, grad_value
+        if ctx.bias_shape is None:
+            return grad_query, grad_key, grad_value
+        # The bias's gradient is made for every score, then summed to the bias's shape.
+        scores = torch.empty((*query.shape[:-1], key.shape[-2]), dtype=ctx.bias_dtype,
+                             device=query.device)
+        return grad_query, grad_key, grad_value, scores.sum_to_size(ctx.bias_shape)
+
+
+def _per_query_head(query, key, value) -> tuple:
+    """The shapes the fused kernels compute on, as PyTorch's FLOP formulas take them:
+    keys and values of grouped queries count once per query head, as they are used."""
+    heads = query.shape[:2]
+    return (tuple(query.shape), (*heads, *key.shape[2:]), (*heads, *value.shape[2:]))
 
 
 @contextlib.contextmanager

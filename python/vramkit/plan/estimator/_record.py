@@ -15,8 +15,11 @@ a cuDNN convolution's workspaces after the op's outputs, freed at once).
 Each block carries what the estimate reports about it: the phase that made it (before
 the step, forward, backward, optimizer), the role it turns out to have (parameter,
 gradient, optimizer state, input, activation kept for backward, autocast copy of a
-weight), and the innermost frame of the Python code that made it, outside PyTorch and
-vramkit.
+weight), and its call site: the innermost frame of the Python code that made it, outside
+PyTorch and vramkit (a user's build() line, their step's line, a model library's), taken
+when build() makes it for blocks that exist before the step. Where no such frame exists
+(`vramkit estimate --model` builds and runs the step itself) the site says in words what
+the block is: a vramkit file is never named, since it is no code the user can change.
 """
 
 from __future__ import annotations
@@ -65,6 +68,11 @@ class Recording:
     peak_op: int = 0               # index in ops just after the peak was reached
     live_at_peak: tuple = ()       # block ids live at the peak
     fake_ops: int = 0              # ATen operations run
+    # Yes/no tensors of a generation loop computed from unknown values, taken as all "no"
+    # (no end-of-sequence token drawn): the step generated all its new tokens.
+    generation_stand_ins: int = 0
+    optimizer_reads: int = 0       # values an optimizer's step read, taken as zero
+    flops: int = 0                 # floating-point operations of the last step recorded
 
     def events(self):
         """The ops as ``vramkit replay`` trace events on stream 0."""
@@ -74,6 +82,17 @@ class Recording:
 
 # The steps `vramkit estimate --model` runs are the user's code there: not folded.
 _MODELS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models.py")
+# Frames further out than the command line's are its plumbing (the `vramkit` script):
+# a walk that reaches it has found no code of the user's.
+_COMMAND_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "command.py")
+
+# A block whose making no frame of the user's shows, in words, by its role.
+_ROLE_WORDS = {"parameters": "parameters (model construction)",
+               "inputs": "the batch (made before the step)",
+               "gradients": "gradients (the backward pass)",
+               "optimizer state": "optimizer state (the optimizer's step)",
+               "activations": "activations (the forward pass)",
+               "autocast copies": "autocast copies of the weights (the forward pass)"}
 
 
 def _site_name(path: str, line: int, function: str) -> str:
@@ -92,6 +111,49 @@ def _site_name(path: str, line: int, function: str) -> str:
 def _folded_prefixes() -> tuple[str, ...]:
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     return (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep, here + os.sep)
+
+
+def caller_site(folded: tuple[str, ...], depth: int) -> str:
+    """The innermost frame, from ``depth`` frames up, outside PyTorch and vramkit (the
+    models `vramkit estimate --model` writes count as the user's), as a call site; ""
+    where there is none: the walk reached vramkit's command line, or the stack's top."""
+    frame = sys._getframe(depth + 1)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if path == _COMMAND_FILE:
+            return ""
+        if path == _MODELS_FILE or not (path.startswith(folded) or path.startswith("<")):
+            return _site_name(path, frame.f_lineno, frame.f_code.co_name)
+        frame = frame.f_back
+    return ""
+
+
+def in_words(block: "Block") -> str:
+    """What a block that no user's frame made is, for the list of call sites."""
+    return _ROLE_WORDS.get(block.role, f"{block.role or 'temporaries'} ({block.phase})")
+
+
+class CreationSites(TorchDispatchMode):
+    """While build() runs: the call site that made each storage (the user's line that
+    constructs the model or moves it to the GPU), for the blocks the recorder takes
+    from the built objects when the step starts."""
+
+    def __init__(self):
+        super().__init__()
+        self.sites = WeakIdKeyDictionary()  # storage -> call site ("" for none)
+        self._folded = _folded_prefixes()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                try:
+                    storage = t.untyped_storage()
+                except (NotImplementedError, RuntimeError):
+                    continue
+                if storage not in self.sites:
+                    self.sites[storage] = caller_site(self._folded, 1)
+        return out
 
 
 class StorageRecorder(TorchDispatchMode):
@@ -123,6 +185,17 @@ class StorageRecorder(TorchDispatchMode):
         # cuDNN convolution's workspace) goes there, before the next op.
         self.after_outputs_hook = None
         self.op_phase = "setup"              # the phase of the op being dispatched
+        # Where build() made each storage (CreationSites.sites), for blocks that exist
+        # before the step; None: no build() of the user's ran (`vramkit estimate
+        # --model` builds its own), and those blocks are named in words.
+        self.creation_sites: WeakIdKeyDictionary | None = None
+        # The floating-point operations of each step begun (record_step appends one per
+        # step), counted here by PyTorch's FLOP formulas rather than under its
+        # FlopCounterMode, which decomposes ops and so changes what checkpointing keeps:
+        # one recording gives both the memory and the compute.
+        self.step_flops: list[int] = []
+        from torch.utils.flop_counter import flop_registry
+        self._flop_formulas = flop_registry
 
     # -- the dispatch hook ------------------------------------------------------------
 
@@ -137,6 +210,10 @@ class StorageRecorder(TorchDispatchMode):
         self._in_backward = in_backward
         self.op_phase = phase
         self.recording.fake_ops += 1
+        if self.step_flops:
+            formula = self._flop_formulas.get(getattr(func, "_overloadpacket", None))
+            if formula is not None:
+                self.step_flops[-1] += formula(*args, **(kwargs or {}), out_val=out)
         name = func.__name__ if hasattr(func, "__name__") else str(func)
         if self.workspace_hook is not None:
             self.workspace_hook(self, name, threading.get_ident())
@@ -177,7 +254,13 @@ class StorageRecorder(TorchDispatchMode):
             self._next_id += 1
             self._ids[storage] = bid
             self._refs[bid] = weakref.ref(storage, lambda _ref, bid=bid: self._freed(bid))
-            block = Block(rounded(nbytes), nbytes, phase, op, self._site())
+            if phase != "setup":
+                site = caller_site(self._folded, 1)
+            elif self.creation_sites is not None and storage in self.creation_sites:
+                site = self.creation_sites[storage]
+            else:
+                site = ""  # made before the estimate (a model passed in): in words
+            block = Block(rounded(nbytes), nbytes, phase, op, site)
             if cast_of_weight:
                 block.role = "autocast copies?"  # one if backward still holds it
             self._allocate(bid, block)
@@ -240,23 +323,14 @@ class StorageRecorder(TorchDispatchMode):
     def allocated(self) -> int:
         return self._allocated
 
-    # -- call sites ----------------------------------------------------------------------
-
-    def _site(self) -> str:
-        frame = sys._getframe(2)
-        innermost = None
-        while frame is not None:
-            path = frame.f_code.co_filename
-            if innermost is None:
-                innermost = frame
-            if (not path.startswith(self._folded) or path == _MODELS_FILE) \
-                    and not path.startswith("<"):
-                break
-            frame = frame.f_back
-        frame = frame or innermost
-        if frame is None:
-            return "?"
-        return _site_name(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+def add_flops(count: int) -> None:
+    """Count ``count`` floating-point operations to the step the recorder on the mode
+    stack is recording: what a stand-in for a GPU kernel (the CPU's fused attention)
+    computes without running the ops PyTorch's FLOP formulas count."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+    for mode in _get_current_dispatch_mode_stack():
+        if isinstance(mode, StorageRecorder) and mode.step_flops:
+            mode.step_flops[-1] += count
 
 
 def classify(recording: Recording, recorder: StorageRecorder) -> None:
@@ -288,3 +362,6 @@ def classify(recording: Recording, recorder: StorageRecorder) -> None:
             block.role = "activations"
         else:
             block.role = "temporaries"
+    for block in recording.blocks.values():
+        if not block.site:
+            block.site = in_words(block)

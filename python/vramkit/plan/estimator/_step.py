@@ -24,7 +24,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from . import _emulate
 from ._moves import fake_module_moves
-from ._record import Recording, StorageRecorder, classify
+from ._record import _MODELS_FILE, CreationSites, Recording, StorageRecorder, classify
 from ._values import KnownValues
 from .workspaces import WorkspaceTableError
 
@@ -174,7 +174,9 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
         # the real program holds it before its first step (building leaves nothing else).
         twins = _Twins(mode, target)
         if build is not None:
-            with mode, known, torch.device(target.device):
+            sites = _creation_sites(build)
+            recorder.creation_sites = sites.sites if sites is not None else None
+            with mode, known, sites or contextlib.nullcontext(), torch.device(target.device):
                 try:
                     built = build()
                 except Exception as error:  # noqa: BLE001 - explained, then re-raised
@@ -210,6 +212,7 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
             try:
                 for _ in range(steps):
                     recorder.phase = "forward"
+                    recorder.step_flops.append(0)
                     try:
                         step_fn(*args, **kwargs)
                     except WorkspaceTableError:
@@ -226,8 +229,20 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
                     if p.grad is not None:
                         recorder.set_role(p.grad, "gradients")
             recorder.phase = "done"
+    recorder.recording.generation_stand_ins = known.stand_ins
+    recorder.recording.optimizer_reads = known.optimizer_reads
+    recorder.recording.flops = recorder.step_flops[-1] if recorder.step_flops else 0
     classify(recorder.recording, recorder)
     return recorder.recording, recorder
+
+
+def _creation_sites(build) -> CreationSites | None:
+    """The mode that notes where a user's build() makes each storage; None for the
+    builds of `vramkit estimate --model` (models.py), whose blocks are named in words."""
+    code = getattr(build, "__code__", None)
+    if code is not None and code.co_filename == _MODELS_FILE:
+        return None
+    return CreationSites()
 
 
 @contextlib.contextmanager

@@ -20,6 +20,10 @@ their size.
 
 from __future__ import annotations
 
+import functools
+import os
+import sys
+
 import torch
 from torch._subclasses.fake_tensor import (DataDependentOutputException,
                                            DynamicOutputShapeException, FakeTensor)
@@ -34,6 +38,47 @@ MOST_ELEMENTS = 1 << 16
 _aten = torch.ops.aten
 
 
+# The code whose yes/no tensors computed from unknown values decide how long to run,
+# not what to make: a text generator's "which sequences drew an end-of-sequence token?"
+# and "which tokens are padding?". Taken as all "no" (a known value: no token of the
+# batch or of the output is padding or an end), the generation runs to its
+# max_new_tokens: the longest it can run, and the most memory it can take.
+_GENERATION_LOOPS = (os.sep + os.path.join("transformers", "generation") + os.sep,)
+_TORCH = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+_VRAMKIT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+# The code whose reads of unknown values scale an update, never size an allocation: an
+# optimizer's step (Adafactor's relative step size from each weight's norm) and the
+# gradient scaler's check for infinities (fp16 autocast). Read as zero: no infinity
+# found, the step taken; the value of the update does not matter to memory.
+_OPTIMIZER_CODE = tuple(os.path.join(_TORCH, *parts) for parts in (
+    ("optim", ""), ("amp", "grad_scaler.py")))
+
+
+def _read_by_an_optimizer() -> bool:
+    """Whether an optimizer's step or the gradient scaler is reading the value."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(_OPTIMIZER_CODE):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _made_by_a_generation_loop() -> bool:
+    """Whether the innermost frame outside PyTorch and vramkit is a generation loop's."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if not (path.startswith(_TORCH) or path.startswith(_VRAMKIT)
+                or path.startswith("<")):
+            return any(loop in path for loop in _GENERATION_LOOPS)
+        frame = frame.f_back
+    return False
+
+
+@functools.lru_cache(maxsize=None)  # asked of every op a step runs: once per op
 def _writes(func) -> list[int]:
     """The positions of the arguments ``func`` writes to (in-place and out= ops)."""
     return [i for i, a in enumerate(func._schema.arguments)
@@ -46,6 +91,8 @@ class KnownValues(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.real = WeakIdKeyDictionary()  # fake tensor -> real CPU tensor
+        self.stand_ins = 0  # yes/no tensors of a generation loop taken as all "no"
+        self.optimizer_reads = 0  # values an optimizer's step read, taken as zero
 
     def forget(self, tensors) -> None:
         """Treat ``tensors`` as values unknown: weights and the batch stand for ones the
@@ -59,6 +106,11 @@ class KnownValues(TorchDispatchMode):
         if func is _aten._local_scalar_dense.default and args[0] in self.real:
             with _disable_current_modes():
                 return self.real[args[0]].item()
+        if func is _aten._local_scalar_dense.default and _read_by_an_optimizer():
+            self.optimizer_reads += 1
+            if args[0].dtype == torch.bool:
+                return False
+            return 0.0 if args[0].dtype.is_floating_point else 0
         try:
             out = func(*args, **kwargs)
         except (DynamicOutputShapeException, DataDependentOutputException):
@@ -87,7 +139,21 @@ class KnownValues(TorchDispatchMode):
             real_kwargs["device"] = torch.device("cpu")
         return real_args, real_kwargs
 
+    def _known(self, values) -> bool:
+        """Whether every fake tensor among ``values`` (lists and tuples looked into) has
+        a real twin: most ops of a step take weights or activations, whose values are
+        unknown, and this says so before the arguments are flattened."""
+        for value in values:
+            if isinstance(value, FakeTensor):
+                if value not in self.real:
+                    return False
+            elif isinstance(value, (list, tuple)) and not self._known(value):
+                return False
+        return True
+
     def _run_real(self, func, args, kwargs):
+        if not (self._known(args) and self._known(kwargs.values())):
+            return None
         reals = self._reals(args, kwargs)
         if reals is None:
             return None
@@ -104,6 +170,12 @@ class KnownValues(TorchDispatchMode):
         outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
         small = all(o.numel() <= MOST_ELEMENTS for o in outs)
         real = self._run_real(func, args, kwargs) if small else None
+        if real is None and small and outs and all(o.dtype == torch.bool for o in outs) \
+                and not _writes(func) and _made_by_a_generation_loop():
+            with _disable_current_modes():  # real tensors, not the fake mode's
+                real = tuple(torch.zeros(o.shape, dtype=torch.bool) for o in outs)
+            real = real[0] if len(real) == 1 and isinstance(out, torch.Tensor) else real
+            self.stand_ins += 1
         if real is None:
             # What the op wrote to no longer has the values its twin holds.
             for i in _writes(func):

@@ -8,8 +8,8 @@ optimizer states, a smaller batch. :func:`advise` estimates each and ranks them;
 module names the user hands to :func:`apply_checkpointing` on the real model.
 
 The compute each variant adds is counted, not timed: the floating-point operations of
-the step under PyTorch's FLOP counter (``torch.utils.flop_counter``), against the step as
-written. Recomputing checkpointed blocks shows there; what autocast gains in speed
+the step by PyTorch's FLOP formulas (``torch.utils.flop_counter``), counted in the same
+recording as its memory, against the step as written. Recomputing checkpointed blocks shows there; what autocast gains in speed
 depends on the card and is not claimed.
 """
 
@@ -318,17 +318,3 @@ class Advice:
 # Common card sizes in GiB of memory the allocator can use, roughly: 24, 40, 48, 80, 94,
 # 141 (as sold: RTX 4090, A100 40GB, L40S, A100/H100 80GB, H100 NVL, H200).
 _CARDS = (24, 40, 48, 80, 94, 141)
-
-
-def flops_of(step_fn, args, kwargs, *, target, build=None, variant=None,
-             autocast: set | None = None) -> int:
-    """The floating-point operations of one call of the step, counted on fake tensors;
-    the dtypes of the autocast regions it enters are added to ``autocast`` if given."""
-    from torch.utils.flop_counter import FlopCounterMode
-    from . import _step
-    counter = FlopCounterMode(display=False)
-    watch = autocast_seen(autocast) if autocast is not None else contextlib.nullcontext()
-    with watch:
-        _step.record_step(step_fn, args, kwargs, target=target, steps=1, build=build,
-                          variant=variant, around_step=counter)
-    return counter.get_total_flops()
