@@ -18,8 +18,9 @@ Arms, each a pair of fresh processes:
   torch+vramkit    A under PyTorch's allocator, B under vramkit
 
 --cpu-check needs no GPU: the same phases with vramkit.empty buffers on a sim device both
-processes share (VRAMKIT_SOURCE=sim, VRAMKIT_SIM_SHARED), arms "give-back on" and
-"give-back off" (VRAMKIT_GIVE_BACK=0 in A).
+processes share (VRAMKIT_SOURCE=sim, VRAMKIT_SIM_SHARED), arms "give-back on",
+"give-back on" with A's VRAMKIT_SOFT_LIMIT at 10% of the device, and "give-back off"
+(VRAMKIT_GIVE_BACK=0 in A).
 
 For each arm and role: finished or out of memory (and at which step), steps per second,
 peak reserved, and vramkit's give-back counters (requests made, bytes received, bytes and
@@ -53,7 +54,10 @@ GPU_ARMS = {
     "torch+vramkit": ("torch", "vramkit"),
 }
 # The sim arms: extra settings of A, on top of the shared sim's.
-SIM_ARMS = {"give-back on": {}, "give-back off": {"VRAMKIT_GIVE_BACK": "0"}}
+# Under its soft limit A gives what each request asks; over it, all its idle memory at once.
+SIM_ARMS = {"give-back on": {},
+            "give-back on, A's soft limit 10%": {"VRAMKIT_SOFT_LIMIT": "10%"},
+            "give-back off": {"VRAMKIT_GIVE_BACK": "0"}}
 COUNTERS = ("giveback_requests", "giveback_received_bytes", "giveback_given_bytes",
             "giveback_given_count")
 PEAKED, B_DONE = "A.peaked", "B.done"
@@ -110,9 +114,9 @@ class TorchTrainer:
         self.total = torch.cuda.mem_get_info()[1]
         torch.manual_seed(1 if a.role == "A" else 2)
         self.work = models.workload("gpt2", 1, seq=a.seq, precision="bf16-amp")
-        self.seq, self.vocab = a.seq, 50257
         with torch.device("cuda"):
             self.model, self.opt, _ = self.work.build()
+        self.seq, self.vocab = a.seq, self.model.config.vocab_size
         base, per_sample = self._calibrate()
         self.batches = {"large": self._batch_for(a.fraction, base, per_sample),
                         "small": self._batch_for(a.fraction_small, base, per_sample)}
@@ -142,8 +146,13 @@ class TorchTrainer:
         self.torch.cuda.synchronize()
 
     def stats(self) -> dict:
-        s = self.torch.cuda.memory_stats()
-        out = {k: s.get(k) for k in COUNTERS}  # None under PyTorch's allocator
+        # PyTorch's memory_stats() has no place for the give-back counters: vramkit's own
+        # stats of the same pool carry them. Under PyTorch's allocator they are None.
+        out = dict.fromkeys(COUNTERS)
+        if self.vramkit_allocator:
+            import vramkit
+            s = vramkit.memory_stats(0)
+            out.update({k: s[k] for k in COUNTERS})
         out["peak_reserved"] = self.torch.cuda.max_memory_reserved()
         return out
 
@@ -289,6 +298,17 @@ def run_arm(a, arm: str, allocators: tuple[str, str], envs: tuple[dict, dict],
     return {"arm": arm, "roles": roles}
 
 
+class CheckError(Exception):
+    """What keeps the check from running, said in one line."""
+
+
+def cuda_available() -> bool:
+    # In a child: this process holds no CUDA context while the arms run.
+    probe = "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
+    return subprocess.run([sys.executable, "-c", probe], capture_output=True,
+                          timeout=300).returncode == 0
+
+
 def run_all(a) -> dict:
     top = Path(tempfile.mkdtemp(prefix="vramkit-neighbours-"))
     try:
@@ -301,6 +321,12 @@ def run_all(a) -> dict:
                 arms.append(run_arm(a, arm, ("sim", "sim"), envs, run_dir))
         else:
             wanted = a.arms.split(",") if a.arms else list(GPU_ARMS)
+            unknown = [arm for arm in wanted if arm not in GPU_ARMS]
+            if unknown:
+                raise CheckError(f"no arm {', '.join(unknown)}: the arms are "
+                                 f"{', '.join(GPU_ARMS)}")
+            if not cuda_available():
+                raise CheckError("no CUDA device here: --cpu-check runs on the shared sim")
             for i, arm in enumerate(wanted):
                 envs = (dict(os.environ), dict(os.environ))
                 arms.append(run_arm(a, arm, GPU_ARMS[arm], envs, top / f"arm{i}"))
@@ -384,7 +410,11 @@ def main(argv: list[str]) -> int:
     a = parse(argv)
     if a.role:
         return role_main(a)
-    report = run_all(a)
+    try:
+        report = run_all(a)
+    except CheckError as exc:
+        print(f"neighbours_check: {exc}", file=sys.stderr)
+        return 2
     print(json.dumps(report) if a.json else table(report))
     return 0
 
