@@ -74,7 +74,6 @@ class SimTrainer:
     def __init__(self, a):
         import vramkit
         self.vramkit = vramkit
-        self.oom_errors = (vramkit.OutOfMemoryError,)
         self.total = vramkit.mem_get_info(0)[1]
         self.chunk = max(1 << 20, self.total // 64)
         self.step_pause = a.sim_step_ms / 1e3
@@ -109,7 +108,6 @@ class TorchTrainer:
         import torch
         from vramkit.estimator import models
         self.torch = torch
-        self.oom_errors = (torch.OutOfMemoryError,)
         self.vramkit_allocator = a.allocator == "vramkit"
         self.total = torch.cuda.mem_get_info()[1]
         torch.manual_seed(1 if a.role == "A" else 2)
@@ -174,11 +172,12 @@ def wait_for(path: Path, timeout: float) -> bool:
 
 
 class Phases:
-    """Runs a trainer's steps, timing each and noting those during which it asked its
-    neighbours to give memory back."""
+    """Runs a trainer's steps, timing each by its size and noting those during which it
+    asked its neighbours to give memory back."""
 
     def __init__(self, trainer):
-        self.trainer, self.steps, self.asking_s, self.other_s = trainer, 0, [], []
+        self.trainer, self.steps = trainer, 0
+        self.times = {"large": [], "small": []}  # (seconds, asked) of each step
 
     def run(self, size: str, count: int | None = None, until: Path | None = None,
             deadline: float = 0.0) -> None:
@@ -193,15 +192,21 @@ class Phases:
             self.steps += 1
             done += 1
             now = self.trainer.stats()["giveback_requests"] or 0
-            (self.asking_s if now > asked else self.other_s).append(took)
+            self.times[size].append((took, now > asked))
 
     def figures(self) -> dict:
-        times = sorted(self.other_s)
-        every = self.asking_s + self.other_s
-        return {"steps": self.steps,
-                "steps_per_s": len(every) / sum(every) if every and sum(every) > 0 else None,
-                "asking_steps": len(self.asking_s), "asking_steps_s": sum(self.asking_s),
-                "other_step_median_s": times[len(times) // 2] if times else None}
+        out = {"steps": self.steps}
+        for size, steps in self.times.items():
+            total = sum(t for t, _ in steps)
+            out[f"steps_per_s_{size}"] = len(steps) / total if total > 0 else None
+        asking = [t for steps in self.times.values() for t, asked in steps if asked]
+        # The asking steps' own size is the fair yardstick: their other steps' median.
+        sizes = [size for size, steps in self.times.items() if any(a for _, a in steps)]
+        others = sorted(t for size in (sizes or self.times) for t, asked in self.times[size]
+                        if not asked)
+        out.update(asking_steps=len(asking), asking_steps_s=sum(asking),
+                   other_step_median_s=others[len(others) // 2] if others else None)
+        return out
 
 
 def give_back_line(message: str) -> str | None:
@@ -221,6 +226,12 @@ def role_phases(a, phases: Phases, run_dir: Path) -> None:
         phases.run("large", a.steps)
 
 
+def is_out_of_memory(exc: BaseException) -> bool:
+    # torch.OutOfMemoryError and vramkit.OutOfMemoryError, whichever allocator raised it,
+    # also in a trainer's set-up (its calibration steps), before the trainer exists.
+    return type(exc).__name__ == "OutOfMemoryError"
+
+
 def role_main(a) -> int:
     run_dir = Path(a.run_dir)
     result = {"role": a.role, "allocator": a.allocator, "outcome": "finished",
@@ -232,17 +243,19 @@ def role_main(a) -> int:
         role_phases(a, phases, run_dir)
     except TimeoutError as exc:
         result.update(outcome="timeout", message=str(exc))
-    except Exception as exc:  # noqa: BLE001 - only the OOM types are outcomes; see below
-        if trainer is None or not isinstance(exc, trainer.oom_errors):
+    except Exception as exc:
+        if not is_out_of_memory(exc):
             raise
         message = str(getattr(exc, "report", "") or exc)
-        result.update(outcome="oom", oom_step=phases.steps if phases else 0,
+        result.update(outcome="oom" if phases else "oom in set-up",
+                      oom_step=phases.steps if phases else None,
                       message=message.splitlines()[0] if message else "",
                       give_back_line=give_back_line(message))
     finally:
         (run_dir / (PEAKED if a.role == "A" else B_DONE)).touch()  # never leave one waiting
-    result.update(trainer.stats(), **trainer.sizes_text(), **(phases.figures() if phases else {}))
-    result["device_total"] = trainer.total
+    if trainer:
+        result.update(trainer.stats(), **trainer.sizes_text(), **phases.figures(),
+                      device_total=trainer.total)
     (run_dir / f"{a.role}.json").write_text(json.dumps(result))
     return 0
 
@@ -351,8 +364,15 @@ def _number(n, fmt: str = "{}") -> str:
     return "-" if n is None else fmt.format(n)
 
 
+def last_line(text: str | None) -> str:
+    # A crashed role's message is the end of its stderr: its last line says what failed.
+    lines = (text or "").strip().splitlines()
+    return lines[-1] if lines else "-"
+
+
 def table(report: dict) -> str:
-    lines = ["| arm | role | allocator | outcome | steps | steps/s | peak reserved GiB | "
+    lines = ["| arm | role | allocator | outcome | steps | steps/s large / small | "
+             "peak reserved GiB | "
              "asked | received GiB | gave GiB (times) | asking steps s / other step s |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for arm in report["arms"]:
@@ -367,10 +387,13 @@ def table(report: dict) -> str:
                     f"{_number(r.get('other_step_median_s'), '{:.3f}')}")
             lines.append(
                 f"| {arm['arm']} | {role} | {r.get('allocator')} | {outcome} | "
-                f"{_number(r.get('steps'))} | {_number(r.get('steps_per_s'), '{:.2f}')} | "
+                f"{_number(r.get('steps'))} | "
+                f"{_number(r.get('steps_per_s_large'), '{:.2f}')} / "
+                f"{_number(r.get('steps_per_s_small'), '{:.2f}')} | "
                 f"{_gib(r.get('peak_reserved'))} | {_number(r.get('giveback_requests'))} | "
                 f"{_gib(r.get('giveback_received_bytes'))} | {gave} | {cost} |")
-    notes = [f"{arm['arm']} {role}: {r['give_back_line'] or r.get('message')}"
+    notes = [f"{arm['arm']} {role}: "
+             f"{last_line(r.get('give_back_line') or r.get('message'))}"
              for arm in report["arms"] for role, r in sorted(arm["roles"].items())
              if r.get("outcome") != "finished"]
     return "\n".join(lines + [""] + notes)
@@ -403,6 +426,18 @@ def parse(argv: list[str]):
     fractions = (a.fraction_a, a.fraction_a_small, a.fraction_b)
     if not all(0 < f < 1 for f in fractions) or a.fraction_a_small >= a.fraction_a:
         p.error("fractions must lie between 0 and 1, A's small one below its peak")
+    if min(a.steps, a.peak_steps, a.seq) < 1 or a.timeout <= 0 or a.sim_step_ms < 0:
+        p.error("--steps, --peak-steps and --seq must be at least 1, --timeout above 0, "
+                "--sim-step-ms not below 0")
+    if not 0 <= a.give_back_timeout_ms <= 10000:
+        p.error("--give-back-timeout-ms must lie between 0 and 10000")
+    if a.cpu_check and not a.role:
+        import vramkit
+        from vramkit import _core
+        try:
+            _core.parse_size(a.sim_capacity)
+        except vramkit.VramError as exc:
+            p.error(f"--sim-capacity: {exc}")
     return a
 
 

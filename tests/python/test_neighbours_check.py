@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 CHECK = Path(__file__).resolve().parents[2] / "bench" / "neighbours_check.py"
 
 
@@ -64,11 +66,17 @@ def test_give_back_off_the_neighbour_runs_out():
     assert b["peak_reserved"] < b["bytes_large"]
 
 
-def test_bad_fractions_are_refused_without_a_traceback():
-    done = subprocess.run([sys.executable, str(CHECK), "--cpu-check", "--fraction-a", "1.5"],
+@pytest.mark.parametrize("bad, says", [
+    (["--fraction-a", "1.5"], "fractions must lie between 0 and 1"),
+    (["--steps", "0"], "--steps, --peak-steps and --seq must be at least 1"),
+    (["--give-back-timeout-ms", "20000"], "--give-back-timeout-ms must lie between"),
+    (["--sim-capacity", "banana"], "--sim-capacity: 'banana' is not a size"),
+])
+def test_bad_input_is_refused_without_a_traceback(bad, says):
+    done = subprocess.run([sys.executable, str(CHECK), "--cpu-check", *bad],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
-    assert "fractions must lie between 0 and 1" in done.stderr
+    assert says in done.stderr
     assert "Traceback" not in done.stderr
 
 
