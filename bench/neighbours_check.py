@@ -209,8 +209,11 @@ class Phases:
         return out
 
 
-def give_back_line(message: str) -> str | None:
-    return next((line.strip() for line in message.splitlines() if "Give-back:" in line), None)
+def report_line(message: str, starts: str) -> str | None:
+    """The line of an OOM report that begins with `starts`: what the give-back group did
+    ("Give-back:"), which processes hold the rest ("Other processes on this GPU:")."""
+    return next((line.strip() for line in message.splitlines()
+                 if line.strip().startswith(starts)), None)
 
 
 def role_phases(a, phases: Phases, run_dir: Path) -> None:
@@ -235,7 +238,8 @@ def is_out_of_memory(exc: BaseException) -> bool:
 def role_main(a) -> int:
     run_dir = Path(a.run_dir)
     result = {"role": a.role, "allocator": a.allocator, "outcome": "finished",
-              "oom_step": None, "message": None, "give_back_line": None}
+              "oom_step": None, "message": None, "give_back_line": None,
+              "neighbours_line": None}
     trainer = phases = None
     try:
         trainer = SimTrainer(a) if a.allocator == "sim" else TorchTrainer(a)
@@ -250,7 +254,8 @@ def role_main(a) -> int:
         result.update(outcome="oom" if phases else "oom in set-up",
                       oom_step=phases.steps if phases else None,
                       message=message.splitlines()[0] if message else "",
-                      give_back_line=give_back_line(message))
+                      give_back_line=report_line(message, "Give-back:"),
+                      neighbours_line=report_line(message, "Other processes on this GPU:"))
     finally:
         (run_dir / (PEAKED if a.role == "A" else B_DONE)).touch()  # never leave one waiting
     if trainer:
@@ -392,10 +397,11 @@ def table(report: dict) -> str:
                 f"{_number(r.get('steps_per_s_small'), '{:.2f}')} | "
                 f"{_gib(r.get('peak_reserved'))} | {_number(r.get('giveback_requests'))} | "
                 f"{_gib(r.get('giveback_received_bytes'))} | {gave} | {cost} |")
-    notes = [f"{arm['arm']} {role}: "
-             f"{last_line(r.get('give_back_line') or r.get('message'))}"
+    notes = [f"{arm['arm']} {role}: {last_line(text)}"
              for arm in report["arms"] for role, r in sorted(arm["roles"].items())
-             if r.get("outcome") != "finished"]
+             if r.get("outcome") != "finished"
+             for text in (r.get("message"), r.get("give_back_line"), r.get("neighbours_line"))
+             if text]
     return "\n".join(lines + [""] + notes)
 
 
