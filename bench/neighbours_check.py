@@ -93,7 +93,7 @@ class SimTrainer:
         return dict({k: s[k] for k in COUNTERS},
                     peak_reserved=self.vramkit.max_memory_reserved(0))
 
-    def sizes_text(self) -> dict:
+    def size_figures(self) -> dict:
         return {f"bytes_{k}": max(v, 0) + self.chunk for k, v in self.sizes.items()}
 
 
@@ -154,7 +154,7 @@ class TorchTrainer:
         out["peak_reserved"] = self.torch.cuda.max_memory_reserved()
         return out
 
-    def sizes_text(self) -> dict:
+    def size_figures(self) -> dict:
         return {f"batch_{k}": v for k, v in self.batches.items()}
 
 
@@ -259,7 +259,7 @@ def role_main(a) -> int:
     finally:
         (run_dir / (PEAKED if a.role == "A" else B_DONE)).touch()  # never leave one waiting
     if trainer:
-        result.update(trainer.stats(), **trainer.sizes_text(), **phases.figures(),
+        result.update(trainer.stats(), **trainer.size_figures(), **phases.figures(),
                       device_total=trainer.total)
     (run_dir / f"{a.role}.json").write_text(json.dumps(result))
     return 0
