@@ -1,7 +1,8 @@
 /* sim_shared.h - a sim device that several processes share (VRAMKIT_SIM_SHARED=<name>):
  * its capacity and the bytes every process holds live in a small shared file, so that one
  * process's allocations leave less for the others, as on a real card. What the give-back
- * tests run on without a GPU. */
+ * tests run on without a GPU. As with a CUDA context, a forked child must not use the pools
+ * it copied from its parent: their bytes are counted in the parent's member entry. */
 #ifndef VRAM_SIM_SHARED_H
 #define VRAM_SIM_SHARED_H
 
