@@ -81,6 +81,7 @@ static uint64_t now_ns(void) {
 
 typedef struct give_back_call {
   uint64_t want;
+  uint64_t soft_limit; /* the answering pool's */
   int asker_pid;
   size_t given;
 } give_back_call;
@@ -90,7 +91,7 @@ typedef struct give_back_call {
 static int give_back_locked(vram_pool_t *pool, void *arg) {
   give_back_call *c = arg;
   _vram_pending_drain(pool, false); /* completed frees only: a watcher never waits on a stream */
-  uint64_t soft = pool->giveback->soft_limit;
+  uint64_t soft = c->soft_limit;
   bool over_soft = soft && (uint64_t)pool->stats.reserved_bytes.current > soft;
   c->given = _vram_release_cached(pool, over_soft ? SIZE_MAX : c->want ? c->want : 1, NULL);
   if (c->given) {
@@ -108,11 +109,12 @@ static void serve(gb_group *grp, uint32_t seq) {
   int asker = atomic_load(&g->request_member);
   int asker_pid = asker >= 0 && asker < VRAM_GROUP_MEMBERS ? atomic_load(&g->members[asker].id.pid) : 0;
   if (asker_pid == (int)getpid()) return; /* a pool of ours asked: it never asks its own */
-  give_back_call c = {atomic_load(&g->request_bytes), asker_pid, 0};
+  give_back_call c = {.want = atomic_load(&g->request_bytes), .asker_pid = asker_pid};
   pthread_mutex_lock(&gb_lock);
   for (vram_giveback *gb = grp->pools; gb; gb = gb->next) {
     if (!gb->opted_in) continue;
     c.given = 0;
+    c.soft_limit = gb->soft_limit;
     locked_call(gb->pool, give_back_locked, &c, NULL);
     _vram_group_answer(g, gb->member, seq, c.given);
   }
@@ -275,9 +277,15 @@ int _vram_giveback_join(vram_pool_t *pool) {
 
 void _vram_giveback_leave(vram_pool_t *pool) {
   vram_giveback *gb = pool->giveback;
-  pool->giveback = NULL;
-  if (!gb || gb->pid != getpid()) return; /* a forked child's copy: the entry is the parent's */
+  if (!gb) return;
+  if (gb->pid != getpid()) { /* a forked child's copy: the entry is the parent's */
+    pool->giveback = NULL;
+    return;
+  }
+  /* Under gb_lock: the watcher may be giving back from this pool now, and reads its
+   * membership until it lets go. */
   pthread_mutex_lock(&gb_lock);
+  pool->giveback = NULL;
   for (vram_giveback **p = &gb->group->pools; *p; p = &(*p)->next)
     if (*p == gb) {
       *p = gb->next;

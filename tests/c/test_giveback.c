@@ -146,6 +146,51 @@ static int asker_main(int control, int reports) {
   return 0;
 }
 
+/* Churn: pools made, filled, left with idle cache and destroyed, over and over, each in the
+ * group: a pool may be destroyed while this process's watcher gives back from it. */
+#define CHURN_POOLS 300
+static int churn_main(int control, int reports) {
+  say(reports, "R", 1);
+  char go;
+  if (read(control, &go, 1) != 1) return 30;
+  outcome out = {0};
+  for (int k = 0; k < CHURN_POOLS && !out.rc; k++) {
+    vram_pool_t *pool = child_pool();
+    if (!pool) return 31;
+    void *p[HELD_BLOCKS] = {0};
+    for (int i = 0; i < HELD_BLOCKS; i++)
+      if (vram_malloc(pool, BLOCK, NULL, &p[i]) != VRAM_OK) p[i] = NULL;
+    if (k == 0) say(reports, "S", 1); /* started: the asker may go */
+    for (int i = 0; i < HELD_BLOCKS; i++)
+      if (p[i] && vram_free(pool, p[i]) != VRAM_OK) out.rc = 32;
+    if (vram_pool_destroy(pool) != VRAM_OK) out.rc = 33;
+  }
+  say(reports, &out, sizeof out);
+  return 0;
+}
+
+/* Pester: asks for more than is free, again and again, while the churn goes on. */
+#define PESTER_ASKS 200
+static int pester_main(int control, int reports) {
+  vram_pool_t *pool = child_pool();
+  if (!pool) return 40;
+  say(reports, "R", 1);
+  char go;
+  if (read(control, &go, 1) != 1) return 41;
+  outcome out = {0};
+  for (int k = 0; k < PESTER_ASKS && !out.rc; k++) {
+    void *p = NULL;
+    if (vram_malloc(pool, ASK, NULL, &p) == VRAM_OK) {
+      if (vram_free(pool, p) != VRAM_OK) out.rc = 42;
+      vram_empty_cache(pool);
+    }
+  }
+  fill_stats(pool, &out);
+  if (vram_pool_destroy(pool) != VRAM_OK) out.rc = 43;
+  say(reports, &out, sizeof out);
+  return 0;
+}
+
 /* ---- the parent */
 
 static child spawn(int (*role)(int, int), const char *const *env) {
@@ -405,6 +450,33 @@ static void test_bad_values_are_refused(void **state) {
   }
 }
 
+/* A pool destroyed while its process's watcher is giving back from it: the watcher lets
+ * go of it first, and neither process fails. */
+static void test_pool_destroyed_while_its_watcher_gives_back(void **state) {
+  (void)state;
+  const char *const short_wait[] = {"VRAMKIT_GIVE_BACK_TIMEOUT=20", NULL};
+  child churn = spawn(churn_main, NULL);
+  wait_ready(&churn);
+  child pester = spawn(pester_main, short_wait);
+  wait_ready(&pester);
+  char go = 'g';
+  assert_int_equal(write(churn.control, &go, 1), 1);
+  char started = 0;
+  read_all(churn.reports, &started, 1);
+  assert_int_equal(started, 'S');
+  outcome op = finish(&pester);
+  outcome oc;
+  read_all(churn.reports, &oc, sizeof oc);
+  int status = 0;
+  assert_int_equal(waitpid(churn.pid, &status, 0), churn.pid);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+  close(churn.control);
+  close(churn.reports);
+  VT_OK(oc.rc);
+  VT_OK(op.rc);
+}
+
 static void remove_folder(void) {
   DIR *d = opendir(folder);
   if (!d) return;
@@ -440,6 +512,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_group_limit_refuses_past_it, setup, teardown),
       cmocka_unit_test_setup_teardown(test_group_limit_after_give_back, setup, teardown),
       cmocka_unit_test_setup_teardown(test_bad_values_are_refused, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_pool_destroyed_while_its_watcher_gives_back, setup,
+                                      teardown),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
   remove_folder();
