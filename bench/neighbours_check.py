@@ -23,9 +23,9 @@ processes share (VRAMKIT_SOURCE=sim, VRAMKIT_SIM_SHARED), arms "give-back on",
 (VRAMKIT_GIVE_BACK=0 in A).
 
 For each arm and role: finished or out of memory (and at which step), steps per second,
-peak reserved, and vramkit's give-back counters (requests made, bytes received, bytes and
-times given). The stats hold no time spent waiting for answers, so the cost of give-back is
-shown as the wall time of the steps during which a process asked, beside its other steps.
+peak reserved, and vramkit's give-back counters (requests made, bytes received, the time
+spent waiting for the answers, bytes and times given); beside them, the wall time of the
+steps during which a process asked and the median of its other steps.
 
     python3 bench/neighbours_check.py                 # on the GPU, the four arms
     python3 bench/neighbours_check.py --cpu-check     # on the shared sim, no GPU
@@ -58,8 +58,8 @@ GPU_ARMS = {
 SIM_ARMS = {"give-back on": {},
             "give-back on, A's soft limit 10%": {"VRAMKIT_SOFT_LIMIT": "10%"},
             "give-back off": {"VRAMKIT_GIVE_BACK": "0"}}
-COUNTERS = ("giveback_requests", "giveback_received_bytes", "giveback_given_bytes",
-            "giveback_given_count")
+COUNTERS = ("giveback_requests", "giveback_received_bytes", "giveback_wait_us",
+            "giveback_given_bytes", "giveback_given_count")
 PEAKED, B_DONE = "A.peaked", "B.done"
 
 
@@ -378,8 +378,8 @@ def last_line(text: str | None) -> str:
 def table(report: dict) -> str:
     lines = ["| arm | role | allocator | outcome | steps | steps/s large / small | "
              "peak reserved GiB | "
-             "asked | received GiB | gave GiB (times) | asking steps s / other step s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "asked | received GiB | waited ms | gave GiB (times) | asking steps s / other step s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for arm in report["arms"]:
         for role, r in sorted(arm["roles"].items()):
             outcome = r.get("outcome", "?")
@@ -388,6 +388,8 @@ def table(report: dict) -> str:
             gave = (f"{_gib(r.get('giveback_given_bytes'))} "
                     f"({_number(r.get('giveback_given_count'))})"
                     if r.get("giveback_given_count") is not None else "-")
+            wait_us = r.get("giveback_wait_us")
+            waited = _number(wait_us / 1000 if wait_us is not None else None, "{:.1f}")
             cost = (f"{_number(r.get('asking_steps_s'), '{:.3f}')} / "
                     f"{_number(r.get('other_step_median_s'), '{:.3f}')}")
             lines.append(
@@ -396,7 +398,7 @@ def table(report: dict) -> str:
                 f"{_number(r.get('steps_per_s_large'), '{:.2f}')} / "
                 f"{_number(r.get('steps_per_s_small'), '{:.2f}')} | "
                 f"{_gib(r.get('peak_reserved'))} | {_number(r.get('giveback_requests'))} | "
-                f"{_gib(r.get('giveback_received_bytes'))} | {gave} | {cost} |")
+                f"{_gib(r.get('giveback_received_bytes'))} | {waited} | {gave} | {cost} |")
     notes = [f"{arm['arm']} {role}: {last_line(text)}"
              for arm in report["arms"] for role, r in sorted(arm["roles"].items())
              if r.get("outcome") != "finished"

@@ -282,6 +282,7 @@ VRAM_API vram_source_kind vram_pool_source(const vram_pool_t *pool);
   X(num_frees, "vram_free calls that succeeded")                                           \
   X(giveback_requests, "times this pool asked its neighbours to give cached memory back")  \
   X(giveback_received_bytes, "bytes neighbours gave back when this pool asked")            \
+  X(giveback_wait_us, "microseconds this pool waited for its neighbours' answers")         \
   X(giveback_given_bytes, "bytes this pool gave back when a neighbour asked")              \
   X(giveback_given_count, "times this pool gave memory back to a neighbour")
 

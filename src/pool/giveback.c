@@ -383,8 +383,10 @@ bool _vram_giveback_ask(vram_pool_t *pool, size_t rounded) {
   want = (want + pool->granularity - 1) & ~((uint64_t)pool->granularity - 1);
   vram_group_file *g = gb->group->file;
   pool->stats.giveback_requests++;
+  uint64_t asked_at = now_ns();
   uint32_t seq = _vram_group_post(g, gb->member, want);
   wait_answers(g, asked, n, seq, gb->timeout_ms);
+  pool->stats.giveback_wait_us += (now_ns() - asked_at) / 1000u;
   uint64_t received = collect(gb, asked, before, n, seq);
   pool->stats.giveback_received_bytes += received;
   gb->last.fresh = true;

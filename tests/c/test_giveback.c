@@ -40,7 +40,7 @@ typedef struct outcome {
   int history_to_pid;  /* A: the pid its history's give-back events name (0: none) */
   uint64_t history_given; /* A: the bytes those events say it gave */
   uint64_t free_before; /* B: free on the shared device before it asked */
-  uint64_t requests, received, given_bytes, given_count;
+  uint64_t requests, received, given_bytes, given_count, wait_us;
   char report[2048];   /* B: the OOM report when it failed */
 } outcome;
 
@@ -70,6 +70,7 @@ static void fill_stats(vram_pool_t *pool, outcome *out) {
   out->received = s.giveback_received_bytes;
   out->given_bytes = s.giveback_given_bytes;
   out->given_count = s.giveback_given_count;
+  out->wait_us = s.giveback_wait_us;
 }
 
 static void say(int fd, const void *what, size_t n) {
@@ -323,6 +324,7 @@ static void test_opted_out_neighbour_keeps_its_cache(void **state) {
   run_pair(opt_out, NULL, &oa, &ob);
   VT_EXPECT(ob.rc, VRAM_ENOMEM);
   assert_int_equal(ob.requests, 0);
+  assert_int_equal(ob.wait_us, 0);
   assert_null(strstr(ob.report, "Give-back"));
   VT_OK(oa.rc);
   assert_int_equal(oa.given_bytes, 0);
@@ -356,6 +358,7 @@ static void test_stopped_neighbour_costs_the_timeout_only(void **state) {
   VT_EXPECT(ob.rc, VRAM_ENOMEM);
   assert_int_equal(ob.requests, 1);
   assert_int_equal(ob.received, 0);
+  assert_true(ob.wait_us >= 100 * 1000); /* the whole timeout, waited for nobody */
   char want[64];
   snprintf(want, sizeof want, "pid %d", (int)a.pid);
   assert_non_null(strstr(ob.report, "Give-back: asked 1 vramkit neighbour"));

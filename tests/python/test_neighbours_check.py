@@ -38,6 +38,8 @@ def test_give_back_on_both_finish():
     assert b["giveback_received_bytes"] == a["giveback_given_bytes"]
     assert b["giveback_given_count"] == 0
     assert b["steps"] == 5 and b["asking_steps"] >= 1
+    # The asker counted time spent waiting for the answers; the one asked waited for none.
+    assert b["giveback_wait_us"] > 0 and a["giveback_wait_us"] == 0
 
 
 def test_over_its_soft_limit_the_neighbour_gives_all_its_idle_memory_at_once():
@@ -60,8 +62,8 @@ def test_give_back_off_the_neighbour_runs_out():
     assert b["message"].startswith("vramkit: out of memory")
     assert a["giveback_given_count"] == 0 and a["giveback_given_bytes"] == 0
     assert b["giveback_received_bytes"] == 0
-    # With its only neighbour opted out, B had nobody to ask.
-    assert b["giveback_requests"] == 0
+    # With its only neighbour opted out, B had nobody to ask, nor waited.
+    assert b["giveback_requests"] == 0 and b["giveback_wait_us"] == 0
     # A kept its peak's cache: B could not reserve what it needed beside it.
     assert b["peak_reserved"] < b["bytes_large"]
 
