@@ -515,6 +515,11 @@ typedef enum vram_record_verdict {
 
 struct vram_process_record;
 
+/* The folder records go to and are read from: $VRAMKIT_PUBLISH_DIR when set and not empty,
+ * else /dev/shm/vramkit-<euid>. 0, or -1 with `buf` empty when the name does not fit in
+ * `cap` bytes (cut short it would name another folder). */
+VRAM_API int vram_records_dir(char *buf, size_t cap);
+
 /* Opens the folder of records for reading: `dir`, or NULL for $VRAMKIT_PUBLISH_DIR, else
  * /dev/shm/vramkit-<uid>. A symbolic link, a folder of another user and one open to group or
  * others are refused. Returns a descriptor to close, or -1 with errno set (ENOENT: no

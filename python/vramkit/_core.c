@@ -469,6 +469,9 @@ static PyMethodDef core_methods[] = {
                "captured Python stacks, innermost frame first.")},
     {"stack_count", core_stack_count, METH_NOARGS,
      PyDoc_STR("stack_count(/)\n--\n\nHow many distinct Python stacks were captured.")},
+    {"records_dir", core_records_dir, METH_NOARGS,
+     PyDoc_STR("records_dir(/)\n--\n\nThe folder of published records "
+               "(vram_records_dir): $VRAMKIT_PUBLISH_DIR, else /dev/shm/vramkit-<euid>.")},
     {"records_open", core_records_open, METH_VARARGS,
      PyDoc_STR("records_open(folder=None, /)\n--\n\nA descriptor of the folder of published "
                "records (None: the default), refused with OSError when it is a link, another "

@@ -140,6 +140,7 @@ VRAMKIT_PY_INTERNAL PyObject *pool_history_annotate(core_state *st, vram_pool_t 
 VRAMKIT_PY_INTERNAL PyObject *pool_snapshot(core_state *st, vram_pool_t *pool, int device);
 
 /* ---- _core_records.c */
+VRAMKIT_PY_INTERNAL PyObject *core_records_dir(PyObject *module, PyObject *ignored);
 VRAMKIT_PY_INTERNAL PyObject *core_records_open(PyObject *module, PyObject *args);
 VRAMKIT_PY_INTERNAL PyObject *core_record_read(PyObject *module, PyObject *args);
 

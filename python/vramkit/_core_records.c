@@ -29,6 +29,19 @@ PyObject *core_records_open(PyObject *module, PyObject *args) {
   return PyLong_FromLong(fd);
 }
 
+PyObject *core_records_dir(PyObject *module, PyObject *Py_UNUSED(ignored)) {
+  char path[4096];
+  if (vram_records_dir(path, sizeof path) != 0) {
+    core_state *st = get_state(module);
+    return raise_message(st, VRAM_EENV,
+                         PyUnicode_FromFormat("VRAMKIT_PUBLISH_DIR is longer than the %zu "
+                                              "bytes a folder's name may have",
+                                              sizeof path - 1),
+                         NULL);
+  }
+  return PyUnicode_DecodeFSDefault(path);
+}
+
 /* A NUL-terminated field of foreign bytes as str: invalid UTF-8 replaced, nothing else
  * changed (showing it escaped is the caller's job). */
 static PyObject *field_text(const char *raw, size_t cap) {

@@ -259,6 +259,11 @@ vram_record_verdict vram_record_read(int dir_fd, const char *name, vram_process_
   return v;
 }
 
+int vram_records_dir(char *buf, size_t cap) {
+  if (!buf || !cap) return -1;
+  return _vram_publish_dir(buf, cap);
+}
+
 int vram_records_open(const char *dir, char *why, size_t why_cap) {
   char path[4096];
   say(why, why_cap, "%s", "");

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from helpers import SIM_ENV, MiB
+import vramkit
 from vramkit import records
 from vramkit.records import read_record, read_records
 
@@ -108,7 +109,16 @@ def test_default_folder_is_the_publish_variable(tmp_path, sleeper, monkeypatch):
     assert records.default_directory() == tmp_path
     assert [p.pid for p in read_records()] == [sleeper.pid]
     monkeypatch.delenv("VRAMKIT_PUBLISH_DIR")
-    assert records.default_directory() == Path(f"/dev/shm/vramkit-{os.getuid()}")
+    assert records.default_directory() == Path(f"/dev/shm/vramkit-{os.geteuid()}")
+    # Set but empty is unset, as the writers read it: not the current folder.
+    monkeypatch.setenv("VRAMKIT_PUBLISH_DIR", "")
+    assert records.default_directory() == Path(f"/dev/shm/vramkit-{os.geteuid()}")
+
+
+def test_a_publish_folder_too_long_to_name_is_refused(monkeypatch):
+    monkeypatch.setenv("VRAMKIT_PUBLISH_DIR", "/tmp/" + "d" * 5000)
+    with pytest.raises(vramkit.ConfigError, match="VRAMKIT_PUBLISH_DIR is longer"):
+        records.default_directory()
 
 
 def test_missing_folder_is_no_process(tmp_path):

@@ -102,9 +102,10 @@ class ProcessRecord:
 
 
 def default_directory() -> Path:
-    """Where this user's processes publish: $VRAMKIT_PUBLISH_DIR, else /dev/shm/vramkit-<uid>."""
-    configured = os.environ.get("VRAMKIT_PUBLISH_DIR")
-    return Path(configured) if configured else Path(f"/dev/shm/vramkit-{os.getuid()}")
+    """Where this user's processes publish: $VRAMKIT_PUBLISH_DIR, else
+    /dev/shm/vramkit-<euid>; the engine's rule (vram_records_dir), asked rather than
+    repeated, so that the writers and this reader name one folder."""
+    return Path(_core.records_dir())
 
 
 def _process(values: dict, path: Path) -> ProcessRecord:
@@ -155,7 +156,13 @@ def read_records(directory: str | os.PathLike | None = None, problems: list[str]
     user's or open to group or others is not read (a problem says why). Files that are not
     records are skipped, with a line each appended to problems when given; records of exited
     processes are removed (clean=False leaves them). Never raises for what is in the folder."""
-    folder = Path(directory) if directory is not None else default_directory()
+    if directory is not None:
+        folder = Path(directory)
+    else:
+        try:
+            folder = default_directory()
+        except _core.ConfigError:  # too long to name: records_open says so, as a problem
+            folder = Path(os.environ.get("VRAMKIT_PUBLISH_DIR", ""))
     try:
         folder_fd = _core.records_open(None if directory is None else os.fspath(folder))
     except OSError as error:
