@@ -293,6 +293,29 @@ static void test_publish_switch(void **state) {
   assert_ptr_equal(strchr(text, '\n'), text + strlen(text) - 1); /* one line */
 }
 
+/* vram_records_dir names the folder the writers use: the variable when set and not empty,
+ * else /dev/shm/vramkit-<euid>; a buffer too small for it gets nothing, not a prefix. */
+static void test_records_dir(void **state) {
+  (void)state;
+  char *saved = strdup(getenv("VRAMKIT_PUBLISH_DIR"));
+  char got[256], want[64];
+  setenv("VRAMKIT_PUBLISH_DIR", "/tmp/some/folder", 1);
+  assert_int_equal(vram_records_dir(got, sizeof got), 0);
+  assert_string_equal(got, "/tmp/some/folder");
+  assert_int_equal(vram_records_dir(got, 8), -1);
+  assert_string_equal(got, "");
+  setenv("VRAMKIT_PUBLISH_DIR", "", 1);
+  snprintf(want, sizeof want, "/dev/shm/vramkit-%u", (unsigned)geteuid());
+  assert_int_equal(vram_records_dir(got, sizeof got), 0);
+  assert_string_equal(got, want);
+  unsetenv("VRAMKIT_PUBLISH_DIR");
+  assert_int_equal(vram_records_dir(got, sizeof got), 0);
+  assert_string_equal(got, want);
+  assert_int_equal(vram_records_dir(NULL, 10), -1);
+  setenv("VRAMKIT_PUBLISH_DIR", saved, 1);
+  free(saved);
+}
+
 /* A VRAMKIT_PUBLISH_DIR too long for the path buffer is refused, not cut short: cut after
  * the slashes, "DIR////...//sub" would be DIR itself, another folder. */
 static void test_long_publish_dir(void **state) {
@@ -685,6 +708,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_publish_off),     cmocka_unit_test(test_refused_dirs),
         cmocka_unit_test(test_sim_has_no_neighbours), cmocka_unit_test(test_publish_switch),
         cmocka_unit_test(test_long_publish_dir),
+        cmocka_unit_test(test_records_dir),
     };
     failed = cmocka_run_group_tests(tests, NULL, NULL);
   }
