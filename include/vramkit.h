@@ -515,6 +515,15 @@ typedef enum vram_record_verdict {
 
 struct vram_process_record;
 
+/* Foreign text (a process name, a file name) made safe to print, as every report of the
+ * engine shows it: the `len` bytes of `src` into dst, where control characters (C0 with
+ * NUL, DEL and C1), a backslash, bytes that are not valid UTF-8 and the invisible
+ * characters that steer what a reader sees (zero-width, line and paragraph separators,
+ * bidirectional controls) become \xNN, byte by byte; other UTF-8 passes. The result is
+ * NUL-terminated and cut only between whole characters or escapes: 4 * len + 1 bytes
+ * always hold it. Returns the length written. */
+VRAM_API size_t vram_escape_text(char *dst, size_t cap, const char *src, size_t len);
+
 /* The folder records go to and are read from: $VRAMKIT_PUBLISH_DIR when set and not empty,
  * else /dev/shm/vramkit-<euid>. 0, or -1 with `buf` empty when the name does not fit in
  * `cap` bytes (cut short it would name another folder). */

@@ -469,6 +469,10 @@ static PyMethodDef core_methods[] = {
                "captured Python stacks, innermost frame first.")},
     {"stack_count", core_stack_count, METH_NOARGS,
      PyDoc_STR("stack_count(/)\n--\n\nHow many distinct Python stacks were captured.")},
+    {"escape_text", core_escape_text, METH_O,
+     PyDoc_STR("escape_text(data, /)\n--\n\nForeign bytes as the engine shows them "
+               "(vram_escape_text): controls, backslashes, invalid UTF-8 and invisible "
+               "characters as \\xNN.")},
     {"records_dir", core_records_dir, METH_NOARGS,
      PyDoc_STR("records_dir(/)\n--\n\nThe folder of published records "
                "(vram_records_dir): $VRAMKIT_PUBLISH_DIR, else /dev/shm/vramkit-<euid>.")},

@@ -141,6 +141,7 @@ VRAMKIT_PY_INTERNAL PyObject *pool_snapshot(core_state *st, vram_pool_t *pool, i
 
 /* ---- _core_records.c */
 VRAMKIT_PY_INTERNAL PyObject *core_records_dir(PyObject *module, PyObject *ignored);
+VRAMKIT_PY_INTERNAL PyObject *core_escape_text(PyObject *module, PyObject *arg);
 VRAMKIT_PY_INTERNAL PyObject *core_records_open(PyObject *module, PyObject *args);
 VRAMKIT_PY_INTERNAL PyObject *core_record_read(PyObject *module, PyObject *args);
 

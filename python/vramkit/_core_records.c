@@ -42,6 +42,25 @@ PyObject *core_records_dir(PyObject *module, PyObject *Py_UNUSED(ignored)) {
   return PyUnicode_DecodeFSDefault(path);
 }
 
+PyObject *core_escape_text(PyObject *module, PyObject *arg) {
+  (void)module;
+  Py_buffer view;
+  if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+  size_t len = (size_t)view.len;
+  /* Every byte at most \xNN: four out for one in. */
+  char *out = len < ((size_t)PY_SSIZE_T_MAX - 1) / 4 ? PyMem_Malloc(4 * len + 1) : NULL;
+  PyObject *text = NULL;
+  if (out == NULL) {
+    PyErr_NoMemory();
+  } else {
+    size_t n = vram_escape_text(out, 4 * len + 1, view.buf, len);
+    text = PyUnicode_DecodeUTF8(out, (Py_ssize_t)n, "strict");
+    PyMem_Free(out);
+  }
+  PyBuffer_Release(&view);
+  return text;
+}
+
 /* A NUL-terminated field of foreign bytes as str: invalid UTF-8 replaced, nothing else
  * changed (showing it escaped is the caller's job). */
 static PyObject *field_text(const char *raw, size_t cap) {

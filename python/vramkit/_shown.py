@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import os
 
+from . import _core
+
 
 def shown(text) -> str:
-    """A file name (str, bytes or path) or a message carrying one, as messages show it:
-    bytes the file system's encoding cannot decode as \\xNN, control characters escaped as
-    repr() escapes them, so that no name garbles a terminal or a log, or fails to print."""
-    text = os.fsdecode(text) if not isinstance(text, str) else text
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else
-                   f"\\x{ord(c) - 0xDC00:02x}" if 0xDC80 <= ord(c) <= 0xDCFF else
-                   repr(c)[1:-1] for c in text)
+    """A file name (str, bytes or path) or a message carrying one, as the engine's reports
+    show foreign text (vram_escape_text): controls, a backslash, bytes the file system's
+    encoding cannot decode and the characters that steer what a reader sees as \\xNN, so
+    that no name garbles a terminal or a log, forges a line, or fails to print."""
+    if not isinstance(text, str):
+        return _core.escape_text(os.fsencode(text))
+    try:  # the bytes os.fsdecode took in, back as they were
+        raw = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # another lone surrogate: shown as the invalid bytes it is
+        raw = text.encode("utf-8", "surrogatepass")
+    return _core.escape_text(raw)

@@ -211,5 +211,5 @@ def test_replay_json_escapes_a_name_that_is_not_utf8(script, tmp_path):
 
 
 def test_names_in_messages_are_shown_escaped():
-    assert vramkit.cli.shown(b"/tmp/caf\xe9\n\x1b[2J.trace") == "/tmp/caf\\xe9\\n\\x1b[2J.trace"
+    assert vramkit.cli.shown(b"/tmp/caf\xe9\n\x1b[2J.trace") == "/tmp/caf\\xe9\\x0a\\x1b[2J.trace"
     assert vramkit.cli.shown("plain/é name") == "plain/é name"

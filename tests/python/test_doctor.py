@@ -516,7 +516,7 @@ def test_a_file_name_that_is_not_utf8(tmp_path):
     missing = os.fsencode(tmp_path) + b"/gone\xff\n.pickle"
     done = subprocess.run([sys.executable, "-m", "vramkit", "doctor", missing],
                           capture_output=True, timeout=300)
-    assert done.returncode == 2 and b"gone\\xff\\n.pickle: cannot read" in done.stderr, \
+    assert done.returncode == 2 and b"gone\\xff\\x0a.pickle: cannot read" in done.stderr, \
         done.stderr
 
 

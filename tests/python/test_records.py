@@ -432,9 +432,12 @@ def test_a_record_truncated_under_the_reader_never_kills_it(tmp_path):
 def test_names_are_printed_escaped():
     from vramkit.cli._exit import shown
 
-    assert shown("x\x1b[2J\x1b[41mX\x1b[8m\nforged") == "x\\x1b[2J\\x1b[41mX\\x1b[8m\\nforged"
+    assert shown("x\x1b[2J\x1b[41mX\x1b[8m\nforged") == "x\\x1b[2J\\x1b[41mX\\x1b[8m\\x0aforged"
     assert shown("trainer \u00e9\u4e2d") == "trainer \u00e9\u4e2d"
-    assert shown("\u009b31m") == "\\x9b31m"
+    # As the engine's reports show them: a C1 control or an override, byte by byte.
+    assert shown("\u009b31m") == "\\xc2\\x9b31m"
+    assert shown("a\u202eb") == "a\\xe2\\x80\\xaeb"
+    assert shown(b"caf\xe9") == "caf\\xe9" and shown("\ud800") == "\\xed\\xa0\\x80"
 
 
 def test_a_folder_name_too_long_is_refused_not_cut(tmp_path, sleeper, monkeypatch):
