@@ -88,6 +88,8 @@ typedef enum vram_large_blocks {
 /* Parse "sim", "sim:cuda", "sim:vmm", "cuda", "vmm", "managed", "auto". */
 VRAM_API int vram_source_parse(const char *text, vram_source_kind *out);
 VRAM_API const char *vram_source_name(vram_source_kind kind);
+/* The names vram_source_parse accepts, from index 0 until NULL. */
+VRAM_API const char *vram_source_spelling(size_t index);
 
 typedef struct vram_options {
   int device;                   /* device ordinal (default 0) */
@@ -617,6 +619,12 @@ typedef struct vram_replay_options {
   void (*before_drain)(vram_pool_t *pool, void *context);
   void *context;
 } vram_replay_options;
+
+/* Turn `opts` into the options of its source's host model, on which placement, peaks and
+ * the smallest cap are measured without a GPU: sim for cuda, managed and sim, sim:vmm for
+ * vmm and sim:vmm; managed memory, which cannot reserve a virtual range, as fixed
+ * segments throughout. The capacity and every other option stay. */
+VRAM_API int vram_options_host_model(vram_options_t *opts);
 
 /* Fill the options of `vramkit replay --repeat 1` on `pool` (vram_options_init's if NULL). */
 VRAM_API void vram_replay_options_init(vram_replay_options *opts, const vram_options_t *pool);

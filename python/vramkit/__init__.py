@@ -474,7 +474,7 @@ def _limit_args(limit) -> tuple[int, float]:
 # ---------------------------------------------------------------------------------------
 # Options before first use.
 # ---------------------------------------------------------------------------------------
-_SOURCES = ("auto", "sim", "sim:cuda", "sim:vmm", "cuda", "vmm", "managed")
+_SOURCES = _core.source_names()  # the engine's names, in its order
 
 
 def _size_text(name: str, value, allow_percent: bool) -> str:

@@ -213,6 +213,21 @@ static PyObject *core_enable_peer_access(PyObject *module, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+static PyObject *core_source_names(PyObject *module, PyObject *Py_UNUSED(ignored)) {
+  (void)module;
+  PyObject *names = PyList_New(0);
+  const char *name;
+  for (size_t i = 0; names && (name = vram_source_spelling(i)) != NULL; i++) {
+    PyObject *text = PyUnicode_FromString(name);
+    if (text == NULL || PyList_Append(names, text) < 0) Py_CLEAR(names);
+    Py_XDECREF(text);
+  }
+  if (names == NULL) return NULL;
+  PyObject *tuple = PyList_AsTuple(names);
+  Py_DECREF(names);
+  return tuple;
+}
+
 static PyObject *core_source(PyObject *module, PyObject *args) {
   int device;
   if (!PyArg_ParseTuple(args, "O&:source", device_converter, &device)) return NULL;
@@ -420,6 +435,9 @@ static PyMethodDef core_methods[] = {
     {"enable_peer_access", core_enable_peer_access, METH_VARARGS,
      PyDoc_STR("enable_peer_access(device, peer, /)\n--\n\nLet peer read and write device's "
                "pool (virtual-memory sources).")},
+    {"source_names", core_source_names, METH_NOARGS,
+     PyDoc_STR("source_names(/)\n--\n\nThe source names the engine accepts "
+               "(vram_source_spelling), in its order.")},
     {"source", core_source, METH_VARARGS,
      PyDoc_STR("source(device, /)\n--\n\nName of the memory source behind the pool.")},
     {"init_pool", core_init_pool, METH_VARARGS,
@@ -489,9 +507,10 @@ static PyMethodDef core_methods[] = {
                "t_us); max_ops < 0 is the library's default limit, 0 none.")},
     {"replay", (PyCFunction)(void (*)(void))core_replay, METH_VARARGS | METH_KEYWORDS,
      PyDoc_STR("replay(path, source='sim', capacity=0, min_capacity=False, repeat=1, "
-               "settings=None, max_ops=-1)\n--\n\nThe trace replayed on pools of its own "
-               "(vram_replay_run): the keys of `vramkit replay --json`, first_oom_report "
-               "and first_oom. "
+               "settings=None, max_ops=-1, host_model=False)\n--\n\nThe trace replayed on "
+               "pools of its own (vram_replay_run): the keys of `vramkit replay --json`, "
+               "first_oom_report and first_oom. host_model: on the host model of source "
+               "(vram_options_host_model). "
                "settings: (name, value) pairs of VRAMKIT_* pool settings; nothing is read "
                "from the environment.")},
     {"replay_reserved", core_replay_reserved, METH_VARARGS,

@@ -104,15 +104,15 @@ static PyObject *result_dict(const vram_replay_result *r, const vram_replay_opti
 
 PyObject *core_replay(PyObject *module, PyObject *args, PyObject *kwargs) {
   static char *keywords[] = {"path", "source", "capacity", "min_capacity", "repeat",
-                             "settings", "max_ops", NULL};
+                             "settings", "max_ops", "host_model", NULL};
   PyObject *path_obj, *settings = Py_None;
   const char *source = "sim";
   unsigned long long capacity = 0;
-  int min_capacity = 0, repeat = 1;
+  int min_capacity = 0, repeat = 1, host_model = 0;
   long long max_ops = -1;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&|sKpiOL:replay", keywords,
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&|sKpiOLp:replay", keywords,
                                    PyUnicode_FSConverter, &path_obj, &source, &capacity,
-                                   &min_capacity, &repeat, &settings, &max_ops))
+                                   &min_capacity, &repeat, &settings, &max_ops, &host_model))
     return NULL;
   core_state *st = get_state(module);
   vram_replay_options opts;
@@ -122,6 +122,7 @@ PyObject *core_replay(PyObject *module, PyObject *args, PyObject *kwargs) {
     Py_DECREF(path_obj);
     return NULL;
   }
+  if (host_model) vram_options_host_model(&opts.pool);
   opts.capacity = capacity;
   opts.min_capacity = min_capacity;
   opts.repeat = repeat;

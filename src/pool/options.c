@@ -65,6 +65,25 @@ const char *vram_source_name(vram_source_kind kind) {
   return "unknown";
 }
 
+const char *vram_source_spelling(size_t index) {
+  return index < sizeof source_names / sizeof source_names[0] ? source_names[index].name : NULL;
+}
+
+/* The sims model the GPU sources for placement (sim.c): fixed segments and the
+ * ranges they grow into for cuda, mapped granules for vmm. Managed memory cannot reserve a
+ * range (placement.c's managed table), so its model is fixed segments throughout. */
+int vram_options_host_model(vram_options_t *opts) {
+  if (!opts) return VRAM_EINVAL;
+  vram_source_kind source = opts->source;
+  opts->source = source == VRAM_SOURCE_VMM || source == VRAM_SOURCE_SIM_VMM ? VRAM_SOURCE_SIM_VMM
+                                                                             : VRAM_SOURCE_SIM;
+  if (source == VRAM_SOURCE_MANAGED) {
+    opts->virtual_threshold = 1.0;
+    opts->large_blocks = VRAM_LARGE_FIXED;
+  }
+  return VRAM_OK;
+}
+
 
 /* ---- the table of variables ------------------------------------------------------------
  * A pool option's parser sets it and returns NULL, or returns why the text is refused ("" when

@@ -131,13 +131,7 @@ int vram_replay_min_capacity(const vram_replay_trace_t *handle, const vram_optio
   if (!handle || !pool || !result) return VRAM_EINVAL;
   const trace_t *trace = &handle->trace;
   vram_options_t family = *pool;
-  int vmm_family = pool->source == VRAM_SOURCE_VMM || pool->source == VRAM_SOURCE_SIM_VMM;
-  family.source = vmm_family ? VRAM_SOURCE_SIM_VMM : VRAM_SOURCE_SIM;
-  /* Managed memory has no virtual ranges to grow into: its model is fixed segments. */
-  if (pool->source == VRAM_SOURCE_MANAGED) {
-    family.virtual_threshold = 1.0;
-    family.large_blocks = VRAM_LARGE_FIXED;
-  }
+  vram_options_host_model(&family);
   result->min_capacity_source = family.source;
   result->min_capacity_bytes = 0;
   const uint64_t most = VRAM_SIM_MAX_CAPACITY;

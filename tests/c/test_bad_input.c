@@ -7,6 +7,8 @@
  * answers block_info with its size and stream and that no statistic moved.
  * Runs on the sim sources (argv[1]: "sim" or "sim:vmm", default "sim").
  */
+#include <stdbool.h>
+
 #include "vt.h"
 
 static vt_source g_src;
@@ -723,6 +725,43 @@ static void t_source_names(void **state) {
     vram_source_kind k = VRAM_SOURCE_CUDA;
     VT_EXPECT(vram_source_parse(bad[i], &k), VRAM_EINVAL);
   }
+  /* The spellings are exactly the names above, each parsed to its kind. */
+  size_t n = 0;
+  for (const char *name; (name = vram_source_spelling(n)) != NULL; n++) {
+    vram_source_kind k = (vram_source_kind)-1;
+    VT_OK(vram_source_parse(name, &k));
+    bool listed = false;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+      listed |= strcmp(names[i].text, name) == 0 && names[i].kind == k;
+    assert_true(listed);
+  }
+  assert_int_equal(n, sizeof names / sizeof names[0]);
+}
+
+/* Each source's host model: sim for the fixed sources, sim:vmm for vmm, and managed as
+ * fixed segments throughout; every other option kept. */
+static void t_host_models(void **state) {
+  (void)state;
+  static const struct {
+    vram_source_kind source, model;
+  } models[] = {{VRAM_SOURCE_CUDA, VRAM_SOURCE_SIM},         {VRAM_SOURCE_SIM, VRAM_SOURCE_SIM},
+                {VRAM_SOURCE_MANAGED, VRAM_SOURCE_SIM},      {VRAM_SOURCE_VMM, VRAM_SOURCE_SIM_VMM},
+                {VRAM_SOURCE_SIM_VMM, VRAM_SOURCE_SIM_VMM}, {VRAM_SOURCE_AUTO, VRAM_SOURCE_SIM}};
+  for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
+    vram_options_t o;
+    vram_options_init(&o);
+    o.source = models[i].source;
+    o.limit_bytes = 3 * VT_MiB;
+    o.tight_threshold = 0.25;
+    VT_OK(vram_options_host_model(&o));
+    assert_int_equal(o.source, models[i].model);
+    assert_int_equal(o.limit_bytes, 3 * VT_MiB);
+    assert_true(o.tight_threshold == 0.25);
+    bool managed = models[i].source == VRAM_SOURCE_MANAGED;
+    assert_int_equal(o.large_blocks, managed ? VRAM_LARGE_FIXED : VRAM_LARGE_VIRTUAL);
+    assert_true(managed ? o.virtual_threshold == 1.0 : o.virtual_threshold < 1.0);
+  }
+  VT_EXPECT(vram_options_host_model(NULL), VRAM_EINVAL);
 }
 
 int main(int argc, char **argv) {
@@ -732,6 +771,7 @@ int main(int argc, char **argv) {
   }
   env_clear();
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(t_host_models),
       cmocka_unit_test_setup_teardown(t_double_free, fx_setup, fx_teardown),
       cmocka_unit_test_setup_teardown(t_double_free_after_coalesce, fx_setup, fx_teardown),
       cmocka_unit_test_setup_teardown(t_foreign, fx_setup, fx_teardown),

@@ -69,3 +69,25 @@ def test_no_child_process(tmp_path, monkeypatch):
 
     steps, note = plot_replay.Replay(load(str(path), None, 0)).result()
     assert note == "" and steps[-1][1] > 0
+
+
+@pytest.mark.parametrize("source, model, settings", [
+    ("cuda", "sim", {}),
+    ("vmm", "sim:vmm", {}),
+    ("managed", "sim", {"VRAMKIT_VIRTUAL_THRESHOLD": "1", "VRAMKIT_LARGE_BLOCKS": "fixed"}),
+])
+def test_a_gpu_source_replays_on_the_engines_host_model(source, model, settings):
+    """host_model=True: the engine says which sim models a source (the estimator asks it
+    rather than keeping its own table); managed memory is fixed segments throughout."""
+    path = TRACES[0]
+    modelled = vramkit.replay(path, source=source, host_model=True, min_capacity=True)
+    direct = vramkit.replay(path, source=model, settings=settings, min_capacity=True)
+    assert modelled["source"] == model
+    assert {k: modelled[k] for k in FIGURES} == {k: direct[k] for k in FIGURES}
+
+
+def test_the_source_names_are_the_engines():
+    assert vramkit._core.source_names() == ("auto", "sim", "sim:cuda", "sim:vmm", "cuda",
+                                            "vmm", "managed")
+    with pytest.raises(vramkit.InvalidArgumentError, match="source must be one of auto, sim"):
+        vramkit.configure(0, source="gpu")

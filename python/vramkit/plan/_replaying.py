@@ -32,7 +32,7 @@ def placement_settings(environ=None) -> dict:
 
 def replay(path, source: str = "sim", capacity: int | None = None,
            min_capacity: bool = False, repeat: int = 1, settings: dict | None = None,
-           max_ops: int | None = None) -> dict:
+           max_ops: int | None = None, host_model: bool = False) -> dict:
     """Replay the trace at ``path`` on pools of its own (never the process-wide ones).
 
     Returns a dict with the keys of ``vramkit replay --json`` (trace, source, ops,
@@ -43,8 +43,11 @@ def replay(path, source: str = "sim", capacity: int | None = None,
     figures and cause as ``_core.oom_info`` gives them (each None without one).
     Out-of-memory is a figure, not an error; an unreadable trace or a bad setting raises
     vramkit.VramError (ConfigError for a bad value). See the module's note for ``settings``.
+    ``host_model=True`` replays on the engine's host model of ``source`` (sim for cuda and
+    managed, sim:vmm for vmm: what a machine without a GPU can measure of them).
     """
     pairs = tuple((str(k), str(v)) for k, v in (settings or {}).items())
     return _core.replay(os.fspath(path), source=source, capacity=capacity or 0,
                         min_capacity=bool(min_capacity), repeat=int(repeat), settings=pairs,
-                        max_ops=-1 if max_ops is None else int(max_ops))
+                        max_ops=-1 if max_ops is None else int(max_ops),
+                        host_model=bool(host_model))

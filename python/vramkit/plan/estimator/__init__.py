@@ -274,9 +274,7 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
     source = source or os.environ.get("VRAMKIT_SOURCE") or "cuda"
     if source == "auto":
         source = "cuda"
-    if source not in _replay._SIM_OF_SOURCE:
-        raise ValueError(f"estimate(): source must be one of "
-                         f"{sorted(_replay._SIM_OF_SOURCE)}, not {source!r}")
+    _replay.check_source(source)
     libraries = _workspace_libraries(model_workspaces)
     target = _step.choose_target(device, emulate)
     # The CPU stand-in (no GPU, or emulate=True) sizes convolutions from the table and

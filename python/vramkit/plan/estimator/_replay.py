@@ -1,20 +1,27 @@
 """From a recorded step to reserved memory: the engine's policy and PyTorch's, on a model.
 
 The recording is written as a vramkit trace and replayed in this process by the engine
-(vramkit.replay, the loop of ``vramkit replay``) on the ``sim`` source, a simulated device
-of the chosen size run by the engine's own placement code, so the reserved figure is what vramkit would hold, not a formula. The same events
-go through :mod:`.torch_caching`, a model of PyTorch's caching allocator (default and
-expandable segments), for users who keep PyTorch's.
+(vramkit.replay, the loop of ``vramkit replay``) on the engine's host model of the chosen
+source (``sim`` or ``sim:vmm``), a simulated device of the chosen size run by the engine's
+own placement code, so the reserved figure is what vramkit would hold, not a formula. The
+same events go through :mod:`.torch_caching`, a model of PyTorch's caching allocator
+(default and expandable segments), for users who keep PyTorch's.
 """
 
 from __future__ import annotations
 
+from ... import _core
 from .. import _replaying
 from . import torch_caching
 
-# Sources whose placement the engine reproduces on a simulated device.
-_SIM_OF_SOURCE = {"cuda": "sim", "sim": "sim", "managed": "sim", "vmm": "sim:vmm",
-                  "sim:vmm": "sim:vmm", "sim:cuda": "sim"}
+
+def check_source(source: str) -> None:
+    """A source the estimate can model: any the engine names, but auto (which the caller
+    resolves first)."""
+    names = [name for name in _core.source_names() if name != "auto"]
+    if source not in names:
+        raise ValueError(f"estimate(): source must be one of {', '.join(names)}, "
+                         f"not {source!r}")
 
 
 def write_trace(events, path: str, comment: str) -> int:
@@ -30,17 +37,12 @@ def vramkit_replay(trace: str, source: str, capacity: int | None,
                    min_capacity: bool = False) -> dict:
     """One replay of the trace on the simulated device, in this process (vramkit.replay);
     the keys of ``vramkit replay --json``."""
-    sim = _SIM_OF_SOURCE.get(source)
-    if sim is None:
-        raise ValueError(f"estimate(): source must be one of {sorted(_SIM_OF_SOURCE)}, "
-                         f"not {source!r}")
+    check_source(source)
     # The user's placement settings count (they change what fits); sizes, limits and the
-    # source are this call's: vramkit.replay's one rule.
+    # source are this call's: vramkit.replay's one rule. The engine picks the host model.
     settings = _replaying.placement_settings()
-    if source == "managed":  # no virtual ranges to grow into
-        settings.update(VRAMKIT_VIRTUAL_THRESHOLD="1", VRAMKIT_LARGE_BLOCKS="fixed")
-    return _replaying.replay(trace, source=sim, capacity=capacity, min_capacity=min_capacity,
-                             settings=settings)
+    return _replaying.replay(trace, source=source, capacity=capacity,
+                             min_capacity=min_capacity, settings=settings, host_model=True)
 
 
 def torch_replay(events, expandable: bool, capacity: int | None) -> dict:
