@@ -271,24 +271,10 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"estimate(): steps must be a positive int, not {steps!r}")
     bound, card, limit = tighter_bound(device_memory, memory_limit)
-    source = source or os.environ.get("VRAMKIT_SOURCE") or "cuda"
-    if source == "auto":
-        source = "cuda"
-    _replay.check_source(source)
+    source = _checked_source(source)
     libraries = _workspace_libraries(model_workspaces)
     target = _step.choose_target(device, emulate)
-    # The CPU stand-in (no GPU, or emulate=True) sizes convolutions from the table and
-    # other ops' scratch not at all, as a machine without a GPU must; fake CUDA tensors
-    # measure both on that GPU.
-    on_device = None if target.emulated else target.device
-    device_type = None if target.emulated else "cuda"
-    models_ = []
-    if "cudnn" in libraries:
-        from .workspaces import ConvWorkspaceModel
-        models_.append(ConvWorkspaceModel(on_device, device_type=device_type))
-    if "scratch" in libraries:
-        from . import scratch
-        models_.append(scratch.OpScratchModel(on_device, device_type=device_type))
+    models_ = _workspace_models(target, libraries)
     try:
         recording, _recorder = _step.record_step(
             step_fn, args, kwargs, target=target, steps=steps, build=build,
@@ -301,12 +287,7 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
         raise _step.UntraceableStep("estimate(): the step allocated nothing on the GPU: "
                                     "are its model and batch on a CUDA device?")
     events = list(recording.events())
-    if trace_path is None:
-        fd, trace_path = tempfile.mkstemp(prefix="estimate-", suffix=".trace.gz",
-                                          dir=_scratch_dir())
-        os.close(fd)
-    _replay.write_trace(events, trace_path, "recorded by vramkit.estimate under fake "
-                                            "tensors; times are op numbers")
+    trace_path = _written_trace(events, trace_path)
     usable = limit if card is None else max(card - CUDA_CONTEXT_BYTES, 0)
     ours = _replay.vramkit_replay(trace_path, source, None, min_capacity=True)
     native = _replay.torch_replay(events, False, None)
@@ -334,6 +315,46 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
         top_sites=top, source=source, emulated=target.emulated, trace=trace_path,
         fake_ops=recording.fake_ops, notes=notes, capped=limit is not None, bound=bound,
         flops=recording.flops)
+
+
+def _checked_source(source: str | None) -> str:
+    """The vramkit source to model: the argument, else VRAMKIT_SOURCE, else cuda."""
+    from . import _replay
+
+    source = source or os.environ.get("VRAMKIT_SOURCE") or "cuda"
+    source = "cuda" if source == "auto" else source
+    _replay.check_source(source)
+    return source
+
+
+def _workspace_models(target, libraries) -> list:
+    """The models of what cuDNN's convolutions and other ops allocate inside themselves."""
+    # The CPU stand-in (no GPU, or emulate=True) sizes convolutions from the table and
+    # other ops' scratch not at all, as a machine without a GPU must; fake CUDA tensors
+    # measure both on that GPU.
+    on_device = None if target.emulated else target.device
+    device_type = None if target.emulated else "cuda"
+    models_ = []
+    if "cudnn" in libraries:
+        from .workspaces import ConvWorkspaceModel
+        models_.append(ConvWorkspaceModel(on_device, device_type=device_type))
+    if "scratch" in libraries:
+        from . import scratch
+        models_.append(scratch.OpScratchModel(on_device, device_type=device_type))
+    return models_
+
+
+def _written_trace(events: list, trace_path: str | None) -> str:
+    """The recorded step as a vramkit trace at trace_path, or in a scratch file."""
+    from . import _replay
+
+    if trace_path is None:
+        fd, trace_path = tempfile.mkstemp(prefix="estimate-", suffix=".trace.gz",
+                                          dir=_scratch_dir())
+        os.close(fd)
+    _replay.write_trace(events, trace_path, "recorded by vramkit.estimate under fake "
+                                            "tensors; times are op numbers")
+    return trace_path
 
 
 def _fits(events, trace_path: str, source: str, usable: int | None) -> tuple:
