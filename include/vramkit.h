@@ -596,6 +596,40 @@ VRAM_API const char *vram_trace_reader_error(const vram_trace_reader_t *reader);
 VRAM_API uint64_t vram_trace_reader_live(const vram_trace_reader_t *reader);
 VRAM_API void vram_trace_reader_close(vram_trace_reader_t *reader);
 
+/* Writing a trace the reader above reads back op for op: gzip (plain text where the build
+ * has no zlib; the reader reads both), whatever the path's name. The header line is
+ * "# vramkit-trace v1 HEADER" (no blank after v1 when HEADER is empty); each op is written
+ * from its is_alloc, id, size (allocations only), stream and time_us. Refused, with a
+ * message naming the file: a header with a byte other than printable ASCII or a tab, or
+ * longer than VRAM_TRACE_HEADER_MAX (VRAM_EINVAL, at open, before the file is made); an op
+ * whose is_alloc is not 0 or 1 or whose id is 2^64 - 1 (VRAM_EINVAL); an allocation of an
+ * ID still live (VRAM_ETRACE). A free of an ID that is not live is written (the reader
+ * counts it unmatched). A failed write is VRAM_EIO. Every failure is sticky, and closing
+ * a writer that failed removes the file it wrote (when a regular file), so a failure
+ * never leaves a shorter trace that reads as whole. */
+#define VRAM_TRACE_HEADER_MAX (VRAM_TRACE_LINE_MAX - 1 - 19) /* after "# vramkit-trace v1 " */
+
+typedef struct vram_trace_writer vram_trace_writer_t;
+
+/* Create (or truncate) the file at path and start it with the header line. VRAM_EINVAL,
+ * VRAM_EIO (cannot create), VRAM_EHOSTMEM; on failure *out is NULL and error (if cap > 0)
+ * holds the message. */
+VRAM_API int vram_trace_writer_open(const char *path, const char *header,
+                                    vram_trace_writer_t **out, char *error, size_t cap);
+/* Append one op (the reader's struct; line, slot and matched are not read). VRAM_OK or the
+ * sticky status, whose message is vram_trace_writer_error(). */
+VRAM_API int vram_trace_writer_put(vram_trace_writer_t *writer, const vram_trace_op_t *op);
+/* The last error's message ("file: what is wrong"), or "" if none. */
+VRAM_API const char *vram_trace_writer_error(const vram_trace_writer_t *writer);
+/* Ops written so far. */
+VRAM_API uint64_t vram_trace_writer_ops(const vram_trace_writer_t *writer);
+/* Flush, close and free: VRAM_OK only if the whole trace reached the file (a full disk is
+ * VRAM_EIO here at the latest); otherwise the sticky or final status, the message in error
+ * (if cap > 0), and the file removed. */
+VRAM_API int vram_trace_writer_close(vram_trace_writer_t *writer, char *error, size_t cap);
+/* Abandon the trace: close and free, removing the file. */
+VRAM_API void vram_trace_writer_discard(vram_trace_writer_t *writer);
+
 /* -------------------------------------------------------------------------------------
  * Replay: one trace through a fresh pool per pass, the loop `vramkit replay` runs, as a
  * call, so that the command and the Python package report one engine's figures. A trace

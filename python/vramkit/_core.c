@@ -505,6 +505,10 @@ static PyMethodDef core_methods[] = {
      PyDoc_STR("trace_read(path, max_ops, /)\n--\n\n(ops, unmatched_frees) of a vramkit "
                "trace, read by the library's reader: ops are (is_alloc, id, size, stream, "
                "t_us); max_ops < 0 is the library's default limit, 0 none.")},
+    {"trace_write", core_trace_write, METH_VARARGS,
+     PyDoc_STR("trace_write(path, ops, header, /)\n--\n\nWrite ops, ('a', id, size, stream, "
+               "t_us) and ('f', id, stream, t_us) tuples, as a vramkit trace through the "
+               "library's writer; returns the ops written. A failure removes the file.")},
     {"replay", (PyCFunction)(void (*)(void))core_replay, METH_VARARGS | METH_KEYWORDS,
      PyDoc_STR("replay(path, source='sim', capacity=0, min_capacity=False, repeat=1, "
                "settings=None, max_ops=-1, host_model=False)\n--\n\nThe trace replayed on "

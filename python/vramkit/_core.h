@@ -147,6 +147,7 @@ VRAMKIT_PY_INTERNAL PyObject *core_record_read(PyObject *module, PyObject *args)
 
 /* ---- _core_trace.c */
 VRAMKIT_PY_INTERNAL PyObject *core_trace_read(PyObject *module, PyObject *args);
+VRAMKIT_PY_INTERNAL PyObject *core_trace_write(PyObject *module, PyObject *args);
 
 /* ---- _core_replay.c */
 VRAMKIT_PY_INTERNAL PyObject *core_replay(PyObject *module, PyObject *args, PyObject *kwargs);

@@ -202,6 +202,8 @@ def record_read(folder_fd: int, name: str | bytes, /) -> tuple[int, dict | None,
 
 def trace_read(path: str | bytes | os.PathLike, max_ops: int, /) -> tuple[
     list[tuple[bool, int, int, int, int]], int]: ...
+def trace_write(path: str | bytes | os.PathLike, ops: Iterable[tuple[Any, ...]], header: str,
+                /) -> int: ...
 
 # One trace through pools of its own, the engine's replay (vram_replay_run): the keys of
 # `vramkit replay --json`, plus first_oom_report and first_oom (oom_info's dict, or None).

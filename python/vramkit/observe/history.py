@@ -13,7 +13,6 @@ vramkit's and the frameworks' own frames folded away so the innermost frame is t
 
 from __future__ import annotations
 
-import gzip
 import os
 import pickle
 import struct
@@ -498,11 +497,8 @@ def save_trace(path, device=None) -> int:
 def write_trace(path, ops, header: str) -> int:
     """Write ``ops`` as a vramkit trace (format v1: gzip text, a ``# vramkit-trace v1``
     line carrying ``header``, then ``a ID SIZE STREAM T_US`` for ("a", id, size, stream,
-    t_us) and ``f ID STREAM T_US`` for ("f", id, stream, t_us)). Returns the ops written."""
-    count = 0
-    with gzip.open(os.fspath(path), "wt", encoding="ascii") as f:
-        f.write(f"# vramkit-trace v1 {header}\n")
-        for op in ops:
-            f.write(" ".join(map(str, op)) + "\n")
-            count += 1
-    return count
+    t_us) and ``f ID STREAM T_US`` for ("f", id, stream, t_us)) through the library's
+    trace writer, so the file is one ``vramkit replay`` reads back. An op the reader would
+    refuse is an InvalidArgumentError (a ValueError), a tuple of the wrong kind a
+    TypeError, a failed write an OSError; each leaves no file. Returns the ops written."""
+    return _core.trace_write(os.fspath(path), ops, header)

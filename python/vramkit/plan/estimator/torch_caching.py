@@ -35,6 +35,7 @@ blocks best fit takes, and through it, on some traces, the peak by a few per cen
 
 from __future__ import annotations
 
+import os
 from bisect import bisect_left, insort
 
 MiB = 1 << 20
@@ -682,14 +683,16 @@ def min_capacity(events, *, expandable_segments=False, granularity=2 << 20, **op
 
 def read_trace(path) -> list:
     """The events of a vramkit trace file (``# vramkit-trace v1``, gzip or not) as replay
-    takes them. It is read and checked by vramkit.plot's reader; frees of ids that are not
-    allocated (blocks from before the recording began) are left out."""
-    from ...plot import _read
+    takes them, read and checked by the library's trace reader (``_core.trace_read``, the
+    one ``vramkit replay`` uses), under its default limit on ops; frees of ids that are not
+    allocated (blocks from before the recording began) are left out. A file it refuses is
+    a PlotInputError naming the file and the reason, as for ``vramkit plot``."""
+    from ... import _core
+    from ...plot._read import PlotInputError
 
-    raw = _read.read_head(path)
-    if not raw.startswith(_read.TRACE_MAGIC):
-        kind = _read.kind_of(path, raw)     # raises with the reason for most files
-        raise _read.PlotInputError(f"{path}: a {kind} file, not a vramkit trace")
-    ops, _unmatched = _read.parse_trace(path)
+    try:
+        ops, _unmatched = _core.trace_read(os.fspath(path), -1)
+    except _core.VramError as error:
+        raise PlotInputError(str(error)) from None
     return [("a", ident, size, stream) if is_alloc else ("f", ident, stream)
             for is_alloc, ident, size, stream, _time in ops]
