@@ -23,7 +23,6 @@ with the totals; otherwise a table.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import shutil
@@ -46,6 +45,15 @@ def read_ops(path: str) -> list[list[str]]:
         raise SystemExit(str(error)) from None
     return [["a", str(i), str(size), str(stream), str(t)] if is_alloc
             else ["f", str(i), str(stream), str(t)] for is_alloc, i, size, stream, t in ops]
+
+
+def write_loop(path: str, lines: list[str]) -> None:
+    """The loop's lines written as a trace by the library's writer (the one save_trace
+    uses), so that it is one replay reads."""
+    from vramkit.history import write_trace
+
+    ops = ((fields[0], *map(int, fields[1:])) for fields in (line.split() for line in lines))
+    write_trace(path, ops, "loop_sweep")
 
 
 def make_loop(ops: list[list[str]], first: int, period: int, steps: int,
@@ -133,9 +141,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for scale in (float(s) for s in a.scales.split(",")):
             trace = os.path.join(tmp, f"loop_x{scale}.trace.gz")
-            with gzip.open(trace, "wt") as f:
-                f.write("# vramkit-trace v1 loop_sweep\n")
-                f.write("\n".join(make_loop(ops, a.first, a.period, a.steps, scale)) + "\n")
+            write_loop(trace, make_loop(ops, a.first, a.period, a.steps, scale))
             for source in a.sources.split(","):
                 row = {"scale": scale, **sweep_one(tool, source, trace, a.first, a.period,
                                                    a.steps)}
