@@ -209,6 +209,23 @@ class Pool(_core.Pool):
         return history.trace_entries(raw)
 
 
+    def save_trace(self, path) -> int:
+        """The recorded history as a vramkit trace, as vramkit.save_trace() writes a
+        device's: `vramkit replay` and vramkit.replay() read it. Returns the ops written."""
+        from .observe import history
+
+        if self.is_default:
+            return history.save_trace(path, self.device)
+        if self._recording is None or self._recording.enabled != "all":
+            raise _core.error(_core.VRAM_EINVAL, "Pool.save_trace(): this pool records no "
+                              "events; call record_memory_history(enabled='all') first")
+        raw, dropped = self.history_read()
+        events = list(history._EVENT.iter_unpack(raw))
+        ops = history.recorded_ops(events, dropped, self._recording.baseline, "this pool")
+        return history.write_trace(path, ops, f"recorded by vramkit.Pool.save_trace "
+                                              f"({self.source} source)")
+
+
 _default_pools: dict[int, Pool] = {}
 
 

@@ -256,3 +256,23 @@ def block_sizes(pool: vramkit.Pool) -> dict[int, int]:
     segs, blocks = pool.snapshot_records()
     return {b[0]: b[1] for b in history.raw_records(segs, blocks, None)[1]
             if b[4] == vramkit._core.VRAM_SNAPSHOT_ACTIVE_ALLOCATED}
+
+
+def test_a_private_pool_saves_its_history_as_a_trace_the_replay_reads(tmp_path):
+    pool = vramkit.Pool(source="sim", capacity="4G")
+    before = pool.allocate(32 * MiB)  # live when recording starts: the trace's first op
+    pool.record_memory_history()
+    held = [pool.allocate(n * MiB) for n in (8, 16, 24)]
+    del held[1]
+    peak = pool.stats()["allocated_bytes"][1]
+    path = tmp_path / "pool.trace.gz"
+    assert pool.save_trace(path) == 1 + 3 + 1  # the baseline block, three allocs, one free
+    replayed = vramkit.replay(path, source="sim")
+    assert replayed["peak_live_bytes"] == peak
+    assert replayed["ops"] == 5 and replayed["skipped_frees"] == 0
+    del before, held
+
+    silent = vramkit.Pool(source="sim")
+    with pytest.raises(vramkit.InvalidArgumentError, match="records no events"):
+        silent.save_trace(tmp_path / "none.trace.gz")
+    assert not (tmp_path / "none.trace.gz").exists()

@@ -460,6 +460,15 @@ def save_trace(path, device=None) -> int:
     d = _device(device)
     rec = _full_recording(d, "save_trace()")
     events, dropped = _read(d)
+    ops = recorded_ops(events, dropped, rec.baseline, f"device {d}")
+    return write_trace(path, ops, f"recorded by vramkit.save_trace on device {d} "
+                                  f"({_pkg().source(d)} source)")
+
+
+def recorded_ops(events: list[tuple], dropped: int, baseline: list[tuple],
+                 whose: str) -> list[tuple]:
+    """The trace ops of a recording: the blocks live at its start (baseline), then its
+    allocations and frees; `whose` names the recording in the warning of an overflow."""
     # Events before the engine's mark of the baseline snapshot are counted in it already.
     start = 0
     if dropped == 0:
@@ -468,15 +477,15 @@ def save_trace(path, device=None) -> int:
                 start = i + 1
                 break
     else:
-        warnings.warn(f"save_trace(): the history of device {d} overflowed ({dropped} "
+        warnings.warn(f"save_trace(): the history of {whose} overflowed ({dropped} "
                       f"oldest events overwritten; raise max_entries): the trace starts "
-                      f"mid-way and its peak may differ from the program's", stacklevel=2)
+                      f"mid-way and its peak may differ from the program's", stacklevel=3)
     t0 = events[start][0] if start < len(events) else time.monotonic_ns() // 1000
     live: dict[int, int] = {}
     next_id = 0
     ops = []
     if dropped == 0:
-        for b in rec.baseline:
+        for b in baseline:
             live[b[0]] = next_id
             ops.append(("a", next_id, b[1], b[4], t0 + _UNIX_OFFSET_US))
             next_id += 1
@@ -490,8 +499,7 @@ def save_trace(path, device=None) -> int:
             block = live.pop(e[1], None)
             if block is not None:  # a block from before an overflow: nothing to free
                 ops.append(("f", block, e[4], e[0] + _UNIX_OFFSET_US))
-    return write_trace(path, ops, f"recorded by vramkit.save_trace on device {d} "
-                                  f"({_pkg().source(d)} source)")
+    return ops
 
 
 def write_trace(path, ops, header: str) -> int:
