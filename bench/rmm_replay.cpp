@@ -12,7 +12,7 @@
 // It prints one JSON line per (trace, allocator) with torch_replay's keys, plus a few of its
 // own that say how a figure was measured.
 //
-// The two configurations (RMM 26.10; all resources take their upstream by value as a
+// The three configurations (RMM 26.10; all resources take their upstream by value as a
 // cuda::mr::any_resource, and the RMM resource classes share their state between copies):
 //   rmm-pool:  pool_memory_resource(upstream, initial_pool_size = 0), no maximum size.
 //              Growth rule (RMM's size_to_grow, read in 26.10's librmm.so): with no maximum
@@ -20,6 +20,12 @@
 //              doubles each time it grows; a failed upstream call is retried at half the
 //              size, down to the request itself. With initial size 0 the first growth is
 //              the first request. The pool never returns memory until it is destroyed.
+//   rmm-pool-fixed: pool_memory_resource(upstream, initial_pool_size = S,
+//              maximum_pool_size = S): dask-cuda's rmm_pool_size with the maximum equal to
+//              it, the like-for-like of vramkit's VRAMKIT_PREALLOCATE=S under a limit of S.
+//              The pool takes S from cudaMalloc in its constructor and never grows. S is
+//              RMM_REPLAY_POOL_OVER_LIVE (default 2) times the trace's peak live, rounded up
+//              to 256 B, for the measured pass; the bisection is on S itself.
 //   rmm-arena: arena_memory_resource(upstream, arena_size). The arena takes its whole size
 //              from upstream in its constructor (default: half of the free device memory)
 //              and never grows.
@@ -49,7 +55,8 @@
 // `rmm_replay --pair` measures the cached alloc+free pair instead (measure_pairs, below), for
 // the bench's pair table.
 // Environment: RMM_REPLAY_BISECT_MIB (default 1), RMM_REPLAY_ALLOCATORS (default
-// "rmm-pool,rmm-arena"; a subset runs only those), RMM_REPLAY_CHECK=1 (read the traces and
+// "rmm-pool,rmm-arena"; a comma-separated subset of the three runs only those),
+// RMM_REPLAY_POOL_OVER_LIVE (rmm-pool-fixed's measured size, default 2), RMM_REPLAY_CHECK=1 (read the traces and
 // print their ops and peak live without touching CUDA: checks the parser on any machine).
 // Exit status: 0 ok, 1 CUDA or RMM error, 2 bad command line or unreadable trace.
 // Build: bench/rmm_build.sh. Usage: rmm_replay TRACE.trace.gz...
@@ -254,7 +261,24 @@ Pass replay(MR& mr, Trace const& t)
   return p;
 }
 
-enum class Kind { pool, arena };
+enum class Kind { pool, fixed, arena };
+
+char const* label_of(Kind kind)
+{
+  return kind == Kind::pool ? "rmm-pool" : kind == Kind::fixed ? "rmm-pool-fixed" : "rmm-arena";
+}
+
+// The sum of the sizes live at once, at its highest (what every figure is divided by).
+uint64_t peak_live_of(Trace const& t)
+{
+  std::vector<uint64_t> size(t.max_id + 1, 0);
+  uint64_t live = 0, peak = 0;
+  for (Op const& o : t.ops) {
+    if (o.kind == 'a') size[o.id] = o.size, live += o.size, peak = std::max(peak, live);
+    else live -= size[o.id], size[o.id] = 0;
+  }
+  return peak;
+}
 
 struct Try {
   Pass pass;
@@ -266,7 +290,8 @@ struct Try {
 
 // A fresh resource over cudaMalloc (through a statistics adaptor that counts what RMM takes
 // from it), one pass, then the resource is destroyed and its memory goes back to cudaMalloc.
-// cap: none for the warm-up and measured passes; in the bisection, the limit.
+// cap: none for the warm-up and measured passes; in the bisection, the limit. For
+// rmm-pool-fixed the cap is the pool's size, and there is always one.
 Try run(Kind kind, Trace const& t, std::optional<uint64_t> cap)
 {
   Try r;
@@ -280,6 +305,20 @@ Try run(Kind kind, Trace const& t, std::optional<uint64_t> cap)
       pool.emplace(rmm::mr::limiting_resource_adaptor{stats, *cap}, std::size_t{0});
     else
       pool.emplace(stats, std::size_t{0});
+    r.setup_ms  = (now_ns() - t0) / 1e6;
+    r.pass      = replay(*pool, t);
+    r.pool_size = pool->pool_size();
+  } else if (kind == Kind::fixed) {
+    // initial = maximum: the whole pool from cudaMalloc in the constructor, never more. A
+    // size the card cannot give is an out-of-memory try like any other.
+    std::size_t size = *cap / kAlign * kAlign;
+    std::optional<rmm::mr::pool_memory_resource> pool;
+    try {
+      pool.emplace(stats, size, std::optional<std::size_t>(size));
+    } catch (rmm::bad_alloc const& e) {
+      r.pass.failure = std::string("pool construction: ") + e.what();
+      return r;
+    }
     r.setup_ms  = (now_ns() - t0) / 1e6;
     r.pass      = replay(*pool, t);
     r.pool_size = pool->pool_size();
@@ -328,6 +367,7 @@ double pair_ns(MR& mr, std::size_t size)
 // size). One JSON line per allocator and size.
 void measure_pairs(bool want_pool, bool want_arena)
 {
+  // rmm-pool-fixed's pair is rmm-pool's: the same resource, grown once.
   static constexpr std::size_t sizes[] = {512, 65536, 2u << 20, 64u << 20};
   for (Kind kind : {Kind::pool, Kind::arena}) {
     if (kind == Kind::pool ? !want_pool : !want_arena) continue;
@@ -343,7 +383,7 @@ void measure_pairs(bool want_pool, bool want_arena)
       }
       check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize after the pairs");
       printf("{\"allocator\": \"%s\", \"size\": %zu, \"ns_per_pair\": %.1f, \"rmm_version\": \"%s\"}\n",
-             kind == Kind::pool ? "rmm-pool" : "rmm-arena", size, ns, RMM_VERSION);
+             label_of(kind), size, ns, RMM_VERSION);
       fflush(stdout);
     }
   }
@@ -368,13 +408,16 @@ std::string ratio_or_null(std::optional<uint64_t> v, uint64_t live)
   return b;
 }
 
-void measure(Kind kind, Trace const& t, uint64_t resolution, size_t device_total)
+void measure(Kind kind, Trace const& t, uint64_t resolution, size_t device_total, double pool_over_live)
 {
-  char const* label = kind == Kind::pool ? "rmm-pool" : "rmm-arena";
-  run(kind, t, std::nullopt);  // warm-up: CUDA's lazy loading, the streams, RMM's code paths
-  Try m              = run(kind, t, std::nullopt);
+  char const* label = label_of(kind);
+  std::optional<uint64_t> size;  // rmm-pool-fixed's measured size
+  if (kind == Kind::fixed)
+    size = ((uint64_t)(pool_over_live * (double)peak_live_of(t)) + kAlign - 1) / kAlign * kAlign;
+  run(kind, t, size);  // warm-up: CUDA's lazy loading, the streams, RMM's code paths
+  Try m              = run(kind, t, size);
   uint64_t live      = m.pass.peak_live;
-  uint64_t reserved  = kind == Kind::pool ? m.upstream_peak : m.pass.extent;
+  uint64_t reserved  = kind == Kind::arena ? m.pass.extent : m.upstream_peak;
   if (!m.pass.ok)
     fprintf(stderr, "rmm_replay: %s %s: the uncapped pass ran out of memory: %s\n", t.name.c_str(),
             label, m.pass.failure.c_str());
@@ -428,12 +471,13 @@ void measure(Kind kind, Trace const& t, uint64_t resolution, size_t device_total
          t.name.c_str(), label, m.pass.ok ? 1 : 0, t.ops.size(), (unsigned long)live,
          (unsigned long)reserved, live ? (double)reserved / live : 0.0, m.pass.ns_per_op,
          num_or_null(min_cap).c_str(), ratio_or_null(min_cap, live).c_str(), RMM_VERSION,
-         kind == Kind::pool ? "cudaMalloc bytes, statistics_resource_adaptor on the upstream"
-                            : "arena high-water extent (end of highest block - arena base)",
-         (unsigned long)m.upstream_peak, kind == Kind::pool ? "pool_size_bytes" : "arena_size_bytes",
-         (unsigned long)(kind == Kind::pool ? m.pool_size : m.arena_size), m.setup_ms,
-         kind == Kind::pool ? "limiting_resource_adaptor between the pool and cudaMalloc"
-                            : "arena_size",
+         kind != Kind::arena ? "cudaMalloc bytes, statistics_resource_adaptor on the upstream"
+                             : "arena high-water extent (end of highest block - arena base)",
+         (unsigned long)m.upstream_peak, kind != Kind::arena ? "pool_size_bytes" : "arena_size_bytes",
+         (unsigned long)(kind != Kind::arena ? m.pool_size : m.arena_size), m.setup_ms,
+         kind == Kind::pool    ? "limiting_resource_adaptor between the pool and cudaMalloc"
+         : kind == Kind::fixed ? "initial_pool_size = maximum_pool_size"
+                               : "arena_size",
          bisection.c_str(), tries);
   fflush(stdout);
 }
@@ -455,24 +499,25 @@ int main(int argc, char** argv)
   double mib          = env_double("RMM_REPLAY_BISECT_MIB", 1.0);
   uint64_t resolution = std::max<uint64_t>((uint64_t)(mib * kMiB), 2 * kAlign);
   std::string which   = getenv("RMM_REPLAY_ALLOCATORS") ? getenv("RMM_REPLAY_ALLOCATORS") : "rmm-pool,rmm-arena";
-  bool want_pool = which.find("rmm-pool") != std::string::npos;
-  bool want_arena = which.find("rmm-arena") != std::string::npos;
-  if (!want_pool && !want_arena) die(2, "RMM_REPLAY_ALLOCATORS names neither rmm-pool nor rmm-arena: '" + which + "'");
+  bool want_pool = false, want_fixed = false, want_arena = false;
+  for (std::size_t at = 0; at <= which.size();) {  // comma-separated names, each exact
+    std::size_t end  = std::min(which.find(',', at), which.size());
+    std::string name = which.substr(at, end - at);
+    if (name == "rmm-pool") want_pool = true;
+    else if (name == "rmm-pool-fixed") want_fixed = true;
+    else if (name == "rmm-arena") want_arena = true;
+    else die(2, "RMM_REPLAY_ALLOCATORS: '" + name + "' is not rmm-pool, rmm-pool-fixed or rmm-arena");
+    at = end + 1;
+  }
+  double pool_over_live = env_double("RMM_REPLAY_POOL_OVER_LIVE", 2.0);
 
   // Every trace is read before CUDA starts: a bad file fails fast, by name, on any machine.
   std::vector<Trace> traces;
   for (int a = 1; a < argc && !pairs; a++) traces.push_back(load(argv[a]));
   if (getenv("RMM_REPLAY_CHECK")) {  // parse only, no GPU: ops and peak live of each trace
-    for (Trace const& t : traces) {
-      std::vector<uint64_t> size(t.max_id + 1, 0);
-      uint64_t live = 0, peak = 0;
-      for (Op const& o : t.ops) {
-        if (o.kind == 'a') size[o.id] = o.size, live += o.size, peak = std::max(peak, live);
-        else live -= size[o.id], size[o.id] = 0;
-      }
+    for (Trace const& t : traces)
       printf("{\"trace\": \"%s\", \"ops\": %zu, \"peak_live_bytes\": %lu}\n", t.name.c_str(),
-             t.ops.size(), (unsigned long)peak);
-    }
+             t.ops.size(), (unsigned long)peak_live_of(t));
     return 0;
   }
 
@@ -496,8 +541,9 @@ int main(int argc, char** argv)
   }
   for (Trace const& t : traces) {
     try {
-      if (want_pool) measure(Kind::pool, t, resolution, total);
-      if (want_arena) measure(Kind::arena, t, resolution, total);
+      if (want_pool) measure(Kind::pool, t, resolution, total, pool_over_live);
+      if (want_fixed) measure(Kind::fixed, t, resolution, total, pool_over_live);
+      if (want_arena) measure(Kind::arena, t, resolution, total, pool_over_live);
     } catch (std::exception const& e) {  // not out of memory: a CUDA or RMM failure
       die(1, t.path + ": " + e.what());
     }

@@ -282,6 +282,7 @@ VRAM_API vram_source_kind vram_pool_source(const vram_pool_t *pool);
   X(num_sync_waits, "times the pool waited for a stream event")                            \
   X(num_mallocs, "vram_malloc calls that succeeded")                                       \
   X(num_frees, "vram_free calls that succeeded")                                           \
+  X(num_stream_borrows, "allocations served from another stream's free memory")            \
   X(giveback_requests, "times this pool asked its neighbours to give cached memory back")  \
   X(giveback_received_bytes, "bytes neighbours gave back when this pool asked")            \
   X(giveback_wait_us, "microseconds this pool waited for its neighbours' answers")         \

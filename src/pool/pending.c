@@ -4,7 +4,11 @@
  * work queued on those streams may still read it. One event is recorded on each of them,
  * the block becomes PENDING, and it is merged back once every event has completed. The
  * list is drained when an allocation misses, now and then while others hit, and before
- * memory goes back to the source. */
+ * memory goes back to the source.
+ *
+ * A block lent from one stream's arena to a request on another is ordered the same way:
+ * the borrowing stream waits for the owner's work before it uses the block, and the block
+ * lists the borrowing stream, so that its free waits for it. */
 #include <stdlib.h>
 
 #include "pool/block.h"
@@ -39,7 +43,7 @@ static void pending_finish_block(vram_pool_t *pool, vram_block *b) {
   pool->pending_blocks--;
   _vram_kind_of(pool, b->segment)->pending_bytes -= b->size;
   _vram_kind_of(pool, b->segment)->pending_blocks--;
-  _vram_note_free_completed(pool, b->addr, b->size, b->requested, b->segment->arena->stream);
+  _vram_note_free_completed(pool, b->addr, b->size, b->requested, _vram_block_stream(b));
   free(b->uses);
   b->uses = NULL;
   _vram_block_make_free(pool, b);
@@ -119,11 +123,36 @@ int _vram_pending_add_use(vram_block *b, vram_stream_t stream) {
     int cap = u ? u->capacity * 2 : 2;
     vram_stream_uses *grown = realloc(u, sizeof *u + (size_t)cap * sizeof(vram_stream_t));
     if (!grown) return VRAM_EHOSTMEM;
-    if (!u) grown->count = 0;
+    if (!u) {
+      grown->count = 0;
+      grown->borrowed = false;
+    }
     grown->capacity = cap;
     b->uses = u = grown;
   }
   u->streams[u->count++] = stream;
+  return VRAM_OK;
+}
+
+int _vram_pending_borrow(vram_pool_t *pool, const vram_arena *owner, vram_stream_t stream,
+                         vram_stream_uses **uses) {
+  vram_stream_uses *u = malloc(sizeof *u + 2 * sizeof(vram_stream_t));
+  if (!u) return VRAM_EHOSTMEM;
+  void *event = NULL;
+  int rc = event_take(pool, &event);
+  if (!rc) rc = pool->src->xEventRecord(pool->src_state, event, owner->stream);
+  /* The wait holds the event as it was recorded now: the event may be recorded again. */
+  if (!rc) rc = pool->src->xStreamWaitEvent(pool->src_state, stream, event);
+  if (event) event_give(pool, event);
+  if (rc) {
+    free(u);
+    return rc;
+  }
+  u->count = 1;
+  u->capacity = 2;
+  u->borrowed = true;
+  u->streams[0] = stream;
+  *uses = u;
   return VRAM_OK;
 }
 

@@ -12,8 +12,20 @@ int _vram_pending_add_use(vram_block *b, vram_stream_t stream);
 int _vram_pending_free(vram_pool_t *pool, vram_block *b);
 /* Retire pending frees whose events completed; with `wait`, wait for all of them. */
 void _vram_pending_drain(vram_pool_t *pool, bool wait);
+/* A free block of arena `owner` is about to go to a request on `stream`: work queued on
+ * `stream` from now on waits for the work queued on the owner's stream so far (the block's
+ * last users), and *uses (the caller's, to hang on the block once taken) makes the block's
+ * free wait for `stream` before the owner's stream reuses it. */
+int _vram_pending_borrow(vram_pool_t *pool, const vram_arena *owner, vram_stream_t stream,
+                         vram_stream_uses **uses);
 /* Drop what is left (events that failed to synchronize) and the spare events (teardown). */
 void _vram_pending_destroy(vram_pool_t *pool);
+
+/* The stream a live or pending block belongs to: its arena's, or the stream that borrowed
+ * it from another arena. */
+static inline vram_stream_t _vram_block_stream(const vram_block *b) {
+  return b->uses && b->uses->borrowed ? b->uses->streams[0] : b->segment->arena->stream;
+}
 
 /* While blocks wait on events, active memory exceeds allocated memory, and only then can a
  * malloc take active memory past the allocated peak: note the derived peaks there. */

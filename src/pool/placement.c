@@ -16,6 +16,9 @@
  *                                   large range; _vram_place_wants_own_segment: tight
  *                                   placement, a segment of its own instead of carving a
  *                                   fully free bigger one (vram_options_t.tight_threshold)
+ *   which other stream's free       _vram_place_borrow: the tightest fit of the other
+ *     block a request borrows       arenas' indexes, from pool.c's alloc_borrowed (first
+ *                                   in preallocate mode, else the ladder's last own step)
  *   what stays mapped               _vram_place_keeps_mapped: far from the cap (no limit,
  *                                   reserved within the virtual threshold's share of the
  *                                   device) what is mapped stays, in mappings of up to
@@ -333,6 +336,25 @@ static void guard_peak(vram_pool_t *pool, size_t size) {
 }
 
 /* ---------------------------------------------------------------------------------------
+ * Borrowing across streams.
+ * ------------------------------------------------------------------------------------- */
+
+/* The parked blocks of the other arenas are merged first, so that one of the request's
+ * size, just freed on its own stream, is found too. The tightest fit leaves the owners'
+ * larger blocks whole. */
+vram_block *_vram_place_borrow(vram_pool_t *pool, const vram_arena *a, size_t rounded,
+                               bool small) {
+  _vram_cache_flush_all(pool);
+  vram_block *best = NULL;
+  for (vram_arena *o = pool->arenas; o; o = o->next) {
+    if (o == a) continue;
+    vram_block *b = _vram_tlsf_find(_vram_arena_index(o, small), rounded);
+    if (b && (!best || b->size < best->size)) best = b;
+  }
+  return best;
+}
+
+/* ---------------------------------------------------------------------------------------
  * Preallocation.
  * ------------------------------------------------------------------------------------- */
 
@@ -437,13 +459,21 @@ int _vram_place_grow(vram_pool_t *pool, vram_arena *a, size_t rounded, bool smal
 }
 
 /* Preallocate mode (TensorFlow's default): hold `bytes` from the start in the default
- * stream's arena and serve every size from it, so a program that fits never calls the
- * driver again. The memory stays held through empty_cache. */
+ * stream's arena and serve every size from it (other streams borrow), so a program that
+ * fits never calls the driver again. The memory stays held through empty_cache. The size
+ * is rounded to the granule: up, unless that passes the limit or the device's capacity
+ * that `bytes` is within, where it is rounded down, so that a preallocation of 90% under a
+ * limit of 90% holds what the limit allows rather than failing by a part of a granule. */
 static int preallocate(vram_pool_t *pool, size_t bytes) {
   vram_arena *a = _vram_arena_get(pool, NULL);
   if (!a) return VRAM_EHOSTMEM;
   pool->unified_index = true;
-  return pool->place->preallocate(pool, a, _vram_round_up(bytes, pool->granularity));
+  size_t rounded = _vram_round_up(bytes, pool->granularity);
+  size_t bound = pool->limit && pool->limit < pool->device_total ? pool->limit
+                                                                 : pool->device_total;
+  if (rounded > bound && bytes <= bound && bound >= pool->granularity)
+    rounded = bound & ~(pool->granularity - 1);
+  return pool->place->preallocate(pool, a, rounded);
 }
 
 int _vram_pool_preallocate(vram_pool_t *pool, size_t bytes) {

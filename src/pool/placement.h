@@ -49,6 +49,11 @@ static inline size_t _vram_release_cached(vram_pool_t *pool, size_t want, int *f
   return pool->place->release(pool, want, first_error);
 }
 
+/* A free block of another stream's arena, for a request its own arena cannot serve: the
+ * tightest fit in any other arena's index of the request's kind, or NULL. */
+vram_block *_vram_place_borrow(vram_pool_t *pool, const vram_arena *a, size_t rounded,
+                               bool small);
+
 /* Preallocate mode: hold `bytes` from the start and serve every size from them. When they
  * do not fit, VRAM_ENOMEM with an OOM report (oom.h), the creating thread's too. */
 int _vram_pool_preallocate(vram_pool_t *pool, size_t bytes);

@@ -12,8 +12,8 @@
  * Misses go down a ladder: drain completed cross-stream frees (pending.c); grow by a
  * segment from the source, or, for virtual memory, map granules (placement.h and .c decide
  * which block a request takes, what grows and what goes back; segment.c and granules.c do
- * it); release cached memory and retry; then fail with a report that says why and what to
- * try.
+ * it); release cached memory and retry; borrow a free block of another stream's arena; ask
+ * the neighbours; then fail with a report that says why and what to try.
  *
  * Every entry point runs its work through locked_call, which takes the lock, runs the
  * invariant checker at VRAM_DEBUG >= 3, and lets go; every entry point given a pointer finds
@@ -83,6 +83,30 @@ VRAM_HOT int live_block(vram_pool_t *pool, const void *ptr, vram_block **out) {
  * Allocation.
  * ------------------------------------------------------------------------------------- */
 
+/* A request its own arena cannot serve takes a free block of another stream's arena, as
+ * RMM's pool does, where PyTorch's allocator would fail: the request's stream waits for
+ * the work queued on the owner's stream first, and the block's free waits for the
+ * request's stream before the owner's stream reuses it (pending.h). Taken before growing
+ * in preallocate mode, whose memory is the default stream's arena; otherwise the last
+ * step before an out-of-memory, since the wait ties the two streams' work together. */
+static __attribute__((noinline)) int alloc_borrowed(vram_pool_t *pool, vram_arena *a,
+                                                    size_t rounded, size_t requested,
+                                                    vram_block **out) {
+  bool small = rounded <= VRAM_SMALL_MAX && !pool->unified_index;
+  vram_block *b = _vram_place_borrow(pool, a, rounded, small);
+  if (!b) return VRAM_ENOMEM;
+  vram_stream_uses *uses = NULL;
+  int rc = _vram_pending_borrow(pool, b->segment->arena, a->stream, &uses);
+  if (!rc) rc = _vram_block_take(pool, b, rounded, requested, out);
+  if (rc) {
+    free(uses);
+    return rc;
+  }
+  (*out)->uses = uses;
+  pool->stats.num_stream_borrows++;
+  return VRAM_OK;
+}
+
 /* One attempt: reuse a cached block, else grow. */
 VRAM_HOT int alloc_attempt(vram_pool_t *pool, vram_arena *a, size_t rounded, size_t requested,
                            vram_block **out) {
@@ -127,6 +151,9 @@ VRAM_HOT int alloc_attempt(vram_pool_t *pool, vram_arena *a, size_t rounded, siz
     }
   }
   if (!b) {
+    if (pool->unified_index && pool->arena_count > 1 &&
+        alloc_borrowed(pool, a, rounded, requested, out) == VRAM_OK)
+      return VRAM_OK;
     int rc = _vram_place_grow(pool, a, rounded, small, &b);
     if (rc) return rc;
     _vram_pool_publish_slow(pool); /* a segment change: the slow fields too */
@@ -165,6 +192,11 @@ VRAM_HOT int malloc_locked(vram_pool_t *pool, void *arg) {
     if (rc == VRAM_ENOMEM && a->retired.fl_bitmap) {
       vram_block *hole = _vram_tlsf_find(&a->retired, rounded);
       if (hole) rc = _vram_block_take(pool, hole, rounded, requested, &c->block);
+    }
+    /* Then another stream's free memory, ordered after that stream's work. */
+    if (rc == VRAM_ENOMEM && pool->arena_count > 1) {
+      int borrowed = alloc_borrowed(pool, a, rounded, requested, &c->block);
+      if (borrowed != VRAM_ENOMEM) rc = borrowed;
     }
     /* Then the neighbours on the device: their idle cache, if they give it back in time. */
     if (rc == VRAM_ENOMEM && pool->giveback && _vram_giveback_ask(pool, rounded))
@@ -283,7 +315,7 @@ static int free_recorded_locked(vram_pool_t *pool, void *ptr) {
   if (rc) return rc;
   uint64_t addr = b->addr, size = b->size, requested = b->requested;
   const vram_segment *segment = b->segment; /* b may merge away; its segment stays */
-  vram_stream_t stream = segment->arena->stream;
+  vram_stream_t stream = _vram_block_stream(b);
   bool pending = b->uses && b->uses->count;
   rc = free_block(pool, b);
   if (rc) return rc;
@@ -321,7 +353,7 @@ static int record_stream_locked(vram_pool_t *pool, void *arg) {
   block_call *c = arg;
   vram_block *b = NULL;
   int rc = live_block(pool, c->ptr, &b);
-  if (rc || c->stream == b->segment->arena->stream) return rc;
+  if (rc || c->stream == _vram_block_stream(b)) return rc;
   return _vram_pending_add_use(b, c->stream);
 }
 
@@ -337,7 +369,7 @@ static int block_info_locked(vram_pool_t *pool, void *arg) {
   int rc = live_block(pool, c->ptr, &b);
   if (rc) return rc;
   if (c->requested) *c->requested = b->requested;
-  if (c->stream_out) *c->stream_out = b->segment->arena->stream;
+  if (c->stream_out) *c->stream_out = _vram_block_stream(b);
   return VRAM_OK;
 }
 
@@ -446,7 +478,8 @@ static int for_each_block_locked(vram_pool_t *pool, void *arg) {
   for (vram_arena *a = pool->arenas; a; a = a->next)
     for (vram_segment *s = a->segments; s; s = s->next)
       for (vram_block *b = s->first; b; b = b->addr_next)
-        if (b->state == VRAM_BLOCK_LIVE) c->fn(c->user, (void *)b->addr, b->requested, b->size, a->stream);
+        if (b->state == VRAM_BLOCK_LIVE)
+          c->fn(c->user, (void *)b->addr, b->requested, b->size, _vram_block_stream(b));
   return VRAM_OK;
 }
 

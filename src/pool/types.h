@@ -71,9 +71,12 @@ enum vram_block_state {
   VRAM_BLOCK_CACHED = 3
 };
 
-/* Extra streams a live block is used on (vram_record_stream). Rare, so kept apart. */
+/* Extra streams a live block is used on (vram_record_stream). Rare, so kept apart. A block
+ * of one stream's arena lent to a request on another (pool.c, alloc_borrowed) lists that
+ * stream first, and `borrowed` says so: the block's own stream is then streams[0]. */
 typedef struct vram_stream_uses {
   int count, capacity;
+  bool borrowed;
   vram_stream_t streams[];
 } vram_stream_uses;
 

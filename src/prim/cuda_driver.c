@@ -115,6 +115,7 @@ static void load_once(void) {
   VRAM_NEED(cuEventQuery, "cuEventQuery");
   VRAM_NEED(cuEventSynchronize, "cuEventSynchronize");
   VRAM_NEED(cuEventDestroy, "cuEventDestroy_v2");
+  VRAM_NEED(cuStreamWaitEvent, "cuStreamWaitEvent");
 
   VRAM_WANT(cuDeviceGetUuid, "cuDeviceGetUuid_v2", "cuDeviceGetUuid");
   VRAM_WANT(cuDeviceCanAccessPeer, "cuDeviceCanAccessPeer");
@@ -350,6 +351,17 @@ int _vram_cuda_event_synchronize(void *state, void *event) {
   int st = _vram_cuda_enter(d, &sc);
   if (st != VRAM_OK) return st;
   st = _vram_cuda_status(d->api->cuEventSynchronize((CUevent)event), "cuEventSynchronize");
+  _vram_cuda_leave(d, &sc);
+  return st;
+}
+
+int _vram_cuda_stream_wait_event(void *state, vram_stream_t stream, void *event) {
+  vram_cuda_device *d = state;
+  vram_cuda_scope sc;
+  int st = _vram_cuda_enter(d, &sc);
+  if (st != VRAM_OK) return st;
+  st = _vram_cuda_status(d->api->cuStreamWaitEvent((CUstream)stream, (CUevent)event, 0),
+                         "cuStreamWaitEvent");
   _vram_cuda_leave(d, &sc);
   return st;
 }

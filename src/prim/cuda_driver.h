@@ -115,6 +115,7 @@ typedef struct vram_cuda_api {
   CUresult (*cuEventQuery)(CUevent event);
   CUresult (*cuEventSynchronize)(CUevent event);
   CUresult (*cuEventDestroy)(CUevent event); /* _v2 */
+  CUresult (*cuStreamWaitEvent)(CUstream stream, CUevent event, unsigned int flags);
 
   /* Optional: the device's UUID (the _v2 form where exported; same signature). */
   CUresult (*cuDeviceGetUuid)(CUuuid *uuid, CUdevice dev);
@@ -229,5 +230,7 @@ int _vram_cuda_event_record(void *state, void *event, vram_stream_t stream);
 /* 1 when complete, 0 while pending, negative vram_status on error. */
 int _vram_cuda_event_query(void *state, void *event);
 int _vram_cuda_event_synchronize(void *state, void *event);
+/* Work queued on `stream` after this call waits for `event` (cuStreamWaitEvent). */
+int _vram_cuda_stream_wait_event(void *state, vram_stream_t stream, void *event);
 
 #endif /* VRAM_PRIM_CUDA_DRIVER_H */

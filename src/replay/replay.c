@@ -185,6 +185,7 @@ int _vram_replay_once(const trace_t *trace, const vram_options_t *options,
                       _vram_replay_pass *pass, _vram_replay_run *run,
                       vram_replay_result *result) {
   memset(run, 0, sizeof *run);
+  run->source = options->source; /* what was asked, should the pool not come to be */
   pass->failed_at = SIZE_MAX;
   vram_pool_t *pool = NULL;
   int status = vram_pool_create(&pool, options);

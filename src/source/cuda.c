@@ -147,6 +147,7 @@ const vram_source_methods _vram_source_cuda = {
   .xEventRecord = _vram_cuda_event_record,
   .xEventQuery = _vram_cuda_event_query,
   .xEventSynchronize = _vram_cuda_event_synchronize,
+  .xStreamWaitEvent = _vram_cuda_stream_wait_event,
     .xDeviceUuid = _vram_source_device_uuid,
     .xProcesses = _vram_source_processes,
 };

@@ -1,8 +1,8 @@
 /* fault.c - a source wrapper that makes chosen calls fail (SQLite's test VFS idea).
  *
  * Wraps any source table: every fallible call that changes device state (alloc, free,
- * reserve, unreserve, map, unmap, event record) is numbered from 1; call number fail_at
- * fails with VRAM_EFAULT without reaching the inner source, and after it every
+ * reserve, unreserve, map, unmap, event record, stream wait) is numbered from 1; call
+ * number fail_at fails with VRAM_EFAULT without reaching the inner source, and after it every
  * fail_every-th call fails too. The engine must come out of each failure valid with every
  * live block intact; the tests sweep fail_at over every call of a scenario.
  *
@@ -123,6 +123,10 @@ static int fault_event_synchronize(void *state, void *event) {
   fault_state *f = state;
   return f->inner->xEventSynchronize(f->inner_state, event);
 }
+static int fault_stream_wait_event(void *state, vram_stream_t stream, void *event) {
+  fault_state *f = state;
+  return fault_now(f) ? VRAM_EFAULT : f->inner->xStreamWaitEvent(f->inner_state, stream, event);
+}
 
 /* Who is on the device is a question, not an allocation: never a planted failure. */
 static void fault_device_uuid(void *state, char *buf, size_t cap) {
@@ -167,6 +171,7 @@ int _vram_fault_wrap(const vram_source_methods *inner, void *inner_state,
       .xEventRecord = fault_event_record,
       .xEventQuery = fault_event_query,
       .xEventSynchronize = fault_event_synchronize,
+      .xStreamWaitEvent = fault_stream_wait_event,
       .xDeviceUuid = inner->xDeviceUuid ? fault_device_uuid : NULL,
       .xProcesses = inner->xProcesses ? fault_processes : NULL,
       .xGroupName = inner->xGroupName ? fault_group_name : NULL,

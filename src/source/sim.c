@@ -318,6 +318,13 @@ static int sim_event_synchronize(void *state, void *event) {
   return VRAM_OK;
 }
 
+/* The sim runs no work, so there is nothing to order; the wait is the driver's call that a
+ * replay on the sim stands for. */
+static int sim_stream_wait_event(void *state, vram_stream_t stream, void *event) {
+  (void)state, (void)stream, (void)event;
+  return VRAM_OK;
+}
+
 const vram_source_methods _vram_source_sim = {
     .zName = "sim",
     .is_vmm = 0,
@@ -336,6 +343,7 @@ const vram_source_methods _vram_source_sim = {
     .xEventRecord = sim_event_record,
     .xEventQuery = sim_event_query,
     .xEventSynchronize = sim_event_synchronize,
+    .xStreamWaitEvent = sim_stream_wait_event,
     .xGroupName = sim_group_name,
 };
 
@@ -356,5 +364,6 @@ const vram_source_methods _vram_source_sim_vmm = {
     .xEventRecord = sim_event_record,
     .xEventQuery = sim_event_query,
     .xEventSynchronize = sim_event_synchronize,
+    .xStreamWaitEvent = sim_stream_wait_event,
     .xGroupName = sim_group_name,
 };

@@ -68,6 +68,9 @@ typedef struct vram_source_methods {
   /* 1 when complete, 0 while pending, negative status on error. */
   int (*xEventQuery)(void *state, void *event);
   int (*xEventSynchronize)(void *state, void *event);
+  /* Make work queued on `stream` from now on wait until `event` completes, without the
+   * host waiting (a block of one stream's arena lent to another, pool.c). */
+  int (*xStreamWaitEvent)(void *state, vram_stream_t stream, void *event);
 
   /* Who else is on the device, for the OOM report's neighbours; NULL where no other
    * process can be (sim: the device is this process's own). xDeviceUuid: the GPU as NVML
@@ -97,7 +100,7 @@ extern const vram_source_methods _vram_source_managed;
 const vram_source_methods *_vram_source_for(vram_source_kind kind);
 
 /* Wrap a source so that chosen calls fail with VRAM_EFAULT (tests, fault injection).
- * Counts every fallible call (alloc, free, reserve, map, unmap, event record). */
+ * Counts every fallible call (alloc, free, reserve, map, unmap, event record, stream wait). */
 typedef struct vram_fault_plan {
   uint64_t fail_at;    /* 1-based call number that fails; 0 = never */
   uint64_t fail_every; /* after fail_at, every n-th call fails too; 0 = only fail_at */

@@ -35,6 +35,7 @@ void t_empty_cache(void **state);
 /* ---- conformance_limits.c */
 void t_preallocate(void **state);
 void t_preallocate_fraction(void **state);
+void t_preallocate_at_limit(void **state);
 void t_hard_limit(void **state);
 void t_capacity_and_ladder(void **state);
 void t_set_limit_runtime(void **state);
@@ -46,6 +47,8 @@ void t_active_peak_pending(void **state);
 void t_pending_drained(void **state);
 void t_other_stream_no_early_reuse(void **state);
 void t_release_threshold_zero(void **state);
+void t_borrow_preallocated(void **state);
+void t_borrow_under_limit(void **state);
 
 /* ---- conformance_api.c */
 void t_block_info(void **state);

@@ -28,6 +28,24 @@ void t_preallocate(void **state) {
   conf_destroy(pool);
 }
 
+/* A preallocation equal to a limit that is not a whole number of granules (90% and 90%,
+ * say) holds what the limit allows, rounded down to the granule, instead of failing
+ * because rounding up would pass the limit. */
+void t_preallocate_at_limit(void **state) {
+  (void)state;
+  vram_options_t o;
+  conf_opts(&o);
+  o.preallocate_bytes = o.limit_bytes = 65 * VT_MiB + 512 * 1024;
+  vram_pool_t *pool = conf_pool(&o);
+  vram_stats_t s = vt_stats(pool);
+  assert_true(s.reserved_bytes.current <= (int64_t)o.limit_bytes);
+  assert_true(s.reserved_bytes.current > (int64_t)(o.limit_bytes - 2 * VT_MiB));
+  void *p = conf_malloc(pool, 60 * VT_MiB, NULL);
+  assert_int_equal(vt_stats(pool).num_device_alloc, s.num_device_alloc);
+  conf_free(pool, p);
+  conf_destroy(pool);
+}
+
 void t_preallocate_fraction(void **state) {
   (void)state;
   need_sim();

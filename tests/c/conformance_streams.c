@@ -1,6 +1,6 @@
 /* conformance_streams.c - conformance tests of stream-ordered reuse: record_stream and the
- * events a free waits for, active peaks while blocks wait, draining, and the release
- * threshold. test_conformance.c says how the suite runs. */
+ * events a free waits for, active peaks while blocks wait, draining, blocks borrowed across
+ * streams, and the release threshold. test_conformance.c says how the suite runs. */
 #include "conformance.h"
 
 /* A block freed after record_stream(other stream) waits for that stream's event: it is
@@ -138,8 +138,11 @@ void t_other_stream_no_early_reuse(void **state) {
     void *q = conf_malloc(pool, sizes[i], s2);
     vram_stats_t a = vt_stats(pool);
     /* The same address may come back only after the pool waited for s1 (it released
-     * s1's cached segment after synchronizing with s1, and the device reused it). */
-    if (q == p) assert_true(a.num_sync_waits > b.num_sync_waits);
+     * s1's cached segment after synchronizing with s1, and the device reused it), or
+     * after s2 was made to wait for s1 (a borrowed block). */
+    if (q == p)
+      assert_true(a.num_sync_waits > b.num_sync_waits ||
+                  a.num_stream_borrows > b.num_stream_borrows);
     expect_info(pool, q, sizes[i], s2);
     void *r = conf_malloc(pool, sizes[i], s1); /* its own stream takes it back at once */
     if (a.num_device_free == b.num_device_free) assert_ptr_equal(r, p);
@@ -167,5 +170,79 @@ void t_release_threshold_zero(void **state) {
   vram_stats_t s = vt_stats(pool);
   assert_int_equal(s.reserved_bytes.current, 0);
   assert_int_equal(s.allocated_bytes.current, 0);
+  conf_destroy(pool);
+}
+
+/* A preallocated pool serves every stream from its memory, as RMM's pool and TensorFlow's
+ * preallocation do: a request on another stream borrows a free block of the default
+ * stream's arena with no device call. The block is the borrowing stream's (block_info,
+ * for_each_block), and its free waits for that stream before the memory is reused. */
+void t_borrow_preallocated(void **state) {
+  (void)state;
+  vram_options_t o;
+  conf_opts(&o);
+  o.preallocate_bytes = 128 * VT_MiB; /* room for the blocks left waiting, and one more */
+  if (g_src.is_sim) o.sim_event_delay = 1000000; /* completes only when waited for */
+  vram_pool_t *pool = conf_pool(&o);
+  vram_stats_t s0 = vt_stats(pool);
+  vram_stream_t s1 = VT_STREAM(0x4001);
+  static const size_t sizes[] = {512, 3000, 1 << 20, 8 << 20, 40 << 20};
+  enum { N = sizeof sizes / sizeof sizes[0] };
+  for (int i = 0; i < N; i++) {
+    void *p = conf_malloc(pool, sizes[i], s1);
+    expect_info(pool, p, sizes[i], s1);
+    vt_blkset set = vt_collect(pool);
+    assert_int_equal(set.n, 1);
+    assert_ptr_equal(set.v[0].stream, s1);
+    vt_blkset_free(&set);
+    conf_free(pool, p);
+    /* Freed, but still active: it waits for s1's work. */
+    vram_stats_t a = vt_stats(pool);
+    assert_true(a.active_bytes.current - a.allocated_bytes.current >= (int64_t)sizes[i]);
+    if (g_src.is_sim) {
+      void *q = conf_malloc(pool, sizes[i], NULL);
+      assert_ptr_not_equal(q, p);
+      conf_free(pool, q);
+    }
+  }
+  vram_stats_t s = vt_stats(pool);
+  assert_int_equal(s.num_device_alloc, s0.num_device_alloc);
+  assert_int_equal(s.reserved_bytes.current, s0.reserved_bytes.current);
+  assert_int_equal(s.num_stream_borrows, N);
+  assert_int_equal(s.num_ooms, 0);
+  conf_destroy(pool);
+}
+
+/* Under a limit, a request whose stream's arena cannot grow takes the free part of another
+ * stream's fixed segment, which a live block keeps from going back, instead of failing.
+ * (Virtual segments move granules between streams' ranges instead: nothing to borrow.) */
+void t_borrow_under_limit(void **state) {
+  (void)state;
+  need_sim();
+  if (g_src.is_vmm) return;
+  vram_options_t o;
+  conf_opts(&o);
+  o.sim_event_delay = 1000000;
+  o.limit_bytes = 24 * VT_MiB;
+  o.large_blocks = VRAM_LARGE_FIXED;
+  o.virtual_threshold = 1.0;
+  vram_pool_t *pool = conf_pool(&o);
+  vram_stream_t s1 = VT_STREAM(0x5001), s2 = VT_STREAM(0x5002);
+  conf_free(pool, conf_malloc(pool, 24 * VT_MiB, s1));
+  void *keep = conf_malloc(pool, 4 * VT_MiB, s1);
+  vram_stats_t b = vt_stats(pool);
+  void *q = conf_malloc(pool, 16 * VT_MiB, s2);
+  vram_stats_t a = vt_stats(pool);
+  expect_info(pool, q, 16 * VT_MiB, s2);
+  assert_int_equal(a.num_stream_borrows, b.num_stream_borrows + 1);
+  assert_int_equal(a.num_device_alloc, b.num_device_alloc);
+  assert_int_equal(a.num_ooms, 0);
+  /* s1 gets the memory back once s2's work is waited for; the limit still holds. */
+  conf_free(pool, q);
+  void *r = conf_malloc(pool, 16 * VT_MiB, s1);
+  expect_info(pool, r, 16 * VT_MiB, s1);
+  assert_true(vt_stats(pool).reserved_bytes.peak <= (int64_t)(24 * VT_MiB));
+  conf_free(pool, r);
+  conf_free(pool, keep);
   conf_destroy(pool);
 }

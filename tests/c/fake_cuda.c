@@ -120,7 +120,22 @@ FAKE_EXPORT size_t fake_cuda_mapped_bytes(void) {
 
 typedef struct fake_event {
   int queries_left;
+  CUstream recorded_on;
 } fake_event;
+
+/* cuStreamWaitEvent's calls: how many, and the last one's streams (the waiting stream and
+ * the one its event was last recorded on), for the tests of blocks lent across streams. */
+static long stream_waits;
+static CUstream last_waiter, last_waited_on;
+
+FAKE_EXPORT long fake_cuda_stream_waits(CUstream *waiter, CUstream *waited_on) {
+  pthread_mutex_lock(&lock);
+  long n = stream_waits;
+  if (waiter) *waiter = last_waiter;
+  if (waited_on) *waited_on = last_waited_on;
+  pthread_mutex_unlock(&lock);
+  return n;
+}
 
 static int current_device(void) {
   for (int d = 0; d < DEVICES; d++)
@@ -441,6 +456,7 @@ FAKE_EXPORT CUresult cuEventCreate(CUevent *e, unsigned flags) {
 FAKE_EXPORT CUresult cuEventRecord(CUevent e, CUstream s) {
   if (current_device() < 0) return ERROR_INVALID_CONTEXT;
   ((fake_event *)e)->queries_left = 1;
+  ((fake_event *)e)->recorded_on = s;
   return SUCCESS;
 }
 FAKE_EXPORT CUresult cuEventQuery(CUevent e) {
@@ -453,6 +469,16 @@ FAKE_EXPORT CUresult cuEventQuery(CUevent e) {
 }
 FAKE_EXPORT CUresult cuEventSynchronize(CUevent e) {
   ((fake_event *)e)->queries_left = 0;
+  return SUCCESS;
+}
+FAKE_EXPORT CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned flags) {
+  if (current_device() < 0) return ERROR_INVALID_CONTEXT;
+  if (!e || flags) return ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&lock);
+  stream_waits++;
+  last_waiter = s;
+  last_waited_on = ((fake_event *)e)->recorded_on;
+  pthread_mutex_unlock(&lock);
   return SUCCESS;
 }
 FAKE_EXPORT CUresult cuEventDestroy_v2(CUevent e) {

@@ -8,8 +8,9 @@
  * segments asserts on every later allocation after such a failure). The cuda source is
  * swept twice: far from its cap, and under a limit that makes it grow into virtual ranges
  * (vram_options_t.virtual_threshold), where it must also fall back to fixed segments on a
- * device without virtual memory management. Runs with LD_LIBRARY_PATH pointing at the fake
- * libcuda.so.1 (see CMakeLists.txt). */
+ * device without virtual memory management. Also: a block one stream borrows from another
+ * stream's arena makes the driver order the two streams. Runs with LD_LIBRARY_PATH pointing
+ * at the fake libcuda.so.1 (see CMakeLists.txt). */
 #include <dlfcn.h>
 #include <string.h>
 
@@ -22,6 +23,7 @@ typedef struct fake_driver {
   size_t (*allocated_bytes)(void);
   size_t (*mapped_bytes)(void);
   void (*set_vmm_supported)(int yes);
+  long (*stream_waits)(void **waiter, void **waited_on);
 } fake_driver;
 
 static fake_driver fake;
@@ -35,8 +37,9 @@ static void load_fake(void) {
   *(void **)&fake.allocated_bytes = dlsym(lib, "fake_cuda_allocated_bytes");
   *(void **)&fake.mapped_bytes = dlsym(lib, "fake_cuda_mapped_bytes");
   *(void **)&fake.set_vmm_supported = dlsym(lib, "fake_cuda_set_vmm_supported");
+  *(void **)&fake.stream_waits = dlsym(lib, "fake_cuda_stream_waits");
   if (!fake.fail_call || !fake.fault_pending || !fake.used_bytes || !fake.allocated_bytes ||
-      !fake.mapped_bytes || !fake.set_vmm_supported)
+      !fake.mapped_bytes || !fake.set_vmm_supported || !fake.stream_waits)
     fail_msg("libcuda.so.1 on the path is not the fake driver");
 }
 
@@ -185,6 +188,32 @@ static void t_cuda_default_without_vmm(void **state) {
   fake.set_vmm_supported(1);
 }
 
+/* A request on another stream borrows from a preallocated pool (the default stream's
+ * arena): before it gets the block, the driver is told to make its stream wait for an
+ * event recorded on the default stream, where the block was last used. */
+static void t_borrow_waits_on_owner_stream(void **state) {
+  (void)state;
+  vram_source_kind kinds[] = {VRAM_SOURCE_CUDA, VRAM_SOURCE_VMM, VRAM_SOURCE_MANAGED};
+  for (int k = 0; k < 3; k++) {
+    vram_options_t o;
+    vram_options_init(&o);
+    o.source = kinds[k];
+    o.preallocate_bytes = 64 << 20;
+    vram_pool_t *pool = vt_pool_from(&o);
+    void *s1 = (void *)(uintptr_t)0x6001, *waiter = NULL, *waited_on = (void *)1;
+    long before = fake.stream_waits(NULL, NULL);
+    void *p = NULL;
+    VT_OK(vram_malloc(pool, 5 << 20, s1, &p));
+    VT_VALID(pool);
+    assert_int_equal(fake.stream_waits(&waiter, &waited_on), before + 1);
+    assert_ptr_equal(waiter, s1);
+    assert_null(waited_on);
+    assert_int_equal(vt_stats(pool).num_stream_borrows, 1);
+    VT_OK(vram_free(pool, p));
+    VT_OK(vram_pool_destroy(pool));
+  }
+}
+
 int main(void) {
   load_fake();
   const struct CMUnitTest tests[] = {
@@ -196,6 +225,7 @@ int main(void) {
       cmocka_unit_test(t_cuda_virtual),
       cmocka_unit_test(t_cuda_virtual_or_fixed),
       cmocka_unit_test(t_cuda_default_without_vmm),
+      cmocka_unit_test(t_borrow_waits_on_owner_stream),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

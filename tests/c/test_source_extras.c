@@ -3,7 +3,8 @@
  * sim:vmm peer access checks the device. Also: releasing mapped memory reports a failing
  * source call instead of hiding it, virtual memory keeps idle granules mapped within its
  * allowance and recycles them past it, fixed segments follow the tight placement option,
- * and device counts resolve AUTO. The pool stays valid after every call. */
+ * and device counts resolve AUTO; a failing event call while a stream borrows memory of
+ * another stream's arena fails that request alone. The pool stays valid after every call. */
 #include "vt.h"
 
 static vram_pool_t *make_pool(vram_source_kind kind) { return vt_pool_new(kind, 1 * VT_GiB); }
@@ -246,6 +247,56 @@ static void t_device_count_auto(void **state) {
   VT_EXPECT(vram_device_count(VRAM_SOURCE_SIM, NULL), VRAM_EINVAL);
 }
 
+/* A preallocation the size of the device, a live block on the default stream, and a
+ * request on another stream, with the source failing from call k on. Where the failure
+ * lands in the borrow (the event recorded on the owner's stream, or the borrowing
+ * stream's wait), the request fails with the source's error and nothing else changes. */
+static void t_borrow_failure_changes_nothing(void **state) {
+  (void)state;
+  vram_source_kind kinds[] = {VRAM_SOURCE_SIM, VRAM_SOURCE_SIM_VMM};
+  for (int k = 0; k < 2; k++) {
+    int failed_borrows = 0;
+    /* The creation makes one call on sim, one per mapping on sim:vmm. */
+    for (uint64_t fail_at = 1; fail_at <= 48; fail_at++) {
+      vram_options_t o;
+      vram_options_init(&o);
+      o.source = kinds[k];
+      o.sim_capacity = 64 * VT_MiB;
+      o.preallocate_bytes = 64 * VT_MiB;
+      o.fault_fail_at = fail_at;
+      o.fault_fail_every = 1;
+      vram_pool_t *pool = NULL;
+      if (vram_pool_create(&pool, &o) != VRAM_OK) continue; /* it landed in the creation */
+      void *own = NULL, *other = NULL;
+      VT_OK(vram_malloc(pool, 3 << 20, NULL, &own));
+      vram_stats_t before = vt_stats(pool);
+      int rc = vram_malloc(pool, 5 << 20, VT_STREAM(0x7001), &other);
+      VT_VALID(pool);
+      vram_stats_t after = vt_stats(pool);
+      if (rc == VRAM_OK) {
+        assert_int_equal(after.num_stream_borrows, 1);
+        /* Its free records an event on the borrowing stream: if that call fails, the
+         * block stays live, as after any failed cross-stream free. */
+        if (vram_free(pool, other) != VRAM_OK) VT_OK(vram_block_info(pool, other, NULL, NULL));
+      } else {
+        assert_int_equal(rc, VRAM_EFAULT);
+        failed_borrows++;
+        assert_null(other);
+        assert_int_equal(after.allocated_bytes.current, before.allocated_bytes.current);
+        assert_int_equal(after.reserved_bytes.current, before.reserved_bytes.current);
+        assert_int_equal(after.num_stream_borrows, 0);
+      }
+      size_t requested = 0;
+      VT_OK(vram_block_info(pool, own, &requested, NULL));
+      assert_int_equal(requested, 3 << 20);
+      VT_OK(vram_free(pool, own));
+      VT_VALID(pool);
+      vram_pool_destroy_force(pool);
+    }
+    assert_true(failed_borrows > 0);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(t_prefetch_unsupported_off_managed),
@@ -254,6 +305,7 @@ int main(void) {
       cmocka_unit_test(t_vmm_idle_allowance),
       cmocka_unit_test(t_tight_threshold),
       cmocka_unit_test(t_device_count_auto),
+      cmocka_unit_test(t_borrow_failure_changes_nothing),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
