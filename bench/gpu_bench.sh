@@ -25,7 +25,8 @@
 # pair and random and replay on cuda; the C tests with VRAMKIT_TEST_GPU=1 (ctest); torch_bench native and
 # expandable_segments; torch_replay through cudaMallocAsync, then PyTorch native and
 # expandable_segments; rmm_replay, RAPIDS RMM's pool and arena resources: the cached pair
-# (rmm_pair.jsonl) and the same traces
+# (rmm_pair.jsonl) and the same traces, then RMM's pool of a fixed size beside vramkit's
+# preallocation of the same size (bench/preallocate_fit.py, preallocate_fit.txt)
 # (bench/rmm_replay.cpp, built by bench/rmm_build.sh from the librmm-cu13 and rapids-logger
 # wheels carried in .gpu/rmm/; without them the step is recorded as skipped);
 # tests/python/gpu_check.py (the package installed from a wheel
@@ -308,6 +309,11 @@ if wants rmm; then
         fi
       done
     done
+    # Like for like: a pool of S taken at the start and never grown, vramkit's
+    # VRAMKIT_PREALLOCATE=S under a limit of S against RMM's pool with initial = maximum = S:
+    # time per op at S = 2 x peak live, and the smallest S each fits in.
+    step preallocate_fit.txt 120 python3 "$ROOT/bench/preallocate_fit.py" --source cuda \
+      --vramkit "$BUILD/vramkit" --rmm "$RMM_BUILD/rmm_replay" "${TRACES[@]}"
   fi
 fi
 
