@@ -395,6 +395,8 @@ typedef struct vram_oom_info {
   uint64_t group_limit;        /* VRAMKIT_GROUP_LIMIT in bytes; 0: none */
   uint64_t group_reserved;     /* what every vramkit process on the device reserves together
                                 * (this pool included); 0 outside a give-back group */
+  uint64_t preallocated;       /* bytes the pool holds for good since its creation
+                                * (VRAMKIT_PREALLOCATE): one region, placed as asked; 0: none */
 } vram_oom_info_t;
 
 /* The figures of this pool's last OOM: VRAM_EINVAL (and *info zeroed) if it had none. */

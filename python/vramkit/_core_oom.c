@@ -60,6 +60,7 @@ PyObject *oom_info_dict(const vram_oom_info_t *in) {
             put(d, "group_limit", in->group_limit ? PyLong_FromUnsignedLongLong(in->group_limit)
                                                   : Py_NewRef(Py_None)) ||
             put_u64(d, "group_reserved", in->group_reserved) ||
+            put_u64(d, "preallocated", in->preallocated) ||
             put(d, "fragmentation", PyFloat_FromDouble(in->fragmentation)) ||
             put(d, "neighbours_total", PyLong_FromLong(in->neighbours_total)) ||
             put(d, "neighbours", neighbours_list(in));
@@ -102,13 +103,13 @@ PyObject *core_oom_classify(PyObject *module, PyObject *figures) {
   static const char *const keys[] = {"requested", "max_request", "capacity", "device_free",
                                      "limit",     "reserved",    "allocated", "cached_free",
                                      "largest_free_block", "granularity", "group_limit",
-                                     "group_reserved"};
+                                     "group_reserved", "preallocated"};
   vram_oom_info_t in;
   memset(&in, 0, sizeof in);
   uint64_t *fields[] = {&in.requested, &in.max_request, &in.capacity,    &in.device_free,
                         &in.limit,     &in.reserved,    &in.allocated,   &in.cached_free,
                         &in.largest_free_block, &in.granularity, &in.group_limit,
-                        &in.group_reserved};
+                        &in.group_reserved, &in.preallocated};
   if (!PyMapping_Check(figures)) {
     PyErr_SetString(PyExc_TypeError, "oom_classify() takes a mapping of figures");
     return NULL;

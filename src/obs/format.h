@@ -62,6 +62,7 @@ typedef struct vram_pool_snapshot {
   size_t device_total;      /* the device's capacity */
   size_t device_free;       /* free on the device, as the source says (OOM report only) */
   size_t granularity;       /* the smallest segment or mapping the pool takes; 0: unknown */
+  size_t preallocated;      /* bytes held for good since creation (VRAMKIT_PREALLOCATE), or 0 */
   const vram_neighbours *neighbours; /* OOM report only, NULL elsewhere or when none asked */
   const vram_giveback_outcome *giveback; /* OOM report only: the give-back just asked, or NULL */
 } vram_pool_snapshot;

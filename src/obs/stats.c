@@ -312,6 +312,7 @@ void _vram_oom_info_fill(const vram_pool_snapshot *snap, const vram_oom_request 
   in->cached_free = snap->cached_free;
   in->largest_free_block = s->largest_free_block;
   in->granularity = snap->granularity;
+  in->preallocated = snap->preallocated;
   in->fragmentation = s->fragmentation;
   vram_oom_classify(in);
   const vram_neighbours *nb = snap->neighbours;
@@ -578,7 +579,14 @@ static void format_oom_advice(text_out *o, const vram_pool_snapshot *snap,
   if (limit && in->reserved + requested > limit)
     out_printf(o, "  The limit of %s is what refused it: raise it (VRAMKIT_LIMIT, "
                   "set_per_process_memory_fraction) if the device has room.\n", lim);
-  if (cached >= requested) {
+  if (cached >= requested && in->preallocated) {
+    /* The preallocation is mapped whole on every source: no source moves its holes. */
+    out_printf(o, "  %.1f%% of reserved memory is free but fragmented: a preallocation is "
+                  "one region that keeps its holes on every source; leave VRAMKIT_PREALLOCATE "
+                  "unset so that the pool grows on demand and gives back or remaps what "
+                  "fragments, or preallocate more.\n",
+               in->reserved ? 100.0 * (double)cached / (double)in->reserved : 0.0);
+  } else if (cached >= requested) {
     out_printf(o, "  %.1f%% of reserved memory is free but fragmented: try the vmm source "
                   "(VRAMKIT_SOURCE=vmm), which maps physical memory where it is needed",
                in->reserved ? 100.0 * (double)cached / (double)in->reserved : 0.0);
@@ -592,7 +600,7 @@ static void format_oom_advice(text_out *o, const vram_pool_snapshot *snap,
   /* Live bytes plus the request fit under the cap: the free memory around live blocks is
    * what failed it, the waste tight placement avoids on fixed segments. */
   uint64_t cap_bytes = limit ? limit : in->capacity;
-  if (snap->fixed_large && snap->tight_threshold > 0 && cached > 0 &&
+  if (snap->fixed_large && snap->tight_threshold > 0 && cached > 0 && !in->preallocated &&
       in->allocated + requested <= cap_bytes)
     out_printf(o, "  Live memory and this request would fit: keep fixed segments tighter with "
                   "VRAMKIT_TIGHT_THRESHOLD=0, which gives large requests segments of their own "

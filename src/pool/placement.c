@@ -473,7 +473,9 @@ static int preallocate(vram_pool_t *pool, size_t bytes) {
                                                                  : pool->device_total;
   if (rounded > bound && bytes <= bound && bound >= pool->granularity)
     rounded = bound & ~(pool->granularity - 1);
-  return pool->place->preallocate(pool, a, rounded);
+  int rc = pool->place->preallocate(pool, a, rounded);
+  if (!rc) pool->preallocated = rounded;
+  return rc;
 }
 
 int _vram_pool_preallocate(vram_pool_t *pool, size_t bytes) {

@@ -104,6 +104,7 @@ void _vram_pool_snapshot(const vram_pool_t *pool, bool ask_device, vram_pool_sna
   out->device_total = pool->device_total;
   out->device_free = 0;
   out->granularity = pool->granularity;
+  out->preallocated = pool->preallocated;
   out->neighbours = NULL;
   out->giveback = NULL;
   if (ask_device) {

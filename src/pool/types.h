@@ -275,6 +275,7 @@ struct vram_pool {
   const vram_placement *place;
   bool has_virtual;         /* a virtual range (granules.c) was reserved at some point */
   size_t keep_mapped;      /* vmm preallocation: granules never trimmed below this */
+  size_t preallocated;     /* bytes held for good since creation (preallocate mode), or 0 */
 
   vram_error_fn on_error;
   void *on_error_user;

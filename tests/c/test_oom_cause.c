@@ -408,6 +408,47 @@ static void t_sim_fragmentation(void **state) {
   VT_OK(vram_pool_destroy(pool));
 }
 
+/* A preallocation that fragments, on both sim sources: the report says so, and does not
+ * send the user to the vmm source or to tight placement, which a preallocation's one
+ * region, mapped whole on every source, does not benefit from; the figures say how much is
+ * preallocated. */
+static void t_sim_preallocated_fragmentation(void **state) {
+  (void)state;
+  vram_source_kind kinds[] = {VRAM_SOURCE_SIM, VRAM_SOURCE_SIM_VMM};
+  for (int k = 0; k < 2; k++) {
+    vram_options_t o;
+    vram_options_init(&o);
+    o.source = kinds[k];
+    o.sim_capacity = 60 * VT_MiB;
+    o.preallocate_bytes = 60 * VT_MiB;
+    vram_pool_t *pool = vt_pool_from(&o);
+    void *blocks[6];
+    size_t sizes[6];
+    for (int i = 0; i < 6; i++) {
+      sizes[i] = 10 * VT_MiB;
+      VT_OK(vram_malloc(pool, sizes[i], NULL, &blocks[i]));
+    }
+    for (int i = 1; i < 6; i += 2) {
+      VT_OK(vram_free(pool, blocks[i]));
+      blocks[i] = NULL;
+    }
+    void *p = NULL;
+    VT_EXPECT(vram_malloc(pool, 20 * VT_MiB, NULL, &p), VRAM_ENOMEM);
+    expect_intact(pool, blocks, sizes, 6);
+    char report[4096];
+    pool_report(pool, report, sizeof report);
+    expect_cause(report, "fragmentation");
+    expect_text(report, "leave VRAMKIT_PREALLOCATE unset");
+    expect_no_text(report, "VRAMKIT_SOURCE=vmm");
+    expect_no_text(report, "VRAMKIT_TIGHT_THRESHOLD");
+    vram_oom_info_t info;
+    VT_OK(vram_oom_info(pool, &info));
+    assert_int_equal(info.preallocated, 60 * VT_MiB);
+    free_all(pool, blocks, 6);
+    VT_OK(vram_pool_destroy(pool));
+  }
+}
+
 /* A 64 MiB limit on a 1 GiB device: 40 MiB held, 40 MiB more asked. */
 static void t_sim_limit(void **state) {
   (void)state;
@@ -603,7 +644,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(t_planted_above_capacity),
       cmocka_unit_test(t_cause_names),
       cmocka_unit_test(t_short_buffer),          cmocka_unit_test(t_sizes_past_int64),
-      cmocka_unit_test(t_sim_fragmentation),
+      cmocka_unit_test(t_sim_fragmentation),     cmocka_unit_test(t_sim_preallocated_fragmentation),
       cmocka_unit_test(t_sim_limit),             cmocka_unit_test(t_sim_live),
       cmocka_unit_test(t_sim_vmm_live),          cmocka_unit_test(t_sim_below_segment),
       cmocka_unit_test(t_preallocate_report),

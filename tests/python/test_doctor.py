@@ -293,6 +293,31 @@ def test_others_from_a_pytorch_snapshot(tmp_path):
     assert json.loads(done.stdout)["cause"] == "others"
 
 
+def test_fragmentation_of_a_preallocation():
+    # The same holes in a preallocation of the whole device: the vmm source and placement
+    # settings would not move them (the region is mapped whole on every source), so the fix
+    # is to grow on demand, and the numbers say what is preallocated.
+    d = _child("""
+vramkit.configure(0, source="sim", sim_capacity="60M", preallocate="60M")
+buffers = [vramkit.empty(10 * MiB) for _ in range(6)]
+kept = buffers[0::2]
+del buffers
+try:
+    vramkit.empty(20 * MiB)
+    raise SystemExit("no OOM")
+except vramkit.OutOfMemoryError as exc:
+    error = exc
+d = vramkit.diagnose(error)
+intact(kept)
+show(d)
+""")
+    assert d["cause"] == "fragmentation"
+    assert d["numbers"]["preallocated"] == 60 * MiB
+    assert len(d["fixes"]) == 1
+    assert "leave VRAMKIT_PREALLOCATE unset" in d["fixes"][0]["text"]
+    assert "vmm" not in d["fixes"][0]["text"].replace("every source", "")
+
+
 def test_pytorch_snapshots_of_fragmentation_and_a_limit(tmp_path):
     pieces = [(20 * MiB, "active_allocated", MODEL), (10 * MiB, "inactive", []),
               (20 * MiB, "active_allocated", MODEL), (10 * MiB, "inactive", [])]

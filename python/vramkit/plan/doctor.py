@@ -200,11 +200,18 @@ def _live_fixes(shortfall: int | None, estimate_fn, notes: list[str]) -> list[Fi
     return _rank(fixes)
 
 
-def _fragmentation_fixes(source: str | None, cached_free: int | None) -> list[Fix]:
+def _fragmentation_fixes(source: str | None, cached_free: int | None,
+                         preallocated: int | None = None) -> list[Fix]:
     """What serves a request the pool has room for but not in one piece. From a report or a
     snapshot the vmm source's gain is the cached free memory it could use (physical memory
     is mapped where it is needed, so free pieces no longer have to be adjacent); a trace
-    replaces these with measured numbers."""
+    replaces these with measured numbers. A preallocated pool is one region, mapped whole
+    on every source: no source or placement setting moves its holes."""
+    if preallocated:
+        return [Fix(f"leave VRAMKIT_PREALLOCATE unset (it holds {_size(preallocated)} as one "
+                    "region, which keeps its holes on every source): the pool then grows on "
+                    "demand and gives back or remaps what fragments; or preallocate more",
+                    cached_free or None)]
     fixes = []
     if source not in ("vmm", "sim:vmm"):
         fixes.append(Fix("the vmm source (VRAMKIT_SOURCE=vmm, or configure(source='vmm')): "
@@ -311,7 +318,8 @@ _INFO_NUMBERS = (("device", "device"), ("requested", "requested"), ("allocated",
                  ("granularity", "granularity"), ("may_reserve", "may_reserve"),
                  ("max_request", "max_request"), ("raise_limit_by", "raise_limit_by"),
                  ("others_bytes", "others_used"), ("shortfall", "shortfall"),
-                 ("group_limit", "group_limit"), ("group_reserved", "group_reserved"))
+                 ("group_limit", "group_limit"), ("group_reserved", "group_reserved"),
+                 ("preallocated", "preallocated"))
 
 
 def _setting_fixes(cause: str, n: dict) -> list[Fix]:
@@ -347,7 +355,8 @@ def _from_info(info: dict, estimate_fn, origin: str) -> Diagnosis:
                        key=lambda p: -(p.get("bytes") or 0))
     notes: list[str] = []
     if cause == "fragmentation":
-        fixes = _fragmentation_fixes(info.get("source"), numbers["cached_free"])
+        fixes = _fragmentation_fixes(info.get("source"), numbers["cached_free"],
+                                     numbers.get("preallocated"))
     elif cause == "limit":
         fixes = [_limit_fix(numbers["raise_limit_by"] or None, numbers["reserved"],
                             numbers["requested"], numbers["limit"], numbers["device_total"])]
