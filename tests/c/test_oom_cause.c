@@ -367,6 +367,18 @@ static void free_all(vram_pool_t *pool, void **blocks, int count) {
 
 /* A 60 MiB segment carved into six 10 MiB blocks, every other one freed: 30 MiB cached in
  * three pieces, 4 MiB left on the 64 MiB device, and 20 MiB asked for. */
+/* Six 10 MiB blocks in a row, every other one freed: 30 MiB free in three holes. */
+static void carve_every_other(vram_pool_t *pool, void *blocks[6], size_t sizes[6]) {
+  for (int i = 0; i < 6; i++) {
+    sizes[i] = 10 * VT_MiB;
+    VT_OK(vram_malloc(pool, sizes[i], NULL, &blocks[i]));
+  }
+  for (int i = 1; i < 6; i += 2) {
+    VT_OK(vram_free(pool, blocks[i]));
+    blocks[i] = NULL;
+  }
+}
+
 static void t_sim_fragmentation(void **state) {
   (void)state;
   /* Fixed segments only: with large blocks virtual (the default) or virtual growth past
@@ -383,15 +395,8 @@ static void t_sim_fragmentation(void **state) {
   VT_OK(vram_free(pool, whole)); /* its segment stays cached */
   void *blocks[6];
   size_t sizes[6];
-  for (int i = 0; i < 6; i++) {
-    sizes[i] = 10 * VT_MiB;
-    VT_OK(vram_malloc(pool, sizes[i], NULL, &blocks[i]));
-  }
+  carve_every_other(pool, blocks, sizes);
   assert_int_equal(vt_stats(pool).reserved_bytes.current, 60 * VT_MiB);
-  for (int i = 1; i < 6; i += 2) {
-    VT_OK(vram_free(pool, blocks[i]));
-    blocks[i] = NULL;
-  }
   void *p = NULL;
   VT_EXPECT(vram_malloc(pool, 20 * VT_MiB, NULL, &p), VRAM_ENOMEM);
   assert_null(p);
@@ -424,14 +429,7 @@ static void t_sim_preallocated_fragmentation(void **state) {
     vram_pool_t *pool = vt_pool_from(&o);
     void *blocks[6];
     size_t sizes[6];
-    for (int i = 0; i < 6; i++) {
-      sizes[i] = 10 * VT_MiB;
-      VT_OK(vram_malloc(pool, sizes[i], NULL, &blocks[i]));
-    }
-    for (int i = 1; i < 6; i += 2) {
-      VT_OK(vram_free(pool, blocks[i]));
-      blocks[i] = NULL;
-    }
+    carve_every_other(pool, blocks, sizes);
     void *p = NULL;
     VT_EXPECT(vram_malloc(pool, 20 * VT_MiB, NULL, &p), VRAM_ENOMEM);
     expect_intact(pool, blocks, sizes, 6);
