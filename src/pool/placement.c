@@ -448,6 +448,11 @@ static int grow_as(vram_pool_t *pool, vram_arena *a, vram_growth g, bool small,
 
 int _vram_place_grow(vram_pool_t *pool, vram_arena *a, size_t rounded, bool small,
                      vram_block **out_free) {
+  /* A preallocated pool at its limit has nothing to grow by: it answers at once, so that the
+   * request borrows from the preallocation without reserving a range it cannot map. */
+  if (pool->preallocated && pool->limit &&
+      (size_t)pool->stats.reserved_bytes.current + rounded > pool->limit)
+    return VRAM_ENOMEM;
   vram_growth g = pool->place->plan(pool, a, rounded, small);
   int rc = grow_as(pool, a, g, small, out_free);
   if (rc == VRAM_EUNSUPPORTED && g.virtual && pool->place->may_grow_virtual) {

@@ -86,9 +86,10 @@ VRAM_HOT int live_block(vram_pool_t *pool, const void *ptr, vram_block **out) {
 /* A request its own arena cannot serve takes a free block of another stream's arena, as
  * RMM's pool does, where PyTorch's allocator would fail: the request's stream waits for
  * the work queued on the owner's stream first, and the block's free waits for the
- * request's stream before the owner's stream reuses it (pending.h). Taken before growing
- * in preallocate mode, whose memory is the default stream's arena; otherwise the last
- * step before an out-of-memory, since the wait ties the two streams' work together. */
+ * request's stream before the owner's stream reuses it (pending.h). Each borrow costs an
+ * event and a stream wait, and ties the two streams' work together, so it comes only
+ * where growing fails: at once in preallocate mode, whose memory is the default stream's
+ * arena (before the ladder's waits for every stream), else as the ladder's last step. */
 static __attribute__((noinline)) int alloc_borrowed(vram_pool_t *pool, vram_arena *a,
                                                     size_t rounded, size_t requested,
                                                     vram_block **out) {
@@ -151,10 +152,9 @@ VRAM_HOT int alloc_attempt(vram_pool_t *pool, vram_arena *a, size_t rounded, siz
     }
   }
   if (!b) {
-    if (pool->unified_index && pool->arena_count > 1 &&
-        alloc_borrowed(pool, a, rounded, requested, out) == VRAM_OK)
-      return VRAM_OK;
     int rc = _vram_place_grow(pool, a, rounded, small, &b);
+    if (rc == VRAM_ENOMEM && pool->unified_index && pool->arena_count > 1)
+      return alloc_borrowed(pool, a, rounded, requested, out);
     if (rc) return rc;
     _vram_pool_publish_slow(pool); /* a segment change: the slow fields too */
   }

@@ -49,6 +49,7 @@ void t_other_stream_no_early_reuse(void **state);
 void t_release_threshold_zero(void **state);
 void t_borrow_preallocated(void **state);
 void t_borrow_under_limit(void **state);
+void t_preallocated_with_room_grows(void **state);
 
 /* ---- conformance_api.c */
 void t_block_info(void **state);

@@ -173,15 +173,16 @@ void t_release_threshold_zero(void **state) {
   conf_destroy(pool);
 }
 
-/* A preallocated pool serves every stream from its memory, as RMM's pool and TensorFlow's
- * preallocation do: a request on another stream borrows a free block of the default
- * stream's arena with no device call. The block is the borrowing stream's (block_info,
- * for_each_block), and its free waits for that stream before the memory is reused. */
+/* A preallocated pool whose limit is its preallocation (dask-cuda's rmm_pool_size equal to
+ * rmm_maximum_pool_size) serves every stream from that memory: a request on another stream,
+ * which cannot grow, borrows a free block of the default stream's arena with no device
+ * call. The block is the borrowing stream's (block_info, for_each_block), and its free
+ * waits for that stream before the memory is reused. */
 void t_borrow_preallocated(void **state) {
   (void)state;
   vram_options_t o;
   conf_opts(&o);
-  o.preallocate_bytes = 128 * VT_MiB; /* room for the blocks left waiting, and one more */
+  o.preallocate_bytes = o.limit_bytes = 128 * VT_MiB; /* room for the blocks left waiting */
   if (g_src.is_sim) o.sim_event_delay = 1000000; /* completes only when waited for */
   vram_pool_t *pool = conf_pool(&o);
   vram_stats_t s0 = vt_stats(pool);
@@ -244,5 +245,23 @@ void t_borrow_under_limit(void **state) {
   assert_true(vt_stats(pool).reserved_bytes.peak <= (int64_t)(24 * VT_MiB));
   conf_free(pool, r);
   conf_free(pool, keep);
+  conf_destroy(pool);
+}
+
+/* With room to grow, another stream's request takes memory of its own, as before there was
+ * borrowing: a borrow costs an event and a stream wait on every such request, and ties the
+ * two streams' work together; growing once costs neither again. */
+void t_preallocated_with_room_grows(void **state) {
+  (void)state;
+  vram_options_t o;
+  conf_opts(&o);
+  o.preallocate_bytes = 64 * VT_MiB;
+  vram_pool_t *pool = conf_pool(&o);
+  vram_stats_t s0 = vt_stats(pool);
+  void *p = conf_malloc(pool, 8 * VT_MiB, VT_STREAM(0x4101));
+  vram_stats_t s1 = vt_stats(pool);
+  assert_int_equal(s1.num_stream_borrows, 0);
+  assert_true(s1.reserved_bytes.current > s0.reserved_bytes.current);
+  conf_free(pool, p);
   conf_destroy(pool);
 }

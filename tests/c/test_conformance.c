@@ -147,6 +147,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(t_release_threshold_zero, teardown_pools),
       cmocka_unit_test_teardown(t_borrow_preallocated, teardown_pools),
       cmocka_unit_test_teardown(t_borrow_under_limit, teardown_pools),
+      cmocka_unit_test_teardown(t_preallocated_with_room_grows, teardown_pools),
       cmocka_unit_test_teardown(t_block_info, teardown_pools),
       cmocka_unit_test_teardown(t_for_each_block, teardown_pools),
       cmocka_unit_test_teardown(t_summary_and_json, teardown_pools),

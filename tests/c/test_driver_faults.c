@@ -189,7 +189,7 @@ static void t_cuda_default_without_vmm(void **state) {
 }
 
 /* A request on another stream borrows from a preallocated pool (the default stream's
- * arena): before it gets the block, the driver is told to make its stream wait for an
+ * arena) whose limit keeps it from growing: before it gets the block, the driver is told to make its stream wait for an
  * event recorded on the default stream, where the block was last used. */
 static void t_borrow_waits_on_owner_stream(void **state) {
   (void)state;
@@ -198,7 +198,7 @@ static void t_borrow_waits_on_owner_stream(void **state) {
     vram_options_t o;
     vram_options_init(&o);
     o.source = kinds[k];
-    o.preallocate_bytes = 64 << 20;
+    o.preallocate_bytes = o.limit_bytes = 64 << 20;
     vram_pool_t *pool = vt_pool_from(&o);
     void *s1 = (void *)(uintptr_t)0x6001, *waiter = NULL, *waited_on = (void *)1;
     long before = fake.stream_waits(NULL, NULL);
