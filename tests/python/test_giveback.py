@@ -140,7 +140,9 @@ def test_a_private_pools_group_limit_as_a_share_of_the_device(publish):  # noqa:
 def test_bad_give_back_options_are_refused_and_the_pool_made_before_works():
     pool = vramkit.Pool(source="sim", capacity="64M", give_back=True, soft_limit="2G",
                         group_limit="80%", give_back_timeout=0)
-    for bad in ({"give_back": "maybe"}, {"give_back_timeout": 20000}, {"group_limit": 0}):
+    for bad in ({"give_back": "maybe"}, {"give_back": 1.5}, {"give_back_timeout": 20000},
+                {"give_back_timeout": "1.5"}, {"group_limit": 0}, {"group_limit": "150%"},
+                {"soft_limit": "-8G"}):
         with pytest.raises(vramkit.ConfigError, match=f"^{next(iter(bad))}: "):
             vramkit.Pool(source="sim", capacity="64M", **bad)
     with pytest.raises(vramkit.ConfigError, match="did you mean 'soft_limit'"):

@@ -120,11 +120,6 @@ def test_default_pool_agrees_with_the_module_functions():
     ({"source": "gpu"}, "source"),
     ({"tight_threshold": 2.0}, "tight_threshold"),
     ({"large_blocks": "huge"}, "large_blocks"),
-    ({"give_back": "maybe"}, "give_back"),
-    ({"give_back": 1.5}, "give_back"),
-    ({"give_back_timeout": "1.5"}, "give_back_timeout"),
-    ({"soft_limit": "-8G"}, "soft_limit"),
-    ({"group_limit": "150%"}, "group_limit"),
 ])
 def test_bad_options_raise_config_error_naming_the_option(options, named):
     with pytest.raises(vramkit.ConfigError, match=f"^(Pool\\(\\): unknown option '{named}'"
