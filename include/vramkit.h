@@ -147,6 +147,21 @@ typedef struct vram_options {
    * off unless asked for: default vram_set_split_stats_default()'s setting, itself 0 until
    * set (the Python package sets it, since its statistics speak PyTorch's vocabulary). */
   int split_stats;
+  /* Give-back (issue 39): the pool joins the group of the vramkit processes of its user on
+   * its device (a GPU, or a sim that VRAMKIT_SIM_SHARED shares), whose members ask each
+   * other for idle cached memory before they fail. vram_options_from_env fills these from
+   * VRAMKIT_GIVE_BACK, VRAMKIT_GIVE_BACK_TIMEOUT, VRAMKIT_GROUP_LIMIT and VRAMKIT_SOFT_LIMIT;
+   * a pool reads no environment for them itself. Out of range (a timeout past 10000 ms, a
+   * fraction outside [0, 1]), vram_pool_create fails with VRAM_EINVAL and makes no pool. */
+  int give_back;                 /* answer the neighbours' requests (default 1); 0: never,
+                                    and counted on by nobody (the pool still asks) */
+  unsigned give_back_timeout_ms; /* a pool about to fail waits this long for answers, 0 to
+                                    10000 (default 250) */
+  size_t group_limit_bytes;      /* what the group's members reserve together; 0 = none */
+  double group_limit_fraction;
+  size_t soft_limit_bytes;       /* asked while holding more, the pool gives back all its
+                                    idle memory, else only what was asked; 0 = none */
+  double soft_limit_fraction;
 } vram_options_t;
 
 #define VRAM_SIM_MAX_CAPACITY ((size_t)1 << 48)
@@ -156,10 +171,12 @@ VRAM_API void vram_options_init(vram_options_t *opts);
 
 /* Overlay the VRAMKIT_* environment variables on opts: VRAMKIT_SOURCE, VRAMKIT_LIMIT,
  * VRAMKIT_PREALLOCATE, VRAMKIT_RELEASE_THRESHOLD, VRAMKIT_TIGHT_THRESHOLD,
- * VRAMKIT_VIRTUAL_THRESHOLD, VRAMKIT_LARGE_BLOCKS (fixed or virtual), VRAMKIT_SIM_CAPACITY
- * (sizes as vram_parse_size reads them; LIMIT and PREALLOCATE also take a percentage such as
- * "50%"; VRAMKIT_LIMIT=0 is refused, since 0 would read as "no limit": leave it unset for
- * none; the two thresholds are fractions such as 0.9 or percentages such as 90%), and checks
+ * VRAMKIT_VIRTUAL_THRESHOLD, VRAMKIT_LARGE_BLOCKS (fixed or virtual), VRAMKIT_SIM_CAPACITY,
+ * VRAMKIT_GIVE_BACK (a switch), VRAMKIT_GIVE_BACK_TIMEOUT (milliseconds), VRAMKIT_GROUP_LIMIT,
+ * VRAMKIT_SOFT_LIMIT (sizes as vram_parse_size reads them; LIMIT, PREALLOCATE and the two
+ * give-back limits also take a percentage such as "50%"; 0 is refused for the limits, since
+ * it would read as "no limit": leave them unset for none; the two thresholds are fractions
+ * such as 0.9 or percentages such as 90%), checks VRAMKIT_SIM_SHARED (a name), and checks
  * VRAMKIT_LEAK_REPORT (a switch: 0/1, off/on, false/true, no/yes). A bad value returns
  * VRAM_EENV and leaves opts unchanged; *why (if non-NULL) then points to a message that names
  * the variable and quotes the value ("VRAMKIT_LIMIT: '-1G' is not a limit: ..."), kept per

@@ -34,23 +34,35 @@ def _pool_options() -> dict[str, str]:
     return names
 
 
+def _options_whose_help_says(words: str) -> set[str]:
+    """The pool options whose help (the engine's table) says `words`."""
+    return {name for name, text, pool_option in _core.env_variables()
+            if pool_option and words in text}
+
+
 def _takes_percentages() -> set[str]:
     """The variables whose sizes may be a share of the device, as their help says."""
-    return {name for name, text, pool_option in _core.env_variables()
-            if pool_option and "percentage" in text}
+    return _options_whose_help_says("percentage")
+
+
+def _switches() -> set[str]:
+    """The on/off variables (give_back), whose help spells the engine's words for off."""
+    return _options_whose_help_says("off, false or no")
 
 
 def _config_error(message: str):
     return _core.error(_core.VRAM_EENV, message)
 
 
-def _option_text(name: str, value, percentages: bool) -> str:
+def _option_text(name: str, value, percentages: bool, switch: bool) -> str:
     """A value as the variable's text; the engine, not Python, says whether it is right. A
     float given for a size that takes percentages is a fraction of the device (0.5: "50%"),
-    as in set_limit()."""
+    as in set_limit(); a bool is an on/off switch's value (give_back=False)."""
     if isinstance(value, str):
         return value
     if isinstance(value, bool):
+        if switch:
+            return "on" if value else "off"
         raise TypeError(f"{name} must be a str, int or float, not bool")
     if isinstance(value, float) and percentages and 0.0 < value <= 1.0:
         return f"{value * 100:.10g}%"
@@ -61,7 +73,7 @@ def _option_text(name: str, value, percentages: bool) -> str:
 
 def _overrides(options: dict) -> dict:
     """{VRAMKIT_* name: (option, text)} of Pool()'s keyword options."""
-    known, percentages = _pool_options(), _takes_percentages()
+    known, percentages, switches = _pool_options(), _takes_percentages(), _switches()
     out = {}
     for name, value in options.items():
         if value is None:
@@ -72,7 +84,8 @@ def _overrides(options: dict) -> dict:
             hint = f" (did you mean {near[0]!r}?)" if near else ""
             raise _config_error(f"Pool(): unknown option {name!r}{hint}; the options are "
                                 f"{', '.join(sorted(known))}")
-        out[variable] = (name, _option_text(name, value, variable in percentages))
+        out[variable] = (name, _option_text(name, value, variable in percentages,
+                                            variable in switches))
     return out
 
 
@@ -88,8 +101,11 @@ class Pool(_core.Pool):
     "sim", "sim:vmm", "cuda", "vmm", "managed"), capacity (the sim device's size, "8G"),
     limit, preallocate (bytes, a size, a percentage such as "50%" or a fraction such as
     0.5), release_threshold,
-    tight_threshold, virtual_threshold, large_blocks: the VRAMKIT_* variables' names and
-    values. A bad name or value raises ConfigError naming the option.
+    tight_threshold, virtual_threshold, large_blocks, and the give-back group's: give_back
+    (True, or False to keep its cache when a neighbour on the device runs out),
+    give_back_timeout (milliseconds it waits for its neighbours, 0 to 10000), group_limit
+    and soft_limit (sizes as limit): the VRAMKIT_* variables' names and values. A bad name
+    or value raises ConfigError naming the option.
     """
 
     _recording = None  # what record_memory_history() started on a private pool

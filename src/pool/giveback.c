@@ -5,7 +5,11 @@
  * watcher holds it while it gives back, so that a pool cannot be destroyed under it; the
  * asker holds only its pool's lock and takes no other while it waits. Two processes that
  * run out at once each wait for the other's watcher, which waits for the other's pool lock:
- * both time out (VRAMKIT_GIVE_BACK_TIMEOUT) and fail, as they would have without a group. */
+ * both time out (their give_back_timeout_ms) and fail, as they would have without a group.
+ *
+ * A pool's settings are its options' (vram_options_t: give_back, give_back_timeout_ms, the
+ * group and soft limits), which vram_options_from_env fills from the VRAMKIT_* variables
+ * for the default pools; this file reads no environment but its tests' delay. */
 #define _GNU_SOURCE
 #include "pool/giveback.h"
 
@@ -27,8 +31,6 @@
 #include "pool/pending.h"
 #include "pool/placement.h"
 #include "pool/published.h"
-
-#define DEFAULT_TIMEOUT_MS 250u
 
 /* A group this process belongs to, with its pools in it. Never freed: the watcher and
  * askers read it without gb_lock. */
@@ -53,7 +55,7 @@ typedef struct vram_giveback {
   bool opted_in;
   uint64_t timeout_ms;
   uint64_t group_limit;
-  uint64_t soft_limit; /* VRAMKIT_SOFT_LIMIT: over it, a request takes all idle memory */
+  uint64_t soft_limit; /* over it, a request takes all idle memory */
   vram_pool_t *pool;
   struct vram_giveback *next;
   vram_giveback_outcome last;
@@ -170,37 +172,24 @@ static gb_group *group_of(const char *name) {
   return grp;
 }
 
-/* A limit variable (checked already) in bytes, a share of the card resolved; 0 if unset. */
-static uint64_t limit_of(const vram_pool_t *pool, const char *name) {
-  const char *v = getenv(name);
-  size_t bytes = 0;
-  double fraction = 0;
-  if (v && *v) _vram_parse_group_limit(v, &bytes, &fraction);
+/* A limit of the options in bytes, a share of the card resolved; 0: none. */
+static uint64_t limit_of(const vram_pool_t *pool, size_t bytes, double fraction) {
   return bytes ? bytes : (uint64_t)(fraction * (double)pool->device_total);
 }
 
-/* The give-back variables; VRAM_EENV (with a line on stderr) for a bad one. */
+static bool is_share(double fraction) { return fraction >= 0 && fraction <= 1; } /* NaN: no */
+
+/* The pool's give-back options (vram_options_t: the option table parsed them from text);
+ * VRAM_EINVAL for values out of range, which only a caller setting the fields can give. */
 static int read_settings(const vram_pool_t *pool, vram_giveback *gb) {
-  static const char *const names[] = {"VRAMKIT_GIVE_BACK", "VRAMKIT_GIVE_BACK_TIMEOUT",
-                                      "VRAMKIT_GROUP_LIMIT", "VRAMKIT_SOFT_LIMIT"};
-  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-    const char *v = getenv(names[i]);
-    const char *why = v && *v ? _vram_env_check(names[i], v) : NULL;
-    if (why) {
-      fprintf(stderr, "vramkit: %s\n", why);
-      return VRAM_EENV;
-    }
-  }
-  const char *v = getenv("VRAMKIT_GIVE_BACK");
-  int on = 1;
-  if (v && *v) _vram_parse_switch(v, &on);
-  gb->opted_in = on;
-  unsigned ms = DEFAULT_TIMEOUT_MS;
-  v = getenv("VRAMKIT_GIVE_BACK_TIMEOUT");
-  if (v && *v) _vram_parse_give_back_timeout(v, &ms);
-  gb->timeout_ms = ms;
-  gb->group_limit = limit_of(pool, "VRAMKIT_GROUP_LIMIT");
-  gb->soft_limit = limit_of(pool, "VRAMKIT_SOFT_LIMIT");
+  const vram_options_t *o = &pool->opts;
+  if (o->give_back_timeout_ms > VRAM_GIVE_BACK_TIMEOUT_MAX_MS ||
+      !is_share(o->group_limit_fraction) || !is_share(o->soft_limit_fraction))
+    return VRAM_EINVAL;
+  gb->opted_in = o->give_back != 0;
+  gb->timeout_ms = o->give_back_timeout_ms;
+  gb->group_limit = limit_of(pool, o->group_limit_bytes, o->group_limit_fraction);
+  gb->soft_limit = limit_of(pool, o->soft_limit_bytes, o->soft_limit_fraction);
   return VRAM_OK;
 }
 

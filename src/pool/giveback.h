@@ -4,11 +4,11 @@
  * them to give idle cached memory back before it fails.
  *
  * The watcher: one thread per process and group, started when the first pool that gives
- * back (VRAMKIT_GIVE_BACK, on by default) joins. It sleeps on the group's request word;
+ * back (the give_back option, on by default) joins. It sleeps on the group's request word;
  * woken, it takes each of its pools' locks in turn only for the release of whole idle
  * segments and granules (the release of the OOM ladder and vram_empty_cache: never a
  * live block), up to the bytes asked, and answers. The asker waits for the answers with
- * its own lock held, at most VRAMKIT_GIVE_BACK_TIMEOUT: a neighbour that died, is stopped
+ * its own lock held, at most its give_back_timeout_ms: a neighbour that died, is stopped
  * or answers late costs that much and no more.
  *
  * fork: the child is no member (its copied pools neither ask nor answer) and has no
@@ -22,9 +22,9 @@
 #include "pool/types.h"
 
 /* Joins the group of the pool's device, if other processes can share it (a GPU, a shared
- * sim). VRAM_EENV (a line on stderr names the variable) for a bad VRAMKIT_GIVE_BACK,
- * VRAMKIT_GIVE_BACK_TIMEOUT or VRAMKIT_GROUP_LIMIT; a group that cannot be opened leaves
- * the pool out of it (a line on stderr), never failing. */
+ * sim), with the pool's give-back options. VRAM_EINVAL for options out of range (a timeout
+ * past its maximum, a fraction outside [0, 1]); a group that cannot be opened leaves the
+ * pool out of it (a line on stderr), never failing. */
 int _vram_giveback_join(vram_pool_t *pool);
 /* Leaves (pool destroy, lock not held). */
 void _vram_giveback_leave(vram_pool_t *pool);

@@ -36,6 +36,8 @@ void vram_options_init(vram_options_t *opts) {
   opts->large_blocks = VRAM_LARGE_VIRTUAL;
   opts->sim_capacity = DEFAULT_SIM_CAPACITY;
   opts->managed_prefetch = 1;
+  opts->give_back = 1;
+  opts->give_back_timeout_ms = VRAM_GIVE_BACK_TIMEOUT_DEFAULT_MS;
   opts->split_stats = __atomic_load_n(&split_stats_default, __ATOMIC_RELAXED);
 }
 
@@ -100,8 +102,8 @@ static const char *parse_size_or_share(const char *v, size_t *bytes, double *fra
 }
 /* 0 is refused: TensorFlow's memory_limit and PyTorch's memory fraction read 0 as none
  * allowed, and a limit that silently meant "no limit" would surprise either user. The
- * group limit reads the same way. */
-const char *_vram_parse_group_limit(const char *v, size_t *bytes, double *fraction) {
+ * give-back limits read the same way. */
+static const char *parse_nonzero_limit(const char *v, size_t *bytes, double *fraction) {
   *bytes = 0;
   *fraction = 0;
   const char *why = parse_size_or_share(v, bytes, fraction);
@@ -110,7 +112,7 @@ const char *_vram_parse_group_limit(const char *v, size_t *bytes, double *fracti
   return why;
 }
 static const char *parse_limit(vram_options_t *o, const char *v) {
-  return _vram_parse_group_limit(v, &o->limit_bytes, &o->limit_fraction);
+  return parse_nonzero_limit(v, &o->limit_bytes, &o->limit_fraction);
 }
 static const char *parse_preallocate(vram_options_t *o, const char *v) {
   return parse_size_or_share(v, &o->preallocate_bytes, &o->preallocate_fraction);
@@ -164,23 +166,21 @@ static const char *check_sim_shared(vram_options_t *o, const char *v) {
   (void)o;
   return _vram_sim_shared_name_error(v);
 }
-const char *_vram_parse_give_back_timeout(const char *v, unsigned *ms) {
+static const char *parse_give_back(vram_options_t *o, const char *v) {
+  return _vram_parse_switch(v, &o->give_back) ? "" : NULL;
+}
+static const char *parse_give_back_timeout(vram_options_t *o, const char *v) {
   if (!*v || strspn(v, "0123456789") != strlen(v)) return "";
   if (strlen(v) > 5 || strtoul(v, NULL, 10) > VRAM_GIVE_BACK_TIMEOUT_MAX_MS)
     return "it is more than 10000 ms";
-  *ms = (unsigned)strtoul(v, NULL, 10);
+  o->give_back_timeout_ms = (unsigned)strtoul(v, NULL, 10);
   return NULL;
 }
-static const char *check_give_back_timeout(vram_options_t *o, const char *v) {
-  (void)o;
-  unsigned ms;
-  return _vram_parse_give_back_timeout(v, &ms);
+static const char *parse_group_limit(vram_options_t *o, const char *v) {
+  return parse_nonzero_limit(v, &o->group_limit_bytes, &o->group_limit_fraction);
 }
-static const char *check_group_limit(vram_options_t *o, const char *v) {
-  (void)o;
-  size_t bytes;
-  double fraction;
-  return _vram_parse_group_limit(v, &bytes, &fraction);
+static const char *parse_soft_limit(vram_options_t *o, const char *v) {
+  return parse_nonzero_limit(v, &o->soft_limit_bytes, &o->soft_limit_fraction);
 }
 
 static const struct setting {
@@ -210,16 +210,16 @@ static const struct setting {
     {"VRAMKIT_SIM_SHARED", NULL, check_sim_shared, "a shared sim name",
      "a name of 1 to 64 letters, digits, '_', '.' or '-': the sim devices of every process "
      "with the same name share one capacity (a file beside the published records)"},
-    {"VRAMKIT_GIVE_BACK", NULL, check_switch, "a switch",
+    {"VRAMKIT_GIVE_BACK", parse_give_back, NULL, "a switch",
      "1 (default; or on, true, yes): give idle cached memory back when a neighbour on the "
      "same device runs out; 0, off, false or no: never"},
-    {"VRAMKIT_GIVE_BACK_TIMEOUT", NULL, check_give_back_timeout, "a timeout",
+    {"VRAMKIT_GIVE_BACK_TIMEOUT", parse_give_back_timeout, NULL, "a timeout",
      "milliseconds from 0 to 10000 that a pool about to run out waits for its neighbours to "
      "give back (default 250)"},
-    {"VRAMKIT_GROUP_LIMIT", NULL, check_group_limit, "a limit",
+    {"VRAMKIT_GROUP_LIMIT", parse_group_limit, NULL, "a limit",
      "a size such as 40G or a percentage of the card such as 80%: what every vramkit process "
      "on the device may reserve together; unset for none (0 is refused)"},
-    {"VRAMKIT_SOFT_LIMIT", NULL, check_group_limit, "a limit",
+    {"VRAMKIT_SOFT_LIMIT", parse_soft_limit, NULL, "a limit",
      "a size such as 8G or a percentage of the card such as 25%: asked by a neighbour, a "
      "process over it gives back all its idle memory, one under it only what is asked; "
      "unset for none (0 is refused)"},
@@ -324,20 +324,6 @@ static int refuse(const struct setting *s, const char *value, const char *reason
   _vram_env_refusal(why_text, sizeof why_text, s->name, value, s->what, reason, s->help);
   if (why) *why = why_text;
   return VRAM_EENV;
-}
-
-const char *_vram_env_check(const char *name, const char *text) {
-  for (size_t i = 0; i < N_SETTINGS; i++) {
-    if (strcmp(name, settings[i].name) != 0 || !settings[i].check) continue;
-    vram_options_t scratch;
-    vram_options_init(&scratch);
-    const char *reason = settings[i].check(&scratch, text);
-    if (!reason) return NULL;
-    const char *why = NULL;
-    refuse(&settings[i], text, reason, &why);
-    return why;
-  }
-  return NULL;
 }
 
 int vram_options_set(vram_options_t *opts, const char *name, const char *value, const char **why) {

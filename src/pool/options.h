@@ -17,15 +17,9 @@ void _vram_env_refusal(char *buf, size_t cap, const char *name, const char *valu
 /* The help text of a known VRAMKIT_* variable (vram_env_variable), NULL if unknown. */
 const char *_vram_env_help(const char *name);
 
-/* The give-back variables (pool/giveback.c reads them when a pool joins its group; these
- * parsers are the ones vram_options_from_env refuses bad values with). Each returns NULL
- * and sets its outputs, or says why the text is refused ("" when "is not WHAT" says all). */
+/* The bounds of vram_options_t.give_back_timeout_ms: the table refuses a longer one, and
+ * pool/giveback.c a pool made with it. */
+#define VRAM_GIVE_BACK_TIMEOUT_DEFAULT_MS 250u
 #define VRAM_GIVE_BACK_TIMEOUT_MAX_MS 10000u
-const char *_vram_parse_give_back_timeout(const char *text, unsigned *ms);
-const char *_vram_parse_group_limit(const char *text, size_t *bytes, double *fraction);
-
-/* The refusal of `name`'s value `text` ("NAME: 'value' is not ..."), or NULL when it is
- * good or `name` has no check: what a pool that reads the variable itself reports. */
-const char *_vram_env_check(const char *name, const char *text);
 
 #endif

@@ -15,12 +15,14 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <math.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "obs/shared_file.h"
+#include "pool/options.h"
 #include "source/sim_shared.h"
 
 #define CAPACITY (64 * VT_MiB)
@@ -52,10 +54,19 @@ typedef struct child {
 
 /* ---- the children */
 
+/* How the next child spawned makes its pools (a fork inherits them as they are then): from
+ * the environment, as a default pool, or not; then these {name, value} options through
+ * vram_options_set, as a private pool of the Python package takes its keywords. */
+static bool child_reads_env = true;
+static const char *const (*child_options)[2];
+
 static vram_pool_t *child_pool(void) {
   vram_options_t o;
   vram_options_init(&o);
-  if (vram_options_from_env(&o, NULL) != VRAM_OK) return NULL;
+  if (child_reads_env && vram_options_from_env(&o, NULL) != VRAM_OK) return NULL;
+  for (size_t i = 0; child_options && child_options[i][0]; i++)
+    if (vram_options_set(&o, child_options[i][0], child_options[i][1], NULL) != VRAM_OK)
+      return NULL;
   o.source = source;
   o.sim_capacity = CAPACITY;
   vram_pool_t *pool = NULL;
@@ -424,7 +435,8 @@ static void test_group_limit_after_give_back(void **state) {
   VT_OK(oa.rc);
 }
 
-/* Bad values are refused by name, before any pool; a pool made with one is not made. */
+/* Bad values are refused by name, before any pool, by vram_options_from_env and
+ * vram_options_set alike; a pool of a shared sim with a bad name is not made. */
 static void test_bad_values_are_refused(void **state) {
   (void)state;
   static const char *const bad[][2] = {
@@ -443,14 +455,111 @@ static void test_bad_values_are_refused(void **state) {
     VT_EXPECT(vram_options_from_env(&o, &why), VRAM_EENV);
     assert_non_null(why);
     assert_non_null(strstr(why, bad[i][0]));
-    o.source = source;
-    vram_pool_t *pool = NULL;
-    if (strcmp(bad[i][0], "VRAMKIT_SIM_SHARED") != 0) setenv("VRAMKIT_SIM_SHARED", shared_name, 1);
-    VT_EXPECT(vram_pool_create(&pool, &o), VRAM_EENV);
-    assert_null(pool);
-    unsetenv("VRAMKIT_SIM_SHARED");
     unsetenv(bad[i][0]);
+    if (strcmp(bad[i][0], "VRAMKIT_SIM_SHARED") == 0) {
+      setenv(bad[i][0], bad[i][1], 1); /* a setting of the device, not of the pool */
+      o.source = source;
+      vram_pool_t *pool = NULL;
+      VT_EXPECT(vram_pool_create(&pool, &o), VRAM_EENV);
+      assert_null(pool);
+      unsetenv(bad[i][0]);
+      continue;
+    }
+    vram_options_t before;
+    memcpy(&before, &o, sizeof o);
+    why = NULL;
+    VT_EXPECT(vram_options_set(&o, bad[i][0], bad[i][1], &why), VRAM_EENV);
+    assert_non_null(why);
+    assert_non_null(strstr(why, bad[i][0]));
+    assert_memory_equal(&o, &before, sizeof o); /* unchanged */
   }
+}
+
+/* run_pair with A's pool made as a private one (its `a_options` through vram_options_set,
+ * no environment read, `a_env` set all the same) and B's a default one with `b_options`. */
+typedef const char *const option_list[][2];
+static void run_pair_by_options(option_list *a_options, const char *const *a_env,
+                                option_list *b_options, outcome *oa, outcome *ob) {
+  child_options = a_options ? *a_options : NULL;
+  child_reads_env = false;
+  child a = spawn(holder_main, a_env);
+  child_options = b_options ? *b_options : NULL;
+  child_reads_env = true;
+  wait_ready(&a);
+  child b = spawn(asker_main, NULL);
+  child_options = NULL;
+  *ob = finish(&b);
+  *oa = finish(&a);
+}
+
+/* The give-back settings are options: set through vram_options_set, with no environment,
+ * they act as the variables do; a pool whose options did not come from the environment
+ * ignores the variables. */
+static void test_opted_out_by_its_options(void **state) {
+  (void)state;
+  static option_list off = {{"VRAMKIT_GIVE_BACK", "off"}, {NULL, NULL}};
+  outcome oa, ob;
+  run_pair_by_options(&off, NULL, NULL, &oa, &ob);
+  VT_EXPECT(ob.rc, VRAM_ENOMEM);
+  assert_int_equal(ob.requests, 0);
+  VT_OK(oa.rc);
+  assert_int_equal(oa.given_bytes, 0);
+}
+
+static void test_a_pool_not_made_from_the_environment_ignores_its_variables(void **state) {
+  (void)state;
+  const char *const opt_out[] = {"VRAMKIT_GIVE_BACK=0", NULL};
+  outcome oa, ob;
+  run_pair_by_options(NULL, opt_out, NULL, &oa, &ob);
+  VT_OK(ob.rc);
+  assert_true(oa.given_bytes > 0);
+}
+
+static void test_soft_limit_by_its_options(void **state) {
+  (void)state;
+  static option_list soft = {{"VRAMKIT_SOFT_LIMIT", "16M"}, {NULL, NULL}};
+  outcome oa, ob;
+  run_pair_by_options(&soft, NULL, NULL, &oa, &ob);
+  VT_OK(ob.rc);
+  assert_int_equal(oa.given_bytes, 4 * BLOCK); /* all it held idle, not what was asked */
+}
+
+/* 87.5% of the 64 MiB device: the 56 MiB of test_group_limit_refuses_past_it. */
+static void test_group_limit_as_a_share_by_its_options(void **state) {
+  (void)state;
+  static option_list off = {{"VRAMKIT_GIVE_BACK", "0"}, {NULL, NULL}};
+  static option_list share = {{"VRAMKIT_GROUP_LIMIT", "87.5%"}, {NULL, NULL}};
+  outcome oa, ob;
+  run_pair_by_options(&off, NULL, &share, &oa, &ob);
+  VT_EXPECT(ob.rc, VRAM_ENOMEM);
+  assert_int_equal(ob.cause, VRAM_OOM_GROUP_LIMIT);
+  assert_non_null(strstr(ob.report, "together may reserve 56.0 MiB"));
+  VT_OK(oa.rc);
+}
+
+/* Fields set out of range by hand (the table never gives them) make no pool. */
+static void test_options_out_of_range_make_no_pool(void **state) {
+  (void)state;
+  for (int k = 0; k < 4; k++) {
+    vram_options_t o;
+    vram_options_init(&o);
+    o.source = source;
+    o.sim_capacity = CAPACITY;
+    if (k == 0) o.give_back_timeout_ms = VRAM_GIVE_BACK_TIMEOUT_MAX_MS + 1;
+    if (k == 1) o.group_limit_fraction = 1.5;
+    if (k == 2) o.soft_limit_fraction = -0.25;
+    if (k == 3) o.soft_limit_fraction = NAN;
+    vram_pool_t *pool = NULL;
+    VT_EXPECT(vram_pool_create(&pool, &o), VRAM_EINVAL);
+    assert_null(pool);
+  }
+  vram_pool_t *pool = NULL; /* the device is as it was: a good pool is made */
+  vram_options_t o;
+  vram_options_init(&o);
+  o.source = source;
+  o.sim_capacity = CAPACITY;
+  VT_OK(vram_pool_create(&pool, &o));
+  VT_OK(vram_pool_destroy(pool));
 }
 
 /* A pool destroyed while its process's watcher is giving back from it: the watcher lets
@@ -515,6 +624,13 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_group_limit_refuses_past_it, setup, teardown),
       cmocka_unit_test_setup_teardown(test_group_limit_after_give_back, setup, teardown),
       cmocka_unit_test_setup_teardown(test_bad_values_are_refused, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_opted_out_by_its_options, setup, teardown),
+      cmocka_unit_test_setup_teardown(
+          test_a_pool_not_made_from_the_environment_ignores_its_variables, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_soft_limit_by_its_options, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_group_limit_as_a_share_by_its_options, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_options_out_of_range_make_no_pool, setup, teardown),
       cmocka_unit_test_setup_teardown(test_pool_destroyed_while_its_watcher_gives_back, setup,
                                       teardown),
   };

@@ -31,6 +31,8 @@ static char self_exe[1024]; /* this binary's path: exec'd by name, so that its c
 static int child_main(const char *source, const char *mode) {
   vram_options_t o;
   vram_options_init(&o);
+  /* As a default pool: its give-back settings (VRAMKIT_GIVE_BACK) are the environment's. */
+  if (vram_options_from_env(&o, NULL) != VRAM_OK) return 2;
   if (vram_source_parse(source, &o.source) != VRAM_OK) return 2;
   o.sim_capacity = (size_t)1 << 30;
   vram_pool_t *pool = NULL;
