@@ -539,6 +539,10 @@ def configure(
     virtual_threshold=None,
     large_blocks: str | None = None,
     sim_capacity=None,
+    give_back: bool | None = None,
+    give_back_timeout=None,
+    group_limit=None,
+    soft_limit=None,
 ) -> None:
     """Create the device's pool now with these options (each None: from VRAMKIT_*).
 
@@ -559,8 +563,12 @@ def configure(
     source's large requests go to virtual memory from the first one and map as on the vmm
     source; small ones keep their fixed 2 MiB segments, and only those can be shared
     between processes by CUDA IPC. "fixed" gives each large request a cuMemAlloc segment
-    of its own size (shareable by CUDA IPC) until virtual_threshold. Must come before the
-    device's pool is first used; afterwards it raises RuntimeError (use set_memory_limit or
+    of its own size (shareable by CUDA IPC) until virtual_threshold. give_back (False: this
+    process keeps its cache whatever its neighbours ask), give_back_timeout (milliseconds
+    this pool waits for its neighbours' answer), group_limit (every vramkit process of the
+    device together) and soft_limit (past it this pool gives all its idle memory at the
+    first request): the sharing of one GPU (VRAMKIT_GIVE_BACK and the others). Must come
+    before the device's pool is first used; afterwards it raises RuntimeError (use set_memory_limit or
     set_per_process_memory_fraction to change the limit of a live pool).
     """
     d = _device(device)
@@ -580,6 +588,19 @@ def configure(
     for name, variable, value, allow_percent in sizes:
         if value is not None:
             env[variable] = (name, _size_text(name, value, allow_percent))
+    for name, variable, value in (("group_limit", "VRAMKIT_GROUP_LIMIT", group_limit),
+                                  ("soft_limit", "VRAMKIT_SOFT_LIMIT", soft_limit)):
+        if value is not None:
+            env[variable] = (name, _size_text(name, value, True))
+    if give_back is not None:
+        if not isinstance(give_back, bool):
+            raise TypeError(f"give_back must be a bool, not {type(give_back).__name__}")
+        env["VRAMKIT_GIVE_BACK"] = ("give_back", "1" if give_back else "0")
+    if give_back_timeout is not None:
+        if isinstance(give_back_timeout, bool) or not isinstance(give_back_timeout, int):
+            raise TypeError("give_back_timeout must be an int (milliseconds), not "
+                            f"{type(give_back_timeout).__name__}")
+        env["VRAMKIT_GIVE_BACK_TIMEOUT"] = ("give_back_timeout", str(give_back_timeout))
     for name, variable, value in (("tight_threshold", "VRAMKIT_TIGHT_THRESHOLD", tight_threshold),
                                   ("virtual_threshold", "VRAMKIT_VIRTUAL_THRESHOLD",
                                    virtual_threshold)):

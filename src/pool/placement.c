@@ -17,8 +17,9 @@
  *                                   placement, a segment of its own instead of carving a
  *                                   fully free bigger one (vram_options_t.tight_threshold)
  *   which other stream's free       _vram_place_borrow: the tightest fit of the other
- *     block a request borrows       arenas' indexes, from pool.c's alloc_borrowed (first
- *                                   in preallocate mode, else the ladder's last own step)
+ *     block a request borrows       arenas' indexes, from pool.c's alloc_borrowed, where
+ *                                   growing fails (at once in preallocate mode, else the
+ *                                   ladder's last own step)
  *   what stays mapped               _vram_place_keeps_mapped: far from the cap (no limit,
  *                                   reserved within the virtual threshold's share of the
  *                                   device) what is mapped stays, in mappings of up to

@@ -155,3 +155,41 @@ def test_bad_give_back_options_are_refused_and_the_pool_made_before_works():
 def test_a_bool_is_a_switch_value_only():
     with pytest.raises(TypeError, match="give_back_timeout must be a str, int or float"):
         vramkit.Pool(source="sim", capacity="64M", give_back_timeout=True)
+
+
+def test_configure_sets_the_default_pools_give_back_options(publish):  # noqa: F811
+    # The holder opts out through configure(), not the environment: the asker runs out of
+    # memory beside its idle cache, and nothing changes hands.
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import vramkit; vramkit.configure(0, give_back=False)\n" +
+         textwrap.dedent(HOLDER)], env=sim_env(publish), stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        asked = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent("""
+                import json, vramkit
+                try:
+                    vramkit.empty(36 << 20)
+                    print(json.dumps({"oom": False}))
+                except vramkit.OutOfMemoryError:
+                    print(json.dumps({"oom": True, **vramkit.memory_stats_raw()}))
+            """)], env=sim_env(publish), capture_output=True, text=True, timeout=60)
+        assert asked.returncode == 0, asked.stderr
+        asker = json.loads(asked.stdout)
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        given = json.loads(holder.stdout.readline())
+    finally:
+        holder.kill()
+        holder.wait()
+    assert asker["oom"] and asker["giveback_requests"] == 0
+    assert given["giveback_given_bytes"] == 0
+
+
+def test_configure_refuses_bad_give_back_options_by_name():
+    for bad, error in (({"give_back": "no"}, TypeError), ({"give_back_timeout": 1.5}, TypeError),
+                       ({"give_back_timeout": 20000}, vramkit.InvalidArgumentError),
+                       ({"soft_limit": "-1G"}, ValueError), ({"group_limit": "150%"}, ValueError)):
+        with pytest.raises(error, match=next(iter(bad))):
+            vramkit.configure(7, source="sim", **bad)
