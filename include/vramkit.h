@@ -317,7 +317,10 @@ typedef struct vram_stats {
 #define VRAM_X_COUNTER(name, doc) uint64_t name;
   VRAM_COUNTER_LIST(VRAM_X_COUNTER)
 #undef VRAM_X_COUNTER
-  size_t largest_free_block; /* largest block a request could get without growing */
+  size_t largest_free_block; /* largest block a request could get without growing; on
+                              * virtual segments all their cached memory (granules move),
+                              * which an OOM's figures (vram_oom_info) narrow to what the
+                              * free blocks and the granules that may move really serve */
   double fragmentation;      /* 1 - largest_free_block / cached free bytes; 0 if none free */
   size_t limit_bytes;        /* hard limit in force, 0 = none */
 } vram_stats_t;

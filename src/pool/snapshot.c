@@ -85,6 +85,38 @@ void _vram_pool_fill_stats(const vram_pool_t *pool, vram_stats_t *out) {
   out->limit_bytes = pool->limit;
 }
 
+/* The largest request the free blocks of virtual segments serve without taking more from the
+ * device: a free block's mapped bytes, plus as many of its unmapped granules as idle
+ * granules elsewhere can be moved into (none below a preallocation's granules, which are
+ * never unmapped). The statistics' figure takes all cached memory of
+ * virtual segments as one piece (granules are interchangeable), which free bytes in
+ * granules that live blocks share are not; an out-of-memory report, which must not name a
+ * largest free block that would have served the request, walks the blocks for this one. */
+static size_t virtual_servable(const vram_pool_t *pool) {
+  vram_pool_t *p = (vram_pool_t *)pool; /* the granule queries read, but are not const */
+  size_t g = pool->granularity, idle_total = _vram_granules_idle_total(pool), best = 0;
+  size_t mapped_total = 0;
+  for (vram_arena *a = pool->arenas; a; a = a->next)
+    for (vram_segment *s = a->segments; s; s = s->next) mapped_total += s->mapped_granules;
+  size_t unmappable = mapped_total > pool->keep_mapped ? mapped_total - pool->keep_mapped : 0;
+  if (idle_total > unmappable) idle_total = unmappable;
+  for (vram_arena *a = pool->arenas; a; a = a->next)
+    for (vram_segment *s = a->segments; s; s = s->next) {
+      if (!s->gran_mapped) continue;
+      for (vram_block *b = s->first; b; b = b->addr_next) {
+        if (b->state != VRAM_BLOCK_FREE) continue;
+        size_t unmapped = _vram_granules_unmapped_in(p, s, b->addr, b->size);
+        size_t first = (b->addr - s->addr + g - 1) / g, end = (b->addr - s->addr + b->size) / g;
+        size_t idle_in = end > first ? end - first - unmapped : 0;
+        size_t movable = idle_total - (idle_in < idle_total ? idle_in : idle_total);
+        size_t mapped = b->size - unmapped * g;
+        size_t serves = mapped + (unmapped < movable ? unmapped : movable) * g;
+        if (serves > best) best = serves;
+      }
+    }
+  return best;
+}
+
 void _vram_pool_snapshot(const vram_pool_t *pool, bool ask_device, vram_pool_snapshot *out) {
   out->device = pool->opts.device;
   out->source_name = pool->src->zName;
@@ -111,5 +143,15 @@ void _vram_pool_snapshot(const vram_pool_t *pool, bool ask_device, vram_pool_sna
     size_t total = 0;
     if (pool->src->xMemInfo(pool->src_state, &out->device_free, &total) == VRAM_OK && total)
       out->device_total = total;
+    if (pool->has_virtual) {
+      size_t fixed_bytes, fixed_largest, servable = virtual_servable(pool);
+      fixed_free_of(pool, &fixed_bytes, &fixed_largest);
+      size_t largest = servable > fixed_largest ? servable : fixed_largest;
+      if (largest < out->stats.largest_free_block) {
+        out->stats.largest_free_block = largest;
+        out->stats.fragmentation =
+            out->cached_free ? 1.0 - (double)largest / (double)out->cached_free : 0.0;
+      }
+    }
   }
 }

@@ -447,6 +447,40 @@ static void t_sim_preallocated_fragmentation(void **state) {
   }
 }
 
+/* Virtual memory under a limit, its free bytes in holes smaller than a granule: the granules
+ * cannot move, so the cached memory does not serve the request as one piece, and the
+ * report's largest free block says so (the statistics' figure counts all cached memory of
+ * virtual segments as one piece, which the report must not repeat). */
+static void t_sim_vmm_holes_inside_granules(void **state) {
+  (void)state;
+  vram_options_t o;
+  vram_options_init(&o);
+  o.source = VRAM_SOURCE_SIM_VMM;
+  o.sim_capacity = 1 * VT_GiB;
+  o.limit_bytes = 16 * VT_MiB;
+  vram_pool_t *pool = vt_pool_from(&o);
+  enum { N = 10 };
+  void *blocks[N];
+  size_t sizes[N];
+  for (int i = 0; i < N; i++) {
+    sizes[i] = 3 * VT_MiB / 2;
+    VT_OK(vram_malloc(pool, sizes[i], NULL, &blocks[i]));
+  }
+  for (int i = 1; i < N; i += 2) {
+    VT_OK(vram_free(pool, blocks[i]));
+    blocks[i] = NULL;
+  }
+  void *p = NULL;
+  VT_EXPECT(vram_malloc(pool, 4 * VT_MiB, NULL, &p), VRAM_ENOMEM);
+  expect_intact(pool, blocks, sizes, N);
+  vram_oom_info_t info;
+  VT_OK(vram_oom_info(pool, &info));
+  assert_true(info.cached_free >= 4 * VT_MiB);
+  assert_true(info.largest_free_block < 4 * VT_MiB);
+  free_all(pool, blocks, N);
+  VT_OK(vram_pool_destroy(pool));
+}
+
 /* A 64 MiB limit on a 1 GiB device: 40 MiB held, 40 MiB more asked. */
 static void t_sim_limit(void **state) {
   (void)state;
@@ -643,6 +677,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(t_cause_names),
       cmocka_unit_test(t_short_buffer),          cmocka_unit_test(t_sizes_past_int64),
       cmocka_unit_test(t_sim_fragmentation),     cmocka_unit_test(t_sim_preallocated_fragmentation),
+      cmocka_unit_test(t_sim_vmm_holes_inside_granules),
       cmocka_unit_test(t_sim_limit),             cmocka_unit_test(t_sim_live),
       cmocka_unit_test(t_sim_vmm_live),          cmocka_unit_test(t_sim_below_segment),
       cmocka_unit_test(t_preallocate_report),
