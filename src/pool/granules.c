@@ -204,7 +204,8 @@ static void mark_unmapped(vram_pool_t *pool, vram_segment *seg, size_t g0, size_
              (g1 - g0) * pool->granularity, 0, seg->arena->stream, 0);
 }
 
-size_t _vram_granules_unmapped_in(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size) {
+size_t _vram_granules_unmapped_in(const vram_pool_t *pool, const vram_segment *seg, uintptr_t addr,
+                                  size_t size) {
   size_t g0, g1;
   granule_span(seg, pool->granule_shift, addr, size, &g0, &g1);
   return unmapped_between(seg, g0, g1);

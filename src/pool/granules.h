@@ -8,7 +8,8 @@
 int _vram_granules_init(vram_pool_t *pool, vram_segment *seg);
 void _vram_granules_destroy(vram_segment *seg);
 /* Count the granules of [addr, addr+size) that are not mapped yet. */
-size_t _vram_granules_unmapped_in(vram_pool_t *pool, vram_segment *seg, uintptr_t addr, size_t size);
+size_t _vram_granules_unmapped_in(const vram_pool_t *pool, const vram_segment *seg, uintptr_t addr,
+                                  size_t size);
 /* The front `size` bytes of free block b are about to become a block in use: map what of
  * them is unmapped, and their granules are no longer idle. b is still free and unsplit. */
 int _vram_granules_acquire(vram_pool_t *pool, vram_block *b, size_t size);

@@ -88,12 +88,11 @@ void _vram_pool_fill_stats(const vram_pool_t *pool, vram_stats_t *out) {
 /* The largest request the free blocks of virtual segments serve without taking more from the
  * device: a free block's mapped bytes, plus as many of its unmapped granules as idle
  * granules elsewhere can be moved into (none below a preallocation's granules, which are
- * never unmapped). The statistics' figure takes all cached memory of
- * virtual segments as one piece (granules are interchangeable), which free bytes in
- * granules that live blocks share are not; an out-of-memory report, which must not name a
- * largest free block that would have served the request, walks the blocks for this one. */
+ * never unmapped). The statistics' figure takes all cached memory of virtual segments as
+ * one piece (granules are interchangeable), which free bytes in granules that live blocks
+ * share are not; an out-of-memory report, which must not name a largest free block that
+ * would have served the request, walks the blocks for this one. */
 static size_t virtual_servable(const vram_pool_t *pool) {
-  vram_pool_t *p = (vram_pool_t *)pool; /* the granule queries read, but are not const */
   size_t g = pool->granularity, idle_total = _vram_granules_idle_total(pool), best = 0;
   size_t mapped_total = 0;
   for (vram_arena *a = pool->arenas; a; a = a->next)
@@ -105,7 +104,7 @@ static size_t virtual_servable(const vram_pool_t *pool) {
       if (!s->gran_mapped) continue;
       for (vram_block *b = s->first; b; b = b->addr_next) {
         if (b->state != VRAM_BLOCK_FREE) continue;
-        size_t unmapped = _vram_granules_unmapped_in(p, s, b->addr, b->size);
+        size_t unmapped = _vram_granules_unmapped_in(pool, s, b->addr, b->size);
         size_t first = (b->addr - s->addr + g - 1) / g, end = (b->addr - s->addr + b->size) / g;
         size_t idle_in = end > first ? end - first - unmapped : 0;
         size_t movable = idle_total - (idle_in < idle_total ? idle_in : idle_total);
