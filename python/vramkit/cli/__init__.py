@@ -107,24 +107,73 @@ command("estimate", "a model's training step before it runs: peak memory, fit, l
 command("doctor", "why an allocation ran out of memory, from a snapshot or a trace, and the fixes")
 
 
+class _OutputError(Exception):
+    """Standard output refused a write for another reason than a closed pipe (a full disk,
+    an I/O error): told apart from the OSErrors a subcommand raises for its own files."""
+
+    def __init__(self, error: OSError):
+        super().__init__(error.strerror or str(error))
+
+
+class _GuardedOutput:
+    """sys.stdout while a subcommand runs: what fails to be written is an _OutputError,
+    so that main() reports it as one line and status 4 instead of a traceback."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def _guarded(self, call, *args):
+        try:
+            return call(*args)
+        except BrokenPipeError:
+            raise
+        except OSError as error:
+            raise _OutputError(error) from None
+
+    def write(self, text):
+        return self._guarded(self._stream.write, text)
+
+    def flush(self):
+        return self._guarded(self._stream.flush)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null: nothing more can reach the reader, and the flush at
+    interpreter exit must not fail again with a message on stderr."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``vramkit ARGS`` (the process's arguments when argv is None); returns the exit
     status, unless a C subcommand replaces the process. A reader that closes standard output
-    early (``| head -1``) ends the command quietly with EXIT_BROKEN_PIPE."""
+    early (``| head -1``) ends the command quietly with EXIT_BROKEN_PIPE; an output that
+    cannot be written (a full disk) is EXIT_FAILURE with one line saying so, never a
+    success whose output was lost."""
+    stdout = sys.stdout
+    sys.stdout = _GuardedOutput(stdout) if stdout is not None else stdout
     try:
         status = _dispatch(list(sys.argv[1:] if argv is None else argv))
         sys.stdout.flush()  # here, so that a closed pipe is seen now and not at exit
         return status
     except BrokenPipeError:
-        # Nothing more can reach the reader; point stdout at /dev/null so that the flush at
-        # interpreter exit does not fail again with a message on stderr.
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-            os.close(devnull)
-        except (OSError, ValueError):
-            pass
+        sys.stdout = stdout
+        _silence_stdout()
         return EXIT_BROKEN_PIPE
+    except _OutputError as error:
+        sys.stdout = stdout
+        _silence_stdout()
+        print(f"vramkit: cannot write standard output: {error}", file=sys.stderr)
+        return EXIT_FAILURE
+    finally:
+        sys.stdout = stdout
 
 
 def _dispatch(args: list[str]) -> int:
