@@ -34,6 +34,7 @@ import socket
 import sys
 import time
 
+from .._shown import shown
 from ._serve import Server, reply_bytes
 
 DEFAULT_PORT = 9400
@@ -114,9 +115,19 @@ _POOL_FIELDS = (
 )
 
 
+def visible_label(value) -> str:
+    """A label's text with what would steer a terminal or a reader escaped as vramkit shows
+    foreign text (controls, bidi and other format characters, bytes that are not UTF-8, as
+    \\xNN), but a backslash kept: the text format escapes that one itself, and a scraper
+    reads it back whole. Records and /proc names are other processes' text."""
+    text = "" if value is None else str(value)
+    # In shown()'s output every backslash opens an escape, so each \x5c is one backslash.
+    return shown(text).replace("\\x5c", "\\")
+
+
 def _label_value(value) -> str:
     # The text format's escapes: a name from /proc may hold any character.
-    text = "" if value is None else str(value)
+    text = visible_label(value)
     return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
