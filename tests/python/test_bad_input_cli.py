@@ -58,3 +58,44 @@ def test_help_for_an_unknown_command_is_a_usage_error():
     done = run("help", "no-such-command")
     assert_one_clear_line(done, EXIT_USAGE, "unknown command 'no-such-command'")
     assert done.stdout == ""
+
+
+@pytest.mark.parametrize("command", ["plot", "doctor"])
+def test_a_trace_error_names_the_file_escaped_once(command, tmp_path):
+    """The engine's message quotes the refused byte as an escape already; the file's name is
+    escaped here, and nothing twice (\\x5cx1b would be a byte the file does not hold)."""
+    path = tmp_path / "c\x1bd.trace"
+    path.write_bytes(b"# vramkit-trace v1\na 1 \x1b[31m 0 0\n")
+    done = run(command, path, "-o", tmp_path / "out.html") if command == "plot" \
+        else run(command, path)
+    assert_one_clear_line(done, EXIT_BAD_INPUT,
+                          "c\\x1bd.trace:2: a control byte ('\\x1b') at column 5")
+    assert "\x1b" not in done.stderr and "\\x5c" not in done.stderr
+
+
+def test_the_doctors_report_shows_a_file_name_escaped(tmp_path):
+    path = tmp_path / "e\x1b[2Jf.trace"
+    path.write_text(TRACE)
+    done = run("doctor", path, "--capacity", "1K")
+    assert done.returncode == 0, done.stderr
+    assert "\x1b" not in done.stdout
+    assert done.stdout.startswith("vramkit doctor: trace e\\x1b[2Jf (4 ops)\n"), done.stdout
+
+
+@pytest.mark.parametrize("command", ["plot", "doctor"])
+def test_a_small_gzip_that_decompresses_to_much_more_is_refused(command, tmp_path):
+    """A snapshot is read whole: a gzip file of repeated bytes would be gigabytes in
+    memory. Past 64 times its size (and 64 MiB) it is refused, and says how to read it."""
+    import gzip
+
+    path = tmp_path / "bomb.pickle.gz"
+    with gzip.open(path, "wb") as f:
+        f.write(b"\x80\x04")
+        for _ in range(96):
+            f.write(bytes(1 << 20))
+    assert path.stat().st_size * 64 < (96 << 20)
+    done = run(command, path, "-o", tmp_path / "out.html") if command == "plot" \
+        else run(command, path)
+    assert_one_clear_line(done, EXIT_BAD_INPUT, "bomb.pickle.gz: decompresses to more than ",
+                          "gunzip it first")
+    assert not (tmp_path / "out.html").exists()
