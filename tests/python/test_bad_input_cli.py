@@ -99,3 +99,15 @@ def test_a_small_gzip_that_decompresses_to_much_more_is_refused(command, tmp_pat
     assert_one_clear_line(done, EXIT_BAD_INPUT, "bomb.pickle.gz: decompresses to more than ",
                           "gunzip it first")
     assert not (tmp_path / "out.html").exists()
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["doctor", "{trace}", "--capacity", "-1G"], "--capacity: expected a size above 0"),
+    (["top", "--interval", "-1e3"], "--interval: expected seconds"),
+    (["plot", "{trace}", "-o", "x.html", "--max-ops", "-5K"], "--max-ops: expected a number"),
+])
+def test_a_negative_value_is_refused_as_a_value_not_missing(args, expected, trace):
+    """'-1G' is a value given, not an option: 'needs a value' would not be true."""
+    done = run(*[str(trace) if a == "{trace}" else a for a in args])
+    assert_one_clear_line(done, EXIT_USAGE, expected, f"got '{args[-1]}'")
+    assert "needs a value" not in done.stderr
