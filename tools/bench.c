@@ -121,7 +121,7 @@ static int parse_common(int argc, char **argv, int *i, bench_common_t *common) {
 
 static int unknown_option(const char *command, const char *arg) {
   fprintf(stderr, "vramkit bench %s: unknown argument '%s' (see vramkit bench %s --help)\n",
-          command, arg, command);
+          command, cli_shown(arg), command);
   return CLI_EXIT_USAGE;
 }
 
@@ -313,7 +313,8 @@ static int parse_size_list(const char *text, size_t *sizes, int *count) {
     size_t length = comma ? (size_t)(comma - cursor) : strlen(cursor);
     char item[64];
     if (length == 0 || length >= sizeof item || *count >= PAIR_MAX_SIZES) {
-      fprintf(stderr, "vramkit bench pair: --sizes: bad list '%s' (e.g. 512,64K,2M,64M)\n", text);
+      fprintf(stderr, "vramkit bench pair: --sizes: bad list '%s' (e.g. 512,64K,2M,64M)\n",
+            cli_shown(text));
       return -1;
     }
     memcpy(item, cursor, length);
@@ -634,6 +635,7 @@ int cmd_bench(int argc, char **argv) {
   if (strcmp(command, "random") == 0) return bench_random(argc - 1, argv + 1);
   if (strcmp(command, "pair") == 0) return bench_pair(argc - 1, argv + 1);
   if (strcmp(command, "scale") == 0) return bench_scale(argc - 1, argv + 1);
-  fprintf(stderr, "vramkit bench: unknown benchmark '%s' (random, pair or scale)\n", command);
+  fprintf(stderr, "vramkit bench: unknown benchmark '%s' (random, pair or scale)\n",
+          cli_shown(command));
   return CLI_EXIT_USAGE;
 }

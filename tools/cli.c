@@ -13,6 +13,24 @@ double cli_now_ns(void) {
   return (double)now.tv_sec * 1e9 + (double)now.tv_nsec;
 }
 
+const char *cli_shown(const char *text) {
+  enum { SLOTS = 4, SLOT_BYTES = 4 * 4096 + 1 };
+  static char slots[SLOTS][SLOT_BYTES];
+  static unsigned next;
+  char *slot = slots[next++ % SLOTS];
+  vram_escape_text(slot, SLOT_BYTES, text, strlen(text));
+  return slot;
+}
+
+void cli_print_trace_error(FILE *out, const char *prefix, const char *path, const char *error,
+                           const char *suffix) {
+  size_t length = strlen(path);
+  if (strncmp(error, path, length) == 0)
+    fprintf(out, "%s%s%s%s\n", prefix, cli_shown(path), error + length, suffix);
+  else
+    fprintf(out, "%s%s%s\n", prefix, cli_shown(error), suffix);
+}
+
 int cli_is_help(const char *arg) {
   return strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0;
 }
@@ -35,7 +53,8 @@ int cli_option_value(int argc, char **argv, int *index, const char *name, const 
    * is the next option, and the value is missing. */
   int number = (next[1] >= '0' && next[1] <= '9') || next[1] == '.';
   if (next[0] == '-' && next[1] != '\0' && !number) {
-    fprintf(stderr, "vramkit: %s needs a value, and '%s' after it is an option\n", name, next);
+    fprintf(stderr, "vramkit: %s needs a value, and '%s' after it is an option\n", name,
+            cli_shown(next));
     return -1;
   }
   *value = argv[++*index];
@@ -47,7 +66,7 @@ int cli_parse_source(const char *text, vram_source_kind *kind) {
     fprintf(stderr,
             "vramkit: unknown source '%s' (choose sim, sim:cuda, sim:vmm, cuda, vmm, managed "
             "or auto)\n",
-            text);
+            cli_shown(text));
     return -1;
   }
   return 0;
@@ -57,7 +76,7 @@ int cli_parse_size(const char *option, const char *text, size_t *bytes) {
   const char *why = vram_parse_size_error(text, 0);
   if (why) {
     fprintf(stderr, "vramkit: %s: '%s' is not a size: %s; expected bytes, or a number with "
-                    "K/M/G/T: 512M, 1.5G\n", option, text, why);
+                    "K/M/G/T: 512M, 1.5G\n", option, cli_shown(text), why);
     return -1;
   }
   return vram_parse_size(text, 0, bytes, NULL) == VRAM_OK ? 0 : -1;
@@ -69,7 +88,7 @@ int cli_parse_long(const char *option, const char *text, long min, long max, lon
   long value = strtol(text, &end, 10);
   if (errno || end == text || *end || value < min || value > max) {
     fprintf(stderr, "vramkit: %s: expected a whole number from %ld to %ld, got '%s'\n", option,
-            min, max, text);
+            min, max, cli_shown(text));
     return -1;
   }
   *out = value;
@@ -105,7 +124,8 @@ void cli_report_pool_error(int status, const vram_options_t *opts) {
   /* The replay and bench options size no preallocation: only the variable can. */
   const char *pre = getenv("VRAMKIT_PREALLOCATE");
   if (status == VRAM_ENOMEM && pre && (opts->preallocate_bytes || opts->preallocate_fraction))
-    fprintf(stderr, "vramkit: VRAMKIT_PREALLOCATE: '%s' is more than the device holds\n", pre);
+    fprintf(stderr, "vramkit: VRAMKIT_PREALLOCATE: '%s' is more than the device holds\n",
+            cli_shown(pre));
   if (status == VRAM_ENODRIVER)
     fprintf(stderr, "vramkit: no CUDA driver here; --source sim replays on the host model\n");
   if (status == VRAM_ENOMEM) cli_print_create_report();

@@ -68,7 +68,8 @@ static int dispatch(int argc, char **argv) {
       char *help_argv[] = {argv[2], help_flag, NULL};
       if (strcmp(argv[2], "replay") == 0) return cmd_replay(2, help_argv);
       if (strcmp(argv[2], "bench") == 0) return cmd_bench(2, help_argv);
-      fprintf(stderr, "vramkit: unknown command '%s' (see vramkit --help)\n", argv[2]);
+      fprintf(stderr, "vramkit: unknown command '%s' (see vramkit --help)\n",
+              cli_shown(argv[2]));
       return CLI_EXIT_USAGE;
     }
     print_usage(stdout);
@@ -81,7 +82,7 @@ static int dispatch(int argc, char **argv) {
   }
   if (strcmp(command, "replay") == 0) return cmd_replay(argc - 1, argv + 1);
   if (strcmp(command, "bench") == 0) return cmd_bench(argc - 1, argv + 1);
-  fprintf(stderr, "vramkit: unknown command '%s' (see vramkit --help)\n", command);
+  fprintf(stderr, "vramkit: unknown command '%s' (see vramkit --help)\n", cli_shown(command));
   return CLI_EXIT_USAGE;
 }
 

@@ -111,3 +111,33 @@ def test_a_negative_value_is_refused_as_a_value_not_missing(args, expected, trac
     done = run(*[str(trace) if a == "{trace}" else a for a in args])
     assert_one_clear_line(done, EXIT_USAGE, expected, f"got '{args[-1]}'")
     assert "needs a value" not in done.stderr
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["bo\x1b[2Jgus"], "unknown command 'bo\\x1b[2Jgus'"),
+    (["help", "x\u202ey"], "unknown command 'x\\xe2\\x80\\xaey'"),
+    (["replay", "--b\x1bx"], "unknown option '--b\\x1bx'"),
+    (["replay", "--capacity", "1\x1bG"], "'1\\x1bG' is not a size"),
+    (["replay", "--source", "\x1b"], "unknown source '\\x1b'"),
+    (["bench", "\x07"], "unknown benchmark '\\x07'"),
+    (["bench", "pair", "--b\x1bx"], "unknown argument '--b\\x1bx'"),
+])
+def test_the_c_command_shows_its_arguments_escaped(args, expected):
+    done = run(*args)
+    assert_one_clear_line(done, EXIT_USAGE, expected)
+    assert not any(c in done.stderr for c in "\x1b\x07\u202e")
+
+
+def test_replay_shows_trace_names_escaped(tmp_path):
+    bad = tmp_path / "c\x1bd.trace"
+    bad.write_bytes(b"# vramkit-trace v1\na 1 \x1b[31m 0 0\n")
+    done = run("replay", bad)
+    assert_one_clear_line(done, EXIT_BAD_INPUT,
+                          "c\\x1bd.trace:2: a control byte ('\\x1b') at column 5")
+    assert "\x1b" not in done.stderr
+    good = tmp_path / "e\x1b[2Jf.trace"
+    good.write_text(TRACE)
+    done = run("replay", "--repeat", "1", good)
+    assert done.returncode == 0, done.stderr
+    assert "\x1b" not in done.stdout
+    assert done.stdout.splitlines()[1].startswith("e\\x1b[2Jf "), done.stdout
