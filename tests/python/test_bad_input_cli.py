@@ -141,3 +141,16 @@ def test_replay_shows_trace_names_escaped(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "\x1b" not in done.stdout
     assert done.stdout.splitlines()[1].startswith("e\\x1b[2Jf "), done.stdout
+
+
+def test_export_shows_an_address_and_an_nvml_path_escaped(tmp_path):
+    done = run("export", "--address", "no\x1b[2Jwhere", "--port", "0")
+    assert_one_clear_line(done, EXIT_FAILURE, "cannot listen on no\\x1b[2Jwhere: ")
+    assert "\x1b" not in done.stderr
+    done = run("export", "--once", env_extra={
+        "VRAMKIT_NVML_LIBRARY": str(tmp_path / "lib\x1b[2J.so"),
+        "VRAMKIT_PUBLISH_DIR": str(tmp_path / "records")})
+    assert done.returncode == 0, done.stderr
+    assert "\x1b" not in done.stdout
+    assert "# vramkit: no GPU figures: the NVML library " in done.stdout
+    assert "lib\\x1b[2J.so" in done.stdout
