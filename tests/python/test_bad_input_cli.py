@@ -154,3 +154,18 @@ def test_export_shows_an_address_and_an_nvml_path_escaped(tmp_path):
     assert "\x1b" not in done.stdout
     assert "# vramkit: no GPU figures: the NVML library " in done.stdout
     assert "lib\\x1b[2J.so" in done.stdout
+
+
+@pytest.mark.parametrize("records, expected", [
+    (['{"time": -1e308, "step": 0, "allocated": 5, "reserved": 10}',
+      '{"time": 1e308, "step": 1, "allocated": 5, "reserved": 10}'],
+     "its time 1e+308 is too far from the first's"),
+    (['{"time": 0, "step": 0, "allocated": 5, "reserved": 10, "device": [1]}'],
+     "log.jsonl:1: 'device' is not a device number: [1]"),
+])
+def test_a_log_with_values_it_cannot_draw_is_refused(records, expected, tmp_path):
+    path = tmp_path / "log.jsonl"
+    path.write_text("\n".join(records) + "\n")
+    done = run("plot", path, "-o", tmp_path / "out.html")
+    assert_one_clear_line(done, EXIT_BAD_INPUT, expected)
+    assert not (tmp_path / "out.html").exists()
