@@ -169,3 +169,11 @@ def test_a_log_with_values_it_cannot_draw_is_refused(records, expected, tmp_path
     done = run("plot", path, "-o", tmp_path / "out.html")
     assert_one_clear_line(done, EXIT_BAD_INPUT, expected)
     assert not (tmp_path / "out.html").exists()
+
+
+def test_top_with_a_folder_that_is_not_there_says_so(tmp_path):
+    """'no vramkit process to show' would not be true of a folder mistyped: it is unread."""
+    for folder, why in ((tmp_path / "typo", "no such folder"), (Path(__file__), "not a folder")):
+        done = run("top", "--once", "--dir", folder)
+        assert_one_clear_line(done, EXIT_USAGE, f"--dir {folder}: {why}")
+        assert done.stdout == ""
