@@ -177,3 +177,19 @@ def test_top_with_a_folder_that_is_not_there_says_so(tmp_path):
         done = run("top", "--once", "--dir", folder)
         assert_one_clear_line(done, EXIT_USAGE, f"--dir {folder}: {why}")
         assert done.stdout == ""
+
+
+def test_malformed_snapshot_entries_are_counted_not_blamed_on_the_recorder(tmp_path):
+    """Entries that are not records are skipped and counted; they do not make the plot say
+    the history lacks times (as PyTorch before 2.2 writes it) when every record has one."""
+    import pickle
+
+    entry = {"action": "alloc", "addr": 4096, "size": 512, "stream": 0, "time_us": 10,
+             "frames": []}
+    snapshot = {"segments": [], "device_traces": [[entry, "junk", 5, None]]}
+    path = tmp_path / "snap.pickle"
+    path.write_bytes(pickle.dumps(snapshot, protocol=4))
+    done = run("plot", path, "-o", tmp_path / "out.html")
+    assert done.returncode == 0, done.stderr
+    assert "skipped 3 malformed trace entries" in done.stderr
+    assert "time_us" not in done.stderr, done.stderr
