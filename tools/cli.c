@@ -101,7 +101,7 @@ int cli_base_options(vram_options_t *opts, int have_source, vram_source_kind sou
   vram_options_init(opts);
   const char *why = NULL;
   if (vram_options_from_env(opts, &why) != VRAM_OK) {
-    fprintf(stderr, "vramkit: %s\n", why ? why : "bad VRAMKIT_* environment variable");
+    fprintf(stderr, "vramkit: %s\n", why ? cli_shown(why) : "bad VRAMKIT_* environment variable");
     return -1;
   }
   if (have_source) opts->source = source;

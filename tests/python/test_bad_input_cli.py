@@ -193,3 +193,9 @@ def test_malformed_snapshot_entries_are_counted_not_blamed_on_the_recorder(tmp_p
     assert done.returncode == 0, done.stderr
     assert "skipped 3 malformed trace entries" in done.stderr
     assert "time_us" not in done.stderr, done.stderr
+
+
+def test_a_bad_variable_value_is_shown_escaped_by_the_c_command():
+    done = run("replay", "--repeat", "1", "x.trace", env_extra={"VRAMKIT_SOURCE": "\x1b[2J"})
+    assert_one_clear_line(done, EXIT_USAGE, "VRAMKIT_SOURCE: '\\x1b[2J' is not a source")
+    assert "\x1b" not in done.stderr
