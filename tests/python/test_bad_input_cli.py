@@ -199,3 +199,9 @@ def test_a_bad_variable_value_is_shown_escaped_by_the_c_command():
     done = run("replay", "--repeat", "1", "x.trace", env_extra={"VRAMKIT_SOURCE": "\x1b[2J"})
     assert_one_clear_line(done, EXIT_USAGE, "VRAMKIT_SOURCE: '\\x1b[2J' is not a source")
     assert "\x1b" not in done.stderr
+
+
+def test_replay_of_a_directory_says_it_cannot_open_it(tmp_path):
+    """Not 'cannot decompress': nothing was decompressed."""
+    done = run("replay", tmp_path)
+    assert_one_clear_line(done, EXIT_BAD_INPUT, f"{tmp_path}: cannot open: Is a directory")
