@@ -20,12 +20,13 @@ EXIT_BAD_INPUT, EXIT_USAGE, EXIT_FAILURE = 2, 3, 4
 TRACE = "# vramkit-trace v1\na 1 1024 0 0\na 2 4096 0 1\nf 1 0 2\nf 2 0 3\n"
 
 
-def run(*args, stdout=subprocess.PIPE, env_extra=None):
+def run(*args, stdout=subprocess.PIPE, env_extra=None, preexec_fn=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith("VRAMKIT_")}
     env["VRAMKIT_SOURCE"] = "sim"
     env.update(env_extra or {})
     return subprocess.run([str(installed_script()), *map(str, args)], env=env,
-                          stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=300)
+                          stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=300,
+                          preexec_fn=preexec_fn)
 
 
 def assert_one_clear_line(done, status, *phrases):
@@ -52,6 +53,15 @@ def test_output_lost_to_a_full_disk_is_a_failure(args, trace):
         done = run(*[str(trace) if a == "{trace}" else a for a in args], stdout=full)
     assert_one_clear_line(done, EXIT_FAILURE, "vramkit: cannot write standard output")
     assert len(done.stderr.splitlines()) == 1, done.stderr
+
+
+@pytest.mark.parametrize("args", [["version"], ["top", "--once"], ["--version"],
+                                  ["replay", "{trace}"]])
+def test_a_closed_standard_output_is_a_failure(args, trace):
+    """Started with standard output closed (>&-): Python has no sys.stdout at all."""
+    done = run(*[str(trace) if a == "{trace}" else a for a in args], stdout=None,
+               preexec_fn=lambda: os.close(1))
+    assert_one_clear_line(done, EXIT_FAILURE, "vramkit: cannot write standard output")
 
 
 def test_help_for_an_unknown_command_is_a_usage_error():

@@ -19,6 +19,7 @@ shell shows for a C command that SIGPIPE ended.
 
 from __future__ import annotations
 
+import errno
 import functools
 import importlib
 import os
@@ -80,8 +81,9 @@ def _exec_binary(args: Sequence[str]) -> int:
     binary = binary_path()
     if not os.access(binary, os.X_OK):
         return _missing_binary(args[0] if args else "help")
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:  # None: started with it closed
+            stream.flush()
     # Python ignores SIGPIPE and exec keeps ignored signals: give the C command the default
     # a shell gives it, so that a closed pipe ends it as it ends any C tool.
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
@@ -117,7 +119,8 @@ class _OutputError(Exception):
 
 class _GuardedOutput:
     """sys.stdout while a subcommand runs: what fails to be written is an _OutputError,
-    so that main() reports it as one line and status 4 instead of a traceback."""
+    so that main() reports it as one line and status 4 instead of a traceback. stream is
+    None when the command started with standard output closed (``>&-``)."""
 
     def __init__(self, stream):
         self._stream = stream
@@ -131,10 +134,12 @@ class _GuardedOutput:
             raise _OutputError(error) from None
 
     def write(self, text):
+        if self._stream is None:
+            raise _OutputError(OSError(errno.EBADF, "it is closed"))
         return self._guarded(self._stream.write, text)
 
     def flush(self):
-        return self._guarded(self._stream.flush)
+        return None if self._stream is None else self._guarded(self._stream.flush)
 
     def __getattr__(self, name):
         return getattr(self._stream, name)
@@ -147,7 +152,7 @@ def _silence_stdout() -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
-    except (OSError, ValueError):
+    except (OSError, ValueError, AttributeError):  # AttributeError: it was closed (None)
         pass
 
 
@@ -158,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cannot be written (a full disk) is EXIT_FAILURE with one line saying so, never a
     success whose output was lost."""
     stdout = sys.stdout
-    sys.stdout = _GuardedOutput(stdout) if stdout is not None else stdout
+    sys.stdout = _GuardedOutput(stdout)
     try:
         status = _dispatch(list(sys.argv[1:] if argv is None else argv))
         sys.stdout.flush()  # here, so that a closed pipe is seen now and not at exit
