@@ -215,3 +215,23 @@ def test_replay_of_a_directory_says_it_cannot_open_it(tmp_path):
     """Not 'cannot decompress': nothing was decompressed."""
     done = run("replay", tmp_path)
     assert_one_clear_line(done, EXIT_BAD_INPUT, f"{tmp_path}: cannot open: Is a directory")
+
+
+def test_doctor_refuses_a_capacity_the_snapshot_shows_is_not_the_devices(tmp_path):
+    """Reserved and free on device are the snapshot's; a capacity below their sum would put
+    figures side by side that cannot both be true."""
+    import pickle
+
+    block = {"address": 0, "size": 2 << 20, "requested_size": 2 << 20,
+             "state": "active_allocated", "frames": []}
+    segment = {"device": 0, "address": 0, "total_size": 2 << 20, "allocated_size": 2 << 20,
+               "active_size": 2 << 20, "stream": 0, "segment_type": "large", "blocks": [block]}
+    oom = {"action": "oom", "addr": 0, "size": 1 << 30, "stream": 0, "time_us": 1,
+           "device_free": 1 << 30, "frames": []}
+    path = tmp_path / "oom.pickle"
+    path.write_bytes(pickle.dumps({"segments": [segment], "device_traces": [[oom]]}))
+    assert run("doctor", path, "--capacity", "2G").returncode == 0
+    done = run("doctor", path, "--capacity", "1G")
+    assert_one_clear_line(done, EXIT_USAGE, "capacity 1.0 GiB is less than the snapshot's "
+                          "reserved 2.0 MiB and free on device 1.0 GiB together")
+    assert done.stdout == ""

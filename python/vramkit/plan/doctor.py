@@ -483,6 +483,14 @@ def _from_snapshot(snap, capacity: int | None, estimate_fn, origin: str) -> Diag
     if not framed and allocated:
         notes.append("the blocks have no frames: record_memory_history() before the run "
                      "names the call sites")
+    free_at_oom = oom[1].get("device_free", 0) if oom else 0
+    free_at_oom = free_at_oom if isinstance(free_at_oom, int) else 0
+    if capacity is not None and capacity < reserved + free_at_oom:
+        # A report that set the two side by side would print figures that cannot both be.
+        held = f"reserved {_size(reserved)}" + (
+            f" and free on device {_size(free_at_oom)} together" if oom else "")
+        raise ValueError(f"capacity {_size(capacity)} is less than the snapshot's {held}: "
+                         f"it is not this device's")
     if oom is None:
         notes.append("the snapshot's trace records no out-of-memory; record_memory_history("
                      "enabled='all') before the failure keeps it")
@@ -589,7 +597,8 @@ def diagnose(source, *, capacity: int | str | None = None,
     device capacity. estimate_fn(variant) -> bytes: the predicted peak of the step under
     "baseline" and each of LIVE_VARIANTS; the fixes of a `live` cause are then ranked by
     the saving each predicts. model: a torch.nn.Module whose parameters are counted.
-    Raises DoctorInputError for what cannot be read."""
+    Raises DoctorInputError for what cannot be read, ValueError for a capacity that is not
+    a positive size or that a snapshot shows cannot be its device's."""
     if isinstance(capacity, str):
         from .. import _core
 
