@@ -235,3 +235,22 @@ def test_doctor_refuses_a_capacity_the_snapshot_shows_is_not_the_devices(tmp_pat
     assert_one_clear_line(done, EXIT_USAGE, "capacity 1.0 GiB is less than the snapshot's "
                           "reserved 2.0 MiB and free on device 1.0 GiB together")
     assert done.stdout == ""
+
+
+def _small_file_limit():
+    """In the child: files may not grow past 4 KiB, and passing it is an error (EFBIG), not
+    the signal that would end the process: a disk that fills up mid-write."""
+    import resource
+    import signal
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+
+def test_a_plot_that_cannot_be_written_whole_leaves_the_old_file(trace, tmp_path):
+    out = tmp_path / "out.html"
+    out.write_text("the page drawn before")
+    done = run("plot", trace, "-o", out, preexec_fn=_small_file_limit)
+    assert_one_clear_line(done, EXIT_FAILURE, "cannot write: File too large")
+    assert out.read_text() == "the page drawn before"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.html", "small.trace"]
