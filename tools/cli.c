@@ -150,16 +150,28 @@ static int utf8_length(const unsigned char *c) {
   return length;
 }
 
+/* The code point of the well-formed UTF-8 sequence of `length` bytes at c. */
+static unsigned code_point(const unsigned char *c, int length) {
+  unsigned cp = length == 1 ? *c : *c & (0x7Fu >> length);
+  for (int i = 1; i < length; i++) cp = cp << 6 | (c[i] & 0x3Fu);
+  return cp;
+}
+
 /* Text from outside (a file name) need not be UTF-8, and JSON must be: each byte that
- * starts no well-formed sequence is written as U+FFFD, as a lenient decoder would read it. */
+ * starts no well-formed sequence is written as U+FFFD, as a lenient decoder would read it.
+ * Everything past printable ASCII is a \\u escape (a pair past U+FFFF), as Python's json
+ * writes it: controls, C1 and bidirectional overrides in a name reach no terminal raw. */
 void cli_json_string(FILE *out, const char *text) {
   fputc('"', out);
   for (const unsigned char *c = (const unsigned char *)text; *c;) {
     int length = utf8_length(c);
-    if (length == 0) fputs("\\ufffd", out);
-    else if (*c == '"' || *c == '\\') fprintf(out, "\\%c", *c);
-    else if (*c < 0x20) fprintf(out, "\\u%04x", *c);
-    else fwrite(c, 1, (size_t)length, out);
+    unsigned cp = length ? code_point(c, length) : 0xFFFDu;
+    if (cp == '"' || cp == '\\') fprintf(out, "\\%c", (int)cp);
+    else if (cp >= 0x20 && cp < 0x7F) fputc((int)cp, out);
+    else if (cp > 0xFFFF)
+      fprintf(out, "\\u%04x\\u%04x", 0xD800 + ((cp - 0x10000) >> 10),
+              0xDC00 + ((cp - 0x10000) & 0x3FF));
+    else fprintf(out, "\\u%04x", cp);
     c += length ? length : 1;
   }
   fputc('"', out);

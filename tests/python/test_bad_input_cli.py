@@ -7,6 +7,7 @@ control characters in the exporter's labels, a small gzip file read into gigabyt
 The commands run as installed (the script beside this interpreter), as a user runs them.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -254,3 +255,15 @@ def test_a_plot_that_cannot_be_written_whole_leaves_the_old_file(trace, tmp_path
     assert_one_clear_line(done, EXIT_FAILURE, "cannot write: File too large")
     assert out.read_text() == "the page drawn before"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.html", "small.trace"]
+
+
+def test_replay_json_escapes_every_character_past_ascii(tmp_path):
+    """A bidi override or a C1 control in a trace's name reaches a terminal that shows the
+    JSON only as a \\u escape; a JSON reader gets the name back (U+FFFD for a bad byte)."""
+    name = b"\xe2\x80\xaeab\xf0\x9f\x98\x80\x7f\xc2\x85caf\xc3\xa9\xff.trace"
+    path = tmp_path / os.fsdecode(name)
+    path.write_text(TRACE)
+    done = run("replay", "--json", "--repeat", "1", path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.isascii(), done.stdout
+    assert json.loads(done.stdout)["trace"] == "\u202eab\U0001F600\x7f\x85caf\u00e9\ufffd"
