@@ -267,3 +267,11 @@ def test_replay_json_escapes_every_character_past_ascii(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.isascii(), done.stdout
     assert json.loads(done.stdout)["trace"] == "\u202eab\U0001F600\x7f\x85caf\u00e9\ufffd"
+
+
+def test_a_python_subcommand_warns_of_a_mistyped_variable(tmp_path):
+    """VRAMKIT_PUBLISH_DRI would leave `vramkit top` on the default folder without a word."""
+    done = run("top", "--once", env_extra={"VRAMKIT_PUBLISH_DRI": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ("vramkit: warning: VRAMKIT_PUBLISH_DRI is not a vramkit variable "
+                           "and is ignored; did you mean VRAMKIT_PUBLISH_DIR?\n")
