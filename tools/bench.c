@@ -308,13 +308,16 @@ static int bench_random(int argc, char **argv) {
 static int parse_size_list(const char *text, size_t *sizes, int *count) {
   *count = 0;
   const char *cursor = text;
+  size_t text_length = strlen(text);
+  /* A comma at the end stands for a size left out, as one between two commas does. */
+  int open_end = text_length && text[text_length - 1] == ',';
   while (*cursor) {
     const char *comma = strchr(cursor, ',');
     size_t length = comma ? (size_t)(comma - cursor) : strlen(cursor);
     char item[64];
-    if (length == 0 || length >= sizeof item || *count >= PAIR_MAX_SIZES) {
+    if (length == 0 || open_end || length >= sizeof item || *count >= PAIR_MAX_SIZES) {
       fprintf(stderr, "vramkit bench pair: --sizes: bad list '%s' (e.g. 512,64K,2M,64M)\n",
-            cli_shown(text));
+              cli_shown(text));
       return -1;
     }
     memcpy(item, cursor, length);

@@ -275,3 +275,10 @@ def test_a_python_subcommand_warns_of_a_mistyped_variable(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stderr == ("vramkit: warning: VRAMKIT_PUBLISH_DRI is not a vramkit variable "
                            "and is ignored; did you mean VRAMKIT_PUBLISH_DIR?\n")
+
+
+@pytest.mark.parametrize("sizes", ["64K,", ",64K", "64K,,2M"])
+def test_bench_pair_refuses_a_size_left_out_of_its_list(sizes):
+    done = run("bench", "pair", "--sizes", sizes)
+    assert_one_clear_line(done, EXIT_USAGE, f"--sizes: bad list '{sizes}'")
+    assert done.stdout == ""
