@@ -121,7 +121,7 @@ static int parse_common(int argc, char **argv, int *i, bench_common_t *common) {
 
 static int unknown_option(const char *command, const char *arg) {
   fprintf(stderr, "vramkit bench %s: unknown argument '%s' (see vramkit bench %s --help)\n",
-          command, arg, command);
+          command, cli_shown(arg), command);
   return CLI_EXIT_USAGE;
 }
 
@@ -308,12 +308,16 @@ static int bench_random(int argc, char **argv) {
 static int parse_size_list(const char *text, size_t *sizes, int *count) {
   *count = 0;
   const char *cursor = text;
+  size_t text_length = strlen(text);
+  /* A comma at the end stands for a size left out, as one between two commas does. */
+  int open_end = text_length && text[text_length - 1] == ',';
   while (*cursor) {
     const char *comma = strchr(cursor, ',');
     size_t length = comma ? (size_t)(comma - cursor) : strlen(cursor);
     char item[64];
-    if (length == 0 || length >= sizeof item || *count >= PAIR_MAX_SIZES) {
-      fprintf(stderr, "vramkit bench pair: --sizes: bad list '%s' (e.g. 512,64K,2M,64M)\n", text);
+    if (length == 0 || open_end || length >= sizeof item || *count >= PAIR_MAX_SIZES) {
+      fprintf(stderr, "vramkit bench pair: --sizes: bad list '%s' (e.g. 512,64K,2M,64M)\n",
+              cli_shown(text));
       return -1;
     }
     memcpy(item, cursor, length);
@@ -634,6 +638,7 @@ int cmd_bench(int argc, char **argv) {
   if (strcmp(command, "random") == 0) return bench_random(argc - 1, argv + 1);
   if (strcmp(command, "pair") == 0) return bench_pair(argc - 1, argv + 1);
   if (strcmp(command, "scale") == 0) return bench_scale(argc - 1, argv + 1);
-  fprintf(stderr, "vramkit bench: unknown benchmark '%s' (random, pair or scale)\n", command);
+  fprintf(stderr, "vramkit bench: unknown benchmark '%s' (random, pair or scale)\n",
+          cli_shown(command));
   return CLI_EXIT_USAGE;
 }

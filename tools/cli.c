@@ -13,6 +13,24 @@ double cli_now_ns(void) {
   return (double)now.tv_sec * 1e9 + (double)now.tv_nsec;
 }
 
+const char *cli_shown(const char *text) {
+  enum { SLOTS = 4, SLOT_BYTES = 4 * 4096 + 1 };
+  static char slots[SLOTS][SLOT_BYTES];
+  static unsigned next;
+  char *slot = slots[next++ % SLOTS];
+  vram_escape_text(slot, SLOT_BYTES, text, strlen(text));
+  return slot;
+}
+
+void cli_print_trace_error(FILE *out, const char *prefix, const char *path, const char *error,
+                           const char *suffix) {
+  size_t length = strlen(path);
+  if (strncmp(error, path, length) == 0)
+    fprintf(out, "%s%s%s%s\n", prefix, cli_shown(path), error + length, suffix);
+  else
+    fprintf(out, "%s%s%s\n", prefix, cli_shown(error), suffix);
+}
+
 int cli_is_help(const char *arg) {
   return strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0;
 }
@@ -35,7 +53,8 @@ int cli_option_value(int argc, char **argv, int *index, const char *name, const 
    * is the next option, and the value is missing. */
   int number = (next[1] >= '0' && next[1] <= '9') || next[1] == '.';
   if (next[0] == '-' && next[1] != '\0' && !number) {
-    fprintf(stderr, "vramkit: %s needs a value, and '%s' after it is an option\n", name, next);
+    fprintf(stderr, "vramkit: %s needs a value, and '%s' after it is an option\n", name,
+            cli_shown(next));
     return -1;
   }
   *value = argv[++*index];
@@ -47,7 +66,7 @@ int cli_parse_source(const char *text, vram_source_kind *kind) {
     fprintf(stderr,
             "vramkit: unknown source '%s' (choose sim, sim:cuda, sim:vmm, cuda, vmm, managed "
             "or auto)\n",
-            text);
+            cli_shown(text));
     return -1;
   }
   return 0;
@@ -57,7 +76,7 @@ int cli_parse_size(const char *option, const char *text, size_t *bytes) {
   const char *why = vram_parse_size_error(text, 0);
   if (why) {
     fprintf(stderr, "vramkit: %s: '%s' is not a size: %s; expected bytes, or a number with "
-                    "K/M/G/T: 512M, 1.5G\n", option, text, why);
+                    "K/M/G/T: 512M, 1.5G\n", option, cli_shown(text), why);
     return -1;
   }
   return vram_parse_size(text, 0, bytes, NULL) == VRAM_OK ? 0 : -1;
@@ -69,7 +88,7 @@ int cli_parse_long(const char *option, const char *text, long min, long max, lon
   long value = strtol(text, &end, 10);
   if (errno || end == text || *end || value < min || value > max) {
     fprintf(stderr, "vramkit: %s: expected a whole number from %ld to %ld, got '%s'\n", option,
-            min, max, text);
+            min, max, cli_shown(text));
     return -1;
   }
   *out = value;
@@ -82,7 +101,7 @@ int cli_base_options(vram_options_t *opts, int have_source, vram_source_kind sou
   vram_options_init(opts);
   const char *why = NULL;
   if (vram_options_from_env(opts, &why) != VRAM_OK) {
-    fprintf(stderr, "vramkit: %s\n", why ? why : "bad VRAMKIT_* environment variable");
+    fprintf(stderr, "vramkit: %s\n", why ? cli_shown(why) : "bad VRAMKIT_* environment variable");
     return -1;
   }
   if (have_source) opts->source = source;
@@ -105,7 +124,8 @@ void cli_report_pool_error(int status, const vram_options_t *opts) {
   /* The replay and bench options size no preallocation: only the variable can. */
   const char *pre = getenv("VRAMKIT_PREALLOCATE");
   if (status == VRAM_ENOMEM && pre && (opts->preallocate_bytes || opts->preallocate_fraction))
-    fprintf(stderr, "vramkit: VRAMKIT_PREALLOCATE: '%s' is more than the device holds\n", pre);
+    fprintf(stderr, "vramkit: VRAMKIT_PREALLOCATE: '%s' is more than the device holds\n",
+            cli_shown(pre));
   if (status == VRAM_ENODRIVER)
     fprintf(stderr, "vramkit: no CUDA driver here; --source sim replays on the host model\n");
   if (status == VRAM_ENOMEM) cli_print_create_report();
@@ -130,16 +150,28 @@ static int utf8_length(const unsigned char *c) {
   return length;
 }
 
+/* The code point of the well-formed UTF-8 sequence of `length` bytes at c. */
+static unsigned code_point(const unsigned char *c, int length) {
+  unsigned cp = length == 1 ? *c : *c & (0x7Fu >> length);
+  for (int i = 1; i < length; i++) cp = cp << 6 | (c[i] & 0x3Fu);
+  return cp;
+}
+
 /* Text from outside (a file name) need not be UTF-8, and JSON must be: each byte that
- * starts no well-formed sequence is written as U+FFFD, as a lenient decoder would read it. */
+ * starts no well-formed sequence is written as U+FFFD, as a lenient decoder would read it.
+ * Everything past printable ASCII is a \\u escape (a pair past U+FFFF), as Python's json
+ * writes it: controls, C1 and bidirectional overrides in a name reach no terminal raw. */
 void cli_json_string(FILE *out, const char *text) {
   fputc('"', out);
   for (const unsigned char *c = (const unsigned char *)text; *c;) {
     int length = utf8_length(c);
-    if (length == 0) fputs("\\ufffd", out);
-    else if (*c == '"' || *c == '\\') fprintf(out, "\\%c", *c);
-    else if (*c < 0x20) fprintf(out, "\\u%04x", *c);
-    else fwrite(c, 1, (size_t)length, out);
+    unsigned cp = length ? code_point(c, length) : 0xFFFDu;
+    if (cp == '"' || cp == '\\') fprintf(out, "\\%c", (int)cp);
+    else if (cp >= 0x20 && cp < 0x7F) fputc((int)cp, out);
+    else if (cp > 0xFFFF)
+      fprintf(out, "\\u%04x\\u%04x", 0xD800 + ((cp - 0x10000) >> 10),
+              0xDC00 + ((cp - 0x10000) & 0x3FF));
+    else fprintf(out, "\\u%04x", cp);
     c += length ? length : 1;
   }
   fputc('"', out);

@@ -82,6 +82,17 @@ void cli_report_pool_error(int status, const vram_options_t *opts);
  * well-formed UTF-8 (a file name from a Latin-1 system) becomes \ufffd. */
 void cli_json_string(FILE *out, const char *text);
 
+/* Foreign text (an argument, a file name, a variable's value) as the engine's reports show
+ * it (vram_escape_text): controls, a backslash, invalid UTF-8 and bidi controls as \xNN.
+ * The result lives in one of a few static slots, so that one message may show several;
+ * text too long for a slot is cut between whole characters. */
+const char *cli_shown(const char *text);
+
+/* A message of the trace reader, which starts with the path as given (raw) and goes on in
+ * its own words (quoting only lines it checked to be printable ASCII): the path shown. */
+void cli_print_trace_error(FILE *out, const char *prefix, const char *path, const char *error,
+                           const char *suffix);
+
 /* Source allocations and releases so far: on a GPU source, driver calls of tens of
  * microseconds each, the cost that decides a replay's or a workload's time there. */
 uint64_t cli_device_calls(vram_pool_t *pool);

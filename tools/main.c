@@ -5,6 +5,7 @@
  */
 #include "cli.h"
 
+#include <errno.h>
 #include <string.h>
 
 static const char usage_head[] =
@@ -48,7 +49,7 @@ static void print_variables(FILE *out) {
     fprintf(out, "  %-26s %s\n", name, help);
 }
 
-int main(int argc, char **argv) {
+static int dispatch(int argc, char **argv) {
   if (argc >= 3 && strcmp(argv[1], "--also-commands") == 0) {
     also_commands = argv[2];
     argv[2] = argv[0];
@@ -67,6 +68,9 @@ int main(int argc, char **argv) {
       char *help_argv[] = {argv[2], help_flag, NULL};
       if (strcmp(argv[2], "replay") == 0) return cmd_replay(2, help_argv);
       if (strcmp(argv[2], "bench") == 0) return cmd_bench(2, help_argv);
+      fprintf(stderr, "vramkit: unknown command '%s' (see vramkit --help)\n",
+              cli_shown(argv[2]));
+      return CLI_EXIT_USAGE;
     }
     print_usage(stdout);
     print_variables(stdout);
@@ -78,6 +82,21 @@ int main(int argc, char **argv) {
   }
   if (strcmp(command, "replay") == 0) return cmd_replay(argc - 1, argv + 1);
   if (strcmp(command, "bench") == 0) return cmd_bench(argc - 1, argv + 1);
-  fprintf(stderr, "vramkit: unknown command '%s' (see vramkit --help)\n", command);
+  fprintf(stderr, "vramkit: unknown command '%s' (see vramkit --help)\n", cli_shown(command));
   return CLI_EXIT_USAGE;
+}
+
+/* What was printed must have reached standard output: a full disk or an I/O error there
+ * is a failure with one line on stderr, never a success whose report was lost. */
+int main(int argc, char **argv) {
+  int status = dispatch(argc, argv);
+  errno = 0;
+  if (fflush(stdout) != 0 || ferror(stdout)) {
+    if (errno)
+      fprintf(stderr, "vramkit: cannot write standard output: %s\n", strerror(errno));
+    else
+      fputs("vramkit: cannot write standard output\n", stderr);
+    return CLI_EXIT_FAILURE;
+  }
+  return status;
 }

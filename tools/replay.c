@@ -107,7 +107,7 @@ static void print_mib(uint64_t bytes, int width) {
 }
 
 static void print_result_row(const replay_settings_t *settings, const replay_result_t *r) {
-  printf("%-20s %-8s %8zu", r->name, vram_source_name(r->source), (size_t)r->ops);
+  printf("%-20s %-8s %8zu", cli_shown(r->name), vram_source_name(r->source), (size_t)r->ops);
   print_mib(r->peak_live_bytes, 12);
   print_mib(r->peak_reserved_bytes, 14);
   printf(" %9.3f %8.1f %5llu", ratio(r->peak_reserved_bytes, r->peak_live_bytes), r->ns_per_op,
@@ -185,7 +185,7 @@ static void print_fragmentation_table(FILE *out, const replay_result_t *results,
       snprintf(native, sizeof native, "%.3f", reference->native);
       snprintf(expandable, sizeof expandable, "%.3f", reference->expandable);
     }
-    fprintf(out, "%-20s %-8s %14s %14s %9.3f %16s %20s\n", r->name,
+    fprintf(out, "%-20s %-8s %14s %14s %9.3f %16s %20s\n", cli_shown(r->name),
             vram_source_name(r->source), live, reserved, ratio(r->peak_reserved_bytes, r->peak_live_bytes),
             native, expandable);
   }
@@ -198,11 +198,13 @@ static void print_replay_notes(const replay_settings_t *settings, const replay_r
   if (r->ooms && r->first_oom_report[0]) {
     if (r->first_oom_op >= 0) {
       fprintf(stderr, "vramkit: %s: op %lld (allocate %llu bytes) ran out of memory:\n",
-              r->name, (long long)r->first_oom_op, (unsigned long long)r->first_oom_size);
+              cli_shown(r->name), (long long)r->first_oom_op,
+              (unsigned long long)r->first_oom_size);
     } else {
       const char *pre = getenv("VRAMKIT_PREALLOCATE");
       fprintf(stderr, "vramkit: %s: out of memory creating the pool: its preallocation "
-                      "(VRAMKIT_PREALLOCATE='%s') does not fit:\n", r->name, pre ? pre : "");
+                      "(VRAMKIT_PREALLOCATE='%s') does not fit:\n", cli_shown(r->name),
+              cli_shown(pre ? pre : ""));
     }
     size_t length = strlen(r->first_oom_report);
     fprintf(stderr, "%s%s", r->first_oom_report,
@@ -217,13 +219,13 @@ static void print_replay_notes(const replay_settings_t *settings, const replay_r
     }
     cli_report_pool_error(status, &options);
   } else if (status != VRAM_OK) {
-    fprintf(stderr, "vramkit: %s\n", r->error[0] ? r->error : vram_strerror(status));
+    fprintf(stderr, "vramkit: %s\n", r->error[0] ? cli_shown(r->error) : vram_strerror(status));
   }
   if (settings->min_capacity && r->have_min_capacity == -2)
     fprintf(stderr,
             "vramkit replay: %s: peak live bytes, %llu bytes, are past the largest capacity "
             "the sim models (%llu bytes, 256 TiB): no capacity to search\n",
-            r->name, (unsigned long long)r->peak_live_bytes,
+            cli_shown(r->name), (unsigned long long)r->peak_live_bytes,
             (unsigned long long)VRAM_SIM_MAX_CAPACITY);
 }
 
@@ -234,7 +236,8 @@ typedef struct summary_context {
 
 static void print_summary_before_drain(vram_pool_t *pool, void *context) {
   const summary_context_t *summary = context;
-  fprintf(summary->out, "== %s on %s\n", summary->name, vram_source_name(vram_pool_source(pool)));
+  fprintf(summary->out, "== %s on %s\n", cli_shown(summary->name),
+          vram_source_name(vram_pool_source(pool)));
   cli_print_summary(pool, summary->out);
 }
 
@@ -349,7 +352,8 @@ static replay_parse_t parse_replay_args(int argc, char **argv, replay_settings_t
     int matched = parse_valued(argc, argv, &i, settings, &have_source, &source);
     if (matched < 0) return REPLAY_USAGE_ERROR;
     if (matched == 0) {
-      fprintf(stderr, "vramkit replay: unknown option '%s' (see vramkit replay --help)\n", arg);
+      fprintf(stderr, "vramkit replay: unknown option '%s' (see vramkit replay --help)\n",
+              cli_shown(arg));
       return REPLAY_USAGE_ERROR;
     }
   }
@@ -370,8 +374,9 @@ static int load_traces(const char **paths, size_t path_count, long max_ops,
     int rc = vram_replay_load(paths[*loaded], (uint64_t)max_ops, &traces[*loaded], error,
                               sizeof error);
     if (rc != VRAM_OK) {
-      fprintf(stderr, "vramkit replay: %s%s\n", error,
-              rc == VRAM_ELIMIT && max_ops ? " (--max-ops N raises the limit)" : "");
+      cli_print_trace_error(stderr, "vramkit replay: ", paths[*loaded], error,
+                            rc == VRAM_ELIMIT && max_ops ? " (--max-ops N raises the limit)"
+                                                         : "");
       return rc == VRAM_EHOSTMEM ? CLI_EXIT_FAILURE : CLI_EXIT_BAD_TRACE;
     }
     vram_replay_result description;
@@ -381,12 +386,12 @@ static int load_traces(const char **paths, size_t path_count, long max_ops,
       fprintf(stderr,
               "vramkit replay: %s: live bytes reach 2^64 - 1 or more; peak live bytes are "
               "shown saturated at %llu\n",
-              paths[*loaded], (unsigned long long)UINT64_MAX);
+              cli_shown(paths[*loaded]), (unsigned long long)UINT64_MAX);
     if ((size_t)trace->skipped_frees)
       fprintf(stderr,
               "vramkit replay: %s: skipped %zu free%s of IDs the trace never allocated "
               "(blocks from before the recording began)\n",
-              paths[*loaded], (size_t)trace->skipped_frees,
+              cli_shown(paths[*loaded]), (size_t)trace->skipped_frees,
               trace->skipped_frees == 1 ? "" : "s");
   }
   return CLI_EXIT_OK;

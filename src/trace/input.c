@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "vramkit.h"
 
@@ -129,6 +130,13 @@ static void close_stream(_vram_trace_input *in) {
 int _vram_trace_input_open(_vram_trace_input *in, const char *path, char *error, size_t cap) {
   memset(in, 0, sizeof *in);
   in->path = path;
+  /* A directory opens for reading and fails only at the first read, which would then be
+   * reported as data that cannot be decompressed. */
+  struct stat st;
+  if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+    snprintf(error, cap, "%s: cannot open: %s", path, strerror(EISDIR));
+    return VRAM_EIO;
+  }
   in->buffer = malloc(_VRAM_TRACE_INPUT_BLOCK);
   if (!in->buffer) {
     snprintf(error, cap, "%s: out of host memory", path);

@@ -537,7 +537,8 @@ def test_a_file_name_that_is_not_utf8(tmp_path):
     done = subprocess.run([sys.executable, "-m", "vramkit", "doctor", name, "--capacity", "1G"],
                           capture_output=True, timeout=300)
     assert done.returncode == 0 and done.stderr == b"", done.stderr
-    assert b"caf\xef\xbf\xbd\x1b" in done.stdout  # the C command's name, \ufffd for \xe9
+    # The C command's name, \ufffd for \xe9; the control byte shown as an escape.
+    assert b"caf\xef\xbf\xbd\\x1b" in done.stdout and b"\x1b" not in done.stdout
     missing = os.fsencode(tmp_path) + b"/gone\xff\n.pickle"
     done = subprocess.run([sys.executable, "-m", "vramkit", "doctor", missing],
                           capture_output=True, timeout=300)

@@ -575,3 +575,15 @@ def test_grafana_dashboard_queries_only_served_metrics(tmp_path):
     # The pool families the dashboard is for are all there.
     assert {"vramkit_allocated_bytes", "vramkit_reserved_bytes", "vramkit_ooms_total",
             "vramkit_gpu_memory_used_bytes", "vramkit_fragmentation_ratio"} <= queried
+
+
+def test_control_and_bidi_characters_in_a_record_are_escaped(tmp_path, sleeper):
+    """A process names itself: its name reaches a scraper's terminal and dashboards only
+    as escapes, never as raw controls or text-direction overrides; a backslash stays one."""
+    name = "ev\x1b[2Jil\u202egnp\x07\\x"
+    write_record(tmp_path, sleeper, name, [SIM_DEVICE])
+    text = export(_env(tmp_path), "--once").stdout
+    assert not any(c in text for c in "\x1b\u202e\x07\r")
+    (process,) = {s[1]["process"] for s in samples(text) if "process" in s[1]}
+    # As served: the text format doubles each backslash, the escapes' and the name's own.
+    assert process == "ev\\\\x1b[2Jil\\\\xe2\\\\x80\\\\xaegnp\\\\x07\\\\x"

@@ -286,3 +286,22 @@ def test_names_from_other_processes_are_shown_escaped(publish, sleepers):
     text = top(publish, "--once").stdout
     assert "\x1b" not in text and "\nforged" not in text
     assert "\\x1b[2J\\x1b[4" in text
+
+
+def test_a_skipped_files_name_is_escaped_once(publish, sleepers):
+    """The note names the file as the engine shows foreign text, once: a control byte reads
+    \\x1b, not \\x5cx1b (an escape of the escape, which names another file)."""
+    (publish / "\x1b[2J.rec").write_bytes(b"not a record")
+    text = top(publish, "--once").stdout
+    assert "\x1b" not in text
+    assert f"record skipped: {publish}/\\x1b[2J.rec: " in text, text
+    assert "\\x5c" not in text
+
+
+def test_a_long_escaped_name_is_never_cut_inside_an_escape(publish, sleepers):
+    child = sleepers()
+    write_record(publish, child.pid, name=b"abcdefghijkl\x1bZ",
+                 devices=[{"allocated_bytes": 5 * MiB}])
+    row = next(line for line in top(publish, "--once").stdout.splitlines()
+               if line.lstrip().startswith(str(child.pid)))
+    assert " abcdefghijkl " in row, row  # the column ends before the half of an escape

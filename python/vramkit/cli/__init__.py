@@ -19,6 +19,7 @@ shell shows for a C command that SIGPIPE ended.
 
 from __future__ import annotations
 
+import errno
 import functools
 import importlib
 import os
@@ -80,8 +81,9 @@ def _exec_binary(args: Sequence[str]) -> int:
     binary = binary_path()
     if not os.access(binary, os.X_OK):
         return _missing_binary(args[0] if args else "help")
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:  # None: started with it closed
+            stream.flush()
     # Python ignores SIGPIPE and exec keeps ignored signals: give the C command the default
     # a shell gives it, so that a closed pipe ends it as it ends any C tool.
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
@@ -107,28 +109,97 @@ command("estimate", "a model's training step before it runs: peak memory, fit, l
 command("doctor", "why an allocation ran out of memory, from a snapshot or a trace, and the fixes")
 
 
+class _OutputError(Exception):
+    """Standard output refused a write for another reason than a closed pipe (a full disk,
+    an I/O error): told apart from the OSErrors a subcommand raises for its own files."""
+
+    def __init__(self, error: OSError):
+        super().__init__(error.strerror or str(error))
+
+
+class _GuardedOutput:
+    """sys.stdout while a subcommand runs: what fails to be written is an _OutputError,
+    so that main() reports it as one line and status 4 instead of a traceback. stream is
+    None when the command started with standard output closed (``>&-``)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def _guarded(self, call, *args):
+        try:
+            return call(*args)
+        except BrokenPipeError:
+            raise
+        except OSError as error:
+            raise _OutputError(error) from None
+
+    def write(self, text):
+        if self._stream is None:
+            raise _OutputError(OSError(errno.EBADF, "it is closed"))
+        return self._guarded(self._stream.write, text)
+
+    def flush(self):
+        return None if self._stream is None else self._guarded(self._stream.flush)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null: nothing more can reach the reader, and the flush at
+    interpreter exit must not fail again with a message on stderr."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # AttributeError: it was closed (None)
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``vramkit ARGS`` (the process's arguments when argv is None); returns the exit
     status, unless a C subcommand replaces the process. A reader that closes standard output
-    early (``| head -1``) ends the command quietly with EXIT_BROKEN_PIPE."""
+    early (``| head -1``) ends the command quietly with EXIT_BROKEN_PIPE; an output that
+    cannot be written (a full disk) is EXIT_FAILURE with one line saying so, never a
+    success whose output was lost."""
+    stdout = sys.stdout
+    sys.stdout = _GuardedOutput(stdout)
     try:
         status = _dispatch(list(sys.argv[1:] if argv is None else argv))
         sys.stdout.flush()  # here, so that a closed pipe is seen now and not at exit
         return status
     except BrokenPipeError:
-        # Nothing more can reach the reader; point stdout at /dev/null so that the flush at
-        # interpreter exit does not fail again with a message on stderr.
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-            os.close(devnull)
-        except (OSError, ValueError):
-            pass
+        sys.stdout = stdout
+        _silence_stdout()
         return EXIT_BROKEN_PIPE
+    except _OutputError as error:
+        sys.stdout = stdout
+        _silence_stdout()
+        print(f"vramkit: cannot write standard output: {error}", file=sys.stderr)
+        return EXIT_FAILURE
+    finally:
+        sys.stdout = stdout
+
+
+def _warn_unknown_variables() -> None:
+    """As the C command does at its first pool: a VRAMKIT_* name vramkit does not read is
+    most likely a typo its user believes took effect (VRAMKIT_PUBLISH_DRI for the folder
+    `vramkit top` reads), so one warning each, naming the nearest variable."""
+    import difflib
+
+    from .. import _core
+
+    known = [name for name, _help, _pool_option in _core.env_variables()]
+    for name in sorted(os.environ):
+        if name.startswith("VRAMKIT_") and name not in known:
+            nearest = difflib.get_close_matches(name, known, n=1, cutoff=0)[0]
+            print(f"vramkit: warning: {shown(name)} is not a vramkit variable and is ignored; "
+                  f"did you mean {nearest}?", file=sys.stderr)
 
 
 def _dispatch(args: list[str]) -> int:
     if args and args[0] in COMMANDS:
+        _warn_unknown_variables()  # the C subcommands warn for themselves
         return COMMANDS[args[0]].run(args[1:])
     if len(args) == 2 and args[0] == "help" and args[1] in COMMANDS:
         return COMMANDS[args[1]].run(["--help"])

@@ -58,6 +58,11 @@ class CommandParser(argparse.ArgumentParser):
     def __init__(self, name: str, help_text: str | None = None, **settings):
         settings.setdefault("allow_abbrev", False)  # a prefix is an unknown option, as in C
         super().__init__(prog=f"vramkit {name}", **settings)
+        # argparse takes '-1G' or '-1e3' for an option (only '-1' and '-1.5' read as
+        # numbers), and then says '--capacity needs a value', which is not so: anything
+        # that starts as a negative number is a value, refused by the option's own check
+        # with what it expects, as the C command does. No option here is named '-<digit>'.
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
         self.command = name
         self.help_text = help_text
 

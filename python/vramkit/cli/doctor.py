@@ -57,5 +57,7 @@ def run(options) -> int:
         result = diagnose(options.paths[0], capacity=options.capacity)
     except DoctorInputError as error:
         return input_error("doctor", error)
+    except ValueError as error:  # --capacity that the snapshot shows cannot be the device's
+        return usage_error("doctor", f"--capacity: {error}")
     print(json.dumps(result.to_dict(), indent=2) if options.json else result)
     return EXIT_OK

@@ -4,9 +4,10 @@ the records are; the view itself is vramkit.observe.top."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 
-from ._exit import EXIT_FAILURE, EXIT_OK
+from ._exit import EXIT_FAILURE, EXIT_OK, usage_error
 from ._parser import CommandParser, checked
 
 USAGE = """usage: vramkit top [--once] [--json] [--interval SECONDS] [--dir FOLDER]
@@ -45,6 +46,12 @@ def parser() -> CommandParser:
 
 def run(options) -> int:
     from ..observe.top import live, render, snapshot
+
+    # The default folder may not exist yet (no process has published): nothing to show. A
+    # folder named on the command line that is not there is a typo, not an empty machine.
+    if options.dir is not None and not os.path.isdir(options.dir):
+        what = "not a folder" if os.path.exists(options.dir) else "no such folder"
+        return usage_error("top", f"--dir {options.dir}: {what}")
 
     if options.json:
         print(json.dumps(snapshot(options.dir), indent=2))

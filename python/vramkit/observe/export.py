@@ -34,6 +34,7 @@ import socket
 import sys
 import time
 
+from .._shown import shown
 from ._serve import Server, reply_bytes
 
 DEFAULT_PORT = 9400
@@ -114,9 +115,19 @@ _POOL_FIELDS = (
 )
 
 
+def visible_label(value) -> str:
+    """A label's text with what would steer a terminal or a reader escaped as vramkit shows
+    foreign text (controls, bidi and other format characters, bytes that are not UTF-8, as
+    \\xNN), but a backslash kept: the text format escapes that one itself, and a scraper
+    reads it back whole. Records and /proc names are other processes' text."""
+    text = "" if value is None else str(value)
+    # In shown()'s output every backslash opens an escape, so each \x5c is one backslash.
+    return shown(text).replace("\\x5c", "\\")
+
+
 def _label_value(value) -> str:
     # The text format's escapes: a name from /proc may hold any character.
-    text = "" if value is None else str(value)
+    text = visible_label(value)
     return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
@@ -150,7 +161,8 @@ class Metrics:
         out = []
         for note in self.notes:
             # A comment line: Prometheus ignores it, a person reading /metrics sees why
-            # series are missing. One line, whatever the note holds.
+            # series are missing. One line, whatever the note holds; foreign text in a note
+            # is shown escaped where the note is made.
             out.append("# vramkit: " + " ".join(str(note).split()))
         for name, kind, help_text, _ in FAMILIES:
             out.append(f"# HELP {name} {help_text}")
@@ -169,16 +181,16 @@ def collect(problems_out: list | None = None) -> Metrics:
     try:
         from ._nvml import NvmlError, nvml
     except ImportError as error:  # a broken install; the records still count
-        metrics.notes.append(f"NVML support is missing from this install: {error}")
+        metrics.notes.append(f"NVML support is missing from this install: {shown(str(error))}")
         gpus = None
     else:
         try:
             gpus = nvml().devices()
         except NvmlError as error:
-            metrics.notes.append(f"no GPU figures: {error}")
+            metrics.notes.append(f"no GPU figures: {shown(str(error))}")
             gpus = None
         except OSError as error:
-            metrics.notes.append(f"no GPU figures: NVML failed: {error}")
+            metrics.notes.append(f"no GPU figures: NVML failed: {shown(str(error))}")
             gpus = None
     metrics.add("vramkit_nvml_up", {"hostname": host}, 0 if gpus is None else 1)
     by_uuid = {}
@@ -199,11 +211,11 @@ def collect(problems_out: list | None = None) -> Metrics:
 
         records = read_records(problems=problems)
     except ImportError as error:
-        metrics.notes.append(f"no vramkit process figures: {error}")
+        metrics.notes.append(f"no vramkit process figures: {shown(str(error))}")
         records = []
     except OSError as error:
         metrics.notes.append(f"no vramkit process figures: the records cannot be read: "
-                             f"{error}")
+                             f"{shown(str(error))}")
         records = []
     for problem in problems:
         metrics.notes.append(f"record skipped: {problem}")
@@ -260,9 +272,10 @@ class Exporter:
             try:
                 body = render(problems).encode("utf-8")
             except Exception as error:  # a scrape fails; the exporter stays up
-                print(f"vramkit export: collecting failed: {type(error).__name__}: {error}",
+                why = shown(str(error))
+                print(f"vramkit export: collecting failed: {type(error).__name__}: {why}",
                       file=sys.stderr, flush=True)
-                return reply_bytes(500, f"vramkit export: collecting failed: {error}\n"
+                return reply_bytes(500, f"vramkit export: collecting failed: {why}\n"
                                    .encode())
             self.report(problems)
             return reply_bytes(200, body, CONTENT_TYPE)
@@ -303,6 +316,7 @@ class CannotListen(OSError):
 
 
 def _listen_problem(error: OSError, address: str, port: int) -> str:
+    address = shown(address)  # as typed: any text
     if error.errno == errno.EADDRINUSE:
         return (f"port {port} on {address} is already in use (another exporter? "
                 f"dcgm-exporter also serves 9400); choose another with --port")

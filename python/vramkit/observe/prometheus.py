@@ -17,6 +17,7 @@ import os
 import socket
 
 from .. import _core
+from .export import visible_label
 
 __all__ = ["VramkitCollector", "register", "start_http_server"]
 
@@ -74,7 +75,7 @@ class VramkitCollector:
 
     def __init__(self):
         self._pid = str(os.getpid())
-        self._name = _process_name()
+        self._name = visible_label(_process_name())  # any text: a process names itself
         self._host = socket.gethostname()
 
     def collect(self):

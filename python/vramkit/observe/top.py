@@ -78,7 +78,8 @@ def _sort_key(entry: dict):
 def snapshot(directory: str | os.PathLike | None = None) -> dict:
     """Everything `vramkit top` shows, as the JSON document --json prints: "gpus" (each with
     its "processes"), "unmatched_processes" (vramkit processes on no GPU NVML shows, e.g. on
-    sim) and "notes" (what could not be seen, and why)."""
+    sim) and "notes" (what could not be seen, and why, as shown text: foreign names in
+    them escaped, so that they print as they are)."""
     notes: list[str] = []
     problems: list[str] = []
     process_records = _records.read_records(directory, problems)
@@ -87,8 +88,8 @@ def snapshot(directory: str | os.PathLike | None = None) -> dict:
         gpus = nvml().devices()
     except NvmlError as error:
         gpus = []
-        notes.append(f"no GPU figures: {error}. Shown: the vramkit processes of this user, "
-                     f"from their records")
+        notes.append(f"no GPU figures: {shown(str(error))}. Shown: the vramkit processes of "
+                     f"this user, from their records")
     else:
         if not gpus:
             notes.append("NVML sees no GPU (none is given to this machine or container)")
@@ -124,8 +125,9 @@ def snapshot(directory: str | os.PathLike | None = None) -> dict:
                 unmatched.append({"pid": record.pid, "name": record.name,
                                   "nvml_used_bytes": None, "vramkit": vramkit})
                 if not device.source.startswith("sim") and gpus:
-                    notes.append(f"process {record.pid} ({record.name}) device {device.device} "
-                                 f"({device.source}) is on none of NVML's GPUs")
+                    notes.append(f"process {record.pid} ({shown(record.name)}) device "
+                                 f"{device.device} ({shown(device.source)}) is on none of "
+                                 f"NVML's GPUs")
                 continue
             listed = [e for e in gpu_entry["processes"]
                       if e["pid"] == record.pid and e["vramkit"] is None]
@@ -138,9 +140,9 @@ def snapshot(directory: str | os.PathLike | None = None) -> dict:
                 # the host, or the other way round, has another number there.
                 gpu_entry["processes"].append({"pid": record.pid, "name": record.name,
                                                "nvml_used_bytes": None, "vramkit": vramkit})
-                notes.append(f"process {record.pid} ({record.name}) is not in NVML's list for "
-                             f"GPU {gpu_entry['index']} (another pid namespace?): its NVML "
-                             f"used memory is not known")
+                notes.append(f"process {record.pid} ({shown(record.name)}) is not in NVML's "
+                             f"list for GPU {gpu_entry['index']} (another pid namespace?): "
+                             f"its NVML used memory is not known")
     for entry in document_gpus:
         entry["processes"].sort(key=_sort_key)
     unmatched.sort(key=_sort_key)
@@ -165,12 +167,20 @@ _HEADER = (f"{'PID':>8} {'NAME':<15} {'DEVICE':<9} {'NVML':>7} {'ALLOC':>7} {'RE
            f"{'GAVE':>7}")
 
 
+def _cut(text: str, width: int) -> str:
+    """Shown text cut to a column's width, never inside a \\xNN escape: half of one would
+    read as other characters than the name holds."""
+    cut = text[:width]
+    opened = cut.rfind("\\", max(0, width - 3))
+    return cut[:opened] if opened >= 0 and opened + 4 > width else cut
+
+
 def _process_line(entry: dict) -> str:
     vramkit = entry["vramkit"]
-    head = f"{entry['pid']:>8} {shown(entry['name'] or '?')[:15]:<15} "
+    head = f"{entry['pid']:>8} {_cut(shown(entry['name'] or '?'), 15):<15} "
     if vramkit is None:
         return head + f"{'':<9} {format_bytes(entry['nvml_used_bytes']):>7}"
-    device = shown(f"{vramkit['source']}:{vramkit['device']}")[:9]
+    device = _cut(shown(f"{vramkit['source']}:{vramkit['device']}"), 9)
     head += f"{device:<9} {format_bytes(entry['nvml_used_bytes']):>7} "
     if vramkit["busy"]:
         return head + "busy (being written)"
@@ -220,7 +230,8 @@ def render(document: dict) -> list[str]:
     if not gpus and not unmatched:
         lines += ["", "no GPU and no vramkit process to show"]
     if document["notes"]:
-        lines += ["", "notes:"] + [f"  {shown(note)}" for note in document["notes"]]
+        # Notes are shown text already (foreign names escaped where each note is made).
+        lines += ["", "notes:"] + [f"  {note}" for note in document["notes"]]
     return lines
 
 

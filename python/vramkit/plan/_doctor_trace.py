@@ -22,12 +22,13 @@ def _replay(path: str, source: str, capacity: int | None, settings: dict | None 
     doctor compares the sources at their defaults, and says which change it tries."""
     from ._replaying import replay
     from .._core import VramError
+    from .._shown import trace_message
 
     try:
         return replay(path, source=source, capacity=capacity, min_capacity=True,
                       settings=settings)
     except VramError as error:
-        raise DoctorInputError(str(error)) from None
+        raise DoctorInputError(trace_message(path, str(error))) from None
 
 
 # Fixed segments alone: every block in a cuMemAlloc segment (the settings that keep every

@@ -42,6 +42,8 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
+from .._shown import shown
+
 __all__ = ["CAUSES", "Diagnosis", "DoctorInputError", "Fix", "LIVE_VARIANTS", "diagnose"]
 
 # The engine's causes (vram_oom_cause, src/obs/stats.c), every one of them.
@@ -120,10 +122,10 @@ class Diagnosis:
                  ("limit", "limit")))
         for row in rows:
             # A limit the report names as "none" is a figure too; other Nones are unknowns.
-            shown = [f"{name} {_size(n[key])}" for name, key in row
-                     if key in n and (n[key] is not None or key == "limit")]
-            if shown:
-                lines.append("  " + ", ".join(shown))
+            figures = [f"{name} {_size(n[key])}" for name, key in row
+                       if key in n and (n[key] is not None or key == "limit")]
+            if figures:
+                lines.append("  " + ", ".join(figures))
         if "parameters" in n:
             stored = n["parameter_bytes"]
             lines.append(f"  parameters {n['parameters'] / 1e6:.1f} M, {_size(stored)} as "
@@ -146,7 +148,9 @@ class Diagnosis:
                                        subsequent_indent="     ")
         for note in self.notes[:3]:
             lines += textwrap.wrap(f"note: {note}", width, subsequent_indent="  ")
-        return "\n".join(lines)
+        # File names, call sites and process names come from the file diagnosed: each line
+        # as vramkit shows foreign text, so that none garbles a terminal or forges a line.
+        return "\n".join(shown(line) for line in lines)
 
 
 # ---------------------------------------------------------------------------------------
@@ -488,6 +492,14 @@ def _from_snapshot(snap, capacity: int | None, estimate_fn, origin: str) -> Diag
     if not framed and allocated:
         notes.append("the blocks have no frames: record_memory_history() before the run "
                      "names the call sites")
+    free_at_oom = oom[1].get("device_free", 0) if oom else 0
+    free_at_oom = free_at_oom if isinstance(free_at_oom, int) else 0
+    if capacity is not None and capacity < reserved + free_at_oom:
+        # A report that set the two side by side would print figures that cannot both be.
+        held = f"reserved {_size(reserved)}" + (
+            f" and free on device {_size(free_at_oom)} together" if oom else "")
+        raise ValueError(f"capacity {_size(capacity)} is less than the snapshot's {held}: "
+                         f"it is not this device's")
     if oom is None:
         notes.append("the snapshot's trace records no out-of-memory; record_memory_history("
                      "enabled='all') before the failure keeps it")
@@ -565,7 +577,7 @@ def _from_path(path: str, capacity: int | None, estimate_fn) -> Diagnosis:
     try:
         raw = _read.read_bytes(path)
     except _read.PlotInputError as error:
-        raise DoctorInputError(str(error)) from None
+        raise DoctorInputError(*error.args) from None  # shown text stays so
     head = raw[:1 << 16].decode("utf-8", "replace")
     if raw.startswith(_read.TRACE_MAGIC):
         from ._doctor_trace import from_trace
@@ -580,7 +592,7 @@ def _from_path(path: str, capacity: int | None, estimate_fn) -> Diagnosis:
                                    f"(vramkit plot draws it)")
         snap = check(path, _read.load_snapshot_object(path, raw, kind))
     except _read.PlotInputError as error:
-        raise DoctorInputError(str(error)) from None
+        raise DoctorInputError(*error.args) from None  # shown text stays so
     return _from_snapshot(snap, capacity, estimate_fn, path)
 
 
@@ -594,7 +606,8 @@ def diagnose(source, *, capacity: int | str | None = None,
     device capacity. estimate_fn(variant) -> bytes: the predicted peak of the step under
     "baseline" and each of LIVE_VARIANTS; the fixes of a `live` cause are then ranked by
     the saving each predicts. model: a torch.nn.Module whose parameters are counted.
-    Raises DoctorInputError for what cannot be read."""
+    Raises DoctorInputError for what cannot be read, ValueError for a capacity that is not
+    a positive size or that a snapshot shows cannot be its device's."""
     if isinstance(capacity, str):
         from .. import _core
 

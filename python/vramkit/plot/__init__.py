@@ -14,6 +14,9 @@ arguments are vramkit.cli.plot's.
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 from . import _read
 from ._read import PlotInputError
 
@@ -65,8 +68,28 @@ def plot(path: str, output: str, device: int | None = None, replay: bool = True,
     if pending is not None:
         history.reserved, history.reserved_note = pending.result()
         lay.reserved = _layout.reserved_per_bucket(history, lay.width)
-    if output.lower().endswith(".png"):
-        _png.render(history, lay, output)
-    else:
-        _html.render(history, lay, output)
+    render = _png.render if output.lower().endswith(".png") else _html.render
+    _write_replacing(output, lambda path: render(history, lay, path))
     return list(history.notes) + ([history.reserved_note] if history.reserved_note else [])
+
+
+def _write_replacing(output: str, write) -> None:
+    """write(path) into a new file beside output, then put it in output's place: a write
+    that fails (a full disk) leaves no half page that reads as a whole one, and the file
+    that was there stays as it was."""
+    folder, name = os.path.split(os.path.abspath(output))
+    stem, suffix = os.path.splitext(name)
+    descriptor, partial = tempfile.mkstemp(suffix=suffix, prefix=f".{stem}.", dir=folder)
+    os.close(descriptor)
+    try:
+        write(partial)
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(partial, 0o666 & ~mask)  # as open() would have made it, not mkstemp's 0600
+        os.replace(partial, output)
+    except BaseException:
+        try:
+            os.unlink(partial)
+        except OSError:
+            pass
+        raise

@@ -280,12 +280,14 @@ class _TraceWalk:
 
 
 def _time_axis(h, entries) -> tuple[bool, float]:
-    """(whether every entry has time_us, the time the axis starts at)."""
-    have_time = all(isinstance(e, dict) and isinstance(e.get("time_us"), (int, float))
-                    and not isinstance(e.get("time_us"), bool) for e in entries)
+    """(whether every entry drawn has time_us, the time the axis starts at). Malformed
+    entries are skipped (and counted) by the walk: they say nothing of the recorder."""
+    drawn = [e for e in entries if isinstance(e, dict) and isinstance(e.get("action"), str)]
+    have_time = all(isinstance(e.get("time_us"), (int, float))
+                    and not isinstance(e.get("time_us"), bool) for e in drawn)
     # From the earliest, not the first: an entry out of order must not fall before the axis.
-    t0 = min(e["time_us"] for e in entries) if entries and have_time else 0
-    if entries and not have_time:
+    t0 = min(e["time_us"] for e in drawn) if drawn and have_time else 0
+    if drawn and not have_time:
         h.time_unit = "entries"
         h.notes.append("the history has no time_us on every entry (PyTorch before 2.2): "
                        "the time axis counts entries")

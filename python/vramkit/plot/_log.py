@@ -93,6 +93,11 @@ def parse_log(path: str, raw: bytes) -> tuple[list[dict], list[str]]:
             _number(path, number, name, record[name])
         if record["allocated"] < 0 or record["reserved"] < 0:
             raise PlotInputError(f"{path}:{number}: negative memory figures")
+        device = record.get("device")
+        if device is not None and (isinstance(device, bool) or not isinstance(device, int)
+                                   or device < 0):
+            raise PlotInputError(f"{path}:{number}: 'device' is not a device number: "
+                                 f"{device!r:.40}")
         out.append(record)
     return out, notes
 
@@ -115,6 +120,10 @@ def from_log(path: str, records: list[dict], notes: list[str]) -> History:
     previous = 0.0
     for r in records:
         t = (r["time"] - t0) * 1e6   # seconds in the log; the page's axis is in µs
+        if not math.isfinite(t):
+            raise PlotInputError(f"{path}: the record of step {r['step']}: its time "
+                                 f"{r['time']!r:.40} is too far from the first's "
+                                 f"({t0!r:.40}) to draw")
         if t < previous:
             backwards += 1
             t = previous             # a clock set back: keep the order of the records

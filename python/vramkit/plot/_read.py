@@ -38,19 +38,33 @@ class _DataOnlyUnpickler(pickle.Unpickler):
                                      "never does")
 
 
+# How much larger than its gzip file a snapshot or log may be once decompressed, and the
+# least it may always be. Reading is bounded by the size of the file: without this a small
+# gzip of repeated bytes would take gigabytes (a plain file is read as it is, whatever its
+# size, so one decompressed ahead is always readable).
+GZIP_MAX_RATIO = 64
+GZIP_MIN_LIMIT = 64 << 20
+
+
 def read_bytes(path: str) -> bytes:
-    """The file's content, decompressed when it is gzip."""
+    """The file's content, decompressed when it is gzip (up to the bound above)."""
     try:
         with open(path, "rb") as f:
             raw = f.read()
     except OSError as error:
         raise PlotInputError(f"{path}: cannot read: {error.strerror}") from None
     if raw[:2] == b"\x1f\x8b":
+        limit = max(GZIP_MIN_LIMIT, GZIP_MAX_RATIO * len(raw))
         try:
-            raw = gzip.decompress(raw)
+            with gzip.GzipFile(fileobj=io.BytesIO(raw)) as unzipped:
+                raw = unzipped.read(limit + 1)
         except (OSError, EOFError, zlib.error) as error:
             raise PlotInputError(f"{path}: cannot decompress (corrupt or truncated gzip): "
                                  f"{error}") from None
+        if len(raw) > limit:
+            raise PlotInputError(f"{path}: decompresses to more than {limit:,} bytes "
+                                 f"({GZIP_MAX_RATIO} times its size), more than a snapshot "
+                                 f"or log compresses: refused (gunzip it first to read it)")
     return raw
 
 
@@ -131,6 +145,7 @@ def parse_trace(path: str, max_ops: int = DEFAULT_MAX_OPS):
     not live are counted, not kept, as the replay does (blocks allocated before recording
     began). More than max_ops ops (0: no limit) is a PlotInputError naming the limit."""
     from .. import _core
+    from .._shown import trace_message
 
     try:
         return _core.trace_read(path, max_ops)
@@ -138,4 +153,4 @@ def parse_trace(path: str, max_ops: int = DEFAULT_MAX_OPS):
         message = str(error)
         if getattr(error, "status", None) == _core.VRAM_ELIMIT:
             message += " (--max-ops N raises the limit)"
-        raise PlotInputError(message) from None
+        raise PlotInputError(trace_message(path, message)) from None

@@ -1,0 +1,284 @@
+"""Bad input to every `vramkit` subcommand but `estimate`: one clear line on stderr, the
+exit status the help's table gives it, no traceback, and nothing printed that is not true.
+
+Each test here is a case that once went wrong: output lost to a full disk reported as a
+success, names escaped twice, an option's negative value taken for a missing one, raw
+control characters in the exporter's labels, a small gzip file read into gigabytes.
+The commands run as installed (the script beside this interpreter), as a user runs them.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_cli import installed_script
+
+EXIT_BAD_INPUT, EXIT_USAGE, EXIT_FAILURE = 2, 3, 4
+TRACE = "# vramkit-trace v1\na 1 1024 0 0\na 2 4096 0 1\nf 1 0 2\nf 2 0 3\n"
+
+
+def run(*args, stdout=subprocess.PIPE, env_extra=None, preexec_fn=None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VRAMKIT_")}
+    env["VRAMKIT_SOURCE"] = "sim"
+    env.update(env_extra or {})
+    return subprocess.run([str(installed_script()), *map(str, args)], env=env,
+                          stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=300,
+                          preexec_fn=preexec_fn)
+
+
+def assert_one_clear_line(done, status, *phrases):
+    assert done.returncode == status, (done.returncode, done.stderr)
+    assert "Traceback" not in done.stderr, done.stderr
+    for phrase in phrases:
+        assert phrase in done.stderr, done.stderr
+
+
+@pytest.fixture
+def trace(tmp_path):
+    path = tmp_path / "small.trace"
+    path.write_text(TRACE)
+    return path
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+@pytest.mark.parametrize("args", [["version"], ["doctor", "{trace}", "--capacity", "1K"],
+                                  ["top", "--once"], ["export", "--once"],
+                                  ["--version"], ["replay", "{trace}"], ["--help"]])
+def test_output_lost_to_a_full_disk_is_a_failure(args, trace):
+    """Python subcommands and the C command alike: status 4 and why, not 0 or a traceback."""
+    with open("/dev/full", "w") as full:
+        done = run(*[str(trace) if a == "{trace}" else a for a in args], stdout=full)
+    assert_one_clear_line(done, EXIT_FAILURE, "vramkit: cannot write standard output")
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+
+
+@pytest.mark.parametrize("args", [["version"], ["top", "--once"], ["--version"],
+                                  ["replay", "{trace}"]])
+def test_a_closed_standard_output_is_a_failure(args, trace):
+    """Started with standard output closed (>&-): Python has no sys.stdout at all."""
+    done = run(*[str(trace) if a == "{trace}" else a for a in args], stdout=None,
+               preexec_fn=lambda: os.close(1))
+    assert_one_clear_line(done, EXIT_FAILURE, "vramkit: cannot write standard output")
+
+
+def test_help_for_an_unknown_command_is_a_usage_error():
+    done = run("help", "no-such-command")
+    assert_one_clear_line(done, EXIT_USAGE, "unknown command 'no-such-command'")
+    assert done.stdout == ""
+
+
+@pytest.mark.parametrize("command", ["plot", "doctor"])
+def test_a_trace_error_names_the_file_escaped_once(command, tmp_path):
+    """The engine's message quotes the refused byte as an escape already; the file's name is
+    escaped here, and nothing twice (\\x5cx1b would be a byte the file does not hold)."""
+    path = tmp_path / "c\x1bd.trace"
+    path.write_bytes(b"# vramkit-trace v1\na 1 \x1b[31m 0 0\n")
+    done = run(command, path, "-o", tmp_path / "out.html") if command == "plot" \
+        else run(command, path)
+    assert_one_clear_line(done, EXIT_BAD_INPUT,
+                          "c\\x1bd.trace:2: a control byte ('\\x1b') at column 5")
+    assert "\x1b" not in done.stderr and "\\x5c" not in done.stderr
+
+
+def test_the_doctors_report_shows_a_file_name_escaped(tmp_path):
+    path = tmp_path / "e\x1b[2Jf.trace"
+    path.write_text(TRACE)
+    done = run("doctor", path, "--capacity", "1K")
+    assert done.returncode == 0, done.stderr
+    assert "\x1b" not in done.stdout
+    assert done.stdout.startswith("vramkit doctor: trace e\\x1b[2Jf (4 ops)\n"), done.stdout
+
+
+@pytest.mark.parametrize("command", ["plot", "doctor"])
+def test_a_small_gzip_that_decompresses_to_much_more_is_refused(command, tmp_path):
+    """A snapshot is read whole: a gzip file of repeated bytes would be gigabytes in
+    memory. Past 64 times its size (and 64 MiB) it is refused, and says how to read it."""
+    import gzip
+
+    path = tmp_path / "bomb.pickle.gz"
+    with gzip.open(path, "wb") as f:
+        f.write(b"\x80\x04")
+        for _ in range(96):
+            f.write(bytes(1 << 20))
+    assert path.stat().st_size * 64 < (96 << 20)
+    done = run(command, path, "-o", tmp_path / "out.html") if command == "plot" \
+        else run(command, path)
+    assert_one_clear_line(done, EXIT_BAD_INPUT, "bomb.pickle.gz: decompresses to more than ",
+                          "gunzip it first")
+    assert not (tmp_path / "out.html").exists()
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["doctor", "{trace}", "--capacity", "-1G"], "--capacity: expected a size above 0"),
+    (["top", "--interval", "-1e3"], "--interval: expected seconds"),
+    (["plot", "{trace}", "-o", "x.html", "--max-ops", "-5K"], "--max-ops: expected a number"),
+])
+def test_a_negative_value_is_refused_as_a_value_not_missing(args, expected, trace):
+    """'-1G' is a value given, not an option: 'needs a value' would not be true."""
+    done = run(*[str(trace) if a == "{trace}" else a for a in args])
+    assert_one_clear_line(done, EXIT_USAGE, expected, f"got '{args[-1]}'")
+    assert "needs a value" not in done.stderr
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["bo\x1b[2Jgus"], "unknown command 'bo\\x1b[2Jgus'"),
+    (["help", "x\u202ey"], "unknown command 'x\\xe2\\x80\\xaey'"),
+    (["replay", "--b\x1bx"], "unknown option '--b\\x1bx'"),
+    (["replay", "--capacity", "1\x1bG"], "'1\\x1bG' is not a size"),
+    (["replay", "--source", "\x1b"], "unknown source '\\x1b'"),
+    (["bench", "\x07"], "unknown benchmark '\\x07'"),
+    (["bench", "pair", "--b\x1bx"], "unknown argument '--b\\x1bx'"),
+])
+def test_the_c_command_shows_its_arguments_escaped(args, expected):
+    done = run(*args)
+    assert_one_clear_line(done, EXIT_USAGE, expected)
+    assert not any(c in done.stderr for c in "\x1b\x07\u202e")
+
+
+def test_replay_shows_trace_names_escaped(tmp_path):
+    bad = tmp_path / "c\x1bd.trace"
+    bad.write_bytes(b"# vramkit-trace v1\na 1 \x1b[31m 0 0\n")
+    done = run("replay", bad)
+    assert_one_clear_line(done, EXIT_BAD_INPUT,
+                          "c\\x1bd.trace:2: a control byte ('\\x1b') at column 5")
+    assert "\x1b" not in done.stderr
+    good = tmp_path / "e\x1b[2Jf.trace"
+    good.write_text(TRACE)
+    done = run("replay", "--repeat", "1", good)
+    assert done.returncode == 0, done.stderr
+    assert "\x1b" not in done.stdout
+    assert done.stdout.splitlines()[1].startswith("e\\x1b[2Jf "), done.stdout
+
+
+def test_export_shows_an_address_and_an_nvml_path_escaped(tmp_path):
+    done = run("export", "--address", "no\x1b[2Jwhere", "--port", "0")
+    assert_one_clear_line(done, EXIT_FAILURE, "cannot listen on no\\x1b[2Jwhere: ")
+    assert "\x1b" not in done.stderr
+    done = run("export", "--once", env_extra={
+        "VRAMKIT_NVML_LIBRARY": str(tmp_path / "lib\x1b[2J.so"),
+        "VRAMKIT_PUBLISH_DIR": str(tmp_path / "records")})
+    assert done.returncode == 0, done.stderr
+    assert "\x1b" not in done.stdout
+    assert "# vramkit: no GPU figures: the NVML library " in done.stdout
+    assert "lib\\x1b[2J.so" in done.stdout
+
+
+@pytest.mark.parametrize("records, expected", [
+    (['{"time": -1e308, "step": 0, "allocated": 5, "reserved": 10}',
+      '{"time": 1e308, "step": 1, "allocated": 5, "reserved": 10}'],
+     "its time 1e+308 is too far from the first's"),
+    (['{"time": 0, "step": 0, "allocated": 5, "reserved": 10, "device": [1]}'],
+     "log.jsonl:1: 'device' is not a device number: [1]"),
+])
+def test_a_log_with_values_it_cannot_draw_is_refused(records, expected, tmp_path):
+    path = tmp_path / "log.jsonl"
+    path.write_text("\n".join(records) + "\n")
+    done = run("plot", path, "-o", tmp_path / "out.html")
+    assert_one_clear_line(done, EXIT_BAD_INPUT, expected)
+    assert not (tmp_path / "out.html").exists()
+
+
+def test_top_with_a_folder_that_is_not_there_says_so(tmp_path):
+    """'no vramkit process to show' would not be true of a folder mistyped: it is unread."""
+    for folder, why in ((tmp_path / "typo", "no such folder"), (Path(__file__), "not a folder")):
+        done = run("top", "--once", "--dir", folder)
+        assert_one_clear_line(done, EXIT_USAGE, f"--dir {folder}: {why}")
+        assert done.stdout == ""
+
+
+def test_malformed_snapshot_entries_are_counted_not_blamed_on_the_recorder(tmp_path):
+    """Entries that are not records are skipped and counted; they do not make the plot say
+    the history lacks times (as PyTorch before 2.2 writes it) when every record has one."""
+    import pickle
+
+    entry = {"action": "alloc", "addr": 4096, "size": 512, "stream": 0, "time_us": 10,
+             "frames": []}
+    snapshot = {"segments": [], "device_traces": [[entry, "junk", 5, None]]}
+    path = tmp_path / "snap.pickle"
+    path.write_bytes(pickle.dumps(snapshot, protocol=4))
+    done = run("plot", path, "-o", tmp_path / "out.html")
+    assert done.returncode == 0, done.stderr
+    assert "skipped 3 malformed trace entries" in done.stderr
+    assert "time_us" not in done.stderr, done.stderr
+
+
+def test_a_bad_variable_value_is_shown_escaped_by_the_c_command():
+    done = run("replay", "--repeat", "1", "x.trace", env_extra={"VRAMKIT_SOURCE": "\x1b[2J"})
+    assert_one_clear_line(done, EXIT_USAGE, "VRAMKIT_SOURCE: '\\x1b[2J' is not a source")
+    assert "\x1b" not in done.stderr
+
+
+def test_replay_of_a_directory_says_it_cannot_open_it(tmp_path):
+    """Not 'cannot decompress': nothing was decompressed."""
+    done = run("replay", tmp_path)
+    assert_one_clear_line(done, EXIT_BAD_INPUT, f"{tmp_path}: cannot open: Is a directory")
+
+
+def test_doctor_refuses_a_capacity_the_snapshot_shows_is_not_the_devices(tmp_path):
+    """Reserved and free on device are the snapshot's; a capacity below their sum would put
+    figures side by side that cannot both be true."""
+    import pickle
+
+    block = {"address": 0, "size": 2 << 20, "requested_size": 2 << 20,
+             "state": "active_allocated", "frames": []}
+    segment = {"device": 0, "address": 0, "total_size": 2 << 20, "allocated_size": 2 << 20,
+               "active_size": 2 << 20, "stream": 0, "segment_type": "large", "blocks": [block]}
+    oom = {"action": "oom", "addr": 0, "size": 1 << 30, "stream": 0, "time_us": 1,
+           "device_free": 1 << 30, "frames": []}
+    path = tmp_path / "oom.pickle"
+    path.write_bytes(pickle.dumps({"segments": [segment], "device_traces": [[oom]]}))
+    assert run("doctor", path, "--capacity", "2G").returncode == 0
+    done = run("doctor", path, "--capacity", "1G")
+    assert_one_clear_line(done, EXIT_USAGE, "capacity 1.0 GiB is less than the snapshot's "
+                          "reserved 2.0 MiB and free on device 1.0 GiB together")
+    assert done.stdout == ""
+
+
+def _small_file_limit():
+    """In the child: files may not grow past 4 KiB, and passing it is an error (EFBIG), not
+    the signal that would end the process: a disk that fills up mid-write."""
+    import resource
+    import signal
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+
+def test_a_plot_that_cannot_be_written_whole_leaves_the_old_file(trace, tmp_path):
+    out = tmp_path / "out.html"
+    out.write_text("the page drawn before")
+    done = run("plot", trace, "-o", out, preexec_fn=_small_file_limit)
+    assert_one_clear_line(done, EXIT_FAILURE, "cannot write: File too large")
+    assert out.read_text() == "the page drawn before"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.html", "small.trace"]
+
+
+def test_replay_json_escapes_every_character_past_ascii(tmp_path):
+    """A bidi override or a C1 control in a trace's name reaches a terminal that shows the
+    JSON only as a \\u escape; a JSON reader gets the name back (U+FFFD for a bad byte)."""
+    name = b"\xe2\x80\xaeab\xf0\x9f\x98\x80\x7f\xc2\x85caf\xc3\xa9\xff.trace"
+    path = tmp_path / os.fsdecode(name)
+    path.write_text(TRACE)
+    done = run("replay", "--json", "--repeat", "1", path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.isascii(), done.stdout
+    assert json.loads(done.stdout)["trace"] == "\u202eab\U0001F600\x7f\x85caf\u00e9\ufffd"
+
+
+def test_a_python_subcommand_warns_of_a_mistyped_variable(tmp_path):
+    """VRAMKIT_PUBLISH_DRI would leave `vramkit top` on the default folder without a word."""
+    done = run("top", "--once", env_extra={"VRAMKIT_PUBLISH_DRI": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ("vramkit: warning: VRAMKIT_PUBLISH_DRI is not a vramkit variable "
+                           "and is ignored; did you mean VRAMKIT_PUBLISH_DIR?\n")
+
+
+@pytest.mark.parametrize("sizes", ["64K,", ",64K", "64K,,2M"])
+def test_bench_pair_refuses_a_size_left_out_of_its_list(sizes):
+    done = run("bench", "pair", "--sizes", sizes)
+    assert_one_clear_line(done, EXIT_USAGE, f"--sizes: bad list '{sizes}'")
+    assert done.stdout == ""
