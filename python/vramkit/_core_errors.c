@@ -125,7 +125,10 @@ static PyObject *raise_env_error(core_state *st) {
   vram_options_from_env(&probe, &why);
   if (why == NULL)
     return raise_message(st, VRAM_EENV, PyUnicode_FromString(vram_strerror(VRAM_EENV)), NULL);
-  return raise_message(st, VRAM_EENV, PyUnicode_FromFormat("environment variable %s", why),
+  /* The value came from the environment: shown escaped, as every foreign text is. */
+  char shown[2048];
+  vram_escape_text(shown, sizeof shown, why, strlen(why));
+  return raise_message(st, VRAM_EENV, PyUnicode_FromFormat("environment variable %s", shown),
                        NULL);
 }
 

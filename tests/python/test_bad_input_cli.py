@@ -282,3 +282,14 @@ def test_bench_pair_refuses_a_size_left_out_of_its_list(sizes):
     done = run("bench", "pair", "--sizes", sizes)
     assert_one_clear_line(done, EXIT_USAGE, f"--sizes: bad list '{sizes}'")
     assert done.stdout == ""
+
+
+def test_a_bad_variable_from_the_environment_is_quoted_escaped_in_the_exception():
+    # The value is foreign text: a terminal escape in it must not reach the user's terminal.
+    done = subprocess.run(
+        [sys.executable, "-c", "import vramkit\ntry:\n    vramkit.empty(10)\n"
+         "except vramkit.ConfigError as e:\n    print(e)"],
+        env=dict(os.environ, VRAMKIT_LIMIT="\x1b[31mred", VRAMKIT_SOURCE="sim"),
+        capture_output=True, text=True, timeout=60)
+    assert "VRAMKIT_LIMIT: '\\x1b[31mred' is not a limit" in done.stdout, done.stdout
+    assert "\x1b" not in done.stdout + done.stderr
