@@ -183,6 +183,9 @@ VRAM_API void vram_options_init(vram_options_t *opts);
  * thread until that thread's next refusal. The first call in a process warns on stderr about
  * each VRAMKIT_* name that vramkit does not read, naming the nearest one it does. */
 VRAM_API int vram_options_from_env(vram_options_t *opts, const char **why);
+/* That warning alone, for a tool that reads the variables but makes no pool: once per
+ * process, whichever of the two comes first. */
+VRAM_API void vram_options_warn_unknown(void);
 
 /* Set one option by its variable's name ("VRAMKIT_LIMIT", ...) from text, as the
  * environment would: VRAM_EENV with *why on a bad value, VRAM_EINVAL for a name that is not

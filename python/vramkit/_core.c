@@ -350,6 +350,15 @@ static PyObject *core_parse_size(PyObject *module, PyObject *args) {
   return Py_BuildValue("(Kd)", (unsigned long long)bytes, fraction);
 }
 
+/* The engine's warning about VRAMKIT_* names it does not read (once per process), for the
+ * Python subcommands, which may make no pool: one rule for the nearest name, the engine's. */
+static PyObject *core_warn_unknown_variables(PyObject *module, PyObject *Py_UNUSED(ignored)) {
+  (void)module;
+  fflush(stderr);
+  vram_options_warn_unknown();
+  Py_RETURN_NONE;
+}
+
 /* The library's table of VRAMKIT_* variables, so that no Python module keeps a list. */
 static PyObject *core_env_variables(PyObject *module, PyObject *Py_UNUSED(ignored)) {
   PyObject *rows = PyList_New(0);
@@ -452,6 +461,9 @@ static PyMethodDef core_methods[] = {
     {"parse_size", core_parse_size, METH_VARARGS,
      PyDoc_STR("parse_size(text, allow_percent=False, /)\n--\n\n(bytes, fraction) of a size "
                "such as '64K', '1.5G' or '30%'.")},
+    {"warn_unknown_variables", core_warn_unknown_variables, METH_NOARGS,
+     PyDoc_STR("warn_unknown_variables(/)\n--\n\nWarn on stderr, once per process, of each "
+               "VRAMKIT_* variable vramkit does not read, naming the nearest it does.")},
     {"env_variables", core_env_variables, METH_NOARGS,
      PyDoc_STR("env_variables(/)\n--\n\n((name, help, pool_option), ...): the VRAMKIT_* "
                "variables vramkit reads, from the library's one table.")},

@@ -309,9 +309,11 @@ static void warn_unknown_names(void) {
     int known = 0;
     for (size_t i = 0; i < N_SETTINGS && !known; i++)
       known = strlen(settings[i].name) == length && strncmp(*e, settings[i].name, length) == 0;
-    if (!known)
-      fprintf(stderr, "vramkit: warning: %.*s is not a vramkit variable and is ignored; did "
-                      "you mean %s?\n", (int)length, *e, nearest_known(*e, length));
+    if (known) continue;
+    char shown[256]; /* the environment is foreign text: shown escaped */
+    vram_escape_text(shown, sizeof shown, *e, length);
+    fprintf(stderr, "vramkit: warning: %s is not a vramkit variable and is ignored; did you mean "
+                    "%s?\n", shown, nearest_known(*e, length));
   }
 }
 static pthread_once_t unknown_once = PTHREAD_ONCE_INIT;
@@ -342,9 +344,11 @@ int vram_options_set(vram_options_t *opts, const char *name, const char *value, 
   return VRAM_EINVAL;
 }
 
+void vram_options_warn_unknown(void) { pthread_once(&unknown_once, warn_unknown_names); }
+
 int vram_options_from_env(vram_options_t *opts, const char **why) {
   if (!opts) return VRAM_EINVAL;
-  pthread_once(&unknown_once, warn_unknown_names);
+  vram_options_warn_unknown();
   vram_options_t o = *opts;
   for (size_t i = 0; i < N_SETTINGS; i++) {
     const char *v = getenv(settings[i].name);

@@ -184,17 +184,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _warn_unknown_variables() -> None:
     """As the C command does at its first pool: a VRAMKIT_* name vramkit does not read is
     most likely a typo its user believes took effect (VRAMKIT_PUBLISH_DRI for the folder
-    `vramkit top` reads), so one warning each, naming the nearest variable."""
-    import difflib
-
+    `vramkit top` reads), so one warning each, naming the nearest variable: the engine's
+    warning, by its rule for the nearest name."""
     from .. import _core
 
-    known = [name for name, _help, _pool_option in _core.env_variables()]
-    for name in sorted(os.environ):
-        if name.startswith("VRAMKIT_") and name not in known:
-            nearest = difflib.get_close_matches(name, known, n=1, cutoff=0)[0]
-            print(f"vramkit: warning: {shown(name)} is not a vramkit variable and is ignored; "
-                  f"did you mean {nearest}?", file=sys.stderr)
+    sys.stderr.flush()
+    _core.warn_unknown_variables()
 
 
 def _dispatch(args: list[str]) -> int:
