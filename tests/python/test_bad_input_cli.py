@@ -293,3 +293,10 @@ def test_a_bad_variable_from_the_environment_is_quoted_escaped_in_the_exception(
         capture_output=True, text=True, timeout=60)
     assert "VRAMKIT_LIMIT: '\\x1b[31mred' is not a limit" in done.stdout, done.stdout
     assert "\x1b" not in done.stdout + done.stderr
+
+
+def test_a_mistyped_variable_with_a_control_character_is_named_escaped():
+    done = run("top", "--once", env_extra={"VRAMKIT_LI\x1bMIT": "1"})
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ("vramkit: warning: VRAMKIT_LI\\x1bMIT is not a vramkit variable "
+                           "and is ignored; did you mean VRAMKIT_LIMIT?\n")
