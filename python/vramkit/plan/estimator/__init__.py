@@ -176,16 +176,18 @@ def _workspace_model(enabled: bool):
 
 
 def _after_outputs(models_: list):
-    """The recorder's after-outputs hook calling each model's in turn (None for none): a
-    convolution and an op with scratch are different ops, so at most one adds blocks."""
+    """The recorder's after-outputs hook (None for no model): an op goes to the hooks of
+    the models that watch it (a convolution to cuDNN's, a layer norm to the scratch
+    model's), in turn; the rest, most of a step's ops, cost one lookup."""
     if not models_:
         return None
-    if len(models_) == 1:
-        return models_[0].hook
-    hooks = [m.hook for m in models_]
+    watched: dict = {}
+    for model in models_:
+        for op in model.watched_ops():
+            watched.setdefault(op, []).append(model.hook)
 
     def hook(recorder, func, args, kwargs, out) -> None:
-        for h in hooks:
+        for h in watched.get(func, ()):
             h(recorder, func, args, kwargs, out)
 
     return hook
