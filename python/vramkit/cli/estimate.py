@@ -279,10 +279,10 @@ def _is_the_command() -> bool:
 def _end_process_now(status: int) -> None:
     """End the `vramkit estimate` process once its answer is out, without the interpreter's
     teardown: an estimate leaves PyTorch, transformers and the fake tensors' caches in
-    memory, and taking them apart one object at a time makes the user wait most of a
-    second longer for nothing. The exit handlers still run (the scratch traces are
-    removed). Returns, doing nothing, where the process is not the command, or where a
-    profiler or a tracer (cProfile, coverage) watches it and writes its report at exit."""
+    memory, and taking them apart one object at a time makes the user wait for nothing.
+    The exit handlers still run (the scratch traces are removed). Returns, doing nothing,
+    where the process is not the command, or where a profiler or a tracer (cProfile,
+    coverage) watches it and writes its report at exit."""
     if not _is_the_command() or sys.getprofile() is not None or sys.gettrace() is not None:
         return
     sys.stdout.flush()  # a closed pipe raises here, for main() to end quietly
