@@ -16,7 +16,6 @@ the most there. The trace is kept for ``vramkit replay`` and ``vramkit plot``.
 from __future__ import annotations
 
 import collections
-import contextlib
 import os
 import tempfile
 from dataclasses import dataclass, field

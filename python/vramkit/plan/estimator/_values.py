@@ -7,7 +7,9 @@ timm's ConvNeXt, Swin and others build their drop-path rates with
 drop-path draws a per-sample mask and asks whether it is all ones. Those values can be
 computed exactly, and cheaply.
 
-:class:`KnownValues` is a dispatch mode just above the fake mode. An operation whose tensor
+:class:`KnownValues` is a dispatch mode just above the fake mode (while a step is
+recorded, the recorder calls it from its own dispatch instead of stacking it as a second
+mode: ``StorageRecorder.values``). An operation whose tensor
 arguments all have known values (or that takes no tensor, as ``linspace`` and ``rand``
 do), and whose outputs are small, is run a second time on real CPU tensors, and each fake
 output remembers its real twin. Reading the value of a fake tensor with a real twin gives
