@@ -263,4 +263,30 @@ def run(args) -> int:
         return _refused(error, args.model)
     report = (_report_max_batch if args.max_batch else _report_what_if if args.what_if
               else _report_plan if args.plan_checkpointing else _report_estimate)
-    return report(args, first, answer)
+    status = report(args, first, answer)
+    _end_process_now(status)
+    return status
+
+
+def _is_the_command() -> bool:
+    """Whether this process is the `vramkit` command itself (the script, or python -m
+    vramkit), not a program or a test that called the command line's main()."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return (spec is not None and spec.name == "vramkit.__main__") or \
+        os.path.basename(sys.argv[0] or "") == "vramkit"
+
+
+def _end_process_now(status: int) -> None:
+    """End the `vramkit estimate` process once its answer is out, without the interpreter's
+    teardown: an estimate leaves PyTorch, transformers and the fake tensors' caches in
+    memory, and taking them apart one object at a time makes the user wait for nothing.
+    The exit handlers still run (the scratch traces are removed). Returns, doing nothing,
+    where the process is not the command, or where a profiler or a tracer (cProfile,
+    coverage) watches it and writes its report at exit."""
+    if not _is_the_command() or sys.getprofile() is not None or sys.gettrace() is not None:
+        return
+    sys.stdout.flush()  # a closed pipe raises here, for main() to end quietly
+    sys.stderr.flush()
+    import atexit
+    atexit._run_exitfuncs()
+    os._exit(status)

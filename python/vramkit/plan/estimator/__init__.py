@@ -16,7 +16,6 @@ the most there. The trace is kept for ``vramkit replay`` and ``vramkit plot``.
 from __future__ import annotations
 
 import collections
-import contextlib
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -176,16 +175,18 @@ def _workspace_model(enabled: bool):
 
 
 def _after_outputs(models_: list):
-    """The recorder's after-outputs hook calling each model's in turn (None for none): a
-    convolution and an op with scratch are different ops, so at most one adds blocks."""
+    """The recorder's after-outputs hook (None for no model): an op goes to the hooks of
+    the models that watch it (a convolution to cuDNN's, a layer norm to the scratch
+    model's), in turn; the rest, most of a step's ops, cost one lookup."""
     if not models_:
         return None
-    if len(models_) == 1:
-        return models_[0].hook
-    hooks = [m.hook for m in models_]
+    watched: dict = {}
+    for model in models_:
+        for op in model.watched_ops():
+            watched.setdefault(op, []).append(model.hook)
 
     def hook(recorder, func, args, kwargs, out) -> None:
-        for h in hooks:
+        for h in watched.get(func, ()):
             h(recorder, func, args, kwargs, out)
 
     return hook
@@ -419,29 +420,18 @@ def _record_categories():
     return CATEGORIES
 
 
-def _first_model(args, build, target):
-    """The (first) model the step takes, built on fake tensors if build() makes it."""
+def _model_facts(values) -> dict:
+    """What advise() and plan_checkpointing() need of the first model among a step's
+    objects: its repeated blocks and the dtypes of its floating-point weights (none
+    without a model)."""
     import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from . import _step
-    from ._values import KnownValues
-    if build is None:
-        built = args
-    else:
-        with _step.on_target(target), FakeTensorMode(allow_non_fake_inputs=True), \
-                KnownValues(), torch.device(target.device):
-            built = build()
-        built = built if isinstance(built, tuple) else (built,)
-    models_ = [b for b in built if isinstance(b, torch.nn.Module)]
-    return models_[0] if models_ else None
-
-
-def _model_blocks(args, build, target) -> list[str]:
-    """The repeated blocks of the (first) model the step takes."""
     from . import variants
-    model = _first_model(args, build, target)
-    return variants.repeated_blocks(model) if model is not None else []
+    model = next((v for v in values if isinstance(v, torch.nn.Module)), None)
+    if model is None:
+        return {"blocks": [], "weights": set()}
+    return {"blocks": variants.repeated_blocks(model),
+            "weights": {p.dtype for p in model.parameters() if p.is_floating_point()}}
 
 
 def advise(step_fn, *args, build=None, device_memory=None, memory_limit=None,
@@ -458,43 +448,41 @@ def advise(step_fn, *args, build=None, device_memory=None, memory_limit=None,
     from . import _step, variants as _variants
 
     target = _step.choose_target(kwargs.pop("device", "cuda"), kwargs.pop("emulate", None))
-    model = _first_model(args, build, target)
-    blocks = _variants.repeated_blocks(model) if model is not None else []
-    weights = {p.dtype for p in model.parameters() if p.is_floating_point()} \
-        if model is not None else set()
-    chosen = variants if variants is not None else _variants.standard_variants(len(blocks))
+    if variants is not None and not variants:
+        raise ValueError("advise(): variants is empty: give the step as written first")
     # An estimate's own option, not the step's: the FLOP count below gets the rest.
     common = dict(device_memory=device_memory, memory_limit=memory_limit, source=source,
                   emulate=target.emulated,
                   model_workspaces=kwargs.pop("model_workspaces", True))
-    rows, done, autocast = [], set(), set()
-    base = base_flops = None
+    first = variants[0] if variants is not None else _variants.Variant("as written")
+    # The step as written, estimated first: its recording also says which autocast the
+    # step runs and, from the model it builds, the blocks and weights the changes need.
+    model_seen, autocast = {}, set()
+    with _variants.autocast_seen(autocast), _step.built_objects_seen(
+            lambda values: model_seen.update(_model_facts(values))):
+        base = estimate(step_fn, *args, build=build, variant=first, **common, **kwargs)
+    blocks, weights = model_seen.get("blocks", []), model_seen.get("weights", set())
+    chosen = (variants if variants is not None
+              else _variants.standard_variants(len(blocks)))[1:]
+    rows = [_variants.AdviceRow(first.name, base.peak_allocated, base.peak_reserved,
+                                base.torch_peak_reserved, base.fits, 0,
+                                0.0 if base.flops else None)]
+    done = {_variants.key(first)}
     for v in chosen:
-        if base is not None:
-            v = _variants.as_it_changes(v, autocast, weights)
-            if v is None or _variants.key(v) in done:
-                continue
+        v = _variants.as_it_changes(v, autocast, weights)
+        if v is None or _variants.key(v) in done:
+            continue
         done.add(_variants.key(v))
         try:
-            # One recording gives the memory and the compute; the step as written also
-            # says which autocast it runs.
-            seen = (_variants.autocast_seen(autocast) if base is None
-                    else contextlib.nullcontext())
-            with seen:
-                e = estimate(step_fn, *args, build=build, variant=v, **common, **kwargs)
-            flops = e.flops
+            e = estimate(step_fn, *args, build=build, variant=v, **common, **kwargs)
         except _step.UntraceableStep as error:
-            if base is None:
-                raise  # nothing to compare the changes with
             rows.append(_variants.AdviceRow(v.name, None, None, None, None, None, None,
                                             str(error)))
             continue
-        if base is None:
-            base, base_flops = e, flops
         rows.append(_variants.AdviceRow(
             v.name, e.peak_allocated, e.peak_reserved, e.torch_peak_reserved, e.fits,
             base.peak_reserved - e.peak_reserved,
-            (flops / base_flops - 1.0) if base_flops else None))
+            (e.flops / base.flops - 1.0) if base.flops else None))
     if make_batch is not None and batch:
         for n in sorted({max(1, batch // 2), max(1, batch // 4)} - {batch}, reverse=True):
             e = estimate(step_fn, build=lambda n=n: make_batch(n), **common, **kwargs)
@@ -537,7 +525,7 @@ def plan_checkpointing(step_fn, *args, build=None, device_memory=None,
     if device_memory is None and memory_limit is None:
         raise ValueError("plan_checkpointing(): give device_memory or memory_limit")
     target = _step.choose_target(kwargs.pop("device", "cuda"), kwargs.pop("emulate", None))
-    blocks = _model_blocks(args, build, target)
+    blocks: list[str] = []  # the model's repeated blocks, seen by the first estimate
     cache: dict[int, Estimate] = {}
 
     def planned(k: int) -> Estimate:
@@ -549,6 +537,8 @@ def plan_checkpointing(step_fn, *args, build=None, device_memory=None,
                                 emulate=target.emulated, **kwargs)
         return cache[k]
 
+    with _step.built_objects_seen(lambda values: blocks.extend(_model_facts(values)["blocks"])):
+        planned(0)  # no block checkpointed, whichever the model has
     if planned(0).fits or not blocks:
         return CheckpointPlan([], len(blocks), planned(0), bool(planned(0).fits))
     if not planned(len(blocks)).fits:

@@ -184,6 +184,11 @@ class StorageRecorder(TorchDispatchMode):
         # recorded: what the op allocates and frees inside itself after making them (a
         # cuDNN convolution's workspace) goes there, before the next op.
         self.after_outputs_hook = None
+        # The mode that knows small tensors' values (_values.KnownValues), run inside this
+        # one's dispatch rather than entered as a mode of its own: each mode on the stack
+        # costs every op a round trip from PyTorch's dispatcher into Python, and a step
+        # runs thousands of ops. None: the op goes straight to the mode below.
+        self.values = None
         self.op_phase = "setup"              # the phase of the op being dispatched
         # Where build() made each storage (CreationSites.sites), for blocks that exist
         # before the step; None: no build() of the user's ran (`vramkit estimate
@@ -200,7 +205,10 @@ class StorageRecorder(TorchDispatchMode):
     # -- the dispatch hook ------------------------------------------------------------
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        if self.values is not None:
+            out = self.values.__torch_dispatch__(func, types, args, kwargs)
+        else:
+            out = func(*args, **(kwargs or {}))
         phase = self.phase
         in_backward = phase != "setup" and torch._C._current_graph_task_id() != -1
         if in_backward:

@@ -14,6 +14,7 @@ is where a training loop's steady peak is).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import copy
 import inspect
 import types
@@ -155,6 +156,24 @@ def _found(values, kind) -> list:
     return found
 
 
+# Called with the fake objects a recording's step takes, as soon as they exist (see
+# built_objects_seen); None: nobody asked.
+_built_seen = contextvars.ContextVar("vramkit_estimate_built_seen", default=None)
+
+
+@contextlib.contextmanager
+def built_objects_seen(callback):
+    """Within it, each recording calls ``callback(objects)`` with the fake objects its
+    step takes (the model, optimizer and batch build() made, or the twins of those passed
+    in), before any variant changes them: what a caller wants to know of the model (its
+    repeated blocks, its weights' dtype) without building it a second time."""
+    token = _built_seen.set(callback)
+    try:
+        yield
+    finally:
+        _built_seen.reset(token)
+
+
 def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
                 workspace_hook=None, build=None, variant=None,
                 around_step=None, after_outputs_hook=None) -> tuple[Recording, StorageRecorder]:
@@ -186,6 +205,9 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
             args = twins.any(tuple(args))
             kwargs = twins.any(dict(kwargs))
         step_fn, owner = twins.owner(step_fn)
+        seen = _built_seen.get()
+        if seen is not None:
+            seen(args)
         if variant is not None:
             with mode:
                 args = tuple(variant.transform(list(args)))
@@ -195,7 +217,8 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
             values += (owner, *vars(owner).values())
         known.forget(p for m in _found(values, torch.nn.Module) for p in m.parameters())
         known.forget(_found(values, torch.Tensor))
-        with mode, known, recorder, (around_step or contextlib.nullcontext()):
+        recorder.values = known  # run inside the recorder's dispatch, not as a mode
+        with mode, recorder, (around_step or contextlib.nullcontext()):
             for m in _found(values, torch.nn.Module):
                 for p in m.parameters():
                     recorder.set_role(p, "parameters")

@@ -7,15 +7,16 @@ timm's ConvNeXt, Swin and others build their drop-path rates with
 drop-path draws a per-sample mask and asks whether it is all ones. Those values can be
 computed exactly, and cheaply.
 
-:class:`KnownValues` is a dispatch mode just above the fake mode. An operation whose tensor
-arguments all have known values (or that takes no tensor, as ``linspace`` and ``rand``
-do), and whose outputs are small, is run a second time on real CPU tensors, and each fake
-output remembers its real twin. Reading the value of a fake tensor with a real twin gives
-the twin's; an operation whose output shape depends on values (``nonzero``, a boolean
-mask) gives a fake tensor of the shape the real one has. A value that depends on weights
-or inputs stays unknown, and reading it still fails with the reason: the estimate never
-guesses a value: the weights and the batch the step is given count as unknown, whatever
-their size.
+:class:`KnownValues` is a dispatch mode just above the fake mode (while a step is
+recorded, the recorder calls it from its own dispatch instead of stacking it as a second
+mode: ``StorageRecorder.values``). An operation whose tensor arguments all have known
+values (or that takes no tensor, as ``linspace`` and ``rand`` do), and whose outputs are
+small, is run a second time on real CPU tensors, and each fake output remembers its real
+twin. Reading the value of a fake tensor with a real twin gives the twin's; an operation
+whose output shape depends on values (``nonzero``, a boolean mask) gives a fake tensor
+of the shape the real one has. A value that depends on weights or inputs stays unknown,
+and reading it still fails with the reason: the estimate never guesses a value: the
+weights and the batch the step is given count as unknown, whatever their size.
 """
 
 from __future__ import annotations

@@ -461,6 +461,10 @@ class OpScratchModel(_ws.DeviceMeasuredSizes):
         self.time_budget_s = time_budget_s
         self._spent_s = 0.0
 
+    def watched_ops(self):
+        """The ops whose calls :meth:`hook` looks at."""
+        return scratch_ops().keys()
+
     def hook(self, recorder, func, args, kwargs, out) -> None:
         if func not in scratch_ops():
             return  # the common case, first: most ops are not on the list

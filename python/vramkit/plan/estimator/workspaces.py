@@ -704,6 +704,10 @@ class ConvWorkspaceModel(DeviceMeasuredSizes):
             self._table = Table.load(self.table_path)
         return self._table
 
+    def watched_ops(self):
+        """The ops whose calls :meth:`hook` looks at: the convolutions'."""
+        return _conv_ops().keys()
+
     def hook(self, recorder, func, args, kwargs, out) -> None:
         signatures = signatures_of_call(func, args, kwargs, self.device_type)
         if not signatures:
