@@ -368,7 +368,11 @@ bool _vram_giveback_ask(vram_pool_t *pool, size_t rounded) {
     uint64_t under = gb->group_limit > group_total ? gb->group_limit - group_total : 0;
     if (under < free_bytes) free_bytes = under;
   }
-  uint64_t want = rounded > free_bytes ? rounded - free_bytes : rounded;
+  /* Asked with room to spare: memory the device calls free is not all a mapping can have
+   * (the driver's own tables, a mapping rounded to the pool's unit), and an answer that
+   * leaves the request a few megabytes short fails it as surely as none. */
+  uint64_t margin = rounded / 32 > 2 * pool->granularity ? rounded / 32 : 2 * pool->granularity;
+  uint64_t want = (rounded > free_bytes ? rounded - free_bytes : rounded) + margin;
   want = (want + pool->granularity - 1) & ~((uint64_t)pool->granularity - 1);
   vram_group_file *g = gb->group->file;
   pool->stats.giveback_requests++;

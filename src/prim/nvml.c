@@ -4,8 +4,10 @@
  * fills an array, so the stride must be the one of the version called):
  *   v1 {pid, usedGpuMemory}                                       16 bytes
  *   v2 {pid, usedGpuMemory, gpuInstanceId, computeInstanceId}     24 bytes
- *   v3 (nvmlProcessInfo_t) v2 + usedGpuCcProtectedMemory           32 bytes
- * The newest exported is resolved with the struct that goes with it. Tests load a double
+ *   v3 nvmlProcessInfo_t, the same four fields                    24 bytes
+ * (the confidential-computing field is in nvmlProcessDetail_v1_t, another call's struct:
+ * read at 32 bytes a v3 array gave an H200's second process a pid made of the first one's
+ * byte count). The newest exported is resolved with the struct that goes with it. Tests load a double
  * (tests/c/fake_nvml.c, found first on LD_LIBRARY_PATH). */
 #define _GNU_SOURCE
 #include "prim/nvml.h"
@@ -23,9 +25,7 @@ typedef struct nvmlDevice_st *nvmlDevice_t;
 typedef struct { unsigned long long total, free, used; } nvml_memory;
 typedef struct { unsigned pid; unsigned long long used; } nvml_proc_v1;
 typedef struct { unsigned pid; unsigned long long used; unsigned gi, ci; } nvml_proc_v2;
-typedef struct { unsigned pid; unsigned long long used; unsigned gi, ci; unsigned long long cc; } nvml_proc_v3;
-_Static_assert(sizeof(nvml_proc_v1) == 16 && sizeof(nvml_proc_v2) == 24 && sizeof(nvml_proc_v3) == 32,
-               "NVML process structs");
+_Static_assert(sizeof(nvml_proc_v1) == 16 && sizeof(nvml_proc_v2) == 24, "NVML process structs");
 
 /* Resolved once; `procs` with `proc_size` the stride of its version. */
 static struct {
@@ -85,7 +85,7 @@ static void nv_load(void) {
   NV_RESOLVE(memory, "nvmlDeviceGetMemoryInfo");
   NV_RESOLVE(process_name, "nvmlSystemGetProcessName");
   const struct { const char *name; size_t size; } versions[] = {
-      {"nvmlDeviceGetComputeRunningProcesses_v3", sizeof(nvml_proc_v3)},
+      {"nvmlDeviceGetComputeRunningProcesses_v3", sizeof(nvml_proc_v2)},
       {"nvmlDeviceGetComputeRunningProcesses_v2", sizeof(nvml_proc_v2)},
       {"nvmlDeviceGetComputeRunningProcesses", sizeof(nvml_proc_v1)}};
   for (size_t i = 0; i < sizeof versions / sizeof versions[0] && !nv.procs; i++) {
@@ -137,7 +137,7 @@ static int nv_query(const char *uuid, vram_nvml_process *out, int max, vram_nvml
     gpu->free = m.free;
     gpu->used = m.used;
   }
-  static unsigned char infos[NV_MAX_PROCS * sizeof(nvml_proc_v3)]; /* under nv_lock */
+  static unsigned char infos[NV_MAX_PROCS * sizeof(nvml_proc_v2)]; /* under nv_lock */
   unsigned count = NV_MAX_PROCS;
   r = nv.procs(dev, &count, infos);
   if (r != NVML_SUCCESS && r != NVML_ERROR_INSUFFICIENT_SIZE) {

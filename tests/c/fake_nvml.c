@@ -4,9 +4,10 @@
  * Every GPU UUID starting with "GPU-" is known. Its compute processes come from the
  * environment at each call, so a test sets them after it knows the pids it wants listed:
  *   FAKE_NVML_PROCS="pid:name:bytes,pid:name:bytes,..."   (bytes "-" = not available)
- * FAKE_NVML_FAIL_INIT=1 makes nvmlInit_v2 fail. The processes call exists as _v3 (32-byte
- * entries) and _v2 (24-byte entries), as in a recent driver; vramkit must pick _v3 and its
- * stride, or the pids after the first come out wrong. */
+ * FAKE_NVML_FAIL_INIT=1 makes nvmlInit_v2 fail. The processes call exists as _v3 and _v2,
+ * both with 24-byte entries, as in a recent driver; vramkit must read _v3 at that stride,
+ * or the pids after the first come out wrong (a 32-byte stride read an H200's second
+ * process as part of a byte count). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,12 +16,6 @@
 
 typedef int nvmlReturn_t;
 typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
-typedef struct {
-  unsigned pid;
-  unsigned long long usedGpuMemory;
-  unsigned gpuInstanceId, computeInstanceId;
-  unsigned long long usedGpuCcProtectedMemory;
-} nvmlProcessInfo_v3;
 typedef struct {
   unsigned pid;
   unsigned long long usedGpuMemory;
@@ -97,7 +92,7 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(void *dev, nvmlMemory_t *m) {
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(void *dev, unsigned *count,
                                                                  void *infos) {
   if (dev != FAKE_DEVICE) return 2;
-  FILL(nvmlProcessInfo_v3)
+  FILL(nvmlProcessInfo_v2) /* nvmlProcessInfo_t: the v2 fields */
 }
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(void *dev, unsigned *count,
                                                                  void *infos) {
