@@ -27,6 +27,7 @@ def test_a_private_pool_beside_the_default_one(gpu_run):
             view = cupy.asarray(buf).view(cupy.uint8)    # __cuda_array_interface__
             view[:] = 7
             assert int(view[-16:].sum()) == 7 * 16
+            del view                                     # a view keeps its buffer alive
         del buf
         pool.empty_cache()
         assert pool.memory_reserved() == 0
