@@ -367,13 +367,14 @@ static void free_all(vram_pool_t *pool, void **blocks, int count) {
 
 /* A 60 MiB segment carved into six 10 MiB blocks, every other one freed: 30 MiB cached in
  * three pieces, 4 MiB left on the 64 MiB device, and 20 MiB asked for. */
-/* Six 10 MiB blocks in a row, every other one freed: 30 MiB free in three holes. */
-static void carve_every_other(vram_pool_t *pool, void *blocks[6], size_t sizes[6]) {
-  for (int i = 0; i < 6; i++) {
-    sizes[i] = 10 * VT_MiB;
+/* n blocks of `size` in a row, every other one freed: holes of `size` between live ones. */
+static void carve_every_other(vram_pool_t *pool, int n, size_t size, void **blocks,
+                              size_t *sizes) {
+  for (int i = 0; i < n; i++) {
+    sizes[i] = size;
     VT_OK(vram_malloc(pool, sizes[i], NULL, &blocks[i]));
   }
-  for (int i = 1; i < 6; i += 2) {
+  for (int i = 1; i < n; i += 2) {
     VT_OK(vram_free(pool, blocks[i]));
     blocks[i] = NULL;
   }
@@ -395,7 +396,7 @@ static void t_sim_fragmentation(void **state) {
   VT_OK(vram_free(pool, whole)); /* its segment stays cached */
   void *blocks[6];
   size_t sizes[6];
-  carve_every_other(pool, blocks, sizes);
+  carve_every_other(pool, 6, 10 * VT_MiB, blocks, sizes);
   assert_int_equal(vt_stats(pool).reserved_bytes.current, 60 * VT_MiB);
   void *p = NULL;
   VT_EXPECT(vram_malloc(pool, 20 * VT_MiB, NULL, &p), VRAM_ENOMEM);
@@ -429,7 +430,7 @@ static void t_sim_preallocated_fragmentation(void **state) {
     vram_pool_t *pool = vt_pool_from(&o);
     void *blocks[6];
     size_t sizes[6];
-    carve_every_other(pool, blocks, sizes);
+    carve_every_other(pool, 6, 10 * VT_MiB, blocks, sizes);
     void *p = NULL;
     VT_EXPECT(vram_malloc(pool, 20 * VT_MiB, NULL, &p), VRAM_ENOMEM);
     expect_intact(pool, blocks, sizes, 6);
@@ -462,14 +463,7 @@ static void t_sim_vmm_holes_inside_granules(void **state) {
   enum { N = 10 };
   void *blocks[N];
   size_t sizes[N];
-  for (int i = 0; i < N; i++) {
-    sizes[i] = 3 * VT_MiB / 2;
-    VT_OK(vram_malloc(pool, sizes[i], NULL, &blocks[i]));
-  }
-  for (int i = 1; i < N; i += 2) {
-    VT_OK(vram_free(pool, blocks[i]));
-    blocks[i] = NULL;
-  }
+  carve_every_other(pool, N, 3 * VT_MiB / 2, blocks, sizes);
   void *p = NULL;
   VT_EXPECT(vram_malloc(pool, 4 * VT_MiB, NULL, &p), VRAM_ENOMEM);
   expect_intact(pool, blocks, sizes, N);
