@@ -498,9 +498,9 @@ static void format_oom_cause(text_out *o, const vram_oom_info_t *in) {
     human_size_1(lim, sizeof lim, in->group_limit);
     human_size_1(more, sizeof more, in->group_reserved);
     out_printf(o, "every vramkit process on this device together may reserve %s "
-                  "(VRAMKIT_GROUP_LIMIT); they reserve %s, and the request %s would pass it "
-                  "(cached free here %s): neighbours' idle memory given back, or a higher group "
-                  "limit, would let it fit.\n",
+                  "(VRAMKIT_GROUP_LIMIT, or a pool's group_limit); they reserve %s, and the "
+                  "request %s would pass it (cached free here %s): neighbours' idle memory "
+                  "given back, or a higher group limit, would let it fit.\n",
                lim, more, rq, cfr);
     break;
   }

@@ -194,7 +194,7 @@ def test_fake_nvml_gpus_and_a_vramkit_process_joined_by_uuid(publish, sleepers, 
     # ... CACHED, GIVABLE (idle in whole segments), LARGEST, FRAG, PEAK, OOMS, GAVE
     assert row.split()[2:13] == ["cuda:0", "3.5G", "2.0G", "3.0G", "1.0G", "512.0M", "256.0M",
                                  "75%", "4.0G", "2", "3.0G"]
-    assert "group limit (VRAMKIT_GROUP_LIMIT): 8.0G" in text
+    assert "group limit (VRAMKIT_GROUP_LIMIT, or a pool's group_limit): 8.0G" in text
 
 
 def test_nvml_failing_init_is_a_note(publish, tmp_path):

@@ -201,7 +201,8 @@ def _group_limits(entries: list[dict]) -> list[str]:
                      if e["vramkit"] and e["vramkit"]["group_limit_bytes"]})
     if not limits:
         return []
-    return ["  group limit (VRAMKIT_GROUP_LIMIT): " + ", ".join(format_bytes(v) for v in limits)]
+    return ["  group limit (VRAMKIT_GROUP_LIMIT, or a pool's group_limit): " +
+            ", ".join(format_bytes(v) for v in limits)]
 
 
 def render(document: dict) -> list[str]:

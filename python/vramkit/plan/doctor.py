@@ -277,8 +277,9 @@ def _summary(cause: str, n: dict) -> str:
         return f"the preallocation of {_size(rq)} is more than {bound}"
     if cause == "group_limit":
         return (f"every vramkit process on this device together may reserve "
-                f"{_size(n.get('group_limit'))} (VRAMKIT_GROUP_LIMIT); they reserve "
-                f"{_size(n.get('group_reserved'))}, and the request of {_size(rq)} would pass it")
+                f"{_size(n.get('group_limit'))} (VRAMKIT_GROUP_LIMIT, or a pool's group_limit); "
+                f"they reserve {_size(n.get('group_reserved'))}, and the request of {_size(rq)} "
+                f"would pass it")
     if cause == "granularity":
         g, room = n.get("granularity") or 1, n.get("may_reserve") or 0
         return (f"the pool maps memory in whole segments of {_size(g)}: of the {_size(room)} "
@@ -331,7 +332,8 @@ def _setting_fixes(cause: str, n: dict) -> list[Fix]:
     request no whole segment can place."""
     if cause == "group_limit":
         over = (n.get("group_reserved") or 0) + n["requested"] - (n.get("group_limit") or 0)
-        return [Fix(f"raise VRAMKIT_GROUP_LIMIT by {_size(over)}, or let the neighbours on the "
+        return [Fix(f"raise the group limit (VRAMKIT_GROUP_LIMIT, or the pool's group_limit) "
+                    f"by {_size(over)}, or let the neighbours on the "
                     f"device give their idle cache back (VRAMKIT_GIVE_BACK, on by default)",
                     over or None)]
     if cause == "preallocate":
