@@ -35,3 +35,35 @@ def run_python(code: str, env: dict | None = None, check: bool = True, cwd=None)
         pytest.fail(f"subprocess failed ({proc.returncode}):\n--- stdout\n{proc.stdout}"
                     f"\n--- stderr\n{proc.stderr}", pytrace=False)
     return proc
+
+
+def rounded_block(n: int) -> int:
+    """A request's size as the allocators round it: 512-byte units, 512 at least."""
+    return max(512, -(-n // 512) * 512)
+
+
+class AllocatorFigures:
+    """The allocator figures a measurement reads (allocated, peak, reserved, empty_cache),
+    kept as counters that a test's stand-in moves: the estimator's tests measure on a CPU
+    with one of these where a GPU's allocator would answer."""
+
+    def __init__(self):
+        self.level = self.top = self.held = 0
+        self.emptied = 0
+        self.calls = []
+
+    def allocated(self, device):
+        return self.level
+
+    def reset_peak(self, device):
+        self.top = self.level
+
+    def peak(self, device):
+        return self.top
+
+    def reserved(self, device):
+        return self.held
+
+    def empty_cache(self, device):
+        self.emptied += 1
+        self.held = 0

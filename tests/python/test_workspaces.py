@@ -1,6 +1,6 @@
-"""Tests of the cuDNN workspace model of vramkit.estimate (vramkit.estimator.workspaces),
-of the other ops' scratch buffers (vramkit.estimator.scratch) and of
-bench/cudnn_workspace_probe.py's record path, on a machine without a GPU: tables written
+"""Tests of the cuDNN workspace model of vramkit.estimate (vramkit.estimator.workspaces)
+and of bench/cudnn_workspace_probe.py's record path (the other ops' scratch buffers are
+test_op_scratch.py's), on a machine without a GPU: tables written
 here (or made by the probe's --dry-run), and stand-ins for the allocator, or for the
 measurement, where the estimator measures on a device. Sizes are checked against the
 tables' and the stand-ins' own numbers.
@@ -14,7 +14,6 @@ import json
 import pathlib
 import subprocess
 import sys
-from collections import Counter
 
 import pytest
 
@@ -23,17 +22,13 @@ import torch.nn.functional as F  # noqa: E402
 
 import vramkit  # noqa: E402
 from vramkit.estimator import CUBLAS_WORKSPACE_BYTES, _step  # noqa: E402
-from vramkit.estimator import scratch as sc  # noqa: E402
 from vramkit.estimator import workspaces as ws  # noqa: E402
 from vramkit.estimator.workspace_table import rule_errors  # noqa: E402
+from helpers import AllocatorFigures, rounded_block as _rounded  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PROBE = ROOT / "bench" / "cudnn_workspace_probe.py"
 MiB = 1 << 20
-
-
-def _rounded(n: int) -> int:
-    return max(512, -(-n // 512) * 512)
 
 
 def _probe_module():
@@ -339,30 +334,9 @@ def test_the_shipped_table_is_valid():
 # Measuring on a device (a CPU stands in, with a stand-in for the allocator's figures).
 # ---------------------------------------------------------------------------------------
 
-class _Reader:
+class _Reader(AllocatorFigures):
     """Allocator figures for real CPU tensors: each call's outputs count, and a part
     'uses' a workspace of 64 KiB times (1 + its number in PARTS)."""
-
-    def __init__(self):
-        self.level = self.top = self.held = 0
-        self.emptied = 0
-        self.calls = []
-
-    def allocated(self, device):
-        return self.level
-
-    def reset_peak(self, device):
-        self.top = self.level
-
-    def peak(self, device):
-        return self.top
-
-    def reserved(self, device):
-        return self.held
-
-    def empty_cache(self, device):
-        self.emptied += 1
-        self.held = 0
 
     def observe(self, out):
         outs = [t for t in (out if isinstance(out, tuple) else (out,)) if t is not None]
@@ -564,314 +538,3 @@ def test_the_probe_dry_run_fills_a_table_the_estimator_matches_exactly(tmp_path,
     assert bad.returncode == 2 and "isolated record 0" in bad.stderr
     assert _run(*cli, "show", "--table", table).returncode == 0
     assert _run(*cli, "frobnicate").returncode == 3
-
-
-# ---------------------------------------------------------------------------------------
-# Other ops' scratch buffers (vramkit.estimator.scratch): signatures, inputs, the model.
-# ---------------------------------------------------------------------------------------
-
-aten = torch.ops.aten
-
-
-def test_the_signature_of_an_op_call_names_what_chooses_its_kernel():
-    x = torch.randn(4, 6, 32)
-    w, b = torch.randn(32), torch.randn(32)
-    out, mean, rstd = aten.native_layer_norm.default(x, [32], w, b, 1e-5)
-    call = sc.call_of(aten.native_layer_norm_backward.default,
-                      (out, x, [32], mean, rstd, w, b, [True, False, True]), {})
-    assert call.op == "native_layer_norm_backward.default"
-    assert call.key == ("native_layer_norm_backward.default grad_out=float32[4,6,32] "
-                        "input=float32[4,6,32] normalized_shape=[32] mean=float32[4,6,1] "
-                        "rstd=float32[4,6,1] weight=float32[32] bias=float32[32] "
-                        "output_mask=[True,False,True]")
-    # The mask is part of it; eps, a value the kernel only computes with, is not.
-    other_mask = sc.call_of(aten.native_layer_norm_backward.default,
-                            (out, x, [32], mean, rstd, w, b, [True, True, True]), {})
-    assert other_mask.key != call.key
-    assert sc.call_of(aten.native_layer_norm.default, (x, [32], w, b, 1e-5), {}).key == \
-        sc.call_of(aten.native_layer_norm.default, (x, [32], w, b, 0.1), {}).key
-    # Strides where the view is not contiguous, its start modulo 256 bytes (alignment),
-    # and the dims, keepdim and dtype of a reduction.
-    view = torch.randn(3, 100)[:, 1:].t()
-    (red,) = [sc.call_of(aten.sum.dim_IntList, (view, [0], True), {"dtype": torch.float64})]
-    assert red.key == ("sum.dim_IntList self=float32[99,3]@1,100+1 dim=[0] keepdim=True "
-                       "dtype=float64")
-    far = torch.randn(3, 200)[:, 65:].t()  # 65 floats in: 260 bytes, 4 past an alignment
-    assert "+1 " in sc.call_of(aten.sum.dim_IntList, (far, [0], True), {}).key
-    # An op off the list has no signature, nor one whose tensors are all off the device
-    # the estimate counts; nor the fused attention kernels, whose backwards take random
-    # number state that zeros do not rebuild safely.
-    assert sc.call_of(aten.mm.default, (torch.ones(2, 2), torch.ones(2, 2)), {}) is None
-    assert sc.call_of(aten.sum.dim_IntList, (view, [0]), {}, device_type="cuda") is None
-    q = torch.randn(1, 2, 8, 16)
-    assert sc.call_of(aten._scaled_dot_product_flash_attention.default,
-                      (q, q, q, 0.1, True), {"scale": 0.25}) is None
-
-
-def test_the_builder_gives_zeros_in_the_same_layout_for_every_dtype():
-    templates = [torch.randint(1, 9, (5, 7)).t(),                       # int64, strided
-                 torch.randint(1, 9, (40,), dtype=torch.int32)[3:19],   # with an offset
-                 torch.ones(3, 4, dtype=torch.bool),
-                 torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last),
-                 torch.randn(6).expand(4, 6),                           # a stride of 0
-                 torch.randn(0, 3)]
-    for template in templates:
-        spec = sc.TensorSpec.of(template)
-        built = sc.build_tensor(spec, torch.device("cpu"))
-        assert built.dtype == template.dtype and built.shape == template.shape
-        assert built.stride() == template.stride()
-        assert (built.storage_offset() * built.element_size()) % 256 == \
-            (template.storage_offset() * template.element_size()) % 256
-        assert not built.any(), f"{template.dtype} not built as zeros"
-    # A loss's targets (random class indices in the step) are built as zeros: in range.
-    logits, target = torch.randn(4, 10), torch.randint(1, 10, (4,))
-    call = sc.call_of(aten.nll_loss_forward.default, (logits, target, None, 1, -100), {})
-    args, _ = call.build(torch.device("cpu"))
-    assert args[1].dtype == torch.int64 and args[1].tolist() == [0, 0, 0, 0]
-    assert args[2] is None and args[3:] == (1, -100)
-    assert call.input_bytes() == (40 * 4 + 4 * 8)
-    loss, total = call.runner(torch.device("cpu"))()
-    assert total.item() == 4.0  # it runs: every target in range and counted
-    # Tensors on the kind of device measured on go to that device; a CPU scalar beside
-    # them (here meta stands for CUDA) stays on the CPU, and the signature marks it.
-    logits, target = torch.empty(4, 10, device="meta"), torch.empty(4, dtype=torch.long,
-                                                                    device="meta")
-    call = sc.call_of(aten.nll_loss_backward.default,
-                      (torch.tensor(1.0), logits, target, None, 1, -100, torch.tensor(4.0)), {})
-    assert call.key.startswith("nll_loss_backward.default grad_output=float32[]/cpu "
-                               "self=float32[4,10] target=int64[4] ")
-    args, _ = call.build(torch.device("meta"))
-    assert [a.device.type for a in args if isinstance(a, torch.Tensor)] == \
-        ["cpu", "meta", "meta", "cpu"]
-    assert call.input_bytes() == 40 * 4 + 4 * 8  # what goes on the device measured on
-
-
-def _ln_build(batch=64, width=256):
-    def build():
-        net = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.LayerNorm(width))
-        return net, torch.optim.SGD(net.parameters(), lr=0.1), torch.randn(batch, width)
-    return build
-
-
-def _ln_train(net, opt, x):
-    net(x).sum(dim=1).pow(2).mean().backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-
-
-OP_SIZES = {"native_layer_norm.default": 3 * MiB + 100,
-            "native_layer_norm_backward.default": 5 * MiB,
-            "sum.dim_IntList": 7 * 1024, "mean.default": 2 * 1024}
-
-
-@pytest.fixture
-def stand_in(tmp_path, monkeypatch):
-    """Measurement by a stand-in: each op's size from OP_SIZES (0 for the rest), with the
-    calls it was asked for; the cache in the test's own folder."""
-    monkeypatch.setenv("VRAMKIT_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(ws, "_MEASURED", {})
-    asked = []
-
-    def measure(call, device, reader=None, out_bytes=0):
-        asked.append(call.key)
-        return OP_SIZES.get(call.op, 0)
-
-    monkeypatch.setattr(sc, "measure_op", measure)
-    return asked
-
-
-def test_scratch_blocks_sit_right_after_the_op_outputs_and_are_freed_at_once(stand_in):
-    model = sc.OpScratchModel(torch.device("cpu"), reader=_Reader())
-    recording, _ = _step.record_step(_ln_train, (), {}, target=_step.choose_target(),
-                                     build=_ln_build(), steps=2,
-                                     after_outputs_hook=model.hook)
-    ops, blocks = recording.ops, recording.blocks
-    found = [i for i, op in enumerate(ops) if op[0] == "a" and blocks[op[1]].site == sc.LABEL]
-    seen = Counter()
-    for i in found:
-        bid = ops[i][1]
-        block = blocks[bid]
-        assert ops[i + 1] == ("f", bid)  # freed before anything else happens
-        assert block.role == "workspaces" and block.freed
-        assert block.requested == OP_SIZES[block.op]
-        assert block.size == _rounded(OP_SIZES[block.op])
-        # Right after the op's outputs: the allocation before it is the op's own.
-        assert ops[i - 1][0] == "a" and blocks[ops[i - 1][1]].op == block.op
-        seen[block.op] += 1
-    # In each of the two steps: layer norm forward and backward, the step's own sum over
-    # dim 1 and mean, and the linear layer's bias gradient (a sum over dim 0).
-    assert seen == {"native_layer_norm.default": 2, "native_layer_norm_backward.default": 2,
-                    "sum.dim_IntList": 4, "mean.default": 2}
-    # Measured once per signature (the two sums are two), not once per call.
-    assert len(stand_in) == len(set(stand_in)) == 5
-    assert model.counts() == {"measured": 5}
-    assert model.by_op() == {"native_layer_norm.default": 1, "sum.dim_IntList": 2,
-                             "native_layer_norm_backward.default": 1, "mean.default": 1}
-    # The backward's output gradient comes expanded from the sum's backward (a stride of
-    # 0): the signature says so, as the real kernel copies it contiguous first.
-    (backward,) = [k for k in stand_in if k.startswith("native_layer_norm_backward")]
-    assert "grad_out=float32[64,256]@1,0 " in backward
-
-
-def _wide_norm(batch=2048, width=1024, then_bigger=False):
-    """No grad: one layer norm whose outputs meet the step's peak (its input and output
-    live together), or, with then_bigger, followed by a larger tensor."""
-    def build():
-        return (torch.nn.LayerNorm(width), torch.randn(batch, width))
-
-    def step(norm, x):
-        with torch.no_grad():
-            y = norm(x)
-            if then_bigger:
-                return y.repeat(4, 1)
-            return y
-    return build, step
-
-
-def test_a_scratch_block_on_the_peak_raises_it_by_its_size(stand_in):
-    build, step = _wide_norm()
-    peaks = {}
-    for hooked in (False, True):
-        model = sc.OpScratchModel(torch.device("cpu"), reader=_Reader())
-        recording, _ = _step.record_step(step, (), {}, target=_step.choose_target(),
-                                         build=build, steps=1,
-                                         after_outputs_hook=model.hook if hooked else None)
-        peaks[hooked] = recording.peak_allocated
-    assert peaks[True] - peaks[False] == _rounded(OP_SIZES["native_layer_norm.default"])
-    # Away from the peak it changes no peak.
-    build, step = _wide_norm(then_bigger=True)
-    model = sc.OpScratchModel(torch.device("cpu"), reader=_Reader())
-    with_it, _ = _step.record_step(step, (), {}, target=_step.choose_target(), build=build,
-                                   steps=1, after_outputs_hook=model.hook)
-    without, _ = _step.record_step(step, (), {}, target=_step.choose_target(), build=build,
-                                   steps=1)
-    assert with_it.peak_allocated == without.peak_allocated
-
-
-class _OpReader(_Reader):
-    """Allocator figures for real CPU calls: each call's outputs count, and the call
-    'uses' a scratch buffer of a quarter of them; ``room`` is what the device could give."""
-
-    def __init__(self, room=1 << 40):
-        super().__init__()
-        self.room = room
-
-    def available(self, device):
-        return self.room
-
-    def observe(self, out):
-        outs = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
-        size = sum(_rounded(t.untyped_storage().nbytes()) for t in outs)
-        self.calls.append(size)
-        self.top = max(self.top, self.level + size + size // 4)
-        self.level += size
-        self.held = max(self.held, self.top)
-
-
-def test_measuring_runs_each_op_for_real_and_keeps_what_it_found(tmp_path, monkeypatch):
-    monkeypatch.setenv("VRAMKIT_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(ws, "_MEASURED", {})
-    reader = _OpReader()
-    model = sc.OpScratchModel(torch.device("cpu"), reader=reader)
-    recording, _ = _step.record_step(_ln_train, (), {}, target=_step.choose_target(),
-                                     build=_ln_build(), steps=2,
-                                     after_outputs_hook=model.hook)
-    model.finish()
-    signatures = len(model._how)
-    assert signatures >= 4 and model.counts() == {"measured": signatures}
-    # Each signature ran on its own once measured (the warm-up call is not observed), and
-    # its size is what the reader saw that call 'use'.
-    assert len(reader.calls) == signatures
-    sizes = sorted(b.requested for b in recording.blocks.values() if b.site == sc.LABEL)
-    assert sizes and all(s > 0 for s in sizes)
-    assert set(sizes) == {c // 4 for c in reader.calls if c // 4}
-    assert reader.emptied == 1
-    (note,) = [n for n in model.notes() if "measured on this GPU" in n]
-    assert f"(cpu) for {signatures} of the step's {signatures} op signatures" in note
-    cache = ws.cache_path(ws.device_identity(torch.device("cpu")), sc.CACHE_FOLDER)
-    assert cache.startswith(str(tmp_path / "cache")) and "op-scratch" in cache
-    kept = json.loads(pathlib.Path(cache).read_text())
-    assert kept["format"] == sc.CACHE_FORMAT and set(kept["entries"]) == set(model._how)
-    # A new process reads the file and measures nothing.
-    monkeypatch.setattr(ws, "_MEASURED", {})
-    fresh_reader = _OpReader()
-    fresh = sc.OpScratchModel(torch.device("cpu"), reader=fresh_reader)
-    _step.record_step(_ln_train, (), {}, target=_step.choose_target(), build=_ln_build(),
-                      steps=1, after_outputs_hook=fresh.hook)
-    assert fresh.counts() == {"cached": signatures} and fresh_reader.calls == []
-
-
-def test_without_the_memory_or_when_the_op_fails_it_counts_zero(tmp_path, monkeypatch):
-    monkeypatch.setenv("VRAMKIT_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(ws, "_MEASURED", {})
-    # The device could give 64 bytes: no op's inputs of the step fit in half of that.
-    model = sc.OpScratchModel(torch.device("cpu"), reader=_OpReader(room=64))
-    recording, _ = _step.record_step(_ln_train, (), {}, target=_step.choose_target(),
-                                     build=_ln_build(), steps=1,
-                                     after_outputs_hook=model.hook)
-    signatures = len(model._how)
-    assert model.counts() == {"no_memory": signatures}
-    assert not any(b.site == sc.LABEL for b in recording.blocks.values())
-    assert f"lacked the memory to measure the scratch buffers of {signatures} op " \
-           f"signatures" in " ".join(model.notes())
-
-    def refused(*args, **kwargs):
-        raise RuntimeError("CUDA error: an unsupported configuration\nmore")
-
-    monkeypatch.setattr(ws, "measure_transient", refused)
-    model = sc.OpScratchModel(torch.device("cpu"), reader=_OpReader())
-    _step.record_step(_ln_train, (), {}, target=_step.choose_target(), build=_ln_build(),
-                      steps=1, after_outputs_hook=model.hook)
-    assert model.counts() == {"failed": signatures}
-    assert "could not be measured on this GPU (the first: native_layer_norm.default: " \
-           "RuntimeError: CUDA error: an unsupported configuration)" in " ".join(model.notes())
-
-
-def test_without_a_device_one_note_says_how_many_signatures_were_left_out():
-    e = vramkit.estimate(_ln_train, build=_ln_build())
-    model = sc.OpScratchModel(None)
-    _step.record_step(_ln_train, (), {}, target=_step.choose_target(), build=_ln_build(),
-                      steps=2, after_outputs_hook=model.hook)
-    count = len(model._how)
-    assert count >= 4 and model.counts() == {"none": count}
-    (note,) = [n for n in e.notes if "scratch buffers" in n]
-    assert note.startswith(f"scratch buffers that ops allocate and free inside themselves "
-                           f"were not modelled for {count} of the step's {count} op "
-                           f"signatures (")
-    assert "sum 2" in note and "native_layer_norm 1" in note and "none here" in note
-    assert e.breakdown["workspaces"] == CUBLAS_WORKSPACE_BYTES  # nothing added without one
-
-
-def test_the_switch_turns_op_scratch_on_and_off(stand_in, monkeypatch):
-    class OnTheCpu(sc.OpScratchModel):
-        """The model as on a GPU: the CPU stands for the device, the stand-in measures."""
-
-        def __init__(self, device=None, **kwargs):
-            super().__init__(torch.device("cpu"), reader=_Reader())
-
-    monkeypatch.setattr(sc, "OpScratchModel", OnTheCpu)
-    build, step = _wide_norm()
-    size = _rounded(OP_SIZES["native_layer_norm.default"])
-    none = vramkit.estimate(step, build=build, model_workspaces=False)
-    only = vramkit.estimate(step, build=build, model_workspaces="scratch")
-    assert only.peak_allocated == none.peak_allocated + size
-    assert only.breakdown["workspaces"] == size
-    assert (sc.LABEL, size, 1) in only.top_sites
-    # True models it too (and cuBLAS's, which a step without a matrix product has none of).
-    assert vramkit.estimate(step, build=build).peak_allocated == none.peak_allocated + size
-    others = vramkit.estimate(step, build=build, model_workspaces=("cublas", "cudnn"))
-    assert others.peak_allocated == none.peak_allocated
-    assert not any("scratch" in n for n in others.notes + none.notes)
-    assert any("op scratch buffers" in n for n in only.notes)
-    with pytest.raises(ValueError):
-        vramkit.estimate(step, build=build, model_workspaces=("scratch", "ops"))
-
-
-def test_no_op_that_takes_random_state_is_measured():
-    """Ops whose inputs carry random-number state (fused attention's backwards take the
-    forward's philox seed and offset; dropout's masks) are never rebuilt from zeros and run
-    on the device: one such measurement crashed the process on an H200."""
-    from vramkit.estimator import scratch as sc
-    names = [op for op in sc.SCRATCH_OPS]
-    assert names, "the allow-list is empty"
-    assert not [op for op in names if "attention" in op or "dropout" in op]
