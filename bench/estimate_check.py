@@ -610,6 +610,11 @@ def main() -> int:
     parser.add_argument("--out", default=".")
     parser.add_argument("--only", default=None,
                         help="only workloads whose name has one of these (comma-separated)")
+    parser.add_argument("--skip", default=None,
+                        help="leave out workloads whose name has one of these (comma-separated)")
+    parser.add_argument("--table", nargs="+", metavar="JSONL", default=None,
+                        help="print the table of rows saved earlier (each role's JSON lines, "
+                             "from runs split across device calls), measure nothing")
     parser.add_argument("--role", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--skip-accuracy", action="store_true")
     parser.add_argument("--skip-finder", action="store_true")
@@ -623,7 +628,16 @@ def main() -> int:
                              "workload builds and is estimated")
     args = parser.parse_args()
     wanted = args.only.split(",") if args.only else None
-    workloads = [w for w in WORKLOADS if not wanted or any(x in _key(w) for x in wanted)]
+    unwanted = args.skip.split(",") if args.skip else []
+    workloads = [w for w in WORKLOADS if (not wanted or any(x in _key(w) for x in wanted))
+                 and not any(x in _key(w) for x in unwanted)]
+    if args.table:
+        rows = []
+        for path in args.table:
+            with open(path) as f:
+                rows += [json.loads(line) for line in f if line.startswith("{")]
+        print(table(rows))
+        return 0
     if args.estimates_only:
         return _estimates_only(workloads, args.small)
     finders = [f for f in FINDER if not wanted or any(x in f"{f[0]} {f[1]}" for x in wanted)]
@@ -653,8 +667,9 @@ def main() -> int:
         roles = ["plan"]
     predicted = {}
     for role in roles:
-        cmd = [sys.executable, __file__, "--role", role] + (["--only", args.only]
-                                                            if args.only else [])
+        cmd = ([sys.executable, __file__, "--role", role]
+               + (["--only", args.only] if args.only else [])
+               + (["--skip", args.skip] if args.skip else []))
         env = dict(os.environ, PREDICTED=json.dumps(predicted))
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         sys.stderr.write(proc.stderr[-3000:])
