@@ -595,3 +595,12 @@ def test_an_optimizer_that_reads_the_weights_values():
         _rounded(n * 4) for n in (64 * 32, 32, 32 * 8, 8))
     assert 0 < e.breakdown["optimizer state"] < e.breakdown["parameters"]
     assert any("Adafactor's step size" in note for note in e.notes)
+
+
+def test_a_saving_that_rounds_to_nothing_prints_as_zero():
+    """A variant a few bytes worse than the step as written saves 0.00 GiB, not -0.00."""
+    from vramkit.plan.estimator import variants
+    row = variants.AdviceRow("fp16 autocast (instead of bf16)", 1 << 30, 1 << 30, 1 << 30,
+                             None, -4096, 0.0)
+    line = str(variants.Advice(rows=[row])).splitlines()[2]
+    assert "-0.00" not in line and " 0.00" in line

@@ -283,7 +283,8 @@ class Advice:
     min_device_memory: int | None = None
 
     def __str__(self) -> str:
-        gib = lambda n: f"{n / (1 << 30):.2f}"  # noqa: E731
+        # A saving that rounds to nothing prints as 0.00, never -0.00.
+        gib = lambda n: f"{n / (1 << 30):.2f}".replace("-0.00", "0.00")  # noqa: E731
         head = "fits" if self.device_memory else ""
         lines = [f"{'what':<44}{'peak alloc':>11}{'vramkit':>9}{'PyTorch':>9}"
                  f"{'saves':>8}{'compute':>9}  {head}",
