@@ -334,13 +334,24 @@ def measure(allocator: str, workloads) -> None:
             torch.cuda.synchronize()
             allocated, reserved = peaks()
             row = {"workload": _key(w), "allocator": allocator, "peak_allocated": allocated,
-                   "peak_reserved": reserved}
+                   "peak_reserved": reserved, **_segments(torch)}
         except torch.OutOfMemoryError:
             row = {"workload": _key(w), "allocator": allocator, "oom": True}
         print(json.dumps(row), flush=True)
         del work
         model = opt = batch = None
         gc.collect()
+
+
+def _segments(torch) -> dict:
+    """What the allocator holds after the step, before anything is emptied: how many
+    segments and the largest, which tells a large workspace kept in the cache from a
+    spread of ordinary blocks when two allocators' peaks differ."""
+    try:
+        sizes = [s["total_size"] for s in torch.cuda.memory_snapshot()]
+    except Exception as error:  # noqa: BLE001 - a figure to explain others, not one to fail on
+        return {"segments_error": str(error)[:200]}
+    return {"segments": len(sizes), "largest_segment": max(sizes, default=0)}
 
 
 def _constants(torch) -> None:
