@@ -307,11 +307,13 @@ def measure(allocator: str, workloads) -> None:
     if allocator == "vramkit":
         import vramkit
         peaks = lambda: (vramkit.max_memory_allocated(0), vramkit.max_memory_reserved(0))
+        held = lambda: vramkit.memory_reserved(0)
         def reset():
             vramkit.empty_cache(0)
             vramkit.reset_peak_memory_stats(0)
     else:
         peaks = lambda: (torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved())
+        held = torch.cuda.memory_reserved
         def reset():
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
@@ -327,6 +329,9 @@ def measure(allocator: str, workloads) -> None:
         gc.collect()
         torch._C._cuda_clearCublasWorkspaces()
         reset()
+        # What the cache could not give back before this step began (blocks earlier steps
+        # left live): a peak that cannot fall below it.
+        held_at_start = held()
         try:
             model, opt, batch = work.build()
             for _ in range(2):
@@ -334,7 +339,8 @@ def measure(allocator: str, workloads) -> None:
             torch.cuda.synchronize()
             allocated, reserved = peaks()
             row = {"workload": _key(w), "allocator": allocator, "peak_allocated": allocated,
-                   "peak_reserved": reserved, **_segments(torch)}
+                   "peak_reserved": reserved, "reserved_at_start": held_at_start,
+                   **_segments(torch)}
         except torch.OutOfMemoryError:
             row = {"workload": _key(w), "allocator": allocator, "oom": True}
         print(json.dumps(row), flush=True)
