@@ -104,9 +104,11 @@ def _text_model(family: str, small: bool):
         config = (t.BertConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                num_attention_heads=2, **tiny) if small else t.BertConfig())
         net = t.BertForMaskedLM(config)
-    else:  # t5: T5Config() is t5-small
+    else:  # t5: T5Config() is t5-small. The decoder's start token is the pad token, 0, as
+        # t5-small's config says; newer transformers releases no longer default it.
         config = (t.T5Config(d_model=64, d_ff=128, num_layers=2, num_heads=2, d_kv=32,
-                             decoder_start_token_id=0, **tiny) if small else t.T5Config())
+                             decoder_start_token_id=0, **tiny) if small
+                  else t.T5Config(decoder_start_token_id=0))
         net = t.T5ForConditionalGeneration(config)
     return net, config.vocab_size
 
@@ -343,6 +345,9 @@ def measure(allocator: str, workloads) -> None:
                    **_segments(torch)}
         except torch.OutOfMemoryError:
             row = {"workload": _key(w), "allocator": allocator, "oom": True}
+        except Exception as error:  # noqa: BLE001 - one workload's failure is its row's
+            row = {"workload": _key(w), "allocator": allocator,
+                   "error": f"{type(error).__name__}: {error}"[:300]}
         print(json.dumps(row), flush=True)
         del work
         model = opt = batch = None

@@ -45,13 +45,15 @@ def test_a_neighbour_on_the_card_gives_its_idle_cache_back(gpu_run):
         chunk = 256 << 20
         n = int(free * 0.6) // chunk                    # A peaks at 60% of what is free
         env = dict(os.environ)
-        holder = subprocess.Popen([sys.executable, "-c", f'''
-import sys, vramkit
-blocks = [vramkit.empty({chunk}) for _ in range({n})]
-del blocks                                           # cached, idle
-print("ready", flush=True)
-sys.stdin.read()
-'''], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        # A's code, one line each: a block at column 0 would undo the dedent of this one.
+        holder_code = "\\n".join([
+            "import sys, vramkit",
+            f"blocks = [vramkit.empty({chunk}) for _ in range({n})]",
+            "del blocks",                                # cached, idle
+            "print('ready', flush=True)",
+            "sys.stdin.read()"])
+        holder = subprocess.Popen([sys.executable, "-c", holder_code], env=env,
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert holder.stdout.readline().strip() == "ready"
         free_now, _ = vramkit.mem_get_info(0)
         want = int(free * 0.6) // chunk * chunk         # more than is free beside A's cache

@@ -604,3 +604,24 @@ def test_a_saving_that_rounds_to_nothing_prints_as_zero():
                              None, -4096, 0.0)
     line = str(variants.Advice(rows=[row])).splitlines()[2]
     assert "-0.00" not in line and " 0.00" in line
+
+
+def test_grouped_query_attention_is_counted_per_query_head():
+    """A fused attention op whose keys have fewer heads than its queries (Llama's
+    grouped-query attention, as on a GPU): PyTorch's FLOP formula refuses the shapes, and
+    the recorder counts it per query head instead of failing the estimate."""
+    from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, \
+        sdpa_flop_count
+    from vramkit.plan.estimator._record import grouped_attention_flops
+    aten = torch.ops.aten
+    q = torch.empty(2, 8, 16, 32)
+    kv = torch.empty(2, 2, 16, 32)
+    wide = (2, 8, 16, 32)
+    forward = aten._scaled_dot_product_efficient_attention.default
+    with pytest.raises(AssertionError):
+        flop_registry[forward._overloadpacket](q, kv, kv, out_val=None)
+    assert grouped_attention_flops(forward, (q, kv, kv)) == sdpa_flop_count(wide, wide, wide)
+    backward = aten._scaled_dot_product_flash_attention_backward.default
+    assert grouped_attention_flops(backward, (torch.empty(wide), q, kv, kv)) == \
+        sdpa_backward_flop_count(wide, wide, wide, wide)
+    assert grouped_attention_flops(aten.mm.default, (q, kv)) == 0

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch.utils import flop_counter
 from torch.utils._device import DeviceContext
 
-from ._record import add_flops
+from ._record import add_flops, per_query_head
 
 _TENSOR_MOVES = {torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.type}
 
@@ -125,14 +125,14 @@ class _FusedAttention(torch.autograd.Function):
         ctx.save_for_backward(query, key, value, out, logsumexp)
         ctx.bias_shape = None if bias is None else bias.shape
         ctx.bias_dtype = None if bias is None else bias.dtype
-        add_flops(flop_counter.sdpa_flop_count(*_per_query_head(query, key, value)))
+        add_flops(flop_counter.sdpa_flop_count(*per_query_head(query, key, value)))
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         query, key, value, out, logsumexp = ctx.saved_tensors
         add_flops(flop_counter.sdpa_backward_flop_count(
-            grad_out.shape, *_per_query_head(query, key, value)))
+            grad_out.shape, *per_query_head(query, key, value)))
         row_sums = torch.empty_like(logsumexp)  # noqa: F841 - allocated as the kernel does
         if query.dtype != torch.float32:
             accumulator = torch.empty(query.shape, dtype=torch.float32,  # noqa: F841
@@ -155,13 +155,6 @@ class _FusedAttention(torch.autograd.Function):
         scores = torch.empty((*query.shape[:-1], key.shape[-2]), dtype=ctx.bias_dtype,
                              device=query.device)
         return grad_query, grad_key, grad_value, scores.sum_to_size(ctx.bias_shape)
-
-
-def _per_query_head(query, key, value) -> tuple:
-    """The shapes the fused kernels compute on, as PyTorch's FLOP formulas take them:
-    keys and values of grouped queries count once per query head, as they are used."""
-    heads = query.shape[:2]
-    return (tuple(query.shape), (*heads, *key.shape[2:]), (*heads, *value.shape[2:]))
 
 
 @contextlib.contextmanager

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+from torch.utils import flop_counter
 from torch.utils.weak import WeakIdKeyDictionary
 
 # PyTorch's caching allocator hands out blocks in multiples of 512 bytes (kMinBlockSize).
@@ -40,6 +41,28 @@ BLOCK_ROUNDING = 512
 
 CATEGORIES = ("parameters", "gradients", "optimizer state", "inputs", "activations",
               "autocast copies", "workspaces", "temporaries")
+
+
+def grouped_attention_flops(func, args) -> int:
+    """The FLOPs of a fused attention op (forward or backward) whose keys and values have
+    fewer heads than its queries (grouped-query attention), which PyTorch's formulas
+    refuse: counted per query head, as the kernel uses them. 0 for any other op."""
+    name = str(getattr(func, "_overloadpacket", func))
+    if "scaled_dot_product" not in name:
+        return 0
+    if name.endswith("_backward"):
+        grad_out, query, key, value = args[:4]
+        return flop_counter.sdpa_backward_flop_count(tuple(grad_out.shape),
+                                                     *per_query_head(query, key, value))
+    query, key, value = args[:3]
+    return flop_counter.sdpa_flop_count(*per_query_head(query, key, value))
+
+
+def per_query_head(query, key, value) -> tuple:
+    """The shapes the fused kernels compute on, as PyTorch's FLOP formulas take them:
+    keys and values of grouped queries count once per query head, as they are used."""
+    heads = query.shape[:2]
+    return (tuple(query.shape), (*heads, *key.shape[2:]), (*heads, *value.shape[2:]))
 
 
 def rounded(nbytes: int) -> int:
@@ -221,7 +244,13 @@ class StorageRecorder(TorchDispatchMode):
         if self.step_flops:
             formula = self._flop_formulas.get(getattr(func, "_overloadpacket", None))
             if formula is not None:
-                self.step_flops[-1] += formula(*args, **(kwargs or {}), out_val=out)
+                try:
+                    flops = formula(*args, **(kwargs or {}), out_val=out)
+                except AssertionError:
+                    # PyTorch's attention formulas want one key head per query head; a
+                    # FLOP count must never fail the memory estimate it rides along with.
+                    flops = grouped_attention_flops(func, args)
+                self.step_flops[-1] += flops
         name = func.__name__ if hasattr(func, "__name__") else str(func)
         if self.workspace_hook is not None:
             self.workspace_hook(self, name, threading.get_ident())
