@@ -123,6 +123,8 @@ void capture_checkpoint_and_restore(Backend &b) {
   CHECK(b.getPoolUseCount(0, id) == 1);
   void *g1 = b.malloc_on(0, 4096, kCapturing, &is_private);
   CHECK(is_private);
+  // Graph trees swap deleters only where a storage carries raw_deleter().
+  CHECK(b.deleter_of(0, true) == b.raw_deleter());
   void *eager = b.malloc_on(0, 4096, kDefault, &is_private);
   CHECK(!is_private);  // a stream the filter does not claim stays in the default pool
   void *g2 = b.malloc_on(0, 1 << 20, kCapturing, &is_private);
@@ -130,7 +132,7 @@ void capture_checkpoint_and_restore(Backend &b) {
   CHECK(!b.checkPoolLiveAllocations(0, id, {g1}));
   CHECK(!b.checkPoolLiveAllocations(0, id, {g1, eager}));
   auto checkpoint = b.getCheckpointState(0, id);
-  free_private(g1);
+  free_any(g1);
   void *g3 = b.malloc_on(0, 8192, kCapturing, &is_private);
   CHECK(b.checkPoolLiveAllocations(0, id, {g2, g3}));
   CHECK_THROWS(c10::Error, "already allocating",
@@ -171,12 +173,12 @@ void a_pool_lives_as_long_as_its_blocks(Backend &b) {
   b.releasePool(0, id);  // the MemPool's own
   CHECK(segments_of(b, id) >= 1);  // still holds `kept`
   CHECK(live_bytes(b) == size_t{3} << 20);
-  free_private(kept);
+  free_any(kept);
   CHECK(segments_of(b, id) == 0 && live_bytes(b) == 0);
   // Freeing a pointer nobody handed out is recorded, changes nothing, and does not throw.
   g_last_status.store(0);
   int local = 0;
-  free_private(&local);
+  free_any(&local);
   CHECK(g_last_status.load() == VRAM_EFOREIGN);
 }
 

@@ -140,7 +140,6 @@ constexpr std::array<c10::DeleterFnPtr, sizeof...(I)> default_deleters(std::inde
 }
 // One deleter per device, so that freeing a tensor needs no lookup to find its pool.
 constexpr auto kDefaultDeleters = default_deleters(std::make_index_sequence<kMaxDevices>{});
-void free_private(void *ptr);
 void free_any(void *ptr);
 
 class Backend final : public cca::CUDAAllocator {
@@ -222,7 +221,10 @@ class Backend final : public cca::CUDAAllocator {
   }
 
   c10::DeleterFnPtr deleter_of(c10::DeviceIndex device, bool is_private) const {
-    if (is_private) return &free_private;
+    // A private pool's block carries raw_deleter(): graph trees swap the deleter of a
+    // graph's storages only where it is the allocator's raw_deleter(), as PyTorch's own
+    // allocator gives every block.
+    if (is_private) return &free_any;
     if (device < 0 || device >= kMaxDevices) return &free_any;  // size 0: nothing to free
     return kDefaultDeleters[device];
   }
@@ -317,16 +319,25 @@ class Backend final : public cca::CUDAAllocator {
     if (!p) return;
     auto deleter = ptr.get_deleter();
     vram_pool_t *pool = nullptr;
-    if (deleter == &free_private) {
-      std::lock_guard<std::mutex> g(mutex_);
-      auto it = private_blocks_.find(p);
-      if (it == private_blocks_.end()) return;
-      if (captures_[it->second->device].load() > 0) {
-        // No events may be recorded into a capture: the block waits for the capture's end.
-        deferred_uses_.insert(p);
-        return;
+    if (deleter == &free_any) {
+      {
+        std::lock_guard<std::mutex> g(mutex_);
+        auto it = private_blocks_.find(p);
+        if (it != private_blocks_.end()) {
+          if (captures_[it->second->device].load() > 0) {
+            // No events may be recorded into a capture: the block waits for the capture's
+            // end.
+            deferred_uses_.insert(p);
+            return;
+          }
+          pool = it->second->pool;
+        }
       }
-      pool = it->second->pool;
+      for (int d = 0; !pool && d < kMaxDevices; d++) {  // raw_alloc's, in a default pool
+        vram_pool_t *candidate = used_[d].load(std::memory_order_acquire);
+        if (candidate && vram_segment_of(candidate, p, nullptr, nullptr) == VRAM_OK)
+          pool = candidate;
+      }
     } else {
       int d = device_of_deleter(deleter);
       if (d < 0) return;  // not ours (shared from another process): nothing to order
@@ -610,9 +621,6 @@ class Backend final : public cca::CUDAAllocator {
 
 void free_default_on(int device, void *ptr) {
   if (ptr) g_backend->free_on_device(device, ptr);
-}
-void free_private(void *ptr) {
-  if (ptr) g_backend->free_private_block(ptr);
 }
 void free_any(void *ptr) { g_backend->free_anywhere(ptr); }
 

@@ -122,7 +122,7 @@ inline cca::CheckpointDelta Backend::setCheckpointPoolState(
                 " (a block of the pool still waits on another stream?)");
     private_blocks_[b.ptr] = pp;
     pp->live++;
-    delta.dataptrs_allocd.emplace_back(b.ptr, b.ptr, &free_private, cuda_device(device));
+    delta.dataptrs_allocd.emplace_back(b.ptr, b.ptr, &free_any, cuda_device(device));
   }
   return delta;
 }
