@@ -11,7 +11,7 @@
 // c10::OutOfMemoryError with the observer called, history with PyTorch-style contexts,
 // snapshots, base allocations, and the errors bad calls must raise without changing
 // anything (foreign pointers, IPC where the source has none, MemPool options vramkit does
-// not serve, a fraction of 0). The same
+// not serve, a fraction of 0), and caching turned off. The same
 // class runs under PyTorch itself on the GPU in tests/gpu/test_torch_backend.py.
 //
 // Prints "backend driver: all checks passed" and exits 0, or names the failed check.
@@ -299,6 +299,24 @@ void refusals_are_clear_and_change_nothing(Backend &b) {
   CHECK(live_bytes(b) == 0);
 }
 
+// torch.cuda.caching_allocator_enable(False): requests go straight to cudaMalloc, past the
+// pool and its statistics. With no GPU here cudaMalloc fails, so the request raises an
+// error that says caching is off, and the pool is untouched; on again, the pool serves.
+void caching_off_bypasses_the_pool(Backend &b) {
+  bool is_private = true;
+  size_t live = live_bytes(b);
+  b.enable(false);
+  CHECK(!b.isEnabled());
+  CHECK_THROWS(c10::Error, "caching allocator disabled",
+               b.malloc_on(0, 1 << 20, kDefault, &is_private));
+  CHECK(live_bytes(b) == live);
+  b.enable(true);
+  void *p = b.malloc_on(0, 1 << 20, kDefault, &is_private);
+  CHECK(p && !is_private && live_bytes(b) == live + (1 << 20));
+  b.deleter_of(0, false)(p);
+  CHECK(live_bytes(b) == live);
+}
+
 }  // namespace
 
 int main() {
@@ -310,6 +328,7 @@ int main() {
   out_of_memory_raises_and_tells_observers(*backend);
   history_carries_pytorch_contexts(*backend);
   refusals_are_clear_and_change_nothing(*backend);
+  caching_off_bypasses_the_pool(*backend);
   std::printf("backend driver: all checks passed\n");
   return 0;
 }

@@ -194,6 +194,10 @@ class Backend final : public cca::CUDAAllocator {
                      "CUDA out of memory. Tried to allocate more than 1EB memory.");
     PrivatePool *pp = nullptr;
     bool capturing = captures_[device].load(std::memory_order_acquire) > 0;
+    if (!enabled_.load(std::memory_order_relaxed) && !capturing) {
+      *is_private = false;
+      return malloc_uncached(device, n);
+    }
     if (capturing) pp = capture_target(device, stream);
     vram_pool_t *pool = pp ? pp->pool : used_[device].load(std::memory_order_acquire);
     if (!pool) pool = default_pool(device);
@@ -287,9 +291,46 @@ class Backend final : public cca::CUDAAllocator {
     maybe_destroy(pp);
   }
 
+  // torch.cuda.caching_allocator_enable(False), as PyTorch's allocator serves it: each
+  // request straight from cudaMalloc and each free straight to cudaFree, outside every
+  // pool and statistic (how memory checkers see each block's true lifetime).
+  // `device` is the current device (every caller asked it of CUDA); cudaFree needs none.
+  void *malloc_uncached(c10::DeviceIndex device, size_t n) {
+    void *ptr = nullptr;
+    cudaError_t err = cudaMalloc(&ptr, n);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();  // a failed cudaMalloc leaves its error behind
+      TORCH_CHECK_WITH(OutOfMemoryError, err != cudaErrorMemoryAllocation,
+                       "CUDA out of memory. Tried to allocate ", n, " bytes on device ",
+                       static_cast<int>(device), " with the caching allocator disabled "
+                       "(torch.cuda.caching_allocator_enable(False)): cudaMalloc failed");
+      TORCH_CHECK(false, "vramkit: cudaMalloc of ", n, " bytes on device ",
+                  static_cast<int>(device), " with the caching allocator disabled: ",
+                  cudaGetErrorString(err));
+    }
+    std::lock_guard<std::mutex> g(mutex_);
+    uncached_[ptr] = device;
+    uncached_count_.store(uncached_.size(), std::memory_order_relaxed);
+    return ptr;
+  }
+
+  // True if ptr came from malloc_uncached (and is now given back).
+  bool free_uncached(void *ptr) {
+    {
+      std::lock_guard<std::mutex> g(mutex_);
+      auto it = uncached_.find(ptr);
+      if (it == uncached_.end()) return false;
+      uncached_.erase(it);
+      uncached_count_.store(uncached_.size(), std::memory_order_relaxed);
+    }
+    if (cudaFree(ptr) != cudaSuccess) g_last_status.store(VRAM_EDRIVER);
+    return true;
+  }
+
   // A pointer with no deleter to say where it lives (raw_delete, raw_deleter()).
   void free_anywhere(void *ptr) {
     if (!ptr) return;
+    if (uncached_count_.load(std::memory_order_relaxed) && free_uncached(ptr)) return;
     bool is_private;
     {
       std::lock_guard<std::mutex> g(mutex_);
@@ -305,6 +346,7 @@ class Backend final : public cca::CUDAAllocator {
   }
 
   void free_on_device(int device, void *ptr) {
+    if (uncached_count_.load(std::memory_order_relaxed) && free_uncached(ptr)) return;
     vram_pool_t *pool = used_[device].load(std::memory_order_acquire);
     if (!pool) {
       g_last_status.store(VRAM_EFOREIGN);
@@ -494,8 +536,8 @@ class Backend final : public cca::CUDAAllocator {
   // ---- the rest of the interface ---------------------------------------------------
   void init(int) override {}
   bool initialized() override { return true; }
-  void enable(bool value) override { enabled_ = value; }
-  bool isEnabled() const override { return enabled_; }
+  void enable(bool value) override { enabled_.store(value); }
+  bool isEnabled() const override { return enabled_.load(); }
   std::string name() override { return "vramkit"; }
   void setUserMetadata(const std::string &metadata) override { user_metadata_ = metadata; }
   std::string getUserMetadata() override { return user_metadata_; }
@@ -608,7 +650,11 @@ class Backend final : public cca::CUDAAllocator {
   std::mutex ipc_mutex_;
   std::map<std::string, std::weak_ptr<void>> ipc_opened_;
 
-  bool enabled_ = true;
+  std::atomic<bool> enabled_{true};
+  // Blocks served while caching was off (malloc_uncached), and how many: the free paths
+  // look them up only while there are any.
+  std::unordered_map<void *, c10::DeviceIndex> uncached_;
+  std::atomic<size_t> uncached_count_{0};
   std::string user_metadata_;
 };
 
