@@ -241,24 +241,27 @@ void history_carries_pytorch_contexts(Backend &b) {
   }
   CHECK(alloc_with_context && free_seen);
   CHECK(last_time > int64_t{1600000000} * 1000000);  // Unix microseconds
-  // As PyTorch's: the trace opens with what was allocated, and each _snapshot() while
-  // recording adds one 'snapshot' entry per device, after what came before it. Layout
-  // reads of vramkit's own (pruning, its tools) add none.
+  // As PyTorch's: the trace opens with what was allocated and ends with the last thing
+  // done before this _snapshot(); each _snapshot() while recording adds one 'snapshot'
+  // entry per device, after what came before it, seen from the next _snapshot() on.
+  // Layout reads of vramkit's own (pruning, its tools) add none.
   auto &trace = snap.device_traces[0];
   CHECK(trace.front().action_ != TraceEntry::SNAPSHOT);
-  CHECK(trace.back().action_ == TraceEntry::SNAPSHOT);
+  CHECK(trace.back().action_ != TraceEntry::SNAPSHOT);
   auto snapshots = [](const std::vector<TraceEntry> &t) {
     return std::count_if(t.begin(), t.end(),
                          [](const TraceEntry &e) { return e.action_ == TraceEntry::SNAPSHOT; });
   };
-  CHECK(snapshots(trace) == 1);
+  CHECK(snapshots(trace) == 0);
+  auto second = b.snapshot({0, 0}, true).device_traces[0];
+  CHECK(snapshots(second) == 1 && second.back().action_ == TraceEntry::SNAPSHOT);
   vram_pool_t *pool = nullptr;
   CHECK(vramkit_torch_pool(0, &pool) == VRAM_OK);
   vram_snapshot_segment_t segs[64];
   vram_snapshot_block_t blocks[256];
   size_t n_segs = 0, n_blocks = 0;  // a layout read that is no _snapshot()
   CHECK(vram_snapshot(pool, segs, 64, &n_segs, blocks, 256, &n_blocks) == VRAM_OK);
-  CHECK(snapshots(b.snapshot({0, 0}, true).device_traces[0]) == 2);
+  CHECK(snapshots(b.snapshot({0, 0}, true).device_traces[0]) == 2);  // not the read's
   b.recordHistory(false, nullptr, 0, RecordContext::NEVER, false, {});
   CHECK(!b.isHistoryEnabled());
   b.deleter_of(0, false)(p);

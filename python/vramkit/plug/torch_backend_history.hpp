@@ -2,7 +2,8 @@
 // there, after the class Backend, inside its namespace): PyTorch's _record_memory_history
 // and _snapshot answered from the engine's event rings and block layouts, with PyTorch's
 // context objects (its captured stacks) kept here by the context ids the engine stores, and
-// one 'snapshot' entry per device for each _snapshot() taken while history records.
+// one 'snapshot' entry per device for each _snapshot() taken while history records (in the
+// traces of the snapshots after it).
 
 inline cca::SnapshotInfo Backend::snapshot(MempoolId_t id, bool include_traces) {
   cca::SnapshotInfo info;
@@ -17,11 +18,13 @@ inline cca::SnapshotInfo Backend::snapshot(MempoolId_t id, bool include_traces) 
       pools.push_back({entry.second->pool, {entry.second->device, entry.second->id}});
   std::vector<std::vector<TraceEntry>> traces;
   for (auto &p : pools) append_segments(p.first, p.second.first, p.second.second, &info.segments);
-  note_snapshot(info.segments);
   for (auto &p : pools)
     if (include_traces && trace_wanted_.load())
       append_trace(p.first, p.second.first, p.second.second, &traces);
   if (include_traces && trace_wanted_.load()) append_snapshot_marks(&traces);
+  // This call's own 'snapshot' entry goes in after its traces were read, as PyTorch's
+  // allocator records it: the trace returned ends with the last thing done before it.
+  note_snapshot(info.segments);
   for (auto &device_trace : traces)
     std::stable_sort(device_trace.begin(), device_trace.end(),
                      [](const TraceEntry &a, const TraceEntry &b) {
