@@ -181,12 +181,13 @@ VRAM_API void vram_options_init(vram_options_t *opts);
 /* Overlay the VRAMKIT_* environment variables on opts: VRAMKIT_SOURCE, VRAMKIT_LIMIT,
  * VRAMKIT_PREALLOCATE, VRAMKIT_RELEASE_THRESHOLD, VRAMKIT_TIGHT_THRESHOLD,
  * VRAMKIT_VIRTUAL_THRESHOLD, VRAMKIT_LARGE_BLOCKS (fixed or virtual), VRAMKIT_SIM_CAPACITY,
- * VRAMKIT_GIVE_BACK (a switch), VRAMKIT_GIVE_BACK_TIMEOUT (milliseconds), VRAMKIT_GROUP_LIMIT,
- * VRAMKIT_SOFT_LIMIT (sizes as vram_parse_size reads them; LIMIT, PREALLOCATE and the two
- * give-back limits also take a percentage such as "50%"; 0 is refused for the limits, since
- * it would read as "no limit": leave them unset for none; the two thresholds are fractions
- * such as 0.9 or percentages such as 90%), checks VRAMKIT_SIM_SHARED (a name), and checks
- * VRAMKIT_LEAK_REPORT (a switch: 0/1, off/on, false/true, no/yes). A bad value returns
+ * VRAMKIT_GIVE_BACK (a switch), VRAMKIT_GIVE_BACK_TIMEOUT (milliseconds), VRAMKIT_NO_SPLIT
+ * (a switch), VRAMKIT_GROUP_LIMIT, VRAMKIT_SOFT_LIMIT (sizes as vram_parse_size reads them;
+ * LIMIT, PREALLOCATE and the two give-back limits also take a percentage such as "50%"; 0
+ * is refused for the limits, since it would read as "no limit": leave them unset for none;
+ * the two thresholds are fractions such as 0.9 or percentages such as 90%), checks
+ * VRAMKIT_SIM_SHARED (a name), and checks VRAMKIT_LEAK_REPORT (a switch: 0/1, off/on,
+ * false/true, no/yes). A bad value returns
  * VRAM_EENV and leaves opts unchanged; *why (if non-NULL) then points to a message that names
  * the variable and quotes the value ("VRAMKIT_LIMIT: '-1G' is not a limit: ..."), kept per
  * thread until that thread's next refusal. The first call in a process warns on stderr about
