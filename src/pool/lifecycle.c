@@ -1,5 +1,6 @@
-/* lifecycle.c - a pool's creation and destruction: options checked, the source opened (and
- * wrapped for fault injection when asked), the host tables and the limit set up, the
+/* lifecycle.c - a pool's creation and destruction: options checked, the source opened (its
+ * segments from the caller's callbacks when the pool is made with them, and wrapped for
+ * fault injection when asked), the host tables and the limit set up, the
  * preallocation made, the history and the published record attached; and the way back,
  * which refuses to free under the user while blocks are live (vram_pool_destroy_force
  * reports them as leaks and frees anyway). */
