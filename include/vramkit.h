@@ -162,6 +162,15 @@ typedef struct vram_options {
   size_t soft_limit_bytes;       /* asked while holding more, the pool gives back all its
                                     idle memory, else only what was asked; 0 = none */
   double soft_limit_fraction;
+  /* Never split a segment (PyTorch's MemPool(no_split=True)): each request gets a segment
+   * of its own, 2 MiB for a request up to 1 MiB, else its size rounded to the source's
+   * unit, and the block is the whole segment (allocated_bytes counts all of it). A freed
+   * block is cached whole and taken back, whole, by a later request of its kind (small or
+   * large) that it fits, the smallest such first; vram_empty_cache gives it back. Such a
+   * pool holds fixed segments only: large_blocks and virtual_threshold do not apply. With
+   * preallocation, vram_pool_create fails with VRAM_EINVAL; on a virtual-memory source (vmm,
+   * sim:vmm), with VRAM_EUNSUPPORTED. Default 0. */
+  int no_split;
 } vram_options_t;
 
 #define VRAM_SIM_MAX_CAPACITY ((size_t)1 << 48)
@@ -172,12 +181,13 @@ VRAM_API void vram_options_init(vram_options_t *opts);
 /* Overlay the VRAMKIT_* environment variables on opts: VRAMKIT_SOURCE, VRAMKIT_LIMIT,
  * VRAMKIT_PREALLOCATE, VRAMKIT_RELEASE_THRESHOLD, VRAMKIT_TIGHT_THRESHOLD,
  * VRAMKIT_VIRTUAL_THRESHOLD, VRAMKIT_LARGE_BLOCKS (fixed or virtual), VRAMKIT_SIM_CAPACITY,
- * VRAMKIT_GIVE_BACK (a switch), VRAMKIT_GIVE_BACK_TIMEOUT (milliseconds), VRAMKIT_GROUP_LIMIT,
- * VRAMKIT_SOFT_LIMIT (sizes as vram_parse_size reads them; LIMIT, PREALLOCATE and the two
- * give-back limits also take a percentage such as "50%"; 0 is refused for the limits, since
- * it would read as "no limit": leave them unset for none; the two thresholds are fractions
- * such as 0.9 or percentages such as 90%), checks VRAMKIT_SIM_SHARED (a name), and checks
- * VRAMKIT_LEAK_REPORT (a switch: 0/1, off/on, false/true, no/yes). A bad value returns
+ * VRAMKIT_GIVE_BACK (a switch), VRAMKIT_GIVE_BACK_TIMEOUT (milliseconds), VRAMKIT_NO_SPLIT
+ * (a switch), VRAMKIT_GROUP_LIMIT, VRAMKIT_SOFT_LIMIT (sizes as vram_parse_size reads them;
+ * LIMIT, PREALLOCATE and the two give-back limits also take a percentage such as "50%"; 0
+ * is refused for the limits, since it would read as "no limit": leave them unset for none;
+ * the two thresholds are fractions such as 0.9 or percentages such as 90%), checks
+ * VRAMKIT_SIM_SHARED (a name), and checks VRAMKIT_LEAK_REPORT (a switch: 0/1, off/on,
+ * false/true, no/yes). A bad value returns
  * VRAM_EENV and leaves opts unchanged; *why (if non-NULL) then points to a message that names
  * the variable and quotes the value ("VRAMKIT_LIMIT: '-1G' is not a limit: ..."), kept per
  * thread until that thread's next refusal. The first call in a process warns on stderr about
@@ -223,6 +233,32 @@ VRAM_API const char *vram_parse_size_error(const char *text, int allow_percent);
 typedef struct vram_pool vram_pool_t;
 
 VRAM_API int vram_pool_create(vram_pool_t **out, const vram_options_t *opts);
+
+/* Memory from the caller's functions (RMM's callback_memory_resource, PyTorch's MemPool
+ * with an allocator of its own): a pool made with vram_pool_create_with_callbacks takes
+ * every segment from alloc and gives it back through free, and keeps its statistics,
+ * history, limit and OOM report as any pool does. Its source (opts->source, AUTO resolved
+ * as usual) still gives the events that order streams, the device's free and total memory
+ * and its identity; no segment is taken from it. Such a pool holds fixed segments only.
+ *
+ * alloc: `size` bytes (a multiple of granularity) for use on `stream` of `device`; return 0
+ * with *ptr set (512-byte aligned at least), anything else for a failure, which the pool
+ * treats as the device being out of memory (the OOM ladder, then VRAM_ENOMEM with a
+ * report; nothing leaks and the pool stays valid). A pointer that is NULL or not 512-byte
+ * aligned is given back through free at once and the call fails with VRAM_EDRIVER.
+ * free: a segment alloc gave, with its size, after the work queued on its stream is done.
+ * Both are called with the pool's lock held: they must not call into the pool. */
+typedef struct vram_source_callbacks {
+  int (*alloc)(void *ctx, size_t size, int device, vram_stream_t stream, void **ptr);
+  void (*free)(void *ctx, void *ptr, size_t size, int device, vram_stream_t stream);
+  void *ctx;
+  size_t granularity; /* segment sizes are multiples of it: a power of two, 0 = 2 MiB */
+} vram_source_callbacks_t;
+
+/* vram_pool_create on memory from callbacks: VRAM_EINVAL when callbacks, alloc or free is
+ * NULL or the granularity is not a power of two. */
+VRAM_API int vram_pool_create_with_callbacks(vram_pool_t **out, const vram_options_t *opts,
+                                             const vram_source_callbacks_t *callbacks);
 /* VRAM_EBUSY (and nothing freed) while blocks are live; vram_pool_destroy_force frees all. */
 VRAM_API int vram_pool_destroy(vram_pool_t *pool);
 VRAM_API int vram_pool_destroy_force(vram_pool_t *pool);
@@ -263,7 +299,9 @@ VRAM_API int vram_segment_of(vram_pool_t *pool, void *ptr, void **base, size_t *
  * that put a pool back into a layout it had (PyTorch's CUDA graph trees restore a graph
  * pool to a checkpoint). VRAM_EBUSY if any byte of the range is in use, VRAM_EFOREIGN if
  * the pool holds no memory there for that stream, VRAM_EINVAL for a pointer not 512-byte
- * aligned or size 0; on failure nothing changes. Free the block with vram_free. */
+ * aligned or size 0; on failure nothing changes. Free the block with vram_free. In a
+ * no_split pool the block is the whole free segment that starts at `ptr`; a `ptr` inside a
+ * segment is VRAM_EINVAL. */
 VRAM_API int vram_malloc_at(vram_pool_t *pool, void *ptr, size_t size, vram_stream_t stream);
 /* Return every fully free cached segment to the driver. */
 VRAM_API int vram_empty_cache(vram_pool_t *pool);

@@ -104,8 +104,9 @@ class Pool(_core.Pool):
     tight_threshold, virtual_threshold, large_blocks, and the give-back group's: give_back
     (True, or False to keep its cache when a neighbour on the device runs out),
     give_back_timeout (milliseconds it waits for its neighbours, 0 to 10000), group_limit
-    and soft_limit (sizes as limit): the VRAMKIT_* variables' names and values. A bad name
-    or value raises ConfigError naming the option.
+    and soft_limit (sizes as limit), no_split (True: each buffer a segment of its own,
+    never split): the VRAMKIT_* variables' names and values. A bad name or value raises
+    ConfigError naming the option.
     """
 
     _recording = None  # what record_memory_history() started on a private pool

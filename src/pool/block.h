@@ -102,6 +102,7 @@ VRAM_HOT int _vram_block_take(vram_pool_t *pool, vram_block *b, size_t rounded, 
                               vram_block **out) {
   vram_segment *seg = b->segment;
   vram_block *live = b;
+  if (pool->no_split) rounded = b->size; /* the whole segment, never a cut of it */
   if (b->size > rounded) {
     live = _vram_block_new(pool);
     if (!live) return VRAM_EHOSTMEM;

@@ -4,9 +4,10 @@
  * time: blocks tile each segment by address with no two free neighbours; every free block
  * is in its arena's index for its kind and nothing else is; every live, pending or parked
  * block is in the pointer map and the map holds nothing else; a parked block is its arena's
- * cached one; segment usage, granule counts, the idle list, the pending list and the
- * statistics agree with the blocks. The tests run it after every operation (VRAM_DEBUG >= 3
- * builds also run it inside every public call). It prints the first broken invariant. */
+ * cached one; a no_split pool's segments are one block each; segment usage, granule
+ * counts, the idle list, the pending list and the statistics agree with the blocks. The
+ * tests run it after every operation (VRAM_DEBUG >= 3 builds also run it inside every
+ * public call). It prints the first broken invariant. */
 #include <stdio.h>
 
 #include "pool/pool.h"
@@ -107,6 +108,8 @@ static bool check_segment(vram_pool_t *pool, const vram_arena *a, vram_segment *
           "segment %p names another kind's index or cache", (void *)s);
   REQUIRE(s->first && s->first->addr == s->addr && !s->first->addr_prev,
           "segment %p does not start with its first block", (void *)s);
+  REQUIRE(!pool->no_split || (!s->first->addr_next && !s->gran_mapped),
+          "segment %p of a no_split pool is cut or virtual", (void *)s);
   size_t used = 0;
   if (!check_segment_blocks(pool, a, s, t, &used)) return false;
   REQUIRE(used == s->used_bytes, "segment used bytes %zu, blocks say %zu", s->used_bytes, used);

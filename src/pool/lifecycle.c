@@ -1,5 +1,6 @@
-/* lifecycle.c - a pool's creation and destruction: options checked, the source opened (and
- * wrapped for fault injection when asked), the host tables and the limit set up, the
+/* lifecycle.c - a pool's creation and destruction: options checked, the source opened (its
+ * segments from the caller's callbacks when the pool is made with them, and wrapped for
+ * fault injection when asked), the host tables and the limit set up, the
  * preallocation made, the history and the published record attached; and the way back,
  * which refuses to free under the user while blocks are live (vram_pool_destroy_force
  * reports them as leaks and frees anyway). */
@@ -34,8 +35,10 @@ static void pool_free_everything(vram_pool_t *pool) {
   free(pool);
 }
 
-/* The pool's source, wrapped for fault injection when the options ask for it. */
-static int pool_open_source(vram_pool_t *pool, const vram_source_methods *methods) {
+/* The pool's source: its segments from the caller's callbacks when given (the source of
+ * the options then serves the rest), wrapped for fault injection when the options ask. */
+static int pool_open_source(vram_pool_t *pool, const vram_source_methods *methods,
+                            const vram_source_callbacks_t *callbacks) {
   const vram_options_t *o = &pool->opts;
   vram_source_config cfg = {.device = o->device,
                             .sim_capacity = o->sim_capacity,
@@ -46,11 +49,20 @@ static int pool_open_source(vram_pool_t *pool, const vram_source_methods *method
   if (rc) return rc;
   pool->src = methods;
   pool->src_state = state;
-  if (o->fault_fail_at) {
-    vram_fault_plan plan = {.fail_at = o->fault_fail_at, .fail_every = o->fault_fail_every};
-    rc = _vram_fault_wrap(methods, state, &plan, &pool->src, &pool->src_state);
+  if (callbacks) {
+    rc = _vram_callback_wrap(methods, state, o->device, callbacks, &pool->src, &pool->src_state);
     if (rc) {
       methods->xClose(state);
+      return rc;
+    }
+  }
+  if (o->fault_fail_at) {
+    vram_fault_plan plan = {.fail_at = o->fault_fail_at, .fail_every = o->fault_fail_every};
+    const vram_source_methods *inner = pool->src;
+    void *inner_state = pool->src_state;
+    rc = _vram_fault_wrap(inner, inner_state, &plan, &pool->src, &pool->src_state);
+    if (rc) {
+      inner->xClose(inner_state);
       return rc;
     }
   }
@@ -88,7 +100,17 @@ static int pool_setup(vram_pool_t *pool) {
   return rc;
 }
 
-int vram_pool_create(vram_pool_t **out, const vram_options_t *opts) {
+/* What no_split asks for: segments that are never cut, so no preallocation (one segment
+ * that every request cuts) and no virtual-memory source (ranges are cut by nature). */
+static int check_no_split(const vram_options_t *o, const vram_source_methods *methods,
+                          const vram_source_callbacks_t *callbacks) {
+  if (!o->no_split) return VRAM_OK;
+  if (o->preallocate_bytes || o->preallocate_fraction) return VRAM_EINVAL;
+  return methods->is_vmm && !callbacks ? VRAM_EUNSUPPORTED : VRAM_OK;
+}
+
+static int pool_create(vram_pool_t **out, const vram_options_t *opts,
+                       const vram_source_callbacks_t *callbacks) {
   if (!out) return VRAM_EINVAL;
   *out = NULL;
   _vram_create_report_clear();
@@ -106,6 +128,8 @@ int vram_pool_create(vram_pool_t **out, const vram_options_t *opts) {
   o.source = kind;
   const vram_source_methods *methods = _vram_source_for(kind);
   if (!methods) return VRAM_EINVAL;
+  rc = check_no_split(&o, methods, callbacks);
+  if (rc) return rc;
 
   vram_pool_t *pool = calloc(1, sizeof *pool);
   if (!pool) return VRAM_EHOSTMEM;
@@ -113,8 +137,9 @@ int vram_pool_create(vram_pool_t **out, const vram_options_t *opts) {
   pool->opts = o;
   pool->oom_info.cause = -1; /* no OOM yet: vram_oom_info says so */
   pool->split_stats = o.split_stats != 0;
+  pool->no_split = o.no_split != 0;
   if (pool->split_stats) atomic_store(&pool->history_flags, VRAM_REC_KINDS);
-  rc = pool_open_source(pool, methods);
+  rc = pool_open_source(pool, methods, callbacks);
   if (rc) {
     free(pool);
     return rc;
@@ -133,6 +158,22 @@ int vram_pool_create(vram_pool_t **out, const vram_options_t *opts) {
   }
   *out = pool;
   return VRAM_OK;
+}
+
+int vram_pool_create(vram_pool_t **out, const vram_options_t *opts) {
+  return pool_create(out, opts, NULL);
+}
+
+static bool callbacks_usable(const vram_source_callbacks_t *cb) {
+  return cb && cb->alloc && cb->free && !(cb->granularity & (cb->granularity - 1));
+}
+
+int vram_pool_create_with_callbacks(vram_pool_t **out, const vram_options_t *opts,
+                                    const vram_source_callbacks_t *callbacks) {
+  if (!out) return VRAM_EINVAL;
+  *out = NULL;
+  if (!callbacks_usable(callbacks)) return VRAM_EINVAL;
+  return pool_create(out, opts, callbacks);
 }
 
 static int count_live_locked(vram_pool_t *pool, void *arg) {

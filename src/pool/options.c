@@ -176,6 +176,9 @@ static const char *parse_give_back_timeout(vram_options_t *o, const char *v) {
   o->give_back_timeout_ms = (unsigned)strtoul(v, NULL, 10);
   return NULL;
 }
+static const char *parse_no_split(vram_options_t *o, const char *v) {
+  return _vram_parse_switch(v, &o->no_split) ? "" : NULL;
+}
 static const char *parse_group_limit(vram_options_t *o, const char *v) {
   return parse_nonzero_limit(v, &o->group_limit_bytes, &o->group_limit_fraction);
 }
@@ -223,6 +226,9 @@ static const struct setting {
      "a size such as 8G or a percentage of the card such as 25%: asked by a neighbour, a "
      "process over it gives back all its idle memory, one under it only what is asked; "
      "unset for none (0 is refused)"},
+    {"VRAMKIT_NO_SPLIT", parse_no_split, NULL, "a switch",
+     "1 (or on, true, yes): never split a segment, each block its own (PyTorch's "
+     "MemPool(no_split=True)); 0 (default), off, false or no"},
     {"VRAMKIT_PUBLISH", NULL, NULL, NULL,
      "1, on, true or yes (default), 0, off, false or no, or cmdline (also store the command "
      "line); anything else leaves publishing on with a warning"},

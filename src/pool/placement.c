@@ -425,7 +425,7 @@ void _vram_place_init(vram_pool_t *pool) {
     return;
   }
   /* Virtual growth needs both families from the source and one rounding unit for both. */
-  bool grows = pool->src->xReserve && pool->src->xMap &&
+  bool grows = pool->src->xReserve && pool->src->xMap && !o->no_split &&
                (o->virtual_threshold < 1.0 || o->large_blocks == VRAM_LARGE_VIRTUAL);
   place_set(pool, fixed_mode(pool, grows, false));
 }

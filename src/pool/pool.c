@@ -426,6 +426,7 @@ static int malloc_at_locked(vram_pool_t *pool, void *arg) {
   int rc = free_block_holding(a, c->addr, rounded, &b);
   if (rc) return rc;
   bool split = b->addr < c->addr;
+  if (split && pool->no_split) return VRAM_EINVAL; /* a block there would be a cut */
   if (split && (rc = _vram_block_split_front(pool, b, c->addr)) != VRAM_OK) return rc;
   vram_block *live = NULL;
   rc = _vram_block_take(pool, b, rounded, c->size, &live);

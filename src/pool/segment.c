@@ -109,7 +109,7 @@ static int segment_release(vram_pool_t *pool, vram_segment *seg) {
     if (seg->mapped_granules) return VRAM_EBUSY; /* unmap first (granules.c) */
     rc = pool->src->xUnreserve(pool->src_state, seg->addr, seg->size);
   } else {
-    rc = pool->src->xFree(pool->src_state, seg->addr, seg->size);
+    rc = pool->src->xFree(pool->src_state, seg->addr, seg->size, seg->arena->stream);
   }
   if (rc) return rc;
   if (!virtual) {
@@ -207,7 +207,7 @@ int _vram_segment_add(vram_pool_t *pool, vram_arena *a, vram_growth g, bool smal
   }
   uintptr_t addr = 0;
   int rc = vmm ? pool->src->xReserve(pool->src_state, size, &addr)
-               : pool->src->xAlloc(pool->src_state, size, &addr);
+               : pool->src->xAlloc(pool->src_state, size, a->stream, &addr);
   if (rc) {
     _vram_host_free(seg, sizeof *seg);
     _vram_block_delete(pool, b);
@@ -259,7 +259,7 @@ void _vram_segments_destroy(vram_pool_t *pool) {
         _vram_granules_unmap_all(pool, s);
         pool->src->xUnreserve(pool->src_state, s->addr, s->size);
       } else {
-        pool->src->xFree(pool->src_state, s->addr, s->size);
+        pool->src->xFree(pool->src_state, s->addr, s->size, a->stream);
       }
       _vram_granules_destroy(s);
       _vram_host_free(s, sizeof *s);

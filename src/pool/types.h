@@ -206,6 +206,7 @@ struct vram_pool {
   vram_lock lock;
   bool unified_index;      /* preallocate mode: small requests share the large index */
   bool split_stats;        /* vram_options_t.split_stats: malloc and free move kinds[] too */
+  bool no_split;           /* vram_options_t.no_split: a block is its whole segment */
   size_t max_request;      /* larger requests can never be served (VRAM_ENOMEM at once) */
   unsigned pending_tick;   /* allocations since pending frees were last looked at */
   /* This pool's slot of the process's published record (pool/published.h), NULL when it

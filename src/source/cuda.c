@@ -47,8 +47,9 @@ static size_t cuda_granularity(void *state) {
   return VRAM_CUDA_SEGMENT_UNIT;
 }
 
-static int cuda_alloc(void *state, size_t size, uintptr_t *addr) {
+static int cuda_alloc(void *state, size_t size, vram_stream_t stream, uintptr_t *addr) {
   cuda_state *s = state;
+  (void)stream; /* cuMemAlloc serves every stream */
   vram_cuda_scope sc;
   CUdeviceptr p = 0;
   if (size == 0) return VRAM_EINVAL;
@@ -60,10 +61,11 @@ static int cuda_alloc(void *state, size_t size, uintptr_t *addr) {
   return st;
 }
 
-static int cuda_free(void *state, uintptr_t addr, size_t size) {
+static int cuda_free(void *state, uintptr_t addr, size_t size, vram_stream_t stream) {
   cuda_state *s = state;
   vram_cuda_scope sc;
   (void)size; /* the driver knows the size of its own allocations */
+  (void)stream;
   int st = _vram_cuda_enter(&s->dev, &sc);
   if (st != VRAM_OK) return st;
   st = _vram_cuda_status(s->dev.api->cuMemFree((CUdeviceptr)addr), "cuMemFree_v2");

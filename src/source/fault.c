@@ -13,11 +13,10 @@
 #include <stdbool.h>
 #include <stdlib.h>
 
-#include "source/source.h"
+#include "source/forward.h"
 
 typedef struct fault_state {
-  const vram_source_methods *inner;
-  void *inner_state;
+  vram_inner_source in;      /* first: the forwarders of forward.h read it */
   vram_fault_plan plan;
   uint64_t calls;
   vram_source_methods table; /* the wrapper's own methods, with inner's optional holes */
@@ -32,14 +31,14 @@ static bool fault_now(fault_state *f) {
 
 static void fault_close(void *state) {
   fault_state *f = state;
-  f->inner->xClose(f->inner_state);
+  f->in.inner->xClose(f->in.inner_state);
   if (f->plan.count_close) f->plan.count_close(f->plan.count_user);
   free(f);
 }
 
 /* The device bytes of a segment or mapping of `size`: the source rounds it to its unit. */
 static size_t device_bytes(fault_state *f, size_t size) {
-  size_t unit = f->inner->xGranularity(f->inner_state);
+  size_t unit = f->in.inner->xGranularity(f->in.inner_state);
   return (size + unit - 1) & ~(unit - 1);
 }
 static bool count_take(fault_state *f, size_t size) {
@@ -50,114 +49,81 @@ static void count_give(fault_state *f, size_t size) {
 }
 static size_t fault_granularity(void *state) {
   fault_state *f = state;
-  return f->inner->xGranularity(f->inner_state);
+  return f->in.inner->xGranularity(f->in.inner_state);
 }
-static int fault_mem_info(void *state, size_t *free_bytes, size_t *total_bytes) {
-  fault_state *f = state;
-  return f->inner->xMemInfo(f->inner_state, free_bytes, total_bytes);
-}
-static int fault_alloc(void *state, size_t size, uintptr_t *addr) {
+static int fault_alloc(void *state, size_t size, vram_stream_t stream, uintptr_t *addr) {
   fault_state *f = state;
   if (fault_now(f)) return VRAM_EFAULT;
   if (!count_take(f, size)) return VRAM_ENOMEM;
-  int rc = f->inner->xAlloc(f->inner_state, size, addr);
+  int rc = f->in.inner->xAlloc(f->in.inner_state, size, stream, addr);
   if (rc) count_give(f, size);
   return rc;
 }
-static int fault_free(void *state, uintptr_t addr, size_t size) {
+static int fault_free(void *state, uintptr_t addr, size_t size, vram_stream_t stream) {
   fault_state *f = state;
   if (fault_now(f)) return VRAM_EFAULT;
-  int rc = f->inner->xFree(f->inner_state, addr, size);
+  int rc = f->in.inner->xFree(f->in.inner_state, addr, size, stream);
   if (!rc) count_give(f, size);
   return rc;
 }
 static int fault_reserve(void *state, size_t size, uintptr_t *addr) {
   fault_state *f = state;
-  return fault_now(f) ? VRAM_EFAULT : f->inner->xReserve(f->inner_state, size, addr);
+  return fault_now(f) ? VRAM_EFAULT : f->in.inner->xReserve(f->in.inner_state, size, addr);
 }
 static int fault_unreserve(void *state, uintptr_t addr, size_t size) {
   fault_state *f = state;
-  return fault_now(f) ? VRAM_EFAULT : f->inner->xUnreserve(f->inner_state, addr, size);
+  return fault_now(f) ? VRAM_EFAULT : f->in.inner->xUnreserve(f->in.inner_state, addr, size);
 }
 static int fault_map(void *state, uintptr_t addr, size_t size) {
   fault_state *f = state;
   if (fault_now(f)) return VRAM_EFAULT;
   if (!count_take(f, size)) return VRAM_ENOMEM;
-  int rc = f->inner->xMap(f->inner_state, addr, size);
+  int rc = f->in.inner->xMap(f->in.inner_state, addr, size);
   if (rc) count_give(f, size);
   return rc;
 }
 static int fault_unmap(void *state, uintptr_t addr, size_t size) {
   fault_state *f = state;
   if (fault_now(f)) return VRAM_EFAULT;
-  int rc = f->inner->xUnmap(f->inner_state, addr, size);
+  int rc = f->in.inner->xUnmap(f->in.inner_state, addr, size);
   if (!rc) count_give(f, size);
   return rc;
 }
 static int fault_enable_peer(void *state, int peer) {
   fault_state *f = state;
-  return f->inner->xEnablePeer(f->inner_state, peer);
+  return f->in.inner->xEnablePeer(f->in.inner_state, peer);
 }
 static int fault_prefetch(void *state, uintptr_t addr, size_t size, int to_device,
                           vram_stream_t stream) {
   fault_state *f = state;
-  return f->inner->xPrefetch(f->inner_state, addr, size, to_device, stream);
-}
-static int fault_event_create(void *state, void **event) {
-  fault_state *f = state;
-  return f->inner->xEventCreate(f->inner_state, event);
-}
-static void fault_event_destroy(void *state, void *event) {
-  fault_state *f = state;
-  f->inner->xEventDestroy(f->inner_state, event);
+  return f->in.inner->xPrefetch(f->in.inner_state, addr, size, to_device, stream);
 }
 static int fault_event_record(void *state, void *event, vram_stream_t stream) {
   fault_state *f = state;
-  return fault_now(f) ? VRAM_EFAULT : f->inner->xEventRecord(f->inner_state, event, stream);
-}
-static int fault_event_query(void *state, void *event) {
-  fault_state *f = state;
-  return f->inner->xEventQuery(f->inner_state, event);
-}
-static int fault_event_synchronize(void *state, void *event) {
-  fault_state *f = state;
-  return f->inner->xEventSynchronize(f->inner_state, event);
+  return fault_now(f) ? VRAM_EFAULT : f->in.inner->xEventRecord(f->in.inner_state, event, stream);
 }
 static int fault_stream_wait_event(void *state, vram_stream_t stream, void *event) {
   fault_state *f = state;
-  return fault_now(f) ? VRAM_EFAULT : f->inner->xStreamWaitEvent(f->inner_state, stream, event);
+  return fault_now(f) ? VRAM_EFAULT : f->in.inner->xStreamWaitEvent(f->in.inner_state, stream, event);
 }
 
 /* Who is on the device is a question, not an allocation: never a planted failure. */
-static void fault_device_uuid(void *state, char *buf, size_t cap) {
-  fault_state *f = state;
-  f->inner->xDeviceUuid(f->inner_state, buf, cap);
-}
 
-static int fault_processes(void *state, vram_nvml_process *out, int max, const char **why) {
-  fault_state *f = state;
-  return f->inner->xProcesses(f->inner_state, out, max, why);
-}
 
-static void fault_group_name(void *state, char *buf, size_t cap) {
-  fault_state *f = state;
-  f->inner->xGroupName(f->inner_state, buf, cap);
-}
 
 int _vram_fault_wrap(const vram_source_methods *inner, void *inner_state,
                      const vram_fault_plan *plan, const vram_source_methods **out_methods,
                      void **out_state) {
   fault_state *f = calloc(1, sizeof *f);
   if (!f) return VRAM_EHOSTMEM;
-  f->inner = inner;
-  f->inner_state = inner_state;
+  f->in.inner = inner;
+  f->in.inner_state = inner_state;
   f->plan = *plan;
   f->table = (vram_source_methods){
       .zName = inner->zName,
       .is_vmm = inner->is_vmm,
       .xClose = fault_close,
       .xGranularity = fault_granularity,
-      .xMemInfo = fault_mem_info,
       .xAlloc = inner->xAlloc ? fault_alloc : NULL,
       .xFree = inner->xFree ? fault_free : NULL,
       .xReserve = inner->xReserve ? fault_reserve : NULL,
@@ -166,15 +132,9 @@ int _vram_fault_wrap(const vram_source_methods *inner, void *inner_state,
       .xUnmap = inner->xUnmap ? fault_unmap : NULL,
       .xEnablePeer = inner->xEnablePeer ? fault_enable_peer : NULL,
       .xPrefetch = inner->xPrefetch ? fault_prefetch : NULL,
-      .xEventCreate = fault_event_create,
-      .xEventDestroy = fault_event_destroy,
       .xEventRecord = fault_event_record,
-      .xEventQuery = fault_event_query,
-      .xEventSynchronize = fault_event_synchronize,
       .xStreamWaitEvent = fault_stream_wait_event,
-      .xDeviceUuid = inner->xDeviceUuid ? fault_device_uuid : NULL,
-      .xProcesses = inner->xProcesses ? fault_processes : NULL,
-      .xGroupName = inner->xGroupName ? fault_group_name : NULL,
+      VRAM_FORWARDED_METHODS(inner),
   };
   *out_methods = &f->table;
   *out_state = f;

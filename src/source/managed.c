@@ -67,8 +67,9 @@ static size_t managed_granularity(void *state) {
   return VRAM_MANAGED_SEGMENT_UNIT;
 }
 
-static int managed_alloc(void *state, size_t size, uintptr_t *addr) {
+static int managed_alloc(void *state, size_t size, vram_stream_t stream, uintptr_t *addr) {
   managed_state *s = state;
+  (void)stream;
   const vram_cuda_api *a = s->dev.api;
   vram_cuda_scope sc;
   CUdeviceptr p = 0;
@@ -101,10 +102,11 @@ out:
   return st;
 }
 
-static int managed_free(void *state, uintptr_t addr, size_t size) {
+static int managed_free(void *state, uintptr_t addr, size_t size, vram_stream_t stream) {
   managed_state *s = state;
   vram_cuda_scope sc;
   (void)size;
+  (void)stream;
   int st = _vram_cuda_enter(&s->dev, &sc);
   if (st != VRAM_OK) return st;
   st = _vram_cuda_status(s->dev.api->cuMemFree((CUdeviceptr)addr), "cuMemFree_v2");

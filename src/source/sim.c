@@ -167,8 +167,9 @@ static int space_give(sim_state *s, uintptr_t addr, size_t size) {
   return VRAM_OK;
 }
 
-static int sim_alloc(void *state, size_t size, uintptr_t *addr) {
+static int sim_alloc(void *state, size_t size, vram_stream_t stream, uintptr_t *addr) {
   sim_state *s = state;
+  (void)stream;
   if (!size) return VRAM_EINVAL;
   size_t rounded = (size + SIM_GRANULE - 1) & ~(SIM_GRANULE - 1);
   if (rounded < size) return VRAM_ENOMEM;
@@ -183,8 +184,9 @@ static int sim_alloc(void *state, size_t size, uintptr_t *addr) {
   return VRAM_OK;
 }
 
-static int sim_free(void *state, uintptr_t addr, size_t size) {
+static int sim_free(void *state, uintptr_t addr, size_t size, vram_stream_t stream) {
   sim_state *s = state;
+  (void)stream;
   size_t rounded = (size + SIM_GRANULE - 1) & ~(SIM_GRANULE - 1);
   if (rounded > s->used) return VRAM_EINVAL;
   int rc = space_give(s, addr, rounded);

@@ -46,9 +46,9 @@ typedef struct vram_source_methods {
   size_t (*xGranularity)(void *state);
   int (*xMemInfo)(void *state, size_t *free_bytes, size_t *total_bytes);
 
-  /* Fixed segments. */
-  int (*xAlloc)(void *state, size_t size, uintptr_t *addr);
-  int (*xFree)(void *state, uintptr_t addr, size_t size);
+  /* Fixed segments, for the arena of `stream` (the callback source passes it on). */
+  int (*xAlloc)(void *state, size_t size, vram_stream_t stream, uintptr_t *addr);
+  int (*xFree)(void *state, uintptr_t addr, size_t size, vram_stream_t stream);
 
   /* Virtual memory: reserve an address range; map/unmap granule-aligned pieces of it. */
   int (*xReserve)(void *state, size_t size, uintptr_t *addr);
@@ -116,5 +116,13 @@ typedef struct vram_fault_plan {
 int _vram_fault_wrap(const vram_source_methods *inner, void *inner_state,
                      const vram_fault_plan *plan, const vram_source_methods **out_methods,
                      void **out_state);
+
+/* callback.c: a source whose segments come from the caller's functions
+ * (vram_source_callbacks_t), with everything else (events, memory figures, the device's
+ * identity) asked of the inner source, which it owns from then on and closes. Fixed
+ * segments only. */
+int _vram_callback_wrap(const vram_source_methods *inner, void *inner_state, int device,
+                        const vram_source_callbacks_t *callbacks,
+                        const vram_source_methods **out_methods, void **out_state);
 
 #endif /* VRAM_SOURCE_H */

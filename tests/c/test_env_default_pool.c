@@ -212,7 +212,7 @@ static void t_variable_table(void **state) {
     if (strcmp(name, "VRAMKIT_PUBLISH_DIR") == 0) publish_dir = pool_option;
     if (strcmp(name, "VRAMKIT_LIMIT") == 0) assert_non_null(strstr(help, "0 is refused"));
   }
-  assert_int_equal(options, 12); /* the give-back settings are pool options too */
+  assert_int_equal(options, 13); /* the give-back settings and no_split are pool options too */
   assert_int_equal(publish_dir, 0);
   vram_options_t o;
   vram_options_init(&o);

@@ -16,6 +16,11 @@
  * allocation / num_mallocs / num_frees / num_ooms equal what the model counts, reserved
  * stays within the capacity and (after growth) within the limit.
  *
+ * SOURCE "sim+callbacks": the same on a pool whose segments come from callbacks
+ * (vram_pool_create_with_callbacks) over a host model of a device of the sim's capacity,
+ * which must have every byte back once the pool is destroyed; "+no_split" (either source):
+ * a pool that never splits a segment, whose blocks count their whole segments.
+ *
  * Sweep (fault injection at every call of the map path): for k = 1, 2, ... run a
  * fixed scenario with fault_fail_at = k (once with the k-th call failing alone, once with
  * every call from the k-th on failing) and check validity and the live blocks after every
@@ -24,17 +29,48 @@
 #include "vt.h"
 
 #include <stdarg.h>
+#include <stdbool.h>
 
 enum { MAX_LIVE = 200 };
 
 typedef struct live_blk {
   void *ptr;
   size_t req;
+  size_t held; /* what allocated_bytes counts: req rounded, or a no_split block's segment */
   vram_stream_t stream;
 } live_blk;
 
+/* The device behind the callbacks of a "+callbacks" run: addresses that never repeat, and
+ * a capacity past which an allocation fails. */
+typedef struct host_device {
+  uintptr_t next;
+  size_t capacity, outstanding;
+} host_device;
+
+static int host_alloc(void *ctx, size_t size, int device, vram_stream_t stream, void **ptr) {
+  host_device *d = ctx;
+  (void)device;
+  (void)stream;
+  if (size > d->capacity - d->outstanding) return 1;
+  *ptr = (void *)d->next;
+  d->next += size;
+  d->outstanding += size;
+  return 0;
+}
+
+static void host_free(void *ctx, void *ptr, size_t size, int device, vram_stream_t stream) {
+  host_device *d = ctx;
+  (void)ptr;
+  (void)device;
+  (void)stream;
+  d->outstanding -= size;
+}
+
 typedef struct model {
   const char *src_name;
+  int callbacks;           /* segments from host_alloc and host_free */
+  int no_split;            /* vram_options_t.no_split: a block holds its whole segment */
+  host_device device;
   uint64_t seed, op;
   vram_pool_t *pool;
   int faults;              /* fault injection on: source failures may surface */
@@ -153,19 +189,22 @@ static void model_add(model *m, void *p, size_t req, vram_stream_t stream) {
       mfail(m, "malloc(%zu) = %p overlaps live block %p of %zu", req, p, m->live[i].ptr,
             m->live[i].req);
   }
+  size_t held = vt_round512(req);
+  if (m->no_split && vram_segment_of(m->pool, p, NULL, &held)) mfail(m, "segment_of(%p)", p);
   m->live[m->nlive].ptr = p;
   m->live[m->nlive].req = req;
+  m->live[m->nlive].held = held;
   m->live[m->nlive].stream = stream;
   m->nlive++;
   if (m->nlive > m->max_nlive) m->max_nlive = m->nlive;
   m->sum_req += (int64_t)req;
-  m->sum_round += (int64_t)vt_round512(req);
+  m->sum_round += (int64_t)held;
   m->mallocs++;
 }
 
 static void model_remove(model *m, size_t i) {
   m->sum_req -= (int64_t)m->live[i].req;
-  m->sum_round -= (int64_t)vt_round512(m->live[i].req);
+  m->sum_round -= (int64_t)m->live[i].held;
   m->recent_freed[m->n_recent++ % 16] = m->live[i].ptr;
   m->live[i] = m->live[--m->nlive];
   m->frees++;
@@ -228,7 +267,16 @@ typedef struct random_params {
   const char *src_name;
   vram_source_kind kind;
   uint64_t seed, ops;
+  int callbacks, no_split;
 } random_params;
+
+/* The model's pool, on callbacks over its host device when the run asks for them. */
+static int model_pool_create(model *m, const vram_options_t *o) {
+  if (!m->callbacks) return vram_pool_create(&m->pool, o);
+  m->device = (host_device){.next = (uintptr_t)1 << 44, .capacity = o->sim_capacity};
+  vram_source_callbacks_t cb = {.alloc = host_alloc, .free = host_free, .ctx = &m->device};
+  return vram_pool_create_with_callbacks(&m->pool, o, &cb);
+}
 
 static void random_run(void **state) {
   const random_params *rp = (const random_params *)*state;
@@ -236,6 +284,8 @@ static void random_run(void **state) {
   memset(mp, 0, sizeof *mp);
   mp->src_name = rp->src_name;
   mp->seed = rp->seed;
+  mp->callbacks = rp->callbacks;
+  mp->no_split = rp->no_split;
   vt_rng rng;
   vt_rng_seed(&rng, rp->seed * 1000003ULL + (uint64_t)rp->kind);
 
@@ -252,7 +302,7 @@ static void random_run(void **state) {
   if (mp->faults) {
     o.fault_fail_at = 1 + vt_rng_below(&rng, 64);
     o.fault_fail_every = 5 + vt_rng_below(&rng, 120);
-  } else if (vt_rng_below(&rng, 2)) {
+  } else if (vt_rng_below(&rng, 2) && !mp->no_split) { /* no_split refuses preallocation */
     prealloc = o.sim_capacity / 4;
     o.preallocate_bytes = prealloc;
   }
@@ -263,7 +313,8 @@ static void random_run(void **state) {
   if (vt_rng_below(&rng, 2) == 0) o.virtual_threshold = (double)vt_rng_below(&rng, 3) / 2 * 0.5;
   size_t max_live = 50 + (size_t)vt_rng_below(&rng, MAX_LIVE - 50 + 1);
 
-  int rc = vram_pool_create(&mp->pool, &o);
+  o.no_split = mp->no_split;
+  int rc = model_pool_create(mp, &o);
   if (rc) mfail(mp, "pool_create = %s", vram_errname(rc));
   /* A third of the runs record history (a small ring that overflows, half with contexts),
    * so that the recording paths of malloc and free run under faults and the checker. */
@@ -353,9 +404,14 @@ static void random_run(void **state) {
                 (unsigned long long)mp->ooms, (unsigned long long)mp->faults_seen,
                 (unsigned long long)s.num_alloc_retries,
                 (unsigned long long)s.num_device_alloc, mp->max_nlive);
+  /* What the pool still holds goes back as it is destroyed, unless a planted fault fails
+   * that very call (the engine cannot retry at teardown; no callback ever fails a free). */
+  bool teardown_frees = vt_stats(mp->pool).reserved_bytes.current != 0;
   rc = vram_pool_destroy(mp->pool);
   if (rc) mfail(mp, "destroy of an empty pool = %s", vram_errname(rc));
   mp->pool = NULL;
+  if (mp->device.outstanding && !(mp->faults && teardown_frees))
+    mfail(mp, "%zu bytes never given back", mp->device.outstanding);
 }
 
 /* ---- the sweep ------------------------------------------------------------------------ */
@@ -398,6 +454,7 @@ enum { NSLOTS = 18 };
 typedef struct sweep_params {
   const char *src_name;
   vram_source_kind kind;
+  int callbacks, no_split;
   uint64_t every;
   int variant; /* 0: defaults; 1: release_threshold 0 (frees unmap); 2: preallocate;
                  3: tight placement always (tight_threshold 0); 4: fixed small segments
@@ -410,6 +467,8 @@ static size_t sweep_run(const sweep_params *sp, uint64_t k, uint64_t every, int 
   model *mp = &g_model;
   memset(mp, 0, sizeof *mp);
   mp->src_name = src_name;
+  mp->callbacks = sp->callbacks;
+  mp->no_split = sp->no_split;
   mp->seed = k;
   mp->faults = k != 0;
   mp->capacity = 512 << 20;
@@ -420,13 +479,14 @@ static size_t sweep_run(const sweep_params *sp, uint64_t k, uint64_t every, int 
   o.sim_capacity = mp->capacity;
   o.sim_event_delay = 2;
   if (sp->variant == 1) o.release_threshold = 0;
-  if (sp->variant == 2) o.preallocate_bytes = 40 << 20;
+  if (sp->variant == 2 && !sp->no_split) o.preallocate_bytes = 40 << 20;
+  o.no_split = sp->no_split;
   if (sp->variant == 3) o.tight_threshold = 0;
   if (sp->variant == 4) o.virtual_threshold = 0;
   o.fault_fail_at = k;
   o.fault_fail_every = every;
   size_t n = 0;
-  int rc = vram_pool_create(&mp->pool, &o);
+  int rc = model_pool_create(mp, &o);
   if (rc) {
     if (!k || rc != VRAM_EFAULT) mfail(mp, "pool_create = %s", vram_errname(rc));
     if (mp->pool) mfail(mp, "failed pool_create left a pool");
@@ -496,6 +556,9 @@ static size_t sweep_run(const sweep_params *sp, uint64_t k, uint64_t every, int 
     rc = vram_pool_destroy(mp->pool);
     if (rc) mfail(mp, "destroy = %s", vram_errname(rc));
     mp->pool = NULL;
+    /* As in random_run: a planted fault may fail the teardown's own frees. */
+    if (mp->device.outstanding && !(k && s.reserved_bytes.current))
+      mfail(mp, "%zu bytes never given back", mp->device.outstanding);
   }
   return n;
 }
@@ -530,14 +593,25 @@ static void sweep(void **state) {
 
 static int usage(void) {
   fprintf(stderr, "usage: test_random_ops random SOURCE FIRST_SEED N_SEEDS OPS_PER_SEED\n"
-                  "       test_random_ops sweep SOURCE\n");
+                  "       test_random_ops sweep SOURCE\n"
+                  "SOURCE: sim or sim:vmm; sim+callbacks: segments from callbacks; "
+                  "+no_split: a pool that never splits a segment\n");
   return 2;
 }
 
 int main(int argc, char **argv) {
   if (argc < 3) return usage();
+  /* "sim+callbacks": the sim's events and figures, segments from callbacks; "+no_split":
+   * a pool that never splits a segment. */
+  char name[48];
+  snprintf(name, sizeof name, "%s", argv[2]);
+  int callbacks = strstr(name, "+callbacks") != NULL, no_split = strstr(name, "+no_split") != NULL;
+  char *plus = strchr(name, '+');
+  if (plus) *plus = 0;
+  char *picked[] = {argv[0], name};
   vt_source src;
-  if (!vt_source_pick(2, argv + 1, &src) || !src.is_sim) return usage();
+  if (!vt_source_pick(2, picked, &src) || !src.is_sim) return usage();
+  src.name = argv[2];
   if (!strcmp(argv[1], "random")) {
     if (argc != 6) return usage();
     uint64_t first = strtoull(argv[3], NULL, 10), nseeds = strtoull(argv[4], NULL, 10);
@@ -549,7 +623,7 @@ int main(int argc, char **argv) {
     struct CMUnitTest tests[64];
     char names[64][48];
     for (uint64_t i = 0; i < nseeds; i++) {
-      params[i] = (random_params){src.name, src.kind, first + i, ops};
+      params[i] = (random_params){src.name, src.kind, first + i, ops, callbacks, no_split};
       snprintf(names[i], sizeof names[i], "random_seed_%llu", (unsigned long long)(first + i));
       tests[i] = (struct CMUnitTest){names[i], random_run, NULL, teardown_model, &params[i]};
     }
@@ -561,8 +635,8 @@ int main(int argc, char **argv) {
   if (!strcmp(argv[1], "sweep")) {
     sweep_params p[10];
     for (int v = 0; v < 5; v++) {
-      p[2 * v] = (sweep_params){src.name, src.kind, 0, v};
-      p[2 * v + 1] = (sweep_params){src.name, src.kind, 1, v};
+      p[2 * v] = (sweep_params){src.name, src.kind, callbacks, no_split, 0, v};
+      p[2 * v + 1] = (sweep_params){src.name, src.kind, callbacks, no_split, 1, v};
     }
     const struct CMUnitTest tests[] = {
         {"sweep_fail_kth_call", sweep, NULL, teardown_model, &p[0]},

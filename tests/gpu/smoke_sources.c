@@ -187,13 +187,13 @@ static void test_fixed(const vram_source_methods *m) {
   if (!st) return;
   uintptr_t p = 0, q = 0;
   size_t g = m->xGranularity(st);
-  int r = m->xAlloc(st, 2 * g, &p);
+  int r = m->xAlloc(st, 2 * g, NULL, &p);
   step(m->zName, "alloc 2 granules", r == VRAM_OK && p != 0, r);
-  r = m->xAlloc(st, 64 * g, &q);
+  r = m->xAlloc(st, 64 * g, NULL, &q);
   step(m->zName, "alloc 64 granules", r == VRAM_OK && q != 0, r);
-  r = m->xAlloc(st, 0, &q) == VRAM_EINVAL ? VRAM_OK : VRAM_EDRIVER;
+  r = m->xAlloc(st, 0, NULL, &q) == VRAM_EINVAL ? VRAM_OK : VRAM_EDRIVER;
   step(m->zName, "alloc 0 -> VRAM_EINVAL", r == VRAM_OK, r);
-  r = m->xAlloc(st, (size_t)1 << 50, &q) == VRAM_ENOMEM ? VRAM_OK : VRAM_EDRIVER;
+  r = m->xAlloc(st, (size_t)1 << 50, NULL, &q) == VRAM_ENOMEM ? VRAM_OK : VRAM_EDRIVER;
   if (m == &_vram_source_cuda) /* never ask managed memory for more than the card has */
     step(m->zName, "alloc 1 PiB -> VRAM_ENOMEM", r == VRAM_OK, r);
 
@@ -215,9 +215,9 @@ static void test_fixed(const vram_source_methods *m) {
     step(m->zName, "host bytes intact after the round trip", same, 0);
   }
 
-  r = m->xFree(st, p, 2 * g);
+  r = m->xFree(st, p, 2 * g, NULL);
   step(m->zName, "free 2 granules", r == VRAM_OK, r);
-  r = m->xFree(st, q, 64 * g);
+  r = m->xFree(st, q, 64 * g, NULL);
   step(m->zName, "free 64 granules", r == VRAM_OK, r);
   check_events(m, st);
   check_thread(m, st);

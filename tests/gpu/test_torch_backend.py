@@ -6,7 +6,8 @@ are vramkit's). The -v listing of this file is the pass table of docs/performanc
 Covered: memory statistics and their resets, out of memory as torch.OutOfMemoryError with
 the out-of-memory observer called, streams with record_stream, a hand-made CUDA graph and
 its private pool, two graphs sharing a pool, make_graphed_callables training, raw
-allocations (caching_allocator_alloc) and cuDNN's benchmark mode, torch.cuda.MemPool,
+allocations (caching_allocator_alloc) and cuDNN's benchmark mode, torch.cuda.MemPool (with
+an allocator of its own, and with no_split),
 torch.compile(mode="reduce-overhead") (graph trees, inference over changing shapes with
 checkpoints restored, and training) against eager, memory history and snapshots read by
 torch.cuda._memory_viz and its command, the profiler's memory events, and a CUDA tensor
@@ -209,6 +210,84 @@ def test_mempool_routes_allocations(run):
         inside.fill_(1)
         assert int(inside.sum()) == 4 * MiB
         del inside
+        del pool
+        torch.cuda.empty_cache()
+    """)
+
+
+# A MemPool's allocator of its own, as a CUDAPluggableAllocator brings it: cudaMalloc and
+# cudaFree, counted.
+COUNTED_ALLOCATOR = r"""
+#include <cuda_runtime_api.h>
+#include <stddef.h>
+static long allocs, frees;
+void *counted_alloc(size_t size, int device, cudaStream_t stream) {
+  void *p = 0;
+  (void)device; (void)stream;
+  if (cudaMalloc(&p, size) != cudaSuccess) return 0;
+  allocs++;
+  return p;
+}
+void counted_free(void *p, size_t size, int device, cudaStream_t stream) {
+  (void)size; (void)device; (void)stream;
+  cudaFree(p);
+  frees++;
+}
+long counted_allocs(void) { return allocs; }
+long counted_frees(void) { return frees; }
+"""
+
+
+def test_mempool_takes_memory_from_its_own_allocator(run):
+    run(f"""
+        import ctypes, subprocess, tempfile
+        from vramkit.plug import _torch_build
+        include, cudart = _torch_build.cuda_runtime()
+        folder = tempfile.mkdtemp()
+        with open(folder + "/counted.c", "w") as f:
+            f.write({COUNTED_ALLOCATOR!r})
+        subprocess.run(["cc", "-shared", "-fPIC", "-I", include, folder + "/counted.c",
+                        cudart, "-o", folder + "/counted.so"], check=True)
+        counts = ctypes.CDLL(folder + "/counted.so")
+        allocator = torch.cuda.memory.CUDAPluggableAllocator(
+            folder + "/counted.so", "counted_alloc", "counted_free")
+        pool = torch.cuda.MemPool(allocator.allocator())
+        with torch.cuda.use_mem_pool(pool):
+            inside = torch.empty(4 * MiB, dtype=torch.uint8, device="cuda")
+        outside = torch.empty(4 * MiB, dtype=torch.uint8, device="cuda")
+        assert counts.counted_allocs() >= 1 and counts.counted_frees() == 0
+        segments = pool.snapshot()
+        def holds(ptr):
+            return any(s["address"] <= ptr < s["address"] + s["total_size"] for s in segments)
+        assert holds(inside.data_ptr()) and not holds(outside.data_ptr())
+        inside.fill_(3)
+        assert int(inside.sum()) == 3 * 4 * MiB
+        if VRAMKIT:
+            assert torch.cuda.memory_allocated() >= 8 * MiB
+        del inside
+        del pool
+        torch.cuda.empty_cache()
+        assert counts.counted_frees() == counts.counted_allocs(), (
+            counts.counted_frees(), counts.counted_allocs())
+    """)
+
+
+def test_mempool_no_split_gives_each_tensor_a_segment(run):
+    run("""
+        pool = torch.cuda.MemPool(no_split=True)
+        with torch.cuda.use_mem_pool(pool):
+            a = torch.empty(1000, dtype=torch.uint8, device="cuda")
+            b = torch.empty(1000, dtype=torch.uint8, device="cuda")
+            c = torch.empty(3 * MiB, dtype=torch.uint8, device="cuda")
+        segments = pool.snapshot()
+        def segment_of(ptr):
+            return [i for i, s in enumerate(segments)
+                    if s["address"] <= ptr < s["address"] + s["total_size"]]
+        owners = [segment_of(t.data_ptr()) for t in (a, b, c)]
+        assert all(len(o) == 1 for o in owners) and len({o[0] for o in owners}) == 3, owners
+        if VRAMKIT:
+            assert all(len(s["blocks"]) == 1 for s in segments), segments
+        del a, b, c
         del pool
         torch.cuda.empty_cache()
     """)

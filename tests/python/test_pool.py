@@ -1,8 +1,8 @@
 """vramkit.Pool (python/vramkit/pool.py, _core_pool.c): private pools beside the default
 ones, on the sim source: independent statistics, limits and OOMs, the lifetime a buffer
 gives its pool, close() and the context manager, options refused by the engine's own
-option table, snapshots and history in the default pool's format, default_pool() agreeing
-with the module functions, and many threads on one pool.
+option table, no_split (a segment a buffer), snapshots and history in the default pool's
+format, default_pool() agreeing with the module functions, and many threads on one pool.
 """
 
 import gc
@@ -134,6 +134,24 @@ def test_an_unknown_option_suggests_the_nearest():
         vramkit.Pool(limt="1G")
     with pytest.raises(TypeError, match="limit"):
         vramkit.Pool(limit=[1])
+
+
+def test_no_split_gives_each_buffer_a_segment_of_its_own():
+    """PyTorch's MemPool(no_split=True) as a pool option: buffers never share a segment,
+    each holds its whole segment, and what the option cannot serve is refused by name."""
+    pool = sim_pool(no_split=True)
+    first, second = pool.allocate(1000), pool.allocate(1000)
+    assert pool.stats()["segment"][0] == 2
+    assert pool.memory_allocated() == pool.memory_reserved() == 4 * MiB
+    del first, second
+    pool.empty_cache()
+    assert pool.memory_reserved() == 0
+    with pytest.raises(vramkit.UnsupportedError):
+        vramkit.Pool(source="sim:vmm", no_split=True)
+    with pytest.raises(vramkit.InvalidArgumentError):
+        sim_pool(no_split=True, preallocate="64M")
+    with pytest.raises(vramkit.ConfigError, match="no_split: 'maybe' is not a switch"):
+        sim_pool(no_split="maybe")
 
 
 def test_a_bad_device_is_no_config_error_and_a_pool_is_made_once():

@@ -9,9 +9,10 @@
 // a graph-tree checkpoint taken, the pool changed, and the checkpoint restored at the very
 // addresses, a pool kept while a block lives and destroyed with it, out of memory as
 // c10::OutOfMemoryError with the observer called, history with PyTorch-style contexts,
-// snapshots, base allocations, and the errors bad calls must raise without changing
-// anything (foreign pointers, IPC where the source has none, MemPool options vramkit does
-// not serve, a fraction of 0), and caching turned off. The same
+// snapshots, base allocations, MemPools with an allocator of their own (a counting one
+// here: segments come from it and go back to it) and with no_split, caching turned off,
+// and the errors bad calls must raise without changing anything (foreign pointers, IPC
+// where the source has none, MemPool options vramkit does not serve, a fraction of 0). The same
 // class runs under PyTorch itself on the GPU in tests/gpu/test_torch_backend.py.
 //
 // Prints "backend driver: all checks passed" and exits 0, or names the failed check.
@@ -182,6 +183,128 @@ void a_pool_lives_as_long_as_its_blocks(Backend &b) {
   CHECK(g_last_status.load() == VRAM_EFOREIGN);
 }
 
+// A MemPool's allocator of its own, as NCCL's symmetric memory or a CUDAPluggableAllocator
+// brings one: host memory standing for device memory, every call counted. Only the two
+// calls PyTorch's allocator makes of a pool's allocator are answered.
+struct CountingAllocator : torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator {
+  CountingAllocator()
+      : CUDAPluggableAllocator([](size_t, int, cudaStream_t) -> void * { return nullptr; },
+                               [](void *, size_t, int, cudaStream_t) {}) {}
+  void *raw_alloc_with_stream(size_t n, cudaStream_t) override {
+    if (fail) return nullptr;
+    void *p = std::aligned_alloc(kAlign, n);
+    live[p] = n;
+    allocs++;
+    return p;
+  }
+  void raw_delete(void *p) override {
+    CHECK(live.erase(p) == 1);  // only what it handed out comes back, once
+    std::free(p);
+    deletes++;
+  }
+  std::map<void *, size_t> live;
+  int allocs = 0, deletes = 0;
+  bool fail = false;
+};
+
+void a_mempool_takes_its_segments_from_its_allocator(Backend &b) {
+  auto allocator = std::make_shared<CountingAllocator>();
+  const MempoolId_t id{0, 11};
+  int64_t reserved_before = b.getDeviceStats(0).reserved_bytes[0].current;
+  b.createOrIncrefPool(0, id, allocator);
+  b.beginAllocateToPool(0, id, [](cudaStream_t) { return true; });
+  bool is_private = false;
+  void *large = b.malloc_on(0, 3 << 20, kDefault, &is_private);
+  void *small = b.malloc_on(0, 1000, kDefault, &is_private);
+  CHECK(is_private && allocator->allocs == 2);
+  size_t size = 0;
+  void *base = b.getBaseAllocation(large, &size);
+  CHECK(allocator->live.count(base) && allocator->live[base] == size);
+  // vramkit's statistics and snapshots count them as any private pool's.
+  DeviceStats st = b.getDeviceStats(0);
+  CHECK(st.allocated_bytes[0].current == (3 << 20) + 1024);
+  size_t held = 0;
+  for (auto &entry : allocator->live) held += entry.second;
+  CHECK(st.reserved_bytes[0].current - reserved_before == static_cast<int64_t>(held));
+  CHECK(segments_of(b, id) == 2);
+  // Its allocator failing is vramkit's out of memory, and the pool serves on.
+  allocator->fail = true;
+  CHECK_THROWS(c10::OutOfMemoryError, "CUDA out of memory",
+               b.malloc_on(0, 40 << 20, kDefault, &is_private));
+  allocator->fail = false;
+  b.endAllocateToPool(0, id);
+  b.releasePool(0, id);  // the context manager's release
+  free_private(large);
+  free_private(small);
+  CHECK(allocator->deletes == 0);  // cached, as in any pool
+  b.emptyCache(id);
+  CHECK(allocator->deletes == 2 && allocator->live.empty());
+  // Released with a segment cached: the pool goes, the segment back to the allocator, and
+  // the backend lets go of the allocator.
+  b.beginAllocateToPool(0, id, [](cudaStream_t) { return true; });
+  free_private(b.malloc_on(0, 5 << 20, kDefault, &is_private));
+  b.endAllocateToPool(0, id);
+  b.releasePool(0, id);  // the context manager's release
+  b.releasePool(0, id);
+  CHECK(b.getPoolUseCount(0, id) == 0 && allocator->live.empty());
+  CHECK(allocator.use_count() == 1);
+}
+
+void a_no_split_mempool_gives_each_block_a_segment(Backend &b) {
+  auto allocator = std::make_shared<CountingAllocator>();
+  const MempoolId_t id{0, 12};
+  b.recordHistory(true, &tagged_context, 1000, RecordContext::ALL, false, {});
+  b.createOrIncrefPool(0, id, allocator);
+  b.setNoSplit(0, id);  // as torch.cuda.MemPool(allocator, no_split=True) calls it
+  b.beginAllocateToPool(0, id, [](cudaStream_t) { return true; });
+  bool is_private = false;
+  void *p = b.malloc_on(0, 1000, kDefault, &is_private);
+  void *q = b.malloc_on(0, 1000, kDefault, &is_private);
+  CHECK(allocator->allocs == 2 && allocator->live.count(p) && allocator->live.count(q));
+  // The pool made again for no_split joined the recording.
+  bool recorded = false;
+  cca::SnapshotInfo snap = b.snapshot({0, 0}, true);
+  CHECK(!snap.device_traces.empty());
+  for (auto &e : snap.device_traces[0])
+    recorded = recorded ||
+               (e.action_ == TraceEntry::ALLOC && e.addr_ == reinterpret_cast<size_t>(q));
+  CHECK(recorded);
+  b.recordHistory(false, nullptr, 0, RecordContext::NEVER, false, {});
+  size_t size = 0;
+  CHECK(b.getBaseAllocation(q, &size) == q && size == size_t{2} << 20);
+  CHECK(b.getDeviceStats(0).allocated_bytes[0].current == int64_t{4} << 20);
+  b.endAllocateToPool(0, id);
+  b.releasePool(0, id);  // the context manager's release
+  free_private(p);
+  free_private(q);
+  b.releasePool(0, id);
+  CHECK(allocator->deletes == 2 && allocator->live.empty());
+  // On the device's own source too; and never for a pool that already holds memory.
+  const MempoolId_t plain{0, 13};
+  b.createOrIncrefPool(0, plain, nullptr);
+  b.beginAllocateToPool(0, plain, [](cudaStream_t) { return true; });
+  void *r = b.malloc_on(0, 1000, kDefault, &is_private);
+  CHECK_THROWS(c10::Error, "already holds memory", b.setNoSplit(0, plain));
+  CHECK(b.checkPoolLiveAllocations(0, plain, {r}));  // untouched
+  b.endAllocateToPool(0, plain);
+  b.releasePool(0, plain);  // the context manager's release
+  free_private(r);
+  b.releasePool(0, plain);
+  const MempoolId_t fresh{0, 14};
+  b.createOrIncrefPool(0, fresh, nullptr);
+  b.setNoSplit(0, fresh);
+  b.beginAllocateToPool(0, fresh, [](cudaStream_t) { return true; });
+  void *s1 = b.malloc_on(0, 4096, kDefault, &is_private);
+  void *s2 = b.malloc_on(0, 4096, kDefault, &is_private);
+  CHECK(b.getBaseAllocation(s1, &size) == s1 && b.getBaseAllocation(s2, &size) == s2);
+  b.endAllocateToPool(0, fresh);
+  b.releasePool(0, fresh);  // the context manager's release
+  free_private(s1);
+  free_private(s2);
+  b.releasePool(0, fresh);
+  CHECK(segments_of(b, fresh) == 0 && live_bytes(b) == 0);
+}
+
 void out_of_memory_raises_and_tells_observers(Backend &b) {
   std::vector<int64_t> seen;
   b.attachOutOfMemoryObserver(
@@ -283,14 +406,12 @@ void refusals_are_clear_and_change_nothing(Backend &b) {
   // The sim source has no IPC: refused by name before any driver call.
   CHECK_THROWS(c10::Error, "only from the 'cuda' source", b.shareIpcHandle(p));
   CHECK_THROWS(c10::Error, "cannot open this CUDA IPC handle", b.getIpcDevPtr("short"));
-  // MemPool options vramkit does not serve.
+  // MemPool options vramkit does not serve, and no_split for a pool that is not there.
   const MempoolId_t id{0, 9};
-  CHECK_THROWS(c10::Error, "allocator of its own",
-               b.createOrIncrefPool(0, id, std::make_shared<Backend>()));
-  CHECK(b.getPoolUseCount(0, id) == 0);
   CHECK_THROWS(c10::Error, "use_on_oom", b.setUseOnOOM(0, id, true));
   b.setUseOnOOM(0, id, false);  // the default asks for nothing
-  CHECK_THROWS(c10::Error, "no_split", b.setNoSplit(0, id));
+  CHECK_THROWS(c10::Error, "no pool", b.setNoSplit(0, id));
+  CHECK(b.getPoolUseCount(0, id) == 0);
   // A fraction of 0 is PyTorch's "nothing at all": the next request fails, the live block
   // stays.
   b.setMemoryFraction(0.0, 0);
@@ -328,6 +449,8 @@ int main() {
   default_pool_and_statistics(*backend);
   capture_checkpoint_and_restore(*backend);
   a_pool_lives_as_long_as_its_blocks(*backend);
+  a_mempool_takes_its_segments_from_its_allocator(*backend);
+  a_no_split_mempool_gives_each_block_a_segment(*backend);
   out_of_memory_raises_and_tells_observers(*backend);
   history_carries_pytorch_contexts(*backend);
   refusals_are_clear_and_change_nothing(*backend);

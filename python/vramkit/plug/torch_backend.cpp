@@ -96,13 +96,17 @@ uint64_t unix_us() {
                                    .count());
 }
 
-// A private pool: a CUDA graph's, a graph tree's or a MemPool's.
+// A private pool: a CUDA graph's, a graph tree's or a MemPool's. A MemPool made with an
+// allocator of its own keeps it here for as long as its engine pool lives, which takes
+// every segment from it (torch_backend_pools.hpp).
 struct PrivatePool {
   MempoolId_t id;
   c10::DeviceIndex device = 0;
   vram_pool_t *pool = nullptr;
   int use_count = 0;
   size_t live = 0;  // blocks handed out and not yet freed
+  std::shared_ptr<cca::CUDAAllocator> allocator;  // MemPool(allocator=...), or null
+  bool no_split = false;                          // MemPool(no_split=True)
 };
 
 // A graph-tree checkpoint: the live blocks of one private pool, by address.
@@ -552,7 +556,9 @@ class Backend final : public cca::CUDAAllocator {
  private:
   // ---- private pools (torch_backend_pools.hpp) ------------------------------------
   PrivatePool *find_locked(c10::DeviceIndex device, MempoolId_t id);
-  void incref_locked(c10::DeviceIndex device, MempoolId_t id);
+  void incref_locked(c10::DeviceIndex device, MempoolId_t id,
+                     std::shared_ptr<cca::CUDAAllocator> allocator = nullptr);
+  vram_pool_t *make_engine_pool(const PrivatePool &pp);
   void maybe_destroy(PrivatePool *pp);
   PrivatePool *capture_target(c10::DeviceIndex device, cudaStream_t stream);
   static std::vector<PoolCheckpoint::Block> live_blocks(vram_pool_t *pool);

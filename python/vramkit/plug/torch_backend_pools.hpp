@@ -8,6 +8,14 @@
 // releasing the pool gives all of it back at once. A checkpoint is the list of live blocks
 // of a pool; restoring it frees what is live and claims every listed block again at its
 // address (vram_malloc_at).
+//
+// A MemPool with an allocator of its own (NCCL's or NVSHMEM's symmetric memory, a
+// CUDAPluggableAllocator) is an engine pool on callbacks (vram_pool_create_with_callbacks)
+// that take each segment from allocator->raw_alloc_with_stream and give it back with
+// raw_delete, as PyTorch's allocator does for such a pool: its statistics, history, limit
+// and OOM report are vramkit's. MemPool(no_split=True) is the engine's no_split option:
+// each block a segment of its own, never cut. PyTorch sets it right after creating the
+// pool, so the empty engine pool is made again with it.
 
 inline void Backend::beginAllocateToPool(c10::DeviceIndex device, MempoolId_t id,
                                          std::function<bool(cudaStream_t)> filter) {
@@ -53,11 +61,12 @@ inline int Backend::getPoolUseCount(c10::DeviceIndex device, MempoolId_t id) {
 
 inline void Backend::createOrIncrefPool(c10::DeviceIndex device, MempoolId_t id,
                                         std::shared_ptr<cca::CUDAAllocator> allocator) {
-  TORCH_CHECK(!allocator || allocator.get() == this,
-              "vramkit: a torch.cuda.MemPool with an allocator of its own cannot be used "
-              "while vramkit is PyTorch's allocator; create it without `allocator`");
+  if (allocator.get() == this) allocator = nullptr;  // vramkit itself: an ordinary pool
   std::lock_guard<std::mutex> g(mutex_);
-  incref_locked(device, id);
+  PrivatePool *pp = find_locked(device, id);
+  TORCH_CHECK(!pp || !allocator || pp->allocator == allocator, "vramkit: pool (", id.first,
+              ", ", id.second, ") exists already with another allocator");
+  incref_locked(device, id, std::move(allocator));
 }
 
 inline void Backend::setUseOnOOM(c10::DeviceIndex, MempoolId_t, bool use_on_oom) {
@@ -65,8 +74,26 @@ inline void Backend::setUseOnOOM(c10::DeviceIndex, MempoolId_t, bool use_on_oom)
                            "the default pool cannot serve fails with vramkit's report");
 }
 
-inline void Backend::setNoSplit(c10::DeviceIndex, MempoolId_t) {
-  TORCH_CHECK(false, "vramkit: MemPool(no_split=True) is not supported");
+inline void Backend::setNoSplit(c10::DeviceIndex device, MempoolId_t id) {
+  std::lock_guard<std::mutex> g(mutex_);
+  PrivatePool *pp = find_locked(device, id);
+  TORCH_CHECK(pp, "vramkit: setNoSplit: no pool (", id.first, ", ", id.second, ")");
+  if (pp->no_split) return;
+  vram_stats_t s{};
+  TORCH_CHECK(vram_get_stats(pp->pool, &s) == VRAM_OK && pp->live == 0 &&
+                  s.reserved_bytes.current == 0,
+              "vramkit: setNoSplit: pool (", id.first, ", ", id.second,
+              ") already holds memory; no_split applies to a new MemPool only");
+  pp->no_split = true;
+  vram_pool_t *fresh = nullptr;
+  try {
+    fresh = make_engine_pool(*pp);
+  } catch (...) {
+    pp->no_split = false;  // the pool as it was, still usable
+    throw;
+  }
+  vram_pool_destroy(pp->pool);
+  pp->pool = fresh;
 }
 
 inline bool Backend::checkPoolLiveAllocations(c10::DeviceIndex device, MempoolId_t id,
@@ -132,38 +159,79 @@ inline PrivatePool *Backend::find_locked(c10::DeviceIndex device, MempoolId_t id
   return it == private_pools_.end() ? nullptr : it->second.get();
 }
 
-inline void Backend::incref_locked(c10::DeviceIndex device, MempoolId_t id) {
+inline void Backend::incref_locked(c10::DeviceIndex device, MempoolId_t id,
+                                   std::shared_ptr<cca::CUDAAllocator> allocator) {
   PrivatePool *pp = find_locked(device, id);
   if (!pp) {
-    vram_pool_t *dflt = default_pool(device);
-    vram_options_t opts;
-    vram_options_init(&opts);
-    const char *why = nullptr;
-    vram_options_from_env(&opts, &why);
-    opts.device = device;
-    opts.source = vram_pool_source(dflt);
-    // A graph's pool keeps what it has: no memory may go back during a capture, and a
-    // graph replays into the same addresses. Its limit is the device's, not the default
-    // pool's.
-    opts.limit_bytes = 0;
-    opts.limit_fraction = 0;
-    opts.preallocate_bytes = 0;
-    opts.preallocate_fraction = 0;
-    opts.release_threshold = SIZE_MAX;
     auto fresh = std::make_unique<PrivatePool>();
     fresh->id = id;
     fresh->device = device;
-    int rc = vram_pool_create(&fresh->pool, &opts);
-    TORCH_CHECK(rc == VRAM_OK, "vramkit: cannot create a private pool on device ", device,
-                ": ", vram_strerror(rc));
-    {
-      std::lock_guard<std::mutex> h(history_mutex_);
-      start_or_stop_history(fresh->pool);
-    }
+    fresh->allocator = std::move(allocator);
+    fresh->pool = make_engine_pool(*fresh);
     pp = fresh.get();
     private_pools_[{device, id}] = std::move(fresh);
   }
   pp->use_count++;
+}
+
+// A MemPool's allocator, called by the engine under its pool's lock on the allocating
+// thread (whose current device is the pool's). No exception may cross the engine: a
+// failure is the device being out of memory, which the engine reports as its own.
+int allocator_alloc(void *ctx, size_t size, int, vram_stream_t stream, void **ptr) {
+  try {
+    *ptr = static_cast<cca::CUDAAllocator *>(ctx)->raw_alloc_with_stream(
+        size, static_cast<cudaStream_t>(stream));
+    return *ptr ? 0 : 1;
+  } catch (...) {
+    return 1;
+  }
+}
+void allocator_free(void *ctx, void *ptr, size_t, int, vram_stream_t) {
+  try {
+    static_cast<cca::CUDAAllocator *>(ctx)->raw_delete(ptr);
+  } catch (...) {
+    g_last_status.store(VRAM_EDRIVER);
+  }
+}
+
+// The engine pool of a private pool, as its MemPool options ask, joined to PyTorch's
+// recording if one runs.
+inline vram_pool_t *Backend::make_engine_pool(const PrivatePool &pp) {
+  vram_pool_t *dflt = default_pool(pp.device);
+  vram_options_t opts;
+  vram_options_init(&opts);
+  const char *why = nullptr;
+  vram_options_from_env(&opts, &why);
+  opts.device = pp.device;
+  opts.source = vram_pool_source(dflt);
+  // A graph's pool keeps what it has: no memory may go back during a capture, and a
+  // graph replays into the same addresses. Its limit is the device's, not the default
+  // pool's.
+  opts.limit_bytes = 0;
+  opts.limit_fraction = 0;
+  opts.preallocate_bytes = 0;
+  opts.preallocate_fraction = 0;
+  opts.release_threshold = SIZE_MAX;
+  opts.no_split = pp.no_split;
+  // Segments never cut are fixed ones: the virtual-memory sources' fixed counterparts.
+  if (pp.no_split && opts.source == VRAM_SOURCE_VMM) opts.source = VRAM_SOURCE_CUDA;
+  if (pp.no_split && opts.source == VRAM_SOURCE_SIM_VMM) opts.source = VRAM_SOURCE_SIM;
+  vram_pool_t *pool = nullptr;
+  int rc;
+  if (pp.allocator) {
+    vram_source_callbacks_t callbacks{};
+    callbacks.alloc = &allocator_alloc;
+    callbacks.free = &allocator_free;
+    callbacks.ctx = pp.allocator.get();
+    rc = vram_pool_create_with_callbacks(&pool, &opts, &callbacks);
+  } else {
+    rc = vram_pool_create(&pool, &opts);
+  }
+  TORCH_CHECK(rc == VRAM_OK, "vramkit: cannot create a private pool on device ", pp.device,
+              ": ", vram_strerror(rc));
+  std::lock_guard<std::mutex> h(history_mutex_);
+  start_or_stop_history(pool);
+  return pool;
 }
 
 // A private pool nobody uses and nothing lives in goes back to the driver, unless a
