@@ -234,15 +234,15 @@ void a_mempool_takes_its_segments_from_its_allocator(Backend &b) {
   allocator->fail = false;
   b.endAllocateToPool(0, id);
   b.releasePool(0, id);  // the context manager's release
-  free_private(large);
-  free_private(small);
+  free_any(large);
+  free_any(small);
   CHECK(allocator->deletes == 0);  // cached, as in any pool
   b.emptyCache(id);
   CHECK(allocator->deletes == 2 && allocator->live.empty());
   // Released with a segment cached: the pool goes, the segment back to the allocator, and
   // the backend lets go of the allocator.
   b.beginAllocateToPool(0, id, [](cudaStream_t) { return true; });
-  free_private(b.malloc_on(0, 5 << 20, kDefault, &is_private));
+  free_any(b.malloc_on(0, 5 << 20, kDefault, &is_private));
   b.endAllocateToPool(0, id);
   b.releasePool(0, id);  // the context manager's release
   b.releasePool(0, id);
@@ -275,8 +275,8 @@ void a_no_split_mempool_gives_each_block_a_segment(Backend &b) {
   CHECK(b.getDeviceStats(0).allocated_bytes[0].current == int64_t{4} << 20);
   b.endAllocateToPool(0, id);
   b.releasePool(0, id);  // the context manager's release
-  free_private(p);
-  free_private(q);
+  free_any(p);
+  free_any(q);
   b.releasePool(0, id);
   CHECK(allocator->deletes == 2 && allocator->live.empty());
   // On the device's own source too; and never for a pool that already holds memory.
@@ -288,7 +288,7 @@ void a_no_split_mempool_gives_each_block_a_segment(Backend &b) {
   CHECK(b.checkPoolLiveAllocations(0, plain, {r}));  // untouched
   b.endAllocateToPool(0, plain);
   b.releasePool(0, plain);  // the context manager's release
-  free_private(r);
+  free_any(r);
   b.releasePool(0, plain);
   const MempoolId_t fresh{0, 14};
   b.createOrIncrefPool(0, fresh, nullptr);
@@ -299,8 +299,8 @@ void a_no_split_mempool_gives_each_block_a_segment(Backend &b) {
   CHECK(b.getBaseAllocation(s1, &size) == s1 && b.getBaseAllocation(s2, &size) == s2);
   b.endAllocateToPool(0, fresh);
   b.releasePool(0, fresh);  // the context manager's release
-  free_private(s1);
-  free_private(s2);
+  free_any(s1);
+  free_any(s2);
   b.releasePool(0, fresh);
   CHECK(segments_of(b, fresh) == 0 && live_bytes(b) == 0);
 }
