@@ -11,8 +11,8 @@
 #
 #   bench/torch_suite.sh [native|vramkit|both] [PYTEST -k EXPRESSION]
 # Each allocator runs in its own pytest under a time limit that keeps one device call
-# within ten minutes; results go to .gpu/torch_suite/<allocator>.xml, and the table to
-# stdout (bench/torch_suite_table.py).
+# within ten minutes; results go to .gpu/torch_suite/<allocator>.N.xml (and .log), and the
+# table to stdout (bench/torch_suite_table.py).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 ROOT=$PWD
@@ -36,12 +36,28 @@ python3 -c "from vramkit.plug import _torch_build as b; print(b.build_backend())
 run_one() {  # $1: native or vramkit
   # The site folder's sitecustomize installs vramkit in every interpreter of the run (the
   # tests start subprocesses too) before torch initializes CUDA; "native" leaves it out.
-  local site=""
+  # A test that kills the interpreter (an abort in PyTorch's C++) loses pytest's report:
+  # the last test the verbose log names is listed in <allocator>.crashed and the run
+  # starts again without it, each run's report in its own <allocator>.N.xml.
+  local site="" try rc crashed
+  local deselect=()
   [ "$1" = vramkit ] && site=$ROOT/bench/torch_suite_site
-  (cd "$(dirname "$TESTS")" &&
-    PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH} VK_SUITE_ALLOC=$1 \
-      timeout "$LIMIT" python3 -m pytest -q -p no:cacheprovider "$(basename "$TESTS")" \
-      -k "$SELECT" --junitxml="$OUT/$1.xml" -o junit_family=xunit1 2>&1 | tail -3)
+  rm -f "$OUT/$1".*.xml "$OUT/$1".*.log "$OUT/$1.crashed"
+  for try in 1 2 3 4; do
+    (cd "$(dirname "$TESTS")" &&
+      PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH} VK_SUITE_ALLOC=$1 PYTHONUNBUFFERED=1 \
+        timeout "$LIMIT" python3 -m pytest -v -p no:cacheprovider "$(basename "$TESTS")" \
+        -k "$SELECT" "${deselect[@]}" --junitxml="$OUT/$1.$try.xml" -o junit_family=xunit1 \
+        > "$OUT/$1.$try.log" 2>&1)
+    rc=$?
+    tail -1 "$OUT/$1.$try.log"
+    [ -s "$OUT/$1.$try.xml" ] && break
+    crashed=$(grep -o "$(basename "$TESTS")::[A-Za-z0-9_]*::[A-Za-z0-9_]*" "$OUT/$1.$try.log" | tail -1)
+    [ -n "$crashed" ] || break
+    echo "$1: $crashed ended the interpreter (status $rc); running again without it"
+    echo "${crashed#*::}" >> "$OUT/$1.crashed"
+    deselect+=(--deselect "$crashed")
+  done
 }
 
 case $WHICH in
