@@ -39,15 +39,14 @@ run_one() {  # $1: native or vramkit
   # A test that kills the interpreter (an abort in PyTorch's C++) loses pytest's report:
   # the last test the verbose log names is listed in <allocator>.crashed and the run
   # starts again without it, each run's report in its own <allocator>.N.xml.
-  local site="" try rc crashed
-  local deselect=()
+  local site="" try rc crashed select=$SELECT
   [ "$1" = vramkit ] && site=$ROOT/bench/torch_suite_site
   rm -f "$OUT/$1".*.xml "$OUT/$1".*.log "$OUT/$1.crashed"
   for try in 1 2 3 4; do
     (cd "$(dirname "$TESTS")" &&
       PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH} VK_SUITE_ALLOC=$1 PYTHONUNBUFFERED=1 \
         timeout "$LIMIT" python3 -m pytest -v -p no:cacheprovider "$(basename "$TESTS")" \
-        -k "$SELECT" "${deselect[@]}" --junitxml="$OUT/$1.$try.xml" -o junit_family=xunit1 \
+        -k "$select" --junitxml="$OUT/$1.$try.xml" -o junit_family=xunit1 \
         > "$OUT/$1.$try.log" 2>&1)
     rc=$?
     tail -1 "$OUT/$1.$try.log"
@@ -56,7 +55,8 @@ run_one() {  # $1: native or vramkit
     [ -n "$crashed" ] || break
     echo "$1: $crashed ended the interpreter (status $rc); running again without it"
     echo "${crashed#*::}" >> "$OUT/$1.crashed"
-    deselect+=(--deselect "$crashed")
+    # Left out by name in -k: --deselect reads node ids from pytest's root, not from here.
+    select="($select) and not ${crashed##*::}"
   done
 }
 

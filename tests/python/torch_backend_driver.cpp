@@ -355,8 +355,10 @@ void history_carries_pytorch_contexts(Backend &b) {
   bool alloc_with_context = false, free_seen = false;
   int64_t last_time = 0;
   for (auto &e : snap.device_traces[0]) {
-    if (e.action_ == TraceEntry::ALLOC && e.addr_ == reinterpret_cast<size_t>(p))
+    if (e.action_ == TraceEntry::ALLOC && e.addr_ == reinterpret_cast<size_t>(p)) {
       alloc_with_context = e.context_ != nullptr;
+      CHECK(e.size_ == 3000);  // the size asked for, as PyTorch's entries carry
+    }
     if (e.action_ == TraceEntry::FREE_COMPLETED || e.action_ == TraceEntry::FREE_REQUESTED)
       free_seen = free_seen || e.addr_ == reinterpret_cast<size_t>(gone);
     CHECK(static_cast<int64_t>(e.time_.t_) >= last_time);

@@ -225,7 +225,11 @@ inline void Backend::append_trace(vram_pool_t *pool, c10::DeviceIndex device, Me
       // PyTorch one per device and _snapshot() call: those are snapshot_marks_.
       default: continue;  // nor have empty_cache and annotations a PyTorch action
     }
-    TraceEntry entry(action, device, e.addr, e.size, reinterpret_cast<void *>(e.stream), owner,
+    // A block's entries carry the size asked for, as PyTorch's do; a segment's its size.
+    bool of_block = action == TraceEntry::ALLOC || action == TraceEntry::FREE_REQUESTED ||
+                    action == TraceEntry::FREE_COMPLETED;
+    size_t size = of_block && e.requested ? e.requested : e.size;
+    TraceEntry entry(action, device, e.addr, size, reinterpret_cast<void *>(e.stream), owner,
                      0, context(e.context));
     entry.time_.t_ = static_cast<time_t>(static_cast<int64_t>(e.time_us) + offset);
     (*out)[device].push_back(std::move(entry));
