@@ -8,7 +8,7 @@
 // (streams a filter claims go to the pool, the rest to the default pool), live checks,
 // a graph-tree checkpoint taken, the pool changed, and the checkpoint restored at the very
 // addresses, a pool kept while a block lives and destroyed with it, out of memory as
-// c10::OutOfMemoryError with the observer called, history with PyTorch-style contexts,
+// c10::OutOfMemoryError with the observer called, history with PyTorch-style contexts (bounded or not),
 // snapshots, base allocations, MemPools with an allocator of their own (a counting one
 // here: segments come from it and go back to it) and with no_split, caching turned off,
 // and the errors bad calls must raise without changing anything (foreign pointers, IPC
@@ -425,6 +425,24 @@ void refusals_are_clear_and_change_nothing(Backend &b) {
   CHECK(live_bytes(b) == 0);
 }
 
+// PyTorch's _record_memory_history() asks for every event by default (max_entries is
+// sys.maxsize): the recording starts, keeping the newest of a bounded ring, and an
+// allocation's entry carries its context.
+void history_of_every_event(Backend &b) {
+  b.recordHistory(true, &tagged_context, size_t{INT64_MAX}, RecordContext::ALL, false, {});
+  CHECK(b.isHistoryEnabled());
+  bool is_private = false;
+  void *p = b.malloc_on(0, 48, kDefault, &is_private);
+  bool seen = false;
+  cca::SnapshotInfo snap = b.snapshot({0, 0}, true);
+  for (auto &e : snap.device_traces[0])
+    seen = seen || (e.action_ == TraceEntry::ALLOC && e.addr_ == reinterpret_cast<size_t>(p) &&
+                    e.context_ != nullptr);
+  CHECK(seen);
+  b.recordHistory(false, nullptr, 0, RecordContext::NEVER, false, {});
+  b.deleter_of(0, false)(p);
+}
+
 // torch.cuda.caching_allocator_enable(False): requests go straight to cudaMalloc, past the
 // pool and its statistics. With no GPU here cudaMalloc fails, so the request raises an
 // error that says caching is off, and the pool is untouched; on again, the pool serves.
@@ -457,6 +475,7 @@ int main() {
   history_carries_pytorch_contexts(*backend);
   refusals_are_clear_and_change_nothing(*backend);
   caching_off_bypasses_the_pool(*backend);
+  history_of_every_event(*backend);
   std::printf("backend driver: all checks passed\n");
   return 0;
 }

@@ -83,6 +83,8 @@ using c10::CachingDeviceAllocator::TraceEntry;
 constexpr int kMaxDevices = 64;
 constexpr size_t kAlign = 512;  // the engine's block unit
 constexpr size_t kMessageCap = 8192;
+// The events a recording keeps when PyTorch asks for all of them (its default).
+constexpr size_t kHistoryAll = size_t{1} << 22;
 constexpr size_t kOneExaByte = size_t{1} << 60;
 
 // The last failure inside a deleter, which cannot throw: read by vramkit.torch.
@@ -615,7 +617,7 @@ class Backend final : public cca::CUDAAllocator {
   // ---- history (torch_backend_history.hpp) ------------------------------------------
   static uint64_t context_of_this_allocation(void *user);
   void prune_contexts(uint64_t newest);
-  void start_or_stop_history(vram_pool_t *pool);
+  int start_or_stop_history(vram_pool_t *pool);
   std::shared_ptr<c10::GatheredContext> context(uint64_t id);
   static std::vector<vram_event_t> read_history(vram_pool_t *pool);
   static std::vector<vram_snapshot_block_t> read_blocks(vram_pool_t *pool);

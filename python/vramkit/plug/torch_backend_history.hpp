@@ -45,14 +45,23 @@ inline void Backend::recordHistory(bool enabled, cca::CreateContextFn recorder,
   std::lock_guard<std::mutex> h(history_mutex_);
   recording_ = enabled;
   recorder_ = enabled && when != RecordContext::NEVER ? recorder : nullptr;
-  max_entries_ = max_entries;
+  // PyTorch's default asks for every event (max_entries = sys.maxsize), its trace growing
+  // as it goes; the engine's ring is reserved at the start (its pages touched only as it
+  // fills), so "every event" keeps the newest kHistoryAll.
+  max_entries_ = std::min(max_entries, kHistoryAll);
   trace_wanted_.store(enabled && when != RecordContext::STATE);
   if (clear || enabled) {
     contexts_.clear();
     snapshot_marks_.clear();
   }
-  for (vram_pool_t *pool : all_pools_locked()) start_or_stop_history(pool);
+  int failed = VRAM_OK;
+  for (vram_pool_t *pool : all_pools_locked()) {
+    int rc = start_or_stop_history(pool);
+    if (rc != VRAM_OK) failed = rc;
+  }
   vram_set_context_fn(recorder_ ? &context_of_this_allocation : nullptr, this);
+  TORCH_CHECK(failed == VRAM_OK, "vramkit: cannot record memory history of ", max_entries_,
+              " entries: ", vram_strerror(failed));
 }
 
 inline bool Backend::isHistoryEnabled() {
@@ -96,11 +105,10 @@ inline void Backend::prune_contexts(uint64_t newest) {
     it = named.count(it->first) || it->first > newest ? std::next(it) : contexts_.erase(it);
 }
 
-inline void Backend::start_or_stop_history(vram_pool_t *pool) {
+inline int Backend::start_or_stop_history(vram_pool_t *pool) {
   if (recording_)
-    vram_history_start(pool, max_entries_, recorder_ ? VRAM_HISTORY_CONTEXTS : 0u);
-  else
-    vram_history_stop(pool);
+    return vram_history_start(pool, max_entries_, recorder_ ? VRAM_HISTORY_CONTEXTS : 0u);
+  return vram_history_stop(pool);
 }
 
 inline std::shared_ptr<c10::GatheredContext> Backend::context(uint64_t id) {
