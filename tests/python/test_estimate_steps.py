@@ -625,3 +625,42 @@ def test_grouped_query_attention_is_counted_per_query_head():
     assert grouped_attention_flops(backward, (torch.empty(wide), q, kv, kv)) == \
         sdpa_backward_flop_count(wide, wide, wide, wide)
     assert grouped_attention_flops(aten.mm.default, (q, kv)) == 0
+
+
+class _LearnedBiasAttention(torch.nn.Module):
+    """Attention over a learned bias added to the scores, as T5's relative positions are;
+    `learned=False` passes the bias detached (a mask that needs no gradient)."""
+
+    def __init__(self, heads: int, rows: int, width: int, learned: bool):
+        super().__init__()
+        self.proj = torch.nn.Linear(width, width)
+        self.bias = torch.nn.Parameter(torch.zeros(1, heads, rows, rows))
+        self.learned = learned
+
+    def forward(self, x):
+        q = self.proj(x)
+        mask = self.bias if self.learned else self.bias.detach()
+        return torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask,
+                                                                dropout_p=0.1)
+
+
+def test_attention_with_a_learned_mask_keeps_what_cuda_keeps():
+    """PyTorch's fused attention kernels refuse a mask that requires grad, so CUDA runs its
+    composite attention, which keeps the fp32 softmax of the scores, dropout's one-byte
+    mask and the dropped weights for backward; the CPU stand-in keeps them too, where a
+    mask without a gradient leaves the fused kernel's output and row statistics alone."""
+    batch, heads, rows, width = 4, 4, 256, 32
+
+    def build(learned):
+        def make():
+            net = _LearnedBiasAttention(heads, rows, width, learned).to("cuda")
+            return net, torch.optim.SGD(net.parameters(), lr=0.1), \
+                torch.randn(batch, heads, rows, width, device="cuda")
+        return make
+
+    learned = vramkit.estimate(_plain_step, build=build(True), model_workspaces=False)
+    detached = vramkit.estimate(_plain_step, build=build(False), model_workspaces=False)
+    scores = batch * heads * rows * rows
+    # Kept for backward, a score each: the softmax (fp32), dropout's mask (one byte) and
+    # the dropped weights the product with the values needs (fp32).
+    assert learned.peak_allocated - detached.peak_allocated >= scores * (4 + 1 + 4)

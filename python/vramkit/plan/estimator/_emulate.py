@@ -10,9 +10,10 @@ step on fake *CPU* tensors and makes the CPU behave, for memory, as the GPU woul
 - ``torch.autocast("cuda", ...)`` becomes CPU autocast with the same dtype;
 - ``scaled_dot_product_attention`` allocates what the GPU's fused kernels allocate (flash
   or memory-efficient attention: an output and a log-sum-exp per row, never the
-  sequence-by-sequence score matrix that the CPU's fallback materialises; a learned bias
-  added to the scores, as T5's relative positions are, gets its gradient), and dropout
-  keeps the GPU's one-byte mask rather than the CPU's noise tensor;
+  sequence-by-sequence score matrix that the CPU's fallback materialises), or, where the
+  GPU too takes no fused kernel (a mask that requires grad, as T5's learned relative
+  positions do), what CUDA's composite attention keeps; dropout keeps the GPU's one-byte
+  mask rather than the CPU's noise tensor;
 - the operations CUDA autocast runs in fp32 (layer norm, softmax, exp, log...) run in
   fp32 under the CPU's autocast too.
 
@@ -26,6 +27,7 @@ used: the step runs on fake CUDA tensors with the GPU's own kernels.
 from __future__ import annotations
 
 import contextlib
+import math
 import warnings
 
 import torch
@@ -94,11 +96,30 @@ def _fused_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
         return None
     if attn_mask is not None and attn_mask.dtype == torch.bool and attn_mask.dim() != 4:
         return None
-    if attn_mask is not None and attn_mask.requires_grad:
-        # A learned bias added to the scores (T5's relative positions): the kernel
-        # gives it a gradient, which reaches the weights it came from.
-        return _FusedAttention.apply(query, key, value, attn_mask)
+    if attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled():
+        # A learned bias added to the scores (T5's relative positions): PyTorch's fused
+        # kernels refuse a mask that requires grad, and CUDA runs its composite attention.
+        return _composite_attention(query, key, value, attn_mask, dropout_p, scale,
+                                    enable_gqa)
     return _FusedAttention.apply(query, key, value)
+
+
+def _composite_attention(query, key, value, attn_mask, dropout_p, scale, enable_gqa):
+    """What CUDA's composite attention (``_scaled_dot_product_attention_math``) allocates
+    and keeps: query and keys each scaled by the root of the scale, the scores, the mask
+    added in place, their softmax, the GPU's dropout (a one-byte mask), and the product
+    with the values."""
+    if enable_gqa and key.size(-3) != query.size(-3):
+        groups = query.size(-3) // key.size(-3)
+        key = key.repeat_interleave(groups, dim=-3)
+        value = value.repeat_interleave(groups, dim=-3)
+    factor = math.sqrt(scale if scale is not None else 1.0 / math.sqrt(query.size(-1)))
+    scores = (query * factor) @ (key.transpose(-2, -1) * factor)
+    scores.add_(attn_mask)
+    weights = torch.softmax(scores, dim=-1)
+    if dropout_p > 0.0:
+        weights = torch.ops.aten.native_dropout(weights, dropout_p, True)[0]
+    return weights @ value
 
 
 class _FusedAttention(torch.autograd.Function):
@@ -113,7 +134,7 @@ class _FusedAttention(torch.autograd.Function):
     shapes and dtypes of what is made matter."""
 
     @staticmethod
-    def forward(ctx, query, key, value, bias=None):
+    def forward(ctx, query, key, value):
         batch, heads, rows, _ = query.shape
         padded = rows if query.dtype != torch.float32 else -(-rows // 32) * 32
         # The kernels write the output as (batch, rows, heads, dim) and return it
@@ -123,8 +144,6 @@ class _FusedAttention(torch.autograd.Function):
         logsumexp = torch.empty(batch, heads, padded, dtype=torch.float32,
                                 device=query.device)
         ctx.save_for_backward(query, key, value, out, logsumexp)
-        ctx.bias_shape = None if bias is None else bias.shape
-        ctx.bias_dtype = None if bias is None else bias.dtype
         add_flops(flop_counter.sdpa_flop_count(*per_query_head(query, key, value)))
         return out
 
@@ -149,12 +168,7 @@ class _FusedAttention(torch.autograd.Function):
         else:
             grad_key = torch.empty_like(key)
             grad_value = torch.empty_like(value)
-        if ctx.bias_shape is None:
-            return grad_query, grad_key, grad_value
-        # The bias's gradient is made for every score, then summed to the bias's shape.
-        scores = torch.empty((*query.shape[:-1], key.shape[-2]), dtype=ctx.bias_dtype,
-                             device=query.device)
-        return grad_query, grad_key, grad_value, scores.sum_to_size(ctx.bias_shape)
+        return grad_query, grad_key, grad_value
 
 
 @contextlib.contextmanager
