@@ -315,7 +315,7 @@ class Backend final : public cca::CUDAAllocator {
                   cudaGetErrorString(err));
     }
     std::lock_guard<std::mutex> g(mutex_);
-    uncached_[ptr] = device;
+    uncached_.insert(ptr);
     uncached_count_.store(uncached_.size(), std::memory_order_relaxed);
     return ptr;
   }
@@ -343,12 +343,21 @@ class Backend final : public cca::CUDAAllocator {
       is_private = private_blocks_.count(ptr) != 0;
     }
     if (is_private) return free_private_block(ptr);
+    c10::DeviceIndex device = 0;
+    if (vram_pool_t *pool = default_pool_holding(ptr, &device)) return free_in(device, pool, ptr);
+    g_last_status.store(VRAM_EFOREIGN);
+  }
+
+  // The default pool whose segments hold ptr, and its device; null if none does.
+  vram_pool_t *default_pool_holding(void *ptr, c10::DeviceIndex *device) const {
     for (int d = 0; d < kMaxDevices; d++) {
       vram_pool_t *pool = used_[d].load(std::memory_order_acquire);
-      if (pool && vram_segment_of(pool, ptr, nullptr, nullptr) == VRAM_OK)
-        return free_in(static_cast<c10::DeviceIndex>(d), pool, ptr);
+      if (pool && vram_segment_of(pool, ptr, nullptr, nullptr) == VRAM_OK) {
+        *device = static_cast<c10::DeviceIndex>(d);
+        return pool;
+      }
     }
-    g_last_status.store(VRAM_EFOREIGN);
+    return nullptr;
   }
 
   void free_on_device(int device, void *ptr) {
@@ -381,11 +390,8 @@ class Backend final : public cca::CUDAAllocator {
           pool = it->second->pool;
         }
       }
-      for (int d = 0; !pool && d < kMaxDevices; d++) {  // raw_alloc's, in a default pool
-        vram_pool_t *candidate = used_[d].load(std::memory_order_acquire);
-        if (candidate && vram_segment_of(candidate, p, nullptr, nullptr) == VRAM_OK)
-          pool = candidate;
-      }
+      c10::DeviceIndex device = 0;
+      if (!pool) pool = default_pool_holding(p, &device);  // raw_alloc's, in a default pool
     } else {
       int d = device_of_deleter(deleter);
       if (d < 0) return;  // not ours (shared from another process): nothing to order
@@ -661,7 +667,7 @@ class Backend final : public cca::CUDAAllocator {
   std::atomic<bool> enabled_{true};
   // Blocks served while caching was off (malloc_uncached), and how many: the free paths
   // look them up only while there are any.
-  std::unordered_map<void *, c10::DeviceIndex> uncached_;
+  std::unordered_set<void *> uncached_;
   std::atomic<size_t> uncached_count_{0};
   std::string user_metadata_;
 };

@@ -222,8 +222,7 @@ class StorageRecorder(TorchDispatchMode):
         # FlopCounterMode, which decomposes ops and so changes what checkpointing keeps:
         # one recording gives both the memory and the compute.
         self.step_flops: list[int] = []
-        from torch.utils.flop_counter import flop_registry
-        self._flop_formulas = flop_registry
+        self._flop_formulas = flop_counter.flop_registry
 
     # -- the dispatch hook ------------------------------------------------------------
 
