@@ -1,5 +1,9 @@
 /* layout.c - vram_snapshot: every segment of the pool with the blocks that tile it.
  *
+ * Free memory is reported as PyTorch's snapshots report it: one inactive block between two
+ * blocks in use, however many free and parked blocks the engine keeps there (a parked block
+ * merges with its neighbours on the next allocation that misses it; the user sees no seam).
+ *
  * Fixed segments are reported whole. A virtual-memory segment is a large reserved range of
  * which only some granules are mapped; each run of mapped granules is reported as one
  * expandable segment, tiled by the blocks over it (a free block that reaches into unmapped
@@ -16,6 +20,7 @@ typedef struct layout {
   bool fill;
   const vram_ctx_table *contexts; /* NULL when none are kept */
   int device;
+  uint64_t free_end; /* the end of the inactive block just reported in this segment, or 0 */
 } layout;
 
 static void begin_segment(layout *l, uint64_t addr, uint64_t size, vram_stream_t stream,
@@ -27,6 +32,7 @@ static void begin_segment(layout *l, uint64_t addr, uint64_t size, vram_stream_t
                                                    .device = l->device,
                                                    .is_expandable = expandable};
   l->n_segs++;
+  l->free_end = 0;
 }
 
 static void end_segment(layout *l) {
@@ -36,8 +42,16 @@ static void end_segment(layout *l) {
   }
 }
 
-/* Parked blocks are free memory to the user, so they are inactive like free ones. */
+/* Parked blocks are free memory to the user, so they are inactive like free ones; free
+ * address neighbours read as one block. */
 static void add_block(layout *l, const vram_block *b, uint64_t addr, uint64_t size) {
+  bool inactive = b->state != VRAM_BLOCK_LIVE && b->state != VRAM_BLOCK_PENDING;
+  if (inactive && l->free_end == addr) {
+    if (l->fill) l->blocks[l->n_blocks - 1].size += size;
+    l->free_end = addr + size;
+    return;
+  }
+  l->free_end = inactive ? addr + size : 0;
   if (l->fill) {
     vram_snapshot_block_t *o = &l->blocks[l->n_blocks];
     *o = (vram_snapshot_block_t){.addr = addr, .size = size, .state = VRAM_SNAPSHOT_INACTIVE};
@@ -103,7 +117,7 @@ static int snapshot_locked(vram_pool_t *pool, void *arg) {
   snapshot_call *c = arg;
   const vram_history *h = pool->history;
   layout l = {c->segs, c->blocks, 0, 0, false,
-              h && _vram_ctx_kept(&h->contexts) ? &h->contexts : NULL, pool->opts.device};
+              h && _vram_ctx_kept(&h->contexts) ? &h->contexts : NULL, pool->opts.device, 0};
   walk(pool, &l);
   if (c->n_segs) *c->n_segs = l.n_segs;
   if (c->n_blocks) *c->n_blocks = l.n_blocks;

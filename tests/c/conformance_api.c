@@ -322,6 +322,19 @@ void t_snapshot_tiles(void **state) {
     conf_free(pool, p[i]);
     VT_TILES(pool);
   }
+  /* Eleven small blocks, all freed but the sixth (the last one freed is parked in its
+   * arena's cache): the segment reads as free, used, free, as PyTorch's snapshot reads. */
+  void *small[11];
+  for (int i = 0; i < 11; i++) small[i] = conf_malloc(pool, 512, NULL);
+  for (int i = 0; i < 11; i++)
+    if (i != 5) conf_free(pool, small[i]);
+  VT_TILES(pool);
+  assert_int_equal(snapshot_state(pool, small[5], NULL), VRAM_SNAPSHOT_ACTIVE_ALLOCATED);
+  assert_int_equal(snapshot_state(pool, small[6], NULL), VRAM_SNAPSHOT_INACTIVE);
+  for (int i = 7; i < 11; i++) /* inside the one free block after it */
+    assert_int_equal(snapshot_state(pool, small[i], NULL), -1);
+  conf_free(pool, small[5]);
+  VT_TILES(pool);
   /* The block just freed is parked in its arena's cache or merged: inactive either way. */
   int st = snapshot_state(pool, p[N - 1], NULL);
   assert_true(st == VRAM_SNAPSHOT_INACTIVE || st == -1);

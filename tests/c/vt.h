@@ -281,7 +281,8 @@ static inline int vt_mentions_size(const char *text, size_t bytes) {
 
 /* vram_snapshot of the pool, checked: each segment is tiled by its blocks (contiguous,
  * address order, from its start to its end), segments do not overlap, inactive blocks carry
- * no request, and the states add up to the statistics (allocated and active bytes; the
+ * no request and never lie side by side (free memory between two used blocks is one block,
+ * as in PyTorch's snapshots, however the engine keeps it), and the states add up to the statistics (allocated and active bytes; the
  * segments' bytes are the reserved bytes). Returns NULL if all holds, else what broke
  * (a static buffer). *n_segs and *n_blocks (if non-NULL) get the counts. */
 static inline const char *vt_snapshot_problem(vram_pool_t *pool, size_t *n_segs_out,
@@ -313,6 +314,9 @@ static inline const char *vt_snapshot_problem(vram_pool_t *pool, size_t *n_segs_
         snprintf(why, sizeof why, "segment %zu: block %llu at %#llx, expected %#llx", i,
                  (unsigned long long)k, (unsigned long long)b->addr, (unsigned long long)at), bad = why;
       if (b->state == VRAM_SNAPSHOT_INACTIVE && (b->requested || b->context)) bad = "inactive block with a request";
+      if (k && b->state == VRAM_SNAPSHOT_INACTIVE && b[-1].state == VRAM_SNAPSHOT_INACTIVE)
+        snprintf(why, sizeof why, "segment %zu: free blocks %llu and %llu side by side", i,
+                 (unsigned long long)k - 1, (unsigned long long)k), bad = why;
       if (b->state != VRAM_SNAPSHOT_INACTIVE && (b->requested == 0 || b->requested > b->size))
         bad = "active block with a bad request";
       if (b->state == VRAM_SNAPSHOT_ACTIVE_ALLOCATED) allocated += b->size;

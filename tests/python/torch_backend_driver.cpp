@@ -5,19 +5,25 @@
 //
 // What needs no CUDA device is exercised as PyTorch would call it: default-pool allocation
 // and the per-device deleters, statistics and their resets, private pools for a capture
-// (streams a filter claims go to the pool, the rest to the default pool), live checks,
-// a graph-tree checkpoint taken, the pool changed, and the checkpoint restored at the very
-// addresses, a pool kept while a block lives and destroyed with it, out of memory as
-// c10::OutOfMemoryError with the observer called, history with PyTorch-style contexts (bounded or not),
-// snapshots, base allocations, MemPools with an allocator of their own (a counting one
-// here: segments come from it and go back to it) and with no_split, caching turned off,
-// and the errors bad calls must raise without changing anything (foreign pointers, IPC
-// where the source has none, MemPool options vramkit does not serve, a fraction of 0). The same
-// class runs under PyTorch itself on the GPU in tests/gpu/test_torch_backend.py.
+// (streams a filter claims go to the pool, the rest to the default pool), live checks, a
+// graph-tree checkpoint taken, the pool changed, and the checkpoint restored at the very
+// addresses and reading block by block as it was taken, a pool kept while a block lives and
+// destroyed with it, out of memory as c10::OutOfMemoryError with the observer called,
+// history with PyTorch-style contexts (bounded or not; a recording that cannot start on
+// every pool leaves none recording), snapshots, base allocations, MemPools with an
+// allocator of their own (a counting one here: segments come from it and go back to it)
+// and with no_split, caching turned off, and the errors bad calls must raise without
+// changing anything (foreign pointers, IPC where the source has none, MemPool options
+// vramkit does not serve, a fraction of 0). The same class runs under PyTorch itself on the
+// GPU in tests/gpu/test_torch_backend.py.
 //
 // Prints "backend driver: all checks passed" and exits 0, or names the failed check.
 #include "torch_backend.cpp"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstdlib>
 
 #define CHECK(cond)                                                                   \
@@ -160,6 +166,38 @@ void capture_checkpoint_and_restore(Backend &b) {
   CHECK_THROWS(c10::Error, "no pool", b.releasePool(0, id));
   b.deleter_of(0, false)(eager);
   CHECK(live_bytes(b) == 0);
+}
+
+// A graph tree checks that a restored checkpoint reads as it was taken, block by block:
+// eleven small blocks captured, all but the sixth freed in the capture (the last one parked
+// in the engine's cache), then the checkpoint restored. Free memory reads as one block
+// between used ones, as in PyTorch's snapshots, before and after alike.
+void a_restored_checkpoint_reads_as_taken(Backend &b) {
+  const MempoolId_t id{2, 0};
+  bool is_private = false;
+  b.beginAllocateToPool(0, id, [](cudaStream_t s) { return s == kCapturing; });
+  std::vector<void *> small;
+  for (int i = 0; i < 11; i++) small.push_back(b.malloc_on(0, 512, kCapturing, &is_private));
+  for (int i = 0; i < 11; i++)
+    if (i != 5) free_any(small[i]);
+  b.endAllocateToPool(0, id);
+  auto blocks_of = [&b, id]() {
+    std::vector<std::pair<size_t, bool>> out;
+    for (auto &seg : b.snapshot(id, false).segments)
+      for (auto &block : seg.blocks) out.push_back({block.size, block.allocated});
+    return out;
+  };
+  auto before = blocks_of();
+  CHECK(before.size() == 3 && before[1] == std::make_pair(size_t{512}, true));
+  auto checkpoint = b.getCheckpointState(0, id);
+  {
+    auto delta = b.setCheckpointPoolState(0, checkpoint);
+    for (auto &dp : delta.dataptrs_allocd) dp.release_context();  // as PyTorch's binding does
+  }
+  CHECK(blocks_of() == before);
+  b.releasePool(0, id);
+  free_any(small[5]);
+  CHECK(segments_of(b, id) == 0);
 }
 
 void a_pool_lives_as_long_as_its_blocks(Backend &b) {
@@ -443,6 +481,51 @@ void history_of_every_event(Backend &b) {
   b.deleter_of(0, false)(p);
 }
 
+// Events the default pool's history holds (0 if it never recorded).
+size_t history_total() {
+  vram_pool_t *pool = nullptr;
+  size_t total = 0;
+  CHECK(vramkit_torch_pool(0, &pool) == VRAM_OK);
+  CHECK(vram_history_read(pool, nullptr, 0, nullptr, &total, nullptr) == VRAM_OK);
+  return total;
+}
+
+// A recording that cannot start on every pool raises and leaves nothing recording: with
+// the address space held to room for one ring of PyTorch's default size, the default pool's
+// starts and a MemPool's cannot; the default pool's stops again.
+void a_history_that_cannot_start_records_nothing(Backend &b) {
+  const MempoolId_t id{0, 9};
+  b.createOrIncrefPool(0, id, nullptr);
+  // Small rings first: a start takes its new ring before it lets the old one go.
+  b.recordHistory(true, nullptr, 16, RecordContext::NEVER, false, {});
+  b.recordHistory(false, nullptr, 0, RecordContext::NEVER, false, {});
+  struct rlimit before;
+  CHECK(getrlimit(RLIMIT_AS, &before) == 0);
+  size_t pages = 0;
+  std::FILE *statm = std::fopen("/proc/self/statm", "r");
+  CHECK(statm && std::fscanf(statm, "%zu", &pages) == 1);
+  std::fclose(statm);
+  size_t ring = kHistoryAll * 64;  // a slot and its side slot, 32 bytes each
+  struct rlimit tight = before;
+  tight.rlim_cur = pages * static_cast<size_t>(sysconf(_SC_PAGESIZE)) + ring + ring / 2;
+  CHECK(setrlimit(RLIMIT_AS, &tight) == 0);
+  bool thrown = false;
+  try {
+    b.recordHistory(true, &tagged_context, size_t{INT64_MAX}, RecordContext::ALL, false, {});
+  } catch (const c10::Error &e) {
+    thrown = std::string(e.what()).find("cannot record memory history") != std::string::npos;
+  }
+  CHECK(setrlimit(RLIMIT_AS, &before) == 0);
+  CHECK(thrown);
+  CHECK(!b.isHistoryEnabled());
+  size_t recorded = history_total();
+  bool is_private = true;
+  void *p = b.malloc_on(0, 4096, kDefault, &is_private);
+  b.deleter_of(0, false)(p);
+  CHECK(history_total() == recorded);
+  b.releasePool(0, id);
+}
+
 // torch.cuda.caching_allocator_enable(False): requests go straight to cudaMalloc, past the
 // pool and its statistics. With no GPU here cudaMalloc fails, so the request raises an
 // error that says caching is off, and the pool is untouched; on again, the pool serves.
@@ -468,6 +551,7 @@ int main() {
   g_backend = backend.get();
   default_pool_and_statistics(*backend);
   capture_checkpoint_and_restore(*backend);
+  a_restored_checkpoint_reads_as_taken(*backend);
   a_pool_lives_as_long_as_its_blocks(*backend);
   a_mempool_takes_its_segments_from_its_allocator(*backend);
   a_no_split_mempool_gives_each_block_a_segment(*backend);
@@ -476,6 +560,7 @@ int main() {
   refusals_are_clear_and_change_nothing(*backend);
   caching_off_bypasses_the_pool(*backend);
   history_of_every_event(*backend);
+  a_history_that_cannot_start_records_nothing(*backend);
   std::printf("backend driver: all checks passed\n");
   return 0;
 }

@@ -55,9 +55,18 @@ inline void Backend::recordHistory(bool enabled, cca::CreateContextFn recorder,
     snapshot_marks_.clear();
   }
   int failed = VRAM_OK;
-  for (vram_pool_t *pool : all_pools_locked()) {
+  std::vector<vram_pool_t *> pools = all_pools_locked();
+  for (vram_pool_t *pool : pools) {
     int rc = start_or_stop_history(pool);
     if (rc != VRAM_OK) failed = rc;
+  }
+  if (failed != VRAM_OK && enabled) {
+    // A recording that could not start on every pool is no recording: the pools that did
+    // start stop again, and the caller is told, rather than left with a partial history.
+    recording_ = false;
+    recorder_ = nullptr;
+    trace_wanted_.store(false);
+    for (vram_pool_t *pool : pools) start_or_stop_history(pool);
   }
   vram_set_context_fn(recorder_ ? &context_of_this_allocation : nullptr, this);
   TORCH_CHECK(failed == VRAM_OK, "vramkit: cannot record memory history of ", max_entries_,
