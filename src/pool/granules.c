@@ -280,7 +280,7 @@ static void whole_mappings(const vram_segment *s, size_t lo, size_t hi, size_t *
  * still be in use by work queued there. Returns the granules unmapped, which may pass
  * `want` by less than one mapping. */
 static size_t trim(vram_pool_t *pool, size_t want, vram_segment *skip_seg, size_t skip_g0,
-                   size_t skip_g1, int *first_error) {
+                   size_t skip_g1, bool remember, int *first_error) {
   size_t done = 0;
   size_t mapped_total = (size_t)pool->stats.reserved_bytes.current / pool->granularity;
   for (vram_arena *a = pool->arenas; a && done < want; a = a->next) {
@@ -322,6 +322,9 @@ static size_t trim(vram_pool_t *pool, size_t want, vram_segment *skip_seg, size_
           continue;
         }
         mark_unmapped(pool, s, cut, to);
+        if (remember)
+          _vram_place_map_ghost(pool, s->addr + cut * pool->granularity,
+                                s->addr + to * pool->granularity);
         done += to - cut;
         mapped_total -= to - cut;
       }
@@ -333,12 +336,12 @@ static size_t trim(vram_pool_t *pool, size_t want, vram_segment *skip_seg, size_
 }
 
 size_t _vram_granules_trim(vram_pool_t *pool, size_t want, int *first_error) {
-  return trim(pool, want, NULL, 0, 0, first_error);
+  return trim(pool, want, NULL, 0, 0, false, first_error);
 }
 
 size_t _vram_granules_trim_outside(vram_pool_t *pool, size_t want, vram_segment *seg, size_t g0,
-                                   size_t g1) {
-  return trim(pool, want, seg, g0, g1, NULL);
+                                   size_t g1, bool remember) {
+  return trim(pool, want, seg, g0, g1, remember, NULL);
 }
 
 /* The mappings one acquire made, so that a map failing part way gives them back: the

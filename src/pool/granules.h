@@ -23,9 +23,10 @@ void _vram_granules_release(vram_pool_t *pool, vram_block *b);
  * *first_error (if non-NULL and still 0). */
 size_t _vram_granules_trim(vram_pool_t *pool, size_t want, int *first_error);
 /* The same, leaving alone granules [g0, g1) of seg (a span about to be mapped); failures
- * leave granules mapped and idle, tried again later. */
+ * leave granules mapped and idle, tried again later. With `remember`, each span unmapped
+ * is told to the placement policy (_vram_place_map_ghost). */
 size_t _vram_granules_trim_outside(vram_pool_t *pool, size_t want, vram_segment *seg, size_t g0,
-                                   size_t g1);
+                                   size_t g1, bool remember);
 size_t _vram_granules_idle_total(const vram_pool_t *pool);
 /* The lowest address at or after `addr` where `size` bytes fit inside [addr, addr+span)
  * on granules that are all mapped already, in *start; false if there is none. */

@@ -22,9 +22,9 @@
  *                                   ladder's last own step)
  *   what stays mapped               _vram_place_keeps_mapped: far from the cap (no limit,
  *                                   reserved within the virtual threshold's share of the
- *                                   device) what is mapped stays, in mappings of up to
- *                                   VRAM_VMM_MAP_UNIT granules (_vram_place_map_unit); else
- *                                   one granule a mapping, held to the allowance
+ *                                   device) mappings of up to VRAM_VMM_MAP_UNIT granules
+ *                                   (_vram_place_map_unit), else one granule a mapping;
+ *                                   either way held to the allowance (mapped_allowance)
  *   what makes room for a mapping   _vram_place_make_room, from granules.c: under a limit,
  *                                   idle granules elsewhere, then idle fixed segments;
  *                                   past the allowance, idle granules elsewhere
@@ -67,6 +67,8 @@
  * Preallocate mode is no table of its own: once its memory is held, placement is that of
  * its source's mode; how it is held is each table's preallocate slot, and that every size
  * shares one index is vram_pool.unified_index. */
+#include <string.h>
+
 #include "pool/placement.h"
 
 #include "pool/block.h"
@@ -154,23 +156,58 @@ size_t _vram_place_releasable(const vram_pool_t *pool) {
  * ------------------------------------------------------------------------------------- */
 
 /* Far from the cap a pool keeps what it maps (_vram_place_keeps_mapped): it maps in
- * mappings of up to VRAM_VMM_MAP_UNIT granules and unmaps nothing to stay within an
- * allowance, as PyTorch's expandable segments do: a physical handle costs about as much at
- * 128 MiB as at 2 MiB (bench/vmm_cost.c), and a loop's blocks then land on mapped memory
- * after its first pass. Under a limit, or past the threshold, it fits: one granule per
- * mapping, and idle granules give their memory to new mappings.
+ * mappings of up to VRAM_VMM_MAP_UNIT granules, as PyTorch's expandable segments do: a
+ * physical handle costs about as much at 128 MiB as at 2 MiB (bench/vmm_cost.c), and a
+ * loop's blocks then land on mapped memory after its first pass. Under a limit, or past
+ * the threshold, it fits: one granule per mapping, so that idle granules move one by one.
  *
  * What the pool may hold mapped before new mappings first take idle granules back
  * (_vram_place_allowance_of): its high-water mark, or its allocated peak (this request
  * included) plus a slack. Without the slack a pool that reached its peak would unmap and
  * map again on almost every request that lands on unmapped space; with it a training
  * loop's steady state makes few or none (Note [The mapped allowance's slack] in
- * docs/performance.md). Far from the cap there is no allowance. */
+ * docs/performance.md). Far from the cap the allowance holds too: a request larger than
+ * every free hole would otherwise map at the range's end while the holes' idle mappings
+ * stayed, and the range would hold the bf16 logits' hole beside the fp32 copy that did
+ * not fit it (Note [The kept regime's allowance]). There, only whole mappings of up to
+ * VRAM_VMM_MAP_UNIT granules can go back, and a run of free space may end at each side in
+ * one that a live block shares: the slack is at least two of them, or the pool would
+ * unmap and map again around those. */
 static size_t mapped_allowance(const vram_pool_t *pool, size_t request) {
-  if (_vram_place_keeps_mapped(pool, request)) return SIZE_MAX;
-  return _vram_place_allowance_of((size_t)pool->stats.allocated_bytes.current + request,
-                                  (size_t)pool->stats.allocated_bytes.peak,
-                                  (size_t)pool->stats.reserved_bytes.peak);
+  bool kept = _vram_place_keeps_mapped(pool, request);
+  size_t min_slack = kept ? 2 * VRAM_VMM_MAP_UNIT * pool->granularity : 0;
+  size_t allowance =
+      _vram_place_allowance_of((size_t)pool->stats.allocated_bytes.current + request,
+                               (size_t)pool->stats.allocated_bytes.peak,
+                               (size_t)pool->stats.reserved_bytes.peak, min_slack);
+  return kept && pool->map_ceiling > allowance ? pool->map_ceiling : allowance;
+}
+
+/* A loop whose blocks land elsewhere each step would unmap every step what the next one
+ * maps again, if the allowance held it to its first peak: so the pool remembers the spans
+ * it unmapped to make room (ghosts, as the peak guard remembers the segments it gave
+ * back), and a mapping that takes one of them again shows that unmapping it was a
+ * mistake: the allowance rises to what this mapping needs, and the loop keeps both. */
+void _vram_place_map_ghost(vram_pool_t *pool, uintptr_t lo, uintptr_t hi) {
+  pool->map_ghosts[pool->map_ghost_next].lo = lo;
+  pool->map_ghosts[pool->map_ghost_next].hi = hi;
+  pool->map_ghost_next = (pool->map_ghost_next + 1) % VRAM_MAP_GHOSTS;
+}
+
+void _vram_place_forget_map_ghosts(vram_pool_t *pool) {
+  memset(pool->map_ghosts, 0, sizeof pool->map_ghosts);
+  pool->map_ghost_next = 0;
+  pool->map_ceiling = 0;
+}
+
+/* Whether mapping [lo, hi) takes back a span the allowance unmapped; that ghost goes. */
+static bool maps_a_ghost(vram_pool_t *pool, uintptr_t lo, uintptr_t hi) {
+  for (unsigned i = 0; i < VRAM_MAP_GHOSTS; i++)
+    if (pool->map_ghosts[i].lo < hi && lo < pool->map_ghosts[i].hi) {
+      pool->map_ghosts[i].lo = pool->map_ghosts[i].hi = 0;
+      return true;
+    }
+  return false;
 }
 
 bool _vram_place_over_allowance(vram_pool_t *pool, vram_segment *seg, uintptr_t addr,
@@ -189,7 +226,8 @@ int _vram_place_make_room(vram_pool_t *pool, vram_segment *seg, size_t g0, size_
   size_t G = pool->granularity;
   size_t reserved = (size_t)pool->stats.reserved_bytes.current;
   if (pool->limit && reserved + bytes > pool->limit) {
-    _vram_granules_trim_outside(pool, (reserved + bytes - pool->limit + G - 1) / G, seg, g0, g1);
+    _vram_granules_trim_outside(pool, (reserved + bytes - pool->limit + G - 1) / G, seg, g0, g1,
+                                false);
     reserved = (size_t)pool->stats.reserved_bytes.current;
     if (reserved + bytes > pool->limit && pool->idle_bytes) {
       _vram_release_fixed_idle(pool, reserved + bytes - pool->limit, NULL);
@@ -197,9 +235,14 @@ int _vram_place_make_room(vram_pool_t *pool, vram_segment *seg, size_t g0, size_
     }
     if (reserved + bytes > pool->limit) return VRAM_ENOMEM;
   }
+  bool kept = _vram_place_keeps_mapped(pool, size);
+  if (kept && maps_a_ghost(pool, seg->addr + g0 * G, seg->addr + g1 * G) &&
+      reserved + bytes > pool->map_ceiling)
+    pool->map_ceiling = reserved + bytes;
   size_t allowance = mapped_allowance(pool, size);
   if (reserved + bytes > allowance)
-    _vram_granules_trim_outside(pool, (reserved + bytes - allowance + G - 1) / G, seg, g0, g1);
+    _vram_granules_trim_outside(pool, (reserved + bytes - allowance + G - 1) / G, seg, g0, g1,
+                                kept);
   return VRAM_OK;
 }
 

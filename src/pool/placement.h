@@ -93,11 +93,12 @@ static inline size_t _vram_place_map_unit(const vram_pool_t *pool, size_t run_by
 /* What the pool may hold mapped before new mappings take idle granules back, from its
  * figures: the larger of the high-water mark of reserved bytes and the allocated peak
  * (`allocated`: the current allocation with the request, or the peak if that is more) plus
- * 1/2^VRAM_VMM_SLACK_SHIFT of it. */
+ * a slack of 1/2^VRAM_VMM_SLACK_SHIFT of it, and at least `min_slack`. */
 static inline size_t _vram_place_allowance_of(size_t allocated, size_t allocated_peak,
-                                              size_t reserved_peak) {
+                                              size_t reserved_peak, size_t min_slack) {
   if (allocated_peak > allocated) allocated = allocated_peak;
-  size_t allowance = allocated + (allocated >> VRAM_VMM_SLACK_SHIFT);
+  size_t slack = allocated >> VRAM_VMM_SLACK_SHIFT;
+  size_t allowance = allocated + (slack > min_slack ? slack : min_slack);
   return allowance > reserved_peak ? allowance : reserved_peak;
 }
 
@@ -111,6 +112,12 @@ bool _vram_place_over_allowance(vram_pool_t *pool, vram_segment *seg, uintptr_t 
  * no room. */
 int _vram_place_make_room(vram_pool_t *pool, vram_segment *seg, size_t g0, size_t g1,
                           size_t bytes, size_t size);
+
+/* Far from the cap, the mapped allowance remembers what it unmapped: [lo, hi) went back
+ * to make room (granules.c tells), and mapping it again raises the allowance instead of
+ * unmapping more (placement.c). reset_peak_stats forgets. */
+void _vram_place_map_ghost(vram_pool_t *pool, uintptr_t lo, uintptr_t hi);
+void _vram_place_forget_map_ghosts(vram_pool_t *pool);
 
 /* The cached memory a release could give back, as the mode holds it: idle fixed segments,
  * and idle granules where the pool holds ranges (counted by a walk, so only there). */
@@ -135,7 +142,7 @@ vram_block *_vram_place_small_into_large(vram_pool_t *pool, vram_arena *a, vram_
  * of the large range. A small fit in a fixed segment needs no growth: it stands. */
 static inline vram_block *_vram_place_fit(vram_pool_t *pool, vram_arena *a, vram_tlsf *index,
                                           vram_block *b, size_t rounded, bool small) {
-  if (b && b->segment->gran_mapped && !_vram_place_keeps_mapped(pool, rounded) &&
+  if (b && b->segment->gran_mapped &&
       _vram_place_over_allowance(pool, b->segment, b->addr, rounded)) {
     vram_block *mapped = _vram_place_mapped_fit(pool, index, rounded);
     if (mapped) b = mapped;

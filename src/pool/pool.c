@@ -604,6 +604,7 @@ static int reset_peak_locked(vram_pool_t *pool, void *arg) {
     c->active_bytes_peak = c->active_peak = 0;
   }
   pool->guard_ceiling = 0; /* the guard holds to the new peak */
+  _vram_place_forget_map_ghosts(pool); /* and the mapped allowance to its new figures */
   _vram_active_peaks_note(pool);
   _vram_pool_publish_slow(pool);
   return VRAM_OK;

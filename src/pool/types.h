@@ -37,6 +37,9 @@
  * guard_peak). Few enough that sizes which do not come back are soon forgotten, enough for
  * a training loop's segments: see Note [How many ghosts] in docs/performance.md. */
 #define VRAM_GUARD_GHOSTS 8
+/* Virtual memory far from the cap: how many spans that the mapped allowance unmapped the
+ * pool remembers (placement.c, Note [The kept regime's allowance]). */
+#define VRAM_MAP_GHOSTS 16
 /* Virtual memory far from the cap: granules per mapping at most, one physical handle each
  * (placement.h, _vram_place_map_unit): 128 MiB at 2 MiB granules, where a handle's cost is still
  * close to one granule's (bench/vmm_cost.c). */
@@ -266,6 +269,12 @@ struct vram_pool {
   unsigned guard_ghost_next;
   bool guard_releasing;
   size_t guard_ceiling;
+  /* The mapped allowance far from the cap (placement.c): address spans it unmapped lately,
+   * a ring ([0, 0) = empty), and the ceiling that mapping one of them again raised (0 =
+   * none). */
+  struct { uintptr_t lo, hi; } map_ghosts[VRAM_MAP_GHOSTS];
+  unsigned map_ghost_next;
+  size_t map_ceiling;
   vram_pending *pending_head, *pending_tail;
   void **spare_events;    /* created events ready to record again */
   size_t n_spare_events, cap_spare_events;

@@ -32,13 +32,22 @@ static void t_allowance_is_the_peak_and_its_slack_or_the_high_water_mark(void **
   (void)state;
   size_t slack_of_64m = (64 * VT_MiB) >> VRAM_VMM_SLACK_SHIFT;
   /* The current allocation with the request, when it is past the allocated peak. */
-  assert_int_equal(_vram_place_allowance_of(64 * VT_MiB, 32 * VT_MiB, 0),
+  assert_int_equal(_vram_place_allowance_of(64 * VT_MiB, 32 * VT_MiB, 0, 0),
                    64 * VT_MiB + slack_of_64m);
   /* The allocated peak, when it is more. */
-  assert_int_equal(_vram_place_allowance_of(16 * VT_MiB, 64 * VT_MiB, 0),
+  assert_int_equal(_vram_place_allowance_of(16 * VT_MiB, 64 * VT_MiB, 0, 0),
                    64 * VT_MiB + slack_of_64m);
   /* The high-water mark of reserved memory, when that is more still. */
-  assert_int_equal(_vram_place_allowance_of(16 * VT_MiB, 64 * VT_MiB, 80 * VT_MiB), 80 * VT_MiB);
+  assert_int_equal(_vram_place_allowance_of(16 * VT_MiB, 64 * VT_MiB, 80 * VT_MiB, 0),
+                   80 * VT_MiB);
+  /* A slack of at least min_slack (far from the cap: two mappings of the largest size). */
+  assert_int_equal(_vram_place_allowance_of(64 * VT_MiB, 32 * VT_MiB, 0, 256 * VT_MiB),
+                   320 * VT_MiB);
+  assert_int_equal(_vram_place_allowance_of(64 * VT_MiB, 32 * VT_MiB, 400 * VT_MiB, 256 * VT_MiB),
+                   400 * VT_MiB);
+  size_t big = (size_t)64 << 30; /* past the floor, the proportional slack */
+  assert_int_equal(_vram_place_allowance_of(big, 0, 0, 256 * VT_MiB),
+                   big + (big >> VRAM_VMM_SLACK_SHIFT));
 }
 
 int main(void) {

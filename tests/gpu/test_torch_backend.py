@@ -5,13 +5,14 @@ are vramkit's). The -v listing of this file is the pass table of docs/performanc
 
 Covered: memory statistics and their resets, out of memory as torch.OutOfMemoryError with
 the out-of-memory observer called, streams with record_stream, a hand-made CUDA graph and
-its private pool, two graphs sharing a pool, make_graphed_callables training, raw
-allocations (caching_allocator_alloc) and cuDNN's benchmark mode, torch.cuda.MemPool (with
-an allocator of its own, and with no_split),
-torch.compile(mode="reduce-overhead") (graph trees, inference over changing shapes with
-checkpoints restored, and training) against eager, memory history and snapshots read by
-torch.cuda._memory_viz and its command, the profiler's memory events, and a CUDA tensor
-shared with another process through torch.multiprocessing.
+its private pool, two graphs sharing a pool, make_graphed_callables training, graph-tree
+checkpoints saved and restored and every graph pool given back after them, empty_cache()
+after a capture that failed (vramkit only), raw allocations (caching_allocator_alloc) and
+cuDNN's benchmark mode, torch.cuda.MemPool (with an allocator of its own, and with
+no_split), torch.compile(mode="reduce-overhead") (graph trees, inference over changing
+shapes with checkpoints restored, and training) against eager, memory history and
+snapshots read by torch.cuda._memory_viz and its command, the profiler's memory events,
+and a CUDA tensor shared with another process through torch.multiprocessing.
 """
 
 import pytest
@@ -176,6 +177,80 @@ def test_graphs_share_a_pool_and_graphed_callables_train(run):
             losses.append(float(loss))
         assert losses[-1] < losses[0], losses
     """)
+
+
+def test_graph_pools_go_back_after_checkpoints(run):
+    # What graph trees do between replays: a pool's state saved and restored. Restored, the
+    # pool reads block by block as it was saved; once the graphs and their outputs are
+    # gone, empty_cache() gives every graph pool back.
+    run("""
+        import gc
+        def private_segments(pool=None):
+            return [s for s in torch.cuda.memory_snapshot()
+                    if tuple(s["segment_pool_id"]) != (0, 0)
+                    and (pool is None or tuple(s["segment_pool_id"]) == tuple(pool))]
+        def capture(fn, pool=None):
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                fn()
+            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=side, pool=pool):
+                outputs = fn()
+            return graph, outputs
+        def small_ones():
+            kept = [torch.ones(512, dtype=torch.uint8, device="cuda") for _ in range(11)]
+            return kept[5], kept[8]
+        gc.collect(); torch.cuda.empty_cache()
+        assert private_segments() == [], private_segments()
+        graph, outputs = capture(small_ones)
+        pool = graph.pool()
+        device = outputs[0].device.index
+        before = private_segments(pool)
+        state = torch._C._cuda_getCheckpointState(device, pool)
+        torch._C._cuda_setCheckpointPoolState(device, state, [], [])
+        after = private_segments(pool)
+        fields = ("address", "total_size", "allocated_size", "active_size")
+        assert [[s[f] for f in fields] for s in before] == [[s[f] for f in fields] for s in after]
+        for b, a in zip(before, after):
+            assert [(x["size"], x["state"]) for x in b["blocks"]] == \
+                   [(x["size"], x["state"]) for x in a["blocks"]], (b["blocks"], a["blocks"])
+        shared = torch.cuda.graph_pool_handle()
+        second, kept = capture(lambda: torch.ones(4, device="cuda"), pool=shared)
+        assert torch._C._cuda_checkPoolLiveAllocations(device, shared, {kept.data_ptr()})
+        del kept
+        assert torch._C._cuda_checkPoolLiveAllocations(device, shared, set())
+        del graph, outputs, second, state
+        gc.collect(); torch.cuda.synchronize(); torch.cuda.empty_cache()
+        assert private_segments() == [], private_segments()
+    """)
+
+
+def test_empty_cache_after_a_failed_capture(gpu_run):
+    # A capture that fails (here a synchronization inside it) ends without releasing its
+    # allocation context: PyTorch's capture_end raises first. The graph's pool is lost with
+    # it, as under PyTorch's allocator, but empty_cache() must still give back the rest.
+    gpu_run(PRELUDE, """
+        side = torch.cuda.Stream()
+        graph = torch.cuda.CUDAGraph()
+        failed = False
+        try:
+            with torch.cuda.graph(graph, stream=side):
+                x = torch.ones(MiB, device="cuda")
+                torch.cuda.synchronize()
+        except RuntimeError:
+            failed = True
+        assert failed
+        assert not torch.cuda.is_current_stream_capturing()
+        big = torch.empty(256 * MiB, dtype=torch.uint8, device="cuda")
+        del big
+        reserved = torch.cuda.memory_reserved()
+        torch.cuda.empty_cache()
+        assert torch.cuda.memory_reserved() <= reserved - 256 * MiB, \
+            (reserved, torch.cuda.memory_reserved())
+    """, env={"VK_ALLOC": "vramkit"})
 
 
 def test_raw_allocations_and_cudnn_benchmark(run):

@@ -111,6 +111,17 @@ struct PrivatePool {
   bool no_split = false;                          // MemPool(no_split=True)
 };
 
+// A stream's allocations steered into a private pool: by a CUDA graph's capture, a graph
+// tree's pool manager, or a MemPool context. `origin` is the stream current when it began
+// (a capture's own stream, which stays capturing until the capture ends), if known.
+struct CaptureFilter {
+  MempoolId_t id;
+  c10::DeviceIndex device = 0;
+  std::function<bool(cudaStream_t)> claims;
+  cudaStream_t origin = nullptr;
+  bool origin_known = false;
+};
+
 // A graph-tree checkpoint: the live blocks of one private pool, by address.
 struct PoolCheckpoint : cca::AllocatorState {
   struct Block {
@@ -467,7 +478,7 @@ class Backend final : public cca::CUDAAllocator {
   void emptyCache(MempoolId_t id) override {
     std::lock_guard<std::mutex> g(mutex_);
     // No memory may go back to the driver while a stream captures a graph.
-    if (!capture_filters_.empty()) return;
+    if (capture_running_locked()) return;
     std::vector<PrivatePool *> unused;
     for (auto &entry : private_pools_) {
       PrivatePool *pp = entry.second.get();
@@ -569,6 +580,7 @@ class Backend final : public cca::CUDAAllocator {
   vram_pool_t *make_engine_pool(const PrivatePool &pp);
   void maybe_destroy(PrivatePool *pp);
   PrivatePool *capture_target(c10::DeviceIndex device, cudaStream_t stream);
+  bool capture_running_locked();
   static std::vector<PoolCheckpoint::Block> live_blocks(vram_pool_t *pool);
 
   vram_pool_t *owner_of(void *ptr) {
@@ -639,9 +651,7 @@ class Backend final : public cca::CUDAAllocator {
   std::mutex mutex_;  // private pools, captures, observers, trackers, fractions
   std::map<std::pair<c10::DeviceIndex, MempoolId_t>, std::unique_ptr<PrivatePool>> private_pools_;
   std::unordered_map<void *, PrivatePool *> private_blocks_;
-  std::vector<std::pair<MempoolId_t,
-                        std::pair<c10::DeviceIndex, std::function<bool(cudaStream_t)>>>>
-      capture_filters_;
+  std::vector<CaptureFilter> capture_filters_;
   std::unordered_set<void *> deferred_uses_;  // used on another stream during a capture
   std::vector<void *> deferred_frees_;
   std::map<c10::DeviceIndex, AccumulatedBase> bases_;

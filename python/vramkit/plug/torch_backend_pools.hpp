@@ -19,13 +19,25 @@
 
 inline void Backend::beginAllocateToPool(c10::DeviceIndex device, MempoolId_t id,
                                          std::function<bool(cudaStream_t)> filter) {
+  CaptureFilter entry;
+  entry.id = id;
+  entry.device = device;
+  entry.claims = std::move(filter);
+  // PyTorch begins a capture's allocations on the stream it then captures, before the
+  // capture starts. Without a device to ask (no CUDA here), the origin stays unknown and
+  // the entry counts as a running capture for as long as it is open.
+  try {
+    entry.origin = c10::cuda::getCurrentCUDAStream(device).stream();
+    entry.origin_known = true;
+  } catch (const c10::Error &) {
+  }
   std::lock_guard<std::mutex> g(mutex_);
   for (auto &c : capture_filters_)
-    TORCH_CHECK(!(c.first == id && c.second.first == device),
+    TORCH_CHECK(!(c.id == id && c.device == device),
                 "vramkit: beginAllocateToPool: already allocating to pool (", id.first, ", ",
                 id.second, ")");
   incref_locked(device, id);
-  capture_filters_.push_back({id, {device, std::move(filter)}});
+  capture_filters_.push_back(std::move(entry));
   captures_[device].fetch_add(1);
 }
 
@@ -34,7 +46,7 @@ inline void Backend::endAllocateToPool(c10::DeviceIndex device, MempoolId_t id) 
   {
     std::lock_guard<std::mutex> g(mutex_);
     auto it = std::find_if(capture_filters_.begin(), capture_filters_.end(), [&](auto &c) {
-      return c.first == id && c.second.first == device;
+      return c.id == id && c.device == device;
     });
     TORCH_CHECK(it != capture_filters_.end(), "vramkit: endAllocateToPool: pool (", id.first,
                 ", ", id.second, ") is not being allocated to");
@@ -238,7 +250,7 @@ inline vram_pool_t *Backend::make_engine_pool(const PrivatePool &pp) {
 // capture is running anywhere (no frees then): emptyCache() takes it later.
 inline void Backend::maybe_destroy(PrivatePool *pp) {
   if (pp->use_count > 0 || pp->live > 0) return;
-  if (!capture_filters_.empty()) return;
+  if (capture_running_locked()) return;
   vram_pool_destroy(pp->pool);
   private_pools_.erase({pp->device, pp->id});
 }
@@ -246,9 +258,26 @@ inline void Backend::maybe_destroy(PrivatePool *pp) {
 inline PrivatePool *Backend::capture_target(c10::DeviceIndex device, cudaStream_t stream) {
   std::lock_guard<std::mutex> g(mutex_);
   for (auto &c : capture_filters_)
-    if (c.second.first == device && c.second.second(stream))
-      return find_locked(device, c.first);
+    if (c.device == device && c.claims(stream)) return find_locked(device, c.id);
   return nullptr;
+}
+
+// Whether some stream captures a graph now, so that nothing may go back to the driver (a
+// capture in CUDA's default mode refuses cudaFree and unmapping on every thread). An open
+// entry whose stream no longer captures is a graph tree's or a MemPool's allocation
+// context, or a capture that failed before it could end (its capture_end threw before
+// releasing the entry): neither holds the memory of every other pool back.
+inline bool Backend::capture_running_locked() {
+  for (auto &c : capture_filters_) {
+    if (!c.origin_known) return true;
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(c.origin, &status) != cudaSuccess) {
+      (void)cudaGetLastError();  // a query's failure is not left for PyTorch's next check
+      return true;
+    }
+    if (status == cudaStreamCaptureStatusActive) return true;
+  }
+  return false;
 }
 
 inline std::vector<PoolCheckpoint::Block> Backend::live_blocks(vram_pool_t *pool) {
