@@ -436,6 +436,9 @@ def estimates(workloads, small: bool = False) -> None:
                               "torch_peak_allocated": e.torch_peak_allocated,
                               "torch_expandable_peak_allocated":
                                   e.torch_expandable_peak_allocated,
+                              # Where the peak is, to compare the two paths by:
+                              "breakdown": e.breakdown,
+                              "top_sites": [list(site) for site in e.top_sites[:6]],
                               "seconds": round(time.perf_counter() - t0, 2)}), flush=True)
         if gpu:
             _memtracker(w, work)

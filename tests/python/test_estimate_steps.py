@@ -644,23 +644,82 @@ class _LearnedBiasAttention(torch.nn.Module):
                                                                 dropout_p=0.1)
 
 
+_BATCH, _HEADS, _ROWS, _WIDTH = 4, 4, 256, 32
+
+
+def _attention_build(learned: bool):
+    def make():
+        net = _LearnedBiasAttention(_HEADS, _ROWS, _WIDTH, learned).to("cuda")
+        return net, torch.optim.SGD(net.parameters(), lr=0.1), \
+            torch.randn(_BATCH, _HEADS, _ROWS, _WIDTH, device="cuda")
+    return make
+
+
 def test_attention_with_a_learned_mask_keeps_what_cuda_keeps():
     """PyTorch's fused attention kernels refuse a mask that requires grad, so CUDA runs its
     composite attention, which keeps the fp32 softmax of the scores, dropout's one-byte
     mask and the dropped weights for backward; the CPU stand-in keeps them too, where a
     mask without a gradient leaves the fused kernel's output and row statistics alone."""
-    batch, heads, rows, width = 4, 4, 256, 32
-
-    def build(learned):
-        def make():
-            net = _LearnedBiasAttention(heads, rows, width, learned).to("cuda")
-            return net, torch.optim.SGD(net.parameters(), lr=0.1), \
-                torch.randn(batch, heads, rows, width, device="cuda")
-        return make
-
-    learned = vramkit.estimate(_plain_step, build=build(True), model_workspaces=False)
-    detached = vramkit.estimate(_plain_step, build=build(False), model_workspaces=False)
-    scores = batch * heads * rows * rows
+    learned = vramkit.estimate(_plain_step, build=_attention_build(True),
+                               model_workspaces=False)
+    detached = vramkit.estimate(_plain_step, build=_attention_build(False),
+                                model_workspaces=False)
+    scores = _BATCH * _HEADS * _ROWS * _ROWS
     # Kept for backward, a score each: the softmax (fp32), dropout's mask (one byte) and
     # the dropped weights the product with the values needs (fp32).
     assert learned.peak_allocated - detached.peak_allocated >= scores * (4 + 1 + 4)
+
+
+def _cross_entropy_step(w, x, labels):
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = torch.nn.functional.cross_entropy(x @ w, labels)
+    loss.backward()
+
+
+def test_cross_entropy_under_autocast_keeps_what_cuda_keeps():
+    """CUDA autocast does not cast cross entropy to fp32 as a whole, as CPU autocast does:
+    its log-softmax keeps the logits' bf16 and its nll_loss an fp32 copy of that. At the
+    backward of the loss a step of N x C logits then holds the bf16 log-softmax (2 bytes
+    a logit), the fp32 copy (4) and nll_loss's fp32 gradient (4): 10 bytes a logit, where
+    one fp32 cast of the logits would hold 12."""
+    rows, classes, width = 1024, 4096, 16
+
+    def build():
+        return (torch.randn(width, classes, device="cuda", requires_grad=True),
+                torch.randn(rows, width, device="cuda", requires_grad=True),
+                torch.randint(0, classes, (rows,), device="cuda"))
+
+    e = vramkit.estimate(_cross_entropy_step, build=build, steps=1, model_workspaces=False)
+    logits = rows * classes
+    assert 10 * logits <= e.peak_allocated < 10.5 * logits, e.peak_allocated / logits
+
+
+def test_a_dtype_given_to_log_softmax_under_autocast_stands():
+    """log_softmax(x, dim, dtype) with the dtype by position: CUDA autocast keeps it, and
+    the CPU stand-in did not run such a call at all."""
+    from vramkit.plan.estimator import _emulate
+    x = torch.randn(8, 32).bfloat16()
+    with _emulate.emulated_cuda(), torch.autocast("cuda", dtype=torch.bfloat16):
+        assert torch.log_softmax(x, 1, torch.bfloat16).dtype == torch.bfloat16
+        assert torch.log_softmax(x, 1).dtype == torch.float32
+        assert torch.softmax(x, -1, dtype=torch.float16).dtype == torch.float16
+
+
+def test_attention_with_a_learned_mask_under_autocast_computes_in_fp32():
+    """The composite attention CUDA runs for a learned mask converts 16-bit query, keys
+    and values to fp32 and computes there, outside autocast: under bf16 autocast it keeps
+    an fp32 softmax and fp32 dropped weights for backward, as in fp32, not bf16 ones."""
+    def step(net, opt, x):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = net(x).float().pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    learned = vramkit.estimate(step, build=_attention_build(True), model_workspaces=False)
+    detached = vramkit.estimate(step, build=_attention_build(False), model_workspaces=False)
+    scores = _BATCH * _HEADS * _ROWS * _ROWS
+    # At the backward of the product with the values, a score each: the softmax and the
+    # dropped weights it keeps (fp32), dropout's mask (one byte) and the gradient of the
+    # dropped weights (fp32). Computed in bf16, the weights and their gradient were 2.
+    assert learned.peak_allocated - detached.peak_allocated >= scores * (4 + 1 + 4 + 4)

@@ -12,10 +12,13 @@ step on fake *CPU* tensors and makes the CPU behave, for memory, as the GPU woul
   or memory-efficient attention: an output and a log-sum-exp per row, never the
   sequence-by-sequence score matrix that the CPU's fallback materialises), or, where the
   GPU too takes no fused kernel (a mask that requires grad, as T5's learned relative
-  positions do), what CUDA's composite attention keeps; dropout keeps the GPU's one-byte
-  mask rather than the CPU's noise tensor;
+  positions do), what CUDA's composite attention keeps (in fp32, as it computes for
+  16-bit inputs); dropout keeps the GPU's one-byte mask rather than the CPU's noise
+  tensor;
 - the operations CUDA autocast runs in fp32 (layer norm, softmax, exp, log...) run in
-  fp32 under the CPU's autocast too.
+  fp32 under the CPU's autocast too, and the one CPU autocast runs in fp32 that CUDA's
+  leaves to its parts (cross entropy: CUDA keeps its log-softmax in the lower precision
+  and an fp32 copy for the loss) meets autocast part by part, as on CUDA.
 
 What stays different: kernels that choose their own workspaces (cuDNN's convolutions,
 whose workspaces come from the table of H200 measurements instead: workspaces.py), and
@@ -38,6 +41,7 @@ from torch.utils._device import DeviceContext
 from ._record import add_flops, per_query_head
 
 _TENSOR_MOVES = {torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.type}
+_LOWER = (torch.float16, torch.bfloat16)
 
 
 def _is_cuda(device) -> bool:
@@ -106,20 +110,32 @@ def _fused_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
 
 def _composite_attention(query, key, value, attn_mask, dropout_p, scale, enable_gqa):
     """What CUDA's composite attention (``_scaled_dot_product_attention_math``) allocates
-    and keeps: query and keys each scaled by the root of the scale, the scores, the mask
-    added in place, their softmax, the GPU's dropout (a one-byte mask), and the product
-    with the values."""
-    if enable_gqa and key.size(-3) != query.size(-3):
-        groups = query.size(-3) // key.size(-3)
-        key = key.repeat_interleave(groups, dim=-3)
-        value = value.repeat_interleave(groups, dim=-3)
-    factor = math.sqrt(scale if scale is not None else 1.0 / math.sqrt(query.size(-1)))
-    scores = (query * factor) @ (key.transpose(-2, -1) * factor)
-    scores.add_(attn_mask)
-    weights = torch.softmax(scores, dim=-1)
-    if dropout_p > 0.0:
-        weights = torch.ops.aten.native_dropout(weights, dropout_p, True)[0]
-    return weights @ value
+    and keeps. Under autocast its inputs are first cast to the autocast dtype, as the
+    attention's autocast policy casts them; the kernel then runs outside autocast,
+    computing in fp32 where its inputs are 16-bit (PyTorch's default: query, keys and
+    values converted to fp32), with query and keys each scaled by the root of the scale,
+    the scores, the mask added in place, their softmax, the GPU's dropout (a one-byte
+    mask), and the product with the values cast back to the inputs' dtype."""
+    if torch.is_autocast_enabled("cpu"):  # CUDA autocast, as the stand-in runs it
+        dtype = torch.get_autocast_dtype("cpu")
+        query, key, value, attn_mask = (
+            t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+            for t in (query, key, value, attn_mask))
+    with torch.autocast("cpu", enabled=False):
+        origin = query.dtype
+        if origin in _LOWER:
+            query, key, value = query.float(), key.float(), value.float()
+        if enable_gqa and key.size(-3) != query.size(-3):
+            groups = query.size(-3) // key.size(-3)
+            key = key.repeat_interleave(groups, dim=-3)
+            value = value.repeat_interleave(groups, dim=-3)
+        factor = math.sqrt(scale if scale is not None else 1.0 / math.sqrt(query.size(-1)))
+        scores = (query * factor) @ (key.transpose(-2, -1) * factor)
+        scores.add_(attn_mask)
+        weights = torch.softmax(scores, dim=-1)
+        if dropout_p > 0.0:
+            weights = torch.ops.aten.native_dropout(weights, dropout_p, True)[0]
+        return (weights @ value).to(origin)
 
 
 class _FusedAttention(torch.autograd.Function):
@@ -199,7 +215,10 @@ _CUDA_FP32_OPS = (
 # ... and the ones it runs with an fp32 output dtype instead of casting the input.
 _CUDA_FP32_OUTPUT_OPS = ("softmax.int", "log_softmax.int", "cumsum", "cumprod",
                          "sum", "sum.dim_IntList", "prod")
-_LOWER = (torch.float16, torch.bfloat16)
+# ... and what CPU autocast runs in fp32 but CUDA autocast does not list: there each part
+# meets autocast on its own (cross entropy's log-softmax keeps the input's dtype, its
+# nll_loss casts to fp32), which keeps other tensors for backward than one fp32 cast.
+_CUDA_UNLISTED_OPS = ("cross_entropy_loss",)
 
 
 def _without_cpu_autocast(op, args, kwargs):
@@ -218,12 +237,27 @@ def _fp32_inputs(op):
 
 
 def _fp32_output(op):
+    # A dtype the caller gave (by keyword, or by position where the schema has it there:
+    # softmax's and log_softmax's) stands, as under CUDA autocast.
+    at = next((i for i, a in enumerate(op._schema.arguments)
+               if a.name == "dtype" and not a.kwarg_only), None)
+
     def kernel(*args, **kwargs):
         first = args[0] if args else None
-        if isinstance(first, torch.Tensor) and first.dtype in _LOWER \
-                and kwargs.get("dtype") is None:
-            kwargs = dict(kwargs, dtype=torch.float32)
+        given = kwargs.get("dtype") is not None or \
+            (at is not None and len(args) > at and args[at] is not None)
+        if isinstance(first, torch.Tensor) and first.dtype in _LOWER and not given:
+            if at is not None and len(args) > at:
+                args = (*args[:at], torch.float32, *args[at + 1:])
+            else:
+                kwargs = dict(kwargs, dtype=torch.float32)
         return _without_cpu_autocast(op, args, kwargs)
+    return kernel
+
+
+def _by_parts(op):
+    def kernel(*args, **kwargs):
+        return op.decompose(*args, **kwargs)  # its parts dispatch under autocast
     return kernel
 
 
@@ -238,6 +272,8 @@ def cuda_autocast_lists_on_cpu():
                 lib.impl(name, _fp32_inputs(_overload(name)), "AutocastCPU")
             for name in _CUDA_FP32_OUTPUT_OPS:
                 lib.impl(name, _fp32_output(_overload(name)), "AutocastCPU")
+            for name in _CUDA_UNLISTED_OPS:
+                lib.impl(name, _by_parts(_overload(name)), "AutocastCPU")
         yield
     finally:
         lib._destroy()
