@@ -200,6 +200,12 @@ void _vram_place_forget_map_ghosts(vram_pool_t *pool) {
   pool->map_ceiling = 0;
 }
 
+void _vram_place_forget_map_ghosts_in(vram_pool_t *pool, uintptr_t lo, uintptr_t hi) {
+  for (unsigned i = 0; i < VRAM_MAP_GHOSTS; i++)
+    if (pool->map_ghosts[i].lo < hi && lo < pool->map_ghosts[i].hi)
+      pool->map_ghosts[i].lo = pool->map_ghosts[i].hi = 0;
+}
+
 /* Whether mapping [lo, hi) takes back a span the allowance unmapped; that ghost goes. */
 static bool maps_a_ghost(vram_pool_t *pool, uintptr_t lo, uintptr_t hi) {
   for (unsigned i = 0; i < VRAM_MAP_GHOSTS; i++)

@@ -118,6 +118,8 @@ int _vram_place_make_room(vram_pool_t *pool, vram_segment *seg, size_t g0, size_
  * unmapping more (placement.c). reset_peak_stats forgets. */
 void _vram_place_map_ghost(vram_pool_t *pool, uintptr_t lo, uintptr_t hi);
 void _vram_place_forget_map_ghosts(vram_pool_t *pool);
+/* ... and the ghosts in [lo, hi), a range given back (segment.c). */
+void _vram_place_forget_map_ghosts_in(vram_pool_t *pool, uintptr_t lo, uintptr_t hi);
 
 /* The cached memory a release could give back, as the mode holds it: idle fixed segments,
  * and idle granules where the pool holds ranges (counted by a walk, so only there). */

@@ -108,6 +108,8 @@ static int segment_release(vram_pool_t *pool, vram_segment *seg) {
   if (virtual) {
     if (seg->mapped_granules) return VRAM_EBUSY; /* unmap first (granules.c) */
     rc = pool->src->xUnreserve(pool->src_state, seg->addr, seg->size);
+    /* Its addresses may come back in another range, which never unmapped them. */
+    if (!rc) _vram_place_forget_map_ghosts_in(pool, seg->addr, seg->addr + seg->size);
   } else {
     rc = pool->src->xFree(pool->src_state, seg->addr, seg->size, seg->arena->stream);
   }
