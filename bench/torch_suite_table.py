@@ -1,6 +1,10 @@
 """Prints bench/torch_suite.sh's pass table: each test of PyTorch's selection with its
 outcome under PyTorch's allocator and under vramkit, side by side, the rows where they
-differ first, then the counts. A test that ended the interpreter is "crashed".
+differ first, then the counts. A test that ended the interpreter is "crashed". A test that
+passes under PyTorch's allocator and not under vramkit is marked "differs", or, if it is
+one of the documented exceptions (it asserts PyTorch's own block layout, or a setting
+vramkit has no equivalent for and warns about; docs/performance.md lists each with what
+vramkit's own tests check instead), "exception" with the reason.
 
     python3 bench/torch_suite_table.py .gpu/torch_suite
 """
@@ -8,6 +12,21 @@ differ first, then the counts. A test that ended the interpreter is "crashed".
 import pathlib
 import sys
 import xml.etree.ElementTree as ET
+
+
+# Class.test -> why vramkit differs there by design.
+EXCEPTIONS = {
+    "TestCuda.test_graph_memory_stats_and_use_result_after_destroy_graph":
+        "layout: reserved grows by PyTorch's 20 MiB large segment per graph",
+    "TestCuda.test_record_stream":
+        "layout: the next request gets the very address back",
+    "TestCudaMallocAsync.test_max_split_expandable":
+        "max_split_size_mb has no vramkit equivalent (warned)",
+    "TestCudaMallocAsync.test_allocator_settings":
+        "roundup_power2_divisions has no vramkit equivalent (warned)",
+    "TestBlockStateAbsorption.test_allocate_in_thread_to_pool":
+        "layout: 4 segments without expandable segments, 2 with (vramkit: 2)",
+}
 
 
 def outcomes(path: pathlib.Path) -> dict:
@@ -44,13 +63,26 @@ def main(folder: str) -> int:
                    key=lambda n: (native.get(n) == vramkit.get(n), n))
     width = max([len(n) for n in names] + [4])
     print(f"{'test':<{width}}  {'native':<8}  vramkit")
+    differs = excepted = 0
     for name in names:
         a, b = native.get(name, "-"), vramkit.get(name, "-")
-        print(f"{name:<{width}}  {a:<8}  {b}{'' if a == b else '   <-- differs'}")
+        note = ""
+        if a == "passed" and b != "passed":
+            if name in EXCEPTIONS:
+                excepted += 1
+                note = f"   exception: {EXCEPTIONS[name]}"
+            else:
+                differs += 1
+                note = "   <-- differs"
+        elif a != b:
+            note = "   (differs)"
+        print(f"{name:<{width}}  {a:<8}  {b}{note}")
     for label, result in (("native", native), ("vramkit", vramkit)):
         counts = {k: list(result.values()).count(k)
                   for k in ("passed", "failed", "error", "skipped", "crashed")}
         print(label, " ".join(f"{k} {v}" for k, v in counts.items()))
+    print(f"passed under PyTorch's allocator, not under vramkit: {differs}, "
+          f"and {excepted} documented exceptions")
     return 0
 
 
