@@ -270,6 +270,9 @@ inline PrivatePool *Backend::capture_target(c10::DeviceIndex device, cudaStream_
 inline bool Backend::capture_running_locked() {
   for (auto &c : capture_filters_) {
     if (!c.origin_known) return true;
+    // No capture runs on the legacy default stream (PyTorch refuses one there), and asking
+    // it while another stream captures is an implicit synchronisation CUDA refuses.
+    if (c.origin == nullptr) continue;
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(c.origin, &status) != cudaSuccess) {
       (void)cudaGetLastError();  // a query's failure is not left for PyTorch's next check
