@@ -23,12 +23,14 @@ DEBIAN_PACKAGES := build-essential cmake pkg-config clang libcmocka-dev zlib1g-d
 # what is installed here), the test runner, numpy for the buffer-protocol tests,
 # matplotlib for the PNG of `vramkit plot` (the package's optional `plot` extra),
 # prometheus_client, whose parser checks `vramkit export`'s text (the `prometheus` extra),
-# and PyTorch (the version the GPU machine runs) with transformers, on which the
-# estimator's tests run training steps under fake tensors (the `estimate` extra), and
+# and PyTorch (the version the GPU machine runs) with transformers, torchvision (its
+# release for that PyTorch) and timm, whose models the estimator's tests build and train
+# under fake tensors (the `estimate` extra), and
 # atheris, libFuzzer's engine for Python, under which the snapshot readers' fuzz target runs,
 # and dask with distributed, whose local cluster of worker processes runs vramkit.dask's tests.
 PYTHON_PACKAGES := scikit-build-core:scikit_build_core pytest:pytest numpy:numpy \
-                   torch==2.11.0:torch transformers:transformers \
+                   torch==2.11.0:torch torchvision==0.26.0:torchvision \
+                   transformers:transformers timm:timm \
                    matplotlib:matplotlib prometheus_client:prometheus_client atheris:atheris \
                    dask:dask distributed:distributed
 
