@@ -464,6 +464,36 @@ def test_timm_convnext_tiny():
     assert e.breakdown["parameters"] > 4 * 28_000_000
 
 
+@pytest.mark.parametrize("name", ["resnet18", "deeplabv3_mobilenet_v3_large"])
+def test_torchvision_models_moved_inside_build(name):
+    """torchvision's models, built without weights and moved with .cuda() in build(): a
+    classifier, and a segmentation model (its loss over every pixel). Parameters and
+    AdamW's two moments are counted exactly, 4 bytes an element each."""
+    torchvision = pytest.importorskip("torchvision")
+    models = torchvision.models
+    make = (lambda: models.resnet18(num_classes=10)) if name == "resnet18" else \
+        (lambda: models.segmentation.deeplabv3_mobilenet_v3_large(
+            weights=None, weights_backbone=None, num_classes=4))
+    elements = sum(p.numel() for p in make().parameters())
+
+    def build():
+        net = make().cuda()
+        return net, torch.optim.AdamW(net.parameters()), torch.randn(2, 3, 64, 64, device="cuda")
+
+    def step(net, opt, x):
+        out = net(x)
+        out = out["out"] if isinstance(out, dict) else out
+        out.float().square().mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    e = vramkit.estimate(step, build=build, model_workspaces=False)
+    assert e.breakdown["parameters"] >= 4 * elements
+    assert e.breakdown["parameters"] < 4 * elements * 1.05  # rounding to 512 bytes a tensor
+    assert 2 * 4 * elements <= e.breakdown["optimizer state"] < 2 * 4 * elements * 1.05
+    assert e.peak_allocated > e.breakdown["parameters"] + e.breakdown["optimizer state"]
+
+
 def _tiny(family: str):
     """A two-layer model of each transformers family, small enough for a CPU."""
     global transformers
