@@ -283,6 +283,33 @@ static void t_large_blocks_virtual_loop_settles(void **state) {
   VT_OK(vram_pool_destroy(pool));
 }
 
+/* Far from the cap a range is held to its allocated peak and a slack too: a request larger
+ * than the hole a freed block left (an fp32 copy of bf16 logits) maps at the range's end,
+ * and the hole's idle mappings go back for it instead of staying beside it. Repeated, the
+ * loop maps a span it gave back again: the pool remembers it (a map ghost) and keeps it
+ * from then on, so the loop settles by its third pass, never above keeping everything. */
+static void t_large_blocks_virtual_holes_go_back_for_a_larger_request(void **state) {
+  (void)state;
+  vram_pool_t *pool = large_virtual_pool(8 * VT_GiB, 0);
+  const int64_t slack = 256 * VT_MiB; /* two mappings of the largest size */
+  const int64_t everything = 2048 * VT_MiB; /* the hole kept beside the larger block */
+  uint64_t calls_after_pass_2 = 0;
+  for (int pass = 0; pass < 5; pass++) {
+    if (pass == 2) calls_after_pass_2 = vt_stats(pool).num_device_alloc;
+    void *a = vt_take(pool, 512 * VT_MiB), *b = vt_take(pool, 512 * VT_MiB);
+    vt_give(pool, a);
+    void *c = vt_take(pool, 1024 * VT_MiB);
+    VT_VALID(pool);
+    vram_stats_t s = vt_stats(pool);
+    if (pass == 0) assert_true(s.reserved_bytes.current <= s.allocated_bytes.peak + slack);
+    assert_true(s.reserved_bytes.current <= everything);
+    vt_give(pool, b);
+    vt_give(pool, c);
+  }
+  assert_int_equal(vt_stats(pool).num_device_alloc, calls_after_pass_2);
+  VT_OK(vram_pool_destroy(pool));
+}
+
 /* Far from the cap a small request past the peak unmaps nothing: a freed large block's
  * granules stay mapped and the request is carved from them (a 2 MiB small segment would
  * raise the peak; once the guard unmapped the granules instead, and the block's next pass
@@ -391,6 +418,7 @@ int main(void) {
       cmocka_unit_test(t_large_blocks_virtual_from_the_start),
       cmocka_unit_test(t_large_blocks_virtual_under_a_limit),
       cmocka_unit_test(t_large_blocks_virtual_loop_settles),
+      cmocka_unit_test(t_large_blocks_virtual_holes_go_back_for_a_larger_request),
       cmocka_unit_test(t_large_blocks_virtual_guard_keeps_mappings),
       cmocka_unit_test(t_large_blocks_virtual_oom_advice),
       cmocka_unit_test(t_small_request_into_idle_large_granules),
