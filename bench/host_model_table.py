@@ -23,7 +23,6 @@ TRACE arguments are replayed as they are (data/recordings, data/traces); with no
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import subprocess
@@ -57,15 +56,16 @@ def record(names: list[str] | None, steps: int, cache: str) -> list[str]:
 
 
 def read_ops(path: str) -> list[tuple]:
-    ops = []
-    with gzip.open(path, "rt") as f:
-        for line in f:
-            if line.startswith("#"):
-                continue
-            p = line.split()
-            ops.append(("a", int(p[1]), int(p[2]), int(p[3])) if p[0] == "a"
-                       else ("f", int(p[1]), int(p[2])))
-    return ops
+    """The trace's ops as the estimator's models take them, read by the library's trace
+    reader (the one replay uses), so that a trace replay would refuse is refused here."""
+    from vramkit.plot import PlotInputError, _read
+
+    try:
+        ops, _unmatched = _read.parse_trace(path, 0)
+    except PlotInputError as error:
+        raise SystemExit(str(error)) from None
+    return [("a", i, size, stream) if is_alloc else ("f", i, stream)
+            for is_alloc, i, size, stream, _t in ops]
 
 
 def last_step(ops: list[tuple]) -> tuple[int, int] | None:

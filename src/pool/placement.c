@@ -200,20 +200,19 @@ void _vram_place_forget_map_ghosts(vram_pool_t *pool) {
   pool->map_ceiling = 0;
 }
 
-void _vram_place_forget_map_ghosts_in(vram_pool_t *pool, uintptr_t lo, uintptr_t hi) {
-  for (unsigned i = 0; i < VRAM_MAP_GHOSTS; i++)
-    if (pool->map_ghosts[i].lo < hi && lo < pool->map_ghosts[i].hi)
-      pool->map_ghosts[i].lo = pool->map_ghosts[i].hi = 0;
-}
-
-/* Whether mapping [lo, hi) takes back a span the allowance unmapped; that ghost goes. */
-static bool maps_a_ghost(vram_pool_t *pool, uintptr_t lo, uintptr_t hi) {
+/* Forgets the ghosts that overlap [lo, hi); whether there was one. */
+static bool forget_overlapping(vram_pool_t *pool, uintptr_t lo, uintptr_t hi) {
+  bool found = false;
   for (unsigned i = 0; i < VRAM_MAP_GHOSTS; i++)
     if (pool->map_ghosts[i].lo < hi && lo < pool->map_ghosts[i].hi) {
       pool->map_ghosts[i].lo = pool->map_ghosts[i].hi = 0;
-      return true;
+      found = true;
     }
-  return false;
+  return found;
+}
+
+void _vram_place_forget_map_ghosts_in(vram_pool_t *pool, uintptr_t lo, uintptr_t hi) {
+  forget_overlapping(pool, lo, hi);
 }
 
 bool _vram_place_over_allowance(vram_pool_t *pool, vram_segment *seg, uintptr_t addr,
@@ -242,7 +241,8 @@ int _vram_place_make_room(vram_pool_t *pool, vram_segment *seg, size_t g0, size_
     if (reserved + bytes > pool->limit) return VRAM_ENOMEM;
   }
   bool kept = _vram_place_keeps_mapped(pool, size);
-  if (kept && maps_a_ghost(pool, seg->addr + g0 * G, seg->addr + g1 * G) &&
+  /* A mapping that takes back spans the allowance unmapped: those ghosts go. */
+  if (kept && forget_overlapping(pool, seg->addr + g0 * G, seg->addr + g1 * G) &&
       reserved + bytes > pool->map_ceiling)
     pool->map_ceiling = reserved + bytes;
   size_t allowance = mapped_allowance(pool, size);
