@@ -224,9 +224,9 @@ def _optimizer(name: str, params):
 def _checkpoint(net, how: str) -> None:
     """Activation checkpointing of all the repeated blocks (transformers' own switch
     where the model has one) or of every second one."""
-    from vramkit.estimator import variants
+    from vramkit.estimator import models, variants
     if how == "all" and getattr(net, "supports_gradient_checkpointing", False):
-        net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        models.checkpoint_every_block(net)
     elif how != "none":
         blocks = variants.repeated_blocks(net)
         variants.apply_checkpointing(net, blocks if how == "all" else blocks[::2])

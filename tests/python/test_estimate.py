@@ -392,6 +392,13 @@ def test_the_command_line_names_the_user_s_code_and_prints_no_library_warnings()
     sites = out.stdout.split("largest call sites at the peak:\n", 1)[1].split("  note:")[0]
     assert "the training step: loss.backward()" in sites
     assert "site-packages" not in sites and "estimator/models.py" not in sites
+    # Checkpointing is turned on by the name transformers keeps (the older one warns that
+    # it is deprecated) with the key-value cache off (else transformers says it turned it
+    # off): nothing on stderr.
+    out = subprocess.run([sys.executable, "-m", "vramkit", "estimate", "--model", "gpt2",
+                          "--batch", "1", "--seq", "32", "--checkpointing"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
 
 
 def test_a_model_configuration_that_cannot_be_read_exits_2(tmp_path):
@@ -413,3 +420,28 @@ def test_a_model_configuration_that_cannot_be_read_exits_2(tmp_path):
         assert done.returncode == 2, (model, done.stderr)
         assert done.stderr.startswith("vramkit estimate: ") and says in done.stderr, done.stderr
         assert "Traceback" not in done.stderr
+
+
+def test_autocast_frees_its_cached_weights_in_the_order_they_were_made(tmp_path):
+    """Leaving autocast drops its cache of cast weights, a hash table keyed by address, in
+    an order that changes from run to run; the trace lists those frees in the order the
+    copies were made, so that one step always gives one trace and one estimate."""
+    layers = 24
+
+    def build():
+        net = torch.nn.Sequential(*(torch.nn.Linear(256, 256) for _ in range(layers)))
+        return net, torch.randn(8, 256)
+
+    def step(net, x):
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+            net(x)
+
+    path = tmp_path / "autocast.trace.gz"
+    vramkit.estimate(step, build=build, steps=1, trace_path=str(path))
+    with gzip.open(path, "rt") as f:
+        records = [line.split() for line in f if not line.startswith("#")]
+    weight_copy = 256 * 256 * 2  # each Linear's weight cast to bf16
+    copies = [int(r[1]) for r in records if r[0] == "a" and int(r[2]) == weight_copy]
+    assert len(copies) == layers
+    frees = [int(r[1]) for r in records if r[0] == "f" and int(r[1]) in set(copies)]
+    assert frees == copies

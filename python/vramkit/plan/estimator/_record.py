@@ -6,7 +6,11 @@ every ATen operation, and each storage it has not seen before is an allocation o
 size PyTorch's caching allocator would give it (rounded up to 512 bytes, what
 ``torch.cuda.memory_allocated`` counts). A weak reference to the storage turns its death
 into the matching free, in the order the real step would free it, because CPython frees
-a storage the moment its last tensor goes.
+a storage the moment its last tensor goes. One exception: autocast's cache of cast weights
+is a hash table keyed by address, and clearing it frees the copies in an order that differs
+from run to run (on the GPU as here); the recorder writes those frees in the order their
+blocks were made, so that the same step gives the same trace, and the same estimate, every
+time.
 
 What an op allocates and frees inside itself, fake tensors do not show; the estimator's
 hooks add what it knows of (a cuBLAS workspace kept from a thread's first matrix product,
@@ -24,6 +28,7 @@ the block is: a vramkit file is never named, since it is no code the user can ch
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -223,6 +228,8 @@ class StorageRecorder(TorchDispatchMode):
         # one recording gives both the memory and the compute.
         self.step_flops: list[int] = []
         self._flop_formulas = flop_counter.flop_registry
+        # Frees held back while a burst whose order is arbitrary runs (unordered_frees).
+        self._held_frees: list[int] | None = None
 
     # -- the dispatch hook ------------------------------------------------------------
 
@@ -339,7 +346,27 @@ class StorageRecorder(TorchDispatchMode):
             self._allocated -= size
             self._refs.pop(bid, None)
             self.recording.blocks[bid].freed = True
-            self.recording.ops.append(("f", bid))
+            if self._held_frees is not None:
+                self._held_frees.append(bid)
+            else:
+                self.recording.ops.append(("f", bid))
+
+    @contextlib.contextmanager
+    def unordered_frees(self):
+        """Within it, the frees of blocks are written in the order the blocks were made
+        (their ids), not in the order they came: for a burst of frees whose order the
+        program leaves to chance (autocast clearing its cache). Nothing is allocated
+        within such a burst, so every total the recording keeps is the same."""
+        with self._lock:
+            outer = self._held_frees
+            self._held_frees = [] if outer is None else outer
+        try:
+            yield
+        finally:
+            if outer is None:
+                with self._lock:
+                    held, self._held_frees = self._held_frees, None
+                    self.recording.ops.extend(("f", bid) for bid in sorted(held))
 
     def block_of(self, t: torch.Tensor) -> int | None:
         try:

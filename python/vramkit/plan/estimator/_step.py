@@ -218,7 +218,8 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
         known.forget(p for m in _found(values, torch.nn.Module) for p in m.parameters())
         known.forget(_found(values, torch.Tensor))
         recorder.values = known  # run inside the recorder's dispatch, not as a mode
-        with mode, recorder, (around_step or contextlib.nullcontext()):
+        with mode, recorder, _autocast_cache_cleared_in_order(recorder), \
+                (around_step or contextlib.nullcontext()):
             for m in _found(values, torch.nn.Module):
                 for p in m.parameters():
                     recorder.set_role(p, "parameters")
@@ -257,6 +258,24 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
     recorder.recording.flops = recorder.step_flops[-1] if recorder.step_flops else 0
     classify(recorder.recording, recorder)
     return recorder.recording, recorder
+
+
+@contextlib.contextmanager
+def _autocast_cache_cleared_in_order(recorder: StorageRecorder):
+    """Autocast's cache of cast weights frees its copies, when a region ends, in the order
+    of a hash table keyed by address, which changes from run to run; the recorder is told
+    to write that burst in a fixed order (StorageRecorder.unordered_frees)."""
+    clear = torch.clear_autocast_cache
+
+    def cleared():
+        with recorder.unordered_frees():
+            clear()
+
+    torch.clear_autocast_cache = cleared
+    try:
+        yield
+    finally:
+        torch.clear_autocast_cache = clear
 
 
 def _creation_sites(build) -> CreationSites | None:

@@ -163,8 +163,7 @@ def workload(model: str, batch: int, seq: int = 1024, precision: str = "fp32",
         if weights_dtype is not torch.float32:
             net = net.to(dtype=weights_dtype)
         if checkpointing:
-            net.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": False})
+            checkpoint_every_block(net)
         net.train()
         if optimizer == "sgd":
             opt = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9)
@@ -190,3 +189,19 @@ def workload(model: str, batch: int, seq: int = 1024, precision: str = "fp32",
     return Workload(f"{model} batch {batch}" + (f"x{seq}" if family not in _VISION else "")
                     + f" {precision}" + (" checkpointing" if checkpointing else ""),
                     build, step)
+
+
+def checkpoint_every_block(net) -> None:
+    """transformers' own activation checkpointing of every block, non-reentrant, as a
+    user turns it on for training: under the name the installed transformers gives it
+    (``activation_checkpointing_enable`` since version 5, where the older name warns
+    that it is deprecated), with the key-value cache off, which transformers otherwise
+    turns off itself at the first forward with a message."""
+    kwargs = {"use_reentrant": False}
+    if getattr(net.config, "use_cache", None):
+        net.config.use_cache = False
+    enable = getattr(net, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        net.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
