@@ -445,3 +445,51 @@ def test_autocast_frees_its_cached_weights_in_the_order_they_were_made(tmp_path)
     assert len(copies) == layers
     frees = [int(r[1]) for r in records if r[0] == "f" and int(r[1]) in set(copies)]
     assert frees == copies
+
+
+def test_grouped_matrix_products_in_fp32_are_estimated_as_cuda_runs_them():
+    """PyTorch's fake kernel of `_grouped_mm` (mixture-of-experts layers) takes bfloat16
+    only, while CUDA runs other dtypes through a fallback: the estimate makes the output
+    CUDA's fallback makes, rows padded to 16 bytes, instead of failing."""
+    tokens, width, experts, out_width = 1000, 64, 4, 6  # 6 floats: rows padded to 8
+    offs = torch.tensor([250, 500, 750, 1000], dtype=torch.int32)
+
+    def build():
+        return (torch.randn(tokens, width, device="cuda"),
+                torch.randn(experts, width, out_width, device="cuda"), offs.to("cuda"))
+
+    def step(x, w, o):
+        with torch.no_grad():
+            y = torch._grouped_mm(x, w, offs=o)
+            y.mul(2)
+
+    e = vramkit.estimate(step, build=build, steps=1, model_workspaces=False)
+    before = _rounded(tokens * width * 4) + _rounded(experts * width * out_width * 4) \
+        + _rounded(experts * 4)
+    padded = _rounded(((tokens - 1) * 8 + out_width) * 4)  # the last row is not padded
+    assert e.peak_allocated == before + padded + _rounded(tokens * out_width * 4)
+
+
+def test_a_mixture_of_experts_model_with_fp32_weights_under_autocast():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.MixtralConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, vocab_size=1000)
+
+    def build():
+        net = transformers.MixtralForCausalLM(config).to("cuda")
+        return net, torch.optim.AdamW(net.parameters()), torch.randint(0, 1000, (2, 32))
+
+    def step(net, opt, ids):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = net(input_ids=ids.to("cuda"), labels=ids.to("cuda")).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    e = vramkit.estimate(step, build=build)
+    # fp32 weights, their gradients and AdamW's two moments are all live in step two.
+    assert e.breakdown["parameters"] >= 4 * sum(p.numel() for p in
+                                                transformers.MixtralForCausalLM(config)
+                                                .parameters())
+    assert e.peak_allocated > 4 * e.breakdown["parameters"]
