@@ -608,6 +608,11 @@ static int core_exec(PyObject *module) {
   if (PyModule_AddType(module, st->Pool_Type) < 0) return -1;
 
   if (PyModule_AddStringConstant(module, "VERSION", VRAMKIT_VERSION) < 0) return -1;
+  /* The largest device the sim source models, for callers that size one. */
+  PyObject *sim_max = PyLong_FromUnsignedLongLong(VRAM_SIM_MAX_CAPACITY);
+  int added = sim_max ? PyModule_AddObjectRef(module, "SIM_MAX_CAPACITY", sim_max) : -1;
+  Py_XDECREF(sim_max);
+  if (added < 0) return -1;
   /* The status codes, by name, for callers that test .status. */
 #define X_CODE(name, value, text)                                                          \
   if (PyModule_AddIntConstant(module, #name, value) < 0) return -1;

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, NoReturn, Protocol, SupportsIndex, TypedDict, final
 
 VERSION: Final[str]
+SIM_MAX_CAPACITY: Final[int]  # VRAM_SIM_MAX_CAPACITY: the largest device the sim source models
 
 # Status codes of the C library (include/vramkit.h), as .status of every vramkit error.
 VRAM_OK: Final[int]

@@ -493,3 +493,24 @@ def test_a_mixture_of_experts_model_with_fp32_weights_under_autocast():
                                                 transformers.MixtralForCausalLM(config)
                                                 .parameters())
     assert e.peak_allocated > 4 * e.breakdown["parameters"]
+
+
+def test_a_step_larger_than_the_default_simulated_device_is_replayed_whole():
+    """With no cap the engine's replay runs on a simulated device large enough for the
+    step (the default one is 80 GiB): reserved is never less than allocated, and a step
+    larger than any device the engine models is refused, not answered with the part of
+    it that fit."""
+    def make(gib):
+        def build():
+            return torch.empty(gib << 28, device="cuda"),  # fp32: gib GiB
+        return build
+
+    def step(x):
+        (x * 2).sum()
+
+    e = vramkit.estimate(step, build=make(60), steps=1, model_workspaces=False)
+    assert e.peak_allocated >= 120 << 30
+    assert e.peak_allocated <= e.peak_reserved < 1.01 * e.peak_allocated
+    assert e.peak_allocated <= e.min_device_memory
+    with pytest.raises(UntraceableStep, match="more than the largest device vramkit models"):
+        vramkit.estimate(step, build=make(100_000), steps=1, model_workspaces=False)

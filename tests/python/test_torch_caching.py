@@ -117,6 +117,17 @@ def test_expandable_segments_split_any_remainder_of_512_bytes():
     assert model.reserved == 20 * MiB              # one large-pool page
 
 
+def test_expandable_segments_hold_a_request_larger_than_the_modelled_card():
+    # With no cap the model answers for a card large enough: a request past the H200's
+    # address space gets a segment that holds it (it used to fail inside the model).
+    big = 200 * 1024 * MiB
+    result = replay([("a", 1, big, 0), ("a", 2, big, 0), ("f", 1, 0), ("f", 2, 0)],
+                    expandable_segments=True)
+    assert result["ooms"] == 0
+    assert result["peak_allocated"] == 2 * big
+    assert 2 * big <= result["peak_reserved"] < 2 * big + 40 * MiB
+
+
 def test_max_split_size_keeps_oversize_blocks_whole_and_apart():
     model = CachingAllocatorModel(max_split_size=40 * MiB)
     model.malloc("a", 50 * MiB)

@@ -45,5 +45,37 @@ def vramkit_replay(trace: str, source: str, capacity: int | None,
                              min_capacity=min_capacity, settings=settings, host_model=True)
 
 
+def vramkit_replay_uncapped(trace: str, source: str, min_capacity: bool = False) -> dict:
+    """The replay with no cap: on the engine's default simulated device, or, where the
+    step outgrows it, on one twice the step's peak live bytes, doubled until the step
+    runs without running out of memory, as on a card large enough for it. A step larger
+    than any device the engine models (_core.SIM_MAX_CAPACITY) cannot be estimated. The
+    smallest capacity, if asked for, is searched for once, on the device that held it."""
+    from ._step import UntraceableStep
+
+    result = vramkit_replay(trace, source, None)
+    device = None
+    while result.get("ooms"):
+        device = 2 * (device or int(result["peak_live_bytes"]))
+        if device > _core.SIM_MAX_CAPACITY:
+            raise UntraceableStep(
+                f"estimate(): the step holds {int(result['peak_live_bytes']):,} bytes at its "
+                f"peak, more than the largest device vramkit models "
+                f"({_core.SIM_MAX_CAPACITY:,} bytes): a smaller batch or sequence")
+        result = _replay_on_device(trace, source, device, False)
+    if not min_capacity:
+        return result
+    if device is None:
+        return vramkit_replay(trace, source, None, True)
+    return _replay_on_device(trace, source, device, True)
+
+
+def _replay_on_device(trace: str, source: str, device: int, min_capacity: bool) -> dict:
+    check_source(source)
+    settings = {**_replaying.placement_settings(), "VRAMKIT_SIM_CAPACITY": str(device)}
+    return _replaying.replay(trace, source=source, capacity=None,
+                             min_capacity=min_capacity, settings=settings, host_model=True)
+
+
 def torch_replay(events, expandable: bool, capacity: int | None) -> dict:
     return torch_caching.replay(events, expandable_segments=expandable, capacity=capacity)

@@ -408,7 +408,10 @@ class CachingAllocatorModel:
             if room >= rounded:
                 return start
         page = SMALL_BUFFER if pool.small else LARGE_BUFFER
-        size = -(-self._address_space // page) * page
+        # A segment spans the device's memory, as PyTorch reserves it; a request larger
+        # than that (a step estimated for a card larger than the model's H200, with no
+        # cap) gets a segment that holds it, as a card that large would give.
+        size = -(-max(self._address_space, rounded) // page) * page
         segment = _VirtualSegment(self._take_addresses(size), page, size)
         block = _Block(segment.base, size, stream, pool, segment, mapped=False)
         self._blocks[segment.base] = block
