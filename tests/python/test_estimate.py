@@ -514,3 +514,49 @@ def test_a_step_larger_than_the_default_simulated_device_is_replayed_whole():
     assert e.peak_allocated <= e.min_device_memory
     with pytest.raises(UntraceableStep, match="more than the largest device vramkit models"):
         vramkit.estimate(step, build=make(100_000), steps=1, model_workspaces=False)
+
+
+def _wide_build():
+    # Weights dominate a batch this small: the peak is the optimizer's step, where a 16-bit
+    # copy of each weight would still be live had autocast's cache outlived the forward.
+    net = torch.nn.Sequential(torch.nn.Linear(2048, 2048), torch.nn.ReLU(),
+                              torch.nn.Linear(2048, 2048))
+    return net, torch.optim.AdamW(net.parameters()), torch.randn(4, 2048)
+
+
+def _wide_step(net, opt, x):
+    loss = net(x.to("cuda")).float().pow(2).mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def _wide_step_under(dtype):
+    def step(net, opt, x):
+        with torch.autocast("cuda", dtype=dtype):
+            loss = net(x.to("cuda")).float().pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step
+
+
+def _as_estimated(step):
+    e = vramkit.estimate(step, build=_wide_build, model_workspaces=False)
+    return e.peak_allocated, e.peak_reserved, e.torch_peak_reserved
+
+
+def test_what_if_autocast_rows_are_the_step_written_with_that_autocast():
+    """A what-if row that adds autocast to a step, or changes the step's own, predicts
+    what the step written that way holds: autocast around the forward pass and the loss,
+    its cache of cast weights gone before backward, not kept through the optimizer's step."""
+    def row(advice, name):
+        r = {r.variant: r for r in advice.rows}[name]
+        return r.peak_allocated, r.peak_reserved, r.torch_peak_reserved
+
+    bf16, fp16 = _wide_step_under(torch.bfloat16), _wide_step_under(torch.float16)
+    plain = vramkit.advise(_wide_step, build=_wide_build, model_workspaces=False)
+    assert row(plain, "bf16 autocast") == _as_estimated(bf16)
+    assert row(plain, "fp16 autocast") == _as_estimated(fp16)
+    under_bf16 = vramkit.advise(bf16, build=_wide_build, model_workspaces=False)
+    assert row(under_bf16, "fp16 autocast (instead of bf16)") == _as_estimated(fp16)

@@ -136,15 +136,19 @@ class Variant:
     checkpoint_names: list | None = None      # or these blocks
     eight_bit_states: bool = False
     batch: int | None = None                  # with make_batch
+    # The step has no autocast of its own, so the change adds one (as_it_changes says).
+    adds_autocast: bool = True
 
     def wrap(self, step_fn):
         if self.autocast is None:
             return step_fn
 
         def step(*args, **kwargs):
-            # The step's own CUDA autocast takes this dtype too: nested inside, it would
-            # otherwise win, and mix the two lower precisions in one operation.
-            with autocast_dtype(self.autocast), torch.autocast("cuda", dtype=self.autocast):
+            # A step with autocast of its own keeps its regions, in this dtype; one without
+            # runs under autocast everywhere but in its backward passes.
+            with autocast_dtype(self.autocast), (
+                    autocast_outside_backward(self.autocast) if self.adds_autocast
+                    else contextlib.nullcontext()):
                 return step_fn(*args, **kwargs)
         return step
 
@@ -198,6 +202,32 @@ def autocast_dtype(dtype: torch.dtype):
 
 
 @contextlib.contextmanager
+def autocast_outside_backward(dtype: torch.dtype):
+    """CUDA autocast in ``dtype`` over its length, left for each backward pass and entered
+    again after it: what a user writes who adds autocast to a step, a region around the
+    forward pass and the loss. Leaving the region ends its cache of cast weights, as the
+    end of a ``with torch.autocast(...)`` block does; a region around the whole step
+    would keep every weight's 16-bit copy through backward and the optimizer's step."""
+    region = torch.autocast("cuda", dtype=dtype)
+    backward = torch.autograd.backward
+
+    def outside(*args, **kwargs):
+        region.__exit__(None, None, None)
+        try:
+            return backward(*args, **kwargs)
+        finally:
+            region.__enter__()
+
+    region.__enter__()
+    torch.autograd.backward = outside
+    try:
+        yield
+    finally:
+        torch.autograd.backward = backward
+        region.__exit__(None, None, None)
+
+
+@contextlib.contextmanager
 def autocast_seen(dtypes: set):
     """Adds to ``dtypes`` the dtype of each autocast the code in its length enables (the
     CPU stand-in's, which stands for CUDA's, included)."""
@@ -224,7 +254,7 @@ def as_it_changes(variant: Variant, autocast: set, weights: set) -> Variant | No
     same_weights = variant.weights is not None and weights == {variant.weights}
     changed = dataclasses.replace(
         variant, autocast=None if same_autocast else variant.autocast,
-        weights=None if same_weights else variant.weights)
+        weights=None if same_weights else variant.weights, adds_autocast=not autocast)
     if changed.autocast is None and changed.weights is None and not (
             changed.checkpoint_every or changed.checkpoint_names
             or changed.eight_bit_states or changed.batch):
