@@ -560,3 +560,20 @@ def test_what_if_autocast_rows_are_the_step_written_with_that_autocast():
     assert row(plain, "fp16 autocast") == _as_estimated(fp16)
     under_bf16 = vramkit.advise(bf16, build=_wide_build, model_workspaces=False)
     assert row(under_bf16, "fp16 autocast (instead of bf16)") == _as_estimated(fp16)
+
+
+def test_eight_bit_states_are_what_bitsandbytes_keeps():
+    """The 8-bit what-if row's optimizer state, counted by hand from bitsandbytes'
+    layout: a one-byte moment and an fp32 scale per 256 elements for each of two moments,
+    fp32 moments for a parameter under 4096 elements, and two shared 256-entry maps."""
+    from vramkit.estimator import variants
+
+    def states(n):
+        if n < 4096:
+            return 2 * _rounded(4 * n)
+        return 2 * (_rounded(n) + _rounded(4 * -(-n // 256)))
+
+    sizes = (4 * WIDTH * WIDTH, 4 * WIDTH, WIDTH * 4 * WIDTH, WIDTH)  # the last under 4096
+    e = vramkit.estimate(_step, build=_mlp_build(),
+                         variant=variants.Variant("8-bit", eight_bit_states=True))
+    assert e.breakdown["optimizer state"] == sum(map(states, sizes)) + 2 * _rounded(256 * 4)

@@ -99,14 +99,19 @@ def _spread(names: list[str], count: int) -> list[str]:
 
 class Adam8bitStates(torch.optim.Optimizer):
     """AdamW with 8-bit moments, for estimates only: it allocates what bitsandbytes'
-    blockwise 8-bit AdamW keeps (two one-byte moments per parameter, and an fp32 scale
-    per block of 2048 of each) and updates the parameters in place, as its fused kernel
-    does; the values it computes mean nothing."""
+    blockwise 8-bit AdamW keeps (its optimizer.py as of 2025): two one-byte moments per
+    parameter and an fp32 scale per block of 256 of each, two fp32 moments for a
+    parameter of fewer than 4096 elements (its ``min_8bit_size``), and the two 256-entry
+    fp32 quantization maps every 8-bit state shares, made once on the device. It updates
+    the parameters in place, as the fused kernel does; the values mean nothing."""
 
-    BLOCK = 2048
+    BLOCK = 256
+    MIN_8BIT_SIZE = 4096
+    QMAP_ENTRIES = 256
 
     def __init__(self, params, lr=1e-3, **_ignored):
         super().__init__(params, dict(lr=lr))
+        self._qmaps = None
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -116,13 +121,24 @@ class Adam8bitStates(torch.optim.Optimizer):
                     continue
                 state = self.state[p]
                 if not state:
-                    blocks = -(-p.numel() // self.BLOCK)
-                    for moment in ("state1", "state2"):
-                        state[moment] = torch.zeros_like(p, dtype=torch.uint8)
-                        state[moment + "_absmax"] = torch.zeros(blocks, dtype=torch.float32,
-                                                                device=p.device)
+                    self._init_state(state, p)
                 p.add_(p.grad, alpha=-group["lr"])
         return None
+
+    def _init_state(self, state, p):
+        if p.numel() < self.MIN_8BIT_SIZE:
+            state["state1"] = torch.zeros_like(p, dtype=torch.float32)
+            state["state2"] = torch.zeros_like(p, dtype=torch.float32)
+            return
+        if self._qmaps is None:
+            self._qmaps = [torch.zeros(self.QMAP_ENTRIES, dtype=torch.float32,
+                                       device=p.device) for _ in range(2)]
+        state["qmap1"], state["qmap2"] = self._qmaps  # shared, as bitsandbytes shares them
+        blocks = -(-p.numel() // self.BLOCK)
+        for moment in ("state1", "state2"):
+            state[moment] = torch.zeros_like(p, dtype=torch.uint8)
+            state[moment + "_absmax"] = torch.zeros(blocks, dtype=torch.float32,
+                                                    device=p.device)
 
 
 @dataclass
