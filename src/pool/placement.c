@@ -262,11 +262,25 @@ int _vram_place_make_room(vram_pool_t *pool, vram_segment *seg, size_t g0, size_
  * whose granules are all mapped, and carve the request there: no map call now, and no
  * trim of idle granules elsewhere to stay within the allowance. A training loop whose
  * blocks land in other places each step then reuses the mapped memory it has instead of
- * unmapping and mapping granules every step. */
+ * unmapping and mapping granules every step.
+ *
+ * Far from the cap, a small request carved from the large range
+ * (_vram_place_small_into_large, `beside_small`) takes, among those windows, one that
+ * begins right after a small block in use: small blocks then sit together, and when they
+ * go they leave one hole rather than pinning several holes that large requests want
+ * (Note [Small blocks together in the large range] in docs/performance.md). Else it takes
+ * the first window found, as a large request does. */
 #define VRAM_MAPPED_SCAN_LIMIT 16
+static bool follows_small_block(const vram_block *c) {
+  const vram_block *p = c->addr_prev;
+  return p && p->state != VRAM_BLOCK_FREE && p->size <= VRAM_SMALL_MAX;
+}
+
 VRAM_NOINLINE vram_block *_vram_place_mapped_fit(vram_pool_t *pool, vram_tlsf *index,
-                                                 size_t rounded) {
+                                                 size_t rounded, bool beside_small) {
   if (_vram_granules_idle_total(pool) * pool->granularity < rounded) return NULL;
+  vram_block *found = NULL;
+  uintptr_t found_start = 0;
   int fl, sl, budget = VRAM_MAPPED_SCAN_LIMIT;
   _vram_tlsf_mapping(rounded, &fl, &sl);
   for (int f = fl; f < VRAM_TLSF_FL_COUNT && budget > 0; f++) {
@@ -278,12 +292,20 @@ VRAM_NOINLINE vram_block *_vram_place_mapped_fit(vram_pool_t *pool, vram_tlsf *i
         if (c->size < rounded ||
             !_vram_granules_mapped_window(pool, c->segment, c->addr, c->size, rounded, &start))
           continue;
-        if (start != c->addr && _vram_block_split_front(pool, c, start) != VRAM_OK) return NULL;
-        return c;
+        bool clusters = beside_small && start == c->addr && follows_small_block(c);
+        if (!found || clusters) {
+          found = c;
+          found_start = start;
+        }
+        if (!beside_small || clusters) goto take;
       }
     }
   }
-  return NULL;
+  if (!found) return NULL;
+take:
+  if (found_start != found->addr && _vram_block_split_front(pool, found, found_start) != VRAM_OK)
+    return NULL;
+  return found;
 }
 
 /* A small request that its own segments cannot serve without growing (a new 2 MiB small
@@ -298,7 +320,8 @@ vram_block *_vram_place_small_into_large(vram_pool_t *pool, vram_arena *a, vram_
     _vram_block_uncache(pool, *cached);
     *cached = NULL;
   }
-  vram_block *mapped = _vram_place_mapped_fit(pool, _vram_arena_index(a, false), rounded);
+  vram_block *mapped = _vram_place_mapped_fit(pool, _vram_arena_index(a, false), rounded,
+                                              _vram_place_keeps_mapped(pool, rounded));
   return mapped ? mapped : b;
 }
 

@@ -131,7 +131,8 @@ size_t _vram_place_releasable(const vram_pool_t *pool);
 
 /* Virtual memory: a free window of at least `rounded` bytes whose granules are all mapped,
  * split off so that the returned block starts there; NULL if none (placement.c). */
-vram_block *_vram_place_mapped_fit(vram_pool_t *pool, vram_tlsf *index, size_t rounded);
+vram_block *_vram_place_mapped_fit(vram_pool_t *pool, vram_tlsf *index, size_t rounded,
+                                   bool beside_small);
 /* A small request whose growth would raise the high-water mark: carved from idle mapped
  * granules of its arena's large range instead; returns that block, or b (placement.c). */
 vram_block *_vram_place_small_into_large(vram_pool_t *pool, vram_arena *a, vram_block *b,
@@ -146,7 +147,7 @@ static inline vram_block *_vram_place_fit(vram_pool_t *pool, vram_arena *a, vram
                                           vram_block *b, size_t rounded, bool small) {
   if (b && b->segment->gran_mapped &&
       _vram_place_over_allowance(pool, b->segment, b->addr, rounded)) {
-    vram_block *mapped = _vram_place_mapped_fit(pool, index, rounded);
+    vram_block *mapped = _vram_place_mapped_fit(pool, index, rounded, false);
     if (mapped) b = mapped;
   }
   if (small && pool->has_virtual && (!b || b->segment->gran_mapped)) {

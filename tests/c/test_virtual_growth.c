@@ -387,6 +387,33 @@ static void t_small_request_into_idle_large_granules(void **state) {
   VT_OK(vram_pool_destroy(pool));
 }
 
+/* Far from the cap, small requests carved from the large range go beside the small blocks
+ * already there, not into the first idle hole found: a hole that large requests want stays
+ * whole (Note [Small blocks together in the large range]). */
+static void t_small_requests_in_the_large_range_sit_together(void **state) {
+  (void)state;
+  vram_pool_t *pool = large_virtual_pool(1 * VT_GiB, 0);
+  void *s1 = vt_take(pool, 1 * VT_MiB), *s2 = vt_take(pool, 1 * VT_MiB); /* one full segment */
+  void *a = vt_take(pool, 4 * VT_MiB), *wide = vt_take(pool, 16 * VT_MiB);
+  void *c = vt_take(pool, 4 * VT_MiB), *d = vt_take(pool, 4 * VT_MiB);
+  void *e = vt_take(pool, 4 * VT_MiB);
+  vt_give(pool, wide);                    /* a 16 MiB hole, mapped and idle */
+  void *s3 = vt_take(pool, 1 * VT_MiB);   /* the only window: the hole's front */
+  assert_ptr_equal(s3, wide);
+  vt_give(pool, d);                       /* a 4 MiB hole, in a lower bin than the rest */
+  vram_stats_t before = vt_stats(pool);
+  void *s4 = vt_take(pool, 1 * VT_MiB);
+  assert_ptr_equal(s4, (char *)s3 + VT_MiB); /* beside s3, not in the 4 MiB hole */
+  void *again = vt_take(pool, 4 * VT_MiB);   /* which a large request then finds whole */
+  assert_ptr_equal(again, d);
+  vram_stats_t after = vt_stats(pool);
+  assert_int_equal(after.num_device_alloc, before.num_device_alloc);
+  assert_int_equal(after.reserved_bytes.peak, before.reserved_bytes.peak);
+  void *blocks[] = {s1, s2, a, c, e, s3, s4, again};
+  for (size_t i = 0; i < sizeof blocks / sizeof *blocks; i++) vt_give(pool, blocks[i]);
+  VT_OK(vram_pool_destroy(pool));
+}
+
 static void t_bad_large_blocks(void **state) {
   (void)state;
   vram_options_t o;
@@ -422,6 +449,7 @@ int main(void) {
       cmocka_unit_test(t_large_blocks_virtual_guard_keeps_mappings),
       cmocka_unit_test(t_large_blocks_virtual_oom_advice),
       cmocka_unit_test(t_small_request_into_idle_large_granules),
+      cmocka_unit_test(t_small_requests_in_the_large_range_sit_together),
       cmocka_unit_test(t_bad_large_blocks),
   };
   return cmocka_run_group_tests_name("virtual_growth", tests, NULL, NULL);
