@@ -293,12 +293,11 @@ def test_max_batch_for_a_card_and_under_a_cap(tmp_path):
     # Given both, the tighter answers, and the text and --json say which bound it was.
     card_binds = ask("--device-memory", "1G", "--cap", "1G")
     cap_binds = json.loads(ask("--device-memory", "2G", "--cap", "1G", "--json"))
-    assert card_binds.startswith(card.split(" under vramkit")[0] + ", the tighter bound")
+    assert card_binds.startswith(card.split(" under vramkit")[0] + ", tighter than an allocator")
     assert int(card_binds.split(":")[-1]) == on_card
     assert cap_binds["bound"] == "cap" and cap_binds["max_batch"] == under_cap
     assert cap_binds["answered_for"].startswith(
-        "an allocator cap of 1G (the CUDA context not counted), the tighter bound (than "
-        "a 2G card")
+        "an allocator cap of 1G (the CUDA context not counted), tighter than a 2G card")
     assert cap_binds["allocator_bytes"] == 1 << 30
 
 

@@ -153,7 +153,7 @@ def _question(args) -> tuple[str, str]:
     words = card if bound == "card" else cap
     if args.device_memory and args.cap:
         other = cap if bound == "card" else card
-        words += f", the tighter bound (than {other})"
+        words += f", tighter than {other},"
     return bound, words
 
 
