@@ -33,9 +33,9 @@ import time
 # (family, precision, batch, seq or image size, optimizer, checkpointing): each step is
 # written as a user writes it (the model made, then moved with .to("cuda"); autocast
 # around forward; the optimizer's step), in families the issue names: two decoder-LM
-# families, an encoder, an encoder-decoder, a ViT, two convnets and a diffusion-style
-# UNet. Precision "bf16" is bf16 weights (and so optimizer state). Checkpointing "all"
-# or "some" (every second repeated block).
+# families and a mixture-of-experts decoder, an encoder, an encoder-decoder, a ViT, two
+# convnets and a diffusion-style UNet. Precision "bf16" is bf16 weights (and so optimizer
+# state). Checkpointing "all" or "some" (every second repeated block).
 WORKLOADS = [
     ("gpt2", "fp32", 1, 1024, "adamw", "none"),
     ("gpt2", "fp32", 8, 1024, "adamw", "none"),
@@ -49,6 +49,7 @@ WORKLOADS = [
     ("llama", "bf16-amp", 4, 1024, "adamw", "all"),
     ("llama", "bf16-amp", 2, 1024, "sgd", "some"),
     ("llama", "bf16", 4, 1024, "adafactor", "none"),
+    ("mixtral", "bf16-amp", 4, 1024, "adamw", "none"),  # experts: grouped products
     ("bert", "fp32", 16, 512, "adamw", "none"),
     ("bert", "bf16-amp", 32, 512, "adamw", "all"),
     ("t5", "fp32", 16, 512, "adamw", "none"),
@@ -100,6 +101,16 @@ def _text_model(family: str, small: bool):
                                 num_attention_heads=32, num_key_value_heads=8,
                                 vocab_size=32000, max_position_embeddings=4096))
         net = t.LlamaForCausalLM(config)
+    elif family == "mixtral":
+        # A mixture-of-experts decoder: eight experts a layer, two per token, its weights
+        # in fp32 under autocast (transformers' grouped products then run CUDA's fallback).
+        shape = (dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, **tiny) if small else
+                 dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
+                      num_attention_heads=16, num_key_value_heads=4, vocab_size=32000))
+        config = t.MixtralConfig(num_local_experts=8, num_experts_per_tok=2,
+                                 max_position_embeddings=4096, **shape)
+        net = t.MixtralForCausalLM(config)
     elif family == "bert":
         config = (t.BertConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                num_attention_heads=2, **tiny) if small else t.BertConfig())
@@ -293,7 +304,7 @@ def _key(w) -> str:
             + f" {optimizer}" + ("" if ckpt == "none" else f" ckpt-{ckpt}"))
 
 
-_TEXT = ("gpt2", "llama", "bert", "t5")
+_TEXT = ("gpt2", "llama", "mixtral", "bert", "t5")
 
 
 def measure(allocator: str, workloads) -> None:
