@@ -239,12 +239,9 @@ class StorageRecorder(TorchDispatchMode):
         # A fake kernel stricter than CUDA's is not asked (it logs its refusal as an
         # error before raising): _fake_gaps makes what CUDA's kernel makes instead.
         out = _fake_gaps.stand_in(func, args, kwargs) if func in _fake_gaps.OPS else None
-        if out is not None:
-            pass
-        elif self.values is not None:
-            out = self.values.__torch_dispatch__(func, types, args, kwargs)
-        else:
-            out = func(*args, **(kwargs or {}))
+        if out is None:
+            out = (self.values.__torch_dispatch__(func, types, args, kwargs)
+                   if self.values is not None else func(*args, **(kwargs or {})))
         phase = self.phase
         in_backward = phase != "setup" and torch._C._current_graph_task_id() != -1
         if in_backward:
