@@ -130,7 +130,9 @@ size_t _vram_place_releasable(const vram_pool_t *pool);
  * ------------------------------------------------------------------------------------- */
 
 /* Virtual memory: a free window of at least `rounded` bytes whose granules are all mapped,
- * split off so that the returned block starts there; NULL if none (placement.c). */
+ * split off so that the returned block starts there; NULL if none (placement.c). With
+ * `beside_small` (a small request far from the cap), one right after a small block in use
+ * first. */
 vram_block *_vram_place_mapped_fit(vram_pool_t *pool, vram_tlsf *index, size_t rounded,
                                    bool beside_small);
 /* A small request whose growth would raise the high-water mark: carved from idle mapped
