@@ -577,3 +577,36 @@ def test_eight_bit_states_are_what_bitsandbytes_keeps():
     e = vramkit.estimate(_step, build=_mlp_build(),
                          variant=variants.Variant("8-bit", eight_bit_states=True))
     assert e.breakdown["optimizer state"] == sum(map(states, sizes)) + 2 * _rounded(256 * 4)
+
+
+def test_a_step_that_times_itself_and_logs_memory_on_a_machine_without_a_gpu():
+    """A step's own torch.cuda calls (events around a timer, synchronize, the device's
+    name and bf16 support, peak statistics reset, a side stream, a device context) are
+    answered on the CPU stand-in as one device would answer them, and leave the estimate
+    what the same step without them gives; outside the estimate they are PyTorch's again."""
+    plain = _wide_step_under(torch.bfloat16)
+
+    def instrumented(net, opt, x):
+        torch.cuda.set_device(0)
+        torch.cuda.reset_peak_memory_stats()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.device(0), torch.cuda.stream(side):
+            pass
+        torch.cuda.current_stream().wait_stream(side)
+        assert torch.cuda.is_bf16_supported() and torch.cuda.get_device_capability() >= (8, 0)
+        plain(net, opt, x)
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end), torch.cuda.get_device_name(), torch.cuda.mem_get_info()
+
+    expected = vramkit.estimate(plain, build=_mlp_build(), model_workspaces=False)
+    got = vramkit.estimate(instrumented, build=_mlp_build(), model_workspaces=False)
+    assert got.emulated
+    assert (got.peak_allocated, got.peak_reserved) == (expected.peak_allocated,
+                                                       expected.peak_reserved)
+    if not torch.cuda.is_available():
+        with pytest.raises((RuntimeError, AssertionError)):
+            torch.cuda.synchronize()

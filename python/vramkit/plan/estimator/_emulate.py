@@ -6,7 +6,9 @@ backward pass, and fails (PyTorch 2.11). Without a GPU the estimator therefore r
 step on fake *CPU* tensors and makes the CPU behave, for memory, as the GPU would:
 
 - device arguments that name CUDA (``device="cuda"``, ``.cuda()``, ``.to("cuda:0")``)
-  name the CPU instead, so the user's step runs unchanged;
+  name the CPU instead, so the user's step runs unchanged, and the step's other torch.cuda
+  calls (synchronize, device queries, streams, events) answer as one H200 would
+  (_cuda_calls);
 - ``torch.autocast("cuda", ...)`` becomes CPU autocast with the same dtype;
 - ``scaled_dot_product_attention`` allocates what the GPU's fused kernels allocate (flash
   or memory-efficient attention: an output and a log-sum-exp per row, never the
@@ -38,6 +40,7 @@ import torch.nn.functional as F
 from torch.utils import flop_counter
 from torch.utils._device import DeviceContext
 
+from . import _cuda_calls
 from ._record import add_flops, per_query_head
 
 _TENSOR_MOVES = {torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.type}
@@ -287,5 +290,6 @@ def _overload(name: str):
 @contextlib.contextmanager
 def emulated_cuda():
     """Everything above, for the length of one estimate."""
-    with cuda_autocast_on_cpu(), cuda_autocast_lists_on_cpu(), CudaOnCpu():
+    with cuda_autocast_on_cpu(), cuda_autocast_lists_on_cpu(), _cuda_calls.answered_on_cpu(), \
+            CudaOnCpu():
         yield

@@ -1,0 +1,147 @@
+"""The torch.cuda calls a step makes besides its tensors, answered for the CPU stand-in.
+
+A training step calls more of torch.cuda than its tensors do: ``torch.cuda.synchronize()``
+around a timer, ``reset_peak_memory_stats()`` before it logs memory, the device's name or
+capability to choose a dtype or a kernel, ``set_device`` and ``with torch.cuda.device(i)``,
+streams and events. On a machine without a driver each of those raises, so the estimate
+of a step that runs on any GPU failed there. For the length of an estimate on the CPU
+stand-in (``_emulate.emulated_cuda``) they answer as device 0, an H200 (the card whose
+measurements the estimator's tables hold), would:
+
+- synchronizing, resetting memory statistics, setting the device and entering a device
+  context do nothing: the stand-in runs every operation in order, on one device;
+- the device's name, capability, properties and free memory are the H200's (free: all of
+  it, since the stand-in holds no real memory);
+- streams and events are stand-ins whose waits and queries return at once and whose timings
+  are zero: the stand-in has one stream.
+
+What stays the machine's own: ``is_available()`` and ``device_count()`` (libraries cache
+them, and a step that asks them is choosing where to run, which a stand-in cannot decide
+for it), and the memory figures (``memory_allocated()`` and the like), which read the real
+allocator, not the estimate. Nothing here runs on a machine with a GPU: there the step runs
+on fake CUDA tensors against the real driver.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from types import SimpleNamespace
+
+import torch
+
+# The card the stand-in answers for (an H200 as PyTorch 2.11 reports it).
+CARD = SimpleNamespace(name="NVIDIA H200", major=9, minor=0,
+                       total_memory=143771 * (1 << 20), multi_processor_count=132,
+                       is_integrated=False, is_multi_gpu_board=False)
+
+
+class _Event:
+    """torch.cuda.Event on one in-order device: recorded work is done at once."""
+
+    def __init__(self, enable_timing=False, blocking=False, interprocess=False):
+        self.enable_timing = enable_timing
+
+    def record(self, stream=None):
+        return None
+
+    def wait(self, stream=None):
+        return None
+
+    def query(self):
+        return True
+
+    def synchronize(self):
+        return None
+
+    def elapsed_time(self, end_event):
+        return 0.0
+
+
+class _Stream:
+    """torch.cuda.Stream on one in-order device: every wait returns at once."""
+
+    def __init__(self, device=None, priority=0, **kwargs):
+        self.device = torch.device("cuda", 0)
+        self.priority = priority
+
+    def wait_stream(self, stream):
+        return None
+
+    def wait_event(self, event):
+        return None
+
+    def record_event(self, event=None):
+        return event if event is not None else _Event()
+
+    def query(self):
+        return True
+
+    def synchronize(self):
+        return None
+
+    def __eq__(self, other):
+        return isinstance(other, _Stream)
+
+    def __hash__(self):
+        return 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+_THE_STREAM = _Stream()
+
+
+class _Device:
+    """``with torch.cuda.device(i)``: one device, nothing to switch."""
+
+    def __init__(self, device=None):
+        self.idx = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _nothing(*args, **kwargs):
+    return None
+
+
+_ANSWERS = {
+    "synchronize": _nothing,
+    "set_device": _nothing,
+    "reset_peak_memory_stats": _nothing,
+    "reset_max_memory_allocated": _nothing,
+    "reset_max_memory_cached": _nothing,
+    "reset_accumulated_memory_stats": _nothing,
+    "current_device": lambda: 0,
+    "get_device_name": lambda device=None: CARD.name,
+    "get_device_capability": lambda device=None: (CARD.major, CARD.minor),
+    "get_device_properties": lambda device=None: CARD,
+    "mem_get_info": lambda device=None: (CARD.total_memory, CARD.total_memory),
+    "is_bf16_supported": lambda including_emulation=True: True,
+    "current_stream": lambda device=None: _THE_STREAM,
+    "default_stream": lambda device=None: _THE_STREAM,
+    "Stream": _Stream,
+    "stream": lambda stream=None: contextlib.nullcontext(stream),
+    "Event": _Event,
+    "device": _Device,
+}
+
+
+@contextlib.contextmanager
+def answered_on_cpu():
+    """The torch.cuda calls of ``_ANSWERS`` answered as described above, for its length."""
+    originals = {name: getattr(torch.cuda, name) for name in _ANSWERS}
+    try:
+        for name, answer in _ANSWERS.items():
+            setattr(torch.cuda, name, answer)
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(torch.cuda, name, original)
