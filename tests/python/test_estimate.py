@@ -610,3 +610,28 @@ def test_a_step_that_times_itself_and_logs_memory_on_a_machine_without_a_gpu():
     if not torch.cuda.is_available():
         with pytest.raises((RuntimeError, AssertionError)):
             torch.cuda.synchronize()
+
+
+def test_a_gradient_scaler_made_in_build_runs_as_on_the_gpu_without_one():
+    """GradScaler("cuda") made where CUDA is not available disables itself with a warning;
+    on the CPU stand-in it runs as on the GPU: no warning, and its check for infinities is
+    read as none found, which the notes say."""
+    import warnings
+
+    def build():
+        net, opt, x = _wide_build()
+        return net.cuda(), opt, torch.amp.GradScaler("cuda"), x
+
+    def step(net, opt, scaler, x):
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = net(x.to("cuda")).float().pow(2).mean()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        e = vramkit.estimate(step, build=build, model_workspaces=False)
+    assert not [w for w in caught if "GradScaler" in str(w.message)]
+    assert any("gradient scaler" in note for note in e.notes)

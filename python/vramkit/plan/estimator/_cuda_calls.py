@@ -136,12 +136,18 @@ _ANSWERS = {
 
 @contextlib.contextmanager
 def answered_on_cpu():
-    """The torch.cuda calls of ``_ANSWERS`` answered as described above, for its length."""
+    """The torch.cuda calls of ``_ANSWERS`` answered as described above, for its length;
+    and a ``GradScaler("cuda")`` made in it is enabled, as on the GPU (PyTorch disables one
+    made where CUDA is not available, with a warning the step's user would misread)."""
+    amp_common = torch.cuda.amp.common
     originals = {name: getattr(torch.cuda, name) for name in _ANSWERS}
+    unavailable = amp_common.amp_definitely_not_available
     try:
         for name, answer in _ANSWERS.items():
             setattr(torch.cuda, name, answer)
+        amp_common.amp_definitely_not_available = lambda: False
         yield
     finally:
         for name, original in originals.items():
             setattr(torch.cuda, name, original)
+        amp_common.amp_definitely_not_available = unavailable
