@@ -130,10 +130,11 @@ typedef struct vram_options {
    * VRAM_LARGE_FIXED: fixed segments of their own size, virtual growth only past
    * virtual_threshold (every large block shareable by CUDA IPC until then). */
   vram_large_blocks large_blocks;
-  /* Capacity of the sim device (default 80 GiB): from 1 byte to VRAM_SIM_MAX_CAPACITY
-   * (2^48 bytes, 256 TiB, the most any device addresses). Outside that range, 0 included,
-   * vram_pool_create on a sim source fails with VRAM_ESIMCAPACITY and makes no pool. A
-   * capacity below one 2 MiB segment is accepted, but no request fits it. */
+  /* Capacity of the sim device (default VRAM_SIM_DEFAULT_CAPACITY, 80 GiB): from 1 byte to
+   * VRAM_SIM_MAX_CAPACITY (2^48 bytes, 256 TiB, the most any device addresses). Outside
+   * that range, 0 included, vram_pool_create on a sim source fails with VRAM_ESIMCAPACITY
+   * and makes no pool. A capacity below one 2 MiB segment is accepted, but no request fits
+   * it. */
   size_t sim_capacity;
   int sim_event_delay;          /* sim: queries before a recorded event completes (default 0) */
   /* Fault injection (tests): the source call numbered fail_at (1-based) fails, and every
@@ -174,6 +175,7 @@ typedef struct vram_options {
 } vram_options_t;
 
 #define VRAM_SIM_MAX_CAPACITY ((size_t)1 << 48)
+#define VRAM_SIM_DEFAULT_CAPACITY ((size_t)80 << 30) /* an 80 GiB card, as an H100 */
 
 /* Fill defaults: device 0, AUTO source, grow on demand, no limit, keep all cache. */
 VRAM_API void vram_options_init(vram_options_t *opts);

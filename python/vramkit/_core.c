@@ -608,10 +608,14 @@ static int core_exec(PyObject *module) {
   if (PyModule_AddType(module, st->Pool_Type) < 0) return -1;
 
   if (PyModule_AddStringConstant(module, "VERSION", VRAMKIT_VERSION) < 0) return -1;
-  /* The largest device the sim source models, for callers that size one. */
+  /* The sim source's default and largest devices, for callers that size one. */
   PyObject *sim_max = PyLong_FromUnsignedLongLong(VRAM_SIM_MAX_CAPACITY);
   int added = sim_max ? PyModule_AddObjectRef(module, "SIM_MAX_CAPACITY", sim_max) : -1;
   Py_XDECREF(sim_max);
+  if (added < 0) return -1;
+  PyObject *sim_default = PyLong_FromUnsignedLongLong(VRAM_SIM_DEFAULT_CAPACITY);
+  added = sim_default ? PyModule_AddObjectRef(module, "SIM_DEFAULT_CAPACITY", sim_default) : -1;
+  Py_XDECREF(sim_default);
   if (added < 0) return -1;
   /* The status codes, by name, for callers that test .status. */
 #define X_CODE(name, value, text)                                                          \

@@ -16,8 +16,6 @@
 #include "source/sim_shared.h"
 #include "vramkit.h"
 
-#define DEFAULT_SIM_CAPACITY ((size_t)80 << 30) /* an 80 GiB card, as an H100 */
-
 /* vram_set_split_stats_default: set once, early, by whoever wants PyTorch's rows. */
 static int split_stats_default;
 
@@ -34,7 +32,7 @@ void vram_options_init(vram_options_t *opts) {
   opts->tight_threshold = 1.0;
   opts->virtual_threshold = 0.5;
   opts->large_blocks = VRAM_LARGE_VIRTUAL;
-  opts->sim_capacity = DEFAULT_SIM_CAPACITY;
+  opts->sim_capacity = VRAM_SIM_DEFAULT_CAPACITY;
   opts->managed_prefetch = 1;
   opts->give_back = 1;
   opts->give_back_timeout_ms = VRAM_GIVE_BACK_TIMEOUT_DEFAULT_MS;

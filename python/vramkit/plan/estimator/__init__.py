@@ -290,7 +290,8 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
     events = list(recording.events())
     trace_path = _written_trace(events, trace_path)
     usable = limit if card is None else max(card - CUDA_CONTEXT_BYTES, 0)
-    ours = _replay.vramkit_replay_uncapped(trace_path, source, min_capacity=True)
+    ours = _replay.vramkit_replay_uncapped(trace_path, source, recording.peak_allocated,
+                                           min_capacity=True)
     native = _replay.torch_replay(events, False, None)
     expandable = _replay.torch_replay(events, True, None)
 

@@ -45,29 +45,26 @@ def vramkit_replay(trace: str, source: str, capacity: int | None,
                              min_capacity=min_capacity, settings=settings, host_model=True)
 
 
-def vramkit_replay_uncapped(trace: str, source: str, min_capacity: bool = False) -> dict:
-    """The replay with no cap: on the engine's default simulated device, or, where the
-    step outgrows it, on one twice the step's peak live bytes, doubled until the step
-    runs without running out of memory, as on a card large enough for it. A step larger
-    than any device the engine models (_core.SIM_MAX_CAPACITY) cannot be estimated. The
-    smallest capacity, if asked for, is searched for once, on the device that held it."""
+def vramkit_replay_uncapped(trace: str, source: str, peak_live: int,
+                            min_capacity: bool = False) -> dict:
+    """The replay with no cap: on the engine's default simulated device where the step's
+    ``peak_live`` bytes fit it, else on one twice that, doubled until the step runs
+    without running out of memory, as on a card large enough for it. A step larger than
+    any device the engine models (_core.SIM_MAX_CAPACITY) cannot be estimated."""
     from ._step import UntraceableStep
 
-    result = vramkit_replay(trace, source, None)
-    device = None
-    while result.get("ooms"):
-        device = 2 * (device or int(result["peak_live_bytes"]))
-        if device > _core.SIM_MAX_CAPACITY:
+    device = None if peak_live <= _core.SIM_DEFAULT_CAPACITY else 2 * peak_live
+    while True:
+        if device is not None and device > _core.SIM_MAX_CAPACITY:
             raise UntraceableStep(
-                f"estimate(): the step holds {int(result['peak_live_bytes']):,} bytes at its "
-                f"peak, more than the largest device vramkit models "
-                f"({_core.SIM_MAX_CAPACITY:,} bytes): a smaller batch or sequence")
-        result = _replay_on_device(trace, source, device, False)
-    if not min_capacity:
-        return result
-    if device is None:
-        return vramkit_replay(trace, source, None, True)
-    return _replay_on_device(trace, source, device, True)
+                f"estimate(): the step holds {peak_live:,} bytes at its peak, more than the "
+                f"largest device vramkit models ({_core.SIM_MAX_CAPACITY:,} bytes): a "
+                f"smaller batch or sequence")
+        result = (vramkit_replay(trace, source, None, min_capacity) if device is None
+                  else _replay_on_device(trace, source, device, min_capacity))
+        if not result.get("ooms"):
+            return result
+        device = 2 * (device or peak_live)
 
 
 def _replay_on_device(trace: str, source: str, device: int, min_capacity: bool) -> dict:
