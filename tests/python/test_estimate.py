@@ -607,6 +607,11 @@ def test_a_step_that_times_itself_and_logs_memory_on_a_machine_without_a_gpu():
     assert got.emulated
     assert (got.peak_allocated, got.peak_reserved) == (expected.peak_allocated,
                                                        expected.peak_reserved)
+    # The notes say what was answered, counted over the two steps; the plain step made none.
+    answered = [n for n in got.notes if "torch.cuda calls were answered" in n]
+    assert len(answered) == 1 and "synchronize (2)" in answered[0]
+    assert "Event (4)" in answered[0] and "Stream (2)" in answered[0]
+    assert not any("torch.cuda calls" in n for n in expected.notes)
     if not torch.cuda.is_available():
         with pytest.raises((RuntimeError, AssertionError)):
             torch.cuda.synchronize()

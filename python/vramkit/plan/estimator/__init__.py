@@ -395,6 +395,11 @@ def _notes(recording, target, models_) -> list[str]:
     if target.emulated:
         notes.append("no GPU here: the step ran on CPU kernels standing in for CUDA's; "
                      "on a machine with a GPU the estimate uses CUDA's own")
+    if recording.cuda_calls_answered:
+        calls = ", ".join(f"{name} ({count})" for name, count
+                          in sorted(recording.cuda_calls_answered.items()))
+        notes.append(f"the step's torch.cuda calls were answered as one H200 would answer "
+                     f"them, with nothing run on a device: {calls}")
     for model in models_:
         notes.extend(model.notes())
     if recording.generation_stand_ins:

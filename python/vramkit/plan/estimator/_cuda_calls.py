@@ -25,9 +25,19 @@ on fake CUDA tensors against the real driver.
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from types import SimpleNamespace
 
 import torch
+
+# The calls answered so far in the estimate running now (answered_on_cpu), by name.
+_answered: Counter | None = None
+
+
+def _count(name: str) -> None:
+    if _answered is not None:
+        _answered[name] += 1
+
 
 # The card the stand-in answers for (an H200 as PyTorch 2.11 reports it).
 CARD = SimpleNamespace(name="NVIDIA H200", major=9, minor=0,
@@ -40,6 +50,7 @@ class _Event:
 
     def __init__(self, enable_timing=False, blocking=False, interprocess=False):
         self.enable_timing = enable_timing
+        _count("Event")
 
     def record(self, stream=None):
         return None
@@ -63,6 +74,7 @@ class _Stream:
     def __init__(self, device=None, priority=0, **kwargs):
         self.device = torch.device("cuda", 0)
         self.priority = priority
+        _count("Stream")
 
     def wait_stream(self, stream):
         return None
@@ -100,6 +112,7 @@ class _Device:
 
     def __init__(self, device=None):
         self.idx = 0
+        _count("device")
 
     def __enter__(self):
         return self
@@ -134,20 +147,33 @@ _ANSWERS = {
 }
 
 
+def _counted(name, answer):
+    def counted(*args, **kwargs):
+        _count(name)
+        return answer(*args, **kwargs)
+    return counted
+
+
 @contextlib.contextmanager
 def answered_on_cpu():
     """The torch.cuda calls of ``_ANSWERS`` answered as described above, for its length;
     and a ``GradScaler("cuda")`` made in it is enabled, as on the GPU (PyTorch disables one
-    made where CUDA is not available, with a warning the step's user would misread)."""
+    made where CUDA is not available, with a warning the step's user would misread).
+    Yields a Counter of the calls answered, by name, for the estimate's notes."""
+    global _answered
     amp_common = torch.cuda.amp.common
     originals = {name: getattr(torch.cuda, name) for name in _ANSWERS}
     unavailable = amp_common.amp_definitely_not_available
+    outer, _answered = _answered, Counter()
     try:
         for name, answer in _ANSWERS.items():
-            setattr(torch.cuda, name, answer)
+            # The classes stay classes (isinstance checks); they count what they make.
+            setattr(torch.cuda, name, answer if isinstance(answer, type)
+                    else _counted(name, answer))
         amp_common.amp_definitely_not_available = lambda: False
-        yield
+        yield _answered
     finally:
         for name, original in originals.items():
             setattr(torch.cuda, name, original)
         amp_common.amp_definitely_not_available = unavailable
+        _answered = outer

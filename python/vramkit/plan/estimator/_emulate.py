@@ -289,7 +289,8 @@ def _overload(name: str):
 
 @contextlib.contextmanager
 def emulated_cuda():
-    """Everything above, for the length of one estimate."""
-    with cuda_autocast_on_cpu(), cuda_autocast_lists_on_cpu(), _cuda_calls.answered_on_cpu(), \
-            CudaOnCpu():
-        yield
+    """Everything above, for the length of one estimate; yields the Counter of the
+    step's torch.cuda calls answered (_cuda_calls)."""
+    with cuda_autocast_on_cpu(), cuda_autocast_lists_on_cpu(), \
+            _cuda_calls.answered_on_cpu() as answered, CudaOnCpu():
+        yield answered

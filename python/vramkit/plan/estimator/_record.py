@@ -101,6 +101,8 @@ class Recording:
     # Yes/no tensors of a generation loop computed from unknown values, taken as all "no"
     # (no end-of-sequence token drawn): the step generated all its new tokens.
     generation_stand_ins: int = 0
+    # The step's torch.cuda calls the CPU stand-in answered, by name (_cuda_calls).
+    cuda_calls_answered: dict = field(default_factory=dict)
     optimizer_reads: int = 0       # values an optimizer's step read, taken as zero
     flops: int = 0                 # floating-point operations of the last step recorded
 

@@ -188,7 +188,7 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
     recorder.workspace_hook = workspace_hook
     recorder.after_outputs_hook = after_outputs_hook
     recorder.device_type = None if target.emulated else "cuda"
-    with on_target(target):
+    with on_target(target) as answered:
         # What exists before the step is recorded from the objects themselves below, as
         # the real program holds it before its first step (building leaves nothing else).
         twins = _Twins(mode, target)
@@ -253,6 +253,7 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
                     if p.grad is not None:
                         recorder.set_role(p.grad, "gradients")
             recorder.phase = "done"
+    recorder.recording.cuda_calls_answered = dict(answered)
     recorder.recording.generation_stand_ins = known.stand_ins
     recorder.recording.optimizer_reads = known.optimizer_reads
     recorder.recording.flops = recorder.step_flops[-1] if recorder.step_flops else 0
@@ -290,10 +291,11 @@ def _creation_sites(build) -> CreationSites | None:
 @contextlib.contextmanager
 def on_target(target: Target):
     """What a step and its build() run under besides the fake mode: the CPU standing in
-    for CUDA where there is no GPU, and moves of fake modules (.to("cuda"), .half())."""
-    emulation = _emulate.emulated_cuda() if target.emulated else contextlib.nullcontext()
-    with emulation, fake_module_moves():
-        yield
+    for CUDA where there is no GPU, and moves of fake modules (.to("cuda"), .half()).
+    Yields the torch.cuda calls the stand-in answered, by name (none on a GPU)."""
+    emulation = _emulate.emulated_cuda() if target.emulated else contextlib.nullcontext({})
+    with emulation as answered, fake_module_moves():
+        yield answered
 
 
 def _as_on_the_gpu(opt: torch.optim.Optimizer) -> None:
