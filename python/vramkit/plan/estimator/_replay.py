@@ -34,13 +34,16 @@ def write_trace(events, path: str, comment: str) -> int:
 
 
 def vramkit_replay(trace: str, source: str, capacity: int | None,
-                   min_capacity: bool = False) -> dict:
+                   min_capacity: bool = False, device: int | None = None) -> dict:
     """One replay of the trace on the simulated device, in this process (vramkit.replay);
-    the keys of ``vramkit replay --json``."""
+    the keys of ``vramkit replay --json``. ``device``: the simulated device's size where
+    there is no cap (else the engine's default)."""
     check_source(source)
     # The user's placement settings count (they change what fits); sizes, limits and the
     # source are this call's: vramkit.replay's one rule. The engine picks the host model.
     settings = _replaying.placement_settings()
+    if device is not None:
+        settings["VRAMKIT_SIM_CAPACITY"] = str(device)
     return _replaying.replay(trace, source=source, capacity=capacity,
                              min_capacity=min_capacity, settings=settings, host_model=True)
 
@@ -60,18 +63,10 @@ def vramkit_replay_uncapped(trace: str, source: str, peak_live: int,
                 f"estimate(): the step holds {peak_live:,} bytes at its peak, more than the "
                 f"largest device vramkit models ({_core.SIM_MAX_CAPACITY:,} bytes): a "
                 f"smaller batch or sequence")
-        result = (vramkit_replay(trace, source, None, min_capacity) if device is None
-                  else _replay_on_device(trace, source, device, min_capacity))
+        result = vramkit_replay(trace, source, None, min_capacity, device)
         if not result.get("ooms"):
             return result
         device = 2 * (device or peak_live)
-
-
-def _replay_on_device(trace: str, source: str, device: int, min_capacity: bool) -> dict:
-    check_source(source)
-    settings = {**_replaying.placement_settings(), "VRAMKIT_SIM_CAPACITY": str(device)}
-    return _replaying.replay(trace, source=source, capacity=None,
-                             min_capacity=min_capacity, settings=settings, host_model=True)
 
 
 def torch_replay(events, expandable: bool, capacity: int | None) -> dict:
