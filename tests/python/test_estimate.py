@@ -409,8 +409,12 @@ def test_a_model_configuration_that_cannot_be_read_exits_2(tmp_path):
     wrong_kind.write_text('{"model_type": "gpt2", "n_layer": "abc", "n_head": 5}')
     empty_folder = tmp_path / "model"
     empty_folder.mkdir()
+    unbuildable = tmp_path / "heads.json"  # read, but no model has 5 heads over 768 wide
+    unbuildable.write_text('{"model_type": "gpt2", "n_head": 5}')
     readme = Path(__file__).resolve().parents[2] / "README.md"
     for model, says in ((readme, "README.md: not a usable model configuration"),
+                        (unbuildable, "heads.json: not a usable model configuration: "
+                                      "ValueError: `embed_dim` must be divisible"),
                         (invalid, "invalid.json: not a usable model configuration"),
                         (wrong_kind, "config.json: not a usable model configuration"),
                         (empty_folder, "model: a folder without a config.json")):
@@ -640,3 +644,29 @@ def test_a_gradient_scaler_made_in_build_runs_as_on_the_gpu_without_one():
         e = vramkit.estimate(step, build=build, model_workspaces=False)
     assert not [w for w in caught if "GradScaler" in str(w.message)]
     assert any("gradient scaler" in note for note in e.notes)
+
+
+def test_the_command_line_s_failures_are_one_escaped_line_with_their_status(tmp_path):
+    pytest.importorskip("transformers")
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "vramkit", "estimate", *args],
+                              capture_output=True, text=True, timeout=300)
+
+    # A trace that cannot be written is the tool's failure (4), said once, not a traceback
+    # with the status of a step that does not fit (1).
+    lost = run("--model", "gpt2", "--batch", "1", "--seq", "8",
+               "--trace", str(tmp_path / "no-such-folder" / "t.trace.gz"))
+    assert lost.returncode == 4, lost.stderr
+    assert lost.stderr.splitlines() == [
+        f"vramkit estimate: {tmp_path}/no-such-folder/t.trace.gz: cannot open for writing: "
+        "No such file or directory"]
+    # A batch no storage can hold: fake tensors log the meta kernel's exception with its
+    # traceback; the estimate explains it in one line instead.
+    huge = run("--model", "gpt2", "--batch", str(10**14), "--seq", "1024")
+    assert huge.returncode == 4, huge.stderr
+    assert len(huge.stderr.splitlines()) == 1 and "overflowed" in huge.stderr, huge.stderr
+    # A name with a terminal control in it is shown escaped, once.
+    odd = run("--model", "\x1b[31mred")
+    assert odd.returncode == 3
+    assert odd.stderr.startswith("vramkit estimate: unknown model '\\x1b[31mred'"), odd.stderr

@@ -28,9 +28,13 @@ def usage_error(command: str, message: str) -> int:
 
 
 def input_error(command: str, error) -> int:
-    """A file the subcommand cannot read: the message (which names it) on stderr, exit 2.
-    A message that is shown text already (ShownText, the engine's) is not escaped again."""
-    message = error.args[0] if len(error.args) == 1 else str(error)
+    """A file the subcommand cannot read: the message (which names it; an exception or its
+    text) on stderr, exit 2. A message that is shown text already (ShownText, the
+    engine's) is not escaped again."""
+    if isinstance(error, str):
+        message = error
+    else:
+        message = error.args[0] if len(error.args) == 1 else str(error)
     print(f"vramkit {command}: {shown(message if isinstance(message, str) else str(error))}",
           file=sys.stderr)
     return EXIT_BAD_INPUT

@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 
+from .._shown import shown
 from ._exit import (EXIT_DOES_NOT_FIT, EXIT_FAILURE, EXIT_MISSING_DEPENDENCY, EXIT_OK,
                     input_error, usage_error)
 from ._parser import CommandParser
@@ -139,7 +140,18 @@ def _refused(error: Exception, model: str) -> int:
                                            f"{error}")
     if isinstance(error, ValueError):
         return usage_error("estimate", str(error))
-    print(f"vramkit estimate: {error}", file=sys.stderr)  # an UntraceableStep
+    if getattr(error, "in_build", False) and error.__cause__ is not None and \
+            (os.path.isfile(model) or os.path.isdir(model)):
+        # The model of the user's configuration could not be made (a head count that does
+        # not divide the width): the file's fault, as a value transformers refuses on
+        # reading it is, not a step fake tensors cannot follow.
+        cause = error.__cause__
+        why = " ".join(f"{type(cause).__name__}: {cause}".split())[:300]
+        return input_error("estimate", f"{model}: not a usable model configuration: {why}")
+    if isinstance(error, OSError):  # the --trace file, or the estimate's scratch folder
+        print(f"vramkit estimate: {shown(str(error))}", file=sys.stderr)
+        return EXIT_FAILURE
+    print(f"vramkit estimate: {shown(str(error))}", file=sys.stderr)  # an UntraceableStep
     return EXIT_FAILURE
 
 
@@ -259,7 +271,7 @@ def run(args) -> int:
     try:
         first = work(args.batch)
         answer = _answer(args, first, work)
-    except (ImportError, ValueError, UntraceableStep) as error:
+    except (ImportError, ValueError, UntraceableStep, OSError) as error:
         return _refused(error, args.model)
     report = (_report_max_batch if args.max_batch else _report_what_if if args.what_if
               else _report_plan if args.plan_checkpointing else _report_estimate)

@@ -17,6 +17,7 @@ import contextlib
 import contextvars
 import copy
 import inspect
+import logging
 import types
 from dataclasses import dataclass
 
@@ -32,7 +33,29 @@ from .workspaces import WorkspaceTableError
 
 class UntraceableStep(RuntimeError):
     """The step did something fake tensors cannot follow; the message says what and how to
-    work around it."""
+    work around it. ``in_build`` is true when ``build()`` raised, before any step ran."""
+
+    in_build = False
+
+
+class _ExplainedHere(logging.Filter):
+    """Drops the fake-tensor module's logs of an exception (its ``log.exception`` calls,
+    each with a whole traceback on stderr): the exception itself reaches the caller,
+    explained in one message by UntraceableStep, so the log would only say it twice."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.exc_info is None
+
+
+@contextlib.contextmanager
+def _fake_tensor_errors_explained_here():
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    quiet = _ExplainedHere()
+    log.addFilter(quiet)
+    try:
+        yield
+    finally:
+        log.removeFilter(quiet)
 
 
 @dataclass
@@ -188,7 +211,7 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
     recorder.workspace_hook = workspace_hook
     recorder.after_outputs_hook = after_outputs_hook
     recorder.device_type = None if target.emulated else "cuda"
-    with on_target(target) as answered:
+    with on_target(target) as answered, _fake_tensor_errors_explained_here():
         # What exists before the step is recorded from the objects themselves below, as
         # the real program holds it before its first step (building leaves nothing else).
         twins = _Twins(mode, target)
@@ -199,7 +222,9 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
                 try:
                     built = build()
                 except Exception as error:  # noqa: BLE001 - explained, then re-raised
-                    raise UntraceableStep("build(): " + _explain(error)) from error
+                    refused = UntraceableStep("build(): " + _explain(error))
+                    refused.in_build = True
+                    raise refused from error
             args = (*built, *args) if isinstance(built, tuple) else (built, *args)
         else:
             args = twins.any(tuple(args))

@@ -86,7 +86,7 @@ def config_for(model: str):
         return transformers.AutoConfig.from_pretrained(model, local_files_only=True)
     except (OSError, ValueError) as error:
         known = sorted(_LANGUAGE | _VISION | set(_NAMED))
-        raise UnknownModel(f"unknown model {model!r}: give a family ({', '.join(known)}), "
+        raise UnknownModel(f"unknown model '{model}': give a family ({', '.join(known)}), "
                            f"a path to a config.json, or a model id already in the local "
                            f"Hugging Face cache (nothing is downloaded)") from error
 
@@ -148,7 +148,7 @@ def workload(model: str, batch: int, seq: int = 1024, precision: str = "fp32",
             ids = torch.randint(0, vocab, (batch, seq))
             return ids, ids
     else:
-        raise UnknownModel(f"model family {family!r} is not one the estimator builds")
+        raise UnknownModel(f"model family '{family}' is not one the estimator builds")
 
     def build():
         if cls is transformers.AutoModelForCausalLM or cls is transformers.AutoModelForMaskedLM:
