@@ -424,6 +424,21 @@ def test_command_on_a_trace_too_large_and_one_that_fits():
     assert d["cause"] is None and "no capacity given" in d["summary"]
 
 
+def test_where_the_search_finds_no_capacity_the_doctor_says_how_far_it_went(tmp_path):
+    # No capacity of 4x the peak live holds one 100-byte block (the pool maps 2 MiB), and
+    # none that any device has holds 2^64 - 1 bytes: neither trace "needs none".
+    tiny, huge = tmp_path / "tiny.trace.gz", tmp_path / "huge.trace.gz"
+    tiny.write_bytes(gzip.compress(b"# vramkit-trace v1\na 1 100 0 0\n"))
+    huge.write_bytes(gzip.compress(b"# vramkit-trace v1\na 1 18446744073709551615 0 0\n"))
+    for trace, says in ((tiny, "more than 4 times its peak live (the replay's search stops "
+                                "at 400 B) on the default settings"),
+                        (huge, "more than any device holds (none up to 256.0 TiB fits) on the "
+                               "default settings")):
+        d = json.loads(_doctor(trace, "--json").stdout)
+        assert d["numbers"]["min_capacity_default"] is None
+        assert says in d["summary"] and "none on" not in d["summary"], d["summary"]
+
+
 def test_command_on_a_vramkit_snapshot(tmp_path):
     path = tmp_path / "snapshot.pickle"
     run_python(f"""

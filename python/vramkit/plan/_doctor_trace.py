@@ -6,6 +6,7 @@ one on which the run fits, with what it gains measured rather than guessed.
 
 from __future__ import annotations
 
+from .. import _core
 from .doctor import Diagnosis, DoctorInputError, Fix, _live_fixes, _rank, _size
 
 
@@ -13,6 +14,17 @@ def _mib(value: int | None) -> str:
     """A capacity in MiB, the unit the replay's search finds it to (1.5 GiB hides the
     difference between one that fits and one that does not)."""
     return "none" if value is None else f"{value / (1 << 20):.1f} MiB"
+
+
+def _need(value: int | None, peak_live: int) -> str:
+    """A smallest fitting capacity the replay searched for; where it found none, how far
+    the search went: four times peak live, or the most any device holds where that is
+    less (`vramkit replay --min-capacity`'s "> 4x live" and "> sim max")."""
+    if value is not None:
+        return _size(value)
+    if peak_live > _core.SIM_MAX_CAPACITY // 4:
+        return f"more than any device holds (none up to {_size(_core.SIM_MAX_CAPACITY)} fits)"
+    return f"more than 4 times its peak live (the replay's search stops at {_size(4 * peak_live)})"
 
 
 def _replay(path: str, source: str, capacity: int | None, settings: dict | None = None):
@@ -65,6 +77,7 @@ def _fragmenting_trace(path: str, capacity: int, default: dict, runs: dict, numb
     _TRIED replayed under it, and only those on which it fits listed as fixes, each with
     what it gains in needed capacity; where none fits, the smallest capacity that does."""
     need_default = default.get("min_capacity_bytes")
+    peak_live = numbers["peak_live"]
     for text, what, key, source, settings in _TRIED:
         run = runs[key] = runs.get(key) or _replay(path, source, capacity, settings)
         numbers.update({f"min_capacity_{key}": run.get("min_capacity_bytes"),
@@ -72,8 +85,8 @@ def _fragmenting_trace(path: str, capacity: int, default: dict, runs: dict, numb
     numbers["peak_reserved_vmm"] = runs["vmm"]["peak_reserved_bytes"]
     summary = (f"peak live memory {_size(numbers['peak_live'])} fits the capacity "
                f"{_size(capacity)}, but on the default settings {default['ooms']} allocations "
-               f"failed: the trace needs {_size(need_default)} there, the free memory is not "
-               f"in pieces large enough")
+               f"failed: the trace needs {_need(need_default, peak_live)} there, the free "
+               f"memory is not in pieces large enough")
     fixes = []
     for text, what, key, _, _ in _TRIED:
         run, need = runs[key], runs[key].get("min_capacity_bytes")
@@ -122,9 +135,10 @@ def from_trace(path: str, capacity: int | None, estimate_fn) -> Diagnosis:
     notes = _first_oom_note(default)
     where = f"trace {default['trace']} ({default['ops']} ops)"
     if capacity is None:
-        summary = (f"no capacity given: the trace needs {_size(need_default)} on the default "
-                   f"settings, {_size(need_fixed)} on fixed segments alone and "
-                   f"{_size(numbers['min_capacity_vmm'])} on the vmm source (peak live "
+        summary = (f"no capacity given: the trace needs {_need(need_default, peak_live)} on "
+                   f"the default settings, {_need(need_fixed, peak_live)} on fixed segments "
+                   f"alone and {_need(numbers['min_capacity_vmm'], peak_live)} on the vmm "
+                   f"source (peak live "
                    f"{_size(peak_live)}); pass capacity= (--capacity) to diagnose it under a cap")
         return Diagnosis(None, summary, where, numbers, [], [], [], notes)
     if default["ooms"] == 0:
@@ -134,7 +148,7 @@ def from_trace(path: str, capacity: int | None, estimate_fn) -> Diagnosis:
         if fixed["ooms"]:
             summary += (f"; on fixed segments alone (VRAMKIT_LARGE_BLOCKS=fixed "
                         f"VRAMKIT_VIRTUAL_THRESHOLD=1) "
-                        f"{fixed['ooms']} allocations fail: it needs {_size(need_fixed)} there")
+                        f"{fixed['ooms']} allocations fail: it needs {_need(need_fixed, peak_live)} there")
         return Diagnosis(None, summary, where, numbers, [], [], [], notes)
     if peak_live > capacity:
         shortfall = peak_live - capacity
