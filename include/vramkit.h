@@ -737,7 +737,7 @@ typedef struct vram_replay_result {
   uint64_t peak_reserved_bytes, ooms, device_calls;    /* of the first cold pass */
   uint64_t device_calls_after, device_calls_warm;
   double ns_per_op, ns_per_op_warm, baseline_ns_per_op; /* best of the passes */
-  /* 1 found, 0 not asked, -1 none up to 4x peak live (or the sim's largest capacity),
+  /* 1 found, 0 not asked, -1 none up to the search's top (vram_replay_min_capacity),
    * -2 peak live past the sim's largest capacity: nothing to search. */
   int have_min_capacity;
   uint64_t min_capacity_bytes;
@@ -763,7 +763,10 @@ VRAM_API int vram_replay_trace(const vram_replay_trace_t *trace, const vram_repl
                                vram_replay_result *result);
 /* The smallest capacity, to 1 MiB, under which the trace replays with no out-of-memory on
  * the host model of `pool`'s source family (sim for sim/cuda/managed, sim:vmm for vmm):
- * fills result's min_capacity fields. */
+ * fills result's min_capacity fields. The search tops at 4x peak live, or at the peak
+ * reserved of a replay already in `result` that had no out-of-memory where that is more
+ * (a trace smaller than the pool's first segment), and at most at the sim's largest
+ * capacity. */
 VRAM_API int vram_replay_min_capacity(const vram_replay_trace_t *trace,
                                       const vram_options_t *pool, vram_replay_result *result);
 VRAM_API void vram_replay_unload(vram_replay_trace_t *trace);

@@ -124,8 +124,11 @@ static int bisect(const trace_t *trace, const vram_options_t *family, uint64_t l
   return VRAM_OK;
 }
 
-/* Between peak live and 4x peak live (or the largest capacity the sim models if that is
- * less), to 1 MiB, on the host model of the pool's source family. */
+/* Between peak live and 4x peak live, to 1 MiB, on the host model of the pool's source
+ * family. The top is raised to the peak reserved of a run already made into `result`
+ * with no out-of-memory: a trace smaller than the pool's first segment fits only above
+ * four times its live bytes, and that run held it. It is lowered to the largest capacity
+ * the sim models where that is less. */
 int vram_replay_min_capacity(const vram_replay_trace_t *handle, const vram_options_t *pool,
                              vram_replay_result *result) {
   if (!handle || !pool || !result) return VRAM_EINVAL;
@@ -144,6 +147,8 @@ int vram_replay_min_capacity(const vram_replay_trace_t *handle, const vram_optio
   /* Peak live is at most 2^48 here: four times it cannot overflow. */
   uint64_t low = trace->peak_live_bytes / MIB;
   uint64_t high = (4 * trace->peak_live_bytes + MIB - 1) / MIB;
+  if (result->ooms == 0 && result->peak_reserved_bytes > high * MIB)
+    high = (result->peak_reserved_bytes + MIB - 1) / MIB;
   if (high > most / MIB) high = most / MIB;
   _vram_replay_pass pass;
   if (_vram_replay_pass_init(&pass, trace) != 0) {

@@ -47,6 +47,23 @@ static void t_figures_of_a_pass(void **state) {
   unlink(path);
 }
 
+/* One 100-byte block fits nothing up to four times its size: the pool's first segment is
+ * 2 MiB, which the search reaches through the replay's own peak reserved. */
+static void t_smallest_capacity_of_a_trace_smaller_than_a_segment(void **state) {
+  (void)state;
+  char *path = temp_trace("# vramkit-trace v1\na 1 100 0 1\nf 1 0 2\n");
+  vram_replay_options opts;
+  vram_replay_options_init(&opts, NULL);
+  opts.pool.source = VRAM_SOURCE_SIM;
+  opts.min_capacity = 1;
+  vram_replay_result r;
+  assert_int_equal(vram_replay_run(&opts, path, 0, &r), VRAM_OK);
+  assert_int_equal(r.peak_live_bytes, 100);
+  assert_int_equal(r.have_min_capacity, 1);
+  assert_int_equal(r.min_capacity_bytes, 2u << 20);
+  unlink(path);
+}
+
 static void t_oom_counted_with_its_report(void **state) {
   (void)state;
   char *path = temp_trace(two_then_one);
@@ -85,6 +102,7 @@ static void t_errors_are_statuses(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(t_figures_of_a_pass),
+      cmocka_unit_test(t_smallest_capacity_of_a_trace_smaller_than_a_segment),
       cmocka_unit_test(t_oom_counted_with_its_report),
       cmocka_unit_test(t_errors_are_statuses),
   };

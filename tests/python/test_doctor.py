@@ -424,19 +424,20 @@ def test_command_on_a_trace_too_large_and_one_that_fits():
     assert d["cause"] is None and "no capacity given" in d["summary"]
 
 
-def test_where_the_search_finds_no_capacity_the_doctor_says_how_far_it_went(tmp_path):
-    # No capacity of 4x the peak live holds one 100-byte block (the pool maps 2 MiB), and
-    # none that any device has holds 2^64 - 1 bytes: neither trace "needs none".
+def test_the_smallest_capacity_of_a_tiny_trace_and_of_one_no_device_holds(tmp_path):
+    # One 100-byte block needs the pool's first 2 MiB segment, far past four times its
+    # live bytes (the search reaches the uncapped replay's peak too); 2^64 - 1 bytes fit no
+    # device, and the doctor says how far the search went, not that it "needs none".
     tiny, huge = tmp_path / "tiny.trace.gz", tmp_path / "huge.trace.gz"
     tiny.write_bytes(gzip.compress(b"# vramkit-trace v1\na 1 100 0 0\n"))
     huge.write_bytes(gzip.compress(b"# vramkit-trace v1\na 1 18446744073709551615 0 0\n"))
-    for trace, says in ((tiny, "more than 4 times its peak live (the replay's search stops "
-                                "at 400 B) on the default settings"),
-                        (huge, "more than any device holds (none up to 256.0 TiB fits) on the "
-                               "default settings")):
-        d = json.loads(_doctor(trace, "--json").stdout)
-        assert d["numbers"]["min_capacity_default"] is None
-        assert says in d["summary"] and "none on" not in d["summary"], d["summary"]
+    d = json.loads(_doctor(tiny, "--json").stdout)
+    assert d["numbers"]["min_capacity_default"] == 2 * MiB
+    assert "the trace needs 2.0 MiB on the default settings" in d["summary"], d["summary"]
+    d = json.loads(_doctor(huge, "--json").stdout)
+    assert d["numbers"]["min_capacity_default"] is None
+    assert ("more than any device holds (none up to 256.0 TiB fits) on the default settings"
+            in d["summary"] and "none on" not in d["summary"]), d["summary"]
 
 
 def test_command_on_a_vramkit_snapshot(tmp_path):

@@ -18,13 +18,13 @@ def _mib(value: int | None) -> str:
 
 def _need(value: int | None, peak_live: int) -> str:
     """A smallest fitting capacity the replay searched for; where it found none, how far
-    the search went: four times peak live, or the most any device holds where that is
-    less (`vramkit replay --min-capacity`'s "> 4x live" and "> sim max")."""
+    the search went at least: four times peak live, or the most any device holds where
+    that is less (`vramkit replay --min-capacity`'s "> 4x live" and "> sim max")."""
     if value is not None:
         return _size(value)
     if peak_live > _core.SIM_MAX_CAPACITY // 4:
         return f"more than any device holds (none up to {_size(_core.SIM_MAX_CAPACITY)} fits)"
-    return f"more than 4 times its peak live (the replay's search stops at {_size(4 * peak_live)})"
+    return f"more than 4 times its peak live (none up to {_size(4 * peak_live)} fits)"
 
 
 def _replay(path: str, source: str, capacity: int | None, settings: dict | None = None):

@@ -309,8 +309,8 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
         torch_expandable_peak_allocated=expandable["peak_allocated"],
         device_memory=card if limit is None else limit, fits=fits_ours,
         torch_fits=fits_native, torch_expandable_fits=fits_expandable,
-        # The replay searches up to four times the peak live bytes, and finds nothing
-        # for a step smaller than a quarter of its first segment: uncapped, it ran.
+        # No smallest capacity only where the capped host model runs out under the peak
+        # the uncapped replay reserved: that peak is the answer then.
         min_device_memory=int(ours.get("min_capacity_bytes") or ours["peak_reserved_bytes"])
         + CUDA_CONTEXT_BYTES,
         breakdown={c: breakdown.get(c, 0) for c in _record_categories()},
