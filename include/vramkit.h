@@ -525,9 +525,17 @@ typedef struct vram_event {
 
 /* Flags of vram_history_start. */
 #define VRAM_HISTORY_CONTEXTS 1u  /* call the context function at each allocation */
+/* Call it at each free too: a free's event carries the free's own context, not the
+ * allocation's (PyTorch's context="all", whose frees name where they were freed). */
+#define VRAM_HISTORY_FREE_CONTEXTS 2u
+/* A pool that records already, into a ring of the size asked, keeps the ring and what it
+ * holds (and the contexts of its live blocks): only the flags change, as a second
+ * torch.cuda.memory._record_memory_history() call changes what is recorded from then on. */
+#define VRAM_HISTORY_KEEP 4u
 
 /* Start recording this pool's events into a ring of max_entries (0 = 100,000; the oldest
- * entries are overwritten, and counted). Starting again clears the ring. */
+ * entries are overwritten, and counted). Starting again clears the ring, unless
+ * VRAM_HISTORY_KEEP finds it recording into a ring of that size. */
 VRAM_API int vram_history_start(vram_pool_t *pool, size_t max_entries, unsigned flags);
 VRAM_API int vram_history_stop(vram_pool_t *pool);
 /* Copy up to cap recorded events, oldest first. *count = how many were copied;

@@ -19,6 +19,7 @@
 #define VRAM_REC_KINDS 16u   /* split_stats: malloc and free take the recording path, which
                                 keeps the small and large shares, so that pools without them
                                 pay not even a branch for them */
+#define VRAM_REC_FREE_CONTEXTS 32u /* ... and at each free, for the free's own event */
 /* The bits a history start or stop keeps: they belong to the pool, not to the recording. */
 #define VRAM_REC_POOL_BITS (VRAM_REC_LEAKS | VRAM_REC_KINDS)
 
@@ -53,11 +54,12 @@ static inline void _vram_note_alloc(vram_pool_t *pool, vram_history *h, uint64_t
  * share one tick and one ring slot. Without a context table there is no call to make. */
 static inline void _vram_note_free(vram_pool_t *pool, vram_history *h, uint64_t addr,
                                    uint64_t size, uint64_t requested, vram_stream_t stream,
-                                   bool pending) {
+                                   bool pending, uint64_t free_context) {
   (void)pool;
   uint64_t context = 0;
   if (_vram_ctx_kept(&h->contexts))
     context = pending ? _vram_ctx_get(&h->contexts, addr) : _vram_ctx_take(&h->contexts, addr);
+  if (free_context) context = free_context;
   _vram_history_record(h, pending ? VRAM_EVENT_FREE_REQUESTED : VRAM_HSLOT_FREE_PAIR, addr, size,
                        requested, _vram_stream_id(stream), context);
 }

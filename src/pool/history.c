@@ -57,17 +57,24 @@ static int start_locked(vram_pool_t *pool, void *arg) {
   vram_history *h = pool->history;
   unsigned kept = atomic_load(&pool->history_flags) & VRAM_REC_POOL_BITS;
   unsigned leaks = kept & VRAM_REC_LEAKS;
-  bool contexts = c->flags & VRAM_HISTORY_CONTEXTS;
+  bool contexts = c->flags & (VRAM_HISTORY_CONTEXTS | VRAM_HISTORY_FREE_CONTEXTS);
+  size_t entries = c->max_entries ? c->max_entries : VRAM_HISTORY_DEFAULT_ENTRIES;
+  bool same_ring = (c->flags & VRAM_HISTORY_KEEP) && h->mode != VRAM_HREC_OFF && h->cap == entries;
   int rc = (contexts || leaks) ? _vram_ctx_keep(&h->contexts) : VRAM_OK;
-  if (!rc) rc = _vram_history_begin(h, c->max_entries, pool->opts.device);
+  if (!rc && !same_ring) rc = _vram_history_begin(h, c->max_entries, pool->opts.device);
   if (rc) return rc;
-  if (!contexts && !leaks) _vram_ctx_drop(&h->contexts);
-  atomic_store(&pool->history_flags, VRAM_REC_EVENTS | (contexts ? VRAM_REC_CONTEXTS : 0) | kept);
+  /* A kept ring keeps the contexts of the blocks it saw allocated, for their frees and
+   * for snapshots, though no new ones are asked for. */
+  if (!contexts && !leaks && !same_ring) _vram_ctx_drop(&h->contexts);
+  unsigned recorded = VRAM_REC_EVENTS | (contexts ? VRAM_REC_CONTEXTS : 0) |
+                      (c->flags & VRAM_HISTORY_FREE_CONTEXTS ? VRAM_REC_FREE_CONTEXTS : 0);
+  atomic_store(&pool->history_flags, recorded | kept);
   return VRAM_OK;
 }
 
 int vram_history_start(vram_pool_t *pool, size_t max_entries, unsigned flags) {
-  if (!pool || (flags & ~VRAM_HISTORY_CONTEXTS)) return VRAM_EINVAL;
+  const unsigned known = VRAM_HISTORY_CONTEXTS | VRAM_HISTORY_FREE_CONTEXTS | VRAM_HISTORY_KEEP;
+  if (!pool || (flags & ~known)) return VRAM_EINVAL;
   if (max_entries > VRAM_HISTORY_MAX_ENTRIES) return VRAM_EHOSTMEM;
   start_call c = {max_entries, flags, NULL};
   int rc = _vram_history_new(&c.fresh);

@@ -307,7 +307,14 @@ VRAM_HOT int free_locked(vram_pool_t *pool, void *ptr) {
 /* The recording path: the block's fields are read before the free may merge it away, and
  * the free is recorded (and counted in its kind's share) before the release threshold
  * gives segments back. */
-static int free_recorded_locked(vram_pool_t *pool, void *ptr) {
+typedef struct free_call {
+  void *ptr;
+  uint64_t context; /* the free's own (VRAM_REC_FREE_CONTEXTS), or 0 */
+} free_call;
+
+static int free_recorded_locked(vram_pool_t *pool, void *arg) {
+  const free_call *c = arg;
+  void *ptr = c->ptr;
   vram_history *h = pool->history;
   if (!h && !pool->split_stats) return free_locked(pool, ptr);
   vram_block *b = NULL;
@@ -320,7 +327,7 @@ static int free_recorded_locked(vram_pool_t *pool, void *ptr) {
   rc = free_block(pool, b);
   if (rc) return rc;
   if (pool->split_stats) _vram_kind_free(_vram_kind_of(pool, segment), size, requested);
-  if (h) _vram_note_free(pool, h, addr, size, requested, stream, pending);
+  if (h) _vram_note_free(pool, h, addr, size, requested, stream, pending, c->context);
   if (pool->opts.release_threshold != SIZE_MAX) release_over_threshold(pool);
   return VRAM_OK;
 }
@@ -329,9 +336,16 @@ int vram_free(vram_pool_t *pool, void *ptr) {
   if (!pool) return VRAM_EINVAL;
   if (!ptr) return VRAM_OK;
   error_hook hook = {NULL, NULL};
-  bool recorded = atomic_load_explicit(&pool->history_flags, memory_order_relaxed) != 0;
-  int rc = __builtin_expect(recorded, 0) ? locked_call(pool, free_recorded_locked, ptr, &hook)
-                                         : locked_call(pool, free_locked, ptr, &hook);
+  unsigned flags = atomic_load_explicit(&pool->history_flags, memory_order_relaxed);
+  int rc;
+  if (__builtin_expect(flags != 0, 0)) {
+    /* As at an allocation, the context function runs before the lock is taken. */
+    free_call c = {ptr, 0};
+    if (flags & VRAM_REC_FREE_CONTEXTS) c.context = _vram_context_current(VRAM_REC_CONTEXTS, NULL);
+    rc = locked_call(pool, free_recorded_locked, &c, &hook);
+  } else {
+    rc = locked_call(pool, free_locked, ptr, &hook);
+  }
   if (rc && hook.fn) {
     char msg[128];
     snprintf(msg, sizeof msg, "vram_free(%p): %s", ptr, vram_strerror(rc));

@@ -372,6 +372,55 @@ static void t_contexts_after_stop(void **state) {
   VT_OK(vram_pool_destroy(pool));
 }
 
+/* With VRAM_HISTORY_FREE_CONTEXTS a free's events carry the free's own context; a start
+ * with VRAM_HISTORY_KEEP on a pool recording into a ring of that size keeps the ring, its
+ * entries and the contexts of live blocks, and changes only what is recorded next. */
+static void t_free_contexts_and_a_kept_ring(void **state) {
+  (void)state;
+  vram_pool_t *pool = sim_pool(VRAM_SOURCE_SIM, 4 * VT_GiB, 0);
+  g_ctx_pool = pool;
+  g_ctx_calls = 0;
+  vram_set_context_fn(context_fn, (void *)(uintptr_t)3000);
+  VT_OK(vram_history_start(pool, 1000, VRAM_HISTORY_CONTEXTS | VRAM_HISTORY_FREE_CONTEXTS));
+  void *a = xmalloc(pool, 10000, NULL); /* 3001 */
+  xfree(pool, a);                       /* 3002: the free's own */
+  size_t n = read_all(pool);
+  assert_int_equal(g_ev[find(n, 0, VRAM_EVENT_ALLOC, (uintptr_t)a)].context, 3001);
+  assert_int_equal(g_ev[find(n, 0, VRAM_EVENT_FREE_REQUESTED, (uintptr_t)a)].context, 3002);
+  assert_int_equal(g_ev[find(n, 0, VRAM_EVENT_FREE_COMPLETED, (uintptr_t)a)].context, 3002);
+  void *b = xmalloc(pool, 4096, NULL); /* 3003 */
+  size_t before = read_all(pool);
+  /* Kept: contexts of allocations only from now on; nothing recorded is lost. */
+  VT_OK(vram_history_start(pool, 1000, VRAM_HISTORY_CONTEXTS | VRAM_HISTORY_KEEP));
+  VT_VALID(pool);
+  assert_int_equal(read_all(pool), before);
+  assert_int_equal(snapshot_context(pool, b), 3003);
+  xfree(pool, b); /* no call: the allocation's context */
+  assert_int_equal(g_ctx_calls, 3);
+  n = read_all(pool);
+  /* b may take a's address: its free is the one after the events kept above. */
+  assert_int_equal(g_ev[find(n, before, VRAM_EVENT_FREE_REQUESTED, (uintptr_t)b)].context, 3003);
+  /* Kept with no contexts asked for: a live block keeps its own. */
+  void *c = xmalloc(pool, 4096, NULL); /* 3004 */
+  VT_OK(vram_history_start(pool, 1000, VRAM_HISTORY_KEEP));
+  void *d = xmalloc(pool, 4096, NULL);
+  assert_int_equal(g_ctx_calls, 4);
+  assert_int_equal(snapshot_context(pool, c), 3004);
+  assert_int_equal(snapshot_context(pool, d), 0);
+  n = read_all(pool);
+  assert_true(find(n, 0, VRAM_EVENT_ALLOC, (uintptr_t)a) >= 0);
+  /* A ring of another size is a new ring, as is a start without the flag. */
+  VT_OK(vram_history_start(pool, 500, VRAM_HISTORY_KEEP));
+  assert_int_equal(read_all(pool), 0);
+  xfree(pool, c);
+  VT_OK(vram_history_start(pool, 500, 0));
+  assert_int_equal(read_all(pool), 0);
+  xfree(pool, d);
+  VT_EXPECT(vram_history_start(pool, 500, 8u), VRAM_EINVAL);
+  vram_set_context_fn(NULL, NULL);
+  VT_OK(vram_pool_destroy(pool));
+}
+
 /* The ring keeps packed slots (a same-stream free is one slot, wide fields aside) and
  * expands them when read: a fixed run of operations read back through rings of every small
  * size gives exactly the tail of the run read through a ring that holds it all, a free's
@@ -575,7 +624,7 @@ int main(void) {
       cmocka_unit_test(t_event_kinds),   cmocka_unit_test(t_pending_free),
       cmocka_unit_test(t_vmm_map_unmap), cmocka_unit_test(t_oom),
       cmocka_unit_test(t_overflow_and_short_read), cmocka_unit_test(t_contexts),
-      cmocka_unit_test(t_contexts_after_stop),
+      cmocka_unit_test(t_contexts_after_stop), cmocka_unit_test(t_free_contexts_and_a_kept_ring),
       cmocka_unit_test(t_packed_slots),  cmocka_unit_test(t_recorder),
       cmocka_unit_test(t_bad_input),
   };

@@ -432,6 +432,51 @@ void history_carries_pytorch_contexts(Backend &b) {
   CHECK(b.getDeviceStats(0).reserved_bytes[0].current == 0);
 }
 
+// The tag of an entry's context (0: none).
+int tag_of(const TraceEntry &e) {
+  auto *context = dynamic_cast<TaggedContext *>(e.context_.get());
+  return context ? context->tag : 0;
+}
+
+// As PyTorch's allocator: under context="all" a free's entries carry the stack that freed
+// (under "alloc", the allocation's); a second _record_memory_history() call while recording
+// changes what is recorded from then on and keeps the entries and stacks recorded before;
+// clear_history starts afresh.
+void history_calls_change_what_comes_next(Backend &b) {
+  bool is_private = false;
+  b.recordHistory(true, &tagged_context, 1000, RecordContext::ALL, false, {});
+  void *p = b.malloc_on(0, 4000, kDefault, &is_private);
+  int first = g_tags;
+  b.deleter_of(0, false)(p);
+  int freed_by = g_tags;
+  CHECK(freed_by == first + 1);
+  b.recordHistory(true, &tagged_context, 1000, RecordContext::ALLOC, false, {});
+  void *q = b.malloc_on(0, 4000, kDefault, &is_private);
+  int second = g_tags;
+  b.deleter_of(0, false)(q);
+  CHECK(g_tags == second);  // no stack taken at a free under "alloc"
+  b.recordHistory(true, &tagged_context, 1000, RecordContext::NEVER, false, {});
+  void *r = b.malloc_on(0, 4000, kDefault, &is_private);
+  CHECK(g_tags == second);
+  b.deleter_of(0, false)(r);
+  std::vector<std::pair<TraceEntry::Action, int>> seen;
+  cca::SnapshotInfo kept = b.snapshot({0, 0}, true);
+  for (auto &e : kept.device_traces[0])
+    if (e.action_ == TraceEntry::ALLOC || e.action_ == TraceEntry::FREE_REQUESTED)
+      seen.push_back({e.action_, tag_of(e)});
+  using A = TraceEntry::Action;
+  std::vector<std::pair<A, int>> expected = {
+      {A::ALLOC, first}, {A::FREE_REQUESTED, freed_by},  // p, under "all"
+      {A::ALLOC, second}, {A::FREE_REQUESTED, second},   // q, under "alloc"
+      {A::ALLOC, 0}, {A::FREE_REQUESTED, 0}};            // r, with no context
+  CHECK(seen == expected);
+  b.recordHistory(true, &tagged_context, 1000, RecordContext::ALL, true, {});  // clear
+  cca::SnapshotInfo cleared = b.snapshot({0, 0}, true);
+  for (auto &e : cleared.device_traces[0])
+    CHECK(e.action_ != TraceEntry::ALLOC && e.action_ != TraceEntry::FREE_REQUESTED);
+  b.recordHistory(false, nullptr, 0, RecordContext::NEVER, false, {});
+}
+
 void refusals_are_clear_and_change_nothing(Backend &b) {
   bool is_private = false;
   void *p = b.malloc_on(0, 3 << 20, kDefault, &is_private);
@@ -557,6 +602,7 @@ int main() {
   a_no_split_mempool_gives_each_block_a_segment(*backend);
   out_of_memory_raises_and_tells_observers(*backend);
   history_carries_pytorch_contexts(*backend);
+  history_calls_change_what_comes_next(*backend);
   refusals_are_clear_and_change_nothing(*backend);
   caching_off_bypasses_the_pool(*backend);
   history_of_every_event(*backend);

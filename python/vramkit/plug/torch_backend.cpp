@@ -666,6 +666,7 @@ class Backend final : public cca::CUDAAllocator {
   bool recording_ = false;
   std::atomic<bool> trace_wanted_{false};
   cca::CreateContextFn recorder_ = nullptr;
+  unsigned history_flags_ = 0;  // vram_history_start's, for the pools that start recording
   size_t max_entries_ = 0;
   uint64_t next_context_ = 0;
   std::unordered_map<uint64_t, std::shared_ptr<c10::GatheredContext>> contexts_;

@@ -43,14 +43,22 @@ inline void Backend::recordHistory(bool enabled, cca::CreateContextFn recorder,
                                    const std::vector<std::string> &) {
   std::lock_guard<std::mutex> g(mutex_);
   std::lock_guard<std::mutex> h(history_mutex_);
+  // A call while recording changes what is recorded from then on and keeps what was
+  // recorded, as PyTorch's allocator does (its history goes when recording stops or
+  // clear_history asks); vramkit's rings keep theirs until the next fresh start.
+  bool keep = enabled && recording_ && !clear;
   recording_ = enabled;
   recorder_ = enabled && when != RecordContext::NEVER ? recorder : nullptr;
+  // context="all": each free's entries carry the stack that freed, as PyTorch's do.
+  history_flags_ = (recorder_ ? VRAM_HISTORY_CONTEXTS : 0u) |
+                   (recorder_ && when == RecordContext::ALL ? VRAM_HISTORY_FREE_CONTEXTS : 0u) |
+                   (keep ? VRAM_HISTORY_KEEP : 0u);
   // PyTorch's default asks for every event (max_entries = sys.maxsize), its trace growing
   // as it goes; the engine's ring is reserved at the start (its pages touched only as it
   // fills), so "every event" keeps the newest kHistoryAll.
   max_entries_ = std::min(max_entries, kHistoryAll);
   trace_wanted_.store(enabled && when != RecordContext::STATE);
-  if (clear || enabled) {
+  if (clear || (enabled && !keep)) {
     contexts_.clear();
     snapshot_marks_.clear();
   }
@@ -78,7 +86,8 @@ inline bool Backend::isHistoryEnabled() {
   return recording_;
 }
 
-// Called by the engine at each allocation while contexts are recorded, outside its lock.
+// Called by the engine at each allocation while contexts are recorded (and at each free
+// under context="all"), outside its lock.
 inline uint64_t Backend::context_of_this_allocation(void *user) {
   auto *self = static_cast<Backend *>(user);
   cca::CreateContextFn recorder;
@@ -115,8 +124,7 @@ inline void Backend::prune_contexts(uint64_t newest) {
 }
 
 inline int Backend::start_or_stop_history(vram_pool_t *pool) {
-  if (recording_)
-    return vram_history_start(pool, max_entries_, recorder_ ? VRAM_HISTORY_CONTEXTS : 0u);
+  if (recording_) return vram_history_start(pool, max_entries_, history_flags_);
   return vram_history_stop(pool);
 }
 
