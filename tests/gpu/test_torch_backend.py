@@ -536,6 +536,38 @@ def test_sharing_with_large_blocks_fixed(gpu_run):
     """, env={"VK_ALLOC": "vramkit", "VRAMKIT_LARGE_BLOCKS": "fixed"})
 
 
+def test_free_stacks_and_history_kept_across_calls(run):
+    # Under context="all" a free's entries name the code that freed; under "alloc" they do
+    # not. A second _record_memory_history() call while recording keeps what was recorded
+    # (an allocation made under stacks is still named after a call with context=None).
+    run("""
+        import json
+        held = []
+        def allocate_here():
+            held.append(torch.rand(3, 4, device="cuda"))
+        def free_here():
+            held.pop()  # the last reference goes here, inside this frame
+        def names(snapshot):
+            return {f["name"] for e in snapshot["device_traces"][0] for f in e["frames"]}
+        for context in ("alloc", "all"):
+            torch.cuda.memory._record_memory_history(context=context)
+            allocate_here()
+            free_here()
+            seen = names(torch.cuda.memory._snapshot())
+            assert "allocate_here" in seen and ("free_here" in seen) == (context == "all"), seen
+            torch.cuda.memory._record_memory_history(enabled=None)
+        def kept_first():
+            return torch.rand(4, 4, device="cuda")
+        torch.cuda.memory._record_memory_history(context="all", stacks="python")
+        x = kept_first()
+        torch.cuda.memory._record_memory_history(context=None)
+        x = torch.rand(3, 4, device="cuda")
+        torch.cuda.memory._record_memory_history(context="all", stacks="python")
+        assert "kept_first" in json.dumps(torch.cuda.memory._snapshot())
+        torch.cuda.memory._record_memory_history(enabled=None)
+    """)
+
+
 def test_vramkit_history_started_before_the_first_allocation(gpu_run, tmp_path):
     # vramkit only: vramkit.record_memory_history() at the top of a script, before PyTorch
     # has allocated anything, keeps recording when the backend first takes the pool.
