@@ -304,14 +304,14 @@ VRAM_HOT int free_locked(vram_pool_t *pool, void *ptr) {
   return rc;
 }
 
-/* The recording path: the block's fields are read before the free may merge it away, and
- * the free is recorded (and counted in its kind's share) before the release threshold
- * gives segments back. */
 typedef struct free_call {
   void *ptr;
   uint64_t context; /* the free's own (VRAM_REC_FREE_CONTEXTS), or 0 */
 } free_call;
 
+/* The recording path: the block's fields are read before the free may merge it away, and
+ * the free is recorded (and counted in its kind's share) before the release threshold
+ * gives segments back. */
 static int free_recorded_locked(vram_pool_t *pool, void *arg) {
   const free_call *c = arg;
   void *ptr = c->ptr;

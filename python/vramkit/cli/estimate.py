@@ -133,25 +133,20 @@ def _refused(error: Exception, model: str) -> int:
         return EXIT_MISSING_DEPENDENCY
     if isinstance(error, models.BadConfig):
         return input_error("estimate", error)
-    if isinstance(error, ValueError) and not isinstance(error, models.UnknownModel):
-        if os.path.isfile(model) or os.path.isdir(model):
-            # transformers refused a value of the user's configuration when building it.
-            return input_error("estimate", f"{model}: not a usable model configuration: "
-                                           f"{error}")
+    from_file = os.path.isfile(model) or os.path.isdir(model)
+    if from_file and isinstance(error, ValueError) and not isinstance(error, models.UnknownModel):
+        # transformers refused a value of the user's configuration when building it.
+        return input_error("estimate", f"{model}: not a usable model configuration: {error}")
     if isinstance(error, ValueError):
         return usage_error("estimate", str(error))
-    if getattr(error, "in_build", False) and error.__cause__ is not None and \
-            (os.path.isfile(model) or os.path.isdir(model)):
+    if from_file and getattr(error, "in_build", False) and error.__cause__ is not None:
         # The model of the user's configuration could not be made (a head count that does
-        # not divide the width): the file's fault, as a value transformers refuses on
-        # reading it is, not a step fake tensors cannot follow.
+        # not divide the width): the file's fault too, not a step fake tensors cannot follow.
         cause = error.__cause__
         why = " ".join(f"{type(cause).__name__}: {cause}".split())[:300]
         return input_error("estimate", f"{model}: not a usable model configuration: {why}")
-    if isinstance(error, OSError):  # the --trace file, or the estimate's scratch folder
-        print(f"vramkit estimate: {shown(str(error))}", file=sys.stderr)
-        return EXIT_FAILURE
-    print(f"vramkit estimate: {shown(str(error))}", file=sys.stderr)  # an UntraceableStep
+    # An UntraceableStep, or an OSError: the --trace file or the scratch folder unwritable.
+    print(f"vramkit estimate: {shown(str(error))}", file=sys.stderr)
     return EXIT_FAILURE
 
 

@@ -138,8 +138,8 @@ def from_trace(path: str, capacity: int | None, estimate_fn) -> Diagnosis:
         summary = (f"no capacity given: the trace needs {_need(need_default, peak_live)} on "
                    f"the default settings, {_need(need_fixed, peak_live)} on fixed segments "
                    f"alone and {_need(numbers['min_capacity_vmm'], peak_live)} on the vmm "
-                   f"source (peak live "
-                   f"{_size(peak_live)}); pass capacity= (--capacity) to diagnose it under a cap")
+                   f"source (peak live {_size(peak_live)}); pass capacity= (--capacity) to "
+                   f"diagnose it under a cap")
         return Diagnosis(None, summary, where, numbers, [], [], [], notes)
     if default["ooms"] == 0:
         summary = (f"it replays with no out-of-memory under {_size(capacity)} on the default "
@@ -148,7 +148,8 @@ def from_trace(path: str, capacity: int | None, estimate_fn) -> Diagnosis:
         if fixed["ooms"]:
             summary += (f"; on fixed segments alone (VRAMKIT_LARGE_BLOCKS=fixed "
                         f"VRAMKIT_VIRTUAL_THRESHOLD=1) "
-                        f"{fixed['ooms']} allocations fail: it needs {_need(need_fixed, peak_live)} there")
+                        f"{fixed['ooms']} allocations fail: it needs "
+                        f"{_need(need_fixed, peak_live)} there")
         return Diagnosis(None, summary, where, numbers, [], [], [], notes)
     if peak_live > capacity:
         shortfall = peak_live - capacity
