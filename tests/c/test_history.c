@@ -255,12 +255,18 @@ static uint64_t context_fn(void *user) {
   return (uint64_t)(uintptr_t)user + ++g_ctx_calls;
 }
 
-static void t_contexts(void **state) {
-  (void)state;
+/* A sim pool whose allocations get context ids from `base` + 1 on. */
+static vram_pool_t *pool_with_contexts(uint64_t base) {
   vram_pool_t *pool = sim_pool(VRAM_SOURCE_SIM, 4 * VT_GiB, 0);
   g_ctx_pool = pool;
   g_ctx_calls = 0;
-  vram_set_context_fn(context_fn, (void *)(uintptr_t)1000);
+  vram_set_context_fn(context_fn, (void *)(uintptr_t)base);
+  return pool;
+}
+
+static void t_contexts(void **state) {
+  (void)state;
+  vram_pool_t *pool = pool_with_contexts(1000);
   void *before = xmalloc(pool, 4096, NULL); /* not recording: no call */
   assert_int_equal(g_ctx_calls, 0);
   VT_OK(vram_history_start(pool, 0, 0)); /* no contexts asked for: no call */
@@ -342,10 +348,7 @@ static size_t count_kind(size_t n, int kind) {
  * reuses its address has none. Only a snapshot that fills its arrays is an event. */
 static void t_contexts_after_stop(void **state) {
   (void)state;
-  vram_pool_t *pool = sim_pool(VRAM_SOURCE_SIM, 4 * VT_GiB, 0);
-  g_ctx_pool = pool;
-  g_ctx_calls = 0;
-  vram_set_context_fn(context_fn, (void *)(uintptr_t)2000);
+  vram_pool_t *pool = pool_with_contexts(2000);
   VT_OK(vram_history_start(pool, 0, VRAM_HISTORY_CONTEXTS));
   void *a = xmalloc(pool, 10000, NULL);
   void *b = xmalloc(pool, 3 * VT_MiB, NULL);
@@ -377,10 +380,7 @@ static void t_contexts_after_stop(void **state) {
  * entries and the contexts of live blocks, and changes only what is recorded next. */
 static void t_free_contexts_and_a_kept_ring(void **state) {
   (void)state;
-  vram_pool_t *pool = sim_pool(VRAM_SOURCE_SIM, 4 * VT_GiB, 0);
-  g_ctx_pool = pool;
-  g_ctx_calls = 0;
-  vram_set_context_fn(context_fn, (void *)(uintptr_t)3000);
+  vram_pool_t *pool = pool_with_contexts(3000);
   VT_OK(vram_history_start(pool, 1000, VRAM_HISTORY_CONTEXTS | VRAM_HISTORY_FREE_CONTEXTS));
   void *a = xmalloc(pool, 10000, NULL); /* 3001 */
   xfree(pool, a);                       /* 3002: the free's own */

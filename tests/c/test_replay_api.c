@@ -25,15 +25,21 @@ static const char two_then_one[] = "# vramkit-trace v1\n"
                                    "a 3 16777216 0 5\n"
                                    "f 3 0 6\n";
 
-static void t_figures_of_a_pass(void **state) {
-  (void)state;
-  char *path = temp_trace(two_then_one);
+/* The trace `text` replayed on sim with the smallest capacity searched. */
+static void replay_on_sim_with_min_capacity(const char *text, vram_replay_result *r) {
+  char *path = temp_trace(text);
   vram_replay_options opts;
   vram_replay_options_init(&opts, NULL);
   opts.pool.source = VRAM_SOURCE_SIM;
   opts.min_capacity = 1;
+  assert_int_equal(vram_replay_run(&opts, path, 0, r), VRAM_OK);
+  unlink(path);
+}
+
+static void t_figures_of_a_pass(void **state) {
+  (void)state;
   vram_replay_result r;
-  assert_int_equal(vram_replay_run(&opts, path, 0, &r), VRAM_OK);
+  replay_on_sim_with_min_capacity(two_then_one, &r);
   assert_int_equal(r.ops, 6);
   assert_int_equal(r.peak_live_bytes, 16u << 20);
   assert_true(r.peak_reserved_bytes >= 16u << 20);
@@ -44,24 +50,17 @@ static void t_figures_of_a_pass(void **state) {
   assert_true(r.min_capacity_bytes >= 16u << 20);
   assert_true(r.min_capacity_bytes <= r.peak_reserved_bytes);
   assert_int_equal(r.min_capacity_source, VRAM_SOURCE_SIM);
-  unlink(path);
 }
 
 /* One 100-byte block fits nothing up to four times its size: the pool's first segment is
  * 2 MiB, which the search reaches through the replay's own peak reserved. */
 static void t_smallest_capacity_of_a_trace_smaller_than_a_segment(void **state) {
   (void)state;
-  char *path = temp_trace("# vramkit-trace v1\na 1 100 0 1\nf 1 0 2\n");
-  vram_replay_options opts;
-  vram_replay_options_init(&opts, NULL);
-  opts.pool.source = VRAM_SOURCE_SIM;
-  opts.min_capacity = 1;
   vram_replay_result r;
-  assert_int_equal(vram_replay_run(&opts, path, 0, &r), VRAM_OK);
+  replay_on_sim_with_min_capacity("# vramkit-trace v1\na 1 100 0 1\nf 1 0 2\n", &r);
   assert_int_equal(r.peak_live_bytes, 100);
   assert_int_equal(r.have_min_capacity, 1);
   assert_int_equal(r.min_capacity_bytes, 2u << 20);
-  unlink(path);
 }
 
 static void t_oom_counted_with_its_report(void **state) {
