@@ -92,6 +92,9 @@ typedef struct vram_history {
   uint64_t streams[VRAM_HSLOT_STREAMS]; /* the stream table, filled from the start on */
   unsigned n_streams;
   vram_ctx_table contexts; /* empty (no slots) unless contexts are kept */
+  /* The context of the allocation, free or empty_cache under way (0: none), for the
+   * segment and out-of-memory events it causes, which carry it as PyTorch's do. */
+  uint64_t call_context;
 } vram_history;
 
 /* A recorder with no ring and no context table yet. VRAM_EHOSTMEM if none can be made. */

@@ -35,6 +35,16 @@ static inline void _vram_note(vram_pool_t *pool, int kind, uint64_t addr, uint64
     _vram_emit(pool, kind, addr, size, requested, stream, context);
 }
 
+/* The context of the call under way, while one records (else 0). */
+static inline uint64_t _vram_call_context(const vram_pool_t *pool) {
+  return pool->history ? pool->history->call_context : 0;
+}
+
+/* Set (then clear, with 0) the context the events of the locked call under way carry. */
+static inline void _vram_call_context_set(vram_pool_t *pool, uint64_t context) {
+  if (pool->history) pool->history->call_context = context;
+}
+
 /* history.c: the context of an allocation about to be made, called outside the lock:
  * the user's function where contexts were asked for, else a C stack in leak mode. */
 uint64_t _vram_context_current(unsigned flags, void *call_site);

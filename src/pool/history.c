@@ -36,8 +36,9 @@ uint64_t _vram_context_current(unsigned flags, void *call_site) {
 
 void _vram_emit(vram_pool_t *pool, int kind, uint64_t addr, uint64_t size, uint64_t requested,
                 vram_stream_t stream, uint64_t context) {
-  _vram_history_record(pool->history, (unsigned)kind, addr, size, requested,
-                       _vram_stream_id(stream), context);
+  vram_history *h = pool->history;
+  _vram_history_record(h, (unsigned)kind, addr, size, requested, _vram_stream_id(stream),
+                       context ? context : h->call_context);
 }
 
 /* ---- start, stop, read, annotate */

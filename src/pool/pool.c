@@ -230,7 +230,9 @@ static __attribute__((noinline, cold)) int malloc_failed(vram_pool_t *pool, erro
 /* The recording path: the same work, then the event. */
 static int malloc_recorded_locked(vram_pool_t *pool, void *arg) {
   malloc_call *c = arg;
+  _vram_call_context_set(pool, c->context);
   int rc = malloc_locked(pool, c);
+  _vram_call_context_set(pool, 0);
   if (rc != VRAM_OK) return rc;
   if (pool->split_stats) _vram_kind_alloc(pool, c->block->segment, c->block->size, c->size);
   vram_history *h = pool->history;
@@ -328,7 +330,11 @@ static int free_recorded_locked(vram_pool_t *pool, void *arg) {
   if (rc) return rc;
   if (pool->split_stats) _vram_kind_free(_vram_kind_of(pool, segment), size, requested);
   if (h) _vram_note_free(pool, h, addr, size, requested, stream, pending, c->context);
-  if (pool->opts.release_threshold != SIZE_MAX) release_over_threshold(pool);
+  if (pool->opts.release_threshold != SIZE_MAX) {
+    _vram_call_context_set(pool, c->context);
+    release_over_threshold(pool);
+    _vram_call_context_set(pool, 0);
+  }
   return VRAM_OK;
 }
 
@@ -510,16 +516,22 @@ int vram_for_each_block(vram_pool_t *pool, vram_block_fn fn, void *user) {
 
 static int empty_cache_locked(vram_pool_t *pool, void *arg) {
   int first_error = VRAM_OK;
+  _vram_call_context_set(pool, *(const uint64_t *)arg);
   _vram_note(pool, VRAM_EVENT_EMPTY_CACHE, 0, 0, 0, NULL, 0);
   _vram_pending_drain(pool, true);
   _vram_release_cached(pool, SIZE_MAX, &first_error);
+  _vram_call_context_set(pool, 0);
   _vram_pool_publish_slow(pool);
   return first_error;
 }
 
 int vram_empty_cache(vram_pool_t *pool) {
   if (!pool) return VRAM_EINVAL;
-  return locked_call(pool, empty_cache_locked, NULL, NULL);
+  /* Under context="all" the segments it gives back name this call, as at a free. */
+  uint64_t context = 0;
+  if (atomic_load_explicit(&pool->history_flags, memory_order_relaxed) & VRAM_REC_FREE_CONTEXTS)
+    context = _vram_context_current(VRAM_REC_CONTEXTS, NULL);
+  return locked_call(pool, empty_cache_locked, &context, NULL);
 }
 
 int _vram_pool_limit_from(const vram_pool_t *pool, size_t bytes, double fraction,

@@ -117,7 +117,9 @@ static int segment_release(vram_pool_t *pool, vram_segment *seg) {
   if (!virtual) {
     vram_stat_down(&pool->stats.reserved_bytes, (int64_t)(seg->size));
     _vram_kind_unreserve(pool, seg, seg->size);
-    _vram_note(pool, VRAM_EVENT_SEGMENT_FREE, seg->addr, seg->size, 0, seg->arena->stream, 0);
+    uint64_t context = _vram_call_context(pool);
+    _vram_note(pool, VRAM_EVENT_SEGMENT_FREE, seg->addr, seg->size, 0, seg->arena->stream,
+               context ? context : seg->context);
   }
   pool->stats.num_device_free++;
   _vram_place_segment_released(pool, seg->size);
@@ -234,6 +236,7 @@ int _vram_segment_add(vram_pool_t *pool, vram_arena *a, vram_growth g, bool smal
   b->segment = seg;
   b->state = VRAM_BLOCK_FREE;
   seg->first = b;
+  seg->context = _vram_call_context(pool);
   _vram_tlsf_insert(seg->index, b);
   _vram_idle_push(pool, seg);
   if (!vmm) {

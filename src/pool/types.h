@@ -143,6 +143,8 @@ struct vram_segment {
   size_t gran_hwm;        /* granules at and above this index were never mapped */
   size_t mapped_granules;
   size_t idle_granules;
+  uint64_t context;       /* the history context of the call that made it (0: none), which
+                             its segment_free carries when the call freeing it has none */
 };
 _Static_assert(offsetof(vram_segment, idle) < 64, "a segment's hot fields share its first line");
 

@@ -421,6 +421,51 @@ static void t_free_contexts_and_a_kept_ring(void **state) {
   VT_OK(vram_pool_destroy(pool));
 }
 
+/* As PyTorch's: the segment, map and out-of-memory events an allocation causes carry its
+ * context; memory given back carries the context of the call that gave it back under
+ * VRAM_HISTORY_FREE_CONTEXTS (a free, empty_cache); a segment given back otherwise that
+ * of the call that made it. Events outside those calls carry none. */
+static void t_segment_events_carry_their_call(void **state) {
+  (void)state;
+  vram_pool_t *pool = pool_with_contexts(4000);
+  VT_OK(vram_history_start(pool, 1000, VRAM_HISTORY_CONTEXTS));
+  void *small = xmalloc(pool, 1000, NULL);   /* 4001: a small segment */
+  void *large = xmalloc(pool, 3 * VT_MiB, NULL); /* 4002: granules mapped */
+  xfree(pool, small);
+  xfree(pool, large);
+  VT_OK(vram_empty_cache(pool));
+  void *p = NULL;
+  VT_EXPECT(vram_malloc(pool, 100 * VT_GiB, NULL, &p), VRAM_ENOMEM); /* 4003 */
+  VT_VALID(pool);
+  assert_int_equal(g_ctx_calls, 3);
+  size_t n = read_all(pool);
+  long made = find(n, 0, VRAM_EVENT_SEGMENT_ALLOC, 0);
+  assert_true(made >= 0);
+  assert_int_equal(g_ev[made].context, 4001);
+  assert_int_equal(g_ev[find(n, 0, VRAM_EVENT_SEGMENT_FREE, g_ev[made].addr)].context, 4001);
+  assert_int_equal(g_ev[find(n, 0, VRAM_EVENT_SEGMENT_MAP, 0)].context, 4002);
+  assert_int_equal(g_ev[find(n, 0, VRAM_EVENT_SEGMENT_UNMAP, 0)].context, 0);
+  assert_int_equal(g_ev[find(n, 0, VRAM_EVENT_OOM, 0)].context, 4003);
+  assert_int_equal(snapshot_context(pool, small), -1); /* a layout read: of no call */
+  n = read_all(pool);
+  assert_int_equal(g_ev[find(n, 0, VRAM_EVENT_SNAPSHOT, 0)].context, 0);
+
+  VT_OK(vram_history_start(pool, 1000, VRAM_HISTORY_CONTEXTS | VRAM_HISTORY_FREE_CONTEXTS));
+  small = xmalloc(pool, 1000, NULL);     /* 4004 */
+  large = xmalloc(pool, 3 * VT_MiB, NULL); /* 4005 */
+  xfree(pool, small);                    /* 4006 */
+  xfree(pool, large);                    /* 4007 */
+  VT_OK(vram_empty_cache(pool));         /* 4008 */
+  VT_VALID(pool);
+  n = read_all(pool);
+  assert_int_equal(g_ev[find(n, 0, VRAM_EVENT_SEGMENT_ALLOC, 0)].context, 4004);
+  assert_int_equal(g_ev[find(n, 0, VRAM_EVENT_SEGMENT_MAP, 0)].context, 4005);
+  assert_int_equal(g_ev[find(n, 0, VRAM_EVENT_SEGMENT_FREE, 0)].context, 4008);
+  assert_int_equal(g_ev[find(n, 0, VRAM_EVENT_SEGMENT_UNMAP, 0)].context, 4008);
+  vram_set_context_fn(NULL, NULL);
+  VT_OK(vram_pool_destroy(pool));
+}
+
 /* The ring keeps packed slots (a same-stream free is one slot, wide fields aside) and
  * expands them when read: a fixed run of operations read back through rings of every small
  * size gives exactly the tail of the run read through a ring that holds it all, a free's
@@ -625,6 +670,7 @@ int main(void) {
       cmocka_unit_test(t_vmm_map_unmap), cmocka_unit_test(t_oom),
       cmocka_unit_test(t_overflow_and_short_read), cmocka_unit_test(t_contexts),
       cmocka_unit_test(t_contexts_after_stop), cmocka_unit_test(t_free_contexts_and_a_kept_ring),
+      cmocka_unit_test(t_segment_events_carry_their_call),
       cmocka_unit_test(t_packed_slots),  cmocka_unit_test(t_recorder),
       cmocka_unit_test(t_bad_input),
   };

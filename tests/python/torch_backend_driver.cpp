@@ -455,12 +455,21 @@ void history_calls_change_what_comes_next(Backend &b) {
   int second = g_tags;
   b.deleter_of(0, false)(q);
   CHECK(g_tags == second);  // no stack taken at a free under "alloc"
+  // Memory the pool takes for an allocation names it, as PyTorch's segment entries do.
+  void *big = b.malloc_on(0, size_t{96} << 20, kDefault, &is_private);
+  int big_tag = g_tags;
+  b.deleter_of(0, false)(big);
   b.recordHistory(true, &tagged_context, 1000, RecordContext::NEVER, false, {});
   void *r = b.malloc_on(0, 4000, kDefault, &is_private);
-  CHECK(g_tags == second);
+  CHECK(g_tags == big_tag);
   b.deleter_of(0, false)(r);
   std::vector<std::pair<TraceEntry::Action, int>> seen;
   cca::SnapshotInfo kept = b.snapshot({0, 0}, true);
+  bool taken_named = false;
+  for (auto &e : kept.device_traces[0])
+    if (e.action_ == TraceEntry::SEGMENT_ALLOC || e.action_ == TraceEntry::SEGMENT_MAP)
+      taken_named = taken_named || tag_of(e) == big_tag;
+  CHECK(taken_named);
   for (auto &e : kept.device_traces[0])
     if (e.action_ == TraceEntry::ALLOC || e.action_ == TraceEntry::FREE_REQUESTED)
       seen.push_back({e.action_, tag_of(e)});
@@ -468,6 +477,7 @@ void history_calls_change_what_comes_next(Backend &b) {
   std::vector<std::pair<A, int>> expected = {
       {A::ALLOC, first}, {A::FREE_REQUESTED, freed_by},  // p, under "all"
       {A::ALLOC, second}, {A::FREE_REQUESTED, second},   // q, under "alloc"
+      {A::ALLOC, big_tag}, {A::FREE_REQUESTED, big_tag},
       {A::ALLOC, 0}, {A::FREE_REQUESTED, 0}};            // r, with no context
   CHECK(seen == expected);
   b.recordHistory(true, &tagged_context, 1000, RecordContext::ALL, true, {});  // clear

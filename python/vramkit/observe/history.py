@@ -351,15 +351,9 @@ def assemble_snapshot(raw: dict, recordings: dict, sources: list) -> dict:
         if rec is not None:
             max_entries = max(max_entries, rec.max_entries if rec.enabled == "all" else 0)
             overflowed = overflowed or dropped > 0
-        # A segment's frames are those of the allocation that made the pool take it: the
-        # engine records the segment just before that allocation.
-        seg_context, pending = {}, None
-        for e in events:
-            if e[7] == _SEGMENT_ALLOC:
-                pending = e[1]
-            elif e[7] == _ALLOC and pending is not None:
-                seg_context[pending] = e[5]
-                pending = None
+        # A segment's frames are those of the allocation that made the pool take it, whose
+        # context the engine gives the segment's event (the latest at an address is live).
+        seg_context = {e[1]: e[5] for e in events if e[7] == _SEGMENT_ALLOC}
         for s in segs:
             segments.append(_segment(s, blocks, frames_of, frames_of.get(
                 seg_context.get(s[0], 0), [])))
