@@ -587,3 +587,26 @@ def test_vramkit_history_started_before_the_first_allocation(gpu_run, tmp_path):
         z = torch.ones(7 * MiB, device="cuda")
         assert len(vramkit.memory_history()) == len(actions), vramkit.memory_history()[-2:]
     """, env={"VK_ALLOC": "vramkit"})
+
+
+def test_an_op_s_scratch_is_read_as_the_blocks_it_made(run):
+    # The estimator measures an op's scratch as the blocks the allocator's history saw it
+    # make: a column sum of a large bf16 gradient (ATen's reduction) takes a staging buffer
+    # and a semaphore, each freed inside the call; their peak is what the allocator's peak
+    # rose by. A recording of the user's is left alone (then bytes are measured).
+    run("""
+        from vramkit.estimator import workspaces as ws, _transients as tr
+        device = torch.device("cuda")
+        x = torch.randn(16384, 3072, device="cuda", dtype=torch.bfloat16)
+        make = lambda: (lambda: x.sum(0))
+        steps = ws.measure_transient(make, device, blocks=True)
+        nbytes = ws.measure_transient(make, device)
+        assert isinstance(steps, tuple) and tr.is_transient(steps), steps
+        assert sum(1 for s in steps if s > 0) >= 2, steps
+        assert tr.transient_bytes(steps) == nbytes, (steps, nbytes)
+        assert not torch._C._cuda_isHistoryEnabled()
+        torch.cuda.memory._record_memory_history(context=None)
+        assert ws.measure_transient(make, device, blocks=True) == nbytes
+        assert torch._C._cuda_isHistoryEnabled()
+        torch.cuda.memory._record_memory_history(enabled=None)
+    """)

@@ -123,7 +123,7 @@ def stand_in(tmp_path, monkeypatch):
     monkeypatch.setattr(ws, "_MEASURED", {})
     asked = []
 
-    def measure(call, device, reader=None, out_bytes=0):
+    def measure(call, device, reader=None, out_bytes=0, blocks=False):
         asked.append(call.key)
         return OP_SIZES.get(call.op, 0)
 

@@ -359,9 +359,9 @@ def test_measuring_runs_each_part_for_real_outside_the_fake_step(tmp_path, monke
     measured = []
     real = ws.measure_on_device
 
-    def counting(signature, device, reader=None):
+    def counting(signature, device, reader=None, blocks=False):
         measured.append(signature.key())
-        return real(signature, device, reader)
+        return real(signature, device, reader, blocks)
 
     monkeypatch.setattr(ws, "measure_on_device", counting)
     reader = _Reader()

@@ -50,6 +50,11 @@ class _TorchReader:
     def observe(self, out) -> None:
         """Told each measured call's outputs (a reader without real figures uses them)."""
 
+    def blocks_recorded(self, device):
+        """A context that sees each block made inside it (_transients.blocks_recorded)."""
+        from ._transients import blocks_recorded
+        return blocks_recorded(device)
+
 
 class _VramkitReader(_TorchReader):
     """vramkit's own statistics, under vramkit.torch's CUDAPluggableAllocator fallback,
@@ -74,6 +79,11 @@ class _VramkitReader(_TorchReader):
     def empty_cache(self, device) -> None:
         import vramkit
         vramkit.empty_cache(device.index or 0)
+
+    def blocks_recorded(self, device):
+        """None: PyTorch's history does not reach a pluggable allocator (bytes only)."""
+        import contextlib
+        return contextlib.nullcontext(None)
 
 
 def allocator_reader():

@@ -333,6 +333,23 @@ class StorageRecorder(TorchDispatchMode):
             self._freed(bid)
             return bid
 
+    def allocate_transients(self, transient, op: str, site: str, role: str) -> None:
+        """A transient of a model (_transients.py): bytes, one block freed at once, or a
+        measured sequence of blocks, each allocated and freed in its place."""
+        if isinstance(transient, int):
+            self.allocate_transient(transient, op, site, role)
+            return
+        with self._lock:
+            made = []
+            for step in transient:
+                if step > 0:
+                    made.append(self._next_id)
+                    self._next_id += 1
+                    self._allocate(made[-1], Block(rounded(step), step, self.op_phase, op,
+                                                   site, role))
+                else:
+                    self._freed(made[-step - 1])
+
     def _allocate(self, bid: int, block: Block) -> None:
         rec = self.recording
         rec.blocks[bid] = block

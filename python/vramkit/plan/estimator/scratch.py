@@ -37,6 +37,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from . import workspaces as _ws
+from ._transients import as_transient, is_transient
 
 LABEL = "op scratch"
 CACHE_FORMAT = "vramkit-op-scratch/1"
@@ -390,7 +391,7 @@ def call_of(func, args, kwargs, device_type: str | None = None) -> OpCall | None
 # Measuring on the device.
 # ---------------------------------------------------------------------------------------
 
-def measure_op(call: OpCall, device, reader=None, out_bytes: int = 0) -> int | None:
+def measure_op(call: OpCall, device, reader=None, out_bytes: int = 0, blocks=False):
     """The scratch one call of the op allocates and frees inside itself, measured on the
     device as a convolution's workspace is (workspaces.measure_transient): the op runs on
     real inputs of the call's layout, every byte zero, once to warm up and once measured,
@@ -406,7 +407,7 @@ def measure_op(call: OpCall, device, reader=None, out_bytes: int = 0) -> int | N
             return None
     if os.environ.get("VRAMKIT_DEBUG_SCRATCH"):
         print("vramkit scratch: measuring", call.key, file=sys.stderr, flush=True)
-    return _ws.measure_transient(lambda: call.runner(device), device, reader)
+    return _ws.measure_transient(lambda: call.runner(device), device, reader, blocks=blocks)
 
 
 def _out_bytes(out) -> int:
@@ -432,10 +433,9 @@ def _read_cache(path: str) -> dict:
             data = json.load(f)
         entries = data["entries"] if data.get("format") == CACHE_FORMAT else None
         if not isinstance(entries, dict) or not all(
-                isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
-                and v >= 0 for k, v in entries.items()):
+                isinstance(k, str) and is_transient(v) for k, v in entries.items()):
             raise ValueError(f"not a {CACHE_FORMAT} file")
-        return dict(entries)
+        return {k: as_transient(v) for k, v in entries.items()}
     except (OSError, UnicodeDecodeError, ValueError, KeyError, AttributeError) as error:
         warnings.warn(f"vramkit.estimate: {path}, the cache of measured op scratch "
                       f"buffers, is ignored and will be rewritten: {error}",
@@ -471,11 +471,12 @@ class OpScratchModel(_ws.DeviceMeasuredSizes):
         call = call_of(func, args, kwargs, self.device_type)
         if call is None:
             return
-        size = self.size_of(call, out)
-        if size > 0:
-            recorder.allocate_transient(size, call.op, LABEL, "workspaces")
+        transient = self.size_of(call, out)
+        if transient:
+            recorder.allocate_transients(transient, call.op, LABEL, "workspaces")
 
-    def size_of(self, call: OpCall, out=None) -> int:
+    def size_of(self, call: OpCall, out=None):
+        """The call's transient (_transients.py), measured on the device or 0."""
         size = self._size.get(call.key)
         if size is not None:
             return size
@@ -507,7 +508,7 @@ class OpScratchModel(_ws.DeviceMeasuredSizes):
         self._before_measuring(reader)
         start = time.perf_counter()
         try:
-            size = measure_op(call, self.device, reader, _out_bytes(out))
+            size = measure_op(call, self.device, reader, _out_bytes(out), blocks=True)
         except Exception as error:  # noqa: BLE001 - counted, and said in the notes
             # An op the real kernels refuse in isolation (an unsupported configuration,
             # an argument rebuilt wrong) is no reason to give no estimate: it counts 0.

@@ -39,6 +39,7 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, replace
 
 from ._device import allocator_reader, cache_path, device_identity, write_json_atomic
+from ._transients import as_transient, is_transient, transient_bytes
 
 TABLE_FORMAT = "vramkit-cudnn-workspaces/1"
 PROBE_FORMAT = "vramkit-cudnn-workspace-probe/1"
@@ -356,7 +357,7 @@ class Table:
         self._layers: dict = defaultdict(list)
         for key, size in self.entries.items():
             signature = ConvSignature.from_key(key)
-            self._layers[signature.layer()].append((signature.batch, size))
+            self._layers[signature.layer()].append((signature.batch, transient_bytes(size)))
         for points in self._layers.values():
             points.sort()
 
@@ -382,7 +383,7 @@ class Table:
         if not isinstance(entries, dict):
             raise _table_error(path, "'entries' must be an object of key: bytes")
         for key, size in entries.items():
-            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            if not is_transient(size):  # bytes, or a measured sequence of blocks
                 raise _table_error(path, f"entry {key!r}: {size!r} is not a size in bytes")
             try:
                 ConvSignature.from_key(key)
@@ -404,7 +405,7 @@ class Table:
         measured_on = data.get("measured_on")
         if measured_on is not None and not isinstance(measured_on, dict):
             raise _table_error(path, "'measured_on' must be an object or null")
-        return cls(entries, rule, measured_on, path)
+        return cls({k: as_transient(v) for k, v in entries.items()}, rule, measured_on, path)
 
     def to_json(self) -> dict:
         return {"format": TABLE_FORMAT,
@@ -525,9 +526,11 @@ def _runner(signature: ConvSignature, device):
                                                      mask)
 
 
-def measure_transient(make_call, device, reader=None, settings=None) -> int | None:
+def measure_transient(make_call, device, reader=None, settings=None, blocks=False):
     """What one call allocates and frees inside itself, measured on the device: the bytes
-    the allocator's peak during the call rises above what it holds before and after it.
+    the allocator's peak during the call rises above what it holds before and after it,
+    or with ``blocks``, where the allocator's history can be read, the transient sequence
+    of the blocks it made (_transients.py).
 
     ``make_call()`` builds the call's real inputs (here, out of the recording: real
     tensors, not fake ones) and returns a function of no arguments that makes the call.
@@ -562,17 +565,21 @@ def measure_transient(make_call, device, reader=None, settings=None) -> int | No
             del first
             before = reader.allocated(device)
             reader.reset_peak(device)
-            out = run()
+            recorder = getattr(reader, "blocks_recorded", None) if blocks else None
+            with recorder(device) if recorder else contextlib.nullcontext() as seen:
+                out = run()
             reader.observe(out)
             peak = reader.peak(device)
             after = reader.allocated(device)
             del out, run
         except torch.OutOfMemoryError:
             return None
+    if seen is not None and seen.steps is not None:
+        return seen.steps
     return max(0, peak - max(before, after))
 
 
-def measure_on_device(signature: ConvSignature, device, reader=None) -> int | None:
+def measure_on_device(signature: ConvSignature, device, reader=None, blocks=False):
     """One convolution part's workspace, measured (:func:`measure_transient`): the part
     runs on real tensors of the signature's shapes under its cuDNN flags. None when the
     device lacks the memory."""
@@ -580,7 +587,7 @@ def measure_on_device(signature: ConvSignature, device, reader=None) -> int | No
     flags = torch.backends.cudnn.flags(
         enabled=signature.cudnn, benchmark=signature.benchmark,
         deterministic=signature.deterministic, allow_tf32=signature.tf32)
-    return measure_transient(lambda: _runner(signature, device), device, reader, flags)
+    return measure_transient(lambda: _runner(signature, device), device, reader, flags, blocks)
 
 
 # Measurements made in this process, by cache file (the convolutions' and the other ops'
@@ -714,11 +721,12 @@ class ConvWorkspaceModel(DeviceMeasuredSizes):
             return
         op = getattr(func, "__name__", str(func))
         for signature in signatures:
-            size = self.size_of(signature)
-            if size > 0:
-                recorder.allocate_transient(size, op, LABEL, "workspaces")
+            transient = self.size_of(signature)
+            if transient:
+                recorder.allocate_transients(transient, op, LABEL, "workspaces")
 
-    def size_of(self, signature: ConvSignature) -> int:
+    def size_of(self, signature: ConvSignature):
+        """The signature's transient (_transients.py): measured, or the table's bytes."""
         key = signature.key()
         size = self._size.get(key)
         if size is not None:
@@ -746,7 +754,7 @@ class ConvWorkspaceModel(DeviceMeasuredSizes):
         reader = self._reader_here()
         self._before_measuring(reader)
         try:
-            size = measure_on_device(signature, self.device, reader)
+            size = measure_on_device(signature, self.device, reader, blocks=True)
         except RuntimeError as error:
             # A configuration the real kernels refuse in isolation (say, a cuDNN status
             # error) is no reason to give no estimate: the table stands in for it.
