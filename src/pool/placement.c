@@ -155,6 +155,23 @@ size_t _vram_place_releasable(const vram_pool_t *pool) {
  * Virtual memory: what stays mapped, what makes room for a mapping.
  * ------------------------------------------------------------------------------------- */
 
+/* The kept regime's slack floor (Note [The kept regime's allowance]): two whole mappings,
+ * but in a pool smaller than that makes sensible a share of its allocated peak (and at
+ * least a few granules), so that a pool of a gigabyte does not hold a quarter of itself
+ * idle beside live blocks. A pool
+ * whose requests vary from pass to pass (inference at changing sizes) would then take idle
+ * mappings back and map them again in every pass: each few times the allowance trims, the
+ * share doubles, up to the two mappings, and such a pool settles after its first pass. */
+static size_t kept_slack(const vram_pool_t *pool) {
+  size_t two_mappings = 2 * VRAM_VMM_MAP_UNIT * pool->granularity;
+  unsigned doublings = pool->kept_trims / VRAM_VMM_TRIMS_PER_DOUBLING;
+  size_t share = (size_t)pool->stats.allocated_bytes.peak >> VRAM_VMM_KEPT_SLACK_SHIFT;
+  size_t least = VRAM_VMM_KEPT_SLACK_MIN_GRANULES * pool->granularity;
+  if (share < least) share = least;
+  while (doublings-- && share < two_mappings) share <<= 1;
+  return share < two_mappings ? share : two_mappings;
+}
+
 /* Far from the cap a pool keeps what it maps (_vram_place_keeps_mapped): it maps in
  * mappings of up to VRAM_VMM_MAP_UNIT granules, as PyTorch's expandable segments do: a
  * physical handle costs about as much at 128 MiB as at 2 MiB (bench/vmm_cost.c), and a
@@ -172,10 +189,10 @@ size_t _vram_place_releasable(const vram_pool_t *pool) {
  * not fit it (Note [The kept regime's allowance]). There, only whole mappings of up to
  * VRAM_VMM_MAP_UNIT granules can go back, and a run of free space may end at each side in
  * one that a live block shares: the slack is at least two of them, or the pool would
- * unmap and map again around those. */
+ * unmap and map again around those (in a small pool, a share of its peak: kept_slack). */
 static size_t mapped_allowance(const vram_pool_t *pool, size_t request) {
   bool kept = _vram_place_keeps_mapped(pool, request);
-  size_t min_slack = kept ? 2 * VRAM_VMM_MAP_UNIT * pool->granularity : 0;
+  size_t min_slack = kept ? kept_slack(pool) : 0;
   size_t allowance =
       _vram_place_allowance_of((size_t)pool->stats.allocated_bytes.current + request,
                                (size_t)pool->stats.allocated_bytes.peak,
@@ -198,6 +215,7 @@ void _vram_place_forget_map_ghosts(vram_pool_t *pool) {
   memset(pool->map_ghosts, 0, sizeof pool->map_ghosts);
   pool->map_ghost_next = 0;
   pool->map_ceiling = 0;
+  pool->kept_trims = 0;
 }
 
 /* Forgets the ghosts that overlap [lo, hi); whether there was one. */
@@ -246,9 +264,11 @@ int _vram_place_make_room(vram_pool_t *pool, vram_segment *seg, size_t g0, size_
       reserved + bytes > pool->map_ceiling)
     pool->map_ceiling = reserved + bytes;
   size_t allowance = mapped_allowance(pool, size);
-  if (reserved + bytes > allowance)
+  if (reserved + bytes > allowance) {
     _vram_granules_trim_outside(pool, (reserved + bytes - allowance + G - 1) / G, seg, g0, g1,
                                 kept);
+    if (kept && (size_t)pool->stats.reserved_bytes.current < reserved) pool->kept_trims++;
+  }
   return VRAM_OK;
 }
 

@@ -115,7 +115,7 @@ int _vram_place_make_room(vram_pool_t *pool, vram_segment *seg, size_t g0, size_
 
 /* Far from the cap, the mapped allowance remembers what it unmapped: [lo, hi) went back
  * to make room (granules.c tells), and mapping it again raises the allowance instead of
- * unmapping more (placement.c). reset_peak_stats forgets. */
+ * unmapping more (placement.c). reset_peak_stats forgets, and how often it trimmed. */
 void _vram_place_map_ghost(vram_pool_t *pool, uintptr_t lo, uintptr_t hi);
 void _vram_place_forget_map_ghosts(vram_pool_t *pool);
 /* ... and the ghosts in [lo, hi), a range given back (segment.c). */

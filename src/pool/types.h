@@ -44,6 +44,13 @@
  * (placement.h, _vram_place_map_unit): 128 MiB at 2 MiB granules, where a handle's cost is still
  * close to one granule's (bench/vmm_cost.c). */
 #define VRAM_VMM_MAP_UNIT ((size_t)64)
+/* Far from the cap the allowance's slack is at least two such mappings, but in a small pool
+ * at most 1/2^this of its allocated peak (at least the granules below), doubled each
+ * VRAM_VMM_TRIMS_PER_DOUBLING times the allowance takes idle mappings back (placement.c,
+ * kept_slack). */
+#define VRAM_VMM_KEPT_SLACK_SHIFT 4
+#define VRAM_VMM_KEPT_SLACK_MIN_GRANULES 16
+#define VRAM_VMM_TRIMS_PER_DOUBLING 2
 /* No device addresses more than this: larger requests are refused as out of memory before
  * any rounding, which could otherwise overflow. */
 #define VRAM_MAX_REQUEST ((size_t)1 << 48)
@@ -277,6 +284,7 @@ struct vram_pool {
   struct { uintptr_t lo, hi; } map_ghosts[VRAM_MAP_GHOSTS];
   unsigned map_ghost_next;
   size_t map_ceiling;
+  unsigned kept_trims;    /* times the allowance took idle mappings back far from the cap */
   vram_pending *pending_head, *pending_tail;
   void **spare_events;    /* created events ready to record again */
   size_t n_spare_events, cap_spare_events;

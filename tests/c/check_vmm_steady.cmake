@@ -4,9 +4,10 @@
 # default settings) of each shared trace must report
 #   - "device_calls_warm": 0 (the second pass over the same pool maps and unmaps nothing:
 #     a loop's steady state makes no driver call);
-#   - a cold pass of at most one source call per four granules it reserves at its peak
-#     (runs are mapped in pieces of up to 128 MiB; one mapping per granule, as a pool near
-#     its cap maps, would be four times that and more);
+#   - a cold pass of at most one source call per three granules it reserves at its peak
+#     (runs are mapped in pieces of up to 128 MiB, and a small pool takes idle mappings
+#     back a few times while its slack grows; one mapping per granule, as a pool near its
+#     cap maps, would be three times that and more);
 #   - peak reserved over peak live at most what expandable segments hold on the same trace
 #     on the H200 (1.235 / 1.070 / 1.014, docs/performance.md), stream_prefetch within
 #     0.002 of it: its 1.015 is placement, not mapping.
@@ -29,8 +30,8 @@ foreach(source sim:vmm sim)
     set(calls ${CMAKE_MATCH_1})
     string(REGEX MATCH "\"peak_reserved_bytes\": *([0-9]+)" _ "${out}")
     math(EXPR granules "${CMAKE_MATCH_1} / 2097152")
-    math(EXPR quarter "${granules} / 4")
-    if(calls STREQUAL "" OR calls GREATER quarter)
+    math(EXPR third "${granules} / 3")
+    if(calls STREQUAL "" OR calls GREATER third)
       message(FATAL_ERROR
               "${name} on ${source}: ${calls} calls in the cold pass for ${granules} granules:\n${out}")
     endif()

@@ -89,6 +89,29 @@ static void t_partly_used_mapping_stays(void **state) {
   VT_OK(vram_pool_destroy(pool));
 }
 
+/* Far from the cap a small pool holds idle mappings up to a share of its allocated peak,
+ * not two whole 128 MiB mappings: with two 64 MiB holes idle beside live blocks, a request
+ * that fits neither maps at the end and takes both holes back, where a slack of 256 MiB
+ * would have kept them (reserved 484 MiB over 356 live). */
+static void t_small_pool_slack(void **state) {
+  (void)state;
+  vram_pool_t *pool = vmm_pool(8 * VT_GiB, 0, 0.5);
+  void *b[6];
+  for (int i = 0; i < 6; i++) b[i] = vt_take(pool, 64 * VT_MiB);
+  assert_int_equal(vt_stats(pool).num_device_alloc, 6);
+  vt_give(pool, b[1]);
+  vt_give(pool, b[3]);
+  void *big = vt_take(pool, 100 * VT_MiB);
+  vram_stats_t s = vt_stats(pool);
+  assert_int_equal(s.allocated_bytes.current, 356 * VT_MiB);
+  assert_int_equal(s.reserved_bytes.current, 356 * VT_MiB);
+  assert_int_equal(s.num_device_free, 2);
+  vt_give(pool, big);
+  for (int i = 0; i < 6; i++)
+    if (i != 1 && i != 3) vt_give(pool, b[i]);
+  VT_OK(vram_pool_destroy(pool));
+}
+
 /* Under a limit every granule is its own mapping: the hole around a small block goes back. */
 static void t_under_a_limit_granules(void **state) {
   (void)state;
@@ -210,6 +233,7 @@ int main(void) {
       cmocka_unit_test(t_far_from_the_cap_one_mapping),
       cmocka_unit_test(t_pieces_of_128_mib),
       cmocka_unit_test(t_partly_used_mapping_stays),
+      cmocka_unit_test(t_small_pool_slack),
       cmocka_unit_test(t_under_a_limit_granules),
       cmocka_unit_test(t_past_the_threshold_granules),
       cmocka_unit_test(t_failed_map_gives_back),

@@ -17,6 +17,7 @@ from vramkit.estimator import _transients as tr  # noqa: E402
 from vramkit.estimator import scratch as sc  # noqa: E402
 from vramkit.estimator import workspaces as ws  # noqa: E402
 from helpers import AllocatorFigures, MiB  # noqa: E402
+from test_op_scratch import _ln_build, _ln_train  # noqa: E402
 
 
 def _alloc(addr, size):
@@ -70,19 +71,6 @@ def test_a_cache_with_sequences_reads_back_and_a_damaged_one_is_set_aside(tmp_pa
                                 "entries": {"sum.dim_IntList x": [4816896, -2]}}))
     with pytest.warns(RuntimeWarning, match="ignored and will be rewritten"):
         assert sc._read_cache(str(path)) == {}
-
-
-def _ln_build(batch=64, width=256):
-    def build():
-        net = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.LayerNorm(width))
-        return net, torch.optim.SGD(net.parameters(), lr=0.1), torch.randn(batch, width)
-    return build
-
-
-def _ln_train(net, opt, x):
-    net(x).sum(dim=1).pow(2).mean().backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
 
 
 # A layer norm backward as the card makes it: two partial-gradient blocks, then for each
