@@ -314,8 +314,7 @@ typedef struct free_call {
 /* The recording path: the block's fields are read before the free may merge it away, and
  * the free is recorded (and counted in its kind's share) before the release threshold
  * gives segments back. */
-static int free_recorded_locked(vram_pool_t *pool, void *arg) {
-  const free_call *c = arg;
+static int free_recorded_work(vram_pool_t *pool, const free_call *c) {
   void *ptr = c->ptr;
   vram_history *h = pool->history;
   if (!h && !pool->split_stats) return free_locked(pool, ptr);
@@ -330,12 +329,17 @@ static int free_recorded_locked(vram_pool_t *pool, void *arg) {
   if (rc) return rc;
   if (pool->split_stats) _vram_kind_free(_vram_kind_of(pool, segment), size, requested);
   if (h) _vram_note_free(pool, h, addr, size, requested, stream, pending, c->context);
-  if (pool->opts.release_threshold != SIZE_MAX) {
-    _vram_call_context_set(pool, c->context);
-    release_over_threshold(pool);
-    _vram_call_context_set(pool, 0);
-  }
+  if (pool->opts.release_threshold != SIZE_MAX) release_over_threshold(pool);
   return VRAM_OK;
+}
+
+/* Segments the free gives back carry its context, as its own events do. */
+static int free_recorded_locked(vram_pool_t *pool, void *arg) {
+  const free_call *c = arg;
+  _vram_call_context_set(pool, c->context);
+  int rc = free_recorded_work(pool, c);
+  _vram_call_context_set(pool, 0);
+  return rc;
 }
 
 int vram_free(vram_pool_t *pool, void *ptr) {

@@ -462,6 +462,20 @@ static void t_segment_events_carry_their_call(void **state) {
   assert_int_equal(g_ev[find(n, 0, VRAM_EVENT_SEGMENT_MAP, 0)].context, 4005);
   assert_int_equal(g_ev[find(n, 0, VRAM_EVENT_SEGMENT_FREE, 0)].context, 4008);
   assert_int_equal(g_ev[find(n, 0, VRAM_EVENT_SEGMENT_UNMAP, 0)].context, 4008);
+  VT_OK(vram_pool_destroy(pool));
+
+  /* A pool that gives memory back at free (release threshold 0): the free's own. */
+  vram_options_t o;
+  vram_options_init(&o);
+  o.source = VRAM_SOURCE_SIM;
+  o.sim_capacity = 4 * VT_GiB;
+  o.release_threshold = 0;
+  pool = g_ctx_pool = vt_pool_from(&o);
+  VT_OK(vram_history_start(pool, 1000, VRAM_HISTORY_CONTEXTS | VRAM_HISTORY_FREE_CONTEXTS));
+  small = xmalloc(pool, 1000, NULL); /* 4009 */
+  xfree(pool, small);                /* 4010 */
+  n = read_all(pool);
+  assert_int_equal(g_ev[find(n, 0, VRAM_EVENT_SEGMENT_FREE, 0)].context, 4010);
   vram_set_context_fn(NULL, NULL);
   VT_OK(vram_pool_destroy(pool));
 }
