@@ -323,25 +323,15 @@ class StorageRecorder(TorchDispatchMode):
             self._allocate(bid, Block(rounded(size), size, self.phase, op, op, role))
             return bid
 
-    def allocate_transient(self, size: int, op: str, site: str, role: str) -> int:
-        """An allocation an op makes and frees inside itself (a library workspace): it
-        counts toward the peak at the point it is made, and is freed at once."""
-        with self._lock:
-            bid = self._next_id
-            self._next_id += 1
-            self._allocate(bid, Block(rounded(size), size, self.op_phase, op, site, role))
-            self._freed(bid)
-            return bid
-
     def allocate_transients(self, transient, op: str, site: str, role: str) -> None:
-        """A transient of a model (_transients.py): bytes, one block freed at once, or a
-        measured sequence of blocks, each allocated and freed in its place."""
-        if isinstance(transient, int):
-            self.allocate_transient(transient, op, site, role)
-            return
+        """Allocations an op makes and frees inside itself (a library workspace, a
+        kernel's scratch), as a model gives them (_transients.py): bytes, one block freed
+        at once, or a measured sequence of blocks, each allocated and freed in its place.
+        Each counts toward the peak at the point it is made."""
+        steps = (transient, -1) if isinstance(transient, int) else transient
         with self._lock:
             made = []
-            for step in transient:
+            for step in steps:
                 if step > 0:
                     made.append(self._next_id)
                     self._next_id += 1

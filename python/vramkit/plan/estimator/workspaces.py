@@ -565,8 +565,8 @@ def measure_transient(make_call, device, reader=None, settings=None, blocks=Fals
             del first
             before = reader.allocated(device)
             reader.reset_peak(device)
-            recorder = getattr(reader, "blocks_recorded", None) if blocks else None
-            with recorder(device) if recorder else contextlib.nullcontext() as seen:
+            watch = getattr(reader, "blocks_recorded", None) if blocks else None
+            with watch(device) if watch else contextlib.nullcontext() as seen:
                 out = run()
             reader.observe(out)
             peak = reader.peak(device)
