@@ -568,6 +568,7 @@ typedef struct vram_snapshot_segment {
   uint64_t addr, size, stream;
   uint64_t first_block, n_blocks;  /* its blocks: blocks[first_block .. +n_blocks) */
   int32_t device, is_expandable;   /* is_expandable: a vmm range (mapped part only) */
+  uint64_t context;                /* the history context of the call that made it, or 0 */
 } vram_snapshot_segment_t;
 /* Fill as many segments and blocks as fit. *n_segments and *n_blocks get the totals; when
  * either is above its cap nothing partial is returned: call again with larger arrays

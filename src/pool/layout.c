@@ -23,14 +23,15 @@ typedef struct layout {
   uint64_t free_end; /* the end of the inactive block just reported in this segment, or 0 */
 } layout;
 
-static void begin_segment(layout *l, uint64_t addr, uint64_t size, vram_stream_t stream,
+static void begin_segment(layout *l, const vram_segment *s, uint64_t addr, uint64_t size,
                           bool expandable) {
   if (l->fill)
     l->segs[l->n_segs] = (vram_snapshot_segment_t){.addr = addr, .size = size,
-                                                   .stream = _vram_stream_id(stream),
+                                                   .stream = _vram_stream_id(s->arena->stream),
                                                    .first_block = l->n_blocks,
                                                    .device = l->device,
-                                                   .is_expandable = expandable};
+                                                   .is_expandable = expandable,
+                                                   .context = s->context};
   l->n_segs++;
   l->free_end = 0;
 }
@@ -76,7 +77,7 @@ static void add_virtual_segment(layout *l, const vram_segment *s, size_t G) {
     size_t e = g + 1;
     while (e < s->gran_hwm && ((s->gran_mapped[e / 64] >> (e % 64)) & 1)) e++;
     uint64_t lo = s->addr + g * G, hi = s->addr + e * G;
-    begin_segment(l, lo, hi - lo, s->arena->stream, true);
+    begin_segment(l, s, lo, hi - lo, true);
     while (b && b->addr + b->size <= lo) b = b->addr_next;
     for (; b && b->addr < hi; b = b->addr_next) {
       uint64_t from = b->addr > lo ? b->addr : lo, end = b->addr + b->size;
@@ -95,7 +96,7 @@ static void walk(const vram_pool_t *pool, layout *l) {
         add_virtual_segment(l, s, pool->granularity);
         continue;
       }
-      begin_segment(l, s->addr, s->size, a->stream, false);
+      begin_segment(l, s, s->addr, s->size, false);
       for (const vram_block *b = s->first; b; b = b->addr_next) add_block(l, b, b->addr, b->size);
       end_segment(l);
     }

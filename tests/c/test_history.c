@@ -447,21 +447,35 @@ static void t_segment_events_carry_their_call(void **state) {
   assert_int_equal(g_ev[find(n, 0, VRAM_EVENT_SEGMENT_UNMAP, 0)].context, 0);
   assert_int_equal(g_ev[find(n, 0, VRAM_EVENT_OOM, 0)].context, 4003);
   assert_int_equal(snapshot_context(pool, small), -1); /* a layout read: of no call */
+  VT_OK(vram_history_start(pool, 1000, VRAM_HISTORY_CONTEXTS));
+  small = xmalloc(pool, 1000, NULL); /* 4004: its segment is the call's, in snapshots too */
+  vram_snapshot_segment_t segs[8];
+  vram_snapshot_block_t blocks[64];
+  size_t ns = 0, nb = 0;
+  VT_OK(vram_snapshot(pool, segs, 8, &ns, blocks, 64, &nb));
+  assert_true(ns >= 1 && ns <= 8 && nb <= 64);
+  int named = 0;
+  for (size_t i = 0; i < ns; i++)
+    if (segs[i].addr <= (uintptr_t)small && (uintptr_t)small < segs[i].addr + segs[i].size)
+      named += segs[i].context == 4004;
+  assert_int_equal(named, 1);
+  xfree(pool, small);
+  VT_OK(vram_empty_cache(pool));
   n = read_all(pool);
   assert_int_equal(g_ev[find(n, 0, VRAM_EVENT_SNAPSHOT, 0)].context, 0);
 
   VT_OK(vram_history_start(pool, 1000, VRAM_HISTORY_CONTEXTS | VRAM_HISTORY_FREE_CONTEXTS));
-  small = xmalloc(pool, 1000, NULL);     /* 4004 */
-  large = xmalloc(pool, 3 * VT_MiB, NULL); /* 4005 */
-  xfree(pool, small);                    /* 4006 */
-  xfree(pool, large);                    /* 4007 */
-  VT_OK(vram_empty_cache(pool));         /* 4008 */
+  small = xmalloc(pool, 1000, NULL);     /* 4005 */
+  large = xmalloc(pool, 3 * VT_MiB, NULL); /* 4006 */
+  xfree(pool, small);                    /* 4007 */
+  xfree(pool, large);                    /* 4008 */
+  VT_OK(vram_empty_cache(pool));         /* 4009 */
   VT_VALID(pool);
   n = read_all(pool);
-  assert_int_equal(g_ev[find(n, 0, VRAM_EVENT_SEGMENT_ALLOC, 0)].context, 4004);
-  assert_int_equal(g_ev[find(n, 0, VRAM_EVENT_SEGMENT_MAP, 0)].context, 4005);
-  assert_int_equal(g_ev[find(n, 0, VRAM_EVENT_SEGMENT_FREE, 0)].context, 4008);
-  assert_int_equal(g_ev[find(n, 0, VRAM_EVENT_SEGMENT_UNMAP, 0)].context, 4008);
+  assert_int_equal(g_ev[find(n, 0, VRAM_EVENT_SEGMENT_ALLOC, 0)].context, 4005);
+  assert_int_equal(g_ev[find(n, 0, VRAM_EVENT_SEGMENT_MAP, 0)].context, 4006);
+  assert_int_equal(g_ev[find(n, 0, VRAM_EVENT_SEGMENT_FREE, 0)].context, 4009);
+  assert_int_equal(g_ev[find(n, 0, VRAM_EVENT_SEGMENT_UNMAP, 0)].context, 4009);
   VT_OK(vram_pool_destroy(pool));
 
   /* A pool that gives memory back at free (release threshold 0): the free's own. */
@@ -472,10 +486,10 @@ static void t_segment_events_carry_their_call(void **state) {
   o.release_threshold = 0;
   pool = g_ctx_pool = vt_pool_from(&o);
   VT_OK(vram_history_start(pool, 1000, VRAM_HISTORY_CONTEXTS | VRAM_HISTORY_FREE_CONTEXTS));
-  small = xmalloc(pool, 1000, NULL); /* 4009 */
-  xfree(pool, small);                /* 4010 */
+  small = xmalloc(pool, 1000, NULL); /* 4010 */
+  xfree(pool, small);                /* 4011 */
   n = read_all(pool);
-  assert_int_equal(g_ev[find(n, 0, VRAM_EVENT_SEGMENT_FREE, 0)].context, 4010);
+  assert_int_equal(g_ev[find(n, 0, VRAM_EVENT_SEGMENT_FREE, 0)].context, 4011);
   vram_set_context_fn(NULL, NULL);
   VT_OK(vram_pool_destroy(pool));
 }

@@ -236,6 +236,20 @@ def test_state_keeps_stacks_but_no_events(run):
     assert frames and frames[0]["line"] == 4 and frames[0]["name"] == "<module>"
 
 
+def test_a_segment_names_the_allocation_that_made_it(run):
+    # As PyTorch's segments do, in "state" too, where no event is recorded to pair it with.
+    out = run("""
+        import vramkit
+        vramkit.record_memory_history(enabled="state")
+        first = vramkit.empty(2048)
+        s = vramkit.snapshot()
+        print(repr(next(g["frames"] for g in s["segments"] for b in g["blocks"]
+                        if b["address"] == first.ptr)))
+    """)
+    frames = eval(out.stdout)
+    assert frames and frames[0]["line"] == 4 and frames[0]["name"] == "<module>"
+
+
 def test_without_stacks_blocks_have_no_frames(run):
     out = run("""
         import vramkit

@@ -459,9 +459,23 @@ void history_calls_change_what_comes_next(Backend &b) {
   void *big = b.malloc_on(0, size_t{96} << 20, kDefault, &is_private);
   int big_tag = g_tags;
   b.deleter_of(0, false)(big);
+  // A segment made for an allocation keeps its context in snapshots (a new stream's first
+  // small block takes a segment of its own).
+  const cudaStream_t side = reinterpret_cast<cudaStream_t>(0x5151);
+  void *own = b.malloc_on(0, 1000, side, &is_private);
+  int own_tag = g_tags;
+  bool segment_named = false;
+  for (auto &seg : b.snapshot({0, 0}, true).segments)
+    if (seg.address <= reinterpret_cast<size_t>(own) &&
+        reinterpret_cast<size_t>(own) < seg.address + seg.total_size) {
+      auto *made_by = dynamic_cast<TaggedContext *>(seg.context_when_allocated.get());
+      segment_named = made_by && made_by->tag == own_tag;
+    }
+  CHECK(segment_named);
+  b.deleter_of(0, false)(own);
   b.recordHistory(true, &tagged_context, 1000, RecordContext::NEVER, false, {});
   void *r = b.malloc_on(0, 4000, kDefault, &is_private);
-  CHECK(g_tags == big_tag);
+  CHECK(g_tags == own_tag);
   b.deleter_of(0, false)(r);
   std::vector<std::pair<TraceEntry::Action, int>> seen;
   cca::SnapshotInfo kept = b.snapshot({0, 0}, true);
@@ -478,6 +492,7 @@ void history_calls_change_what_comes_next(Backend &b) {
       {A::ALLOC, first}, {A::FREE_REQUESTED, freed_by},  // p, under "all"
       {A::ALLOC, second}, {A::FREE_REQUESTED, second},   // q, under "alloc"
       {A::ALLOC, big_tag}, {A::FREE_REQUESTED, big_tag},
+      {A::ALLOC, own_tag}, {A::FREE_REQUESTED, own_tag},
       {A::ALLOC, 0}, {A::FREE_REQUESTED, 0}};            // r, with no context
   CHECK(seen == expected);
   b.recordHistory(true, &tagged_context, 1000, RecordContext::ALL, true, {});  // clear

@@ -25,7 +25,8 @@ from .. import _core
 
 # The C records, as the extension copies them (include/vramkit.h).
 _EVENT = struct.Struct("=6Q2i")    # time_us addr size requested stream context device kind
-_SEGMENT = struct.Struct("=5Q2i")  # addr size stream first_block n_blocks device expandable
+_SEGMENT = struct.Struct("=5Q2iQ")  # addr size stream first_block n_blocks device expandable
+#                                    context
 _BLOCK = struct.Struct("=4Q2i")    # addr size requested context state reserved_
 if (_EVENT.size, _SEGMENT.size, _BLOCK.size) != (_core.EVENT_SIZE, _core.SEGMENT_SIZE,
                                                  _core.BLOCK_SIZE):
@@ -343,6 +344,7 @@ def assemble_snapshot(raw: dict, recordings: dict, sources: list) -> dict:
     """snapshot()'s dict of {device: raw_records(...)}, with each device's recording."""
     ids = [b[3] for _, blocks, _, _ in raw.values() for b in blocks]
     ids += [e[5] for _, _, events, _ in raw.values() for e in events]
+    ids += [s[7] for segs, _, _, _ in raw.values() for s in segs]
     frames_of = _frames_of(ids)
 
     segments, traces, overflowed, max_entries = [], [], False, 0
@@ -351,12 +353,9 @@ def assemble_snapshot(raw: dict, recordings: dict, sources: list) -> dict:
         if rec is not None:
             max_entries = max(max_entries, rec.max_entries if rec.enabled == "all" else 0)
             overflowed = overflowed or dropped > 0
-        # A segment's frames are those of the allocation that made the pool take it, whose
-        # context the engine gives the segment's event (the latest at an address is live).
-        seg_context = {e[1]: e[5] for e in events if e[7] == _SEGMENT_ALLOC}
+        # A segment's frames are those of the allocation that made the pool take it.
         for s in segs:
-            segments.append(_segment(s, blocks, frames_of, frames_of.get(
-                seg_context.get(s[0], 0), [])))
+            segments.append(_segment(s, blocks, frames_of, frames_of.get(s[7], [])))
         while len(traces) <= d:
             traces.append([])
         entries = traces[d]
@@ -377,7 +376,7 @@ def assemble_snapshot(raw: dict, recordings: dict, sources: list) -> dict:
 
 
 def _segment(s, blocks, frames_of, frames) -> dict:
-    addr, size, stream, first, count, device, expandable = s
+    addr, size, stream, first, count, device, expandable, _context = s
     out_blocks = []
     allocated = active = requested_total = 0
     for b in blocks[first:first + count]:

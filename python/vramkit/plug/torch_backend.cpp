@@ -638,7 +638,6 @@ class Backend final : public cca::CUDAAllocator {
   int start_or_stop_history(vram_pool_t *pool);
   std::shared_ptr<c10::GatheredContext> context(uint64_t id);
   static std::vector<vram_event_t> read_history(vram_pool_t *pool);
-  static std::vector<vram_snapshot_block_t> read_blocks(vram_pool_t *pool);
   static void read_layout(vram_pool_t *pool, std::vector<vram_snapshot_segment_t> *segments,
                           std::vector<vram_snapshot_block_t> *blocks);
   void append_segments(vram_pool_t *pool, c10::DeviceIndex device, MempoolId_t owner,

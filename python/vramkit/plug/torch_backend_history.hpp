@@ -109,14 +109,18 @@ inline uint64_t Backend::context_of_this_allocation(void *user) {
   return id;
 }
 
-// Keep the contexts that the rings and the live blocks still name (and the one just
-// made, not yet in any ring). Run with no lock held: it reads every pool.
+// Keep the contexts that the rings, the live blocks and the segments still name (and the
+// one just made, not yet in any ring). Run with no lock held: it reads every pool.
 inline void Backend::prune_contexts(uint64_t newest) {
   std::unordered_set<uint64_t> named{newest};
   std::lock_guard<std::mutex> g(mutex_);
   for (vram_pool_t *pool : all_pools_locked()) {
     for (auto &e : read_history(pool)) named.insert(e.context);
-    for (auto &b : read_blocks(pool)) named.insert(b.context);
+    std::vector<vram_snapshot_segment_t> segments;
+    std::vector<vram_snapshot_block_t> blocks;
+    read_layout(pool, &segments, &blocks);
+    for (auto &s : segments) named.insert(s.context);
+    for (auto &b : blocks) named.insert(b.context);
   }
   std::lock_guard<std::mutex> h(history_mutex_);
   for (auto it = contexts_.begin(); it != contexts_.end();)
@@ -143,13 +147,6 @@ inline std::vector<vram_event_t> Backend::read_history(vram_pool_t *pool) {
   vram_history_read(pool, events.data(), events.size(), &count, &total, nullptr);
   events.resize(count);
   return events;
-}
-
-inline std::vector<vram_snapshot_block_t> Backend::read_blocks(vram_pool_t *pool) {
-  std::vector<vram_snapshot_segment_t> segments;
-  std::vector<vram_snapshot_block_t> blocks;
-  read_layout(pool, &segments, &blocks);
-  return blocks;
 }
 
 inline void Backend::read_layout(vram_pool_t *pool, std::vector<vram_snapshot_segment_t> *segments,
@@ -183,6 +180,7 @@ inline void Backend::append_segments(vram_pool_t *pool, c10::DeviceIndex device,
     seg.is_large = s.size != (size_t{2} << 20);  // the engine's small segments are 2 MiB
     seg.is_expandable = s.is_expandable != 0;
     seg.owner_private_pool_id = owner;
+    seg.context_when_allocated = context(s.context);
     for (uint64_t i = s.first_block; i < s.first_block + s.n_blocks; i++) {
       const vram_snapshot_block_t &b = blocks[i];
       BlockInfo block;
