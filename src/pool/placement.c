@@ -158,10 +158,10 @@ size_t _vram_place_releasable(const vram_pool_t *pool) {
 /* The kept regime's slack floor (Note [The kept regime's allowance]): two whole mappings,
  * but in a pool smaller than that makes sensible a share of its allocated peak (and at
  * least a few granules), so that a pool of a gigabyte does not hold a quarter of itself
- * idle beside live blocks. A pool
- * whose requests vary from pass to pass (inference at changing sizes) would then take idle
- * mappings back and map them again in every pass: each few times the allowance trims, the
- * share doubles, up to the two mappings, and such a pool settles after its first pass. */
+ * idle beside live blocks. A pool whose requests vary from pass to pass (inference at
+ * changing sizes) would then take idle mappings back and map them again in every pass:
+ * every VRAM_VMM_TRIMS_PER_DOUBLING times the allowance trims, the share doubles, up to
+ * the two mappings, and such a pool settles after its first pass. */
 static size_t kept_slack(const vram_pool_t *pool) {
   size_t two_mappings = 2 * VRAM_VMM_MAP_UNIT * pool->granularity;
   unsigned doublings = pool->kept_trims / VRAM_VMM_TRIMS_PER_DOUBLING;
