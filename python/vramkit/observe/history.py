@@ -353,9 +353,7 @@ def assemble_snapshot(raw: dict, recordings: dict, sources: list) -> dict:
         if rec is not None:
             max_entries = max(max_entries, rec.max_entries if rec.enabled == "all" else 0)
             overflowed = overflowed or dropped > 0
-        # A segment's frames are those of the allocation that made the pool take it.
-        for s in segs:
-            segments.append(_segment(s, blocks, frames_of, frames_of.get(s[7], [])))
+        segments += [_segment(s, blocks, frames_of) for s in segs]
         while len(traces) <= d:
             traces.append([])
         entries = traces[d]
@@ -375,8 +373,8 @@ def assemble_snapshot(raw: dict, recordings: dict, sources: list) -> dict:
     }
 
 
-def _segment(s, blocks, frames_of, frames) -> dict:
-    addr, size, stream, first, count, device, expandable, _context = s
+def _segment(s, blocks, frames_of) -> dict:
+    addr, size, stream, first, count, device, expandable, made_by = s
     out_blocks = []
     allocated = active = requested_total = 0
     for b in blocks[first:first + count]:
@@ -407,7 +405,7 @@ def _segment(s, blocks, frames_of, frames) -> dict:
         "segment_type": "large" if size > (1 << 20) else "small",
         "segment_pool_id": (0, 0),
         "is_expandable": bool(expandable),
-        "frames": frames,
+        "frames": frames_of.get(made_by, []),  # those of the allocation that made it
         "blocks": out_blocks,
     }
 
