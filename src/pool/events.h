@@ -64,12 +64,12 @@ static inline void _vram_note_alloc(vram_pool_t *pool, vram_history *h, uint64_t
  * share one tick and one ring slot. Without a context table there is no call to make. */
 static inline void _vram_note_free(vram_pool_t *pool, vram_history *h, uint64_t addr,
                                    uint64_t size, uint64_t requested, vram_stream_t stream,
-                                   bool pending, uint64_t free_context) {
+                                   bool pending) {
   (void)pool;
   uint64_t context = 0;
   if (_vram_ctx_kept(&h->contexts))
     context = pending ? _vram_ctx_get(&h->contexts, addr) : _vram_ctx_take(&h->contexts, addr);
-  if (free_context) context = free_context;
+  if (h->call_context) context = h->call_context; /* the free's own, under context="all" */
   _vram_history_record(h, pending ? VRAM_EVENT_FREE_REQUESTED : VRAM_HSLOT_FREE_PAIR, addr, size,
                        requested, _vram_stream_id(stream), context);
 }

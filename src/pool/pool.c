@@ -314,8 +314,7 @@ typedef struct free_call {
 /* The recording path: the block's fields are read before the free may merge it away, and
  * the free is recorded (and counted in its kind's share) before the release threshold
  * gives segments back. */
-static int free_recorded_work(vram_pool_t *pool, const free_call *c) {
-  void *ptr = c->ptr;
+static int free_recorded_work(vram_pool_t *pool, void *ptr) {
   vram_history *h = pool->history;
   if (!h && !pool->split_stats) return free_locked(pool, ptr);
   vram_block *b = NULL;
@@ -328,16 +327,17 @@ static int free_recorded_work(vram_pool_t *pool, const free_call *c) {
   rc = free_block(pool, b);
   if (rc) return rc;
   if (pool->split_stats) _vram_kind_free(_vram_kind_of(pool, segment), size, requested);
-  if (h) _vram_note_free(pool, h, addr, size, requested, stream, pending, c->context);
+  if (h) _vram_note_free(pool, h, addr, size, requested, stream, pending);
   if (pool->opts.release_threshold != SIZE_MAX) release_over_threshold(pool);
   return VRAM_OK;
 }
 
-/* Segments the free gives back carry its context, as its own events do. */
+/* The free's context (its own, under context="all") is the call's: its events and the
+ * segments it gives back carry it. */
 static int free_recorded_locked(vram_pool_t *pool, void *arg) {
   const free_call *c = arg;
   _vram_call_context_set(pool, c->context);
-  int rc = free_recorded_work(pool, c);
+  int rc = free_recorded_work(pool, c->ptr);
   _vram_call_context_set(pool, 0);
   return rc;
 }
