@@ -448,8 +448,8 @@ def advise(step_fn, *args, build=None, device_memory=None, memory_limit=None,
     of all or every 2nd repeated block, and with ``make_batch(n)`` and ``batch`` smaller
     batches): predicted peaks, what each saves, whether it fits, and the compute it adds
     (FLOPs counted on fake tensors), most saving first. A change the step already makes
-    (bf16 autocast on a step under bf16 autocast) is left out; autocast in another dtype
-    replaces the step's own. A change that cannot be estimated is listed with the reason.
+    (bf16 autocast on a step under bf16 autocast) is left out, and so is autocast in the
+    other dtype, which holds the same memory. A change that cannot be estimated is listed with the reason.
     Returns an :class:`Advice`, printable as a table."""
     from . import _step, variants as _variants
 

@@ -43,6 +43,8 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from . import _fake_gaps
 
+_DEVICE_OF = torch.ops.prim.device.default
+
 # PyTorch's caching allocator hands out blocks in multiples of 512 bytes (kMinBlockSize).
 BLOCK_ROUNDING = 512
 
@@ -238,6 +240,10 @@ class StorageRecorder(TorchDispatchMode):
     # -- the dispatch hook ------------------------------------------------------------
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is _DEVICE_OF:
+            # ``t.device``, asked of fake tensors more often than every other op together:
+            # it allocates nothing, computes nothing and has no value to follow.
+            return func(*args, **(kwargs or {}))
         # A fake kernel stricter than CUDA's is not asked (it logs its refusal as an
         # error before raising): _fake_gaps makes what CUDA's kernel makes instead.
         out = _fake_gaps.stand_in(func, args, kwargs) if func in _fake_gaps.OPS else None
@@ -270,7 +276,8 @@ class StorageRecorder(TorchDispatchMode):
         cast_of_weight = (func is torch.ops.aten._to_copy.default and phase == "forward"
                           and args and isinstance(args[0], torch.Tensor)
                           and self._role_of(args[0]) == "parameters")
-        for t in tree_leaves(out):
+        # Most ops return one tensor: it is tracked without flattening the output.
+        for t in (out,) if isinstance(out, torch.Tensor) else tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 self.track(t, phase, name, cast_of_weight)
         if self.after_outputs_hook is not None:

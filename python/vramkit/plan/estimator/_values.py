@@ -37,6 +37,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 MOST_ELEMENTS = 1 << 16
 
 _aten = torch.ops.aten
+_DEVICE_OF = torch.ops.prim.device.default
 
 
 # The code whose yes/no tensors computed from unknown values decide how long to run,
@@ -104,6 +105,8 @@ class KnownValues(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is _DEVICE_OF:  # ``t.device``: asked thousands of times, no value in it
+            return func(*args, **kwargs)
         if func is _aten._local_scalar_dense.default and args[0] in self.real:
             with _disable_current_modes():
                 return self.real[args[0]].item()
@@ -168,7 +171,10 @@ class KnownValues(TorchDispatchMode):
             return None
 
     def _follow(self, func, args, kwargs, out) -> None:
-        outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
+        if isinstance(out, torch.Tensor):  # most ops: one tensor, flattened for nothing
+            outs = [out]
+        else:
+            outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
         small = all(o.numel() <= MOST_ELEMENTS for o in outs)
         real = self._run_real(func, args, kwargs) if small else None
         if real is None and small and outs and all(o.dtype == torch.bool for o in outs) \

@@ -264,21 +264,20 @@ def autocast_seen(dtypes: set):
 
 def as_it_changes(variant: Variant, autocast: set, weights: set) -> Variant | None:
     """``variant`` as a change to a step that already runs under the autocast dtypes
-    ``autocast`` with weights of the dtypes ``weights``: the parts it already does are
-    dropped, and None if nothing is left (bf16 autocast on a bf16-autocast step)."""
-    same_autocast = variant.autocast is not None and autocast == {variant.autocast}
+    ``autocast`` with weights of the dtypes ``weights``: the parts that would not change
+    the step's memory are dropped, and None if nothing is left. Autocast is dropped from
+    a step that autocasts already: bf16 and fp16 are two bytes an element alike, so
+    trading one for the other moves numerics, not memory, and would cost the table a
+    recording for a row that saves nothing."""
     same_weights = variant.weights is not None and weights == {variant.weights}
     changed = dataclasses.replace(
-        variant, autocast=None if same_autocast else variant.autocast,
+        variant, autocast=None if autocast else variant.autocast,
         weights=None if same_weights else variant.weights, adds_autocast=not autocast)
     if changed.autocast is None and changed.weights is None and not (
             changed.checkpoint_every or changed.checkpoint_names
             or changed.eight_bit_states or changed.batch):
         return None
-    if changed.autocast is not None and autocast and not same_autocast:
-        named = " and ".join(sorted(_short(d) for d in autocast))
-        changed.name = f"{variant.name} (instead of {named})"
-    elif same_autocast and changed.checkpoint_every:
+    if variant.autocast is not None and changed.autocast is None:
         changed.name = variant.name.replace(f"{_short(variant.autocast)} autocast + ", "")
     return changed
 
