@@ -1,0 +1,62 @@
+"""estimate_speed.py - how long the estimator's own work takes in one process: a first
+estimate (imports and caches warming), then plain estimates and what-if tables of one
+step, each timed, with the figures they print so that two trees can be compared for both
+speed and sameness. Issue 38's targets (a plain estimate in at most 2 s, the GPT-2 what-if
+table in at most 10 s) are read on these figures: the interpreter's start and the imports
+of PyTorch and transformers are outside them.
+
+    python3 bench/estimate_speed.py [--label L] [--model gpt2] [--batch 8] [--seq 1024]
+                                    [--precision bf16-amp] [--plain 4] [--what-if 2]
+
+Runs on a machine without a GPU too (the CPU stand-in), slower than on a GPU host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--label", default="this tree")
+    ap.add_argument("--model", default="gpt2")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--precision", default="bf16-amp")
+    ap.add_argument("--plain", type=int, default=4, help="plain estimates to time")
+    ap.add_argument("--what-if", type=int, default=2, help="what-if tables to time")
+    args = ap.parse_args()
+
+    import vramkit.estimator as est
+    from vramkit.plan.estimator import models
+
+    def work(n):
+        return models.workload(args.model, n, args.seq, args.precision)
+
+    first = work(args.batch)
+    started = time.perf_counter()
+    e = est.estimate(first.step, build=first.build)
+    print(f"{args.label}: first estimate {time.perf_counter() - started:.2f} s", flush=True)
+    times = []
+    for _ in range(args.plain):
+        started = time.perf_counter()
+        e = est.estimate(first.step, build=first.build)
+        times.append(time.perf_counter() - started)
+    print(f"{args.label}: plain estimates {', '.join(f'{t:.2f}' for t in times)} s; "
+          f"allocated {e.peak_allocated}, reserved {e.peak_reserved} (vramkit), "
+          f"{e.torch_peak_reserved} (PyTorch)", flush=True)
+    advice = None
+    for _ in range(args.what_if):
+        started = time.perf_counter()
+        advice = est.advise(first.step, build=first.build, batch=args.batch,
+                            make_batch=lambda n: work(n).build())
+        print(f"{args.label}: what-if {time.perf_counter() - started:.2f} s, "
+              f"{len(advice.rows)} rows", flush=True)
+    if advice is not None:
+        print(first.name)
+        print(advice)
+
+
+if __name__ == "__main__":
+    main()
