@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -147,6 +148,75 @@ def test_a_step_that_reads_values_is_refused_with_the_reason():
     text = str(info.value)
     assert "fake tensors" in text and "No estimate is given" in text
     assert "item" in text.lower() or "data-dependent" in text.lower()
+
+
+def test_a_logged_loss_and_finiteness_checks_are_estimated():
+    """A step as people write it logs its loss with .item() and checks it is finite: the
+    estimate runs, with the figures of the same step without those lines, and its notes
+    say what was answered. What was logged prints as 0.0."""
+    logged = []
+
+    def step(net, opt, x):
+        loss = net(x).pow(2).mean()
+        if torch.isnan(loss) or not torch.isfinite(loss):
+            raise FloatingPointError("the loss is not finite")
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0, error_if_nonfinite=True)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        logged.append(f"{loss.item() * 2:.3f} {loss.item() + 1:.1f}")
+
+    e = vramkit.estimate(step, build=_mlp_build())
+    plain = vramkit.estimate(_step, build=_mlp_build())
+    assert e.breakdown["parameters"] == plain.breakdown["parameters"] == PARAM_BYTES
+    assert abs(e.peak_allocated - plain.peak_allocated) <= 4096  # the checks' bool scalars
+    assert logged == ["0.000 0.0"] * 2  # what arithmetic makes of them is unknown too
+    notes = " ".join(e.notes)
+    assert "are finite" in notes and "read 4 floating-point values" in notes
+
+
+def test_a_decision_on_a_logged_value_is_refused_at_its_line():
+    """A value read with .item() may be printed or summed, never decided on: a comparison
+    after arithmetic, an int made of it, a test of the tensor itself or float(t) each
+    refuse the estimate, naming the line that decided."""
+    import inspect
+
+    def compares(net, opt, x):
+        scaled = net(x).sum().item() * 2
+        if scaled > 1:
+            pass
+
+    def sizes(net, opt, x):
+        n = net(x).sum().item()
+        torch.zeros(int(n))
+
+    def tests_the_tensor(net, opt, x):
+        if net(x).sum():
+            pass
+
+    def floats_it(net, opt, x):
+        if float(net(x).sum()) > 1:
+            pass
+
+    for step in (compares, sizes, tests_the_tensor, floats_it):
+        with pytest.raises(UntraceableStep) as info:
+            vramkit.estimate(step, build=_mlp_build())
+        text = str(info.value)
+        line = inspect.getsourcelines(step)[1] + (1 if step in (tests_the_tensor, floats_it)
+                                                  else 2)
+        assert "_local_scalar_dense" in text and f":{line} in {step.__name__}" in text, text
+
+
+def test_an_unknown_value_is_a_float_until_decided_on():
+    from vramkit.plan.estimator._values import UnknownValue, ValueDecided
+    value = UnknownValue("train.py:12")
+    derived = (value + 1) * 2 / 3 - value ** 2
+    assert isinstance(derived, UnknownValue) and derived.site == "train.py:12"
+    assert f"{value:.2f}" == "0.00" and json.dumps([value]) == "[0.0]"
+    assert {value: 1}[value] == 1  # hashable: a dict key (found by identity)
+    for decide in (bool, int, round, lambda v: v > 0, lambda v: v == 0.0, math.floor):
+        with pytest.raises(ValueDecided, match="train.py:12"):
+            decide(derived)
 
 
 @pytest.mark.parametrize("kwargs, error", [

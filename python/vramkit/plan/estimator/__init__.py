@@ -411,6 +411,16 @@ def _notes(recording, target, models_) -> list[str]:
                      f"weights or gradients (Adafactor's step size, the gradient scaler's "
                      f"check for infinities): taken as zero, which changes what the update "
                      f"computes, not what it allocates")
+    if recording.finite_checks:
+        notes.append(f"{recording.finite_checks} checks of whether values computed from "
+                     f"the weights or the batch are finite (isnan, isinf, isfinite) were "
+                     f"answered as for finite values, the path of a healthy step")
+    if recording.logged_reads:
+        notes.append(f"the step's own code read {recording.logged_reads} floating-point "
+                     f"values computed from the weights or the batch (the first at "
+                     f"{recording.first_logged_read}, a loss logged with .item(), say): "
+                     f"they print as 0.0; the step decided nothing on them (a decision "
+                     f"would have stopped the estimate)")
     return notes
 
 

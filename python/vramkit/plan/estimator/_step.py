@@ -244,7 +244,7 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
         known.forget(_found(values, torch.Tensor))
         recorder.values = known  # run inside the recorder's dispatch, not as a mode
         with mode, recorder, _autocast_cache_cleared_in_order(recorder), \
-                (around_step or contextlib.nullcontext()):
+                known.python_reads_answered(), (around_step or contextlib.nullcontext()):
             for m in _found(values, torch.nn.Module):
                 for p in m.parameters():
                     recorder.set_role(p, "parameters")
@@ -281,6 +281,9 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
     recorder.recording.cuda_calls_answered = dict(answered)
     recorder.recording.generation_stand_ins = known.stand_ins
     recorder.recording.optimizer_reads = known.optimizer_reads
+    recorder.recording.finite_checks = known.finite_checks
+    recorder.recording.logged_reads = known.logged_reads
+    recorder.recording.first_logged_read = known.first_logged_read
     recorder.recording.flops = recorder.step_flops[-1] if recorder.step_flops else 0
     classify(recorder.recording, recorder)
     return recorder.recording, recorder

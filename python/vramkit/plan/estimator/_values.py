@@ -15,12 +15,28 @@ small, is run a second time on real CPU tensors, and each fake output remembers 
 twin. Reading the value of a fake tensor with a real twin gives the twin's; an operation
 whose output shape depends on values (``nonzero``, a boolean mask) gives a fake tensor
 of the shape the real one has. A value that depends on weights or inputs stays unknown,
-and reading it still fails with the reason: the estimate never guesses a value: the
-weights and the batch the step is given count as unknown, whatever their size.
+and reading it fails with the reason: the weights and the batch the step is given count as
+unknown, whatever their size.
+
+Two reads of unknown values are answered, each counted for the estimate's notes, because a
+training step makes them without their deciding what it allocates:
+
+- checks that a value is finite (``torch.isnan(loss)``, ``isinf``, ``isfinite``, which
+  PyTorch decomposes into ``x == x`` and ``abs(x) != inf``; ``clip_grad_norm_``'s
+  ``error_if_nonfinite``): values computed from the weights and the batch are taken as
+  finite numbers, as in a healthy step, and what those checks compute follows from that;
+- a floating-point scalar read with ``.item()`` by the user's own code
+  (outside PyTorch, vramkit and installed packages), as a loss is read to be logged: it
+  reads as an :class:`UnknownValue`, a float of 0.0 that can be printed, summed and
+  stored, but that refuses to be compared, tested or made an int: a step that decides
+  on the value (``if loss.item() > 10``) is refused as before, naming its line. Integer
+  reads, yes/no tests of a tensor (``if loss:``) and ``float(t)`` (which Python turns
+  into a plain float, losing what the value is) are refused at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -38,6 +54,14 @@ MOST_ELEMENTS = 1 << 16
 
 _aten = torch.ops.aten
 _DEVICE_OF = torch.ops.prim.device.default
+
+# What a finiteness check of a finite value gives, by op: isnan and the isinf family say
+# no; ``x == x`` says yes and ``x != x`` no (PyTorch's isfinite and nan checks compare a
+# tensor with itself); comparing with an infinity says "not equal".
+_NOT_NAN_OR_INF = {_aten.isnan.default: False, _aten.isinf.default: False,
+                   _aten.isposinf.default: False, _aten.isneginf.default: False}
+_SELF_COMPARED = {_aten.eq.Tensor: True, _aten.ne.Tensor: False}
+_INF_COMPARED = {_aten.eq.Scalar: False, _aten.ne.Scalar: True}
 
 
 # The code whose yes/no tensors computed from unknown values decide how long to run,
@@ -68,6 +92,72 @@ def _read_by_an_optimizer() -> bool:
     return False
 
 
+_INSTALLED = ("site-packages", "dist-packages")
+
+
+def _users_own_code() -> str:
+    """The innermost frame outside PyTorch and vramkit, as "file:line", if it is the
+    user's own code (not an installed package's); "" otherwise."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if not (path.startswith(_TORCH) or path.startswith(_VRAMKIT) or path.startswith("<")):
+            if any(part in path for part in _INSTALLED):
+                return ""
+            return f"{os.path.basename(path)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return ""
+
+
+class ValueDecided(RuntimeError):
+    """The step decided on an :class:`UnknownValue`: fake tensors have no values."""
+
+
+class UnknownValue(float):
+    """A floating-point value the user's code read from the weights or the batch, which
+    the estimate cannot know: 0.0 to print, sum or store, and what arithmetic makes of it
+    stays unknown; comparing it, testing it or making an int of it raises ValueDecided,
+    since that could decide what the step allocates."""
+
+    def __new__(cls, site: str):
+        value = super().__new__(cls, 0.0)
+        value.site = site
+        return value
+
+    def _decided(self, *_args):
+        raise ValueDecided(
+            f"aten._local_scalar_dense.default: the step read a value computed from the "
+            f"weights or the batch at {self.site} (with .item()) and then "
+            f"decided on it (a comparison, a test or an int); fake tensors have no values")
+
+    __bool__ = __lt__ = __le__ = __gt__ = __ge__ = __eq__ = __ne__ = _decided
+    __int__ = __index__ = __round__ = __floor__ = __ceil__ = __trunc__ = _decided
+    __hash__ = float.__hash__
+
+    def _unknown(self, *_args):
+        return UnknownValue(self.site)
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _unknown
+    __truediv__ = __rtruediv__ = __floordiv__ = __rfloordiv__ = __mod__ = _unknown
+    __rmod__ = __pow__ = __rpow__ = __neg__ = __pos__ = __abs__ = _unknown
+
+
+def _finite_answer(func, args):
+    """What ``func`` gives on the finite values of ``args[0]`` when it is a finiteness
+    check (True or False for every element), else None."""
+    x = args[0] if args else None
+    if not isinstance(x, FakeTensor) or not x.is_floating_point():
+        return None
+    if func in _NOT_NAN_OR_INF:
+        return _NOT_NAN_OR_INF[func]
+    if func in _SELF_COMPARED and len(args) > 1 and args[1] is x:
+        return _SELF_COMPARED[func]
+    if func in _INF_COMPARED and len(args) > 1 and isinstance(args[1], float) \
+            and args[1] in (float("inf"), float("-inf")):
+        return _INF_COMPARED[func]
+    return None
+
+
 def _made_by_a_generation_loop() -> bool:
     """Whether the innermost frame outside PyTorch and vramkit is a generation loop's."""
     frame = sys._getframe(2)
@@ -95,6 +185,36 @@ class KnownValues(TorchDispatchMode):
         self.real = WeakIdKeyDictionary()  # fake tensor -> real CPU tensor
         self.stand_ins = 0  # yes/no tensors of a generation loop taken as all "no"
         self.optimizer_reads = 0  # values an optimizer's step read, taken as zero
+        self.finite_checks = 0  # finiteness checks of unknown values, taken as finite
+        self.logged_reads = 0  # floating scalars the user's code read: UnknownValue
+        self.first_logged_read = ""  # where the first of them was read ("file:line")
+        # Set by python_reads_answered's Tensor.item around its read; the site of the read
+        # it answered with a stand-in, for the UnknownValue it returns.
+        self.reading_for_python = False
+        self.stood_in_at = ""
+
+    @contextlib.contextmanager
+    def python_reads_answered(self):
+        """In its length ``t.item()`` of a value the user's code cannot have (see the
+        module's note) gives an :class:`UnknownValue` instead of failing."""
+        original = torch.Tensor.item
+
+        def item(t):
+            self.reading_for_python = True
+            try:
+                value = original(t)
+            finally:
+                self.reading_for_python = False
+            if self.stood_in_at:
+                site, self.stood_in_at = self.stood_in_at, ""
+                return UnknownValue(site)
+            return value
+
+        torch.Tensor.item = item
+        try:
+            yield
+        finally:
+            torch.Tensor.item = original
 
     def forget(self, tensors) -> None:
         """Treat ``tensors`` as values unknown: weights and the batch stand for ones the
@@ -115,6 +235,14 @@ class KnownValues(TorchDispatchMode):
             if args[0].dtype == torch.bool:
                 return False
             return 0.0 if args[0].dtype.is_floating_point else 0
+        if func is _aten._local_scalar_dense.default and self.reading_for_python \
+                and args[0].dtype.is_floating_point:
+            site = _users_own_code()
+            if site:
+                self.logged_reads += 1
+                self.first_logged_read = self.first_logged_read or site
+                self.stood_in_at = site
+                return 0.0
         try:
             out = func(*args, **kwargs)
         except (DynamicOutputShapeException, DataDependentOutputException):
@@ -177,6 +305,13 @@ class KnownValues(TorchDispatchMode):
             outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
         small = all(o.numel() <= MOST_ELEMENTS for o in outs)
         real = self._run_real(func, args, kwargs) if small else None
+        if real is None and small and len(outs) == 1 and outs[0].dtype == torch.bool \
+                and isinstance(out, torch.Tensor):
+            answer = _finite_answer(func, args)
+            if answer is not None:
+                with _disable_current_modes():  # a real tensor, not the fake mode's
+                    real = torch.full(out.shape, answer, dtype=torch.bool)
+                self.finite_checks += 1
         if real is None and small and outs and all(o.dtype == torch.bool for o in outs) \
                 and not _writes(func) and _made_by_a_generation_loop():
             with _disable_current_modes():  # real tensors, not the fake mode's
