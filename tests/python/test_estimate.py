@@ -164,15 +164,15 @@ def test_a_logged_loss_and_finiteness_checks_are_estimated():
         torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0, error_if_nonfinite=True)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        logged.append(f"{loss.item() * 2:.3f} {loss.item() + 1:.1f}")
+        logged.append(f"{loss.item() * 2:.3f} {loss.item() + 1:.1f} {loss:.2f}")
 
     e = vramkit.estimate(step, build=_mlp_build())
     plain = vramkit.estimate(_step, build=_mlp_build())
     assert e.breakdown["parameters"] == plain.breakdown["parameters"] == PARAM_BYTES
     assert abs(e.peak_allocated - plain.peak_allocated) <= 4096  # the checks' bool scalars
-    assert logged == ["0.000 0.0"] * 2  # what arithmetic makes of them is unknown too
+    assert logged == ["0.000 0.0 0.00"] * 2  # what arithmetic makes of them is unknown too
     notes = " ".join(e.notes)
-    assert "are finite" in notes and "read 4 floating-point values" in notes
+    assert "are finite" in notes and "read 6 floating-point values" in notes
 
 
 def test_a_decision_on_a_logged_value_is_refused_at_its_line():

@@ -127,8 +127,8 @@ class UnknownValue(float):
     def _decided(self, *_args):
         raise ValueDecided(
             f"aten._local_scalar_dense.default: the step read a value computed from the "
-            f"weights or the batch at {self.site} (with .item()) and then "
-            f"decided on it (a comparison, a test or an int); fake tensors have no values")
+            f"weights or the batch at {self.site} and then decided on it (a comparison, "
+            f"a test or an int); fake tensors have no values")
 
     __bool__ = __lt__ = __le__ = __gt__ = __ge__ = __eq__ = __ne__ = _decided
     __int__ = __index__ = __round__ = __floor__ = __ceil__ = __trunc__ = _decided
@@ -195,8 +195,9 @@ class KnownValues(TorchDispatchMode):
 
     @contextlib.contextmanager
     def python_reads_answered(self):
-        """In its length ``t.item()`` of a value the user's code cannot have (see the
-        module's note) gives an :class:`UnknownValue` instead of failing."""
+        """In its length ``t.item()`` (and ``f"{t:.3f}"`` of a 0-dim tensor, which reads it)
+        of a value the user's code cannot have (see the module's note) gives an
+        :class:`UnknownValue` instead of failing."""
         original = torch.Tensor.item
 
         def item(t):
@@ -210,11 +211,20 @@ class KnownValues(TorchDispatchMode):
                 return UnknownValue(site)
             return value
 
-        torch.Tensor.item = item
+        # A real 0-dim tensor formats as its value (f"{loss:.3f}"); a fake one, a subclass,
+        # has no such path in PyTorch and refuses the format: it formats as its read.
+        original_format = torch.Tensor.__format__
+
+        def format_(t, spec):
+            if isinstance(t, FakeTensor) and t.dim() == 0 and spec:
+                return format(t.item(), spec)
+            return original_format(t, spec)
+
+        torch.Tensor.item, torch.Tensor.__format__ = item, format_
         try:
             yield
         finally:
-            torch.Tensor.item = original
+            torch.Tensor.item, torch.Tensor.__format__ = original, original_format
 
     def forget(self, tensors) -> None:
         """Treat ``tensors`` as values unknown: weights and the batch stand for ones the
