@@ -16,7 +16,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import vramkit  # noqa: E402
-from vramkit.estimator import CUBLAS_WORKSPACE_BYTES, _step  # noqa: E402
+from vramkit.estimator import (CUBLAS_WORKSPACE_BYTES, CUBLASLT_WORKSPACE_BYTES,  # noqa: E402
+                               _step)
 from vramkit.estimator import scratch as sc  # noqa: E402
 from vramkit.estimator import workspaces as ws  # noqa: E402
 from helpers import AllocatorFigures, MiB, rounded_block as _rounded  # noqa: E402
@@ -290,7 +291,8 @@ def test_without_a_device_one_note_says_how_many_signatures_were_left_out():
                            f"were not modelled for {count} of the step's {count} op "
                            f"signatures (")
     assert "sum 2" in note and "native_layer_norm 1" in note and "none here" in note
-    assert e.breakdown["workspaces"] == CUBLAS_WORKSPACE_BYTES  # nothing added without one
+    # cuBLAS's and cuBLASLt's (the linear layer's bias), nothing added without a device.
+    assert e.breakdown["workspaces"] == CUBLAS_WORKSPACE_BYTES + CUBLASLT_WORKSPACE_BYTES
 
 
 def test_the_switch_turns_op_scratch_on_and_off(stand_in, monkeypatch):

@@ -261,8 +261,9 @@ def test_a_workspace_on_the_peak_raises_it_by_its_size_and_the_breakdown_names_i
     without = vramkit.estimate(step, build=build, model_workspaces="cublas")
     with_it = vramkit.estimate(step, build=build)
     assert with_it.peak_allocated - without.peak_allocated == _rounded(workspace)
-    assert with_it.breakdown["workspaces"] == CUBLAS_WORKSPACE_BYTES + _rounded(workspace)
-    assert without.breakdown["workspaces"] == CUBLAS_WORKSPACE_BYTES
+    # A convolution takes no cuBLAS handle: cuDNN's workspace is the step's only one.
+    assert with_it.breakdown["workspaces"] == _rounded(workspace)
+    assert without.breakdown["workspaces"] == 0
     assert (ws.LABEL, _rounded(workspace), 1) in with_it.top_sites
     # Nothing cached holds 40 MiB: PyTorch's allocator takes a segment for it.
     assert with_it.torch_peak_reserved >= without.torch_peak_reserved + _rounded(workspace)
@@ -275,6 +276,33 @@ def test_a_workspace_on_the_peak_raises_it_by_its_size_and_the_breakdown_names_i
         step, build=build, model_workspaces="cublas").peak_allocated
 
 
+def test_cublas_workspaces_come_where_pytorch_makes_them():
+    """Real steps' allocator history: no workspace at a convolution (cuDNN's, no cuBLAS
+    handle); at the first linear layer, its output, then cuBLAS's 32 MiB, then cuBLASLt's
+    1 MiB (the bias is added in the product's epilogue), each made once and kept."""
+    from vramkit.estimator import CUBLASLT_WORKSPACE_BYTES, _workspace_model
+
+    def build():
+        net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Flatten(),
+                                  torch.nn.Linear(8 * 6 * 6, 16), torch.nn.Linear(16, 4))
+        return net, torch.optim.SGD(net.parameters(), lr=0.1), torch.randn(2, 3, 8, 8)
+
+    recording, _ = _step.record_step(_train, (), {}, target=_step.choose_target(),
+                                     build=build, steps=2,
+                                     workspace_hook=_workspace_model(True))
+    made = [recording.blocks[op[1]] for op in recording.ops if op[0] == "a"]
+    names = [b.op for b in made]
+    first_conv = next(i for i, n in enumerate(names) if "convolution" in n)
+    first_product = next(i for i, n in enumerate(names) if n.startswith("addmm"))
+    assert first_conv < first_product
+    assert names[first_product + 1:first_product + 3] == ["cuBLAS workspace",
+                                                          "cuBLASLt workspace"]
+    assert [b.requested for b in made[first_product + 1:first_product + 3]] == [
+        CUBLAS_WORKSPACE_BYTES, CUBLASLT_WORKSPACE_BYTES]
+    assert names.count("cuBLASLt workspace") == 1
+    assert not any(b.freed for b in made if b.role == "workspaces")
+
+
 def test_the_switch_chooses_the_libraries(table_file):
     build, step = _wide_build()
     (key,) = _signatures(build, step)
@@ -285,7 +313,7 @@ def test_the_switch_chooses_the_libraries(table_file):
     assert none.breakdown["workspaces"] == 0
     assert not any("workspace" in n for n in none.notes)
     both = vramkit.estimate(step, build=build, model_workspaces=("cublas", "cudnn"))
-    assert both.peak_allocated == none.peak_allocated + CUBLAS_WORKSPACE_BYTES + 8 * MiB
+    assert both.peak_allocated == none.peak_allocated + 8 * MiB  # no product: no cuBLAS
     for bad in ("cufft", ("cublas", "nccl"), 1):
         with pytest.raises(ValueError):
             vramkit.estimate(step, build=build, model_workspaces=bad)
@@ -293,7 +321,7 @@ def test_the_switch_chooses_the_libraries(table_file):
 
 def test_unmeasured_convolutions_are_said_to_be_left_out(table_file):
     e = vramkit.estimate(_train, build=_conv_build())
-    assert e.breakdown["workspaces"] == CUBLAS_WORKSPACE_BYTES
+    assert e.breakdown["workspaces"] == 0
     (note,) = [n for n in e.notes if "workspaces were not modelled" in n]
     assert note.startswith("convolution workspaces were not modelled for 6 of the step's "
                            "6 convolution signatures")

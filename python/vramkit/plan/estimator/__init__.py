@@ -28,8 +28,17 @@ from ... import _core
 # memory_allocated. Measured on an H200, PyTorch 2.11, CUDA 13.0 (bench/estimate_check.py,
 # "workspace" line): the first product on a thread adds 32 MiB to memory_allocated.
 CUBLAS_WORKSPACE_BYTES = 32 << 20
-_MATMUL_OPS = ("mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear",
-               "_scaled_mm", "convolution", "cudnn_convolution", "_convolution")
+# The ops that take a cuBLAS handle. A convolution does not (cuDNN's): in real steps of
+# convnets the first workspace comes at the first linear layer, not at the stem.
+_MATMUL_OPS = frozenset(("mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear",
+                         "_scaled_mm", "_addmm_activation"))
+# A product with a bias added in its epilogue goes through cuBLASLt, whose own workspace
+# PyTorch allocates at the first such call: in the allocator's history of real steps
+# (GPT-2, ResNet-50, ConvNeXt, a UNet; H100 and H200, PyTorch 2.11) a 1 MiB block comes
+# right after the first cuBLAS workspace and stays to the end; a product without a bias
+# adds none (bench/estimate_check.py's "workspace" line: 32 MiB exactly).
+CUBLASLT_WORKSPACE_BYTES = 1 << 20
+_BIAS_EPILOGUE_OPS = frozenset(("addmm", "_addmm_activation"))
 
 # What the CUDA context and the driver take from the card before the first allocation,
 # so that a card of N bytes leaves N minus this to the allocator. Measured on an H200
@@ -157,18 +166,28 @@ def _workspace_libraries(value) -> frozenset:
 
 
 def _workspace_model(enabled: bool):
-    """The cuBLAS workspaces: one per thread that runs a matrix product, kept to the end."""
+    """The cuBLAS workspaces: one per thread that runs a matrix product, and cuBLASLt's
+    on the first product with a bias epilogue, each kept to the end and allocated after
+    the product's output, where PyTorch allocates them."""
     if not enabled:
         return None
-    seen_threads: set[int] = set()
+    cublas_threads: set[int] = set()
+    lt_threads: set[int] = set()
 
-    def hook(recorder, op_name: str, thread: int) -> None:
-        if thread in seen_threads:
-            return
+    def hook(recorder, op_name: str, args, thread: int) -> None:
+        if thread in lt_threads:
+            return  # the common case once the first product ran: nothing left to add
         base = op_name.split(".")[0]
-        if base in _MATMUL_OPS:
-            seen_threads.add(thread)
+        if base not in _MATMUL_OPS:
+            return
+        if thread not in cublas_threads:
+            cublas_threads.add(thread)
             recorder.allocate_modelled(CUBLAS_WORKSPACE_BYTES, "cuBLAS workspace",
+                                       "workspaces")
+        bias = args[0] if args else None
+        if base in _BIAS_EPILOGUE_OPS and getattr(bias, "ndim", 0) == 1:
+            lt_threads.add(thread)
+            recorder.allocate_modelled(CUBLASLT_WORKSPACE_BYTES, "cuBLASLt workspace",
                                        "workspaces")
 
     return hook

@@ -216,7 +216,9 @@ class StorageRecorder(TorchDispatchMode):
         self.backward_starts: list[int] = []  # op index where each backward began
         self._in_backward = False
         self.device_type: str | None = None  # count only storages on this device type
-        self.workspace_hook = None           # called with (recorder, op name, thread id)
+        # Called with (recorder, op name, args, thread id) once an op's outputs are
+        # recorded: a library workspace made at a thread's first call (cuBLAS's) goes there.
+        self.workspace_hook = None
         # Called with (recorder, func, args, kwargs, out) once an op's outputs are
         # recorded: what the op allocates and frees inside itself after making them (a
         # cuDNN convolution's workspace) goes there, before the next op.
@@ -273,8 +275,6 @@ class StorageRecorder(TorchDispatchMode):
                     flops = grouped_attention_flops(func, args)
                 self.step_flops[-1] += flops
         name = func.__name__ if hasattr(func, "__name__") else str(func)
-        if self.workspace_hook is not None:
-            self.workspace_hook(self, name, threading.get_ident())
         # A weight cast by autocast: the copy of a parameter made in forward.
         cast_of_weight = (func is torch.ops.aten._to_copy.default and phase == "forward"
                           and args and isinstance(args[0], torch.Tensor)
@@ -283,6 +283,8 @@ class StorageRecorder(TorchDispatchMode):
         for t in (out,) if isinstance(out, torch.Tensor) else tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 self.track(t, phase, name, cast_of_weight)
+        if self.workspace_hook is not None:
+            self.workspace_hook(self, name, args, threading.get_ident())
         if self.after_outputs_hook is not None:
             self.after_outputs_hook(self, func, args, kwargs or {}, out)
         return out
