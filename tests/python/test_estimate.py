@@ -177,6 +177,23 @@ def test_a_logged_loss_and_finiteness_checks_are_estimated():
     assert "are finite" in notes and "read 6 floating-point values" in notes
 
 
+def test_a_loss_logged_in_typed_code_is_the_users_too():
+    """A step typed at the prompt, run by exec() or in an IPython cell (whose code has no
+    file) logs its loss as one in a file does."""
+    source = ("def step(net, opt, x):\n"
+              "    loss = net(x).pow(2).mean()\n"
+              "    loss.backward()\n"
+              "    opt.step()\n"
+              "    logged.append(loss.item())\n")
+    for name in ("<string>", "<ipython-input-3-1f2e3d4c5b6a>"):
+        logged = []
+        scope = {"logged": logged}
+        exec(compile(source, name, "exec"), scope)
+        e = vramkit.estimate(scope["step"], build=_mlp_build())
+        assert [f"{v}" for v in logged] == ["0.0", "0.0"]
+        assert any(f"{name}:5" in n for n in e.notes), e.notes
+
+
 def test_a_decision_on_a_logged_value_is_refused_at_its_line():
     """A value read with .item() may be printed or summed, never decided on: a comparison
     after arithmetic, an int made of it, a test of the tensor itself or float(t) each

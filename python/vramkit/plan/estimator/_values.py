@@ -93,14 +93,20 @@ def _read_by_an_optimizer() -> bool:
 
 
 _INSTALLED = ("site-packages", "dist-packages")
+# Code typed rather than kept in a file is the user's too: the interpreter's prompt, `python
+# -c` and exec(), and IPython's cells (Jupyter's are files in a temporary folder).
+_TYPED = ("<stdin>", "<string>", "<ipython-input-")
 
 
 def _users_own_code() -> str:
-    """The innermost frame outside PyTorch and vramkit, as "file:line", if it is the
-    user's own code (not an installed package's); "" otherwise."""
+    """The innermost frame outside PyTorch and vramkit (and code they generate, named
+    "<...>"), as "file:line", if it is the user's own code (not an installed package's);
+    "" otherwise."""
     frame = sys._getframe(2)
     while frame is not None:
         path = frame.f_code.co_filename
+        if path.startswith(_TYPED):
+            return f"{path}:{frame.f_lineno}"
         if not (path.startswith(_TORCH) or path.startswith(_VRAMKIT) or path.startswith("<")):
             if any(part in path for part in _INSTALLED):
                 return ""
