@@ -232,6 +232,7 @@ def test_an_unknown_value_is_a_float_until_decided_on():
     derived = (value + 1) * 2 / 3 - value ** 2
     assert isinstance(derived, UnknownValue) and derived.site == "train.py:12"
     assert f"{value:.2f}" == "0.00" and json.dumps([value]) == "[0.0]"
+    assert isinstance(round(value, 4), UnknownValue)  # a log's rounding, still a float
     assert {value: 1}[value] == 1  # hashable: a dict key (found by identity)
     for decide in (bool, int, round, lambda v: v > 0, lambda v: v == 0.0, math.floor):
         with pytest.raises(ValueDecided, match="train.py:12"):

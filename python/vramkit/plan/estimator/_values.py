@@ -137,8 +137,12 @@ class UnknownValue(float):
             f"a test or an int); fake tensors have no values")
 
     __bool__ = __lt__ = __le__ = __gt__ = __ge__ = __eq__ = __ne__ = _decided
-    __int__ = __index__ = __round__ = __floor__ = __ceil__ = __trunc__ = _decided
+    __int__ = __index__ = __floor__ = __ceil__ = __trunc__ = _decided
     __hash__ = float.__hash__
+
+    def __round__(self, ndigits=None):
+        # round(loss, 4) for a log stays a float; round(loss) is an int.
+        return self._decided() if ndigits is None else UnknownValue(self.site)
 
     def _unknown(self, *_args):
         return UnknownValue(self.site)
