@@ -478,8 +478,8 @@ def advise(step_fn, *args, build=None, device_memory=None, memory_limit=None,
     batches): predicted peaks, what each saves, whether it fits, and the compute it adds
     (FLOPs counted on fake tensors), most saving first. A change the step already makes
     (bf16 autocast on a step under bf16 autocast) is left out, and so is autocast in the
-    other dtype, which holds the same memory. A change that cannot be estimated is listed with the reason.
-    Returns an :class:`Advice`, printable as a table."""
+    other dtype, which holds the same memory. A change that cannot be estimated is listed
+    with the reason. Returns an :class:`Advice`, printable as a table."""
     from . import _step, variants as _variants
 
     target = _step.choose_target(kwargs.pop("device", "cuda"), kwargs.pop("emulate", None))
