@@ -98,21 +98,31 @@ _INSTALLED = ("site-packages", "dist-packages")
 _TYPED = ("<stdin>", "<string>", "<ipython-input-")
 
 
-def _users_own_code() -> str:
-    """The innermost frame outside PyTorch and vramkit (and code they generate, named
-    "<...>"), as "file:line", if it is the user's own code (not an installed package's);
-    "" otherwise."""
+def _innermost_outside():
+    """The innermost frame of the code that asked, outside PyTorch, vramkit and the code
+    they generate (named "<...>"; typed code, _TYPED, is the user's); None if none."""
     frame = sys._getframe(2)
     while frame is not None:
         path = frame.f_code.co_filename
-        if path.startswith(_TYPED):
-            return f"{path}:{frame.f_lineno}"
-        if not (path.startswith(_TORCH) or path.startswith(_VRAMKIT) or path.startswith("<")):
-            if any(part in path for part in _INSTALLED):
-                return ""
-            return f"{os.path.basename(path)}:{frame.f_lineno}"
+        if path.startswith(_TYPED) or not (
+                path.startswith(_TORCH) or path.startswith(_VRAMKIT) or path.startswith("<")):
+            return frame
         frame = frame.f_back
-    return ""
+    return None
+
+
+def _users_own_code() -> str:
+    """Where the code that asked is the user's own (not an installed package's), its
+    "file:line"; "" otherwise."""
+    frame = _innermost_outside()
+    if frame is None:
+        return ""
+    path = frame.f_code.co_filename
+    if path.startswith(_TYPED):
+        return f"{path}:{frame.f_lineno}"
+    if any(part in path for part in _INSTALLED):
+        return ""
+    return f"{os.path.basename(path)}:{frame.f_lineno}"
 
 
 class ValueDecided(RuntimeError):
@@ -169,15 +179,10 @@ def _finite_answer(func, args):
 
 
 def _made_by_a_generation_loop() -> bool:
-    """Whether the innermost frame outside PyTorch and vramkit is a generation loop's."""
-    frame = sys._getframe(2)
-    while frame is not None:
-        path = frame.f_code.co_filename
-        if not (path.startswith(_TORCH) or path.startswith(_VRAMKIT)
-                or path.startswith("<")):
-            return any(loop in path for loop in _GENERATION_LOOPS)
-        frame = frame.f_back
-    return False
+    """Whether the code that asked is a generation loop's."""
+    frame = _innermost_outside()
+    return frame is not None and any(loop in frame.f_code.co_filename
+                                     for loop in _GENERATION_LOOPS)
 
 
 @functools.lru_cache(maxsize=None)  # asked of every op a step runs: once per op
