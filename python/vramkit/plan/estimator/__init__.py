@@ -32,11 +32,11 @@ CUBLAS_WORKSPACE_BYTES = 32 << 20
 # convnets the first workspace comes at the first linear layer, not at the stem.
 _MATMUL_OPS = frozenset(("mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear",
                          "_scaled_mm", "_addmm_activation"))
-# A product with a bias added in its epilogue goes through cuBLASLt, whose own workspace
-# PyTorch allocates at the first such call: in the allocator's history of real steps
-# (GPT-2, ResNet-50, ConvNeXt, a UNet; H100 and H200, PyTorch 2.11) a 1 MiB block comes
-# right after the first cuBLAS workspace and stays to the end; a product without a bias
-# adds none (bench/estimate_check.py's "workspace" line: 32 MiB exactly).
+# In the allocator's history of real steps (GPT-2, ResNet-50, ConvNeXt, a UNet; H100 and
+# H200, PyTorch 2.11) a 1 MiB block comes right after the first cuBLAS workspace and stays
+# to the end. Every first product there adds a bias in its epilogue (cuBLASLt's path), and
+# a product without one adds the 32 MiB alone (bench/estimate_check.py's "workspace"
+# line): read as cuBLASLt's workspace, made at the first such product.
 CUBLASLT_WORKSPACE_BYTES = 1 << 20
 _BIAS_EPILOGUE_OPS = frozenset(("addmm", "_addmm_activation"))
 
