@@ -38,7 +38,7 @@ _MATMUL_OPS = frozenset(("mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "l
 # a product without one adds the 32 MiB alone (bench/estimate_check.py's "workspace"
 # line): read as cuBLASLt's workspace, made at the first such product.
 CUBLASLT_WORKSPACE_BYTES = 1 << 20
-_BIAS_EPILOGUE_OPS = frozenset(("addmm", "_addmm_activation"))
+_BIAS_EPILOGUE_PREFIXES = ("addmm.", "_addmm_activation.")  # op names, overload after the dot
 
 # What the CUDA context and the driver take from the card before the first allocation,
 # so that a card of N bytes leaves N minus this to the allocator. Measured on an H200
@@ -175,17 +175,21 @@ def _workspace_model(enabled: bool):
     lt_threads: set[int] = set()
 
     def hook(recorder, op_name: str, args, thread: int) -> None:
+        # Called for every op: once a thread has its cuBLAS workspace, only a product with
+        # a bias can add anything, which one prefix test tells.
         if thread in lt_threads:
-            return  # the common case once the first product ran: nothing left to add
-        base = op_name.split(".")[0]
-        if base not in _MATMUL_OPS:
             return
-        if thread not in cublas_threads:
+        if thread in cublas_threads:
+            if not op_name.startswith(_BIAS_EPILOGUE_PREFIXES):
+                return
+        elif op_name.split(".")[0] in _MATMUL_OPS:
             cublas_threads.add(thread)
             recorder.allocate_modelled(CUBLAS_WORKSPACE_BYTES, "cuBLAS workspace",
                                        "workspaces")
+        else:
+            return
         bias = args[0] if args else None
-        if base in _BIAS_EPILOGUE_OPS and getattr(bias, "ndim", 0) == 1:
+        if op_name.startswith(_BIAS_EPILOGUE_PREFIXES) and getattr(bias, "ndim", 0) == 1:
             lt_threads.add(thread)
             recorder.allocate_modelled(CUBLASLT_WORKSPACE_BYTES, "cuBLASLt workspace",
                                        "workspaces")

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 import sys
 
@@ -173,7 +174,7 @@ def _finite_answer(func, args):
     if func in _SELF_COMPARED and len(args) > 1 and args[1] is x:
         return _SELF_COMPARED[func]
     if func in _INF_COMPARED and len(args) > 1 and isinstance(args[1], float) \
-            and args[1] in (float("inf"), float("-inf")):
+            and math.isinf(args[1]):
         return _INF_COMPARED[func]
     return None
 
@@ -330,8 +331,8 @@ class KnownValues(TorchDispatchMode):
             outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
         small = all(o.numel() <= MOST_ELEMENTS for o in outs)
         real = self._run_real(func, args, kwargs) if small else None
-        if real is None and small and len(outs) == 1 and outs[0].dtype == torch.bool \
-                and isinstance(out, torch.Tensor):
+        if real is None and small and isinstance(out, torch.Tensor) \
+                and out.dtype == torch.bool:
             answer = _finite_answer(func, args)
             if answer is not None:
                 with _disable_current_modes():  # a real tensor, not the fake mode's
