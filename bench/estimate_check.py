@@ -413,11 +413,12 @@ def _constants(torch) -> None:
                       - x.grad.numel() * 4}), flush=True)
 
 
-def estimates(workloads, small: bool = False) -> None:
+def estimates(workloads, small: bool = False, stand_ins: bool = True) -> None:
     """Each workload estimated on this machine: with fake CUDA tensors where there is a
     GPU, with the CPU stand-in (as a machine without one does), and with PyTorch's
     MemTracker on the GPU. ``small``: the tiny versions, to check every workload builds
-    and is estimated."""
+    and is estimated. ``stand_ins=False``: the GPU's estimate only (the CPU stand-in and
+    MemTracker left out), where a device call has time for little else."""
     import torch
     import vramkit
     gpu = torch.cuda.is_available()
@@ -428,7 +429,7 @@ def estimates(workloads, small: bool = False) -> None:
             print(json.dumps({"workload": _key(w), "allocator": "estimate",
                               "skipped": str(why)}), flush=True)
             continue
-        for emulate in ((False, True) if gpu else (True,)):
+        for emulate in ((False, True) if gpu and stand_ins else (not gpu,)):
             kind = "estimate-cpu" if emulate else "estimate"
             t0 = time.perf_counter()
             try:
@@ -451,7 +452,7 @@ def estimates(workloads, small: bool = False) -> None:
                               "breakdown": e.breakdown,
                               "top_sites": [list(site) for site in e.top_sites[:6]],
                               "seconds": round(time.perf_counter() - t0, 2)}), flush=True)
-        if gpu:
+        if gpu and stand_ins:
             _memtracker(w, work)
 
 
@@ -656,6 +657,9 @@ def main() -> int:
     parser.add_argument("--skip-finder", action="store_true")
     parser.add_argument("--plan-only", action="store_true")
     parser.add_argument("--skip-plan", action="store_true")
+    parser.add_argument("--without-stand-ins", action="store_true",
+                        help="with --role estimate: the GPU's estimates only, without the "
+                             "CPU stand-in's and MemTracker's")
     parser.add_argument("--estimates-only", action="store_true",
                         help="estimate each workload in this process, measure nothing "
                              "(no GPU needed)")
@@ -678,7 +682,7 @@ def main() -> int:
         return _estimates_only(workloads, args.small)
     finders = [f for f in FINDER if not wanted or any(x in f"{f[0]} {f[1]}" for x in wanted)]
     if args.role == "estimate":
-        estimates(workloads)
+        estimates(workloads, stand_ins=not args.without_stand_ins)
         return 0
     if args.role == "plan":
         check_plan()

@@ -331,11 +331,28 @@ def _as_on_the_gpu(opt: torch.optim.Optimizer) -> None:
     implementation by default, whose temporaries are the size of all the group's
     parameters (AdamW's square roots of the second moments, say); fake tensors are not
     plain tensors, so PyTorch would pick the per-tensor loop for them, whose temporaries
-    are one parameter's size. The GPU's default is made explicit on the fake optimizer."""
+    are one parameter's size. The GPU's default is made explicit on the fake optimizer,
+    for the optimizers that have that default (_defaults_to_foreach)."""
+    if not _defaults_to_foreach(opt):
+        return
     for group in opt.param_groups:
         if "foreach" in group and group["foreach"] is None \
                 and not group.get("differentiable", False) and not group.get("fused"):
             group["foreach"] = True
+
+
+def _defaults_to_foreach(opt: torch.optim.Optimizer) -> bool:
+    """Whether the optimizer, given ``foreach=None``, takes the multi-tensor path for plain
+    CUDA tensors. PyTorch's optimizers that do so ask torch.optim's defaulting rule
+    (``_default_to_fused_or_foreach``) in their ``step``'s module; Adafactor's ``step``
+    does not, and runs its per-tensor loop on the GPU too. Decided by the ``step`` of the
+    first torch.optim class in the optimizer's hierarchy (a user's subclass may override
+    ``step`` and call it), else by the optimizer's own ``step``."""
+    steps = [inspect.unwrap(cls.__dict__["step"]) for cls in type(opt).__mro__
+             if "step" in cls.__dict__ and cls is not torch.optim.Optimizer]
+    steps = [f for f in steps if callable(f) and hasattr(f, "__globals__")]
+    ours = [f for f in steps if f.__module__.startswith("torch.optim.")] or steps[:1]
+    return bool(ours) and "_default_to_fused_or_foreach" in ours[0].__globals__
 
 
 def _phase_hooks(recorder: StorageRecorder, optimizers) -> list:
