@@ -12,6 +12,15 @@ from run to run (on the GPU as here); the recorder writes those frees in the ord
 blocks were made, so that the same step gives the same trace, and the same estimate, every
 time.
 
+Autograd sums the gradients that reach one tensor from several places (a residual
+connection's two branches) in its input buffer: in place, into the first gradient, when
+the buffer holds its last reference and neither is a tensor subclass, else into a new
+tensor. Fake tensors are subclasses, so under them every sum makes a new block that the
+real step does not; the recorder gives such a sum the first gradient's block instead when
+that gradient dies as the sum is stored (the buffer held its last reference), as the real
+step's in-place sum keeps it (Note [Gradients summed in place] in
+docs/performance.md).
+
 What an op allocates and frees inside itself, fake tensors do not show; the estimator's
 hooks add what it knows of (a cuBLAS workspace kept from a thread's first matrix product,
 a cuDNN convolution's workspaces after the op's outputs, freed at once).
@@ -44,6 +53,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from . import _fake_gaps
 
 _DEVICE_OF = torch.ops.prim.device.default
+_ADD = torch.ops.aten.add.Tensor
 
 # PyTorch's caching allocator hands out blocks in multiples of 512 bytes (kMinBlockSize).
 BLOCK_ROUNDING = 512
@@ -241,6 +251,10 @@ class StorageRecorder(TorchDispatchMode):
         self._flop_formulas = flop_counter.flop_registry
         # Frees held back while a burst whose order is arbitrary runs (unordered_frees).
         self._held_frees: list[int] | None = None
+        # A sum of two gradients just made in backward, as autograd's input buffer makes
+        # it (_SumOfGradients), until the next op: taken in place if the first gradient
+        # dies before then.
+        self._sum_of_gradients: _SumOfGradients | None = None
 
     # -- the dispatch hook ------------------------------------------------------------
 
@@ -251,6 +265,7 @@ class StorageRecorder(TorchDispatchMode):
             return func(*args, **(kwargs or {}))
         # A fake kernel stricter than CUDA's is not asked (it logs its refusal as an
         # error before raising): _fake_gaps makes what CUDA's kernel makes instead.
+        self._sum_of_gradients = None
         out = _fake_gaps.stand_in(func, args, kwargs) if func in _fake_gaps.OPS else None
         if out is None:
             out = (self.values.__torch_dispatch__(func, types, args, kwargs)
@@ -279,10 +294,14 @@ class StorageRecorder(TorchDispatchMode):
         cast_of_weight = (func is torch.ops.aten._to_copy.default and phase == "forward"
                           and args and isinstance(args[0], torch.Tensor)
                           and self._role_of(args[0]) == "parameters")
+        if func is _ADD and in_backward:
+            peak = self._peak_state()
         # Most ops return one tensor: it is tracked without flattening the output.
         for t in (out,) if isinstance(out, torch.Tensor) else tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 self.track(t, phase, name, cast_of_weight)
+        if func is _ADD and in_backward:
+            self._sum_of_gradients = self._summed_gradients(args, kwargs, out, peak)
         if self.workspace_hook is not None:
             self.workspace_hook(self, name, args, threading.get_ident())
         if self.after_outputs_hook is not None:
@@ -365,6 +384,11 @@ class StorageRecorder(TorchDispatchMode):
 
     def _freed(self, bid: int) -> None:
         with self._lock:
+            pending = self._sum_of_gradients
+            if pending is not None and pending.first == bid:
+                self._sum_of_gradients = None
+                if self._sum_taken_in_place(pending):
+                    return
             size = self._live.pop(bid, None)
             if size is None:
                 return
@@ -375,6 +399,61 @@ class StorageRecorder(TorchDispatchMode):
                 self._held_frees.append(bid)
             else:
                 self.recording.ops.append(("f", bid))
+
+    # -- gradients summed in place ------------------------------------------------------
+
+    def _peak_state(self) -> tuple:
+        rec = self.recording
+        return rec.peak_allocated, rec.peak_op, rec.live_at_peak
+
+    def _summed_gradients(self, args, kwargs, out, peak) -> _SumOfGradients | None:
+        """``first + second`` as autograd's input buffer sums two gradients of one tensor
+        (same shape and dtype, no alpha, grad mode off, the first dense and not a view):
+        the candidate for an in-place sum. None for any other add. A view shares its
+        storage with its base, which it keeps alive: the buffer never holds the storage's
+        last reference, and the real step sums into a new tensor."""
+        if kwargs or torch.is_grad_enabled() or len(args) != 2 \
+                or not isinstance(out, torch.Tensor):
+            return None
+        first, second = args
+        if not (isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor)):
+            return None
+        if first.shape != second.shape or first.dtype != second.dtype \
+                or out.shape != first.shape or out.dtype != first.dtype \
+                or first._is_view() or not _non_overlapping_and_dense(first):
+            return None
+        first_bid, out_bid = self.block_of(first), self.block_of(out)
+        if first_bid is None or out_bid is None or first_bid == out_bid:
+            return None
+        blocks = self.recording.blocks
+        if blocks[first_bid].size != blocks[out_bid].size:
+            return None
+        return _SumOfGradients(first_bid, out_bid, weakref.ref(out.untyped_storage()), peak)
+
+    def _sum_taken_in_place(self, pending: _SumOfGradients) -> bool:
+        """The first gradient died as its sum was stored: the buffer held its last
+        reference, and the real step summed into it. The sum's block is undone and the
+        sum's storage takes over the first gradient's block. False (nothing changed)
+        where the recording has moved on past the sum's allocation."""
+        rec = self.recording
+        storage = pending.out_storage()
+        if storage is None:
+            return False
+        index = len(rec.ops) - 1
+        while index >= 0 and rec.ops[index][0] != "a":
+            index -= 1
+        if index < 0 or rec.ops[index][1] != pending.out:
+            return False
+        del rec.ops[index]
+        del rec.blocks[pending.out]
+        self._allocated -= self._live.pop(pending.out)
+        del self._refs[pending.out]  # its weak reference goes, and its callback with it
+        self._ids[storage] = pending.first
+        self._refs[pending.first] = weakref.ref(
+            storage, lambda _ref, bid=pending.first: self._freed(bid))
+        if rec.peak_op > index:  # the sum's block made the peak: it never existed
+            rec.peak_allocated, rec.peak_op, rec.live_at_peak = pending.peak
+        return True
 
     @contextlib.contextmanager
     def unordered_frees(self):
@@ -410,6 +489,30 @@ class StorageRecorder(TorchDispatchMode):
     @property
     def allocated(self) -> int:
         return self._allocated
+
+@dataclass
+class _SumOfGradients:
+    """A new block made by summing two gradients, and what undoing it needs."""
+
+    first: int          # the first gradient's block: the in-place sum's target
+    out: int            # the block the sum made
+    out_storage: weakref.ref
+    peak: tuple         # the recording's peak before the sum's block was made
+
+
+def _non_overlapping_and_dense(t: torch.Tensor) -> bool:
+    """Whether ``t``'s elements fill a range of its storage exactly, in some order of its
+    dimensions (contiguous, channels-last, a transpose of either): what an in-place sum
+    into it needs."""
+    expected = 1
+    for size, stride in sorted(zip(t.shape, t.stride()), key=lambda dim: dim[1]):
+        if size == 1:
+            continue
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
 
 def add_flops(count: int) -> None:
     """Count ``count`` floating-point operations to the step the recorder on the mode
