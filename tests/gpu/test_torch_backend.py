@@ -603,6 +603,7 @@ def test_an_op_s_scratch_is_read_as_the_blocks_it_made(run):
         nbytes = ws.measure_transient(make, device)
         assert isinstance(steps, tuple) and tr.is_transient(steps), steps
         assert sum(1 for s in steps if s > 0) >= 2, steps
+        assert tr.outputs_marked(steps) == 1, steps  # the column sum's output, in its place
         assert tr.transient_bytes(steps) == nbytes, (steps, nbytes)
         assert not torch._C._cuda_isHistoryEnabled()
         torch.cuda.memory._record_memory_history(context=None)

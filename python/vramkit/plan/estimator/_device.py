@@ -105,9 +105,12 @@ def device_identity(device) -> dict:
 def cache_path(identity: dict, folder: str = "cudnn-workspaces") -> str:
     """Where the measurements on one kind of device are kept: $VRAMKIT_CACHE_DIR, else
     $XDG_CACHE_HOME/vramkit, else ~/.cache/vramkit, then <folder>/<identity>.json (the
-    convolutions' in cudnn-workspaces, the other ops' scratch buffers in op-scratch)."""
+    convolutions' in cudnn-workspaces, the other ops' scratch buffers in op-scratch), the
+    identity naming the version of the sequences kept (_transients.SEQUENCE_VERSION)."""
     from ...plug._torch_build import cache_dir
-    name = f"{identity['device']}-torch{identity['torch']}-cudnn{identity['cudnn']}"
+    from ._transients import SEQUENCE_VERSION
+    name = (f"{identity['device']}-torch{identity['torch']}-cudnn{identity['cudnn']}"
+            f"-blocks{SEQUENCE_VERSION}")
     return os.path.join(cache_dir(), folder,
                         re.sub(r"[^A-Za-z0-9._+-]+", "_", name) + ".json")
 

@@ -51,6 +51,7 @@ from torch.utils import flop_counter
 from torch.utils.weak import WeakIdKeyDictionary
 
 from . import _fake_gaps
+from ._transients import OUTPUT, outputs_marked
 
 _DEVICE_OF = torch.ops.prim.device.default
 _ADD = torch.ops.aten.add.Tensor
@@ -255,6 +256,9 @@ class StorageRecorder(TorchDispatchMode):
         # it (_SumOfGradients), until the next op: taken in place if the first gradient
         # dies before then.
         self._sum_of_gradients: _SumOfGradients | None = None
+        # The op being dispatched: where its outputs' allocations sit in the recording,
+        # for transients that mark their place among them (allocate_transients).
+        self._outputs: _OpOutputs | None = None
 
     # -- the dispatch hook ------------------------------------------------------------
 
@@ -294,12 +298,15 @@ class StorageRecorder(TorchDispatchMode):
         cast_of_weight = (func is torch.ops.aten._to_copy.default and phase == "forward"
                           and args and isinstance(args[0], torch.Tensor)
                           and self._role_of(args[0]) == "parameters")
-        if func is _ADD and in_backward:
-            peak = self._peak_state()
+        peak = self._peak_state()
+        first_output = len(self.recording.ops)
+        allocated_before = self._allocated
         # Most ops return one tensor: it is tracked without flattening the output.
         for t in (out,) if isinstance(out, torch.Tensor) else tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 self.track(t, phase, name, cast_of_weight)
+        self._outputs = _OpOutputs(first_output, len(self.recording.ops), first_output,
+                                   allocated_before, peak)
         if func is _ADD and in_backward:
             self._sum_of_gradients = self._summed_gradients(args, kwargs, out, peak)
         if self.workspace_hook is not None:
@@ -361,6 +368,11 @@ class StorageRecorder(TorchDispatchMode):
         Each counts toward the peak at the point it is made."""
         steps = (transient, -1) if isinstance(transient, int) else transient
         with self._lock:
+            outputs = self._outputs
+            marked = outputs_marked(transient)
+            if marked and outputs is not None and marked <= outputs.end - outputs.cursor:
+                self._place_among_outputs(steps, outputs, op, site, role)
+                return
             made = []
             for step in steps:
                 if step > 0:
@@ -368,8 +380,56 @@ class StorageRecorder(TorchDispatchMode):
                     self._next_id += 1
                     self._allocate(made[-1], Block(rounded(step), step, self.op_phase, op,
                                                    site, role))
-                else:
+                elif step < 0:
                     self._freed(made[-step - 1])
+
+    def _place_among_outputs(self, steps, outputs: _OpOutputs, op: str, site: str,
+                             role: str) -> None:
+        """A measured transient whose outputs are marked, written among the op's output
+        allocations where the real op made each block: a block before the outputs it
+        preceded. The peak is then counted again over what the op wrote."""
+        rec = self.recording
+        made = []
+        for step in steps:
+            if step == OUTPUT:
+                outputs.cursor += 1  # the op's next output is already in its place
+                continue
+            if step > 0:
+                bid = self._next_id
+                self._next_id += 1
+                made.append(bid)
+                rec.blocks[bid] = Block(rounded(step), step, self.op_phase, op, site, role)
+                event = ("a", bid, rec.blocks[bid].size)
+            else:
+                rec.blocks[made[-step - 1]].freed = True
+                event = ("f", made[-step - 1])
+            rec.ops.insert(outputs.cursor, event)
+            outputs.cursor += 1
+            outputs.end += 1
+        self._recount_peak_from(outputs)
+
+    def _recount_peak_from(self, outputs: _OpOutputs) -> None:
+        """The peak over the op's part of the recording, counted again from what was
+        allocated before its outputs (every block of a transient is freed inside it, so
+        the totals after the op are as they were)."""
+        rec = self.recording
+        tail = rec.ops[outputs.first:]
+        made_here = {op[1] for op in tail if op[0] == "a"}
+        freed_here = {op[1] for op in tail if op[0] == "f"}
+        live = {bid: None for bid in self._live if bid not in made_here}
+        live.update((bid, None) for bid in freed_here - made_here)
+        rec.peak_allocated, rec.peak_op, rec.live_at_peak = outputs.peak
+        total = outputs.allocated_before
+        for index, op in enumerate(tail, outputs.first):
+            if op[0] == "a":
+                total += op[2]
+                live[op[1]] = None
+                if total > rec.peak_allocated:
+                    rec.peak_allocated, rec.peak_op = total, index + 1
+                    rec.live_at_peak = tuple(live)
+            else:
+                total -= rec.blocks[op[1]].size
+                live.pop(op[1], None)
 
     def _allocate(self, bid: int, block: Block) -> None:
         rec = self.recording
@@ -489,6 +549,19 @@ class StorageRecorder(TorchDispatchMode):
     @property
     def allocated(self) -> int:
         return self._allocated
+
+@dataclass
+class _OpOutputs:
+    """Where the op being recorded wrote its outputs' allocations: ops[first:end], the
+    next output not yet passed by a marked transient at cursor; and the allocated total
+    and peak before them."""
+
+    first: int
+    end: int
+    cursor: int
+    allocated_before: int
+    peak: tuple
+
 
 @dataclass
 class _SumOfGradients:

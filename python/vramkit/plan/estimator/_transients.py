@@ -6,10 +6,15 @@ A transient is written one of two ways:
   table shipped for machines without a GPU, and measurements where the allocator's history
   could not be read, give this;
 - a sequence (a tuple of ints), where a measurement saw each block: a positive number
-  allocates that many bytes, ``-k`` frees the k-th block the sequence allocated. A column
-  sum's staging buffer and its 512-byte semaphore are two blocks, freed in the order the
-  kernel frees them; written as one block of their sum, they fill holes neither would,
-  and the allocators' figures part from the real step's.
+  allocates that many bytes, ``-k`` frees the k-th block the sequence allocated, and
+  ``0`` (OUTPUT) is where the op made its next output. A column sum's staging buffer and
+  its 512-byte semaphore are two blocks, freed in the order the kernel frees them;
+  written as one block of their sum, they fill holes neither would, and the allocators'
+  figures part from the real step's. Where the outputs are marked, the recorder puts each
+  block where the op made it among its outputs (a layer norm copies a strided input
+  before it makes its output; a convolution's backward takes the workspace of the input's
+  gradient before it makes the weight's gradient): blocks placed after every output
+  leave other holes, in which the real step's later blocks do not land.
 
 Sequences come from the allocator's own history (PyTorch's ``_record_memory_history``,
 which vramkit's backend serves too), recorded around the one measured call when nothing
@@ -19,6 +24,13 @@ else records; a user's recording is never touched, and the call is then measured
 from __future__ import annotations
 
 import contextlib
+
+# A sequence's step for "the op made its next output here".
+OUTPUT = 0
+
+# What the caches of measured transients are named by: sequences with their outputs
+# marked (2) are kept apart from the sequences measured before (1), which had none.
+SEQUENCE_VERSION = 2
 
 # The most steps a sequence read from a cache file may have: far above what one op makes,
 # low enough that a damaged file cannot make the recorder allocate without end.
@@ -43,14 +55,21 @@ def transient_bytes(transient) -> int:
             sizes.append(_rounded(step))
             live += sizes[-1]
             peak = max(peak, live)
-        else:
+        elif step < 0:
             live -= sizes[-step - 1]
     return peak
 
 
+def outputs_marked(transient) -> int:
+    """How many of the op's outputs the transient places (its OUTPUT steps)."""
+    return 0 if isinstance(transient, int) else sum(1 for step in transient
+                                                    if step == OUTPUT)
+
+
 def is_transient(value) -> bool:
     """Whether ``value`` (read from a cache file) is a transient: bytes >= 0, or a
-    sequence in which every block is allocated once and freed once, after it was made."""
+    sequence in which every block is allocated once and freed once, after it was made
+    (outputs marked anywhere)."""
     if isinstance(value, bool):
         return False
     if isinstance(value, int):
@@ -59,8 +78,10 @@ def is_transient(value) -> bool:
         return False
     made, freed = 0, set()
     for step in value:
-        if isinstance(step, bool) or not isinstance(step, int) or step == 0:
+        if isinstance(step, bool) or not isinstance(step, int):
             return False
+        if step == OUTPUT:
+            continue
         if step > 0:
             made += 1
         elif -step > made or -step in freed:
@@ -77,8 +98,8 @@ def as_transient(value):
 
 def sequence_of(entries) -> tuple:
     """The transient sequence of the blocks a recorded call both allocated and freed
-    (PyTorch's device trace entries, oldest first): its outputs, still live at the end,
-    and blocks made before it are left out."""
+    (PyTorch's device trace entries, oldest first), with an OUTPUT step where it made each
+    block still live at the end (its outputs); blocks made before it are left out."""
     events, open_at, freed_by = [], {}, {}
     for entry in entries:
         action = entry.get("action")
@@ -94,8 +115,12 @@ def sequence_of(entries) -> tuple:
         if size is not None and i in kept:
             number[i] = len(number) + 1
             steps.append(size)
-        elif size is None:
+        elif size is not None:
+            steps.append(OUTPUT)
+        else:
             steps.append(-number[freed_by[i]])
+    if not number:
+        return ()  # nothing transient: the outputs alone change nothing
     return tuple(steps)
 
 
