@@ -84,3 +84,19 @@ def test_a_first_gradient_that_is_a_view_is_summed_into_a_new_tensor():
     recording = _record(step)
     assert _sums_made_in_backward(recording) == 2  # one per step
     assert _balanced(recording)
+
+
+def test_sparse_gradients_summed_are_recorded_as_made():
+    """An embedding with sparse gradients used twice: its two sparse gradients are summed
+    by autograd's sparse rules, which the in-place rule leaves alone."""
+    def build():
+        emb = torch.nn.Embedding(1000, 64, sparse=True).cuda()
+        return emb, torch.randint(0, 1000, (8, 16), device="cuda")
+
+    def step(emb, idx):
+        (emb(idx).sum() + emb(idx[:, :4]).sum()).backward()
+
+    recording, _ = _step.record_step(step, (), {}, target=_step.choose_target("cuda", None),
+                                     steps=2, build=build)
+    assert recording.peak_allocated > 0
+    assert _balanced(recording)

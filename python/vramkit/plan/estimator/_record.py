@@ -476,8 +476,9 @@ class StorageRecorder(TorchDispatchMode):
                 or not isinstance(out, torch.Tensor):
             return None
         first, second = args
-        if not (isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor)):
-            return None
+        if not (isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor)) \
+                or first.layout is not torch.strided or second.layout is not torch.strided:
+            return None  # sparse gradients are summed by other rules
         if first.shape != second.shape or first.dtype != second.dtype \
                 or out.shape != first.shape or out.dtype != first.dtype \
                 or first._is_view() or not _non_overlapping_and_dense(first):
