@@ -23,7 +23,8 @@ docs/performance.md).
 
 What an op allocates and frees inside itself, fake tensors do not show; the estimator's
 hooks add what it knows of (a cuBLAS workspace kept from a thread's first matrix product,
-a cuDNN convolution's workspaces after the op's outputs, freed at once).
+a cuDNN convolution's workspaces, an op's scratch), each block where the measurement saw
+the op make it among its outputs, or after them where only its bytes are known.
 
 Each block carries what the estimate reports about it: the phase that made it (before
 the step, forward, backward, optimizer), the role it turns out to have (parameter,

@@ -6,9 +6,9 @@ fake tensors no kernel runs, so a recorded step has no such block; in the real s
 transient blocks raise the peak where they sit and split PyTorch's cached segments (on an
 H200, PyTorch 2.11, ResNet-50's peak reserved was predicted 6.6% to 9% low without them).
 
-The model gives each convolution op of the recorded step, right after its outputs, one
-allocation and at once its free for each part the op computes (forward; backward input,
-weight, bias), of the size that part's workspace has. A part's size is found by its
+Each convolution op of the recorded step gets, per part it computes (forward; backward
+input, weight, bias), the blocks a measurement saw, each where the part made it beside its
+output, or the table's bytes as one block after the op's outputs, freed at once. A part's size is found by its
 signature (:class:`ConvSignature`: the part, shapes, stride, padding, dilation, groups,
 dtype, memory layout and cuDNN flags), in this order:
 
