@@ -552,6 +552,7 @@ class StorageRecorder(TorchDispatchMode):
     def allocated(self) -> int:
         return self._allocated
 
+
 @dataclass
 class _OpOutputs:
     """Where the op being recorded wrote its outputs' allocations: ops[first:end], the
