@@ -86,6 +86,44 @@ def test_the_recording_runs_the_known_values_inside_the_recorder():
     assert seen["modes"] == ["FakeTensorMode", "StorageRecorder"]
 
 
+def test_an_optimizer_s_in_place_updates_of_unknown_values_skip_the_fake_kernels(
+        monkeypatch):
+    """AdamW's multi-tensor update writes every parameter and state in place: nothing is
+    allocated and nothing known is written, so those ops never reach the fake kernels
+    (which would hash every tensor of the lists). Its step counters, whose values are
+    known, are still counted up by them; the estimate is the same either way."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    reached = []
+    dispatch = FakeTensorMode.dispatch
+
+    def counting(self, func, types, args=(), kwargs=None):
+        if str(func).startswith("aten._foreach_") and str(func).split(".")[1].endswith("_"):
+            reached.append(args[0][0].dim())  # a step counter is a 0-dim tensor
+        return dispatch(self, func, types, args, kwargs)
+
+    monkeypatch.setattr(FakeTensorMode, "dispatch", counting)
+
+    def build():
+        net = torch.nn.Sequential(*(_Block() for _ in range(4))).cuda()
+        return net, torch.optim.AdamW(net.parameters(), foreach=True), torch.randn(
+            8, WIDTH, device="cuda")
+
+    def step(net, opt, x):
+        net(x).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    with_skip = estimator.estimate(step, build=build, steps=2)
+    assert reached and not any(reached), reached  # the step counters' alone
+    monkeypatch.setattr(estimator._record, "_IN_PLACE_FOREACH", frozenset())
+    reached.clear()
+    without = estimator.estimate(step, build=build, steps=2)
+    assert any(reached)  # the parameters' and states' too
+    assert (with_skip.peak_allocated, with_skip.peak_reserved) == \
+        (without.peak_allocated, without.peak_reserved)
+    assert with_skip.torch_peak_reserved == without.torch_peak_reserved
+
+
 _PROBE = textwrap.dedent("""\
     # Loaded by site at start: says whether the interpreter tore its modules down
     # (this object's finalizer runs then) and whether the exit handlers ran.

@@ -57,6 +57,26 @@ from ._transients import OUTPUT, outputs_marked
 _DEVICE_OF = torch.ops.prim.device.default
 _ADD = torch.ops.aten.add.Tensor
 
+
+def _in_place_foreach_ops() -> frozenset:
+    """The overloads of ATen's in-place multi-tensor ops (``_foreach_add_.Scalar``...):
+    each writes into its first list and returns nothing."""
+    found = set()
+    names = {name.split("::", 1)[1].split(".", 1)[0]
+             for name in torch._C._dispatch_get_all_op_names()
+             if name.startswith("aten::_foreach_")}
+    names = {name for name in names if name.endswith("_")}
+    for name in names:
+        packet = getattr(torch.ops.aten, name)
+        for overload in packet.overloads():
+            op = getattr(packet, overload)
+            if not op._schema.returns and op._schema.is_mutable:
+                found.add(op)
+    return frozenset(found)
+
+
+_IN_PLACE_FOREACH = _in_place_foreach_ops()
+
 # PyTorch's caching allocator hands out blocks in multiples of 512 bytes (kMinBlockSize).
 BLOCK_ROUNDING = 512
 
@@ -271,6 +291,13 @@ class StorageRecorder(TorchDispatchMode):
         # A fake kernel stricter than CUDA's is not asked (it logs its refusal as an
         # error before raising): _fake_gaps makes what CUDA's kernel makes instead.
         self._sum_of_gradients = None
+        if func in _IN_PLACE_FOREACH and not torch.is_grad_enabled() \
+                and (self.values is None or not self.values.knows_any(args)):
+            # An optimizer's in-place update of every parameter: it allocates nothing and
+            # returns nothing, and the values it writes are unknown; the fake kernel
+            # would only hash the metadata of every tensor of the lists.
+            self.recording.fake_ops += 1
+            return None
         out = _fake_gaps.stand_in(func, args, kwargs) if func in _fake_gaps.OPS else None
         if out is None:
             out = (self.values.__torch_dispatch__(func, types, args, kwargs)

@@ -297,6 +297,17 @@ class KnownValues(TorchDispatchMode):
             real_kwargs["device"] = torch.device("cpu")
         return real_args, real_kwargs
 
+    def knows_any(self, values) -> bool:
+        """Whether any fake tensor among ``values`` (lists and tuples looked into) has a
+        real twin whose value an op could change."""
+        for value in values:
+            if isinstance(value, FakeTensor):
+                if value in self.real:
+                    return True
+            elif isinstance(value, (list, tuple)) and self.knows_any(value):
+                return True
+        return False
+
     def _known(self, values) -> bool:
         """Whether every fake tensor among ``values`` (lists and tuples looked into) has
         a real twin: most ops of a step take weights or activations, whose values are
