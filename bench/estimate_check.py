@@ -307,8 +307,11 @@ def _key(w) -> str:
 _TEXT = ("gpt2", "llama", "mixtral", "bert", "t5")
 
 
-def measure(allocator: str, workloads) -> None:
-    """One process, one allocator: the real steps, one JSON line each."""
+def measure(allocator: str, workloads, work_of=None, key_of=None) -> None:
+    """One process, one allocator: the real steps, one JSON line each. ``work_of`` and
+    ``key_of`` give a workload's build and step and its name (this file's by default;
+    bench/estimate_families.py passes its own)."""
+    work_of, key_of = work_of or _workload, key_of or _key
     if allocator == "expandable":
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     if allocator == "vramkit":
@@ -334,9 +337,9 @@ def measure(allocator: str, workloads) -> None:
         _constants(torch)
     for w in workloads:
         try:
-            work = _workload(w)
+            work = work_of(w)
         except SkipWorkload as why:
-            print(json.dumps({"workload": _key(w), "allocator": allocator,
+            print(json.dumps({"workload": key_of(w), "allocator": allocator,
                               "skipped": str(why)}), flush=True)
             continue
         gc.collect()
@@ -351,13 +354,13 @@ def measure(allocator: str, workloads) -> None:
                 work.step(model, opt, batch)
             torch.cuda.synchronize()
             allocated, reserved = peaks()
-            row = {"workload": _key(w), "allocator": allocator, "peak_allocated": allocated,
+            row = {"workload": key_of(w), "allocator": allocator, "peak_allocated": allocated,
                    "peak_reserved": reserved, "reserved_at_start": held_at_start,
                    **_segments(torch)}
         except torch.OutOfMemoryError:
-            row = {"workload": _key(w), "allocator": allocator, "oom": True}
+            row = {"workload": key_of(w), "allocator": allocator, "oom": True}
         except Exception as error:  # noqa: BLE001 - one workload's failure is its row's
-            row = {"workload": _key(w), "allocator": allocator,
+            row = {"workload": key_of(w), "allocator": allocator,
                    "error": f"{type(error).__name__}: {error}"[:300]}
         print(json.dumps(row), flush=True)
         del work
@@ -413,20 +416,23 @@ def _constants(torch) -> None:
                       - x.grad.numel() * 4}), flush=True)
 
 
-def estimates(workloads, small: bool = False, stand_ins: bool = True) -> None:
+def estimates(workloads, small: bool = False, stand_ins: bool = True, work_of=None,
+              key_of=None) -> None:
     """Each workload estimated on this machine: with fake CUDA tensors where there is a
     GPU, with the CPU stand-in (as a machine without one does), and with PyTorch's
     MemTracker on the GPU. ``small``: the tiny versions, to check every workload builds
     and is estimated. ``stand_ins=False``: the GPU's estimate only (the CPU stand-in and
     MemTracker left out), where a device call has time for little else."""
+    work_of, key_of = work_of or (lambda w, small=False: _workload(w, small)), key_of or _key
     import torch
     import vramkit
+    from vramkit.estimator import UntraceableStep
     gpu = torch.cuda.is_available()
     for w in workloads:
         try:
-            work = _workload(w, small)
+            work = work_of(w, small)
         except SkipWorkload as why:
-            print(json.dumps({"workload": _key(w), "allocator": "estimate",
+            print(json.dumps({"workload": key_of(w), "allocator": "estimate",
                               "skipped": str(why)}), flush=True)
             continue
         for emulate in ((False, True) if gpu and stand_ins else (not gpu,)):
@@ -435,11 +441,11 @@ def estimates(workloads, small: bool = False, stand_ins: bool = True) -> None:
             try:
                 e = vramkit.estimate(work.step, build=work.build, device_memory="24G",
                                      emulate=emulate)
-            except vramkit.estimator.UntraceableStep as error:
-                print(json.dumps({"workload": _key(w), "allocator": kind,
+            except UntraceableStep as error:
+                print(json.dumps({"workload": key_of(w), "allocator": kind,
                                   "error": str(error)[:300]}), flush=True)
                 continue
-            print(json.dumps({"workload": _key(w), "allocator": kind,
+            print(json.dumps({"workload": key_of(w), "allocator": kind,
                               "peak_allocated": e.peak_allocated,
                               "peak_reserved": e.peak_reserved,
                               "torch_peak_reserved": e.torch_peak_reserved,
@@ -453,10 +459,10 @@ def estimates(workloads, small: bool = False, stand_ins: bool = True) -> None:
                               "top_sites": [list(site) for site in e.top_sites[:6]],
                               "seconds": round(time.perf_counter() - t0, 2)}), flush=True)
         if gpu and stand_ins:
-            _memtracker(w, work)
+            _memtracker(w, work, key_of)
 
 
-def _memtracker(w, work) -> None:
+def _memtracker(w, work, key_of=None) -> None:
     """PyTorch's MemTracker under fake tensors: peak allocated only."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -479,10 +485,10 @@ def _memtracker(w, work) -> None:
                     peak = max(peak, snap["Total"])
                     tracker.reset_mod_stats()
     except Exception as error:  # noqa: BLE001 - MemTracker's failures are its own
-        print(json.dumps({"workload": _key(w), "allocator": "memtracker",
+        print(json.dumps({"workload": (key_of or _key)(w), "allocator": "memtracker",
                           "error": f"{type(error).__name__}: {error}"[:300]}), flush=True)
         return
-    print(json.dumps({"workload": _key(w), "allocator": "memtracker",
+    print(json.dumps({"workload": (key_of or _key)(w), "allocator": "memtracker",
                       "peak_allocated": peak,
                       "seconds": round(time.perf_counter() - t0, 2)}), flush=True)
 
