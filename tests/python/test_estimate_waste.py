@@ -124,6 +124,52 @@ def test_an_optimizer_s_in_place_updates_of_unknown_values_skip_the_fake_kernels
     assert with_skip.torch_peak_reserved == without.torch_peak_reserved
 
 
+def test_a_fake_tensor_s_device_is_answered_without_the_fake_mode():
+    """``t.device`` is asked of fake tensors more often than every op together (autograd
+    and the model's code ask it): the recorder answers it with the device the tensor
+    stands for, and only a question its fake mode must answer (inside a fake kernel, where
+    the answer is "meta") goes through. The device the step's code sees is unchanged."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    reached, seen, inside = [], set(), []
+    dispatch = FakeTensorMode.dispatch
+    recorder = estimator._record.StorageRecorder.__torch_dispatch__
+
+    def counting(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.prim.device.default and inside:
+            reached.append(func)
+        return dispatch(self, func, types, args, kwargs)
+
+    def recording(self, func, types, args=(), kwargs=None):
+        if func is not torch.ops.prim.device.default:
+            return recorder(self, func, types, args, kwargs)
+        inside.append(func)  # a question put to the recorder, passed on or answered
+        try:
+            return recorder(self, func, types, args, kwargs)
+        finally:
+            inside.pop()
+
+    def build():
+        net = torch.nn.Sequential(*(_Block() for _ in range(2))).cuda()
+        return net, torch.optim.AdamW(net.parameters()), torch.randn(8, WIDTH, device="cuda")
+
+    def step(net, opt, x):
+        seen.add(str(x.device))
+        y = net(x)
+        seen.add(str(y.device))
+        y.pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(FakeTensorMode, "dispatch", counting)
+        patch.setattr(estimator._record.StorageRecorder, "__torch_dispatch__", recording)
+        e = estimator.estimate(step, build=build, steps=2)
+    assert e.peak_allocated > 0
+    # One device throughout: the GPU's, or the CPU the stand-in computes on without one.
+    assert len(seen) == 1 and seen <= {"cuda:0", "cpu"}, seen
+    assert not reached, len(reached)
+
+
 _PROBE = textwrap.dedent("""\
     # Loaded by site at start: says whether the interpreter tore its modules down
     # (this object's finalizer runs then) and whether the exit handlers ran.

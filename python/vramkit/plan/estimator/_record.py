@@ -46,6 +46,7 @@ import weakref
 from dataclasses import dataclass, field
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils import flop_counter
@@ -286,7 +287,12 @@ class StorageRecorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is _DEVICE_OF:
             # ``t.device``, asked of fake tensors more often than every other op together:
-            # it allocates nothing, computes nothing and has no value to follow.
+            # it allocates nothing, computes nothing and has no value to follow. A fake
+            # tensor outside a fake kernel answers with the device it stands for, as its
+            # own handler would, without another trip through the fake mode's dispatch.
+            t = args[0] if len(args) == 1 and not kwargs else None
+            if isinstance(t, FakeTensor) and not t.fake_mode.in_kernel_invocation:
+                return t.fake_device
             return func(*args, **(kwargs or {}))
         # A fake kernel stricter than CUDA's is not asked (it logs its refusal as an
         # error before raising): _fake_gaps makes what CUDA's kernel makes instead.

@@ -1,0 +1,78 @@
+"""The estimator against the real step on the GPU: a model whose gradients autograd sums
+(residual branches, one input read by three projections, an embedding tied to the output
+layer) under bf16 autocast with AdamW, estimated in one fresh interpreter and run for
+real in another, so that neither sees the other's memory. Peak allocated must agree to
+half a percent and PyTorch's peak reserved to three, the targets the estimator is held to
+(bench/estimate_check.py measures them on larger models)."""
+
+import json
+
+STEP = """
+import torch
+from torch import nn
+
+class Block(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.out = nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x):
+        h = self.norm(x)
+        q, k, v = self.q(h), self.k(h), self.v(h)
+        x = x + self.out(torch.softmax(q @ k.transpose(1, 2) / 16.0, -1) @ v)
+        return x + self.mlp(x)
+
+class Net(nn.Module):
+    def __init__(self, vocab=8192, d=512, layers=4):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList(Block(d) for _ in range(layers))
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids):
+        x = self.embed(ids)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+def build():
+    torch.manual_seed(0)
+    net = Net().to("cuda")
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
+    ids = torch.randint(0, 8192, (16, 512), device="cuda")
+    return net, opt, ids
+
+def step(net, opt, ids):
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        logits = net(ids)
+    loss = nn.functional.cross_entropy(logits.float().flatten(0, 1), ids.flatten())
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+"""
+
+
+def test_a_step_with_summed_gradients_is_estimated_as_it_runs(gpu_run):
+    estimated = gpu_run(STEP, """
+        import json, vramkit
+        e = vramkit.estimate(step, build=build)
+        print(json.dumps({"allocated": e.torch_peak_allocated,
+                          "reserved": e.torch_peak_reserved}))
+    """)
+    real = gpu_run(STEP, """
+        import json
+        net, opt, ids = build()
+        for _ in range(2):
+            step(net, opt, ids)
+        torch.cuda.synchronize()
+        print(json.dumps({"allocated": torch.cuda.max_memory_allocated(),
+                          "reserved": torch.cuda.max_memory_reserved()}))
+    """)
+    est, got = (json.loads(next(line for line in out.splitlines() if line.startswith("{")))
+                for out in (estimated, real))
+    assert abs(est["allocated"] - got["allocated"]) <= 0.005 * got["allocated"], (est, got)
+    assert abs(est["reserved"] - got["reserved"]) <= 0.03 * got["reserved"], (est, got)
