@@ -83,8 +83,9 @@ def _text(kind: str, small: bool):
                       vocab_size=32000))
         return t.Qwen3MoeForCausalLM(t.Qwen3MoeConfig(num_experts=16, num_experts_per_tok=2,
                                                       **shape))
-    if kind == "roberta":
-        return t.RobertaForMaskedLM(t.RobertaConfig(**(tiny if small else {})))
+    if kind == "roberta":  # roberta-base's 514 positions: 512 tokens after the pad offset
+        return t.RobertaForMaskedLM(t.RobertaConfig(max_position_embeddings=514,
+                                                    **(tiny if small else {})))
     if kind == "deberta":  # DebertaV2Config() is the 900M xlarge; this is the base's shape
         shape = tiny if small else dict(hidden_size=768, intermediate_size=3072,
                                         num_hidden_layers=12, num_attention_heads=12)

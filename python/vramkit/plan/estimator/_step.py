@@ -218,7 +218,8 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
         if build is not None:
             sites = _creation_sites(build)
             recorder.creation_sites = sites.sites if sites is not None else None
-            with mode, known, sites or contextlib.nullcontext(), torch.device(target.device):
+            with mode, known, sites or contextlib.nullcontext(), \
+                    known.known_values_not_traced(), torch.device(target.device):
                 try:
                     built = build()
                 except Exception as error:  # noqa: BLE001 - explained, then re-raised
@@ -244,7 +245,8 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
         known.forget(_found(values, torch.Tensor))
         recorder.values = known  # run inside the recorder's dispatch, not as a mode
         with mode, recorder, _autocast_cache_cleared_in_order(recorder), \
-                known.python_reads_answered(), (around_step or contextlib.nullcontext()):
+                known.python_reads_answered(), known.known_values_not_traced(), \
+                (around_step or contextlib.nullcontext()):
             for m in _found(values, torch.nn.Module):
                 for p in m.parameters():
                     recorder.set_role(p, "parameters")

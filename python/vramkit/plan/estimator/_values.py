@@ -242,6 +242,33 @@ class KnownValues(TorchDispatchMode):
         finally:
             torch.Tensor.item, torch.Tensor.__format__ = original, original_format
 
+    @contextlib.contextmanager
+    def known_values_not_traced(self):
+        """In its length a library's check whether a tensor is being traced answers no for
+        a fake tensor whose value is known, as it would for the real tensor. transformers'
+        ``is_tracing`` counts every fake tensor as traced, so that under fake tensors it
+        keeps the attention masks it drops in a real step (an all-ones padding mask it
+        made itself, or positions from ``arange``, whose values it would read): the
+        model then gives scaled_dot_product_attention a mask, and PyTorch's fused kernels
+        a bias of batch x length x length elements per layer that the real step never
+        makes. A tensor whose value is unknown (the user's own mask) is still counted as
+        traced: the mask is kept, as transformers keeps it."""
+        module = sys.modules.get("transformers.utils.import_utils")
+        original = getattr(module, "is_fake_tensor", None)
+        if not callable(original):
+            yield
+            return
+        real = self.real
+
+        def is_fake_tensor(x):
+            return original(x) and not (isinstance(x, FakeTensor) and x in real)
+
+        module.is_fake_tensor = is_fake_tensor
+        try:
+            yield
+        finally:
+            module.is_fake_tensor = original
+
     def forget(self, tensors) -> None:
         """Treat ``tensors`` as values unknown: weights and the batch stand for ones the
         estimate cannot know (a real run's trained weights, its data), so what is read
