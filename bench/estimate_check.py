@@ -307,11 +307,10 @@ def _key(w) -> str:
 _TEXT = ("gpt2", "llama", "mixtral", "bert", "t5")
 
 
-def measure(allocator: str, workloads, work_of=None, key_of=None) -> None:
+def measure(allocator: str, workloads, work_of=_workload, key_of=_key) -> None:
     """One process, one allocator: the real steps, one JSON line each. ``work_of`` and
     ``key_of`` give a workload's build and step and its name (this file's by default;
     bench/estimate_families.py passes its own)."""
-    work_of, key_of = work_of or _workload, key_of or _key
     if allocator == "expandable":
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     if allocator == "vramkit":
@@ -416,14 +415,13 @@ def _constants(torch) -> None:
                       - x.grad.numel() * 4}), flush=True)
 
 
-def estimates(workloads, small: bool = False, stand_ins: bool = True, work_of=None,
-              key_of=None) -> None:
+def estimates(workloads, small: bool = False, stand_ins: bool = True, work_of=_workload,
+              key_of=_key) -> None:
     """Each workload estimated on this machine: with fake CUDA tensors where there is a
     GPU, with the CPU stand-in (as a machine without one does), and with PyTorch's
     MemTracker on the GPU. ``small``: the tiny versions, to check every workload builds
     and is estimated. ``stand_ins=False``: the GPU's estimate only (the CPU stand-in and
     MemTracker left out), where a device call has time for little else."""
-    work_of, key_of = work_of or (lambda w, small=False: _workload(w, small)), key_of or _key
     import torch
     import vramkit
     from vramkit.estimator import UntraceableStep
@@ -462,7 +460,7 @@ def estimates(workloads, small: bool = False, stand_ins: bool = True, work_of=No
             _memtracker(w, work, key_of)
 
 
-def _memtracker(w, work, key_of=None) -> None:
+def _memtracker(w, work, key_of=_key) -> None:
     """PyTorch's MemTracker under fake tensors: peak allocated only."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -485,10 +483,10 @@ def _memtracker(w, work, key_of=None) -> None:
                     peak = max(peak, snap["Total"])
                     tracker.reset_mod_stats()
     except Exception as error:  # noqa: BLE001 - MemTracker's failures are its own
-        print(json.dumps({"workload": (key_of or _key)(w), "allocator": "memtracker",
+        print(json.dumps({"workload": key_of(w), "allocator": "memtracker",
                           "error": f"{type(error).__name__}: {error}"[:300]}), flush=True)
         return
-    print(json.dumps({"workload": (key_of or _key)(w), "allocator": "memtracker",
+    print(json.dumps({"workload": key_of(w), "allocator": "memtracker",
                       "peak_allocated": peak,
                       "seconds": round(time.perf_counter() - t0, 2)}), flush=True)
 
