@@ -69,6 +69,7 @@
  * shares one index is vram_pool.unified_index. */
 #include <string.h>
 
+
 #include "pool/placement.h"
 
 #include "pool/block.h"
@@ -219,14 +220,26 @@ void _vram_place_forget_map_ghosts(vram_pool_t *pool) {
 }
 
 /* Forgets the ghosts that overlap [lo, hi); whether there was one. */
+static inline bool ghost_overlaps(const vram_pool_t *pool, unsigned i, uintptr_t lo,
+                                  uintptr_t hi) {
+  return pool->map_ghosts[i].lo < hi && lo < pool->map_ghosts[i].hi;
+}
+
 static bool forget_overlapping(vram_pool_t *pool, uintptr_t lo, uintptr_t hi) {
   bool found = false;
   for (unsigned i = 0; i < VRAM_MAP_GHOSTS; i++)
-    if (pool->map_ghosts[i].lo < hi && lo < pool->map_ghosts[i].hi) {
+    if (ghost_overlaps(pool, i, lo, hi)) {
       pool->map_ghosts[i].lo = pool->map_ghosts[i].hi = 0;
       found = true;
     }
   return found;
+}
+
+/* Whether [lo, hi) overlaps a span the allowance unmapped lately (a map ghost). */
+bool _vram_place_retakes_ghost(const vram_pool_t *pool, uintptr_t lo, uintptr_t hi) {
+  for (unsigned i = 0; i < VRAM_MAP_GHOSTS; i++)
+    if (ghost_overlaps(pool, i, lo, hi)) return true;
+  return false;
 }
 
 void _vram_place_forget_map_ghosts_in(vram_pool_t *pool, uintptr_t lo, uintptr_t hi) {
@@ -291,6 +304,26 @@ int _vram_place_make_room(vram_pool_t *pool, vram_segment *seg, size_t g0, size_
  * (Note [Small blocks together in the large range] in docs/performance.md). Else it takes
  * the first window found, as a large request does. */
 #define VRAM_MAPPED_SCAN_LIMIT 16
+
+/* The free blocks a bounded scan looks at: the first VRAM_MAPPED_SCAN_LIMIT of the index,
+ * from the bin of `rounded` bytes up (the first bin may hold smaller ones, which count and
+ * which the caller skips). Returns how many went to out. */
+static unsigned scan_free_blocks(const vram_tlsf *index, size_t rounded,
+                                 vram_block *out[VRAM_MAPPED_SCAN_LIMIT]) {
+  unsigned n = 0;
+  int fl, sl;
+  _vram_tlsf_mapping(rounded, &fl, &sl);
+  for (int f = fl; f < VRAM_TLSF_FL_COUNT && n < VRAM_MAPPED_SCAN_LIMIT; f++) {
+    if (!((index->fl_bitmap >> f) & 1)) continue;
+    for (int s = f == fl ? sl : 0; s < VRAM_TLSF_SL_COUNT && n < VRAM_MAPPED_SCAN_LIMIT; s++) {
+      if (!((index->sl_bitmap[f] >> s) & 1)) continue;
+      for (vram_block *c = index->heads[f][s]; c && n < VRAM_MAPPED_SCAN_LIMIT; c = c->free_next)
+        out[n++] = c;
+    }
+  }
+  return n;
+}
+
 static bool follows_small_block(const vram_block *c) {
   const vram_block *p = c->addr_prev;
   return p && p->state != VRAM_BLOCK_FREE && p->size <= VRAM_SMALL_MAX;
@@ -299,33 +332,52 @@ static bool follows_small_block(const vram_block *c) {
 VRAM_NOINLINE vram_block *_vram_place_mapped_fit(vram_pool_t *pool, vram_tlsf *index,
                                                  size_t rounded, bool beside_small) {
   if (_vram_granules_idle_total(pool) * pool->granularity < rounded) return NULL;
-  vram_block *found = NULL;
+  vram_block *found = NULL, *scanned[VRAM_MAPPED_SCAN_LIMIT];
   uintptr_t found_start = 0;
-  int fl, sl, budget = VRAM_MAPPED_SCAN_LIMIT;
-  _vram_tlsf_mapping(rounded, &fl, &sl);
-  for (int f = fl; f < VRAM_TLSF_FL_COUNT && budget > 0; f++) {
-    if (!((index->fl_bitmap >> f) & 1)) continue;
-    for (int s = f == fl ? sl : 0; s < VRAM_TLSF_SL_COUNT && budget > 0; s++) {
-      if (!((index->sl_bitmap[f] >> s) & 1)) continue;
-      for (vram_block *c = index->heads[f][s]; c && budget > 0; c = c->free_next, budget--) {
-        uintptr_t start;
-        if (c->size < rounded ||
-            !_vram_granules_mapped_window(pool, c->segment, c->addr, c->size, rounded, &start))
-          continue;
-        bool clusters = beside_small && start == c->addr && follows_small_block(c);
-        if (!found || clusters) {
-          found = c;
-          found_start = start;
-        }
-        if (!beside_small || clusters) goto take;
-      }
+  unsigned n = scan_free_blocks(index, rounded, scanned);
+  for (unsigned i = 0; i < n; i++) {
+    vram_block *c = scanned[i];
+    uintptr_t start;
+    if (c->size < rounded ||
+        !_vram_granules_mapped_window(pool, c->segment, c->addr, c->size, rounded, &start))
+      continue;
+    bool clusters = beside_small && start == c->addr && follows_small_block(c);
+    if (!found || clusters) {
+      found = c;
+      found_start = start;
     }
+    if (!beside_small || clusters) goto take;
   }
   if (!found) return NULL;
 take:
   if (found_start != found->addr && _vram_block_split_front(pool, found, found_start) != VRAM_OK)
     return NULL;
   return found;
+}
+
+/* A request whose fit would map a ghost again raises the allowance for good (map_ghost's
+ * note): the pool then keeps that span and the idle mappings it had kept beside it. A
+ * request that spans whole mappings may find a free block elsewhere, the range's free end
+ * for one, where fewer new granules serve it and no ghost is taken: a bounded scan (16
+ * free blocks of its size and above) returns the one that maps the fewest, or NULL if
+ * none maps fewer than the fit. Smaller requests are left to the ghosts: there the scan
+ * moved blocks of an inference loop at random sizes into the range's end and raised its
+ * peak (Note [Whole mappings past a ghost] in docs/performance.md). */
+vram_block *_vram_place_least_growth(vram_pool_t *pool, vram_tlsf *index, vram_block *fit,
+                                     size_t rounded) {
+  size_t best_need = _vram_granules_unmapped_in(pool, fit->segment, fit->addr, rounded);
+  vram_block *best = NULL, *scanned[VRAM_MAPPED_SCAN_LIMIT];
+  unsigned n = scan_free_blocks(index, rounded, scanned);
+  for (unsigned i = 0; i < n; i++) {
+    vram_block *c = scanned[i];
+    if (c == fit || c->size < rounded || !c->segment->gran_mapped) continue;
+    size_t need = _vram_granules_unmapped_in(pool, c->segment, c->addr, rounded);
+    if (need >= best_need || _vram_place_retakes_ghost(pool, c->addr, c->addr + rounded))
+      continue;
+    best = c;
+    best_need = need;
+  }
+  return best;
 }
 
 /* A small request that its own segments cannot serve without growing (a new 2 MiB small

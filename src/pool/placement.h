@@ -140,6 +140,13 @@ vram_block *_vram_place_mapped_fit(vram_pool_t *pool, vram_tlsf *index, size_t r
 vram_block *_vram_place_small_into_large(vram_pool_t *pool, vram_arena *a, vram_block *b,
                                          size_t rounded);
 
+/* Far from the cap: whether [lo, hi) overlaps a span the allowance unmapped lately (a map
+ * ghost), and, for a fit that would map one again, a free block elsewhere that maps fewer
+ * new granules and no ghost, or NULL (placement.c). */
+bool _vram_place_retakes_ghost(const vram_pool_t *pool, uintptr_t lo, uintptr_t hi);
+vram_block *_vram_place_least_growth(vram_pool_t *pool, vram_tlsf *index, vram_block *fit,
+                                     size_t rounded);
+
 /* Which free block of arena `a` a request of `rounded` bytes takes, given b, the index's
  * fit (NULL: none): the block to carve, or NULL to grow. Virtual memory: where the fit
  * would map past the allowance, a window already mapped; a small request that would grow
@@ -151,6 +158,14 @@ static inline vram_block *_vram_place_fit(vram_pool_t *pool, vram_arena *a, vram
       _vram_place_over_allowance(pool, b->segment, b->addr, rounded)) {
     vram_block *mapped = _vram_place_mapped_fit(pool, index, rounded, false);
     if (mapped) b = mapped;
+    /* A request of whole mappings that would map a ghost again (and so raise the
+     * allowance for good) takes a block that maps fewer new granules, if one does. */
+    else if (rounded >= 2 * VRAM_VMM_MAP_UNIT * pool->granularity &&
+             _vram_place_keeps_mapped(pool, 0) &&
+             _vram_place_retakes_ghost(pool, b->addr, b->addr + rounded)) {
+      vram_block *less = _vram_place_least_growth(pool, index, b, rounded);
+      if (less) b = less;
+    }
   }
   if (small && pool->has_virtual && (!b || b->segment->gran_mapped)) {
     size_t growth = !b ? VRAM_SMALL_SEGMENT
