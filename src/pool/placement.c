@@ -69,7 +69,6 @@
  * shares one index is vram_pool.unified_index. */
 #include <string.h>
 
-
 #include "pool/placement.h"
 
 #include "pool/block.h"
@@ -219,12 +218,12 @@ void _vram_place_forget_map_ghosts(vram_pool_t *pool) {
   pool->kept_trims = 0;
 }
 
-/* Forgets the ghosts that overlap [lo, hi); whether there was one. */
 static inline bool ghost_overlaps(const vram_pool_t *pool, unsigned i, uintptr_t lo,
                                   uintptr_t hi) {
   return pool->map_ghosts[i].lo < hi && lo < pool->map_ghosts[i].hi;
 }
 
+/* Forgets the ghosts that overlap [lo, hi); whether there was one. */
 static bool forget_overlapping(vram_pool_t *pool, uintptr_t lo, uintptr_t hi) {
   bool found = false;
   for (unsigned i = 0; i < VRAM_MAP_GHOSTS; i++)
@@ -355,14 +354,15 @@ take:
   return found;
 }
 
-/* A request whose fit would map a ghost again raises the allowance for good (map_ghost's
- * note): the pool then keeps that span and the idle mappings it had kept beside it. A
- * request that spans whole mappings may find a free block elsewhere, the range's free end
- * for one, where fewer new granules serve it and no ghost is taken: a bounded scan (16
- * free blocks of its size and above) returns the one that maps the fewest, or NULL if
- * none maps fewer than the fit. Smaller requests are left to the ghosts: there the scan
- * moved blocks of an inference loop at random sizes into the range's end and raised its
- * peak (Note [Whole mappings past a ghost] in docs/performance.md). */
+/* A request whose fit would map a ghost again raises the allowance for good
+ * (_vram_place_map_ghost's note): the pool then keeps that span and the idle mappings it
+ * had kept beside it. A request of at least two whole mappings may find a free block
+ * elsewhere, the range's free end for one, where fewer new granules serve it and no ghost
+ * is taken: a bounded scan (16 free blocks of its size and above) returns the one that
+ * maps the fewest, or NULL if none maps fewer than the fit. Smaller requests are left to
+ * the ghosts: there the scan moved blocks of an inference loop at random sizes into the
+ * range's end and raised its peak (Note [Whole mappings past a ghost] in
+ * docs/performance.md). */
 vram_block *_vram_place_least_growth(vram_pool_t *pool, vram_tlsf *index, vram_block *fit,
                                      size_t rounded) {
   size_t best_need = _vram_granules_unmapped_in(pool, fit->segment, fit->addr, rounded);

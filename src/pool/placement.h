@@ -158,7 +158,7 @@ static inline vram_block *_vram_place_fit(vram_pool_t *pool, vram_arena *a, vram
       _vram_place_over_allowance(pool, b->segment, b->addr, rounded)) {
     vram_block *mapped = _vram_place_mapped_fit(pool, index, rounded, false);
     if (mapped) b = mapped;
-    /* A request of whole mappings that would map a ghost again (and so raise the
+    /* A request of two whole mappings or more that would map a ghost again (and so raise the
      * allowance for good) takes a block that maps fewer new granules, if one does. */
     else if (rounded >= 2 * VRAM_VMM_MAP_UNIT * pool->granularity &&
              _vram_place_keeps_mapped(pool, 0) &&

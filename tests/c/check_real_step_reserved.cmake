@@ -4,7 +4,7 @@
 # --source S` (S = sim and sim:vmm, far from any cap) must report peak reserved over peak
 # live of at most 1.080, expandable segments' figure there (docs/performance.md, Note
 # [Whole mappings past a ghost]). Its fp32 logits' gradient is the request that once mapped
-# a span the allowance had unmapped beside an idle end of the range (1.143).
+# a span the allowance had unmapped, beside an idle end of the range.
 # Usage: cmake -DTOOL=path/to/vramkit -DRECORDINGS=data/recordings -P check_real_step_reserved.cmake
 if(NOT TOOL OR NOT RECORDINGS)
   message(FATAL_ERROR "usage: cmake -DTOOL=... -DRECORDINGS=... -P check_real_step_reserved.cmake")
