@@ -96,6 +96,54 @@ def test_allocator_settings_map_warn_or_refuse():
         torch_settings.map_settings("backend:cudaMallocAsync")
 
 
+def test_allocator_settings_split_as_pytorch_splits_them():
+    from vramkit.plug import torch_settings
+
+    # A bracketed list is one value: its commas do not start new keys, and whitespace
+    # between tokens is ignored, as PyTorch's own parser does.
+    with pytest.warns(RuntimeWarning) as caught:
+        options = torch_settings.map_settings(
+            "roundup_power2_divisions:[256:1,512:2,>:8], expandable_segments : True")
+    assert options == {"large_blocks": "virtual"}
+    said = [str(w.message) for w in caught]
+    assert len(said) == 1 and "roundup_power2_divisions:[256:1,512:2,>:8] has no effect" in said[0]
+    assert torch_settings.map_settings(",, ,") == {}
+
+
+@pytest.mark.parametrize("conf, why", [
+    ("per_process_memory_fraction:abc", "above 0 and at most 1"),
+    ("per_process_memory_fraction:1.5", "above 0 and at most 1"),
+    ("per_process_memory_fraction:0", "above 0 and at most 1"),
+    ("per_process_memory_fraction:nan", "above 0 and at most 1"),
+    ("expandable_segments:1", "True or False"),
+    ("expandable_segments", "True or False"),
+    ("backend:cudaMallocAsyn", "native or cudaMallocAsync"),
+    ("roundup_power2_divisions:[256:1,512:2,expandable_segments:True", "without its ']'"),
+    ("roundup_power2_divisions:256:1],expandable_segments:True", r"without its '\['"),
+])
+def test_allocator_settings_refuse_values_pytorch_refuses(conf, why):
+    import vramkit
+    from vramkit.plug import torch_settings
+
+    # A typo is a ConfigError naming the variable, the key and the value, never a bare
+    # float() error or a setting silently read as its opposite.
+    with pytest.raises(vramkit.ConfigError, match=why) as raised:
+        torch_settings.map_settings(conf, "PYTORCH_CUDA_ALLOC_CONF")
+    assert isinstance(raised.value, torch_settings.SettingsError)
+    assert str(raised.value).startswith("PYTORCH_CUDA_ALLOC_CONF: " + conf[:20])
+
+
+def test_allocator_settings_show_foreign_text_escaped():
+    from vramkit.plug import torch_settings
+
+    with pytest.warns(RuntimeWarning) as caught:
+        torch_settings.map_settings("we\x1bird:1")
+    assert "we\\x1bird:1 is not a setting" in str(caught[0].message)
+    with pytest.raises(torch_settings.SettingsError) as raised:
+        torch_settings.map_settings("expandable_segments:\x1b")
+    assert "\x1b" not in str(raised.value) and "\\x1b" in str(raised.value)
+
+
 def test_settings_set_later_say_what_they_do():
     from vramkit.plug import torch_settings
 

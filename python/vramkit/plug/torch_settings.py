@@ -12,6 +12,9 @@ from __future__ import annotations
 import os
 import warnings
 
+from .._core import ConfigError
+from .._shown import shown
+
 # Keys PyTorch itself still serves under vramkit: its pinned host allocator is not replaced.
 _HOST_KEYS = ("pinned_use_cuda_host_register", "pinned_num_register_threads",
               "pinned_use_background_threads", "pinned_reserve_segment_size_mb",
@@ -35,44 +38,83 @@ _NO_EQUIVALENT = {
 }
 
 
-class SettingsError(ValueError):
-    """A setting vramkit cannot serve at all (backend:cudaMallocAsync)."""
+class SettingsError(ConfigError):
+    """A setting vramkit cannot serve at all (backend:cudaMallocAsync), or a value PyTorch
+    itself would refuse (expandable_segments:yes, per_process_memory_fraction:2)."""
 
 
-def _pairs(conf: str):
-    for item in conf.split(","):
-        item = item.strip()
-        if not item:
+def _pairs(conf: str, where: str):
+    """The key:value items of a settings string, split as PyTorch splits it: at commas
+    outside brackets (roundup_power2_divisions:[256:1,512:2,>:4] is one item), with
+    whitespace ignored. A bracket left open or closed twice is refused: the rest of the
+    string would otherwise vanish into one value."""
+    item, depth = [], 0
+    for char in conf + ",":
+        if char == "," and depth == 0:
+            key, _, value = "".join(item).partition(":")
+            if key or value:
+                yield key, value
+            item = []
             continue
-        key, _, value = item.partition(":")
-        yield key.strip(), value.strip()
+        if char == "]" and depth == 0:
+            raise SettingsError(f"{where}: {shown(''.join(item))}]: a ']' without its '['")
+        depth += (char == "[") - (char == "]")
+        if not char.isspace():
+            item.append(char)
+    if depth:
+        raise SettingsError(f"{where}: {shown(''.join(item)[:-1])}: a '[' without its ']'")
 
 
 def _warn(message: str) -> None:
     warnings.warn(f"vramkit.torch: {message}", RuntimeWarning, stacklevel=3)
 
 
+def _refuse(where: str, key: str, value: str, why: str) -> SettingsError:
+    return SettingsError(f"{where}: {shown(key)}:{shown(value)}: {why}")
+
+
+def _fraction(where: str, value: str) -> float:
+    """per_process_memory_fraction's value: a share of the device in (0, 1]. PyTorch takes
+    0 too (nothing may be allocated), which no vramkit limit expresses."""
+    try:
+        fraction = float(value)
+    except ValueError:
+        fraction = float("nan")
+    if not 0.0 < fraction <= 1.0:  # NaN fails both
+        raise _refuse(where, "per_process_memory_fraction", value,
+                      "expected a share of the device above 0 and at most 1, as 0.5")
+    return fraction
+
+
 def map_settings(conf: str, where: str = "PYTORCH_CUDA_ALLOC_CONF") -> dict:
     """vramkit.configure() options for PyTorch's settings string `conf`; warns for every key
-    with no equivalent, raises SettingsError for one that cannot run under vramkit."""
+    with no equivalent, raises SettingsError (a vramkit.ConfigError) for one that cannot run
+    under vramkit or a value PyTorch would refuse. What the string says is shown escaped."""
     options: dict = {}
-    for key, value in _pairs(conf):
+    for key, value in _pairs(conf, where):
         if key == "backend":
-            if value not in ("native", ""):
-                raise SettingsError(
-                    f"{where}: backend:{value} asks for another allocator than PyTorch's native "
-                    f"one, which vramkit replaces; drop it (or do not install vramkit)")
+            if value == "cudaMallocAsync":
+                raise _refuse(where, key, value,
+                              "asks for another allocator than PyTorch's native one, which "
+                              "vramkit replaces; drop it (or do not install vramkit)")
+            if value != "native":
+                raise _refuse(where, key, value, "expected native or cudaMallocAsync")
         elif key == "expandable_segments":
-            # PyTorch's expandable segments are vramkit's virtual large blocks.
-            options["large_blocks"] = "virtual" if value.lower() == "true" else "fixed"
+            # PyTorch's expandable segments are vramkit's virtual large blocks; PyTorch
+            # takes the two words alone, so vramkit does too.
+            if value not in ("True", "False"):
+                raise _refuse(where, key, value, "expected True or False")
+            options["large_blocks"] = "virtual" if value == "True" else "fixed"
         elif key == "per_process_memory_fraction":
-            options["limit"] = float(value)
+            options["limit"] = _fraction(where, value)
         elif key in _HOST_KEYS:
             continue  # PyTorch's host allocator serves it, as without vramkit
         elif key in _NO_EQUIVALENT:
-            _warn(f"{where}: {key}:{value} has no effect under vramkit: {_NO_EQUIVALENT[key]}")
+            _warn(f"{where}: {key}:{shown(value)} has no effect under vramkit: "
+                  f"{_NO_EQUIVALENT[key]}")
         else:
-            _warn(f"{where}: {key}:{value} is not a setting vramkit knows; it has no effect")
+            _warn(f"{where}: {shown(key)}:{shown(value)} is not a setting vramkit knows; "
+                  f"it has no effect")
     return options
 
 
