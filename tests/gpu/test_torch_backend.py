@@ -269,6 +269,33 @@ def test_raw_allocations_and_cudnn_benchmark(run):
     """)
 
 
+def test_allocator_settings_parse_as_pytorch_parses_them(run):
+    run("""
+        import warnings
+        # A value PyTorch refuses raises PyTorch's own error under both allocators.
+        try:
+            torch.cuda.memory._set_allocator_settings("expandable_segments:1")
+        except RuntimeError as error:
+            assert "expandable_segments" in str(error), error
+        else:
+            raise AssertionError("expandable_segments:1 was taken")
+        # A bracketed list is one value: vramkit names it whole, once, and nothing else.
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.memory._set_allocator_settings(
+                "roundup_power2_divisions:[256:1,512:2,>:4]")
+        said = [str(w.message) for w in caught if "vramkit" in str(w.message)]
+        if VRAMKIT:
+            assert len(said) == 1, said
+            assert "roundup_power2_divisions:[256:1,512:2,>:4] has no effect" in said[0], said
+        else:
+            assert said == [], said
+        x = torch.empty(MiB, device="cuda")
+        assert torch.cuda.memory_allocated() >= MiB
+        del x
+    """)
+
+
 def test_mempool_routes_allocations(run):
     run("""
         pool = torch.cuda.MemPool()

@@ -5,6 +5,8 @@ memory history, each as PyTorch's own code or users read them (issue 37). What n
 card runs in tests/gpu/test_torch_backend.py and bench/torch_suite.sh.
 """
 
+import warnings
+
 import pytest
 
 import vramkit
@@ -152,3 +154,23 @@ def test_settings_set_later_say_what_they_do():
     with pytest.warns(RuntimeWarning, match="large_blocks='virtual'.*install"):
         hook("expandable_segments:True")
     assert seen == ["expandable_segments:True"]  # PyTorch still records it
+
+
+def test_settings_set_later_let_pytorch_refuse_first():
+    from vramkit.plug import torch_settings
+
+    # PyTorch's own parser sees the string first: what it refuses raises its RuntimeError,
+    # as it would without vramkit, and vramkit adds no warning before it.
+    def pytorch_parser(conf):
+        raise RuntimeError(f"PyTorch refuses {conf}")
+
+    hook = torch_settings.settings_hook(pytorch_parser)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(RuntimeError, match="PyTorch refuses"):
+            hook("expandable_segments:1,max_split_size_mb:2")
+    # What PyTorch takes and vramkit cannot serve is still refused, after PyTorch.
+    seen = []
+    with pytest.raises(torch_settings.SettingsError, match="above 0"):
+        torch_settings.settings_hook(seen.append)("per_process_memory_fraction:0")
+    assert seen == ["per_process_memory_fraction:0"]
