@@ -12,7 +12,8 @@ cuDNN's benchmark mode, torch.cuda.MemPool (with an allocator of its own, and wi
 no_split), torch.compile(mode="reduce-overhead") (graph trees, inference over changing
 shapes with checkpoints restored, and training) against eager, memory history and
 snapshots read by torch.cuda._memory_viz and its command, the profiler's memory events,
-and a CUDA tensor shared with another process through torch.multiprocessing.
+a CUDA tensor shared with another process through torch.multiprocessing, and allocator
+settings set at run time, which PyTorch's own parser reads first.
 """
 
 import pytest
