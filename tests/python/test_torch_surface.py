@@ -124,7 +124,6 @@ def test_allocator_settings_split_as_pytorch_splits_them():
     ("roundup_power2_divisions:256:1],expandable_segments:True", r"without its '\['"),
 ])
 def test_allocator_settings_refuse_values_pytorch_refuses(conf, why):
-    import vramkit
     from vramkit.plug import torch_settings
 
     # A typo is a ConfigError naming the variable, the key and the value, never a bare
@@ -159,8 +158,8 @@ def test_settings_set_later_say_what_they_do():
 def test_settings_set_later_let_pytorch_refuse_first():
     from vramkit.plug import torch_settings
 
-    # PyTorch's own parser sees the string first: what it refuses raises its RuntimeError,
-    # as it would without vramkit, and vramkit adds no warning before it.
+    # PyTorch's own parser sees the string first: what it refuses raises PyTorch's error
+    # (here a RuntimeError), as it would without vramkit, and vramkit adds no warning first.
     def pytorch_parser(conf):
         raise RuntimeError(f"PyTorch refuses {conf}")
 

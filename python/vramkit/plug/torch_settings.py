@@ -135,8 +135,8 @@ def settings_hook(original):
 
     def set_allocator_settings(conf: str):
         where = "torch.cuda.memory._set_allocator_settings"
-        # PyTorch's own parser first: a value it refuses raises its RuntimeError, as it
-        # does without vramkit, before vramkit says anything about the string.
+        # PyTorch's own parser first: a value it refuses raises PyTorch's own error, as
+        # without vramkit, before vramkit says anything about the string.
         result = original(conf)
         for key, value in map_settings(conf, where).items():
             _warn(f"{where}: takes effect only before the first CUDA allocation under vramkit; "
