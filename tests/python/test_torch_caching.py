@@ -19,6 +19,7 @@ from vramkit.estimator.torch_caching import (CachingAllocatorModel, min_capacity
 from vramkit.plot import PlotInputError
 
 TRACES = os.path.join(os.path.dirname(__file__), "..", "..", "data", "traces")
+RECORDINGS = os.path.join(os.path.dirname(__file__), "..", "..", "data", "recordings")
 
 # (trace, expandable_segments) -> PyTorch's peak reserved over the trace's peak live.
 MEASURED = {
@@ -405,6 +406,48 @@ def test_bad_input_is_refused_clearly():
         CachingAllocatorModel(capacity=-1)
     with pytest.raises(ValueError, match="unknown event"):
         replay([("m", 1, 4096, 0)])
+    with pytest.raises(ValueError, match="expandable"):
+        CachingAllocatorModel(expandable_segments=True, segment_addresses=[0])
+    for address in (-2 * MiB, 1.5, True):
+        with pytest.raises(ValueError, match="segment address"):
+            CachingAllocatorModel(segment_addresses=[address])
+    with pytest.raises(TypeError, match="iterable"):
+        CachingAllocatorModel(segment_addresses=64 * MiB)
+
+
+def test_segment_addresses_place_segments_where_given():
+    # Two free 12 MiB segments tie for a 12 MiB request: best fit takes the lower address,
+    # so where the driver put each segment decides which one the request splits.
+    events = [("a", 1, 12 * MiB, 0), ("a", 2, 12 * MiB, 0), ("f", 1, 0), ("f", 2, 0),
+              ("a", 3, 12 * MiB, 0)]
+    for first, second in ((100 * MiB, 200 * MiB), (200 * MiB, 100 * MiB)):
+        model = CachingAllocatorModel(segment_addresses=[first, second])
+        for event in events:
+            if event[0] == "a":
+                model.malloc(*event[1:])
+            else:
+                model.free(event[1])
+        assert model._live[3].address == min(first, second)
+    # Past the given addresses, segments go below the lowest of them, never onto one.
+    model = CachingAllocatorModel(segment_addresses=[100 * MiB])
+    for ident in range(3):
+        model.malloc(ident, 12 * MiB)
+    assert sorted(b.address for b in model._live.values())[-1] == 100 * MiB
+    assert all(b.address + 12 * MiB <= 100 * MiB for i, b in model._live.items() if i)
+    # An address inside a segment the model holds belongs to other events: refused, and
+    # the live blocks stay as they were.
+    model = CachingAllocatorModel(segment_addresses=[100 * MiB, 110 * MiB])
+    model.malloc("a", 12 * MiB)
+    with pytest.raises(ValueError, match="overlaps"):
+        model.malloc("b", 12 * MiB)
+    assert model.allocated == 12 * MiB and list(model._live) == ["a"]
+    # A released segment's range may be given again (the driver reuses it).
+    model = CachingAllocatorModel(segment_addresses=[100 * MiB, 100 * MiB])
+    model.malloc("a", 12 * MiB)
+    model.free("a")
+    model.empty_cache()
+    model.malloc("b", 12 * MiB)
+    assert model._live["b"].address == 100 * MiB
 
 
 def test_read_trace_refuses_a_file_that_is_not_a_trace(tmp_path):
@@ -459,3 +502,21 @@ def test_reserved_over_live_matches_pytorch(trace, expandable):
     assert result["peak_reserved"] >= result["peak_allocated"] >= live
     assert abs(ratio / measured - 1) < 0.02
     assert seconds < 5                             # CPython, the largest trace included
+
+
+def test_the_cards_segment_addresses_give_its_peak_to_the_byte():
+    # A Llama-style step with every block checkpointed (recorded on an H100), and the
+    # address the H100's driver gave each of PyTorch's segments on the same step: told
+    # where the card put them, the model makes each of PyTorch's choices, and its peak is
+    # the card's to the byte (torch.cuda.max_memory_reserved() there), from as many
+    # cudaMallocs. Its own placement breaks the ties otherwise: one 500 MiB segment more,
+    # the figure the same step reached on an H200 (18.18 GB).
+    events = read_trace(os.path.join(RECORDINGS, "llama_ckpt_all.trace.gz"))
+    with open(os.path.join(RECORDINGS, "llama_ckpt_all.h100-segments.txt")) as f:
+        addresses = [int(line, 16) for line in f if line.strip() and line[0] != "#"]
+    told = replay(events, segment_addresses=addresses)
+    assert told == {"peak_allocated": 17_118_340_608, "peak_reserved": 17_658_019_840,
+                    "ooms": 0, "segment_allocs": len(addresses)}
+    guessed = replay(events)
+    assert guessed["peak_reserved"] - told["peak_reserved"] == 500 * MiB
+    assert abs(guessed["peak_reserved"] / 18.18e9 - 1) < 0.001

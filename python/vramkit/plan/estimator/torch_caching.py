@@ -36,7 +36,8 @@ blocks best fit takes, and through it, on some traces, the peak by a few per cen
 from __future__ import annotations
 
 import os
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right, insort
+from collections import deque
 
 MiB = 1 << 20
 
@@ -140,11 +141,18 @@ class CachingAllocatorModel:
     (max_non_split_rounding_mb, default 20 MiB), roundup_power2_divisions (one value for
     every size, 0 = off, the default) and garbage_collection_threshold (0 = off; it acts
     only under a capacity, as in PyTorch).
+
+    ``segment_addresses`` (default mode only): the addresses the driver gave each new
+    segment, in order, as a PyTorch memory history's ``segment_alloc`` entries list them.
+    The model then places each segment where the card did instead of guessing
+    (_take_addresses), and so takes the free block PyTorch took wherever two of one size
+    tie; once they run out, later segments go below the lowest of them.
     """
 
     def __init__(self, *, expandable_segments: bool = False, capacity: int | None = None,
                  max_split_size: int | None = None, max_non_split_rounding: int = LARGE_BUFFER,
-                 roundup_power2_divisions: int = 0, garbage_collection_threshold: float = 0.0):
+                 roundup_power2_divisions: int = 0, garbage_collection_threshold: float = 0.0,
+                 segment_addresses=None):
         if capacity is not None:
             _check_bytes("capacity", capacity, allow_zero=True)
         if max_split_size is not None:
@@ -168,6 +176,21 @@ class CachingAllocatorModel:
         self.roundup_power2_divisions = roundup_power2_divisions
         self.garbage_collection_threshold = garbage_collection_threshold
         self._collect_garbage = capacity is not None and garbage_collection_threshold > 0.0
+        self._given_addresses = None
+        if segment_addresses is not None:
+            if expandable_segments:
+                raise ValueError("segment_addresses places the default mode's segments; "
+                                 "expandable segments are virtual ranges it does not take")
+            try:
+                self._given_addresses = deque(segment_addresses)
+            except TypeError:
+                raise TypeError(f"segment_addresses must be an iterable of ints; got "
+                                f"{type(segment_addresses).__name__}") from None
+            for address in self._given_addresses:
+                if isinstance(address, bool) or not isinstance(address, int) or address < 0:
+                    raise ValueError(f"a segment address must be an int of 0 or more; got "
+                                     f"{address!r}")
+        self._spans = []            # sorted (start, end) of segments at given addresses
 
         self._small = _Pool(small=True)
         self._large = _Pool(small=False)
@@ -362,13 +385,32 @@ class CachingAllocatorModel:
 
     def _take_addresses(self, size):
         # Where the driver puts a segment decides which of two equal free blocks best fit
-        # takes (the lower address). The model places each new segment below the ones
-        # before it, as Linux hands out mappings top-down, and never reuses a released
-        # range. Placing them bottom-up instead changes no figure of gpt2_train or
-        # bert_infer_varlen but moves stream_prefetch (default mode) from 1.781 to 1.689
-        # times its peak live, where PyTorch measured 1.754.
+        # takes (the lower address). Unless told where the card put them, the model places
+        # each new segment below the ones before it, as Linux hands out mappings top-down,
+        # and never reuses a released range. No rule fits every card: the driver packs
+        # segments of different sizes into regions of its own, and two cards of one driver
+        # version place one step's segments differently (Note [Where the driver puts a
+        # segment], docs/performance.md). Placing them bottom-up instead changes no figure
+        # of gpt2_train or bert_infer_varlen but moves stream_prefetch (default mode) from
+        # 1.781 to 1.689 times its peak live, where PyTorch measured 1.754.
+        if self._given_addresses:
+            return self._take_given_address(size)
         self._next_address -= -(-size // ROUND_LARGE) * ROUND_LARGE
         return self._next_address
+
+    def _take_given_address(self, size):
+        address = self._given_addresses.popleft()
+        end = address + size
+        index = bisect_right(self._spans, (address, end))
+        if (index > 0 and self._spans[index - 1][1] > address) or \
+                (index < len(self._spans) and self._spans[index][0] < end):
+            raise ValueError(f"segment address {address:#x} ({size} bytes) overlaps a "
+                             f"segment the model holds: the addresses do not belong to "
+                             f"these events")
+        self._spans.insert(index, (address, end))
+        # Once the given addresses run out, later segments go below all of them.
+        self._next_address = min(self._next_address, address)
+        return address
 
     def _add_reserved(self, size):
         self._reserved += size
@@ -504,6 +546,10 @@ class CachingAllocatorModel:
         self._uncache(block)
         del self._blocks[block.address]
         self._reserved -= block.size
+        if self._spans:
+            index = bisect_left(self._spans, (block.address, block.address + block.size))
+            if index < len(self._spans) and self._spans[index][0] == block.address:
+                del self._spans[index]
 
     def _release_oversize_blocks(self, pool, stream, rounded):
         """release_available_cached_blocks: with max_split_size set, free the smallest
