@@ -161,7 +161,10 @@ size_t _vram_place_releasable(const vram_pool_t *pool) {
  * idle beside live blocks. A pool whose requests vary from pass to pass (inference at
  * changing sizes) would then take idle mappings back and map them again in every pass:
  * every VRAM_VMM_TRIMS_PER_DOUBLING times the allowance trims, the share doubles, up to
- * the two mappings, and such a pool settles after its first pass. */
+ * the two mappings, and such a pool settles after its first pass. Only trims of at least
+ * a quarter of the slack count (_vram_place_make_room): a step that trims a few MiB while
+ * it grows is not a pool whose requests change, and doubling on those left a checkpointed
+ * UNet step holding a hole beside each request that did not fit. */
 static size_t kept_slack(const vram_pool_t *pool) {
   size_t two_mappings = 2 * VRAM_VMM_MAP_UNIT * pool->granularity;
   unsigned doublings = pool->kept_trims / VRAM_VMM_TRIMS_PER_DOUBLING;
@@ -279,7 +282,8 @@ int _vram_place_make_room(vram_pool_t *pool, vram_segment *seg, size_t g0, size_
   if (reserved + bytes > allowance) {
     _vram_granules_trim_outside(pool, (reserved + bytes - allowance + G - 1) / G, seg, g0, g1,
                                 kept);
-    if (kept && (size_t)pool->stats.reserved_bytes.current < reserved) pool->kept_trims++;
+    size_t trimmed = reserved - (size_t)pool->stats.reserved_bytes.current;
+    if (kept && trimmed && 4 * trimmed >= kept_slack(pool)) pool->kept_trims++;
   }
   return VRAM_OK;
 }

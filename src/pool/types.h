@@ -46,8 +46,8 @@
 #define VRAM_VMM_MAP_UNIT ((size_t)64)
 /* Far from the cap the allowance's slack is at least two such mappings, but in a small pool
  * at most 1/2^this of its allocated peak (at least the granules below), doubled each
- * VRAM_VMM_TRIMS_PER_DOUBLING times the allowance takes idle mappings back (placement.c,
- * kept_slack). */
+ * VRAM_VMM_TRIMS_PER_DOUBLING times the allowance takes back idle mappings of at least a
+ * quarter of the slack (placement.c, kept_slack). */
 #define VRAM_VMM_KEPT_SLACK_SHIFT 4
 #define VRAM_VMM_KEPT_SLACK_MIN_GRANULES 16
 #define VRAM_VMM_TRIMS_PER_DOUBLING 2
