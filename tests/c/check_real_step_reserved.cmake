@@ -24,12 +24,7 @@ foreach(i RANGE 0 ${last} 2)
   foreach(source sim sim:vmm)
     vk_replay(out ENV --unset=VRAMKIT_LARGE_BLOCKS --unset=VRAMKIT_VIRTUAL_THRESHOLD
                   ARGS --source ${source} --repeat 1 --json ${RECORDINGS}/${name}.trace.gz)
-    string(REGEX MATCH "\"reserved_over_live\": *([0-9]+)\\.([0-9][0-9][0-9])" _ "${out}")
-    set(ratio "${CMAKE_MATCH_1}${CMAKE_MATCH_2}")
-    if(ratio STREQUAL "" OR ratio GREATER ${bound})
-      message(FATAL_ERROR "${name} on ${source}: peak reserved over live above ${bound} "
-                          "thousandths, expandable segments' figure:\n${out}")
-    endif()
+    vk_ratio_at_most("${out}" ${bound} "${name} on ${source} (expandable segments' figure)")
   endforeach()
 endforeach()
 message(STATUS "the recorded real steps hold no more than expandable segments")

@@ -59,12 +59,7 @@ function(check_loop recording large_blocks calls_after step max_ratio)
     message(FATAL_ERROR
             "${recording}, large blocks ${large_blocks}: the loop still calls the driver from step ${step}:\n${out}")
   endif()
-  string(REGEX MATCH "\"reserved_over_live\": *([0-9]+)\\.([0-9][0-9][0-9])" _ "${out}")
-  set(ratio "${CMAKE_MATCH_1}${CMAKE_MATCH_2}")
-  if(ratio STREQUAL "" OR ratio GREATER ${max_ratio})
-    message(FATAL_ERROR "${recording}, large blocks ${large_blocks}: peak reserved over live above "
-                        "${max_ratio}/1000:\n${out}")
-  endif()
+  vk_ratio_at_most("${out}" ${max_ratio} "${recording}, large blocks ${large_blocks}")
   message(STATUS "${recording}, large blocks ${large_blocks}: no driver call from step ${step}")
 endfunction()
 

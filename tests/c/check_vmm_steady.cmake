@@ -35,12 +35,7 @@ foreach(source sim:vmm sim)
       message(FATAL_ERROR
               "${name} on ${source}: ${calls} calls in the cold pass for ${granules} granules:\n${out}")
     endif()
-    string(REGEX MATCH "\"reserved_over_live\": *([0-9]+)\\.([0-9][0-9][0-9])" _ "${out}")
-    set(ratio "${CMAKE_MATCH_1}${CMAKE_MATCH_2}")
-    if(ratio STREQUAL "" OR ratio GREATER ${bound_${name}})
-      message(FATAL_ERROR
-              "${name} on ${source}: peak reserved over live above ${bound_${name}}/1000:\n${out}")
-    endif()
+    vk_ratio_at_most("${out}" ${bound_${name}} "${name} on ${source}")
   endforeach()
 endforeach()
 message(STATUS "virtual memory, no cap: no driver call in the warm passes, few calls cold")
