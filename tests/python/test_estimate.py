@@ -152,6 +152,32 @@ def test_a_step_that_reads_values_is_refused_with_the_reason():
     assert "item" in text.lower() or "data-dependent" in text.lower()
 
 
+def test_the_step_s_own_errors_are_not_called_limits_of_the_estimate():
+    """A step that would fail on a GPU too (labels of another batch size) and a build that
+    imports a missing package are refused for what they are, not as an operation that
+    needs a real device."""
+    def mismatched(net, opt, x):
+        logits = net(x)
+        torch.nn.functional.cross_entropy(logits, torch.zeros(logits.shape[0] * 2,
+                                                              dtype=torch.long)).backward()
+
+    with pytest.raises(UntraceableStep) as info:
+        vramkit.estimate(mismatched, build=_mlp_build())
+    text = str(info.value)
+    assert "Expected input batch_size" in text and "the step's own error" in text, text
+    assert "If it runs as written on a GPU" in text
+
+    def build():
+        import vramkit_no_such_package  # noqa: F401
+        return _mlp_build()()
+
+    with pytest.raises(UntraceableStep) as info:
+        vramkit.estimate(lambda net, opt, x: None, build=build)
+    text = str(info.value)
+    assert info.value.in_build and "cannot import" in text, text
+    assert "vramkit_no_such_package" in text and "real device" not in text
+
+
 def test_a_logged_loss_and_finiteness_checks_are_estimated():
     """A step as people write it logs its loss with .item() and checks it is finite: the
     estimate runs, with the figures of the same step without those lines, and its notes

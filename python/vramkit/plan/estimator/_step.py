@@ -438,6 +438,12 @@ def _explain(error: Exception) -> str:
         if needle in text.lower():
             return (f"the step could not run on fake tensors ({first}); {advice}. "
                     f"No estimate is given rather than one that leaves this out.")
-    return (f"the step could not run on fake tensors ({first}); the operation "
-            f"named there needs a real device or real values. No estimate is given "
-            f"rather than one that leaves it out.")
+    if isinstance(error, ImportError):
+        return (f"the step needs a package this Python cannot import ({first}): install "
+                f"it, or leave out what needs it. No estimate is given.")
+    # Not one of fake tensors' known limits: the step's own error (shapes, settings) raises
+    # the same way on a GPU, and the estimate cannot tell the two apart for certain.
+    return (f"the step raised an error under the estimate's fake tensors ({first}). If it "
+            f"runs as written on a GPU, the operation named there needs a real device or "
+            f"real values; if not, it is the step's own error: its shapes, settings or "
+            f"inputs. No estimate is given rather than one that leaves it out.")
