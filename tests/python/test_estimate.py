@@ -6,6 +6,7 @@ bench/estimate_check.py). Sizes are checked against hand counts of what the step
 from __future__ import annotations
 
 import gzip
+import inspect
 import json
 import math
 import subprocess
@@ -152,6 +153,51 @@ def test_a_step_that_reads_values_is_refused_with_the_reason():
     assert "item" in text.lower() or "data-dependent" in text.lower()
 
 
+def test_checks_that_only_raise_are_taken_as_passed():
+    """Code that checks its inputs' values and raises on a bad one (transformers' CTC
+    models: a label past the vocabulary) is estimated as a valid step passes it: the same
+    figures as the step without the check, and a note naming the first check's line. A
+    test that decides anything else, or a line of two tests that pass on different
+    answers, is still refused."""
+    vocab = WIDTH
+
+    def plain(net, opt, x):
+        labels = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
+        torch.nn.functional.cross_entropy(net(x), labels).backward()
+        opt.step()
+
+    def checked(net, opt, x):
+        labels = torch.zeros(x.shape[0], dtype=torch.long, device=x.device) + x.argmax()
+        if labels is not None and labels.max() >= vocab:
+            raise ValueError(f"labels must be below {vocab}")
+        assert (labels >= 0).all(), "negative label"
+        if not (labels < vocab).all():
+            raise ValueError("label out of range")
+        torch.nn.functional.cross_entropy(net(x), labels).backward()
+        opt.step()
+
+    base = vramkit.estimate(plain, build=_mlp_build())
+    e = vramkit.estimate(checked, build=_mlp_build())
+    assert (e.peak_allocated, e.peak_reserved) == (base.peak_allocated, base.peak_reserved)
+    line = inspect.getsourcelines(checked)[1] + 2
+    note = [n for n in e.notes if "checks that raise" in n]
+    assert note and note[0].startswith("6 checks") and f"test_estimate.py:{line}" in note[0]
+
+    def decides(net, opt, x):
+        if x.argmax() > 0:
+            x = x * 2
+        net(x).sum().backward()
+
+    def either_way(net, opt, x):  # two tests on one line that pass on different answers
+        if x.argmax() < 0 or not x.argmax() >= 0:
+            raise ValueError("out of range")
+        net(x).sum().backward()
+
+    for step in (decides, either_way):
+        with pytest.raises(UntraceableStep, match="_local_scalar_dense"):
+            vramkit.estimate(step, build=_mlp_build())
+
+
 def test_the_step_s_own_errors_are_not_called_limits_of_the_estimate():
     """A step that would fail on a GPU too (labels of another batch size) and a build that
     imports a missing package are refused for what they are, not as an operation that
@@ -176,6 +222,21 @@ def test_the_step_s_own_errors_are_not_called_limits_of_the_estimate():
     text = str(info.value)
     assert info.value.in_build and "cannot import" in text, text
     assert "vramkit_no_such_package" in text and "real device" not in text
+
+    # A message that opens with a blank line (transformers' requires_backends) keeps its
+    # words; a message of the step's own that happens to say "item()" gets no advice
+    # about reading values.
+    def needs_scipy(net, opt, x):
+        raise ImportError("\nHungarianMatcher requires the scipy library: pip install scipy")
+
+    def says_item(net, opt, x):
+        raise ValueError("bad batch: call item() on it first")
+
+    for step, words, absent in ((needs_scipy, "requires the scipy library", "real device"),
+                                (says_item, "bad batch", "pass the value in")):
+        with pytest.raises(UntraceableStep) as info:
+            vramkit.estimate(step, build=_mlp_build())
+        assert words in str(info.value) and absent not in str(info.value), str(info.value)
 
 
 def test_a_logged_loss_and_finiteness_checks_are_estimated():
@@ -224,7 +285,6 @@ def test_a_decision_on_a_logged_value_is_refused_at_its_line():
     """A value read with .item() may be printed or summed, never decided on: a comparison
     after arithmetic, an int made of it, a test of the tensor itself or float(t) each
     refuse the estimate, naming the line that decided."""
-    import inspect
 
     def compares(net, opt, x):
         scaled = net(x).sum().item() * 2

@@ -438,6 +438,11 @@ def _notes(recording, target, models_) -> list[str]:
         notes.append(f"{recording.finite_checks} checks of whether values computed from "
                      f"the weights or the batch are finite (isnan, isinf, isfinite) were "
                      f"answered as for finite values, the path of a healthy step")
+    if recording.raise_only_checks:
+        notes.append(f"{recording.raise_only_checks} checks that raise an error on a bad "
+                     f"value (the first at {recording.first_raise_only_check}: a label past "
+                     f"the vocabulary, an index out of range) were taken as passed, the "
+                     f"path of a valid step")
     if recording.logged_reads:
         notes.append(f"the step's own code read {recording.logged_reads} floating-point "
                      f"values computed from the weights or the batch (the first at "

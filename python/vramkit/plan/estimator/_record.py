@@ -140,6 +140,8 @@ class Recording:
     cuda_calls_answered: dict = field(default_factory=dict)
     optimizer_reads: int = 0       # values an optimizer's step read, taken as zero
     finite_checks: int = 0         # finiteness checks of unknown values, taken as finite
+    raise_only_checks: int = 0     # tests in checks that only raise, taken as passed
+    first_raise_only_check: str = ""  # where the first of them was ("file:line")
     logged_reads: int = 0          # floating scalars the user's code read (UnknownValue)
     first_logged_read: str = ""    # where the first of them was read ("file:line")
     flops: int = 0                 # floating-point operations of the last step recorded

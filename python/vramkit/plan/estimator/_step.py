@@ -18,6 +18,8 @@ import contextvars
 import copy
 import inspect
 import logging
+import os
+import traceback
 import types
 from dataclasses import dataclass
 
@@ -284,6 +286,8 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
     recorder.recording.generation_stand_ins = known.stand_ins
     recorder.recording.optimizer_reads = known.optimizer_reads
     recorder.recording.finite_checks = known.finite_checks
+    recorder.recording.raise_only_checks = known.raise_only_checks
+    recorder.recording.first_raise_only_check = known.first_raise_only_check
     recorder.recording.logged_reads = known.logged_reads
     recorder.recording.first_logged_read = known.first_logged_read
     recorder.recording.flops = recorder.step_flops[-1] if recorder.step_flops else 0
@@ -410,16 +414,17 @@ _CHECKPOINT_ON_CPU = ("activation checkpointing recomputes the forward pass duri
                       "follow; estimate a checkpointed step on a machine with a GPU")
 
 
+# PyTorch's code and vramkit's: frames of neither are the user's (or a model library's).
+_MACHINERY = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
+              os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep)
+
+
 def _where(error: BaseException) -> str:
     """The innermost frame of the failing call outside PyTorch and vramkit: the line of the
     user's (or the model library's) code that asked for what fake tensors cannot give."""
-    import os
-    import traceback
-    folded = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
-              os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep)
     found = ""
     for frame in traceback.extract_tb(error.__traceback__):
-        if not os.path.abspath(frame.filename).startswith(folded):
+        if not os.path.abspath(frame.filename).startswith(_MACHINERY):
             found = f" at {frame.filename}:{frame.lineno} in {frame.name}"
     return found
 
@@ -431,11 +436,21 @@ def _words(text: str, most: int = 300) -> str:
     return text[:most].rsplit(" ", 1)[0] + " ..."
 
 
+def _raised_by_fake_tensors(error: BaseException) -> bool:
+    """Whether PyTorch or the estimator raised ``error`` (its innermost frame is theirs):
+    only then do its words name one of fake tensors' limits, not a message of the step's
+    own."""
+    frames = traceback.extract_tb(error.__traceback__)
+    return bool(frames) and os.path.abspath(frames[-1].filename).startswith(_MACHINERY)
+
+
 def _explain(error: Exception) -> str:
+    message = next((line for line in str(error).splitlines() if line.strip()), "")
+    first = _words(f"{type(error).__name__}: {message.strip()}" if message
+                   else type(error).__name__) + _where(error)
     text = f"{type(error).__name__}: {error}"
-    first = _words(text.splitlines()[0] if text else type(error).__name__) + _where(error)
     for needle, advice in _WORKAROUNDS:
-        if needle in text.lower():
+        if needle in text.lower() and _raised_by_fake_tensors(error):
             return (f"the step could not run on fake tensors ({first}); {advice}. "
                     f"No estimate is given rather than one that leaves this out.")
     if isinstance(error, ImportError):

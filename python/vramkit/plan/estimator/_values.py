@@ -18,13 +18,16 @@ of the shape the real one has. A value that depends on weights or inputs stays u
 and reading it fails with the reason: the weights and the batch the step is given count as
 unknown, whatever their size.
 
-Two reads of unknown values are answered, each counted for the estimate's notes, because a
+Three reads of unknown values are answered, each counted for the estimate's notes, because a
 training step makes them without their deciding what it allocates:
 
 - checks that a value is finite (``torch.isnan(loss)``, ``isinf``, ``isfinite``, which
   PyTorch decomposes into ``x == x`` and ``abs(x) != inf``; ``clip_grad_norm_``'s
   ``error_if_nonfinite``): values computed from the weights and the batch are taken as
   finite numbers, as in a healthy step, and what those checks compute follows from that;
+- the test of a check that can only raise (an ``if`` whose body is one ``raise``, an
+  ``assert``: a label past the vocabulary, an index out of range), answered as passed
+  (:mod:`._checks`);
 - a floating-point scalar read with ``.item()`` by the user's own code
   (outside PyTorch, vramkit and installed packages), as a loss is read to be logged: it
   reads as an :class:`UnknownValue`, a float of 0.0 that can be printed, summed and
@@ -48,6 +51,8 @@ from torch._subclasses.fake_tensor import (DataDependentOutputException,
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from torch.utils.weak import WeakIdKeyDictionary
+
+from . import _checks
 
 # The most elements an output may have for its values to be computed: drop-path rates,
 # masks per sample and index lists, never activations or weights.
@@ -202,6 +207,9 @@ class KnownValues(TorchDispatchMode):
         self.stand_ins = 0  # yes/no tensors of a generation loop taken as all "no"
         self.optimizer_reads = 0  # values an optimizer's step read, taken as zero
         self.finite_checks = 0  # finiteness checks of unknown values, taken as finite
+        # Tests of unknown values in checks that only raise (_checks), taken as passed.
+        self.raise_only_checks = 0
+        self.first_raise_only_check = ""  # where the first was ("file:line")
         self.logged_reads = 0  # floating scalars the user's code read: UnknownValue
         self.first_logged_read = ""  # where the first of them was read ("file:line")
         # Set by python_reads_answered's Tensor.item around its read; the site of the read
@@ -288,6 +296,14 @@ class KnownValues(TorchDispatchMode):
             if args[0].dtype == torch.bool:
                 return False
             return 0.0 if args[0].dtype.is_floating_point else 0
+        if func is _aten._local_scalar_dense.default and args[0].dtype == torch.bool:
+            frame = _innermost_outside()
+            answer = _checks.passing_answer(frame)
+            if answer is not None:
+                self.raise_only_checks += 1
+                self.first_raise_only_check = self.first_raise_only_check or \
+                    f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+                return answer
         if func is _aten._local_scalar_dense.default and self.reading_for_python \
                 and args[0].dtype.is_floating_point:
             site = _users_own_code()
