@@ -9,7 +9,8 @@ decides nothing about a healthy step's memory.
 
 :func:`passing_answer` reads the source of the line that tests a tensor's truth (the
 innermost frame outside PyTorch and vramkit) and, when that test is in the condition of an
-``if`` whose body is a single ``raise`` with no ``else``, or of an ``assert`` (with
+``if`` with no ``else`` whose body ends by raising (``raise``, ``torch._assert(False, ...)``,
+after statements that only make the message), or of an ``assert`` (with
 ``and``, ``or`` and ``not`` among its tests), gives the truth value that lets the step go
 on. Anything else (an ``if`` that does something besides raising, two tests on one line
 that pass on different answers, a line whose source cannot be read) gives None, and the
@@ -47,12 +48,29 @@ def _raise_only_tests(code) -> tuple:
     offset = max(start, 1) - 1
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.If) and not node.orelse and len(node.body) == 1 \
-                and isinstance(node.body[0], ast.Raise):
+        if isinstance(node, ast.If) and not node.orelse and _always_raises(node.body):
             _tests(node.test, False, offset, found)     # false, or the step raises
         elif isinstance(node, ast.Assert):
             _tests(node.test, True, offset, found)      # true, or the assertion fails
     return tuple(found)
+
+
+def _always_raises(body: list) -> bool:
+    """Whether a block ends by raising whatever it does first: its last statement is a
+    ``raise`` or ``torch._assert(False, ...)`` (torchvision's), and nothing in it can
+    leave before (no ``return``, ``break``, ``continue`` or ``yield``): the statements
+    before only make the message."""
+    last = body[-1]
+    fails = isinstance(last, ast.Raise) or (
+        isinstance(last, ast.Expr) and isinstance(last.value, ast.Call)
+        and _called_name(last.value.func) == "_assert" and last.value.args
+        and isinstance(last.value.args[0], ast.Constant) and last.value.args[0].value is False)
+    leaves = (ast.Return, ast.Break, ast.Continue, ast.Yield, ast.YieldFrom)
+    return fails and not any(isinstance(n, leaves) for stmt in body for n in ast.walk(stmt))
+
+
+def _called_name(func) -> str:
+    return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
 
 
 def _tests(expr, want: bool, offset: int, found: list) -> None:
