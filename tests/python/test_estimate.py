@@ -204,7 +204,12 @@ def test_checks_that_only_raise_are_taken_as_passed():
                 raise ValueError("never")
         net(x).sum().backward()
 
-    for step in (decides, either_way, may_return):
+    def ends_a_loop(net, opt, x):  # StopIteration ends a loop: not a failure
+        if x.argmax() > 0:
+            raise StopIteration
+        net(x).sum().backward()
+
+    for step in (decides, either_way, may_return, ends_a_loop):
         with pytest.raises(UntraceableStep, match="_local_scalar_dense"):
             vramkit.estimate(step, build=_mlp_build())
 

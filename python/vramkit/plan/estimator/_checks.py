@@ -61,12 +61,19 @@ def _always_raises(body: list) -> bool:
     leave before (no ``return``, ``break``, ``continue`` or ``yield``): the statements
     before only make the message."""
     last = body[-1]
+    if isinstance(last, ast.Raise) and _ends_iteration(last):
+        return False    # the way a loop ends, not a failure: answering it would loop on
     fails = isinstance(last, ast.Raise) or (
         isinstance(last, ast.Expr) and isinstance(last.value, ast.Call)
         and _called_name(last.value.func) == "_assert" and last.value.args
         and isinstance(last.value.args[0], ast.Constant) and last.value.args[0].value is False)
     leaves = (ast.Return, ast.Break, ast.Continue, ast.Yield, ast.YieldFrom)
     return fails and not any(isinstance(n, leaves) for stmt in body for n in ast.walk(stmt))
+
+
+def _ends_iteration(node: ast.Raise) -> bool:
+    raised = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+    return _called_name(raised) in ("StopIteration", "StopAsyncIteration")
 
 
 def _called_name(func) -> str:
