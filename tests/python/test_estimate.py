@@ -254,6 +254,18 @@ def test_the_step_s_own_errors_are_not_called_limits_of_the_estimate():
             vramkit.estimate(step, build=_mlp_build())
         assert words in str(info.value) and absent not in str(info.value), str(info.value)
 
+    # Fake tensors' own refusal still gets its advice: a custom op with no fake kernel.
+    @torch.library.custom_op("vramkit_tests::doubled", mutates_args=())
+    def doubled(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    def custom(net, opt, x):
+        doubled(net(x)).sum().backward()
+
+    with pytest.raises(UntraceableStep) as info:
+        vramkit.estimate(custom, build=_mlp_build())
+    assert "register_fake" in str(info.value) and "fake (meta) kernel" in str(info.value)
+
 
 def test_a_logged_loss_and_finiteness_checks_are_estimated():
     """A step as people write it logs its loss with .item() and checks it is finite: the
