@@ -25,7 +25,7 @@ training step makes them without their deciding what it allocates:
   PyTorch decomposes into ``x == x`` and ``abs(x) != inf``; ``clip_grad_norm_``'s
   ``error_if_nonfinite``): values computed from the weights and the batch are taken as
   finite numbers, as in a healthy step, and what those checks compute follows from that;
-- the test of a check that can only raise (an ``if`` whose body is one ``raise``, an
+- the test of a check that can only raise (an ``if`` whose block ends by raising, an
   ``assert``: a label past the vocabulary, an index out of range), answered as passed
   (:mod:`._checks`);
 - a floating-point scalar read with ``.item()`` by the user's own code
