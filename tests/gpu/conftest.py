@@ -3,7 +3,8 @@ each in a fresh interpreter, on a real GPU.
 
 Every test runs its body in a child process, because an allocator is chosen once per
 process (vramkit.torch.install() must precede PyTorch's first CUDA allocation) and limits
-are set when a pool is created. Without a GPU the whole suite is skipped, saying so; a test
+are set when a pool is created. The `run` fixture runs a PyTorch body twice, under PyTorch's
+allocator ([native]) and under vramkit's complete backend ([vramkit]). Without a GPU the whole suite is skipped, saying so; a test
 whose framework is absent skips itself, naming it.
 """
 
@@ -65,3 +66,34 @@ def gpu_run():
         return proc.stdout
 
     return run
+
+
+TORCH_ALLOCATORS = ["native", "vramkit"]
+
+# What every `run` body starts with: PyTorch, and under [vramkit] the complete backend
+# installed before anything touches CUDA. VRAMKIT is true there; MiB is a mebibyte.
+TORCH_PRELUDE = """
+    import os
+    try:
+        import torch
+    except ImportError:
+        print("SKIP: PyTorch is not installed")
+        raise SystemExit(0)
+    import vramkit, vramkit.torch
+    ALLOC = os.environ["VK_ALLOC"]
+    VRAMKIT = ALLOC == "vramkit"
+    if VRAMKIT:
+        took = vramkit.torch.install()
+        assert took == "backend", took
+        assert vramkit.torch.backend() == "backend"
+    MiB = 1 << 20
+"""
+
+
+@pytest.fixture(params=TORCH_ALLOCATORS)
+def run(request, gpu_run):
+    """run(body, env=None, timeout=300): the body after TORCH_PRELUDE, once per allocator."""
+    def go(body, env=None, timeout=300):
+        return gpu_run(TORCH_PRELUDE, body, env={"VK_ALLOC": request.param, **(env or {})},
+                       timeout=timeout)
+    return go

@@ -16,33 +16,7 @@ a CUDA tensor shared with another process through torch.multiprocessing, and all
 settings set at run time, which PyTorch's own parser reads first.
 """
 
-import pytest
-
-ALLOCATORS = ["native", "vramkit"]
-
-PRELUDE = """
-    import os
-    try:
-        import torch
-    except ImportError:
-        print("SKIP: PyTorch is not installed")
-        raise SystemExit(0)
-    import vramkit, vramkit.torch
-    ALLOC = os.environ["VK_ALLOC"]
-    VRAMKIT = ALLOC == "vramkit"
-    if VRAMKIT:
-        took = vramkit.torch.install()
-        assert took == "backend", took
-        assert vramkit.torch.backend() == "backend"
-    MiB = 1 << 20
-"""
-
-
-@pytest.fixture(params=ALLOCATORS)
-def run(request, gpu_run):
-    def go(body, timeout=300):
-        return gpu_run(PRELUDE, body, env={"VK_ALLOC": request.param}, timeout=timeout)
-    return go
+from conftest import TORCH_PRELUDE as PRELUDE  # the run fixture is conftest.py's
 
 
 def test_memory_stats_are_the_allocators(run):

@@ -2,7 +2,9 @@
 interpreter on the card (conftest.py's gpu_run: every part dedented on its own, then
 joined), and runs only where a GPU is: a script that does not compile would first fail
 there, costing a device call. Every gpu_run call whose parts are string literals (f-strings
-and module-level names of literals too) is joined as gpu_run joins it and compiled here."""
+and module-level names of literals too, conftest.py's among them) is joined as gpu_run joins
+it and compiled here, and so is every body given to conftest.py's `run` fixture, after the
+prelude it runs first."""
 
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ import textwrap
 
 import pytest
 
-GPU_TESTS = sorted((pathlib.Path(__file__).resolve().parent.parent / "gpu").glob("test_*.py"))
+GPU_DIR = pathlib.Path(__file__).resolve().parent.parent / "gpu"
+GPU_TESTS = sorted(GPU_DIR.glob("test_*.py"))
 
 
 def _text(arg, constants: dict):
@@ -33,17 +36,34 @@ def _text(arg, constants: dict):
     return None
 
 
+def _constants(tree) -> dict:
+    """The module-level names bound to string literals."""
+    return {target.id: node.value.value for node in tree.body
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+            for target in node.targets if isinstance(target, ast.Name)}
+
+
 def _scripts(path: pathlib.Path):
     tree = ast.parse(path.read_text(), str(path))
-    constants = {target.id: node.value.value for node in tree.body
-                 if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
-                 and isinstance(node.value.value, str)
-                 for target in node.targets if isinstance(target, ast.Name)}
+    shared = _constants(ast.parse((GPU_DIR / "conftest.py").read_text()))
+    constants = dict(shared)
+    for node in tree.body:  # from conftest import NAME [as ALIAS]
+        if isinstance(node, ast.ImportFrom) and node.module == "conftest":
+            for alias in node.names:
+                if alias.name in shared:
+                    constants[alias.asname or alias.name] = shared[alias.name]
+    constants.update(_constants(tree))
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "gpu_run":
+        called = getattr(node.func, "id", None) if isinstance(node, ast.Call) else None
+        if called == "gpu_run":
             parts = [_text(arg, constants) for arg in node.args]
-            if parts and None not in parts:
-                yield node.lineno, "\n".join(textwrap.dedent(p) for p in parts)
+        elif called == "run" and node.args:  # the fixture: its prelude, then the body
+            parts = [shared.get("TORCH_PRELUDE"), _text(node.args[0], constants)]
+        else:
+            continue
+        if parts and None not in parts:
+            yield node.lineno, "\n".join(textwrap.dedent(p) for p in parts)
 
 
 @pytest.mark.parametrize("path", GPU_TESTS, ids=lambda p: p.name)

@@ -83,7 +83,12 @@ def test_allocator_settings_map_warn_or_refuse():
             "garbage_collection_threshold:0.6,release_lock_on_cudamalloc:True,"
             "pinned_use_cuda_host_register:True,backend:native,"
             "per_process_memory_fraction:0.5,no_such_key:1")
-    assert options == {"large_blocks": "virtual", "limit": 0.5}
+    assert options == {"large_blocks": "virtual", "limit": 0.5,
+                       torch_settings.TORCH_FRACTION: 0.5}
+    # 0 is PyTorch's "nothing may be allocated": a one-byte limit (a limit of 0 is none
+    # to vramkit), and get_per_process_memory_fraction() answers 0.0.
+    assert torch_settings.map_settings("per_process_memory_fraction:0") == {
+        "limit": 1, torch_settings.TORCH_FRACTION: 0.0}
     said = " ".join(str(w.message) for w in caught)
     # Every key without an equivalent is named, with what vramkit does instead.
     for key, equivalent in (("max_split_size_mb", "tight_threshold"),
@@ -113,10 +118,10 @@ def test_allocator_settings_split_as_pytorch_splits_them():
 
 
 @pytest.mark.parametrize("conf, why", [
-    ("per_process_memory_fraction:abc", "above 0 and at most 1"),
-    ("per_process_memory_fraction:1.5", "above 0 and at most 1"),
-    ("per_process_memory_fraction:0", "above 0 and at most 1"),
-    ("per_process_memory_fraction:nan", "above 0 and at most 1"),
+    ("per_process_memory_fraction:abc", "per_process_memory_fraction is invalid"),
+    ("per_process_memory_fraction:1.1", "per_process_memory_fraction is invalid"),
+    ("per_process_memory_fraction:-0.1", "per_process_memory_fraction is invalid"),
+    ("per_process_memory_fraction:nan", "from 0 to 1"),
     ("expandable_segments:1", "True or False"),
     ("expandable_segments", "True or False"),
     ("backend:cudaMallocAsyn", "native or cudaMallocAsync"),
@@ -170,6 +175,6 @@ def test_settings_set_later_let_pytorch_refuse_first():
             hook("expandable_segments:1,max_split_size_mb:2")
     # What PyTorch takes and vramkit cannot serve is still refused, after PyTorch.
     seen = []
-    with pytest.raises(torch_settings.SettingsError, match="above 0"):
-        torch_settings.settings_hook(seen.append)("per_process_memory_fraction:0")
-    assert seen == ["per_process_memory_fraction:0"]
+    with pytest.raises(torch_settings.SettingsError, match="is invalid"):
+        torch_settings.settings_hook(seen.append)("per_process_memory_fraction:-1")
+    assert seen == ["per_process_memory_fraction:-1"]

@@ -288,6 +288,52 @@ void a_mempool_takes_its_segments_from_its_allocator(Backend &b) {
   CHECK(allocator.use_count() == 1);
 }
 
+// As in PyTorch's allocator: a fraction caps what all the device's pools reserve together,
+// and a request the default pool refuses is served from what a MemPool(use_on_oom=True)
+// holds, never by growing it, and never from a pool without the option.
+void use_on_oom_pools_and_the_devices_fraction(Backend &b) {
+  const MempoolId_t keep{0, 41}, lend{0, 42};
+  int routed = 0;  // which pool's allocation context claims the stream, as use_mem_pool's
+  b.emptyCache({0, 0});
+  const int64_t reserved_before = b.getDeviceStats(0).reserved_bytes[0].current;
+  // Each with an allocator of its own, as PyTorch's tests make them (and addresses of its
+  // own: on sim every engine pool simulates its device from the same base).
+  auto allocator = std::make_shared<CountingAllocator>();
+  b.createOrIncrefPool(0, keep, allocator);
+  b.createOrIncrefPool(0, lend, allocator);
+  b.setUseOnOOM(0, lend, true);
+  b.setMemoryFraction(0.25, 0);  // 256 MiB of the simulated 1 GiB
+  b.beginAllocateToPool(0, keep, [&](cudaStream_t) { return routed == 1; });
+  b.beginAllocateToPool(0, lend, [&](cudaStream_t) { return routed == 2; });
+  bool is_private = false;
+  routed = 1;
+  void *a = b.malloc_on(0, 100 << 20, kDefault, &is_private);
+  routed = 2;
+  void *lent = b.malloc_on(0, 100 << 20, kDefault, &is_private);
+  routed = 0;
+  b.endAllocateToPool(0, keep);
+  b.endAllocateToPool(0, lend);
+  CHECK_THROWS(c10::OutOfMemoryError, "CUDA out of memory",
+               b.malloc_on(0, 100 << 20, kDefault, &is_private));
+  free_any(a);
+  free_any(lent);
+  void *c = b.malloc_on(0, 90 << 20, kDefault, &is_private);
+  CHECK(c == lent && is_private);
+  CHECK_THROWS(c10::OutOfMemoryError, "CUDA out of memory",
+               b.malloc_on(0, 90 << 20, kDefault, &is_private));
+  free_any(c);
+  b.setMemoryFraction(1.0, 0);
+  for (const MempoolId_t &id : {keep, lend}) {
+    b.releasePool(0, id);  // the allocation context's
+    b.releasePool(0, id);  // the MemPool's own
+  }
+  b.emptyCache({0, 0});
+  CHECK(b.getPoolUseCount(0, keep) == 0 && b.getPoolUseCount(0, lend) == 0);
+  CHECK(b.getDeviceStats(0).reserved_bytes[0].current == reserved_before);
+  CHECK(allocator->live.empty());
+  b.resetAccumulatedStats(0);  // its two refusals are not the next check's
+}
+
 void a_no_split_mempool_gives_each_block_a_segment(Backend &b) {
   auto allocator = std::make_shared<CountingAllocator>();
   const MempoolId_t id{0, 12};
@@ -518,7 +564,7 @@ void refusals_are_clear_and_change_nothing(Backend &b) {
   CHECK_THROWS(c10::Error, "cannot open this CUDA IPC handle", b.getIpcDevPtr("short"));
   // MemPool options vramkit does not serve, and no_split for a pool that is not there.
   const MempoolId_t id{0, 9};
-  CHECK_THROWS(c10::Error, "use_on_oom", b.setUseOnOOM(0, id, true));
+  CHECK_THROWS(c10::Error, "setUseOnOOM: no pool", b.setUseOnOOM(0, id, true));
   b.setUseOnOOM(0, id, false);  // the default asks for nothing
   CHECK_THROWS(c10::Error, "no pool", b.setNoSplit(0, id));
   CHECK(b.getPoolUseCount(0, id) == 0);
@@ -614,6 +660,59 @@ void caching_off_bypasses_the_pool(Backend &b) {
   CHECK(live_bytes(b) == live);
 }
 
+// As PyTorch's entries: each names the innermost compiled region being run ("N/A" outside
+// any; a region entered while nothing recorded is not kept) and the user metadata then in
+// force; skip_actions leaves those actions out, and an action PyTorch does not know is
+// refused with the recording left as it was.
+void history_names_regions_metadata_and_skips(Backend &b) {
+  bool is_private = false;
+  std::string region = "Torch-Compiled Region: 0/0";
+  b.pushCompileContext(region);  // before recording: not kept
+  b.setUserMetadata("phase one");
+  CHECK(b.getUserMetadata() == "phase one");
+  b.recordHistory(true, nullptr, 1000, RecordContext::NEVER, false, {"free_requested"});
+  void *p = b.malloc_on(0, 4000, kDefault, &is_private);
+  b.pushCompileContext(region);
+  void *q = b.malloc_on(0, 4000, kDefault, &is_private);
+  b.popCompileContext();
+  b.popCompileContext();  // one more than kept: nothing to leave
+  b.setUserMetadata("");
+  void *r = b.malloc_on(0, 4000, kDefault, &is_private);
+  for (void *x : {p, q, r}) b.deleter_of(0, false)(x);
+  CHECK_THROWS(c10::Error, "unknown action 'fre\\x1bes'",
+               b.recordHistory(true, nullptr, 1000, RecordContext::NEVER, false, {"fre\x1b" "es"}));
+  CHECK(b.isHistoryEnabled());
+  using Named = std::pair<std::string, std::string>;
+  std::vector<Named> allocs;
+  size_t frees_completed = 0;
+  cca::SnapshotInfo snap = b.snapshot({0, 0}, true);
+  for (auto &e : snap.device_traces[0]) {
+    CHECK(e.action_ != TraceEntry::FREE_REQUESTED);
+    if (e.action_ == TraceEntry::ALLOC) allocs.push_back({e.compile_context_, e.user_metadata_});
+    frees_completed += e.action_ == TraceEntry::FREE_COMPLETED;
+  }
+  CHECK(frees_completed == 3);
+  CHECK((allocs == std::vector<Named>{
+                       {"N/A", "phase one"}, {"Torch-Compiled Region: 0/0", "phase one"}, {"N/A", ""}}));
+  b.recordHistory(false, nullptr, 0, RecordContext::NEVER, false, {});
+}
+
+// Installed, vramkit is what both of PyTorch's ways to its CUDA allocator return: the
+// caching allocator's get() and c10::GetAllocator(kCUDA), which torch.accelerator's
+// statistics ask.
+void install_reaches_both_ways_in() {
+  char message[512] = "";
+  CHECK(vramkit_torch_backend_install(message, sizeof message) == 0);
+  CHECK(cca::get()->name() == "vramkit");
+  auto *device_allocator = dynamic_cast<Backend *>(c10::GetAllocator(c10::DeviceType::CUDA));
+  CHECK(device_allocator != nullptr && device_allocator == cca::get());
+  // PYTORCH_CUDA_ALLOC_CONF's fraction, as install() passes it on, is what a device with
+  // none set since answers.
+  CHECK(cca::get()->getMemoryFraction(0) == 1.0);
+  vramkit_torch_backend_set_fraction(0.25);
+  CHECK(cca::get()->getMemoryFraction(0) == 0.25 && cca::get()->getMemoryFraction(3) == 0.25);
+}
+
 }  // namespace
 
 int main() {
@@ -625,6 +724,7 @@ int main() {
   a_pool_lives_as_long_as_its_blocks(*backend);
   a_mempool_takes_its_segments_from_its_allocator(*backend);
   a_no_split_mempool_gives_each_block_a_segment(*backend);
+  use_on_oom_pools_and_the_devices_fraction(*backend);
   out_of_memory_raises_and_tells_observers(*backend);
   history_carries_pytorch_contexts(*backend);
   history_calls_change_what_comes_next(*backend);
@@ -632,6 +732,8 @@ int main() {
   caching_off_bypasses_the_pool(*backend);
   history_of_every_event(*backend);
   a_history_that_cannot_start_records_nothing(*backend);
+  history_names_regions_metadata_and_skips(*backend);
+  install_reaches_both_ways_in();
   std::printf("backend driver: all checks passed\n");
   return 0;
 }

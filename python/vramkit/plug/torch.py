@@ -125,6 +125,7 @@ def install(device=None, backend: str | None = None, **options) -> str:
     # PyTorch's own settings map onto vramkit's options, which those given here override;
     # one vramkit cannot serve at all stops here, before anything changes.
     options = {**torch_settings.from_environment(), **options}
+    fraction = options.pop(torch_settings.TORCH_FRACTION, None)
     # Built (or found in the cache) before anything changes, so that a failure leaves
     # PyTorch exactly as it was.
     backend_path = None
@@ -161,6 +162,9 @@ def install(device=None, backend: str | None = None, **options) -> str:
             raise RuntimeError(
                 "vramkit.torch.install() must run before PyTorch allocates CUDA memory: "
                 f"PyTorch refused to change its allocator ({message.value.decode()})")
+        if fraction is not None:
+            native.vramkit_torch_backend_set_fraction.argtypes = [ctypes.c_double]
+            native.vramkit_torch_backend_set_fraction(fraction)
         _hooks, _allocator, _backend_lib, _path = lib, native, native, "backend"
         _route_settings()
         return _path

@@ -109,6 +109,8 @@ struct PrivatePool {
   size_t live = 0;  // blocks handed out and not yet freed
   std::shared_ptr<cca::CUDAAllocator> allocator;  // MemPool(allocator=...), or null
   bool no_split = false;                          // MemPool(no_split=True)
+  bool use_on_oom = false;  // MemPool(use_on_oom=True): what it holds serves the default
+                            // pool's requests that would fail
 };
 
 // A stream's allocations steered into a private pool: by a CUDA graph's capture, a graph
@@ -136,12 +138,25 @@ struct PoolCheckpoint : cca::AllocatorState {
 
 #include "torch_backend_stats.hpp"
 
-// A 'snapshot' entry of the history: when a _snapshot() was taken, and the device's active
-// bytes then.
+// A 'snapshot' entry of the history: when a _snapshot() was taken, the device's active
+// bytes then, and the user metadata in force.
 struct SnapshotMark {
   uint64_t time_us;
   size_t active;
+  std::string user_metadata;
 };
+
+// What the history keeps of one call by the context id the engine stores on its events:
+// PyTorch's captured stack (null when none was asked for), the innermost compiled region
+// being run and the user metadata then in force, as PyTorch's trace entries carry them.
+struct CallContext {
+  std::shared_ptr<c10::GatheredContext> frames;
+  std::string compile_context;
+  std::string user_metadata;
+};
+
+// What a trace entry says outside any compiled region, as PyTorch's say.
+constexpr const char *kNoCompileContext = "N/A";
 
 class Backend;
 Backend *g_backend = nullptr;  // the one installed instance; lives for the process
@@ -230,12 +245,19 @@ class Backend final : public cca::CUDAAllocator {
     } else {
       rc = vram_malloc(pool, n, static_cast<vram_stream_t>(stream), &ptr);
     }
+    if (rc == VRAM_ENOMEM && !pp && has_use_on_oom_.load(std::memory_order_relaxed)) {
+      pp = malloc_on_oom_pools(device, n, stream, &ptr);
+      if (pp) rc = VRAM_OK, pool = pp->pool;
+    }
     if (rc != VRAM_OK) fail(device, n, pool, rc);
     *is_private = pp != nullptr;
     if (pp) {
       std::lock_guard<std::mutex> g(mutex_);
       private_blocks_[ptr] = pp;
       pp->live++;
+      // What a private pool took counts against the device's fraction, as in PyTorch's
+      // allocator: the default pool may take that much less.
+      if (limited_[device].load(std::memory_order_relaxed)) refresh_default_limit_locked(device);
     }
     note_alloc(device, ptr, n, stream, pool);
     return ptr;
@@ -487,6 +509,8 @@ class Backend final : public cca::CUDAAllocator {
       else vram_empty_cache(pp->pool);
     }
     for (PrivatePool *pp : unused) maybe_destroy(pp);
+    for (int d = 0; d < kMaxDevices; d++)
+      if (limited_[d].load()) refresh_default_limit_locked(static_cast<c10::DeviceIndex>(d));
     if (id == MempoolId_t{0, 0})
       for (int d = 0; d < kMaxDevices; d++)
         if (vram_pool_t *pool = used_[d].load()) vram_empty_cache(pool);
@@ -495,9 +519,19 @@ class Backend final : public cca::CUDAAllocator {
   double getMemoryFraction(c10::DeviceIndex device) override {
     std::lock_guard<std::mutex> g(mutex_);
     auto it = fractions_.find(device);
-    return it == fractions_.end() ? 1.0 : it->second;
+    return it == fractions_.end() ? default_fraction_ : it->second;
   }
 
+  // The fraction PYTORCH_CUDA_ALLOC_CONF gave (install() configured the pools' limit from
+  // it): what a device with no fraction set since answers.
+  void set_default_fraction(double fraction) {
+    std::lock_guard<std::mutex> g(mutex_);
+    default_fraction_ = fraction;
+  }
+
+  // PyTorch's fraction caps all the device's memory the process reserves, private pools'
+  // too: the default pool's engine limit is the fraction's bytes less what the private
+  // pools hold (refresh_default_limit_locked), kept so as they grow and go.
   void setMemoryFraction(double fraction, c10::DeviceIndex device) override {
     TORCH_CHECK(fraction >= 0 && fraction <= 1, "vramkit: invalid memory fraction ", fraction,
                 " (0 to 1)");
@@ -505,8 +539,18 @@ class Backend final : public cca::CUDAAllocator {
     // 0 is "no memory at all" to PyTorch but "no limit" to the engine: ask for one byte.
     int rc = vram_set_limit(pool, fraction == 0.0 ? 1 : 0, fraction);
     TORCH_CHECK(rc == VRAM_OK, "vramkit: set_per_process_memory_fraction: ", vram_strerror(rc));
+    vram_stats_t s{};
+    bool counted = fraction < 1.0 && vram_get_stats(pool, &s) == VRAM_OK && s.limit_bytes > 0;
     std::lock_guard<std::mutex> g(mutex_);
     fractions_[device] = fraction;
+    if (counted) {
+      device_limits_[device] = s.limit_bytes;
+      limited_[device].store(true);
+      refresh_default_limit_locked(device);
+    } else {
+      device_limits_.erase(device);
+      limited_[device].store(false);
+    }
   }
 
   std::vector<cca::StreamSegmentSize> getExpandableSegmentSizes(c10::DeviceIndex) override {
@@ -524,8 +568,13 @@ class Backend final : public cca::CUDAAllocator {
   // ---- snapshots and history (torch_backend_history.hpp) ------------------------------
   cca::SnapshotInfo snapshot(MempoolId_t id, bool include_traces) override;
   void recordHistory(bool enabled, cca::CreateContextFn recorder, size_t max_entries,
-                     RecordContext when, bool clear, const std::vector<std::string> &) override;
+                     RecordContext when, bool clear,
+                     const std::vector<std::string> &skip_actions) override;
   bool isHistoryEnabled() override;
+  void pushCompileContext(std::string &region) override;
+  void popCompileContext() override;
+  void setUserMetadata(const std::string &metadata) override;
+  std::string getUserMetadata() override;
 
   // ---- observers (torch_backend_oom.hpp) and trace trackers (torch_backend_watchers.hpp) --
   void attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) override;
@@ -562,8 +611,6 @@ class Backend final : public cca::CUDAAllocator {
   void enable(bool value) override { enabled_.store(value); }
   bool isEnabled() const override { return enabled_.load(); }
   std::string name() override { return "vramkit"; }
-  void setUserMetadata(const std::string &metadata) override { user_metadata_ = metadata; }
-  std::string getUserMetadata() override { return user_metadata_; }
 
   // For the deleters.
   PrivatePool *private_owner(void *ptr) {
@@ -579,6 +626,9 @@ class Backend final : public cca::CUDAAllocator {
                      std::shared_ptr<cca::CUDAAllocator> allocator = nullptr);
   vram_pool_t *make_engine_pool(const PrivatePool &pp);
   void maybe_destroy(PrivatePool *pp);
+  PrivatePool *malloc_on_oom_pools(c10::DeviceIndex device, size_t n, cudaStream_t stream,
+                                   void **ptr);
+  void refresh_default_limit_locked(c10::DeviceIndex device);
   PrivatePool *capture_target(c10::DeviceIndex device, cudaStream_t stream);
   bool capture_running_locked();
   static std::vector<PoolCheckpoint::Block> live_blocks(vram_pool_t *pool);
@@ -637,6 +687,7 @@ class Backend final : public cca::CUDAAllocator {
   void prune_contexts(uint64_t newest);
   int start_or_stop_history(vram_pool_t *pool);
   std::shared_ptr<c10::GatheredContext> context(uint64_t id);
+  CallContext call_context(uint64_t id);
   static std::vector<vram_event_t> read_history(vram_pool_t *pool);
   static void read_layout(vram_pool_t *pool, std::vector<vram_snapshot_segment_t> *segments,
                           std::vector<vram_snapshot_block_t> *blocks);
@@ -655,6 +706,10 @@ class Backend final : public cca::CUDAAllocator {
   std::vector<void *> deferred_frees_;
   std::map<c10::DeviceIndex, AccumulatedBase> bases_;
   std::map<c10::DeviceIndex, double> fractions_;
+  std::map<c10::DeviceIndex, size_t> device_limits_;  // a fraction's bytes, all pools together
+  std::atomic<bool> limited_[kMaxDevices] = {};
+  std::atomic<bool> has_use_on_oom_{false};
+  double default_fraction_ = 1.0;
   std::vector<cca::OutOfMemoryObserver> oom_observers_;
   std::vector<cca::AllocatorTraceTracker> trackers_;
   std::atomic<bool> has_trackers_{false};
@@ -668,8 +723,11 @@ class Backend final : public cca::CUDAAllocator {
   unsigned history_flags_ = 0;  // vram_history_start's, for the pools that start recording
   size_t max_entries_ = 0;
   uint64_t next_context_ = 0;
-  std::unordered_map<uint64_t, std::shared_ptr<c10::GatheredContext>> contexts_;
+  std::unordered_map<uint64_t, CallContext> contexts_;
   std::map<c10::DeviceIndex, std::vector<SnapshotMark>> snapshot_marks_;
+  std::set<TraceEntry::Action> skipped_actions_;  // _record_memory_history(skip_actions=)
+  std::vector<std::string> compile_regions_;       // entered and not yet left, innermost last
+  std::string user_metadata_;                      // _set_memory_metadata()
 
   std::mutex ipc_mutex_;
   std::map<std::string, std::weak_ptr<void>> ipc_opened_;
@@ -679,7 +737,6 @@ class Backend final : public cca::CUDAAllocator {
   // look them up only while there are any.
   std::unordered_set<void *> uncached_;
   std::atomic<size_t> uncached_count_{0};
-  std::string user_metadata_;
 };
 
 // The class's members by job, defined out of line.
@@ -711,11 +768,21 @@ VRAMKIT_TORCH_EXPORT int vramkit_torch_backend_install(char *message, size_t cap
     if (!backend) backend.reset(new vramkit_torch::Backend, [](vramkit_torch::Backend *) {});
     g_backend = backend.get();
     torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(backend);
+    // changeCurrentAllocator() swaps what CUDACachingAllocator::get() returns, not what
+    // c10::GetAllocator(kCUDA) does: torch.accelerator's statistics and generic storage
+    // paths ask the latter, which would still name PyTorch's allocator, never initialized.
+    c10::SetAllocator(c10::DeviceType::CUDA, backend.get(), UINT8_MAX);
     return 0;
   } catch (const std::exception &e) {
     if (message && cap) std::snprintf(message, cap, "%s", e.what());
     return -1;
   }
+}
+
+// PYTORCH_CUDA_ALLOC_CONF's per_process_memory_fraction, for
+// torch.cuda.get_per_process_memory_fraction() (install() has set the limit it means).
+VRAMKIT_TORCH_EXPORT void vramkit_torch_backend_set_fraction(double fraction) {
+  if (vramkit_torch::g_backend) vramkit_torch::g_backend->set_default_fraction(fraction);
 }
 
 // The status of the last failure inside a deleter or record_stream (0 if none).

@@ -1,9 +1,9 @@
 // torch_backend_history.hpp - memory history and snapshots for torch_backend.cpp (included
 // there, after the class Backend, inside its namespace): PyTorch's _record_memory_history
 // and _snapshot answered from the engine's event rings and block layouts, with PyTorch's
-// context objects (its captured stacks) kept here by the context ids the engine stores, and
-// one 'snapshot' entry per device for each _snapshot() taken while history records (in the
-// traces of the snapshots after it).
+// context objects (its captured stacks) kept here by the context ids the engine stores, with
+// the compiled region and the user metadata of each call, and one 'snapshot' entry per device
+// for each _snapshot() taken while history records (in the traces of the snapshots after it).
 
 inline cca::SnapshotInfo Backend::snapshot(MempoolId_t id, bool include_traces) {
   cca::SnapshotInfo info;
@@ -38,9 +38,52 @@ inline cca::SnapshotInfo Backend::snapshot(MempoolId_t id, bool include_traces) 
   return info;
 }
 
+// A name from the caller, as an error message shows it: printable ASCII kept, anything else
+// as \xNN, cut at 80 characters.
+inline std::string shown_name(const std::string &name) {
+  std::string out;
+  for (unsigned char c : name.substr(0, 80)) {
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out += static_cast<char>(c);
+    } else {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02x", c);
+      out += hex;
+    }
+  }
+  return name.size() > 80 ? out + "..." : out;
+}
+
+// The actions _record_memory_history(skip_actions=...) may name, by PyTorch's names.
+inline std::set<TraceEntry::Action> parse_skip_actions(const std::vector<std::string> &names) {
+  static const std::pair<const char *, TraceEntry::Action> kNames[] = {
+      {"alloc", TraceEntry::ALLOC},
+      {"free_requested", TraceEntry::FREE_REQUESTED},
+      {"free_completed", TraceEntry::FREE_COMPLETED},
+      {"segment_alloc", TraceEntry::SEGMENT_ALLOC},
+      {"segment_free", TraceEntry::SEGMENT_FREE},
+      {"segment_map", TraceEntry::SEGMENT_MAP},
+      {"segment_unmap", TraceEntry::SEGMENT_UNMAP},
+      {"snapshot", TraceEntry::SNAPSHOT},
+      {"oom", TraceEntry::OOM}};
+  std::set<TraceEntry::Action> skipped;
+  for (const std::string &name : names) {
+    const auto *known = std::find_if(std::begin(kNames), std::end(kNames),
+                                     [&](const auto &k) { return name == k.first; });
+    TORCH_CHECK(known != std::end(kNames), "vramkit: skip_actions: unknown action '",
+                shown_name(name),
+                "'; known: alloc, free_requested, free_completed, segment_alloc, segment_free, "
+                "segment_map, segment_unmap, snapshot, oom");
+    skipped.insert(known->second);
+  }
+  return skipped;
+}
+
 inline void Backend::recordHistory(bool enabled, cca::CreateContextFn recorder,
                                    size_t max_entries, RecordContext when, bool clear,
-                                   const std::vector<std::string> &) {
+                                   const std::vector<std::string> &skip_actions) {
+  // A name PyTorch does not know is refused before anything changes.
+  std::set<TraceEntry::Action> skipped = parse_skip_actions(skip_actions);
   std::lock_guard<std::mutex> g(mutex_);
   std::lock_guard<std::mutex> h(history_mutex_);
   // A call while recording changes what is recorded from then on and keeps what was
@@ -49,8 +92,11 @@ inline void Backend::recordHistory(bool enabled, cca::CreateContextFn recorder,
   bool keep = enabled && recording_ && !clear;
   recording_ = enabled;
   recorder_ = enabled && when != RecordContext::NEVER ? recorder : nullptr;
-  // context="all": each free's entries carry the stack that freed, as PyTorch's do.
-  history_flags_ = (recorder_ ? VRAM_HISTORY_CONTEXTS : 0u) |
+  skipped_actions_ = std::move(skipped);
+  // Every allocation asks for a context while recording, stack or not: its entries carry
+  // the compiled region and the user metadata of the moment. context="all": each free's
+  // entries carry the stack that freed, as PyTorch's do.
+  history_flags_ = (enabled ? VRAM_HISTORY_CONTEXTS : 0u) |
                    (recorder_ && when == RecordContext::ALL ? VRAM_HISTORY_FREE_CONTEXTS : 0u) |
                    (keep ? VRAM_HISTORY_KEEP : 0u);
   // PyTorch's default asks for every event (max_entries = sys.maxsize), its trace growing
@@ -76,7 +122,7 @@ inline void Backend::recordHistory(bool enabled, cca::CreateContextFn recorder,
     trace_wanted_.store(false);
     for (vram_pool_t *pool : pools) start_or_stop_history(pool);
   }
-  vram_set_context_fn(recorder_ ? &context_of_this_allocation : nullptr, this);
+  vram_set_context_fn(recording_ ? &context_of_this_allocation : nullptr, this);
   TORCH_CHECK(failed == VRAM_OK, "vramkit: cannot record memory history of ", max_entries_,
               " entries: ", vram_strerror(failed));
 }
@@ -86,23 +132,52 @@ inline bool Backend::isHistoryEnabled() {
   return recording_;
 }
 
+// PyTorch enters a region at each call of a torch.compile'd graph while
+// _record_memory_history(compile_context=True) records; the allocations inside name it.
+// As PyTorch's allocator, a region entered while nothing records is not kept.
+inline void Backend::pushCompileContext(std::string &region) {
+  constexpr size_t kDeepest = 1024;  // regions nest a few deep; more is a leak of pushes
+  std::lock_guard<std::mutex> h(history_mutex_);
+  if (recording_ && compile_regions_.size() < kDeepest) compile_regions_.push_back(region);
+}
+
+inline void Backend::popCompileContext() {
+  std::lock_guard<std::mutex> h(history_mutex_);
+  if (!compile_regions_.empty()) compile_regions_.pop_back();
+}
+
+inline void Backend::setUserMetadata(const std::string &metadata) {
+  std::lock_guard<std::mutex> h(history_mutex_);
+  user_metadata_ = metadata;
+}
+
+inline std::string Backend::getUserMetadata() {
+  std::lock_guard<std::mutex> h(history_mutex_);
+  return user_metadata_;
+}
+
 // Called by the engine at each allocation while contexts are recorded (and at each free
 // under context="all"), outside its lock.
 inline uint64_t Backend::context_of_this_allocation(void *user) {
   auto *self = static_cast<Backend *>(user);
   cca::CreateContextFn recorder;
+  CallContext call;
   {
     std::lock_guard<std::mutex> g(self->history_mutex_);
     recorder = self->recorder_;
+    call.compile_context =
+        self->compile_regions_.empty() ? kNoCompileContext : self->compile_regions_.back();
+    call.user_metadata = self->user_metadata_;
   }
-  if (!recorder) return 0;
-  std::shared_ptr<c10::GatheredContext> context = recorder();
+  if (!recorder && call.compile_context == kNoCompileContext && call.user_metadata.empty())
+    return 0;  // nothing to say beyond what an entry without a context says
+  if (recorder) call.frames = recorder();
   uint64_t id;
   bool crowded;
   {
     std::lock_guard<std::mutex> g(self->history_mutex_);
     id = ++self->next_context_;
-    self->contexts_[id] = std::move(context);
+    self->contexts_[id] = std::move(call);
     crowded = self->contexts_.size() > 2 * self->max_entries_ + 65536;
   }
   if (crowded) self->prune_contexts(id);
@@ -136,7 +211,16 @@ inline std::shared_ptr<c10::GatheredContext> Backend::context(uint64_t id) {
   if (!id) return nullptr;
   std::lock_guard<std::mutex> g(history_mutex_);
   auto it = contexts_.find(id);
-  return it == contexts_.end() ? nullptr : it->second;
+  return it == contexts_.end() ? nullptr : it->second.frames;
+}
+
+inline CallContext Backend::call_context(uint64_t id) {
+  if (id) {
+    std::lock_guard<std::mutex> g(history_mutex_);
+    auto it = contexts_.find(id);
+    if (it != contexts_.end()) return it->second;
+  }
+  return CallContext{nullptr, kNoCompileContext, ""};
 }
 
 inline std::vector<vram_event_t> Backend::read_history(vram_pool_t *pool) {
@@ -207,18 +291,19 @@ inline void Backend::note_snapshot(const std::vector<SegmentInfo> &segments) {
   if (!recording_) return;
   for (auto &a : active) {
     auto &marks = snapshot_marks_[a.first];
-    marks.push_back({unix_us(), a.second});
+    marks.push_back({unix_us(), a.second, user_metadata_});
     if (max_entries_ && marks.size() > max_entries_) marks.erase(marks.begin());
   }
 }
 
 inline void Backend::append_snapshot_marks(std::vector<std::vector<TraceEntry>> *out) {
   std::lock_guard<std::mutex> h(history_mutex_);
+  if (skipped_actions_.count(TraceEntry::SNAPSHOT)) return;
   for (auto &d : snapshot_marks_) {
     if (out->size() <= static_cast<size_t>(d.first)) out->resize(d.first + 1);
     for (auto &m : d.second) {
       TraceEntry entry(TraceEntry::SNAPSHOT, d.first, 0, m.active, nullptr, MempoolId_t{0, 0},
-                       0);
+                       0, nullptr, kNoCompileContext, m.user_metadata);
       entry.time_.t_ = static_cast<time_t>(m.time_us);
       (*out)[d.first].push_back(std::move(entry));
     }
@@ -233,6 +318,11 @@ inline void Backend::append_trace(vram_pool_t *pool, c10::DeviceIndex device, Me
                        std::chrono::steady_clock::now().time_since_epoch())
                        .count();
   if (out->size() <= static_cast<size_t>(device)) out->resize(device + 1);
+  std::set<TraceEntry::Action> skipped;
+  {
+    std::lock_guard<std::mutex> h(history_mutex_);
+    skipped = skipped_actions_;
+  }
   for (auto &e : read_history(pool)) {
     TraceEntry::Action action;
     switch (e.kind) {
@@ -248,12 +338,17 @@ inline void Backend::append_trace(vram_pool_t *pool, c10::DeviceIndex device, Me
       // PyTorch one per device and _snapshot() call: those are snapshot_marks_.
       default: continue;  // nor have empty_cache and annotations a PyTorch action
     }
+    // Left out as they are read: the engine's ring keeps every kind, so skipping saves the
+    // entries' conversion here, not ring slots.
+    if (skipped.count(action)) continue;
     // A block's entries carry the size asked for, as PyTorch's do; a segment's its size.
     bool of_block = action == TraceEntry::ALLOC || action == TraceEntry::FREE_REQUESTED ||
                     action == TraceEntry::FREE_COMPLETED;
     size_t size = of_block && e.requested ? e.requested : e.size;
+    CallContext call = call_context(e.context);
     TraceEntry entry(action, device, e.addr, size, reinterpret_cast<void *>(e.stream), owner,
-                     0, context(e.context));
+                     0, std::move(call.frames), std::move(call.compile_context),
+                     std::move(call.user_metadata));
     entry.time_.t_ = static_cast<time_t>(static_cast<int64_t>(e.time_us) + offset);
     (*out)[device].push_back(std::move(entry));
   }

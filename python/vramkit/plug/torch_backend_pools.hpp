@@ -81,9 +81,48 @@ inline void Backend::createOrIncrefPool(c10::DeviceIndex device, MempoolId_t id,
   incref_locked(device, id, std::move(allocator));
 }
 
-inline void Backend::setUseOnOOM(c10::DeviceIndex, MempoolId_t, bool use_on_oom) {
-  TORCH_CHECK(!use_on_oom, "vramkit: MemPool(use_on_oom=True) is not supported: a request "
-                           "the default pool cannot serve fails with vramkit's report");
+inline void Backend::setUseOnOOM(c10::DeviceIndex device, MempoolId_t id, bool use_on_oom) {
+  std::lock_guard<std::mutex> g(mutex_);
+  PrivatePool *pp = find_locked(device, id);
+  TORCH_CHECK(pp || !use_on_oom, "vramkit: setUseOnOOM: no pool (", id.first, ", ", id.second,
+              ")");
+  if (!pp) return;
+  pp->use_on_oom = use_on_oom;
+  if (use_on_oom) has_use_on_oom_.store(true);
+}
+
+// A request the default pool refused, served from what a MemPool(use_on_oom=True) of the
+// device already holds, as PyTorch's allocator does: only a pool with a free block that
+// takes it is asked, so that it is not grown (the default pool's refusal already says the
+// device, or its fraction, has no more). Pools in creation order; a MemPool deleted while
+// blocks of it live serves nothing.
+inline PrivatePool *Backend::malloc_on_oom_pools(c10::DeviceIndex device, size_t n,
+                                                 cudaStream_t stream, void **ptr) {
+  const size_t rounded = (n + kAlign - 1) & ~(kAlign - 1);
+  std::lock_guard<std::mutex> g(mutex_);
+  for (auto &entry : private_pools_) {
+    PrivatePool *pp = entry.second.get();
+    if (pp->device != device || !pp->use_on_oom || pp->use_count == 0) continue;
+    vram_stats_t s{};
+    if (vram_get_stats(pp->pool, &s) != VRAM_OK || s.largest_free_block < rounded) continue;
+    if (vram_malloc(pp->pool, n, static_cast<vram_stream_t>(stream), ptr) == VRAM_OK) return pp;
+  }
+  return nullptr;
+}
+
+// The default pool's limit under a fraction: its bytes less what the device's private pools
+// reserve (one byte when they hold it all: the engine reads 0 as no limit).
+inline void Backend::refresh_default_limit_locked(c10::DeviceIndex device) {
+  auto limit = device_limits_.find(device);
+  vram_pool_t *dflt = used_[device].load();
+  if (limit == device_limits_.end() || !dflt) return;
+  size_t held = 0;
+  for (auto &entry : private_pools_) {
+    vram_stats_t s{};
+    if (entry.second->device == device && vram_get_stats(entry.second->pool, &s) == VRAM_OK)
+      held += s.reserved_bytes.current;
+  }
+  vram_set_limit(dflt, limit->second > held ? limit->second - held : 1, 0);
 }
 
 inline void Backend::setNoSplit(c10::DeviceIndex device, MempoolId_t id) {
@@ -251,8 +290,10 @@ inline vram_pool_t *Backend::make_engine_pool(const PrivatePool &pp) {
 inline void Backend::maybe_destroy(PrivatePool *pp) {
   if (pp->use_count > 0 || pp->live > 0) return;
   if (capture_running_locked()) return;
+  c10::DeviceIndex device = pp->device;
   vram_pool_destroy(pp->pool);
-  private_pools_.erase({pp->device, pp->id});
+  private_pools_.erase({device, pp->id});
+  if (limited_[device].load()) refresh_default_limit_locked(device);
 }
 
 inline PrivatePool *Backend::capture_target(c10::DeviceIndex device, cudaStream_t stream) {

@@ -38,6 +38,11 @@ _NO_EQUIVALENT = {
 }
 
 
+# The fraction as PyTorch was given it, which get_per_process_memory_fraction() answers:
+# not a vramkit.configure() option, install() takes it out.
+TORCH_FRACTION = "torch_memory_fraction"
+
+
 class SettingsError(ConfigError):
     """A setting vramkit cannot serve at all (backend:cudaMallocAsync), or a value PyTorch
     itself would refuse (expandable_segments:yes, per_process_memory_fraction:2)."""
@@ -74,15 +79,16 @@ def _refuse(where: str, key: str, value: str, why: str) -> SettingsError:
 
 
 def _fraction(where: str, value: str) -> float:
-    """per_process_memory_fraction's value: a share of the device in (0, 1]. PyTorch takes
-    0 too (nothing may be allocated), which no vramkit limit expresses."""
+    """per_process_memory_fraction's value: a share of the device from 0 to 1, as PyTorch
+    takes it (0: nothing may be allocated). Refused in PyTorch's words otherwise."""
     try:
         fraction = float(value)
     except ValueError:
         fraction = float("nan")
-    if not 0.0 < fraction <= 1.0:  # NaN fails both
+    if not 0.0 <= fraction <= 1.0:  # NaN fails both
         raise _refuse(where, "per_process_memory_fraction", value,
-                      "expected a share of the device above 0 and at most 1, as 0.5")
+                      "per_process_memory_fraction is invalid: expected a share of the "
+                      "device from 0 to 1, as 0.5")
     return fraction
 
 
@@ -106,7 +112,10 @@ def map_settings(conf: str, where: str = "PYTORCH_CUDA_ALLOC_CONF") -> dict:
                 raise _refuse(where, key, value, "expected True or False")
             options["large_blocks"] = "virtual" if value == "True" else "fixed"
         elif key == "per_process_memory_fraction":
-            options["limit"] = _fraction(where, value)
+            fraction = _fraction(where, value)
+            # A limit of 0 reads as "none" to vramkit: one byte is PyTorch's "nothing".
+            options["limit"] = fraction if fraction > 0 else 1
+            options[TORCH_FRACTION] = fraction
         elif key in _HOST_KEYS:
             continue  # PyTorch's host allocator serves it, as without vramkit
         elif key in _NO_EQUIVALENT:
@@ -138,7 +147,9 @@ def settings_hook(original):
         # PyTorch's own parser first: a value it refuses raises PyTorch's own error, as
         # without vramkit, before vramkit says anything about the string.
         result = original(conf)
-        for key, value in map_settings(conf, where).items():
+        options = map_settings(conf, where)
+        options.pop(TORCH_FRACTION, None)  # said by its limit
+        for key, value in options.items():
             _warn(f"{where}: takes effect only before the first CUDA allocation under vramkit; "
                   f"pass {key}={value!r} to vramkit.torch.install() (or set the matching "
                   f"VRAMKIT_ variable) instead")
