@@ -12,6 +12,7 @@ import pytest  # noqa: F401 - the run fixture comes from conftest.py
 
 def test_accelerator_statistics_are_the_allocators(run):
     run("""
+        first = torch.empty(MiB, device="cuda")  # before it, neither has statistics to give
         before = torch.accelerator.memory_stats()["active_bytes.all.current"]
         x = torch.randn(256, device="cuda")  # one 1 KiB block
         stats = torch.accelerator.memory_stats()

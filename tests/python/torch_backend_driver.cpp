@@ -694,6 +694,11 @@ void history_names_regions_metadata_and_skips(Backend &b) {
   CHECK(frees_completed == 3);
   CHECK((allocs == std::vector<Named>{
                        {"N/A", "phase one"}, {"Torch-Compiled Region: 0/0", "phase one"}, {"N/A", ""}}));
+  // context="state" keeps no trace, yet the snapshot has one (empty) per device.
+  b.recordHistory(true, nullptr, 1000, RecordContext::STATE, false, {});
+  free_any(b.malloc_on(0, 4000, kDefault, &is_private));
+  cca::SnapshotInfo state = b.snapshot({0, 0}, true);
+  CHECK(state.device_traces.size() == 1 && state.device_traces[0].empty());
   b.recordHistory(false, nullptr, 0, RecordContext::NEVER, false, {});
 }
 

@@ -22,6 +22,12 @@ inline cca::SnapshotInfo Backend::snapshot(MempoolId_t id, bool include_traces) 
     if (include_traces && trace_wanted_.load())
       append_trace(p.first, p.second.first, p.second.second, &traces);
   if (include_traces && trace_wanted_.load()) append_snapshot_marks(&traces);
+  // One trace per device, empty where nothing is recorded (context="state" records none),
+  // as PyTorch's snapshots have: tools index device_traces by device.
+  size_t devices = std::max<size_t>(traces.size(), c10::cuda::device_count());
+  for (int d = 0; d < kMaxDevices; d++)
+    if (used_[d].load()) devices = std::max<size_t>(devices, d + 1);
+  traces.resize(devices);
   // This call's own 'snapshot' entry goes in after its traces were read, as PyTorch's
   // allocator records it: the trace returned ends with the last thing done before it.
   note_snapshot(info.segments);
