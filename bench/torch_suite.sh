@@ -4,7 +4,8 @@
 # PyTorch behaves as PyTorch).
 #
 # PyTorch's test file is not part of this project: put a copy of torch's test/test_cuda.py
-# (the tag of the installed torch) in .gpu/torch_tests/, named so that it ends in
+# (the installed torch's tag, or a newer one whose imports the installed torch has; see
+# docs/performance.md for the one measured) in .gpu/torch_tests/, named so that it ends in
 # test_cuda.py, and an expecttest wheel in .whl/ (the card has no network). The selection
 # (-k below) is the allocator's part: caching allocator, memory stats, OOM, record_stream,
 # CUDA graphs and graph trees, MemPool, snapshots, history and plots.

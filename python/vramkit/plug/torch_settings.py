@@ -33,8 +33,8 @@ _NO_EQUIVALENT = {
                                     "(VRAMKIT_RELEASE_THRESHOLD) instead",
     "release_lock_on_cudamalloc": "vramkit's engine already calls the driver outside its "
                                   "hot path; there is no lock to release",
-    "graph_capture_record_stream_reuse": "vramkit keeps a graph pool's blocks for the graph "
-                                         "until the capture ends",
+    "graph_capture_record_stream_reuse": "a block used on another stream during a capture "
+                                         "is reused only once the capture ends",
 }
 
 
