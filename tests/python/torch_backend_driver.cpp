@@ -334,6 +334,39 @@ void use_on_oom_pools_and_the_devices_fraction(Backend &b) {
   b.resetAccumulatedStats(0);  // its two refusals are not the next check's
 }
 
+// What a private pool takes during a capture lowers the default pool's limit no lower than
+// what it reserves (a limit below that would give cached memory back, which a capture
+// forbids); the capture over, the limit comes down to what the fraction leaves.
+void the_fraction_gives_nothing_back_during_a_capture(Backend &b) {
+  vram_pool_t *dflt = nullptr;
+  CHECK(vramkit_torch_pool(0, &dflt) == VRAM_OK);
+  auto reserved = [&] {
+    vram_stats_t s{};
+    CHECK(vram_get_stats(dflt, &s) == VRAM_OK);
+    return static_cast<size_t>(s.reserved_bytes.current);
+  };
+  b.emptyCache({0, 0});
+  b.setMemoryFraction(0.25, 0);  // 256 MiB of the simulated 1 GiB
+  bool is_private = false;
+  free_any(b.malloc_on(0, 60 << 20, kDefault, &is_private));  // cached by the default pool
+  const size_t cached = reserved();
+  CHECK(cached >= size_t{60} << 20);
+  const MempoolId_t graph{0, 43};
+  auto allocator = std::make_shared<CountingAllocator>();
+  b.createOrIncrefPool(0, graph, allocator);
+  b.beginAllocateToPool(0, graph, [](cudaStream_t) { return true; });  // origin unknown
+  void *p = b.malloc_on(0, 200 << 20, kDefault, &is_private);
+  CHECK(is_private && reserved() == cached);
+  b.endAllocateToPool(0, graph);
+  CHECK(reserved() <= (size_t{256} << 20) - (size_t{200} << 20));
+  free_any(p);
+  b.setMemoryFraction(1.0, 0);
+  b.releasePool(0, graph);
+  b.releasePool(0, graph);
+  b.emptyCache({0, 0});
+  CHECK(allocator->live.empty());
+}
+
 void a_no_split_mempool_gives_each_block_a_segment(Backend &b) {
   auto allocator = std::make_shared<CountingAllocator>();
   const MempoolId_t id{0, 12};
@@ -730,6 +763,7 @@ int main() {
   a_mempool_takes_its_segments_from_its_allocator(*backend);
   a_no_split_mempool_gives_each_block_a_segment(*backend);
   use_on_oom_pools_and_the_devices_fraction(*backend);
+  the_fraction_gives_nothing_back_during_a_capture(*backend);
   out_of_memory_raises_and_tells_observers(*backend);
   history_carries_pytorch_contexts(*backend);
   history_calls_change_what_comes_next(*backend);

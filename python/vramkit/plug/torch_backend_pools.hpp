@@ -52,6 +52,8 @@ inline void Backend::endAllocateToPool(c10::DeviceIndex device, MempoolId_t id) 
                 ", ", id.second, ") is not being allocated to");
     capture_filters_.erase(it);
     if (captures_[device].fetch_sub(1) == 1) deferred.swap(deferred_frees_);
+    // A limit held up during the capture comes down to what the fraction leaves.
+    if (limited_[device].load()) refresh_default_limit_locked(device);
   }
   for (void *p : deferred) free_private_block(p);
 }
@@ -111,7 +113,9 @@ inline PrivatePool *Backend::malloc_on_oom_pools(c10::DeviceIndex device, size_t
 }
 
 // The default pool's limit under a fraction: its bytes less what the device's private pools
-// reserve (one byte when they hold it all: the engine reads 0 as no limit).
+// reserve (one byte when they hold it all: the engine reads 0 as no limit). A limit below
+// what the pool reserves gives cached memory back at once, which a capture forbids: while
+// one runs, the limit goes no lower than that.
 inline void Backend::refresh_default_limit_locked(c10::DeviceIndex device) {
   auto limit = device_limits_.find(device);
   vram_pool_t *dflt = used_[device].load();
@@ -122,7 +126,11 @@ inline void Backend::refresh_default_limit_locked(c10::DeviceIndex device) {
     if (entry.second->device == device && vram_get_stats(entry.second->pool, &s) == VRAM_OK)
       held += s.reserved_bytes.current;
   }
-  vram_set_limit(dflt, limit->second > held ? limit->second - held : 1, 0);
+  size_t bytes = limit->second > held ? limit->second - held : 1;
+  vram_stats_t own{};
+  if (capture_running_locked() && vram_get_stats(dflt, &own) == VRAM_OK)
+    bytes = std::max<size_t>(bytes, own.reserved_bytes.current);
+  vram_set_limit(dflt, bytes, 0);
 }
 
 inline void Backend::setNoSplit(c10::DeviceIndex device, MempoolId_t id) {
