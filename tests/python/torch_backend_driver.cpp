@@ -749,6 +749,26 @@ void install_reaches_both_ways_in() {
   CHECK(cca::get()->getMemoryFraction(0) == 1.0);
   vramkit_torch_backend_set_fraction(0.25);
   CHECK(cca::get()->getMemoryFraction(0) == 0.25 && cca::get()->getMemoryFraction(3) == 0.25);
+  // That fraction is the default pool's limit (install() configures it so) and, once the
+  // backend meets the pool, caps the device's private pools with it: 200 MiB in a MemPool
+  // leave the default pool 56 MiB of the 256.
+  vram_pool_t *dflt = nullptr;
+  CHECK(vramkit_torch_pool(0, &dflt) == VRAM_OK && vram_set_limit(dflt, 0, 0.25) == VRAM_OK);
+  auto *installed = dynamic_cast<Backend *>(cca::get());
+  const MempoolId_t id{0, 44};
+  auto allocator = std::make_shared<CountingAllocator>();
+  installed->createOrIncrefPool(0, id, allocator);
+  installed->beginAllocateToPool(0, id, [](cudaStream_t) { return true; });
+  bool is_private = false;
+  void *p = installed->malloc_on(0, 200 << 20, kDefault, &is_private);
+  installed->endAllocateToPool(0, id);
+  CHECK(is_private);
+  CHECK_THROWS(c10::OutOfMemoryError, "CUDA out of memory",
+               installed->malloc_on(0, 100 << 20, kDefault, &is_private));
+  free_any(p);
+  installed->releasePool(0, id);
+  installed->releasePool(0, id);
+  CHECK(allocator->live.empty() && vram_set_limit(dflt, 0, 0) == VRAM_OK);
 }
 
 }  // namespace

@@ -257,7 +257,8 @@ class Backend final : public cca::CUDAAllocator {
       pp->live++;
       // What a private pool took counts against the device's fraction, as in PyTorch's
       // allocator: the default pool may take that much less.
-      if (limited_[device].load(std::memory_order_relaxed)) refresh_default_limit_locked(device);
+      if (device_limit_[device].load(std::memory_order_relaxed))
+        refresh_default_limit_locked(device);
     }
     note_alloc(device, ptr, n, stream, pool);
     return ptr;
@@ -510,7 +511,7 @@ class Backend final : public cca::CUDAAllocator {
     }
     for (PrivatePool *pp : unused) maybe_destroy(pp);
     for (int d = 0; d < kMaxDevices; d++)
-      if (limited_[d].load()) refresh_default_limit_locked(static_cast<c10::DeviceIndex>(d));
+      if (device_limit_[d].load()) refresh_default_limit_locked(static_cast<c10::DeviceIndex>(d));
     if (id == MempoolId_t{0, 0})
       for (int d = 0; d < kMaxDevices; d++)
         if (vram_pool_t *pool = used_[d].load()) vram_empty_cache(pool);
@@ -527,6 +528,7 @@ class Backend final : public cca::CUDAAllocator {
   void set_default_fraction(double fraction) {
     std::lock_guard<std::mutex> g(mutex_);
     default_fraction_ = fraction;
+    environment_fraction_.store(fraction < 1.0);
   }
 
   // PyTorch's fraction caps all the device's memory the process reserves, private pools'
@@ -543,14 +545,8 @@ class Backend final : public cca::CUDAAllocator {
     bool counted = fraction < 1.0 && vram_get_stats(pool, &s) == VRAM_OK && s.limit_bytes > 0;
     std::lock_guard<std::mutex> g(mutex_);
     fractions_[device] = fraction;
-    if (counted) {
-      device_limits_[device] = s.limit_bytes;
-      limited_[device].store(true);
-      refresh_default_limit_locked(device);
-    } else {
-      device_limits_.erase(device);
-      limited_[device].store(false);
-    }
+    device_limit_[device].store(counted ? s.limit_bytes : 0);
+    if (counted) refresh_default_limit_locked(device);
   }
 
   std::vector<cca::StreamSegmentSize> getExpandableSegmentSizes(c10::DeviceIndex) override {
@@ -666,6 +662,12 @@ class Backend final : public cca::CUDAAllocator {
     if (device < 0 || device >= kMaxDevices) return;
     if (used_[device].load(std::memory_order_relaxed) == pool) return;
     used_[device].store(pool, std::memory_order_release);
+    // The fraction PYTORCH_CUDA_ALLOC_CONF gave is the pool's limit already (install()
+    // configured it): from here it caps the device's private pools too, as one set later.
+    vram_stats_t s{};
+    if (environment_fraction_.load() && !device_limit_[device].load() &&
+        vram_get_stats(pool, &s) == VRAM_OK && s.limit_bytes > 0)
+      device_limit_[device].store(s.limit_bytes);
     std::lock_guard<std::mutex> h(history_mutex_);
     // A pool seen for the first time joins PyTorch's recording if one runs. Never stop
     // one here: vramkit.record_memory_history() may have started it before the first
@@ -706,8 +708,9 @@ class Backend final : public cca::CUDAAllocator {
   std::vector<void *> deferred_frees_;
   std::map<c10::DeviceIndex, AccumulatedBase> bases_;
   std::map<c10::DeviceIndex, double> fractions_;
-  std::map<c10::DeviceIndex, size_t> device_limits_;  // a fraction's bytes, all pools together
-  std::atomic<bool> limited_[kMaxDevices] = {};
+  // A fraction's bytes, what all the device's pools may reserve together (0: no fraction).
+  std::atomic<size_t> device_limit_[kMaxDevices] = {};
+  std::atomic<bool> environment_fraction_{false};  // PYTORCH_CUDA_ALLOC_CONF gave one
   std::atomic<bool> has_use_on_oom_{false};
   double default_fraction_ = 1.0;
   std::vector<cca::OutOfMemoryObserver> oom_observers_;

@@ -53,7 +53,7 @@ inline void Backend::endAllocateToPool(c10::DeviceIndex device, MempoolId_t id) 
     capture_filters_.erase(it);
     if (captures_[device].fetch_sub(1) == 1) deferred.swap(deferred_frees_);
     // A limit held up during the capture comes down to what the fraction leaves.
-    if (limited_[device].load()) refresh_default_limit_locked(device);
+    if (device_limit_[device].load()) refresh_default_limit_locked(device);
   }
   for (void *p : deferred) free_private_block(p);
 }
@@ -117,16 +117,16 @@ inline PrivatePool *Backend::malloc_on_oom_pools(c10::DeviceIndex device, size_t
 // what the pool reserves gives cached memory back at once, which a capture forbids: while
 // one runs, the limit goes no lower than that.
 inline void Backend::refresh_default_limit_locked(c10::DeviceIndex device) {
-  auto limit = device_limits_.find(device);
+  const size_t limit = device_limit_[device].load();
   vram_pool_t *dflt = used_[device].load();
-  if (limit == device_limits_.end() || !dflt) return;
+  if (!limit || !dflt) return;
   size_t held = 0;
   for (auto &entry : private_pools_) {
     vram_stats_t s{};
     if (entry.second->device == device && vram_get_stats(entry.second->pool, &s) == VRAM_OK)
       held += s.reserved_bytes.current;
   }
-  size_t bytes = limit->second > held ? limit->second - held : 1;
+  size_t bytes = limit > held ? limit - held : 1;
   vram_stats_t own{};
   if (capture_running_locked() && vram_get_stats(dflt, &own) == VRAM_OK)
     bytes = std::max<size_t>(bytes, own.reserved_bytes.current);
@@ -301,7 +301,7 @@ inline void Backend::maybe_destroy(PrivatePool *pp) {
   c10::DeviceIndex device = pp->device;
   vram_pool_destroy(pp->pool);
   private_pools_.erase({device, pp->id});
-  if (limited_[device].load()) refresh_default_limit_locked(device);
+  if (device_limit_[device].load()) refresh_default_limit_locked(device);
 }
 
 inline PrivatePool *Backend::capture_target(c10::DeviceIndex device, cudaStream_t stream) {
