@@ -44,20 +44,13 @@ inline cca::SnapshotInfo Backend::snapshot(MempoolId_t id, bool include_traces) 
   return info;
 }
 
-// A name from the caller, as an error message shows it: printable ASCII kept, anything else
-// as \xNN, cut at 80 characters.
+// A name from the caller, as an error message shows it: escaped as every report of the
+// engine shows foreign text, its first 80 bytes.
 inline std::string shown_name(const std::string &name) {
-  std::string out;
-  for (unsigned char c : name.substr(0, 80)) {
-    if (c >= 0x20 && c < 0x7f && c != '\\') {
-      out += static_cast<char>(c);
-    } else {
-      char hex[8];
-      std::snprintf(hex, sizeof hex, "\\x%02x", c);
-      out += hex;
-    }
-  }
-  return name.size() > 80 ? out + "..." : out;
+  const size_t len = std::min<size_t>(name.size(), 80);
+  std::string out(4 * len + 1, '\0');
+  out.resize(vram_escape_text(&out[0], out.size(), name.data(), len));
+  return name.size() > len ? out + "..." : out;
 }
 
 // The actions _record_memory_history(skip_actions=...) may name, by PyTorch's names.
