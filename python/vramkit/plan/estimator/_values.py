@@ -117,6 +117,27 @@ def _innermost_outside():
     return None
 
 
+# PyTorch's own code whose raise-only checks validate values a step gives it:
+# torch.distributions' validate_args (a scale that must be positive, a sample in the
+# support), on by default.
+_VALIDATING = (_TORCH + "distributions" + os.sep,)
+
+
+def _raise_only_check():
+    """The frame whose raise-only check is testing a truth value, and the answer that
+    passes it ((frame, None) if none is): the innermost frame outside PyTorch and vramkit,
+    or, below it, one of PyTorch's own validating code (_VALIDATING)."""
+    outside = _innermost_outside()
+    frame = sys._getframe(2)
+    while frame is not None and frame is not outside:
+        if frame.f_code.co_filename.startswith(_VALIDATING):
+            answer = _checks.passing_answer(frame)
+            if answer is not None:
+                return frame, answer
+        frame = frame.f_back
+    return outside, _checks.passing_answer(outside)
+
+
 def _users_own_code() -> str:
     """Where the code that asked is the user's own (not an installed package's), its
     "file:line"; "" otherwise."""
@@ -297,8 +318,7 @@ class KnownValues(TorchDispatchMode):
                 return False
             return 0.0 if args[0].dtype.is_floating_point else 0
         if func is _aten._local_scalar_dense.default and args[0].dtype == torch.bool:
-            frame = _innermost_outside()
-            answer = _checks.passing_answer(frame)
+            frame, answer = _raise_only_check()
             if answer is not None:
                 self.raise_only_checks += 1
                 self.first_raise_only_check = self.first_raise_only_check or \

@@ -1,0 +1,267 @@
+"""Tests of vramkit.estimate on steps that read tensors' values, which fake tensors do not
+have: a read that decides what the step does is refused with its reason and line; checks
+that can only raise, finiteness checks and a logged loss are answered as a healthy step
+passes them; the step's own errors are named as its own. On the CPU stand-in for CUDA.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import vramkit  # noqa: E402
+from vramkit.estimator import UntraceableStep  # noqa: E402
+
+from estimate_mlp import PARAM_BYTES, WIDTH, _mlp_build, _step  # noqa: E402
+
+
+def test_a_step_that_reads_values_is_refused_with_the_reason():
+    def step(net, opt, x):
+        loss = net(x).sum()
+        if loss.item() > 0:  # data-dependent: fake tensors have no values
+            loss.backward()
+
+    with pytest.raises(UntraceableStep) as info:
+        vramkit.estimate(step, build=_mlp_build())
+    text = str(info.value)
+    assert "fake tensors" in text and "No estimate is given" in text
+    assert "item" in text.lower() or "data-dependent" in text.lower()
+
+
+def test_checks_that_only_raise_are_taken_as_passed():
+    """Code that checks its inputs' values and raises on a bad one (transformers' CTC
+    models: a label past the vocabulary) is estimated as a valid step passes it: the same
+    figures as the step without the check, and a note naming the first check's line. A
+    test that decides anything else, or a line of two tests that pass on different
+    answers, is still refused."""
+    vocab = WIDTH
+
+    def plain(net, opt, x):
+        labels = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
+        torch.nn.functional.cross_entropy(net(x), labels).backward()
+        opt.step()
+
+    def checked(net, opt, x):
+        labels = torch.zeros(x.shape[0], dtype=torch.long, device=x.device) + x.argmax()
+        if labels is not None and labels.max() >= vocab:
+            raise ValueError(f"labels must be below {vocab}")
+        assert (labels >= 0).all(), "negative label"
+        if not (labels < vocab).all():
+            raise ValueError("label out of range")
+        if (labels < 0).any():  # torchvision's way: find the first for the message, fail
+            first = torch.where(labels < 0)[0][0]
+            torch._assert(False, f"negative label at {first}")
+        torch.nn.functional.cross_entropy(net(x), labels).backward()
+        opt.step()
+
+    base = vramkit.estimate(plain, build=_mlp_build())
+    e = vramkit.estimate(checked, build=_mlp_build())
+    assert (e.peak_allocated, e.peak_reserved) == (base.peak_allocated, base.peak_reserved)
+    line = inspect.getsourcelines(checked)[1] + 2
+    note = [n for n in e.notes if "checks that raise" in n]
+    assert note and note[0].startswith("8 checks") and f"test_estimate_value_reads.py:{line}" in note[0]
+
+    def decides(net, opt, x):
+        if x.argmax() > 0:
+            x = x * 2
+        net(x).sum().backward()
+
+    def either_way(net, opt, x):  # two tests on one line that pass on different answers
+        if x.argmax() < 0 or not x.argmax() >= 0:
+            raise ValueError("out of range")
+        net(x).sum().backward()
+
+    def may_return(net, opt, x):  # a block that can leave without raising decides
+        for _ in range(1):
+            if x.argmax() > 0:
+                if x.numel() > 1:
+                    break
+                raise ValueError("never")
+        net(x).sum().backward()
+
+    def ends_a_loop(net, opt, x):  # StopIteration ends a loop: not a failure
+        if x.argmax() > 0:
+            raise StopIteration
+        net(x).sum().backward()
+
+    for step in (decides, either_way, may_return, ends_a_loop):
+        with pytest.raises(UntraceableStep, match="_local_scalar_dense"):
+            vramkit.estimate(step, build=_mlp_build())
+
+
+def test_the_step_s_own_errors_are_not_called_limits_of_the_estimate():
+    """A step that would fail on a GPU too (labels of another batch size) and a build that
+    imports a missing package are refused for what they are, not as an operation that
+    needs a real device."""
+    def mismatched(net, opt, x):
+        logits = net(x)
+        torch.nn.functional.cross_entropy(logits, torch.zeros(logits.shape[0] * 2,
+                                                              dtype=torch.long)).backward()
+
+    with pytest.raises(UntraceableStep) as info:
+        vramkit.estimate(mismatched, build=_mlp_build())
+    text = str(info.value)
+    assert "Expected input batch_size" in text and "the step's own error" in text, text
+    assert "If it runs as written on a GPU" in text
+
+    def build():
+        import vramkit_no_such_package  # noqa: F401
+        return _mlp_build()()
+
+    with pytest.raises(UntraceableStep) as info:
+        vramkit.estimate(lambda net, opt, x: None, build=build)
+    text = str(info.value)
+    assert info.value.in_build and "cannot import" in text, text
+    assert "vramkit_no_such_package" in text and "real device" not in text
+
+    # A message that opens with a blank line (transformers' requires_backends) keeps its
+    # words; a message of the step's own that happens to say "item()" gets no advice
+    # about reading values.
+    def needs_scipy(net, opt, x):
+        raise ImportError("\nHungarianMatcher requires the scipy library: pip install scipy")
+
+    def says_item(net, opt, x):
+        raise ValueError("bad batch: call item() on it first")
+
+    for step, words, absent in ((needs_scipy, "requires the scipy library", "real device"),
+                                (says_item, "bad batch", "pass the value in")):
+        with pytest.raises(UntraceableStep) as info:
+            vramkit.estimate(step, build=_mlp_build())
+        assert words in str(info.value) and absent not in str(info.value), str(info.value)
+
+    # Fake tensors' own refusal still gets its advice: a custom op with no fake kernel.
+    @torch.library.custom_op("vramkit_tests::doubled", mutates_args=())
+    def doubled(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    def custom(net, opt, x):
+        doubled(net(x)).sum().backward()
+
+    with pytest.raises(UntraceableStep) as info:
+        vramkit.estimate(custom, build=_mlp_build())
+    assert "register_fake" in str(info.value) and "fake (meta) kernel" in str(info.value)
+
+
+def test_a_logged_loss_and_finiteness_checks_are_estimated():
+    """A step as people write it logs its loss with .item() and checks it is finite: the
+    estimate runs, with the figures of the same step without those lines, and its notes
+    say what was answered. What was logged prints as 0.0."""
+    logged = []
+
+    def step(net, opt, x):
+        loss = net(x).pow(2).mean()
+        if torch.isnan(loss) or not torch.isfinite(loss):
+            raise FloatingPointError("the loss is not finite")
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0, error_if_nonfinite=True)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        logged.append(f"{loss.item() * 2:.3f} {loss.item() + 1:.1f} {loss:.2f}")
+
+    e = vramkit.estimate(step, build=_mlp_build())
+    plain = vramkit.estimate(_step, build=_mlp_build())
+    assert e.breakdown["parameters"] == plain.breakdown["parameters"] == PARAM_BYTES
+    assert abs(e.peak_allocated - plain.peak_allocated) <= 4096  # the checks' bool scalars
+    assert logged == ["0.000 0.0 0.00"] * 2  # what arithmetic makes of them is unknown too
+    notes = " ".join(e.notes)
+    assert "are finite" in notes and "read 6 floating-point values" in notes
+
+
+def test_a_loss_logged_in_typed_code_is_the_users_too():
+    """A step typed at the prompt, run by exec() or in an IPython cell (whose code has no
+    file) logs its loss as one in a file does."""
+    source = ("def step(net, opt, x):\n"
+              "    loss = net(x).pow(2).mean()\n"
+              "    loss.backward()\n"
+              "    opt.step()\n"
+              "    logged.append(loss.item())\n")
+    for name in ("<string>", "<ipython-input-3-1f2e3d4c5b6a>"):
+        logged = []
+        scope = {"logged": logged}
+        exec(compile(source, name, "exec"), scope)
+        e = vramkit.estimate(scope["step"], build=_mlp_build())
+        assert [f"{v}" for v in logged] == ["0.0", "0.0"]
+        assert any(f"{name}:5" in n for n in e.notes), e.notes
+
+
+def test_a_decision_on_a_logged_value_is_refused_at_its_line():
+    """A value read with .item() may be printed or summed, never decided on: a comparison
+    after arithmetic, an int made of it, a test of the tensor itself or float(t) each
+    refuse the estimate, naming the line that decided."""
+
+    def compares(net, opt, x):
+        scaled = net(x).sum().item() * 2
+        if scaled > 1:
+            pass
+
+    def sizes(net, opt, x):
+        n = net(x).sum().item()
+        torch.zeros(int(n))
+
+    def tests_the_tensor(net, opt, x):
+        if net(x).sum():
+            pass
+
+    def floats_it(net, opt, x):
+        if float(net(x).sum()) > 1:
+            pass
+
+    for step in (compares, sizes, tests_the_tensor, floats_it):
+        with pytest.raises(UntraceableStep) as info:
+            vramkit.estimate(step, build=_mlp_build())
+        text = str(info.value)
+        line = inspect.getsourcelines(step)[1] + (1 if step in (tests_the_tensor, floats_it)
+                                                  else 2)
+        assert "_local_scalar_dense" in text and f":{line} in {step.__name__}" in text, text
+
+
+def test_an_unknown_value_is_a_float_until_decided_on():
+    from vramkit.plan.estimator._values import UnknownValue, ValueDecided
+    value = UnknownValue("train.py:12")
+    derived = (value + 1) * 2 / 3 - value ** 2
+    assert isinstance(derived, UnknownValue) and derived.site == "train.py:12"
+    assert f"{value:.2f}" == "0.00" and json.dumps([value]) == "[0.0]"
+    assert isinstance(round(value, 4), UnknownValue)  # a log's rounding, still a float
+    assert {value: 1}[value] == 1  # hashable: a dict key (found by identity)
+    for decide in (bool, int, round, lambda v: v > 0, lambda v: v == 0.0, math.floor):
+        with pytest.raises(ValueDecided, match="train.py:12"):
+            decide(derived)
+
+
+def test_torch_distributions_validate_their_arguments_as_a_healthy_step_passes():
+    """torch.distributions check by default that a scale is positive and a sample in the
+    support (``if not torch._is_all_true(valid): raise ValueError``): a policy or a VAE
+    head with a learned scale, or a categorical policy's log-probability of the actions
+    taken, is estimated as its checks pass, with the same figures as with validation off."""
+
+    def gaussian_build():
+        mu = torch.nn.Linear(16, 4).to("cuda")
+        log_std = torch.zeros(4, device="cuda", requires_grad=True)
+        return mu, log_std, torch.randn(2, 16, device="cuda"), torch.randn(2, 4, device="cuda")
+
+    def gaussian(validate):
+        def step(mu, log_std, obs, act):
+            dist = torch.distributions.Normal(mu(obs), log_std.exp(), validate_args=validate)
+            (-dist.log_prob(act).sum()).backward()
+        return step
+
+    def categorical_build():
+        pi = torch.nn.Linear(16, 6).to("cuda")
+        return pi, torch.randn(8, 16, device="cuda"), torch.randint(0, 6, (8,), device="cuda")
+
+    def categorical(validate):
+        def step(pi, obs, act):
+            dist = torch.distributions.Categorical(logits=pi(obs), validate_args=validate)
+            (-dist.log_prob(act).mean() - 0.01 * dist.entropy().mean()).backward()
+        return step
+
+    for make, build in ((gaussian, gaussian_build), (categorical, categorical_build)):
+        checked = vramkit.estimate(make(True), build=build)
+        unchecked = vramkit.estimate(make(False), build=build)
+        assert checked.peak_allocated == unchecked.peak_allocated
+        note = [n for n in checked.notes if "checks that raise" in n]
+        assert note and "distribution.py:" in note[0], checked.notes
