@@ -747,3 +747,31 @@ def test_attention_with_a_learned_mask_under_autocast_computes_in_fp32():
     # dropped weights it keeps (fp32), dropout's mask (one byte) and the gradient of the
     # dropped weights (fp32). Computed in bf16, the weights and their gradient were 2.
     assert learned.peak_allocated - detached.peak_allocated >= scores * (4 + 1 + 4 + 4)
+
+
+def test_an_ema_copy_made_with_deepcopy_in_build_is_counted():
+    """timm's ModelEmaV3 and teacher models are ``copy.deepcopy(model)`` in build(): with
+    a BatchNorm (its step counter, made from a Python number, holds its value) the copy
+    failed under fake tensors. It is now made, and holds what the model holds once more."""
+    import copy
+
+    def model():
+        return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8),
+                                   torch.nn.Flatten(), torch.nn.Linear(8 * 14 * 14, 10))
+
+    def build(ema: bool):
+        def made():
+            net = model().to("cuda")
+            args = (net, torch.randn(4, 3, 16, 16, device="cuda"))
+            if not ema:
+                return args
+            shadow = copy.deepcopy(net).requires_grad_(False)
+            return (*args, shadow)
+        return made
+
+    def step(net, x, shadow=None):
+        net(x).sum().backward()
+
+    alone = vramkit.estimate(step, build=build(False))
+    with_ema = vramkit.estimate(step, build=build(True))
+    assert with_ema.breakdown["parameters"] == 2 * alone.breakdown["parameters"]

@@ -1,4 +1,4 @@
-"""Moving a model between devices and dtypes while it is made of fake tensors.
+"""Moving and copying a model while it is made of fake tensors.
 
 ``module.to("cuda")``, ``.cuda()``, ``.half()``, ``.to(torch.bfloat16)``: PyTorch's
 ``Module._apply`` swaps each fake parameter with its converted twin
@@ -12,11 +12,20 @@ refuse is done as ``param.data = converted`` instead, as ``Module._apply`` does 
 ordinary tensors: the parameter keeps its identity (an optimizer made after the move
 holds the same objects), and takes the converted tensor's storage, dtype and device.
 Any other swap goes to PyTorch's own.
+
+``copy.deepcopy(model)`` (an EMA or teacher copy made in ``build()``) failed on a model
+with a BatchNorm: its ``num_batches_tracked``, made from a Python number, is a fake tensor
+holding its value in a real CPU storage, and ``Tensor.__deepcopy__`` copied that storage
+into a fake tensor's (PyTorch 2.11 refuses storages of two devices). While a step is
+estimated a fake leaf tensor is deep-copied as PyTorch copies a tensor with no storage of
+its own: a clone of it (a block of its size, as the real copy takes), with its
+``requires_grad``, its gradient and its own attributes copied.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import weakref
 
 import torch
@@ -48,3 +57,35 @@ def fake_module_moves():
         yield
     finally:
         torch.utils.swap_tensors = original
+
+
+def _deepcopy_fake(original, tensor, memo):
+    if not isinstance(tensor, FakeTensor) or not tensor.is_leaf:
+        return original(tensor, memo)   # PyTorch's own, and its refusal of a non-leaf
+    if id(tensor) in memo:
+        return memo[id(tensor)]
+    with torch.no_grad():
+        new = tensor.clone()
+    new.requires_grad_(tensor.requires_grad)
+    memo[id(tensor)] = new
+    if tensor.grad is not None:
+        new.grad = copy.deepcopy(tensor.grad, memo)
+    for name, value in vars(tensor).items():   # the user's attributes, not the fake's own
+        if name not in vars(new):
+            setattr(new, name, copy.deepcopy(value, memo))
+    return new
+
+
+@contextlib.contextmanager
+def fake_module_copies():
+    """For its length, fake tensors (and modules of them) deep-copy as real ones do."""
+    original = torch.Tensor.__deepcopy__
+
+    def deepcopy(self, memo):
+        return _deepcopy_fake(original, self, memo)
+
+    torch.Tensor.__deepcopy__ = deepcopy
+    try:
+        yield
+    finally:
+        torch.Tensor.__deepcopy__ = original

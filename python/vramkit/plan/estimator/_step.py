@@ -27,7 +27,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from . import _emulate
-from ._moves import fake_module_moves
+from ._moves import fake_module_copies, fake_module_moves
 from ._record import _MODELS_FILE, CreationSites, Recording, StorageRecorder, classify
 from ._values import KnownValues
 from .workspaces import WorkspaceTableError
@@ -328,7 +328,7 @@ def on_target(target: Target):
     for CUDA where there is no GPU, and moves of fake modules (.to("cuda"), .half()).
     Yields the torch.cuda calls the stand-in answered, by name (none on a GPU)."""
     emulation = _emulate.emulated_cuda() if target.emulated else contextlib.nullcontext({})
-    with emulation as answered, fake_module_moves():
+    with emulation as answered, fake_module_moves(), fake_module_copies():
         yield answered
 
 
