@@ -265,3 +265,34 @@ def test_torch_distributions_validate_their_arguments_as_a_healthy_step_passes()
         assert checked.peak_allocated == unchecked.peak_allocated
         note = [n for n in checked.notes if "checks that raise" in n]
         assert note and "distribution.py:" in note[0], checked.notes
+
+
+def test_refusals_name_what_to_do():
+    """An RNN over a PackedSequence reads the packed batch sizes in host memory, which a
+    fake tensor does not have: the refusal says so and what to give instead, not "the
+    step's own error". A missing package's message that announces its install command on
+    the next line (transformers') keeps the command."""
+    from torch.nn.utils.rnn import pack_sequence
+
+    def build():
+        rnn = torch.nn.LSTM(8, 16, batch_first=True).to("cuda")
+        return rnn, [torch.randn(n, 8, device="cuda") for n in (5, 3, 2)]
+
+    def packed(rnn, seqs):
+        out, (h, c) = rnn(pack_sequence(seqs))
+        h.sum().backward()
+
+    with pytest.raises(UntraceableStep) as info:
+        vramkit.estimate(packed, build=build)
+    text = str(info.value)
+    assert "PackedSequence" in text and "padded batches" in text, text
+    assert "the step's own error" not in text
+
+    def needs_scipy(net, opt, x):
+        raise ImportError("\nLoss requires the scipy library but it was not found in your "
+                          "environment. You can install it with pip:\n`pip install scipy`. "
+                          "Please note that you may need to restart your runtime.")
+
+    with pytest.raises(UntraceableStep) as info:
+        vramkit.estimate(needs_scipy, build=_mlp_build())
+    assert "You can install it with pip: `pip install scipy`" in str(info.value)

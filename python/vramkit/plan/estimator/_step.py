@@ -405,6 +405,10 @@ _WORKAROUNDS = (
      "the step without it"),
     ("meta kernel", "an operation has no meta kernel: register one with "
      "torch.library.register_fake, or leave it out of the estimated step"),
+    ("data is not allocated yet", "an operation reads a tensor's memory on the host, which "
+     "a fake tensor does not have (an RNN over a PackedSequence reads its batch sizes "
+     "there; so may a C++ extension): for the estimate give the RNN padded batches, or "
+     "leave that operation out"),
 )
 
 # Activation checkpointing recomputes forward inside backward; without a GPU the CPU
@@ -444,8 +448,17 @@ def _raised_by_fake_tensors(error: BaseException) -> bool:
     return bool(frames) and os.path.abspath(frames[-1].filename).startswith(_MACHINERY)
 
 
+def _first_sentence(error: Exception) -> str:
+    """The error's first non-empty line, and the next one where the first ends by
+    announcing it (transformers': "You can install it with pip:" then the command)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].endswith(":"):
+        return f"{lines[0]} {lines[1]}"
+    return lines[0] if lines else ""
+
+
 def _explain(error: Exception) -> str:
-    message = next((line for line in str(error).splitlines() if line.strip()), "")
+    message = _first_sentence(error)
     first = _words(f"{type(error).__name__}: {message.strip()}" if message
                    else type(error).__name__) + _where(error)
     text = f"{type(error).__name__}: {error}"
