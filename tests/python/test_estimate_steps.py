@@ -775,3 +775,36 @@ def test_an_ema_copy_made_with_deepcopy_in_build_is_counted():
     alone = vramkit.estimate(step, build=build(False))
     with_ema = vramkit.estimate(step, build=build(True))
     assert with_ema.breakdown["parameters"] == 2 * alone.breakdown["parameters"]
+
+
+def test_schedulers_and_scalers_given_in_are_twinned_too(monkeypatch):
+    """Objects passed to estimate() directly are never changed: an LR scheduler stepped in
+    the step changes its twin's optimizer, not the user's learning rate, and a GradScaler
+    keeps no fake scale (on a GPU its next real step would have trained on fake
+    gradients); no scheduler warning about the optimizer's step is printed."""
+    import warnings
+
+    import torch.nn.functional as F
+
+    # As on a machine with a GPU: the scaler is made enabled.
+    monkeypatch.setattr(torch.cuda.amp.common, "amp_definitely_not_available", lambda: False)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    scaler = torch.amp.GradScaler("cuda")
+    monkeypatch.undo()
+    x, y = torch.randn(4, 64), torch.randint(0, 10, (4,))
+
+    def step(net, opt, sched, scaler, x, y):
+        scaler.scale(F.cross_entropy(net(x), y)).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        sched.step()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        e = vramkit.estimate(step, net, opt, sched, scaler, x, y)
+    assert e.peak_allocated > 0
+    assert opt.param_groups[0]["lr"] == 1e-3 and sched.last_epoch == 0
+    assert getattr(scaler, "_scale", None) is None and not opt.state

@@ -296,3 +296,28 @@ def test_refusals_name_what_to_do():
     with pytest.raises(UntraceableStep) as info:
         vramkit.estimate(needs_scipy, build=_mlp_build())
     assert "You can install it with pip: `pip install scipy`" in str(info.value)
+
+
+def test_lbfgs_is_refused_with_why():
+    """LBFGS decides from the loss and the gradients how often it evaluates the closure
+    and how many history pairs (copies of the parameters) it keeps: answering its reads
+    with zeros, as other optimizers' are, gave a third of the real state. It is refused
+    with the reason and what to do instead."""
+
+    def build():
+        net = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Tanh(),
+                                  torch.nn.Linear(128, 10)).to("cuda")
+        return (net, torch.optim.LBFGS(net.parameters(), line_search_fn="strong_wolfe"),
+                torch.randn(8, 64, device="cuda"), torch.randint(0, 10, (8,), device="cuda"))
+
+    def step(net, opt, x, y):
+        def closure():
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(net(x), y)
+            loss.backward()
+            return loss
+        opt.step(closure)
+
+    with pytest.raises(UntraceableStep) as info:
+        vramkit.estimate(step, build=build)
+    assert "LBFGS" in str(info.value) and "history pair" in str(info.value)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import copy
+import functools
 import inspect
 import logging
 import os
@@ -149,6 +150,8 @@ class _Twins:
         accepted = inspect.signature(type(opt).__init__).parameters
         twin = type(opt)(groups, **{k: v for k, v in opt.defaults.items()
                                     if k in accepted and k != "params"})
+        if hasattr(opt.step, "_wrapped_by_lr_sched"):
+            _watched_as_by_a_scheduler(twin)
         self.memo[id(opt)] = twin
         return twin
 
@@ -165,7 +168,46 @@ class _Twins:
             return type(value)(self.any(v) for v in value)
         if isinstance(value, dict):
             return {k: self.any(v) for k, v in value.items()}
-        return value
+        return self.holder(value)
+
+    def holder(self, value):
+        """A twin of an object that holds the step's modules, optimizers or tensors, or
+        that a step changes as it trains (an LR scheduler holds the optimizer and sets its
+        learning rate, a GradScaler keeps its scale): a deep copy over their twins, so
+        that the step changes the twins, never the user's objects. Anything else, or an
+        object that cannot be copied, is passed as it is."""
+        held = _found(vars(value).values(), (torch.nn.Module, torch.optim.Optimizer,
+                                             torch.Tensor)) if hasattr(value, "__dict__") else []
+        if not held and not isinstance(value, _CHANGED_BY_A_STEP):
+            return value
+        memo = {id(v): self.any(v) for v in held}
+        try:
+            twin = copy.deepcopy(value, {**self.memo, **memo})
+        except Exception:  # noqa: BLE001 - a lock, a file: the object as it is, as before
+            return value
+        self.memo[id(value)] = twin
+        return twin
+
+
+def _watched_as_by_a_scheduler(opt: torch.optim.Optimizer) -> None:
+    """Mark ``opt``'s steps as an LR scheduler made over it does (PyTorch's attribute
+    names), so that the scheduler's twin, which holds this twin, sees the optimizer step
+    first and does not warn that its step was replaced."""
+    step = opt.step
+
+    @functools.wraps(step)
+    def stepped(*args, **kwargs):
+        opt._opt_called = True
+        return step(*args, **kwargs)
+
+    stepped._wrapped_by_lr_sched = True
+    opt.step = stepped
+
+
+# Objects a training step changes that may hold no tensor yet (a GradScaler makes its
+# scale at its first use).
+_CHANGED_BY_A_STEP = (torch.optim.lr_scheduler.LRScheduler,
+                      torch.optim.lr_scheduler.ReduceLROnPlateau, torch.amp.GradScaler)
 
 
 def _found(values, kind) -> list:
@@ -457,7 +499,22 @@ def _first_sentence(error: Exception) -> str:
     return lines[0] if lines else ""
 
 
+# torch.optim.LBFGS reads the loss and the gradients to decide how often it evaluates the
+# closure and how many history pairs it keeps.
+_LBFGS = os.path.join("optim", "lbfgs.py")
+_LBFGS_ADVICE = ("torch.optim.LBFGS decides from the loss and the gradients how many times "
+                 "it evaluates the closure and how many history pairs it keeps, values the "
+                 "estimate does not have: estimate the step with another optimizer and add "
+                 "LBFGS's state: two copies of the parameters per history pair it keeps (up to "
+                 "history_size pairs), and a few more")
+
+
 def _explain(error: Exception) -> str:
+    if any(frame.filename.endswith(_LBFGS)
+           for frame in traceback.extract_tb(error.__traceback__)):
+        return (f"the step could not run on fake tensors ({_words(type(error).__name__)}"
+                f"{_where(error)}); {_LBFGS_ADVICE}. No estimate is given rather than a "
+                f"wrong one.")
     message = _first_sentence(error)
     first = _words(f"{type(error).__name__}: {message.strip()}" if message
                    else type(error).__name__) + _where(error)

@@ -88,10 +88,18 @@ _OPTIMIZER_CODE = tuple(os.path.join(_TORCH, *parts) for parts in (
     ("optim", ""), ("amp", "grad_scaler.py")))
 
 
+# An optimizer whose reads decide what it allocates: LBFGS evaluates the closure and keeps
+# history pairs (each a copy of the parameters) as long as the loss and gradients say.
+_DECIDING_OPTIMIZERS = (os.path.join(_TORCH, "optim", "lbfgs.py"),)
+
+
 def _read_by_an_optimizer() -> bool:
-    """Whether an optimizer's step or the gradient scaler is reading the value."""
+    """Whether an optimizer's step or the gradient scaler is reading the value (and not
+    one of _DECIDING_OPTIMIZERS)."""
     frame = sys._getframe(2)
     while frame is not None:
+        if frame.f_code.co_filename.startswith(_DECIDING_OPTIMIZERS):
+            return False
         if frame.f_code.co_filename.startswith(_OPTIMIZER_CODE):
             return True
         frame = frame.f_back
