@@ -425,6 +425,11 @@ def _notes(recording, target, models_) -> list[str]:
                      f"them, with nothing run on a device: {calls}")
     for model in models_:
         notes.extend(model.notes())
+    if recording.compiled_ran_eager:
+        notes.append("the step's torch.compile'd code ran as eager PyTorch under the "
+                     "estimate (Dynamo compiled no graph on its fake tensors): the figures "
+                     "are the eager step's; Inductor's fused kernels may keep fewer "
+                     "intermediates, so the compiled step may hold less")
     if recording.generation_stand_ins:
         notes.append("a generation loop's checks of which sequences drew an end-of-"
                      "sequence token (or hold padding) were taken as none: the estimate "

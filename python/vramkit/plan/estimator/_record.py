@@ -145,6 +145,7 @@ class Recording:
     logged_reads: int = 0          # floating scalars the user's code read (UnknownValue)
     first_logged_read: str = ""    # where the first of them was read ("file:line")
     flops: int = 0                 # floating-point operations of the last step recorded
+    compiled_ran_eager: bool = False  # a torch.compile'd step or module, Dynamo compiled none
 
     def events(self):
         """The ops as ``vramkit replay`` trace events on stream 0."""

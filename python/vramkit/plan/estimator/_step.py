@@ -20,6 +20,7 @@ import functools
 import inspect
 import logging
 import os
+import sys
 import traceback
 import types
 from dataclasses import dataclass
@@ -210,6 +211,21 @@ _CHANGED_BY_A_STEP = (torch.optim.lr_scheduler.LRScheduler,
                       torch.optim.lr_scheduler.ReduceLROnPlateau, torch.amp.GradScaler)
 
 
+def _compiled_among(values, step_fn) -> bool:
+    """Whether the step, or a module among its objects, is ``torch.compile``'d (Dynamo's
+    wrappers; Dynamo not imported: nothing is)."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    wrapper = getattr(eval_frame, "OptimizedModule", None)
+    return wrapper is not None and (bool(_found(values, wrapper)) or hasattr(
+        inspect.unwrap(step_fn), "_torchdynamo_orig_callable"))
+
+
+def _graphs_compiled() -> int:
+    """How many graphs Dynamo has compiled in this process (0 if it was never imported)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    return utils.counters["stats"]["unique_graphs"] if utils is not None else 0
+
+
 def _found(values, kind) -> list:
     """The objects of type ``kind`` among ``values``, looking into lists, tuples, dicts."""
     found = []
@@ -288,6 +304,7 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
         known.forget(p for m in _found(values, torch.nn.Module) for p in m.parameters())
         known.forget(_found(values, torch.Tensor))
         recorder.values = known  # run inside the recorder's dispatch, not as a mode
+        graphs = _graphs_compiled()
         with mode, recorder, _autocast_cache_cleared_in_order(recorder), \
                 known.python_reads_answered(), known.known_values_not_traced(), \
                 (around_step or contextlib.nullcontext()):
@@ -324,6 +341,8 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
                     if p.grad is not None:
                         recorder.set_role(p.grad, "gradients")
             recorder.phase = "done"
+        recorder.recording.compiled_ran_eager = (
+            _compiled_among(values, step_fn) and _graphs_compiled() == graphs)
     recorder.recording.cuda_calls_answered = dict(answered)
     recorder.recording.generation_stand_ins = known.stand_ins
     recorder.recording.optimizer_reads = known.optimizer_reads
