@@ -31,7 +31,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from . import _emulate
 from ._moves import fake_module_copies, fake_module_moves
 from ._record import _MODELS_FILE, CreationSites, Recording, StorageRecorder, classify
-from ._values import KnownValues
+from ._values import _DECIDING_OPTIMIZERS, KnownValues
 from .workspaces import WorkspaceTableError
 
 
@@ -518,9 +518,9 @@ def _first_sentence(error: Exception) -> str:
     return lines[0] if lines else ""
 
 
-# torch.optim.LBFGS reads the loss and the gradients to decide how often it evaluates the
-# closure and how many history pairs it keeps.
-_LBFGS = os.path.join("optim", "lbfgs.py")
+# What to do about torch.optim.LBFGS (_values._DECIDING_OPTIMIZERS), which reads the loss
+# and the gradients to decide how often it evaluates the closure and how many history
+# pairs it keeps.
 _LBFGS_ADVICE = ("torch.optim.LBFGS decides from the loss and the gradients how many times "
                  "it evaluates the closure and how many history pairs it keeps, values the "
                  "estimate does not have: estimate the step with another optimizer and add "
@@ -529,7 +529,7 @@ _LBFGS_ADVICE = ("torch.optim.LBFGS decides from the loss and the gradients how 
 
 
 def _explain(error: Exception) -> str:
-    if any(frame.filename.endswith(_LBFGS)
+    if any(os.path.abspath(frame.filename).startswith(_DECIDING_OPTIMIZERS)
            for frame in traceback.extract_tb(error.__traceback__)):
         return (f"the step could not run on fake tensors ({_words(type(error).__name__)}"
                 f"{_where(error)}); {_LBFGS_ADVICE}. No estimate is given rather than a "
