@@ -7,6 +7,11 @@ of PyTorch and transformers are outside them.
 
     python3 bench/estimate_speed.py [--label L] [--model gpt2] [--batch 8] [--seq 1024]
                                     [--precision bf16-amp] [--plain 4] [--what-if 2]
+                                    [--emulate] [--profile FILE]
+
+--emulate records on the CPU stand-in even where a GPU is present (to tell the card's
+fake-CUDA path from the host's own speed); --profile writes a cProfile of the last
+what-if table to FILE.
 
 Runs on a machine without a GPU too (the CPU stand-in), slower than on a GPU host.
 """
@@ -26,6 +31,8 @@ def main() -> None:
     ap.add_argument("--precision", default="bf16-amp")
     ap.add_argument("--plain", type=int, default=4, help="plain estimates to time")
     ap.add_argument("--what-if", type=int, default=2, help="what-if tables to time")
+    ap.add_argument("--emulate", action="store_true", help="the CPU stand-in on a GPU host")
+    ap.add_argument("--profile", default=None, help="cProfile of the last table to FILE")
     args = ap.parse_args()
 
     import vramkit.estimator as est
@@ -35,22 +42,31 @@ def main() -> None:
         return models.workload(args.model, n, args.seq, args.precision)
 
     first = work(args.batch)
+    how = {"emulate": True} if args.emulate else {}
     started = time.perf_counter()
-    e = est.estimate(first.step, build=first.build)
+    e = est.estimate(first.step, build=first.build, **how)
     print(f"{args.label}: first estimate {time.perf_counter() - started:.2f} s", flush=True)
     times = []
     for _ in range(args.plain):
         started = time.perf_counter()
-        e = est.estimate(first.step, build=first.build)
+        e = est.estimate(first.step, build=first.build, **how)
         times.append(time.perf_counter() - started)
     print(f"{args.label}: plain estimates {', '.join(f'{t:.2f}' for t in times)} s; "
           f"allocated {e.peak_allocated}, reserved {e.peak_reserved} (vramkit), "
           f"{e.torch_peak_reserved} (PyTorch)", flush=True)
     advice = None
-    for _ in range(args.what_if):
+    for i in range(args.what_if):
+        profile = None
+        if args.profile and i == args.what_if - 1:
+            import cProfile
+            profile = cProfile.Profile()
+            profile.enable()
         started = time.perf_counter()
         advice = est.advise(first.step, build=first.build, batch=args.batch,
-                            make_batch=lambda n: work(n).build())
+                            make_batch=lambda n: work(n).build(), **how)
+        if profile is not None:
+            profile.disable()
+            profile.dump_stats(args.profile)
         print(f"{args.label}: what-if {time.perf_counter() - started:.2f} s, "
               f"{len(advice.rows)} rows", flush=True)
     if advice is not None:
