@@ -11,9 +11,11 @@ measurements the estimator's tables hold), would:
 - synchronizing, resetting memory statistics, setting the device and entering a device
   context do nothing: the stand-in runs every operation in order, on one device;
 - the device's name, capability, properties and free memory are the H200's (free: all of
-  it, since the stand-in holds no real memory);
+  it, since the stand-in holds no real memory); its random generator's state, saved and
+  restored around a step's random ops, is a state of CUDA's size that restoring ignores;
 - streams and events are stand-ins whose waits and queries return at once and whose timings
-  are zero: the stand-in has one stream.
+  are zero: the stand-in has one stream. ``tensor.record_stream(stream)`` takes them (and
+  does nothing, as a use on the one stream would).
 
 What stays the machine's own: ``is_available()`` and ``device_count()`` (libraries cache
 them, and a step that asks them is choosing where to run, which a stand-in cannot decide
@@ -125,6 +127,12 @@ def _nothing(*args, **kwargs):
     return None
 
 
+# CUDA's generator state as get_rng_state() gives it: a host tensor of 16 bytes (the
+# seed and the Philox offset). Made once, outside any estimate: a host tensor is no part
+# of the step's device memory, which one made under the stand-in would count as.
+_RNG_STATE = torch.zeros(16, dtype=torch.uint8)
+
+
 _ANSWERS = {
     "synchronize": _nothing,
     "set_device": _nothing,
@@ -140,6 +148,10 @@ _ANSWERS = {
     "is_bf16_supported": lambda including_emulation=True: True,
     "current_stream": lambda device=None: _THE_STREAM,
     "default_stream": lambda device=None: _THE_STREAM,
+    "get_rng_state": lambda device="cuda": _RNG_STATE,
+    "set_rng_state": lambda new_state, device="cuda": None,
+    "get_rng_state_all": lambda: [_RNG_STATE],
+    "set_rng_state_all": lambda new_states: None,
     "Stream": _Stream,
     "stream": lambda stream=None: contextlib.nullcontext(stream),
     "Event": _Event,
@@ -154,6 +166,17 @@ def _counted(name, answer):
     return counted
 
 
+def _recorded_on(original):
+    """``Tensor.record_stream`` that takes the answered streams: PyTorch's parses only its
+    own. On one in-order device a block's use on a stream changes nothing."""
+    def record_stream(tensor, stream):
+        if isinstance(stream, _Stream):
+            _count("record_stream")
+            return None
+        return original(tensor, stream)
+    return record_stream
+
+
 @contextlib.contextmanager
 def answered_on_cpu():
     """The torch.cuda calls of ``_ANSWERS`` answered as described above, for its length;
@@ -163,6 +186,7 @@ def answered_on_cpu():
     global _answered
     amp_common = torch.cuda.amp.common
     originals = {name: getattr(torch.cuda, name) for name in _ANSWERS}
+    record_stream = torch.Tensor.record_stream
     unavailable = amp_common.amp_definitely_not_available
     outer, _answered = _answered, Counter()
     try:
@@ -171,9 +195,11 @@ def answered_on_cpu():
             setattr(torch.cuda, name, answer if isinstance(answer, type)
                     else _counted(name, answer))
         amp_common.amp_definitely_not_available = lambda: False
+        torch.Tensor.record_stream = _recorded_on(record_stream)
         yield _answered
     finally:
         for name, original in originals.items():
             setattr(torch.cuda, name, original)
         amp_common.amp_definitely_not_available = unavailable
+        torch.Tensor.record_stream = record_stream
         _answered = outer

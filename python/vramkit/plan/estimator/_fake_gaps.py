@@ -11,6 +11,12 @@ one CUDA's refuses too), and the fake kernel runs as usual.
   runs every other dtype through its fallback, one matrix product per group written into
   one output. That output is all it allocates: the result's shape, in the operands'
   dtype, each row padded to 16 bytes as the CUDA kernels lay it out.
+- ``aten._pin_memory`` (``batch.pin_memory().to("cuda", non_blocking=True)``, the
+  data loader's idiom written into a step): fake tensors have no kernel for it at all.
+  Pinned memory is host memory, which the estimate does not count: the tensor itself
+  stands for its pinned copy, so the copy to the GPU that follows is counted as it is
+  without pinning (and, on the CPU stand-in, where the host tensor stands for the GPU's,
+  nothing is counted twice).
 """
 
 from __future__ import annotations
@@ -45,8 +51,13 @@ def _grouped_mm_output(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
     return torch.empty_strided(shape, stride, dtype=dtype, device=mat_a.device)
 
 
+def _pinned(tensor, device=None):
+    return torch.ops.aten.alias.default(tensor)
+
+
 _STAND_INS = {
     torch.ops.aten._grouped_mm.default: _grouped_mm_output,
+    torch.ops.aten._pin_memory.default: _pinned,
 }
 OPS = frozenset(_STAND_INS)
 
