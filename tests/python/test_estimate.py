@@ -439,14 +439,27 @@ def test_grouped_matrix_products_in_fp32_are_estimated_as_cuda_runs_them():
     assert e.peak_allocated == before + padded + _rounded(tokens * out_width * 4)
 
 
+def _linear_sgd_build(batch_device: str):
+    def build():
+        net = torch.nn.Linear(WIDTH, WIDTH).to("cuda")
+        return net, torch.optim.SGD(net.parameters(), lr=0.1), \
+            torch.randn(BATCH, WIDTH, device=batch_device)
+    return build
+
+
+def _same_estimate(step, build) -> None:
+    """The step written one way (step(True)) is estimated as written the other."""
+    one = vramkit.estimate(step(True), build=build, model_workspaces=False)
+    other = vramkit.estimate(step(False), build=build, model_workspaces=False)
+    assert one.peak_allocated == other.peak_allocated > 0
+    assert one.peak_reserved == other.peak_reserved
+
+
 def test_a_batch_pinned_in_the_step_is_estimated_as_the_same_step_unpinned():
     """`batch.pin_memory().to("cuda", non_blocking=True)` has no fake kernel in PyTorch:
     the estimate stands the batch in for its pinned copy (host memory, not counted), so the
     step is estimated as it is without pinning, instead of refused."""
-    def build():
-        net = torch.nn.Linear(WIDTH, WIDTH).to("cuda")
-        return net, torch.optim.SGD(net.parameters(), lr=0.1), \
-            torch.randn(BATCH, WIDTH, device="cpu")
+    build = _linear_sgd_build("cpu")
 
     def step(pin):
         def one(net, opt, batch):
@@ -456,20 +469,14 @@ def test_a_batch_pinned_in_the_step_is_estimated_as_the_same_step_unpinned():
             opt.zero_grad(set_to_none=True)
         return one
 
-    pinned = vramkit.estimate(step(True), build=build, model_workspaces=False)
-    plain = vramkit.estimate(step(False), build=build, model_workspaces=False)
-    assert pinned.peak_allocated == plain.peak_allocated > 0
-    assert pinned.peak_reserved == plain.peak_reserved
+    _same_estimate(step, build)
 
 
 def test_a_batch_copied_on_a_side_stream_with_record_stream_is_estimated():
     """A prefetch on a side stream, the copy's use recorded on the main stream: on the CPU
     stand-in `record_stream` takes the stand-in's streams, and the step is estimated as the
     same step on one stream."""
-    def build():
-        net = torch.nn.Linear(WIDTH, WIDTH).to("cuda")
-        return net, torch.optim.SGD(net.parameters(), lr=0.1), \
-            torch.randn(BATCH, WIDTH, device="cpu")
+    build = _linear_sgd_build("cpu")
 
     def step(side):
         def one(net, opt, batch):
@@ -486,20 +493,14 @@ def test_a_batch_copied_on_a_side_stream_with_record_stream_is_estimated():
             opt.zero_grad(set_to_none=True)
         return one
 
-    prefetched = vramkit.estimate(step(True), build=build, model_workspaces=False)
-    plain = vramkit.estimate(step(False), build=build, model_workspaces=False)
-    assert prefetched.peak_allocated == plain.peak_allocated > 0
-    assert prefetched.peak_reserved == plain.peak_reserved
+    _same_estimate(step, build)
 
 
 def test_a_step_that_saves_and_restores_the_cuda_generator_is_estimated():
     """`torch.cuda.get_rng_state()` / `set_rng_state()` around a step's dropout (custom
     recomputation saves them so): answered on the CPU stand-in, with a host tensor that
     adds nothing to the step's device memory."""
-    def build():
-        net = torch.nn.Linear(WIDTH, WIDTH).to("cuda")
-        return net, torch.optim.SGD(net.parameters(), lr=0.1), \
-            torch.randn(BATCH, WIDTH, device="cuda")
+    build = _linear_sgd_build("cuda")
 
     def step(save):
         def one(net, opt, batch):
@@ -513,10 +514,7 @@ def test_a_step_that_saves_and_restores_the_cuda_generator_is_estimated():
             opt.zero_grad(set_to_none=True)
         return one
 
-    saved = vramkit.estimate(step(True), build=build, model_workspaces=False)
-    plain = vramkit.estimate(step(False), build=build, model_workspaces=False)
-    assert saved.peak_allocated == plain.peak_allocated > 0
-    assert saved.peak_reserved == plain.peak_reserved
+    _same_estimate(step, build)
 
 
 def test_a_mixture_of_experts_model_with_fp32_weights_under_autocast():
