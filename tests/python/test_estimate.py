@@ -517,6 +517,24 @@ def test_a_step_that_saves_and_restores_the_cuda_generator_is_estimated():
     _same_estimate(step, build)
 
 
+def test_a_capturable_adam_is_estimated_with_its_step_counters_on_the_device():
+    """`Adam(capturable=True)` (for CUDA graphs) keeps its step counters on the device;
+    its check of the parameters' device type took the CPU stand-in's for a wrong one."""
+    def build():
+        net = torch.nn.Linear(WIDTH, WIDTH).to("cuda")
+        return net, torch.optim.Adam(net.parameters(), capturable=True), \
+            torch.randn(BATCH, WIDTH, device="cuda")
+
+    def step(net, opt, batch):
+        net(batch).square().mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    e = vramkit.estimate(step, build=build, model_workspaces=False)
+    moments = 2 * (_rounded(WIDTH * WIDTH * 4) + _rounded(WIDTH * 4))
+    assert e.breakdown["optimizer state"] == moments + 2 * _rounded(4)  # a counter each
+
+
 def test_a_mixture_of_experts_model_with_fp32_weights_under_autocast():
     transformers = pytest.importorskip("transformers")
     config = transformers.MixtralConfig(

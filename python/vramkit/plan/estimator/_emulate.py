@@ -20,7 +20,9 @@ step on fake *CPU* tensors and makes the CPU behave, for memory, as the GPU woul
 - the operations CUDA autocast runs in fp32 (layer norm, softmax, exp, log...) run in
   fp32 under the CPU's autocast too, and the one CPU autocast runs in fp32 that CUDA's
   leaves to its parts (cross entropy: CUDA keeps its log-softmax in the lower precision
-  and an fp32 copy for the loss) meets autocast part by part, as on CUDA.
+  and an fp32 copy for the loss) meets autocast part by part, as on CUDA;
+- an optimizer made with ``capturable=True`` (its step counters on the device, for CUDA
+  graphs) takes the stand-in's CPU tensors as it takes CUDA's.
 
 What stays different: kernels that choose their own workspaces (cuDNN's convolutions,
 whose workspaces come from the table of H200 measurements instead: workspaces.py), and
@@ -288,9 +290,29 @@ def _overload(name: str):
 
 
 @contextlib.contextmanager
+def capturable_optimizers_on_cpu():
+    """torch.optim's capturable implementations refuse parameters on a device outside
+    their list; each optimizer module holds its own reference to the function that gives
+    the list, so each is given one that lists the CPU too."""
+    import sys
+
+    name = "_get_capturable_supported_devices"
+    holders = [m for key, m in list(sys.modules.items())
+               if key.startswith("torch.optim") and callable(getattr(m, name, None))]
+    originals = [getattr(m, name) for m in holders]
+    for module, original in zip(holders, originals):
+        setattr(module, name, lambda *a, _original=original, **k: [*_original(*a, **k), "cpu"])
+    try:
+        yield
+    finally:
+        for module, original in zip(holders, originals):
+            setattr(module, name, original)
+
+
+@contextlib.contextmanager
 def emulated_cuda():
     """Everything above, for the length of one estimate; yields the Counter of the
     step's torch.cuda calls answered (_cuda_calls)."""
-    with cuda_autocast_on_cpu(), cuda_autocast_lists_on_cpu(), \
+    with cuda_autocast_on_cpu(), cuda_autocast_lists_on_cpu(), capturable_optimizers_on_cpu(), \
             _cuda_calls.answered_on_cpu() as answered, CudaOnCpu():
         yield answered
