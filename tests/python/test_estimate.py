@@ -517,6 +517,26 @@ def test_a_step_that_saves_and_restores_the_cuda_generator_is_estimated():
     _same_estimate(step, build)
 
 
+def test_noise_drawn_from_a_cuda_generator_is_estimated():
+    """`torch.Generator(device="cuda")` (seeded noise, as diffusion steps draw it) cannot
+    be made without CUDA: on the CPU stand-in it is the CPU's, and the step is estimated as
+    the same step drawing from the default generator."""
+    build = _linear_sgd_build("cuda")
+
+    def step(seeded):
+        def one(net, opt, batch):
+            generator = torch.Generator(device="cuda").manual_seed(0) if seeded else None
+            noise = torch.randn(batch.shape, generator=generator, device="cuda")
+            assert isinstance(generator or torch.default_generator, torch.Generator)
+            net(batch + noise).square().mean().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return one
+
+    _same_estimate(step, build)
+    assert torch.Generator is torch._C.Generator  # given back after the estimate
+
+
 def test_a_capturable_adam_is_estimated_with_its_step_counters_on_the_device():
     """`Adam(capturable=True)` (for CUDA graphs) keeps its step counters on the device;
     its check of the parameters' device type took the CPU stand-in's for a wrong one."""

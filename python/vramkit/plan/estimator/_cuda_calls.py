@@ -12,7 +12,8 @@ measurements the estimator's tables hold), would:
   context do nothing: the stand-in runs every operation in order, on one device;
 - the device's name, capability, properties and free memory are the H200's (free: all of
   it, since the stand-in holds no real memory); its random generator's state, saved and
-  restored around a step's random ops, is a state of CUDA's size that restoring ignores;
+  restored around a step's random ops, is a state of CUDA's size that restoring ignores,
+  and a ``torch.Generator(device="cuda")`` is a CPU generator;
 - streams and events are stand-ins whose waits and queries return at once and whose timings
   are zero: the stand-in has one stream. ``tensor.record_stream(stream)`` takes them (and
   does nothing, as a use on the one stream would).
@@ -166,6 +167,26 @@ def _counted(name, answer):
     return counted
 
 
+_GENERATOR = torch.Generator
+
+
+class _GeneratorKind(type(_GENERATOR)):
+    def __instancecheck__(cls, value):
+        return isinstance(value, _GENERATOR)  # the generators made before it are too
+
+
+class _Generator(_GENERATOR, metaclass=_GeneratorKind):
+    """``torch.Generator(device="cuda")``: the CPU's generator, which the stand-in's
+    random ops take (a generator holds no device memory)."""
+
+    def __new__(cls, device="cpu"):
+        where = torch.device(device)
+        if where.type == "cuda":
+            _count("Generator")
+            return _GENERATOR("cpu")
+        return _GENERATOR(device)
+
+
 def _recorded_on(original):
     """``Tensor.record_stream`` that takes the answered streams: PyTorch's parses only its
     own. On one in-order device a block's use on a stream changes nothing."""
@@ -196,10 +217,12 @@ def answered_on_cpu():
                     else _counted(name, answer))
         amp_common.amp_definitely_not_available = lambda: False
         torch.Tensor.record_stream = _recorded_on(record_stream)
+        torch.Generator = _Generator
         yield _answered
     finally:
         for name, original in originals.items():
             setattr(torch.cuda, name, original)
         amp_common.amp_definitely_not_available = unavailable
         torch.Tensor.record_stream = record_stream
+        torch.Generator = _GENERATOR
         _answered = outer
