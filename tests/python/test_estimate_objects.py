@@ -1,7 +1,9 @@
 """Tests of vramkit.estimate on the objects a step is given or builds besides the model:
-a deep copy made in build() (an EMA or teacher model), LR schedulers and gradient scalers
-passed in (twinned, never changed), and a torch.compile'd model (run eagerly, and said
-so). On the CPU stand-in for CUDA.
+a deep copy made in build() (an EMA or teacher model), memory held in a plain object,
+LR schedulers and gradient scalers passed in (twinned, never changed), an optimizer
+wrapper as accelerate makes, DistributedDataParallel (refused, saying what to do), a step
+that asks whether CUDA is available (told of it), and a torch.compile'd model (run
+eagerly, and said so). On the CPU stand-in for CUDA.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import vramkit  # noqa: E402
+from vramkit.estimator import UntraceableStep  # noqa: E402
 
 
 def test_an_ema_copy_made_with_deepcopy_in_build_is_counted():
@@ -92,3 +95,120 @@ def test_a_compiled_model_is_estimated_as_eager_and_says_so():
     assert compiled.peak_allocated == eager.peak_allocated
     assert any("ran as eager PyTorch" in n for n in compiled.notes), compiled.notes
     assert not any("torch.compile" in n for n in eager.notes)
+
+
+def _linear_build(holder=None):
+    """A linear layer, its optimizer and a batch; ``holder(net)`` adds an object holding
+    more of the program's memory (an EMA copy kept in it, say)."""
+    def build():
+        net = torch.nn.Linear(256, 256).to("cuda")
+        opt = torch.optim.AdamW(net.parameters())
+        made = (net, opt, torch.randn(8, 256, device="cuda"))
+        return made if holder is None else (*made, holder(net))
+    return build
+
+
+def _train(net, opt, x, *_held):
+    net(x).square().mean().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def test_memory_held_in_a_plain_object_from_build_is_counted():
+    """An EMA copy of the weights (updated every few steps, not in the one estimated) or a
+    teacher kept in a SimpleNamespace or a class of the user's was left out: only lists,
+    tuples and dicts were looked into. It is the program's memory as in a dict."""
+    from types import SimpleNamespace
+
+    def shadow(net):
+        return [p.detach().clone() for p in net.parameters()]
+
+    alone = vramkit.estimate(_train, build=_linear_build())
+    in_dict = vramkit.estimate(_train, build=_linear_build(lambda n: {"ema": shadow(n)}))
+    in_object = vramkit.estimate(
+        _train, build=_linear_build(lambda n: SimpleNamespace(ema=SimpleNamespace(
+            weights=shadow(n)))))
+    copy_bytes = in_dict.peak_allocated - alone.peak_allocated
+    assert copy_bytes == alone.breakdown["parameters"] > 0
+    assert in_object.peak_allocated == in_dict.peak_allocated
+
+
+class _WrappingOptimizer(torch.optim.Optimizer):
+    """An optimizer wrapper as accelerate's AcceleratedOptimizer is written: a subclass of
+    torch.optim.Optimizer that never runs its constructor and forwards to the optimizer
+    it wraps (so it has no step hooks of its own)."""
+
+    def __init__(self, optimizer):
+        self.optimizer = optimizer
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    @property
+    def state(self):
+        return self.optimizer.state
+
+    def step(self, closure=None):
+        return self.optimizer.step(closure)
+
+    def zero_grad(self, set_to_none=True):
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+
+def test_a_wrapped_optimizer_is_watched_through_the_one_it_wraps():
+    """accelerate's `prepare()` returns such a wrapper: the estimate failed with an
+    AttributeError (a traceback, not an UntraceableStep) registering its step hooks."""
+    def build(wrapped):
+        def made():
+            net, opt, x = _linear_build()()
+            return net, (_WrappingOptimizer(opt) if wrapped else opt), x
+        return made
+
+    plain = vramkit.estimate(_train, build=build(False))
+    wrapped = vramkit.estimate(_train, build=build(True))
+    assert wrapped.breakdown == plain.breakdown
+    assert wrapped.peak_reserved == plain.peak_reserved
+
+
+def test_distributed_data_parallel_is_refused_with_what_to_do(tmp_path):
+    """DDP reads the parameters' memory when it wraps them; the refusal said to give an
+    RNN padded batches. It now says what to estimate instead."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        pytest.skip("this PyTorch has no torch.distributed")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'group'}", rank=0,
+                            world_size=1)
+    try:
+        def build():
+            net, opt, x = _linear_build()()
+            return torch.nn.parallel.DistributedDataParallel(net), opt, x
+
+        with pytest.raises(UntraceableStep) as refused:
+            vramkit.estimate(_train, build=build)
+    finally:
+        dist.destroy_process_group()
+    message = str(refused.value)
+    assert "DistributedDataParallel" in message and "without its DDP wrapper" in message
+    assert "PackedSequence" not in message
+
+
+def test_a_step_that_asks_whether_cuda_is_available_is_told_of_it():
+    """On the CPU stand-in `torch.cuda.is_available()` stays False, and code that chooses
+    its path by it (accelerate turns fp16 mixed precision off without CUDA) is estimated
+    on the path it takes here: a note says so. PyTorch's own questions raise no note."""
+    def build(asks):
+        def made():
+            if asks:
+                torch.cuda.is_available()  # as a library choosing its path would
+            return _linear_build()()
+        return made
+
+    worded = "asked torch.cuda.is_available()"
+    asked = vramkit.estimate(_train, build=build(True))
+    plain = vramkit.estimate(_train, build=build(False))
+    if not asked.emulated:
+        pytest.skip("a GPU is present: the question has its real answer")
+    assert any(worded in note for note in asked.notes), asked.notes
+    assert not any(worded in note for note in plain.notes), plain.notes

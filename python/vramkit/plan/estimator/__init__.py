@@ -414,13 +414,20 @@ def _at_peak(recording) -> tuple:
 def _notes(recording, target, models_) -> list[str]:
     """What the estimate says about how it was made: the CPU stand-in, the workspace
     models, and the values it took rather than knew."""
+    from . import _cuda_calls
+
     notes = []
     if target.emulated:
         notes.append("no GPU here: the step ran on CPU kernels standing in for CUDA's; "
                      "on a machine with a GPU the estimate uses CUDA's own")
-    if recording.cuda_calls_answered:
-        calls = ", ".join(f"{name} ({count})" for name, count
-                          in sorted(recording.cuda_calls_answered.items()))
+    answered = dict(recording.cuda_calls_answered)
+    if answered.pop(_cuda_calls.ASKED_AVAILABLE, 0):
+        notes.append("the step's code asked torch.cuda.is_available(), which is False "
+                     "here: what it chose for a machine without a GPU was estimated (a "
+                     "library such as accelerate turns fp16 mixed precision off without "
+                     "CUDA); estimate on a machine with a GPU for the path it takes there")
+    if answered:
+        calls = ", ".join(f"{name} ({count})" for name, count in sorted(answered.items()))
         notes.append(f"the step's torch.cuda calls were answered as one H200 would answer "
                      f"them, with nothing run on a device: {calls}")
     for model in models_:

@@ -21,13 +21,17 @@ measurements the estimator's tables hold), would:
 What stays the machine's own: ``is_available()`` and ``device_count()`` (libraries cache
 them, and a step that asks them is choosing where to run, which a stand-in cannot decide
 for it), and the memory figures (``memory_allocated()`` and the like), which read the real
-allocator, not the estimate. Nothing here runs on a machine with a GPU: there the step runs
+allocator, not the estimate. Where code outside PyTorch asks ``is_available()`` (a library
+choosing its path: accelerate turns fp16 mixed precision off without CUDA), the count of
+such questions comes back with the answered calls, for a note. Nothing here runs on a machine with a GPU: there the step runs
 on fake CUDA tensors against the real driver.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 from collections import Counter
 from types import SimpleNamespace
 
@@ -167,6 +171,22 @@ def _counted(name, answer):
     return counted
 
 
+# The key under which answered_on_cpu counts is_available() asked outside PyTorch (and
+# answered with the machine's own False).
+ASKED_AVAILABLE = "is_available"
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+_VRAMKIT_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _asked_by_a_library(original):
+    def is_available():
+        caller = os.path.abspath(sys._getframe(1).f_code.co_filename)
+        if not caller.startswith((_TORCH_DIR, _VRAMKIT_DIR + os.sep)):
+            _count(ASKED_AVAILABLE)
+        return original()
+    return is_available
+
+
 _GENERATOR = torch.Generator
 
 
@@ -208,6 +228,7 @@ def answered_on_cpu():
     amp_common = torch.cuda.amp.common
     originals = {name: getattr(torch.cuda, name) for name in _ANSWERS}
     record_stream = torch.Tensor.record_stream
+    is_available = torch.cuda.is_available
     unavailable = amp_common.amp_definitely_not_available
     outer, _answered = _answered, Counter()
     try:
@@ -218,6 +239,7 @@ def answered_on_cpu():
         amp_common.amp_definitely_not_available = lambda: False
         torch.Tensor.record_stream = _recorded_on(record_stream)
         torch.Generator = _Generator
+        torch.cuda.is_available = _asked_by_a_library(is_available)
         yield _answered
     finally:
         for name, original in originals.items():
@@ -225,4 +247,5 @@ def answered_on_cpu():
         amp_common.amp_definitely_not_available = unavailable
         torch.Tensor.record_stream = record_stream
         torch.Generator = _GENERATOR
+        torch.cuda.is_available = is_available
         _answered = outer

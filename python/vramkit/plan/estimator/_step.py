@@ -26,7 +26,7 @@ import types
 from dataclasses import dataclass
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from . import _emulate
 from ._moves import fake_module_copies, fake_module_moves
@@ -239,6 +239,75 @@ def _found(values, kind) -> list:
     return found
 
 
+# How many plain objects _held looks into, and how deep: an EMA copy or a teacher kept in
+# a SimpleNamespace or a class of the user's is a few attributes down, and a dataset of a
+# million samples held beside them is not walked.
+_MOST_OBJECTS_LOOKED_INTO = 10_000
+_DEEPEST_ATTRIBUTE = 4
+_NOT_LOOKED_INTO = (type, types.ModuleType, types.FunctionType, types.MethodType,
+                    types.BuiltinFunctionType, functools.partial, torch.device, torch.dtype)
+
+
+def _held(values, kind) -> list:
+    """The objects of type ``kind`` the step's objects hold, each once: those of ``_found``
+    and, in the attributes of plain objects among them (an ``AcceleratedOptimizer``'s
+    optimizer, a ``SimpleNamespace`` holding an EMA copy of the weights, a trainer class),
+    the fake ones, which build() made or the estimate twinned: held by the program before
+    its first step, they are its memory whether or not the step touches them. Real
+    objects there (a CPU dataset inside a data loader given as it is) are the host's."""
+    found, seen, budget = {}, set(), [_MOST_OBJECTS_LOOKED_INTO]
+
+    def look(v, depth: int, inside_object: bool) -> None:
+        if id(v) in seen or budget[0] <= 0:
+            return
+        seen.add(id(v))
+        budget[0] -= 1
+        if isinstance(v, kind):
+            if not inside_object or _is_fake(v):
+                found[id(v)] = v
+            if not isinstance(v, torch.optim.Optimizer):
+                return  # an optimizer may wrap the one whose step runs (accelerate's)
+        if isinstance(v, (torch.Tensor, torch.nn.Module)):
+            return  # what these hold is found through them (parameters, buffers)
+        if isinstance(v, (list, tuple, set, frozenset)):
+            children = v
+        elif isinstance(v, dict):
+            children = v.values()
+        elif depth < _DEEPEST_ATTRIBUTE and hasattr(v, "__dict__") \
+                and not isinstance(v, _NOT_LOOKED_INTO):
+            children, inside_object = vars(v).values(), True
+            depth += 1
+        else:
+            return
+        for child in list(children):
+            look(child, depth, inside_object)
+
+    for value in values:
+        look(value, 0, False)
+    return list(found.values())
+
+
+def _is_fake(value) -> bool:
+    """Whether ``value`` is a fake tensor, or a module or optimizer over fake tensors."""
+    if isinstance(value, torch.Tensor):
+        return isinstance(value, FakeTensor)
+    if isinstance(value, torch.nn.Module):
+        first = next(iter((*value.parameters(), *value.buffers())), None)
+        return first is None or isinstance(first, FakeTensor)
+    if isinstance(value, torch.optim.Optimizer):
+        groups = getattr(value, "param_groups", None) or [{}]
+        first = next(iter(groups[0].get("params", ())), None)
+        return isinstance(first, FakeTensor)
+    return False
+
+
+def _stepping(optimizers) -> list:
+    """The optimizers whose ``step`` runs, with PyTorch's hooks: a wrapper that subclasses
+    torch.optim.Optimizer without its constructor (accelerate's AcceleratedOptimizer) is
+    left for the optimizer it wraps, which _held found beside it."""
+    return [opt for opt in optimizers if hasattr(opt, "_optimizer_step_pre_hooks")]
+
+
 # Called with the fake objects a recording's step takes, as soon as they exist (see
 # built_objects_seen); None: nobody asked.
 _built_seen = contextvars.ContextVar("vramkit_estimate_built_seen", default=None)
@@ -301,23 +370,23 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
         values = (*args, *kwargs.values())
         if owner is not None:
             values += (owner, *vars(owner).values())
-        known.forget(p for m in _found(values, torch.nn.Module) for p in m.parameters())
-        known.forget(_found(values, torch.Tensor))
+        known.forget(p for m in _held(values, torch.nn.Module) for p in m.parameters())
+        known.forget(_held(values, torch.Tensor))
         recorder.values = known  # run inside the recorder's dispatch, not as a mode
         graphs = _graphs_compiled()
         with mode, recorder, _autocast_cache_cleared_in_order(recorder), \
                 known.python_reads_answered(), known.known_values_not_traced(), \
                 (around_step or contextlib.nullcontext()):
-            for m in _found(values, torch.nn.Module):
+            for m in _held(values, torch.nn.Module):
                 for p in m.parameters():
                     recorder.set_role(p, "parameters")
                 for b in m.buffers():
                     recorder.set_role(b, "parameters")
-            for t in _found(values, torch.Tensor):
+            for t in _held(values, torch.Tensor):
                 if recorder.block_of(t) is None or not recorder.recording.blocks[
                         recorder.block_of(t)].role:
                     recorder.set_role(t, "inputs")
-            optimizers = _found(values, torch.optim.Optimizer)
+            optimizers = _stepping(_held(values, torch.optim.Optimizer))
             for opt in optimizers:
                 _as_on_the_gpu(opt)
             hooks = _phase_hooks(recorder, optimizers)
@@ -336,7 +405,7 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
             finally:
                 for h in hooks:
                     h.remove()
-            for m in _found(values, torch.nn.Module):
+            for m in _held(values, torch.nn.Module):
                 for p in m.parameters():
                     if p.grad is not None:
                         recorder.set_role(p.grad, "gradients")
@@ -528,12 +597,26 @@ _LBFGS_ADVICE = ("torch.optim.LBFGS decides from the loss and the gradients how 
                  "history_size pairs), and a few more")
 
 
+# What to do about DistributedDataParallel, whose constructor compares the parameters'
+# shapes across processes by reading their memory, which a fake tensor does not have.
+_DDP_FILE = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "nn", "parallel",
+                         "distributed.py")
+_DDP_ADVICE = ("DistributedDataParallel reads the parameters' memory when it wraps the model "
+               "(it compares them across processes), which fake tensors do not have: "
+               "estimate the model without its DDP wrapper and add DDP's gradient buckets, "
+               "about the gradients' size once more (nothing with "
+               "gradient_as_bucket_view=True)")
+
+
 def _explain(error: Exception) -> str:
-    if any(os.path.abspath(frame.filename).startswith(_DECIDING_OPTIMIZERS)
-           for frame in traceback.extract_tb(error.__traceback__)):
-        return (f"the step could not run on fake tensors ({_words(type(error).__name__)}"
-                f"{_where(error)}); {_LBFGS_ADVICE}. No estimate is given rather than a "
-                f"wrong one.")
+    files = [os.path.abspath(frame.filename)
+             for frame in traceback.extract_tb(error.__traceback__)]
+    for advice, found in ((_LBFGS_ADVICE, any(f.startswith(_DECIDING_OPTIMIZERS) for f in files)),
+                          (_DDP_ADVICE, _DDP_FILE in files)):
+        if found:
+            return (f"the step could not run on fake tensors ({_words(type(error).__name__)}"
+                    f"{_where(error)}); {advice}. No estimate is given rather than a "
+                    f"wrong one.")
     message = _first_sentence(error)
     first = _words(f"{type(error).__name__}: {message.strip()}" if message
                    else type(error).__name__) + _where(error)
