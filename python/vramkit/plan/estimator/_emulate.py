@@ -22,7 +22,9 @@ step on fake *CPU* tensors and makes the CPU behave, for memory, as the GPU woul
   leaves to its parts (cross entropy: CUDA keeps its log-softmax in the lower precision
   and an fp32 copy for the loss) meets autocast part by part, as on CUDA;
 - an optimizer made with ``capturable=True`` (its step counters on the device, for CUDA
-  graphs) takes the stand-in's CPU tensors as it takes CUDA's.
+  graphs) takes the stand-in's CPU tensors as it takes CUDA's; a scalar made by
+  ``torch.tensor()`` with no device (any other optimizer's step counter) is host memory on
+  a GPU machine, and is not counted.
 
 What stays different: kernels that choose their own workspaces (cuDNN's convolutions,
 whose workspaces come from the table of H200 measurements instead: workspaces.py), and
@@ -43,7 +45,7 @@ from torch.utils import flop_counter
 from torch.utils._device import DeviceContext
 
 from . import _cuda_calls
-from ._record import add_flops, per_query_head
+from ._record import MAKING_HOST_TENSOR, add_flops, per_query_head
 
 _TENSOR_MOVES = {torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.type}
 _LOWER = (torch.float16, torch.bfloat16)
@@ -75,6 +77,14 @@ class CudaOnCpu(DeviceContext):
         kwargs = dict(kwargs or {})
         if "device" in kwargs:
             kwargs["device"] = _on_cpu(kwargs["device"])
+        if func is torch.tensor and "device" not in kwargs and _scalar(*args, **kwargs):
+            # On a GPU machine a scalar made with no device is a host tensor (the step
+            # counter of an optimizer that is neither capturable nor fused).
+            token = MAKING_HOST_TENSOR.set(True)
+            try:
+                return func(*args, **kwargs)
+            finally:
+                MAKING_HOST_TENSOR.reset(token)
         if func is torch.Tensor.cuda:
             kwargs.pop("device", None)
             return args[0].to("cpu", **{k: v for k, v in kwargs.items()
@@ -91,6 +101,11 @@ class CudaOnCpu(DeviceContext):
             if fused is not None:
                 return fused
         return func(*args, **kwargs)
+
+
+def _scalar(data=None, *args, **kwargs) -> bool:
+    return isinstance(data, (bool, int, float, complex)) or (
+        isinstance(data, torch.Tensor) and data.dim() == 0)
 
 
 def _training_dropout(input, p=0.5, training=True, inplace=False):

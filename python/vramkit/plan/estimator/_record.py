@@ -39,6 +39,7 @@ the block is: a vramkit file is never named, since it is no code the user can ch
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import sys
 import threading
@@ -54,6 +55,10 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from . import _fake_gaps
 from ._transients import OUTPUT, outputs_marked
+
+# Set while the CPU stand-in makes a tensor that a GPU machine makes in host memory (a
+# scalar from torch.tensor() with no device: an optimizer's step counter): not counted.
+MAKING_HOST_TENSOR = contextvars.ContextVar("vramkit_making_host_tensor", default=False)
 
 _DEVICE_OF = torch.ops.prim.device.default
 _ADD = torch.ops.aten.add.Tensor
@@ -269,6 +274,8 @@ class StorageRecorder(TorchDispatchMode):
         # before the step; None: no build() of the user's ran (`vramkit estimate
         # --model` builds its own), and those blocks are named in words.
         self.creation_sites: WeakIdKeyDictionary | None = None
+        # Storages the CPU stand-in made that a GPU machine holds in host memory.
+        self._host = WeakIdKeyDictionary()
         # The floating-point operations of each step begun (record_step appends one per
         # step), counted here by PyTorch's FLOP formulas rather than under its
         # FlopCounterMode, which decomposes ops and so changes what checkpointing keeps:
@@ -367,6 +374,9 @@ class StorageRecorder(TorchDispatchMode):
             storage = t.untyped_storage()
         except (NotImplementedError, RuntimeError):
             return None  # a sparse or otherwise storage-less tensor: nothing to count
+        if self.device_type is None and (MAKING_HOST_TENSOR.get() or storage in self._host):
+            self._host[storage] = True  # the same, made by the CPU stand-in (_emulate)
+            return None
         with self._lock:
             bid = self._ids.get(storage)
             if bid is not None:
