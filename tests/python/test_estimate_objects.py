@@ -212,3 +212,30 @@ def test_a_step_that_asks_whether_cuda_is_available_is_told_of_it():
         pytest.skip("a GPU is present: the question has its real answer")
     assert any(worded in note for note in asked.notes), asked.notes
     assert not any(worded in note for note in plain.notes), plain.notes
+
+
+def test_more_than_the_objects_looked_into_is_said(monkeypatch):
+    """Plain objects are looked into up to a bound (a dataset of a million samples held
+    beside the model is not walked): past it the estimate says what it left out. Lists,
+    tuples and dicts are walked whole, as before."""
+    from types import SimpleNamespace
+
+    from vramkit.plan.estimator import _step
+
+    monkeypatch.setattr(_step, "_MOST_OBJECTS_LOOKED_INTO", 40)
+    many = 60
+    worded = "hold more than the estimate looks into"
+
+    def held(in_object):
+        def hold(net):
+            blocks = [torch.zeros(1, device="cuda") for _ in range(many)]
+            return SimpleNamespace(blocks=blocks) if in_object else blocks
+        return hold
+
+    alone = vramkit.estimate(_train, build=_linear_build())
+    in_list = vramkit.estimate(_train, build=_linear_build(held(False)))
+    in_object = vramkit.estimate(_train, build=_linear_build(held(True)))
+    assert in_list.breakdown["inputs"] - alone.breakdown["inputs"] == many * 512
+    assert not any(worded in note for note in in_list.notes)
+    assert in_object.breakdown["inputs"] - alone.breakdown["inputs"] < many * 512
+    assert any(worded in note for note in in_object.notes), in_object.notes

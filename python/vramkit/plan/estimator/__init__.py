@@ -414,7 +414,7 @@ def _at_peak(recording) -> tuple:
 def _notes(recording, target, models_) -> list[str]:
     """What the estimate says about how it was made: the CPU stand-in, the workspace
     models, and the values it took rather than knew."""
-    from . import _cuda_calls
+    from . import _cuda_calls, _step
 
     notes = []
     if target.emulated:
@@ -432,6 +432,11 @@ def _notes(recording, target, models_) -> list[str]:
                      f"them, with nothing run on a device: {calls}")
     for model in models_:
         notes.extend(model.notes())
+    if recording.objects_left_unwalked:
+        notes.append(f"the objects the step was given hold more than the estimate looks "
+                     f"into ({_step._MOST_OBJECTS_LOOKED_INTO:,} objects inside plain "
+                     f"objects): tensors held further in were not counted; give the step "
+                     f"what it needs directly, or in a list or dict, which are walked whole")
     if recording.compiled_ran_eager:
         notes.append("the step's torch.compile'd code ran as eager PyTorch under the "
                      "estimate (Dynamo compiled no graph on its fake tensors): the figures "

@@ -151,6 +151,7 @@ class Recording:
     first_logged_read: str = ""    # where the first of them was read ("file:line")
     flops: int = 0                 # floating-point operations of the last step recorded
     compiled_ran_eager: bool = False  # a torch.compile'd step or module, Dynamo compiled none
+    objects_left_unwalked: bool = False  # plain objects held more than _held looks into
 
     def events(self):
         """The ops as ``vramkit replay`` trace events on stream 0."""

@@ -239,29 +239,30 @@ def _found(values, kind) -> list:
     return found
 
 
-# How many plain objects _held looks into, and how deep: an EMA copy or a teacher kept in
-# a SimpleNamespace or a class of the user's is a few attributes down, and a dataset of a
-# million samples held beside them is not walked.
-_MOST_OBJECTS_LOOKED_INTO = 10_000
+# How many objects _held visits inside plain objects, and how many attributes deep: an EMA
+# copy or a teacher kept in a SimpleNamespace or a class of the user's is a few attributes
+# down, and a dataset of a million samples held beside them is not walked.
+_MOST_OBJECTS_LOOKED_INTO = 100_000
 _DEEPEST_ATTRIBUTE = 4
 _NOT_LOOKED_INTO = (type, types.ModuleType, types.FunctionType, types.MethodType,
                     types.BuiltinFunctionType, functools.partial, torch.device, torch.dtype)
 
 
-def _held(values, kind) -> list:
+def _held(values, kind, left_unwalked: list | None = None) -> list:
     """The objects of type ``kind`` the step's objects hold, each once: those of ``_found``
     and, in the attributes of plain objects among them (an ``AcceleratedOptimizer``'s
     optimizer, a ``SimpleNamespace`` holding an EMA copy of the weights, a trainer class),
     the fake ones, which build() made or the estimate twinned: held by the program before
     its first step, they are its memory whether or not the step touches them. Real
-    objects there (a CPU dataset inside a data loader given as it is) are the host's."""
+    objects there (a CPU dataset inside a data loader given as it is) are the host's. Where
+    the objects hold more than _MOST_OBJECTS_LOOKED_INTO, True is put in ``left_unwalked``."""
     found, seen, budget = {}, set(), [_MOST_OBJECTS_LOOKED_INTO]
 
     def look(v, depth: int, inside_object: bool) -> None:
-        if id(v) in seen or budget[0] <= 0:
+        if id(v) in seen or (inside_object and budget[0] <= 0):
             return
         seen.add(id(v))
-        budget[0] -= 1
+        budget[0] -= inside_object  # what _found walks stays walked whole
         if isinstance(v, kind):
             if not inside_object or _is_fake(v):
                 found[id(v)] = v
@@ -280,10 +281,14 @@ def _held(values, kind) -> list:
         else:
             return
         for child in list(children):
+            if inside_object and budget[0] <= 0:
+                break
             look(child, depth, inside_object)
 
     for value in values:
         look(value, 0, False)
+    if budget[0] <= 0 and left_unwalked is not None:
+        left_unwalked.append(True)
     return list(found.values())
 
 
@@ -382,7 +387,8 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
                     recorder.set_role(p, "parameters")
                 for b in m.buffers():
                     recorder.set_role(b, "parameters")
-            for t in _held(values, torch.Tensor):
+            unwalked: list = []
+            for t in _held(values, torch.Tensor, unwalked):
                 if recorder.block_of(t) is None or not recorder.recording.blocks[
                         recorder.block_of(t)].role:
                     recorder.set_role(t, "inputs")
@@ -410,6 +416,7 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
                     if p.grad is not None:
                         recorder.set_role(p.grad, "gradients")
             recorder.phase = "done"
+        recorder.recording.objects_left_unwalked = bool(unwalked)
         recorder.recording.compiled_ran_eager = (
             _compiled_among(values, step_fn) and _graphs_compiled() == graphs)
     recorder.recording.cuda_calls_answered = dict(answered)
