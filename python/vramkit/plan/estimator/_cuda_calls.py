@@ -23,8 +23,8 @@ them, and a step that asks them is choosing where to run, which a stand-in canno
 for it), and the memory figures (``memory_allocated()`` and the like), which read the real
 allocator, not the estimate. Where code outside PyTorch asks ``is_available()`` (a library
 choosing its path: accelerate turns fp16 mixed precision off without CUDA), the count of
-such questions comes back with the answered calls, for a note. Nothing here runs on a machine with a GPU: there the step runs
-on fake CUDA tensors against the real driver.
+such questions comes back with the answered calls, for a note. Nothing here runs on a
+machine with a GPU: there the step runs on fake CUDA tensors against the real driver.
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ from collections import Counter
 from types import SimpleNamespace
 
 import torch
+
+from ._record import _folded_prefixes
 
 # The calls answered so far in the estimate running now (answered_on_cpu), by name.
 _answered: Counter | None = None
@@ -174,14 +176,13 @@ def _counted(name, answer):
 # The key under which answered_on_cpu counts is_available() asked outside PyTorch (and
 # answered with the machine's own False).
 ASKED_AVAILABLE = "is_available"
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
-_VRAMKIT_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_MACHINERY = _folded_prefixes()  # PyTorch's folder and vramkit's
 
 
 def _asked_by_a_library(original):
     def is_available():
         caller = os.path.abspath(sys._getframe(1).f_code.co_filename)
-        if not caller.startswith((_TORCH_DIR, _VRAMKIT_DIR + os.sep)):
+        if not caller.startswith(_MACHINERY):
             _count(ASKED_AVAILABLE)
         return original()
     return is_available

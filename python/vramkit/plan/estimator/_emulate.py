@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 import warnings
 
 import torch
@@ -309,8 +310,6 @@ def capturable_optimizers_on_cpu():
     """torch.optim's capturable implementations refuse parameters on a device outside
     their list; each optimizer module holds its own reference to the function that gives
     the list, so each is given one that lists the CPU too."""
-    import sys
-
     name = "_get_capturable_supported_devices"
     holders = [m for key, m in list(sys.modules.items())
                if key.startswith("torch.optim") and callable(getattr(m, name, None))]

@@ -30,7 +30,8 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from . import _emulate
 from ._moves import fake_module_copies, fake_module_moves
-from ._record import _MODELS_FILE, CreationSites, Recording, StorageRecorder, classify
+from ._record import (_MODELS_FILE, CreationSites, Recording, StorageRecorder, _folded_prefixes,
+                      classify)
 from ._values import _DECIDING_OPTIMIZERS, KnownValues
 from .workspaces import WorkspaceTableError
 
@@ -130,7 +131,8 @@ class _Twins:
         if not inspect.ismethod(step_fn) or owner is None or isinstance(owner, type) \
                 or not hasattr(owner, "__dict__") or not (
                     isinstance(owner, torch.nn.Module)
-                    or _found(vars(owner).values(), (torch.nn.Module, torch.Tensor))):
+                    or _held(vars(owner).values(), (torch.nn.Module, torch.Tensor),
+                             into_objects=False)):
             return step_fn, None
         if isinstance(owner, torch.nn.Module):
             twin = self.any(owner)
@@ -177,8 +179,9 @@ class _Twins:
         learning rate, a GradScaler keeps its scale): a deep copy over their twins, so
         that the step changes the twins, never the user's objects. Anything else, or an
         object that cannot be copied, is passed as it is."""
-        held = _found(vars(value).values(), (torch.nn.Module, torch.optim.Optimizer,
-                                             torch.Tensor)) if hasattr(value, "__dict__") else []
+        held = _held(vars(value).values(), (torch.nn.Module, torch.optim.Optimizer,
+                                            torch.Tensor), into_objects=False) \
+            if hasattr(value, "__dict__") else []
         if not held and not isinstance(value, _CHANGED_BY_A_STEP):
             return value
         memo = {id(v): self.any(v) for v in held}
@@ -216,7 +219,7 @@ def _compiled_among(values, step_fn) -> bool:
     wrappers; Dynamo not imported: nothing is)."""
     eval_frame = sys.modules.get("torch._dynamo.eval_frame")
     wrapper = getattr(eval_frame, "OptimizedModule", None)
-    return wrapper is not None and (bool(_found(values, wrapper)) or hasattr(
+    return wrapper is not None and (bool(_held(values, wrapper, into_objects=False)) or hasattr(
         inspect.unwrap(step_fn), "_torchdynamo_orig_callable"))
 
 
@@ -224,19 +227,6 @@ def _graphs_compiled() -> int:
     """How many graphs Dynamo has compiled in this process (0 if it was never imported)."""
     utils = sys.modules.get("torch._dynamo.utils")
     return utils.counters["stats"]["unique_graphs"] if utils is not None else 0
-
-
-def _found(values, kind) -> list:
-    """The objects of type ``kind`` among ``values``, looking into lists, tuples, dicts."""
-    found = []
-    for v in values:
-        if isinstance(v, kind):
-            found.append(v)
-        elif isinstance(v, (list, tuple)):
-            found.extend(_found(v, kind))
-        elif isinstance(v, dict):
-            found.extend(_found(v.values(), kind))
-    return found
 
 
 # How many objects _held visits inside plain objects, and how many attributes deep: an EMA
@@ -248,21 +238,22 @@ _NOT_LOOKED_INTO = (type, types.ModuleType, types.FunctionType, types.MethodType
                     types.BuiltinFunctionType, functools.partial, torch.device, torch.dtype)
 
 
-def _held(values, kind, left_unwalked: list | None = None) -> list:
-    """The objects of type ``kind`` the step's objects hold, each once: those of ``_found``
-    and, in the attributes of plain objects among them (an ``AcceleratedOptimizer``'s
-    optimizer, a ``SimpleNamespace`` holding an EMA copy of the weights, a trainer class),
-    the fake ones, which build() made or the estimate twinned: held by the program before
-    its first step, they are its memory whether or not the step touches them. Real
-    objects there (a CPU dataset inside a data loader given as it is) are the host's. Where
-    the objects hold more than _MOST_OBJECTS_LOOKED_INTO, True is put in ``left_unwalked``."""
+def _held(values, kind, left_unwalked: list | None = None, into_objects: bool = True) -> list:
+    """The objects of type ``kind`` the step's objects hold, each once: those among
+    ``values`` and in their lists, tuples, sets and dicts, and (``into_objects``) in the
+    attributes of plain objects among them (an ``AcceleratedOptimizer``'s optimizer, a
+    ``SimpleNamespace`` holding an EMA copy of the weights, a trainer class) the fake ones,
+    which build() made or the estimate twinned: held by the program before its first
+    step, they are its memory whether or not the step touches them. Real objects there (a
+    CPU dataset inside a data loader given as it is) are the host's. Where the objects
+    hold more than _MOST_OBJECTS_LOOKED_INTO, True is put in ``left_unwalked``."""
     found, seen, budget = {}, set(), [_MOST_OBJECTS_LOOKED_INTO]
 
     def look(v, depth: int, inside_object: bool) -> None:
         if id(v) in seen or (inside_object and budget[0] <= 0):
             return
         seen.add(id(v))
-        budget[0] -= inside_object  # what _found walks stays walked whole
+        budget[0] -= inside_object  # lists, tuples and dicts outside objects: walked whole
         if isinstance(v, kind):
             if not inside_object or _is_fake(v):
                 found[id(v)] = v
@@ -274,7 +265,7 @@ def _held(values, kind, left_unwalked: list | None = None) -> list:
             children = v
         elif isinstance(v, dict):
             children = v.values()
-        elif depth < _DEEPEST_ATTRIBUTE and hasattr(v, "__dict__") \
+        elif into_objects and depth < _DEEPEST_ATTRIBUTE and hasattr(v, "__dict__") \
                 and not isinstance(v, _NOT_LOOKED_INTO):
             children, inside_object = vars(v).values(), True
             depth += 1
@@ -556,8 +547,7 @@ _CHECKPOINT_ON_CPU = ("activation checkpointing recomputes the forward pass duri
 
 
 # PyTorch's code and vramkit's: frames of neither are the user's (or a model library's).
-_MACHINERY = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
-              os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep)
+_MACHINERY = _folded_prefixes()
 
 
 def _where(error: BaseException) -> str:
