@@ -18,6 +18,7 @@ import contextvars
 import copy
 import functools
 import inspect
+import itertools
 import logging
 import os
 import sys
@@ -288,7 +289,7 @@ def _is_fake(value) -> bool:
     if isinstance(value, torch.Tensor):
         return isinstance(value, FakeTensor)
     if isinstance(value, torch.nn.Module):
-        first = next(iter((*value.parameters(), *value.buffers())), None)
+        first = next(itertools.chain(value.parameters(), value.buffers()), None)
         return first is None or isinstance(first, FakeTensor)
     if isinstance(value, torch.optim.Optimizer):
         groups = getattr(value, "param_groups", None) or [{}]
@@ -366,20 +367,23 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
         values = (*args, *kwargs.values())
         if owner is not None:
             values += (owner, *vars(owner).values())
-        known.forget(p for m in _held(values, torch.nn.Module) for p in m.parameters())
-        known.forget(_held(values, torch.Tensor))
+        # What exists before the step, found once for what follows (no code of the user's
+        # runs in between); the walk after the steps finds gradients on what is held then.
+        unwalked: list = []
+        modules, tensors = _held(values, torch.nn.Module), _held(values, torch.Tensor, unwalked)
+        known.forget(p for m in modules for p in m.parameters())
+        known.forget(tensors)
         recorder.values = known  # run inside the recorder's dispatch, not as a mode
         graphs = _graphs_compiled()
         with mode, recorder, _autocast_cache_cleared_in_order(recorder), \
                 known.python_reads_answered(), known.known_values_not_traced(), \
                 (around_step or contextlib.nullcontext()):
-            for m in _held(values, torch.nn.Module):
+            for m in modules:
                 for p in m.parameters():
                     recorder.set_role(p, "parameters")
                 for b in m.buffers():
                     recorder.set_role(b, "parameters")
-            unwalked: list = []
-            for t in _held(values, torch.Tensor, unwalked):
+            for t in tensors:
                 if recorder.block_of(t) is None or not recorder.recording.blocks[
                         recorder.block_of(t)].role:
                     recorder.set_role(t, "inputs")
