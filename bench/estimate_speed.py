@@ -8,10 +8,14 @@ of PyTorch and transformers are outside them.
     python3 bench/estimate_speed.py [--label L] [--model gpt2] [--batch 8] [--seq 1024]
                                     [--precision bf16-amp] [--plain 4] [--what-if 2]
                                     [--emulate] [--profile FILE]
+                                    [--cold-what-if] [--processes N]
 
 --emulate records on the CPU stand-in even where a GPU is present (to tell the card's
 fake-CUDA path from the host's own speed); --profile writes a cProfile of the last
-what-if table to FILE.
+what-if table to FILE. --cold-what-if times a what-if table first, before any other
+estimate in the process, as `vramkit estimate --what-if` computes it: with its caches
+cold and (on a GPU host) CUDA not yet initialized, where the rows can be computed in
+forked processes; --processes N is advise()'s (1: the rows in this process alone).
 
 Runs on a machine without a GPU too (the CPU stand-in), slower than on a GPU host.
 """
@@ -33,6 +37,9 @@ def main() -> None:
     ap.add_argument("--what-if", type=int, default=2, help="what-if tables to time")
     ap.add_argument("--emulate", action="store_true", help="the CPU stand-in on a GPU host")
     ap.add_argument("--profile", default=None, help="cProfile of the last table to FILE")
+    ap.add_argument("--cold-what-if", action="store_true",
+                    help="time a what-if table before anything else")
+    ap.add_argument("--processes", type=int, default=None, help="advise()'s processes")
     args = ap.parse_args()
 
     import vramkit.estimator as est
@@ -43,6 +50,18 @@ def main() -> None:
 
     first = work(args.batch)
     how = {"emulate": True} if args.emulate else {}
+
+    def table():
+        return est.advise(first.step, build=first.build, batch=args.batch,
+                          make_batch=lambda n: work(n).build(), processes=args.processes,
+                          **how)
+
+    advice = None
+    if args.cold_what_if:
+        started = time.perf_counter()
+        advice = table()
+        print(f"{args.label}: cold what-if {time.perf_counter() - started:.2f} s, "
+              f"{len(advice.rows)} rows", flush=True)
     started = time.perf_counter()
     e = est.estimate(first.step, build=first.build, **how)
     print(f"{args.label}: first estimate {time.perf_counter() - started:.2f} s", flush=True)
@@ -54,7 +73,6 @@ def main() -> None:
     print(f"{args.label}: plain estimates {', '.join(f'{t:.2f}' for t in times)} s; "
           f"allocated {e.peak_allocated}, reserved {e.peak_reserved} (vramkit), "
           f"{e.torch_peak_reserved} (PyTorch)", flush=True)
-    advice = None
     for i in range(args.what_if):
         profile = None
         if args.profile and i == args.what_if - 1:
@@ -62,8 +80,7 @@ def main() -> None:
             profile = cProfile.Profile()
             profile.enable()
         started = time.perf_counter()
-        advice = est.advise(first.step, build=first.build, batch=args.batch,
-                            make_batch=lambda n: work(n).build(), **how)
+        advice = table()
         if profile is not None:
             profile.disable()
             profile.dump_stats(args.profile)

@@ -588,7 +588,7 @@ def test_what_if_records_each_change_once_and_counts_its_compute(monkeypatch):
     chosen = [variants.Variant("as written"),
               variants.Variant("checkpointing all", checkpoint_every=1)]
     advice = vramkit.advise(_lm_step, build=_moved_gpt2_build(2), variants=chosen,
-                            model_workspaces=False)
+                            model_workspaces=False, processes=1)
     assert len(recordings) == len(chosen)
     assert advice.rows[1].extra_compute > 0.1
 

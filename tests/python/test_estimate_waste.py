@@ -36,7 +36,7 @@ def _step(net, opt, x):
 
 def test_advise_builds_the_model_once_per_row():
     calls: list = []
-    advice = estimator.advise(_step, build=_counted_build(calls))
+    advice = estimator.advise(_step, build=_counted_build(calls), processes=1)
     names = [r.variant for r in advice.rows]
     assert names[0] == "as written"
     # The blocks were found, from the model the first estimate built: the checkpointing

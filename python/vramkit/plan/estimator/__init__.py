@@ -481,23 +481,9 @@ def _record_categories():
     return CATEGORIES
 
 
-def _model_facts(values) -> dict:
-    """What advise() and plan_checkpointing() need of the first model among a step's
-    objects: its repeated blocks and the dtypes of its floating-point weights (none
-    without a model)."""
-    import torch
-
-    from . import variants
-    model = next((v for v in values if isinstance(v, torch.nn.Module)), None)
-    if model is None:
-        return {"blocks": [], "weights": set()}
-    return {"blocks": variants.repeated_blocks(model),
-            "weights": {p.dtype for p in model.parameters() if p.is_floating_point()}}
-
-
 def advise(step_fn, *args, build=None, device_memory=None, memory_limit=None,
            make_batch=None, batch: int | None = None, variants=None, source=None,
-           **kwargs):
+           processes: int | None = None, **kwargs):
     """The step as written and under each change the guide suggests (bf16 or fp16
     autocast, bf16 weights and states, 8-bit optimizer states, activation checkpointing
     of all or every 2nd repeated block, and with ``make_batch(n)`` and ``batch`` smaller
@@ -505,55 +491,26 @@ def advise(step_fn, *args, build=None, device_memory=None, memory_limit=None,
     (FLOPs counted on fake tensors), most saving first. A change the step already makes
     (bf16 autocast on a step under bf16 autocast) is left out, and so is autocast in the
     other dtype, which holds the same memory. A change that cannot be estimated is listed
-    with the reason. Returns an :class:`Advice`, printable as a table."""
-    from . import _step, variants as _variants
+    with the reason. Returns an :class:`Advice`, printable as a table.
 
-    target = _step.choose_target(kwargs.pop("device", "cuda"), kwargs.pop("emulate", None))
+    The rows are estimated side by side in ``processes`` forked processes (by default one
+    per free core, at most one per row and eight in all; 1: in this process alone). The
+    table is the same either way; no process forks once this one has initialized CUDA."""
+    from . import _forked, _what_if
+
     if variants is not None and not variants:
         raise ValueError("advise(): variants is empty: give the step as written first")
-    # An estimate's own option, not the step's: the FLOP count below gets the rest.
+    # An estimate's own options, not the step's: the FLOP count below gets the rest.
     common = dict(device_memory=device_memory, memory_limit=memory_limit, source=source,
-                  emulate=target.emulated,
                   model_workspaces=kwargs.pop("model_workspaces", True))
-    first = variants[0] if variants is not None else _variants.Variant("as written")
-    # The step as written, estimated first: its recording also says which autocast the
-    # step runs and, from the model it builds, the blocks and weights the changes need.
-    model_seen, autocast = {}, set()
-    with _variants.autocast_seen(autocast), _step.built_objects_seen(
-            lambda values: model_seen.update(_model_facts(values))):
-        base = estimate(step_fn, *args, build=build, variant=first, **common, **kwargs)
-    blocks, weights = model_seen.get("blocks", []), model_seen.get("weights", set())
-    chosen = (variants if variants is not None
-              else _variants.standard_variants(len(blocks)))[1:]
-    rows = [_variants.AdviceRow(first.name, base.peak_allocated, base.peak_reserved,
-                                base.torch_peak_reserved, base.fits, 0,
-                                0.0 if base.flops else None)]
-    done = {_variants.key(first)}
-    for v in chosen:
-        v = _variants.as_it_changes(v, autocast, weights)
-        if v is None or _variants.key(v) in done:
-            continue
-        done.add(_variants.key(v))
-        try:
-            e = estimate(step_fn, *args, build=build, variant=v, **common, **kwargs)
-        except _step.UntraceableStep as error:
-            rows.append(_variants.AdviceRow(v.name, None, None, None, None, None, None,
-                                            str(error)))
-            continue
-        rows.append(_variants.AdviceRow(
-            v.name, e.peak_allocated, e.peak_reserved, e.torch_peak_reserved, e.fits,
-            base.peak_reserved - e.peak_reserved,
-            (e.flops / base.flops - 1.0) if base.flops else None))
-    if make_batch is not None and batch:
-        for n in sorted({max(1, batch // 2), max(1, batch // 4)} - {batch}, reverse=True):
-            e = estimate(step_fn, build=lambda n=n: make_batch(n), **common, **kwargs)
-            rows.append(_variants.AdviceRow(
-                f"batch {n} instead of {batch}", e.peak_allocated, e.peak_reserved,
-                e.torch_peak_reserved, e.fits, base.peak_reserved - e.peak_reserved,
-                None, "same compute per sample"))
-    head = rows[:1]
-    rest = sorted(rows[1:], key=lambda r: (r.saves is None, -(r.saves or 0)))
-    return _variants.Advice(head + rest, base.device_memory, base.min_device_memory)
+    table = _what_if.WhatIf(estimate, step_fn, args, kwargs, build=build, common=common,
+                            variants=variants, make_batch=make_batch, batch=batch)
+    # The scratch folder is made before forking, so the children's traces go where this
+    # process removes them at its exit.
+    _scratch_dir()
+    _agreement, rows = _forked.computed(
+        table.share, _forked.processes_for(processes, table.rows_at_most()))
+    return table.advice(rows)
 
 
 @dataclass
@@ -581,7 +538,7 @@ def plan_checkpointing(step_fn, *args, build=None, device_memory=None,
                        memory_limit=None, **kwargs) -> CheckpointPlan:
     """Given a card or a limit, the fewest of the model's repeated blocks (spread evenly)
     to checkpoint so that the step fits under vramkit, by a search on the estimate."""
-    from . import _step, variants as _variants
+    from . import _step, _what_if, variants as _variants
 
     if device_memory is None and memory_limit is None:
         raise ValueError("plan_checkpointing(): give device_memory or memory_limit")
@@ -598,7 +555,8 @@ def plan_checkpointing(step_fn, *args, build=None, device_memory=None,
                                 emulate=target.emulated, **kwargs)
         return cache[k]
 
-    with _step.built_objects_seen(lambda values: blocks.extend(_model_facts(values)["blocks"])):
+    with _step.built_objects_seen(
+            lambda values: blocks.extend(_what_if.model_facts(values)["blocks"])):
         planned(0)  # no block checkpointed, whichever the model has
     if planned(0).fits or not blocks:
         return CheckpointPlan([], len(blocks), planned(0), bool(planned(0).fits))
