@@ -2,8 +2,8 @@
 a deep copy made in build() (an EMA or teacher model), memory held in a plain object,
 LR schedulers and gradient scalers passed in (twinned, never changed), an optimizer
 wrapper as accelerate makes, DistributedDataParallel (refused, saying what to do), a step
-that asks whether CUDA is available (told of it), and a torch.compile'd model (run
-eagerly, and said so). On the CPU stand-in for CUDA.
+that asks whether CUDA is available (told of it), a torch.compile'd model (run eagerly,
+and said so), and a dataset build() keeps on the host. On the CPU stand-in for CUDA.
 """
 
 from __future__ import annotations
@@ -239,3 +239,52 @@ def test_more_than_the_objects_looked_into_is_said(monkeypatch):
     assert not any(worded in note for note in in_list.notes)
     assert in_object.breakdown["inputs"] - alone.breakdown["inputs"] < many * 512
     assert any(worded in note for note in in_object.notes), in_object.notes
+
+
+def _host_data_step(net, opt, data):
+    net(data[:64].to("cuda")).sum().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def _device_batch_step(net, opt, _data):
+    net(torch.randn(64, 1024).cuda()).sum().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def test_a_dataset_build_keeps_on_the_host_is_not_counted():
+    """A tensor build() makes with ``device="cpu"`` (a dataset held in host memory, 80 MB
+    here) is the host's on a GPU machine, and on the CPU stand-in too; the batch the step
+    moves to CUDA from it is a device copy, as on the GPU: the step holds what it holds
+    when it makes the same batch on the device itself."""
+    def build(host_data: bool):
+        def made():
+            net = torch.nn.Linear(1024, 1024).to("cuda")
+            data = (torch.randn(20_000, 1024, device=torch.device("cpu")) if host_data
+                    else None)
+            return net, torch.optim.SGD(net.parameters(), lr=0.1), data
+        return made
+
+    from_host = vramkit.estimate(_host_data_step, build=build(True), model_workspaces=False)
+    on_device = vramkit.estimate(_device_batch_step, build=build(False),
+                                 model_workspaces=False)
+    assert from_host.breakdown["inputs"] == 0
+    assert from_host.peak_allocated == on_device.peak_allocated
+    assert from_host.peak_reserved == on_device.peak_reserved
+
+
+def test_a_tensor_the_step_makes_on_a_tensors_device_is_counted():
+    """In the step, ``device=x.device`` names the stand-in's CPU for a tensor that is on
+    the GPU: what it makes is the device's (only build()'s ``device="cpu"`` is the host's)."""
+    def build():
+        net = torch.nn.Linear(256, 256).to("cuda")
+        return net, torch.randn(8, 256, device="cuda")
+
+    def step(net, x, extra: int):
+        mask = torch.ones(extra, device=x.device)
+        (net(x).sum() + mask.sum()).backward()
+
+    small = vramkit.estimate(step, 1, build=build, model_workspaces=False)
+    large = vramkit.estimate(step, 1 << 20, build=build, model_workspaces=False)
+    assert large.peak_allocated - small.peak_allocated >= (1 << 20) * 4 - 512

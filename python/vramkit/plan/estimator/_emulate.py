@@ -24,7 +24,8 @@ step on fake *CPU* tensors and makes the CPU behave, for memory, as the GPU woul
 - an optimizer made with ``capturable=True`` (its step counters on the device, for CUDA
   graphs) takes the stand-in's CPU tensors as it takes CUDA's; a scalar made by
   ``torch.tensor()`` with no device (any other optimizer's step counter) is host memory on
-  a GPU machine, and is not counted.
+  a GPU machine, and is not counted; nor is a tensor build() makes with ``device="cpu"``
+  (a dataset held on the host), which a move to CUDA copies, as on a GPU.
 
 What stays different: kernels that choose their own workspaces (cuDNN's convolutions,
 whose workspaces come from the table of H200 measurements instead: workspaces.py), and
@@ -46,7 +47,7 @@ from torch.utils import flop_counter
 from torch.utils._device import DeviceContext
 
 from . import _cuda_calls
-from ._record import MAKING_HOST_TENSOR, add_flops, per_query_head
+from ._record import BUILDING, HOST_STORAGES, MAKING_HOST_TENSOR, add_flops, per_query_head
 
 _TENSOR_MOVES = {torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.type}
 _LOWER = (torch.float16, torch.bfloat16)
@@ -64,6 +65,23 @@ def _on_cpu(value):
     return torch.device("cpu") if _is_cuda(value) else value
 
 
+def _is_cpu(device) -> bool:
+    if isinstance(device, torch.device):
+        return device.type == "cpu"
+    if isinstance(device, str):
+        return device.split(":")[0] == "cpu"
+    return False
+
+
+def _on_the_device(moved, host):
+    """A tensor moved to CUDA: if the move made no copy of a host tensor (to the CPU, the
+    stand-in's device, from the CPU), the copy the GPU's move makes."""
+    if host is not None and isinstance(moved, torch.Tensor) \
+            and moved.untyped_storage() in host:
+        return moved.clone()
+    return moved
+
+
 class CudaOnCpu(DeviceContext):
     """Maps every CUDA device argument to the CPU and steers attention to a fused kernel.
 
@@ -76,8 +94,19 @@ class CudaOnCpu(DeviceContext):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
+        asked = kwargs.get("device")
         if "device" in kwargs:
-            kwargs["device"] = _on_cpu(kwargs["device"])
+            kwargs["device"] = _on_cpu(asked)
+        host = HOST_STORAGES.get()
+        if host is not None and func not in _TENSOR_MOVES and _is_cpu(asked) \
+                and BUILDING.get():
+            # What build() makes on the CPU by name (a dataset held on the host) stays
+            # there on a GPU machine. Only in build(): in the step, ``device=x.device``
+            # names the stand-in's CPU for a tensor that is on the GPU there.
+            out = func(*args, **kwargs)
+            for t in (out,) if isinstance(out, torch.Tensor) else ():
+                host[t.untyped_storage()] = True
+            return out
         if func is torch.tensor and "device" not in kwargs and _scalar(*args, **kwargs):
             # On a GPU machine a scalar made with no device is a host tensor (the step
             # counter of an optimizer that is neither capturable nor fused).
@@ -88,10 +117,14 @@ class CudaOnCpu(DeviceContext):
                 MAKING_HOST_TENSOR.reset(token)
         if func is torch.Tensor.cuda:
             kwargs.pop("device", None)
-            return args[0].to("cpu", **{k: v for k, v in kwargs.items()
-                                         if k in ("non_blocking", "memory_format")})
-        if func in _TENSOR_MOVES and len(args) > 1:
+            moved = args[0].to("cpu", **{k: v for k, v in kwargs.items()
+                                          if k in ("non_blocking", "memory_format")})
+            return _on_the_device(moved, host)
+        if func in _TENSOR_MOVES and (len(args) > 1 or asked is not None):
+            to_cuda = _is_cuda(asked) or any(_is_cuda(a) for a in args[1:])
             args = (args[0], *(_on_cpu(a) for a in args[1:]))
+            moved = func(*args, **kwargs)
+            return _on_the_device(moved, host) if to_cuda else moved
         if func is F.dropout and _training_dropout(*args, **kwargs):
             # On a GPU dropout is one fused kernel that keeps a one-byte mask for backward;
             # the CPU's keeps a noise tensor of the input's dtype (four bytes in fp32).

@@ -59,6 +59,11 @@ from ._transients import OUTPUT, outputs_marked
 # Set while the CPU stand-in makes a tensor that a GPU machine makes in host memory (a
 # scalar from torch.tensor() with no device: an optimizer's step counter): not counted.
 MAKING_HOST_TENSOR = contextvars.ContextVar("vramkit_making_host_tensor", default=False)
+# Where the CPU stand-in runs: the running recording's storages that a GPU machine holds in
+# host memory (its StorageRecorder's), for the stand-in to mark and look up; and whether
+# build() is running, where a tensor made with ``device="cpu"`` is the host's.
+HOST_STORAGES = contextvars.ContextVar("vramkit_host_storages", default=None)
+BUILDING = contextvars.ContextVar("vramkit_building", default=False)
 
 _DEVICE_OF = torch.ops.prim.device.default
 _ADD = torch.ops.aten.add.Tensor
@@ -276,7 +281,7 @@ class StorageRecorder(TorchDispatchMode):
         # --model` builds its own), and those blocks are named in words.
         self.creation_sites: WeakIdKeyDictionary | None = None
         # Storages the CPU stand-in made that a GPU machine holds in host memory.
-        self._host = WeakIdKeyDictionary()
+        self.host_storages = WeakIdKeyDictionary()
         # The floating-point operations of each step begun (record_step appends one per
         # step), counted here by PyTorch's FLOP formulas rather than under its
         # FlopCounterMode, which decomposes ops and so changes what checkpointing keeps:
@@ -375,8 +380,8 @@ class StorageRecorder(TorchDispatchMode):
             storage = t.untyped_storage()
         except (NotImplementedError, RuntimeError):
             return None  # a sparse or otherwise storage-less tensor: nothing to count
-        if self.device_type is None and (MAKING_HOST_TENSOR.get() or storage in self._host):
-            self._host[storage] = True  # the same, made by the CPU stand-in (_emulate)
+        if self.device_type is None and (MAKING_HOST_TENSOR.get() or storage in self.host_storages):
+            self.host_storages[storage] = True  # the same, made by the CPU stand-in (_emulate)
             return None
         with self._lock:
             bid = self._ids.get(storage)

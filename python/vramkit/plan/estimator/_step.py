@@ -31,8 +31,8 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from . import _emulate
 from ._moves import fake_module_copies, fake_module_moves
-from ._record import (_MODELS_FILE, CreationSites, Recording, StorageRecorder, _folded_prefixes,
-                      classify)
+from ._record import (_MODELS_FILE, BUILDING, HOST_STORAGES, CreationSites, Recording,
+                      StorageRecorder, _folded_prefixes, classify)
 from ._values import _DECIDING_OPTIMIZERS, KnownValues
 from .workspaces import WorkspaceTableError
 
@@ -337,21 +337,28 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
     recorder.workspace_hook = workspace_hook
     recorder.after_outputs_hook = after_outputs_hook
     recorder.device_type = None if target.emulated else "cuda"
-    with on_target(target) as answered, _fake_tensor_errors_explained_here():
+    with on_target(target, recorder) as answered, _fake_tensor_errors_explained_here():
         # What exists before the step is recorded from the objects themselves below, as
         # the real program holds it before its first step (building leaves nothing else).
         twins = _Twins(mode, target)
         if build is not None:
             sites = _creation_sites(build)
             recorder.creation_sites = sites.sites if sites is not None else None
+            # The CPU stand-in is itself the CPU's device context: another would name the
+            # CPU in every call, where a tensor named to the CPU is the host's.
+            default_device = (contextlib.nullcontext() if target.emulated
+                              else torch.device(target.device))
             with mode, known, sites or contextlib.nullcontext(), \
-                    known.known_values_not_traced(), torch.device(target.device):
+                    known.known_values_not_traced(), default_device:
+                building = BUILDING.set(True)
                 try:
                     built = build()
                 except Exception as error:  # noqa: BLE001 - explained, then re-raised
                     refused = UntraceableStep("build(): " + _explain(error))
                     refused.in_build = True
                     raise refused from error
+                finally:
+                    BUILDING.reset(building)
             args = (*built, *args) if isinstance(built, tuple) else (built, *args)
         else:
             args = twins.any(tuple(args))
@@ -455,13 +462,18 @@ def _creation_sites(build) -> CreationSites | None:
 
 
 @contextlib.contextmanager
-def on_target(target: Target):
+def on_target(target: Target, recorder: StorageRecorder):
     """What a step and its build() run under besides the fake mode: the CPU standing in
-    for CUDA where there is no GPU, and moves of fake modules (.to("cuda"), .half()).
-    Yields the torch.cuda calls the stand-in answered, by name (none on a GPU)."""
+    for CUDA where there is no GPU (with the recorder's storages of host memory), and
+    moves of fake modules (.to("cuda"), .half()). Yields the torch.cuda calls the
+    stand-in answered, by name (none on a GPU)."""
     emulation = _emulate.emulated_cuda() if target.emulated else contextlib.nullcontext({})
-    with emulation as answered, fake_module_moves(), fake_module_copies():
-        yield answered
+    host = HOST_STORAGES.set(recorder.host_storages if target.emulated else None)
+    try:
+        with emulation as answered, fake_module_moves(), fake_module_copies():
+            yield answered
+    finally:
+        HOST_STORAGES.reset(host)
 
 
 def _as_on_the_gpu(opt: torch.optim.Optimizer) -> None:
