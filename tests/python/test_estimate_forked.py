@@ -144,3 +144,25 @@ def test_the_processes_are_at_most_one_per_row_and_the_bound(monkeypatch):
     assert _forked.processes_for(16, 3) == 3
     assert _forked.processes_for(64, 64) == _forked.MOST_PROCESSES
     assert _forked.processes_for(1, 9) == 1
+
+
+class _Driver:
+    """libcuda as ctypes opens it, answering cuDeviceGetCount with ``answer``."""
+
+    def __init__(self, answer: int):
+        self.answer = answer
+
+    def cuDeviceGetCount(self, _count):
+        return self.answer
+
+
+@pytest.mark.parametrize("answer, initialized", [(0, True), (3, False), (34, False)])
+def test_a_driver_initialized_by_anyone_stops_the_forks(monkeypatch, answer, initialized):
+    """``torch.cuda.is_available()`` calls cuInit without initializing PyTorch's CUDA; a
+    child forked after that could not use the GPU. The driver is asked: it counts its
+    devices (0, CUDA_SUCCESS) only once initialized; before, it answers
+    CUDA_ERROR_NOT_INITIALIZED (3), and a stub library CUDA_ERROR_STUB_LIBRARY (34)."""
+    monkeypatch.setattr(_forked, "_forks_done", [])
+    monkeypatch.setattr(_forked.ctypes, "CDLL", lambda name: _Driver(answer))
+    assert _forked._cuda_initialized() is initialized
+    assert _forked.processes_for(4, 9) == (1 if initialized else 4)

@@ -53,24 +53,21 @@ _TENSOR_MOVES = {torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.type}
 _LOWER = (torch.float16, torch.bfloat16)
 
 
-def _is_cuda(device) -> bool:
+def _device_type(device) -> str | None:
+    """The type a device argument names ("cuda", "cpu"), None for anything else."""
     if isinstance(device, torch.device):
-        return device.type == "cuda"
+        return device.type
     if isinstance(device, str):
-        return device.split(":")[0] == "cuda"
-    return False
+        return device.split(":")[0]
+    return None
+
+
+def _is_cuda(device) -> bool:
+    return _device_type(device) == "cuda"
 
 
 def _on_cpu(value):
     return torch.device("cpu") if _is_cuda(value) else value
-
-
-def _is_cpu(device) -> bool:
-    if isinstance(device, torch.device):
-        return device.type == "cpu"
-    if isinstance(device, str):
-        return device.split(":")[0] == "cpu"
-    return False
 
 
 def _on_the_device(moved, host):
@@ -98,7 +95,7 @@ class CudaOnCpu(DeviceContext):
         if "device" in kwargs:
             kwargs["device"] = _on_cpu(asked)
         host = HOST_STORAGES.get()
-        if host is not None and func not in _TENSOR_MOVES and _is_cpu(asked) \
+        if host is not None and func not in _TENSOR_MOVES and _device_type(asked) == "cpu" \
                 and BUILDING.get():
             # What build() makes on the CPU by name (a dataset held on the host) stays
             # there on a GPU machine. Only in build(): in the step, ``device=x.device``

@@ -24,6 +24,7 @@ alone.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import pickle
 import select
@@ -31,6 +32,8 @@ import signal
 import sys
 import time
 import warnings
+
+_CUDA_SUCCESS = 0
 
 # A table's processes each hold a CUDA context on a GPU host (about half a GiB of the
 # card each): no more than this many, whatever the cores.
@@ -62,8 +65,20 @@ def processes_for(asked: int | None, rows_at_most: int) -> int:
 
 
 def _cuda_initialized() -> bool:
+    """Whether CUDA was initialized in this process: by PyTorch, or by anything that
+    called the driver's cuInit (``torch.cuda.is_available()`` does, unless PyTorch was
+    told to ask NVML instead), which a forked child could not then use."""
     torch = sys.modules.get("torch")
-    return bool(torch is not None and torch.cuda.is_initialized())
+    if torch is not None and torch.cuda.is_initialized():
+        return True
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False  # no driver: nothing a child could fail to initialize
+    count = ctypes.c_int(0)
+    # Before cuInit the driver answers CUDA_ERROR_NOT_INITIALIZED (a stub library, another
+    # error): only an initialized driver counts its devices.
+    return driver.cuDeviceGetCount(ctypes.byref(count)) == _CUDA_SUCCESS
 
 
 def computed(work, processes: int):
