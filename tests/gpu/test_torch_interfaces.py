@@ -2,8 +2,9 @@
 (each test runs under both, conftest.py's `run`): torch.accelerator's statistics, the
 memory fraction given in PYTORCH_CUDA_ALLOC_CONF, history entries naming the compiled region
 and the user metadata of each call, skip_actions, a MemPool(use_on_oom=True) serving what
-the default pool refuses under a fraction that counts every pool, and a block used on a side
-stream during a capture kept from the capture's later requests. What users rely on where
+the default pool refuses under a fraction that counts every pool, a block used on a side
+stream during a capture kept from the capture's later requests, and, with
+graph_capture_record_stream_reuse, given back to them once the side stream has joined. What users rely on where
 PyTorch's own tests assert PyTorch's exact addresses (docs/performance.md lists them).
 """
 
@@ -158,4 +159,39 @@ def test_capture_keeps_a_side_streams_block_from_later_requests(run):
         torch.cuda.synchronize()
         assert float(out.min()) == float(out.max()) == 2.0
         assert float(data2.min()) == 5.0
+    """)
+
+
+def test_capture_reuses_a_side_streams_block_once_the_side_stream_joins(run):
+    """graph_capture_record_stream_reuse: a block a side stream read, freed in the capture,
+    is not reused while that stream may still read it, and is, at its address, once the
+    capture's stream has joined it and captured work after the join."""
+    run("""
+        torch.cuda.memory._set_allocator_settings("graph_capture_record_stream_reuse:True")
+        s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+        g = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize()
+        with torch.cuda.stream(s1):
+            g.capture_begin()
+            sink = torch.zeros(8, device="cuda")
+            data1 = torch.full((8,), 1.0, device="cuda")
+            first = data1.data_ptr()
+            s2.wait_stream(s1)
+            with torch.cuda.stream(s2):
+                out = data1 + 2
+                data1.record_stream(s2)
+            del data1
+            data2 = torch.full((8,), 5.0, device="cuda")  # s2 may still read data1
+            assert data2.data_ptr() != first
+            s1.wait_stream(s2)
+            sink.fill_(1.0)
+            data3 = torch.full((8,), 7.0, device="cuda")  # every read of data1 is before
+            assert data3.data_ptr() == first
+            g.capture_end()
+        for _ in range(3):
+            g.replay()
+        torch.cuda.synchronize()
+        assert out.tolist() == [3.0] * 8 and data3.tolist() == [7.0] * 8
+        assert data2.tolist() == [5.0] * 8
+        torch.cuda.memory._set_allocator_settings("graph_capture_record_stream_reuse:False")
     """)

@@ -34,11 +34,16 @@ def toolchain():
     return compiler, include_dir, lib_dir, abi, cuda_include, cudart
 
 
-def test_backend_logic_on_sim(toolchain, tmp_path):
+@pytest.mark.parametrize("source, passed", [
+    ("torch_backend_driver.cpp", "backend driver: all checks passed"),
+    # graph_capture_record_stream_reuse, over a capture graph the driver plays
+    ("torch_backend_capture_driver.cpp", "capture driver: all checks passed"),
+])
+def test_backend_logic_on_sim(toolchain, tmp_path, source, passed):
     compiler, include_dir, lib_dir, abi, cuda_include, cudart = toolchain
     driver = tmp_path / "driver"
     command = _torch_build.backend_command(
-        compiler, str(HERE / "torch_backend_driver.cpp"), str(driver), include_dir, lib_dir,
+        compiler, str(HERE / source), str(driver), include_dir, lib_dir,
         abi, cuda_include, cudart, _torch_build.package_dir(),
         _torch_build.vramkit_include_dir())
     command = [c for c in command if c != "-shared"]          # a program, not a library
@@ -49,7 +54,7 @@ def test_backend_logic_on_sim(toolchain, tmp_path):
     env.update(VRAMKIT_SOURCE="sim", VRAMKIT_SIM_CAPACITY="1G")
     done = subprocess.run([str(driver)], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.strip() == "backend driver: all checks passed"
+    assert done.stdout.strip() == passed
 
 
 def test_backend_builds_once_and_installs_into_torch(toolchain, tmp_path, run):

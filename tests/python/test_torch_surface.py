@@ -125,6 +125,7 @@ def test_allocator_settings_split_as_pytorch_splits_them():
     ("expandable_segments:1", "True or False"),
     ("expandable_segments", "True or False"),
     ("backend:cudaMallocAsyn", "native or cudaMallocAsync"),
+    ("graph_capture_record_stream_reuse:1", "True or False"),
     ("roundup_power2_divisions:[256:1,512:2,expandable_segments:True", "without its ']'"),
     ("roundup_power2_divisions:256:1],expandable_segments:True", r"without its '\['"),
 ])
@@ -158,6 +159,24 @@ def test_settings_set_later_say_what_they_do():
     with pytest.warns(RuntimeWarning, match="large_blocks='virtual'.*install"):
         hook("expandable_segments:True")
     assert seen == ["expandable_segments:True"]  # PyTorch still records it
+
+
+def test_capture_reuse_is_the_backends_switch_now_and_later():
+    """graph_capture_record_stream_reuse is served (the backend reuses a block freed in a
+    capture once the graph orders its uses): no warning; install() hands it over, and a
+    later _set_allocator_settings() turns it on and off at once."""
+    from vramkit.plug import torch_settings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch_settings.map_settings("graph_capture_record_stream_reuse:True") == {
+            torch_settings.TORCH_CAPTURE_REUSE: True}
+        switched, recorded = [], []
+        hook = torch_settings.settings_hook(recorded.append, switched.append)
+        hook("graph_capture_record_stream_reuse:True")
+        hook("graph_capture_record_stream_reuse:False,pinned_use_cuda_host_register:True")
+    assert switched == [True, False]
+    assert len(recorded) == 2  # PyTorch still records both
 
 
 def test_settings_set_later_let_pytorch_refuse_first():

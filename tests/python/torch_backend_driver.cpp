@@ -26,26 +26,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define CHECK(cond)                                                                   \
-  do {                                                                                \
-    if (!(cond)) {                                                                    \
-      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);   \
-      std::exit(1);                                                                   \
-    }                                                                                 \
-  } while (0)
-
-// The call must raise a c10 error of type E whose message contains `words`.
-#define CHECK_THROWS(E, words, call)                                                  \
-  do {                                                                                \
-    bool thrown_ = false;                                                             \
-    try {                                                                             \
-      call;                                                                           \
-    } catch (const E &e_) {                                                           \
-      thrown_ = std::string(e_.what()).find(words) != std::string::npos;              \
-      if (!thrown_) std::fprintf(stderr, "unexpected message: %s\n", e_.what());      \
-    }                                                                                 \
-    CHECK(thrown_);                                                                   \
-  } while (0)
+#include "backend_driver_checks.hpp"
 
 using namespace vramkit_torch;
 using c10::MempoolId_t;
@@ -423,9 +404,10 @@ void a_no_split_mempool_gives_each_block_a_segment(Backend &b) {
 }
 
 void out_of_memory_raises_and_tells_observers(Backend &b) {
-  std::vector<int64_t> seen;
+  // The observer stays attached for the checks after this one: what it fills outlives it.
+  auto seen = std::make_shared<std::vector<int64_t>>();
   b.attachOutOfMemoryObserver(
-      [&](int64_t device, size_t, size_t, size_t) { seen.push_back(device); });
+      [seen](int64_t device, size_t, size_t, size_t) { seen->push_back(device); });
   bool is_private = false;
   void *keep = b.malloc_on(0, 4096, kDefault, &is_private);
   // PyTorch's sentences and figures first (sim: 1 GiB of capacity, written in MiB up to
@@ -439,7 +421,7 @@ void out_of_memory_raises_and_tells_observers(Backend &b) {
                b.malloc_on(0, size_t{2} << 30, kDefault, &is_private));
   CHECK_THROWS(c10::OutOfMemoryError, "Tried to allocate more than 1EB memory",
                b.malloc_on(0, size_t{1} << 62, kDefault, &is_private));
-  CHECK(seen.size() == 2 && seen[0] == 0);
+  CHECK(seen->size() == 2 && (*seen)[0] == 0);
   CHECK(b.getDeviceStats(0).num_ooms == 2);
   CHECK(live_bytes(b) == 4096);  // the live block is untouched
   b.deleter_of(0, false)(keep);

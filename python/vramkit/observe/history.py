@@ -261,6 +261,11 @@ def _frames_of(ids) -> dict[int, list]:
 # Snapshot.
 # ---------------------------------------------------------------------------------------
 
+def _capture_reuse() -> bool:
+    hooks = sys.modules.get("vramkit.plug.torch")
+    return bool(hooks is not None and hooks.capture_reuse())
+
+
 def _allocator_settings(sources, overflowed: bool, max_entries: int) -> dict:
     return {
         # PyTorch's keys, with what they mean under vramkit: no split limit, no garbage
@@ -272,7 +277,7 @@ def _allocator_settings(sources, overflowed: bool, max_entries: int) -> dict:
         "pinned_num_register_threads": 1,
         "release_lock_on_cudamalloc": False,
         "pinned_use_cuda_host_register": False,
-        "graph_capture_record_stream_reuse": False,
+        "graph_capture_record_stream_reuse": _capture_reuse(),
         "roundup_power2_divisions": {str(1 << i): 0 for i in range(16)},
         "trace_alloc_max_entries": max_entries,
         "trace_alloc_overflowed": overflowed,

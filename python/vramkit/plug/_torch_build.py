@@ -173,7 +173,7 @@ _BACKEND_SOURCE_NAME = "torch_backend.cpp"
 # Files torch_backend.cpp includes from the package: part of what a cached build depends on.
 _BACKEND_PARTS = ("torch_backend_stats.hpp", "torch_backend_pools.hpp",
                   "torch_backend_history.hpp", "torch_backend_ipc.hpp", "torch_backend_oom.hpp",
-                  "torch_backend_watchers.hpp")
+                  "torch_backend_streams.hpp", "torch_backend_watchers.hpp")
 _BACKEND_RECIPE = "2"
 
 

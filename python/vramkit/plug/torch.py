@@ -52,6 +52,7 @@ _hooks = None  # ctypes.CDLL of libvramkit_torch once installed
 _allocator = None  # what PyTorch allocates through, kept alive for the life of the process
 _backend_lib = None  # ctypes.CDLL of the complete backend, when that path was taken
 _path = None  # "backend" or "pluggable"
+_capture_reuse = False  # graph_capture_record_stream_reuse, as last handed to the backend
 _PATHS = ("backend", "pluggable")
 
 
@@ -67,6 +68,18 @@ def _fn_addr(lib, name: str) -> int:
 def installed() -> bool:
     """True once install() has made vramkit PyTorch's allocator."""
     return _allocator is not None
+
+
+def capture_reuse() -> bool:
+    """Whether the backend reuses, inside a CUDA graph's capture, a block freed there after
+    use on other streams (graph_capture_record_stream_reuse)."""
+    return _capture_reuse
+
+
+def _set_capture_reuse(on: bool) -> None:
+    global _capture_reuse
+    _backend_lib.vramkit_torch_backend_set_capture_reuse(int(on))
+    _capture_reuse = bool(on)
 
 
 def _refuse_if_cuda_in_use() -> None:
@@ -126,6 +139,7 @@ def install(device=None, backend: str | None = None, **options) -> str:
     # one vramkit cannot serve at all stops here, before anything changes.
     options = {**torch_settings.from_environment(), **options}
     fraction = options.pop(torch_settings.TORCH_FRACTION, None)
+    reuse_in_capture = options.pop(torch_settings.TORCH_CAPTURE_REUSE, None)
     # Built (or found in the cache) before anything changes, so that a failure leaves
     # PyTorch exactly as it was.
     backend_path = None
@@ -165,9 +179,16 @@ def install(device=None, backend: str | None = None, **options) -> str:
         if fraction is not None:
             native.vramkit_torch_backend_set_fraction.argtypes = [ctypes.c_double]
             native.vramkit_torch_backend_set_fraction(fraction)
+        native.vramkit_torch_backend_set_capture_reuse.argtypes = [ctypes.c_int]
         _hooks, _allocator, _backend_lib, _path = lib, native, native, "backend"
+        if reuse_in_capture is not None:
+            _set_capture_reuse(reuse_in_capture)
         _route_settings()
         return _path
+    if reuse_in_capture:
+        warnings.warn("vramkit.torch: graph_capture_record_stream_reuse has no effect under "
+                      "the CUDAPluggableAllocator fallback, which serves no CUDA graph pools",
+                      RuntimeWarning, stacklevel=2)
     allocator = torch.cuda.memory.CUDAPluggableAllocator(
         path, "vramkit_torch_malloc", "vramkit_torch_free_block")
     native = allocator.allocator()
@@ -193,10 +214,10 @@ def _route_settings() -> None:
     c = torch._C
     if hasattr(c, "_accelerator_setAllocatorSettings"):
         c._accelerator_setAllocatorSettings = torch_settings.settings_hook(
-            c._accelerator_setAllocatorSettings)
+            c._accelerator_setAllocatorSettings, _set_capture_reuse)
     if hasattr(c, "_cuda_cudaCachingAllocator_set_allocator_settings"):
         c._cuda_cudaCachingAllocator_set_allocator_settings = torch_settings.settings_hook(
-            c._cuda_cudaCachingAllocator_set_allocator_settings)
+            c._cuda_cudaCachingAllocator_set_allocator_settings, _set_capture_reuse)
 
 
 def last_status() -> int:

@@ -25,7 +25,8 @@
 // The class declares every member; those of one job apart are defined, out of line, in the
 // parts included after it: torch_backend_pools.hpp (private pools and checkpoints),
 // torch_backend_history.hpp (history and snapshots), torch_backend_ipc.hpp (IPC handles),
-// torch_backend_oom.hpp (out of memory and other failures), torch_backend_watchers.hpp
+// torch_backend_oom.hpp (out of memory and other failures), torch_backend_streams.hpp
+// (record_stream and the frees a capture defers), torch_backend_watchers.hpp
 // (the profiler's, the CUDA sanitizer's and trace trackers' events); torch_backend_stats.hpp
 // turns the engine's statistics into c10's DeviceStats.
 //
@@ -122,6 +123,15 @@ struct CaptureFilter {
   std::function<bool(cudaStream_t)> claims;
   cudaStream_t origin = nullptr;
   bool origin_known = false;
+};
+
+// A free a capture holds back (torch_backend_streams.hpp): the block's own stream and, if
+// the graph may release it before the capture ends, the nodes its uses must precede.
+struct DeferredFree {
+  void *ptr = nullptr;
+  cudaStream_t stream = nullptr;
+  std::vector<cudaGraphNode_t> marker;
+  bool reusable = false;
 };
 
 // A graph-tree checkpoint: the live blocks of one private pool, by address.
@@ -231,6 +241,7 @@ class Backend final : public cca::CUDAAllocator {
       return malloc_uncached(device, n);
     }
     if (capturing) pp = capture_target(device, stream);
+    if (pp && reusable_frees_.load(std::memory_order_relaxed) > 0) reclaim_in_capture(stream);
     vram_pool_t *pool = pp ? pp->pool : used_[device].load(std::memory_order_acquire);
     if (!pool) pool = default_pool(device);
     void *ptr = nullptr;
@@ -307,29 +318,9 @@ class Backend final : public cca::CUDAAllocator {
     if (watched) note_free(device, ptr, size, stream, pool);
   }
 
-  void free_private_block(void *ptr) {
-    PrivatePool *pp = nullptr;
-    {
-      std::lock_guard<std::mutex> g(mutex_);
-      auto it = private_blocks_.find(ptr);
-      if (it == private_blocks_.end()) {
-        g_last_status.store(VRAM_EFOREIGN);
-        return;
-      }
-      pp = it->second;
-      // A block used on another stream during a capture goes back when the capture ends.
-      if (deferred_uses_.count(ptr) && captures_[pp->device].load() > 0) {
-        deferred_frees_.push_back(ptr);
-        return;
-      }
-      deferred_uses_.erase(ptr);
-      private_blocks_.erase(it);
-    }
-    free_in(pp->device, pp->pool, ptr);
-    std::lock_guard<std::mutex> g(mutex_);
-    pp->live--;
-    maybe_destroy(pp);
-  }
+  // A private pool's block: its free waits while a capture may still use it on another
+  // stream (torch_backend_streams.hpp).
+  void free_private_block(void *ptr);
 
   // torch.cuda.caching_allocator_enable(False), as PyTorch's allocator serves it: each
   // request straight from cudaMalloc and each free straight to cudaFree, outside every
@@ -405,36 +396,11 @@ class Backend final : public cca::CUDAAllocator {
   }
 
   // ---- streams ----------------------------------------------------------------------
-  void recordStream(const c10::DataPtr &ptr, c10::cuda::CUDAStream stream) override {
-    void *p = ptr.get();
-    if (!p) return;
-    auto deleter = ptr.get_deleter();
-    vram_pool_t *pool = nullptr;
-    if (deleter == &free_any) {
-      {
-        std::lock_guard<std::mutex> g(mutex_);
-        auto it = private_blocks_.find(p);
-        if (it != private_blocks_.end()) {
-          if (captures_[it->second->device].load() > 0) {
-            // No events may be recorded into a capture: the block waits for the capture's
-            // end.
-            deferred_uses_.insert(p);
-            return;
-          }
-          pool = it->second->pool;
-        }
-      }
-      c10::DeviceIndex device = 0;
-      if (!pool) pool = default_pool_holding(p, &device);  // raw_alloc's, in a default pool
-    } else {
-      int d = device_of_deleter(deleter);
-      if (d < 0) return;  // not ours (shared from another process): nothing to order
-      pool = used_[d].load();
-    }
-    if (!pool) return;
-    int rc = vram_record_stream(pool, p, static_cast<vram_stream_t>(stream.stream()));
-    if (rc != VRAM_OK) g_last_status.store(rc);
-  }
+  // torch_backend_streams.hpp: record_stream, and the uses a capture defers.
+  void recordStream(const c10::DataPtr &ptr, c10::cuda::CUDAStream stream) override;
+  // graph_capture_record_stream_reuse: a block freed during a capture after use on other
+  // streams is reused in the capture once the graph orders those uses.
+  void set_capture_reuse(bool on) { capture_reuse_.store(on); }
 
   static int device_of_deleter(c10::DeleterFnPtr deleter) {
     for (int d = 0; d < kMaxDevices; d++)
@@ -627,6 +593,10 @@ class Backend final : public cca::CUDAAllocator {
   void refresh_default_limit_locked(c10::DeviceIndex device);
   PrivatePool *capture_target(c10::DeviceIndex device, cudaStream_t stream);
   bool capture_running_locked();
+  void note_use_in_capture_locked(void *ptr, cudaStream_t stream);
+  DeferredFree deferred_free_locked(PrivatePool *pp, void *ptr,
+                                    const std::vector<cudaStream_t> &uses);
+  void reclaim_in_capture(cudaStream_t stream);
   static std::vector<PoolCheckpoint::Block> live_blocks(vram_pool_t *pool);
 
   vram_pool_t *owner_of(void *ptr) {
@@ -704,8 +674,12 @@ class Backend final : public cca::CUDAAllocator {
   std::map<std::pair<c10::DeviceIndex, MempoolId_t>, std::unique_ptr<PrivatePool>> private_pools_;
   std::unordered_map<void *, PrivatePool *> private_blocks_;
   std::vector<CaptureFilter> capture_filters_;
-  std::unordered_set<void *> deferred_uses_;  // used on another stream during a capture
-  std::vector<void *> deferred_frees_;
+  // Blocks used on other streams during a capture, with those streams; the frees that
+  // wait for the graph or the capture's end, and how many of them the graph may release.
+  std::unordered_map<void *, std::vector<cudaStream_t>> deferred_uses_;
+  std::vector<DeferredFree> deferred_frees_;
+  std::atomic<size_t> reusable_frees_{0};
+  std::atomic<bool> capture_reuse_{false};
   std::map<c10::DeviceIndex, AccumulatedBase> bases_;
   std::map<c10::DeviceIndex, double> fractions_;
   // A fraction's bytes, what all the device's pools may reserve together (0: no fraction).
@@ -747,6 +721,7 @@ class Backend final : public cca::CUDAAllocator {
 #include "torch_backend_ipc.hpp"
 #include "torch_backend_oom.hpp"
 #include "torch_backend_pools.hpp"
+#include "torch_backend_streams.hpp"
 #include "torch_backend_watchers.hpp"
 
 void free_default_on(int device, void *ptr) {
@@ -786,6 +761,12 @@ VRAMKIT_TORCH_EXPORT int vramkit_torch_backend_install(char *message, size_t cap
 // torch.cuda.get_per_process_memory_fraction() (install() has set the limit it means).
 VRAMKIT_TORCH_EXPORT void vramkit_torch_backend_set_fraction(double fraction) {
   if (vramkit_torch::g_backend) vramkit_torch::g_backend->set_default_fraction(fraction);
+}
+
+// graph_capture_record_stream_reuse, from PYTORCH_CUDA_ALLOC_CONF or
+// torch.cuda.memory._set_allocator_settings().
+VRAMKIT_TORCH_EXPORT void vramkit_torch_backend_set_capture_reuse(int on) {
+  if (vramkit_torch::g_backend) vramkit_torch::g_backend->set_capture_reuse(on != 0);
 }
 
 // The status of the last failure inside a deleter or record_stream (0 if none).

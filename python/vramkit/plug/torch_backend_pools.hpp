@@ -42,7 +42,7 @@ inline void Backend::beginAllocateToPool(c10::DeviceIndex device, MempoolId_t id
 }
 
 inline void Backend::endAllocateToPool(c10::DeviceIndex device, MempoolId_t id) {
-  std::vector<void *> deferred;
+  std::vector<DeferredFree> deferred;
   {
     std::lock_guard<std::mutex> g(mutex_);
     auto it = std::find_if(capture_filters_.begin(), capture_filters_.end(), [&](auto &c) {
@@ -51,11 +51,14 @@ inline void Backend::endAllocateToPool(c10::DeviceIndex device, MempoolId_t id) 
     TORCH_CHECK(it != capture_filters_.end(), "vramkit: endAllocateToPool: pool (", id.first,
                 ", ", id.second, ") is not being allocated to");
     capture_filters_.erase(it);
-    if (captures_[device].fetch_sub(1) == 1) deferred.swap(deferred_frees_);
+    if (captures_[device].fetch_sub(1) == 1) {
+      deferred.swap(deferred_frees_);
+      reusable_frees_.store(0);
+    }
     // A limit held up during the capture comes down to what the fraction leaves.
     if (device_limit_[device].load()) refresh_default_limit_locked(device);
   }
-  for (void *p : deferred) free_private_block(p);
+  for (const DeferredFree &d : deferred) free_private_block(d.ptr);
 }
 
 inline void Backend::releasePool(c10::DeviceIndex device, MempoolId_t id) {

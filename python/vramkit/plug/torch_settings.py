@@ -33,14 +33,15 @@ _NO_EQUIVALENT = {
                                     "(VRAMKIT_RELEASE_THRESHOLD) instead",
     "release_lock_on_cudamalloc": "vramkit's engine already calls the driver outside its "
                                   "hot path; there is no lock to release",
-    "graph_capture_record_stream_reuse": "a block used on another stream during a capture "
-                                         "is reused only once the capture ends",
 }
 
 
 # The fraction as PyTorch was given it, which get_per_process_memory_fraction() answers:
 # not a vramkit.configure() option, install() takes it out.
 TORCH_FRACTION = "torch_memory_fraction"
+# graph_capture_record_stream_reuse, True or False: the complete backend's switch, which
+# install() and later settings calls hand to it (not a vramkit.configure() option either).
+TORCH_CAPTURE_REUSE = "graph_capture_record_stream_reuse"
 
 
 class SettingsError(ConfigError):
@@ -116,6 +117,12 @@ def map_settings(conf: str, where: str = "PYTORCH_CUDA_ALLOC_CONF") -> dict:
             # A limit of 0 reads as "none" to vramkit: one byte is PyTorch's "nothing".
             options["limit"] = fraction if fraction > 0 else 1
             options[TORCH_FRACTION] = fraction
+        elif key == TORCH_CAPTURE_REUSE:
+            # A block used on another stream and freed during a CUDA graph's capture is
+            # reused in the capture once the graph orders those uses (the backend checks).
+            if value not in ("True", "False"):
+                raise _refuse(where, key, value, "expected True or False")
+            options[TORCH_CAPTURE_REUSE] = value == "True"
         elif key in _HOST_KEYS:
             continue  # PyTorch's host allocator serves it, as without vramkit
         elif key in _NO_EQUIVALENT:
@@ -136,11 +143,13 @@ def from_environment() -> dict:
     return {}
 
 
-def settings_hook(original):
+def settings_hook(original, capture_reuse=None):
     """A stand-in for torch's setter of allocator settings, installed once vramkit is the
     allocator: PyTorch still records the settings (its host allocator reads them), and
     vramkit says what they do under it. Its pools are configured already, so keys that map
-    to a vramkit option are refused with the option's name rather than half applied."""
+    to a vramkit option are refused with the option's name rather than half applied;
+    graph_capture_record_stream_reuse, a switch of the backend's, is handed to
+    ``capture_reuse(on)`` at once."""
 
     def set_allocator_settings(conf: str):
         where = "torch.cuda.memory._set_allocator_settings"
@@ -149,6 +158,9 @@ def settings_hook(original):
         result = original(conf)
         options = map_settings(conf, where)
         options.pop(TORCH_FRACTION, None)  # said by its limit
+        reuse = options.pop(TORCH_CAPTURE_REUSE, None)
+        if reuse is not None and capture_reuse is not None:
+            capture_reuse(reuse)
         for key, value in options.items():
             _warn(f"{where}: takes effect only before the first CUDA allocation under vramkit; "
                   f"pass {key}={value!r} to vramkit.torch.install() (or set the matching "

@@ -380,7 +380,8 @@ class StorageRecorder(TorchDispatchMode):
             storage = t.untyped_storage()
         except (NotImplementedError, RuntimeError):
             return None  # a sparse or otherwise storage-less tensor: nothing to count
-        if self.device_type is None and (MAKING_HOST_TENSOR.get() or storage in self.host_storages):
+        if self.device_type is None and (MAKING_HOST_TENSOR.get()
+                                         or storage in self.host_storages):
             self.host_storages[storage] = True  # the same, made by the CPU stand-in (_emulate)
             return None
         with self._lock:
