@@ -29,11 +29,6 @@ EXCEPTIONS = {
     "TestBlockStateAbsorption.test_allocated_in_middle_of_segment":
         "follows test_allocate_in_thread_to_pool, whose failure keeps its graph's 2 segments "
         "alive until this test's teardown; passes alone",
-    "TestMemPool.test_graph_capture_reclaim_2_streams":
-        "layout: the very address comes back inside the capture once the side stream joins "
-        "(vramkit keeps the block until the capture ends)",
-    "TestMemPool.test_graph_capture_reclaim_4_streams":
-        "layout: as test_graph_capture_reclaim_2_streams, over four streams",
     "TestCudaMallocAsync.test_allocator_backend":
         "asks which allocator PyTorch's is: under vramkit, vramkit (the script sets "
         "backend:cudaMallocAsync after vramkit was installed)",

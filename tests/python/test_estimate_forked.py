@@ -73,18 +73,21 @@ def test_a_table_from_forked_processes_is_the_table_of_one_process():
 
 def test_a_process_that_ran_a_backward_pass_computes_the_rows_its_children_cannot():
     """Autograd refuses a child forked after its parent's backward pass: the children
-    say so at once and the parent computes their rows; it forks no more after that."""
+    say so at once and the parent computes their rows; it forks no more after that. (On a
+    GPU host the backward pass initializes the CUDA driver, autograd asking it for its
+    devices, and the table forks nothing at all.)"""
     out = _run("""
+        from vramkit.plan.estimator import _forked
         w = torch.ones(4, requires_grad=True)
         w.sum().backward()
+        driver = _forked._cuda_initialized()
         after_backward = table(2)
         made = len(forks)
         again = table(2)
         print(json.dumps({"first": after_backward, "again": again, "forks": made,
-                          "after": len(forks)}))
+                          "after": len(forks), "driver": driver}))
     """)
-    assert out["forks"] == 1
-    assert out["after"] == 1
+    assert out["forks"] == out["after"] == (0 if out["driver"] else 1)
     assert out["first"] == out["again"]
     assert len(out["first"]) >= 6
 

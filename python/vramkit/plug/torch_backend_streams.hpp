@@ -30,6 +30,9 @@ struct CaptureGraph {
 
 struct RuntimeCaptureGraph final : CaptureGraph {
   bool frontier(cudaStream_t stream, std::vector<cudaGraphNode_t> *out) override {
+    // No capture runs on the legacy default stream, and asking it while another stream
+    // captures is an implicit synchronisation CUDA refuses (it would end the capture).
+    if (stream == nullptr) return false;
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     const cudaGraphNode_t *nodes = nullptr;
     size_t count = 0;
