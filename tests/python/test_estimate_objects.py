@@ -288,3 +288,18 @@ def test_a_tensor_the_step_makes_on_a_tensors_device_is_counted():
     small = vramkit.estimate(step, 1, build=build, model_workspaces=False)
     large = vramkit.estimate(step, 1 << 20, build=build, model_workspaces=False)
     assert large.peak_allocated - small.peak_allocated >= (1 << 20) * 4 - 512
+
+
+def test_a_sparse_tensor_build_keeps_on_the_host_is_estimated():
+    """A sparse tensor has no storage to mark as the host's: build() may still make one
+    on the CPU, and the step move it to CUDA."""
+    def build():
+        net = torch.nn.Linear(64, 8).to("cuda")
+        where = torch.tensor([[0, 1], [2, 3]])
+        return net, torch.sparse_coo_tensor(where, torch.ones(2), (4, 64), device="cpu")
+
+    def step(net, batch):
+        net(batch.to("cuda").to_dense()).sum().backward()
+
+    e = vramkit.estimate(step, build=build, model_workspaces=False)
+    assert e.breakdown["parameters"] == 64 * 8 * 4 + 512  # weight, and the bias's block

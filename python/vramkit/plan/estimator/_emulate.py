@@ -70,12 +70,21 @@ def _on_cpu(value):
     return torch.device("cpu") if _is_cuda(value) else value
 
 
+def _storage_of(t):
+    """``t``'s storage; None for a sparse or otherwise storage-less tensor."""
+    try:
+        return t.untyped_storage()
+    except (NotImplementedError, RuntimeError):
+        return None
+
+
 def _on_the_device(moved, host):
     """A tensor moved to CUDA: if the move made no copy of a host tensor (to the CPU, the
     stand-in's device, from the CPU), the copy the GPU's move makes."""
-    if host is not None and isinstance(moved, torch.Tensor) \
-            and moved.untyped_storage() in host:
-        return moved.clone()
+    if host is not None and isinstance(moved, torch.Tensor):
+        storage = _storage_of(moved)
+        if storage is not None and storage in host:
+            return moved.clone()
     return moved
 
 
@@ -101,8 +110,9 @@ class CudaOnCpu(DeviceContext):
             # there on a GPU machine. Only in build(): in the step, ``device=x.device``
             # names the stand-in's CPU for a tensor that is on the GPU there.
             out = func(*args, **kwargs)
-            for t in (out,) if isinstance(out, torch.Tensor) else ():
-                host[t.untyped_storage()] = True
+            storage = _storage_of(out) if isinstance(out, torch.Tensor) else None
+            if storage is not None:
+                host[storage] = True
             return out
         if func is torch.tensor and "device" not in kwargs and _scalar(*args, **kwargs):
             # On a GPU machine a scalar made with no device is a host tensor (the step
