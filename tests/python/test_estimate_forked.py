@@ -128,6 +128,28 @@ def test_a_child_whose_step_differs_is_not_believed():
     assert out["forked"] == out["alone"]
 
 
+def test_a_program_that_ignores_its_children_still_gets_the_table():
+    """With SIGCHLD ignored the system reaps the children itself and waitpid() finds none;
+    with fork() failing (no process to be had) the parent computes every row."""
+    out = _run("""
+        import signal
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+        reaped = table(2)
+        made = len(forks)
+        from vramkit.plan.estimator import _forked
+        _forked._forks_done.clear()
+        def no_fork():
+            raise BlockingIOError("Resource temporarily unavailable")
+        os.fork = no_fork
+        refused = table(2)
+        alone = table(1)
+        print(json.dumps({"reaped": reaped, "refused": refused, "alone": alone,
+                          "forks": made}))
+    """)
+    assert out["forks"] == 1
+    assert out["reaped"] == out["refused"] == out["alone"]
+
+
 @pytest.mark.parametrize("processes", [0, -1, True, 1.5, "2"])
 def test_processes_must_be_a_positive_int(processes):
     with pytest.raises(ValueError, match="processes must be a positive int"):

@@ -92,15 +92,20 @@ def computed(work, processes: int):
         _forks_done[:] = [True]
         return agreement, results
     _flush_standard_streams()
-    children = [_Child(work, share, processes) for share in range(1, processes)]
+    children: list[_Child | None] = []
     try:
+        for share in range(1, processes):
+            try:
+                children.append(_Child(work, share, processes))
+            except OSError:  # no process to be had (EAGAIN, ENOMEM): the share is ours
+                children.append(None)
         started = time.monotonic()
         agreement, results, redo = work(0, processes)
         _forks_done[:] = [True]  # this process's autograd threads have started
         patience = max(_PATIENCE_FLOOR_S, _PATIENCE_FACTOR * (time.monotonic() - started))
         deadline = time.monotonic() + patience
         for share, child in enumerate(children, start=1):
-            answer = child.answer(deadline)
+            answer = child.answer(deadline) if child is not None else None
             if answer is not None and answer[0] == agreement:
                 results.update(answer[1])
             else:
@@ -109,7 +114,8 @@ def computed(work, processes: int):
         return agreement, results
     finally:
         for child in children:
-            child.end()
+            if child is not None:
+                child.end()
 
 
 def _flush_standard_streams() -> None:
@@ -149,9 +155,13 @@ class _Child:
             if not chunk:
                 break
             chunks.append(chunk)
-        _, status = os.waitpid(self.pid, 0)
+        try:
+            _, status = os.waitpid(self.pid, 0)
+            exited_well = os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+        except ChildProcessError:  # reaped already (SIGCHLD ignored): the answer says
+            exited_well = True
         self.reaped = True
-        if not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
+        if not exited_well:
             return None
         try:
             return pickle.loads(b"".join(chunks))
@@ -161,8 +171,11 @@ class _Child:
     def end(self) -> None:
         os.close(self.reader)
         if not self.reaped:  # once reaped, its pid may be another process's
-            os.kill(self.pid, signal.SIGKILL)
-            os.waitpid(self.pid, 0)
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass  # reaped by the system (SIGCHLD ignored)
             self.reaped = True
 
 
