@@ -47,7 +47,8 @@ from torch.utils import flop_counter
 from torch.utils._device import DeviceContext
 
 from . import _cuda_calls
-from ._record import BUILDING, HOST_STORAGES, MAKING_HOST_TENSOR, add_flops, per_query_head
+from ._record import (BUILDING, HOST_STORAGES, MAKING_HOST_TENSOR, add_flops, per_query_head,
+                      storage_of)
 
 _TENSOR_MOVES = {torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.type}
 _LOWER = (torch.float16, torch.bfloat16)
@@ -70,19 +71,11 @@ def _on_cpu(value):
     return torch.device("cpu") if _is_cuda(value) else value
 
 
-def _storage_of(t):
-    """``t``'s storage; None for a sparse or otherwise storage-less tensor."""
-    try:
-        return t.untyped_storage()
-    except (NotImplementedError, RuntimeError):
-        return None
-
-
 def _on_the_device(moved, host):
     """A tensor moved to CUDA: if the move made no copy of a host tensor (to the CPU, the
     stand-in's device, from the CPU), the copy the GPU's move makes."""
     if host is not None and isinstance(moved, torch.Tensor):
-        storage = _storage_of(moved)
+        storage = storage_of(moved)
         if storage is not None and storage in host:
             return moved.clone()
     return moved
@@ -110,7 +103,7 @@ class CudaOnCpu(DeviceContext):
             # there on a GPU machine. Only in build(): in the step, ``device=x.device``
             # names the stand-in's CPU for a tensor that is on the GPU there.
             out = func(*args, **kwargs)
-            storage = _storage_of(out) if isinstance(out, torch.Tensor) else None
+            storage = storage_of(out) if isinstance(out, torch.Tensor) else None
             if storage is not None:
                 host[storage] = True
             return out

@@ -66,6 +66,15 @@ HOST_STORAGES = contextvars.ContextVar("vramkit_host_storages", default=None)
 BUILDING = contextvars.ContextVar("vramkit_building", default=False)
 
 _DEVICE_OF = torch.ops.prim.device.default
+
+
+def storage_of(t: torch.Tensor):
+    """``t``'s storage; None for a sparse or otherwise storage-less tensor."""
+    try:
+        return t.untyped_storage()
+    except (NotImplementedError, RuntimeError):
+        return None
+
 _ADD = torch.ops.aten.add.Tensor
 
 
@@ -231,11 +240,8 @@ class CreationSites(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
-                try:
-                    storage = t.untyped_storage()
-                except (NotImplementedError, RuntimeError):
-                    continue
-                if storage not in self.sites:
+                storage = storage_of(t)
+                if storage is not None and storage not in self.sites:
                     self.sites[storage] = caller_site(self._folded, 1)
         return out
 
@@ -376,9 +382,8 @@ class StorageRecorder(TorchDispatchMode):
         """Record ``t``'s storage if it is new; returns its block id (None if empty)."""
         if self.device_type is not None and t.device.type != self.device_type:
             return None  # host memory (an optimizer's step counter, say)
-        try:
-            storage = t.untyped_storage()
-        except (NotImplementedError, RuntimeError):
+        storage = storage_of(t)
+        if storage is None:
             return None  # a sparse or otherwise storage-less tensor: nothing to count
         if self.device_type is None and (MAKING_HOST_TENSOR.get()
                                          or storage in self.host_storages):
@@ -588,10 +593,8 @@ class StorageRecorder(TorchDispatchMode):
                     self.recording.ops.extend(("f", bid) for bid in sorted(held))
 
     def block_of(self, t: torch.Tensor) -> int | None:
-        try:
-            return self._ids.get(t.untyped_storage())
-        except (NotImplementedError, RuntimeError):
-            return None
+        storage = storage_of(t)
+        return None if storage is None else self._ids.get(storage)
 
     def set_role(self, t: torch.Tensor, role: str, phase: str = "setup") -> None:
         """Give ``t``'s block a role, recording it first if it predates the recorder."""
