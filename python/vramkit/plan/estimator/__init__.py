@@ -500,7 +500,7 @@ def advise(step_fn, *args, build=None, device_memory=None, memory_limit=None,
 
     if variants is not None and not variants:
         raise ValueError("advise(): variants is empty: give the step as written first")
-    # An estimate's own options, not the step's: the FLOP count below gets the rest.
+    # An estimate's own options (WhatIf takes device and emulate); the rest are the step's.
     common = dict(device_memory=device_memory, memory_limit=memory_limit, source=source,
                   model_workspaces=kwargs.pop("model_workspaces", True))
     table = _what_if.WhatIf(estimate, step_fn, args, kwargs, build=build, common=common,
