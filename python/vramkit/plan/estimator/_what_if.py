@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from . import _step, variants as _variants
 
-# The most rows the guide's changes make beyond the step as written (standard_variants
-# of a model with four blocks or more, less the step as written).
-_STANDARD_ROWS_AT_MOST = 7
+# A model with this many repeated blocks gets every change standard_variants() has.
+_BLOCKS_FOR_EVERY_CHANGE = 4
 
 
 class WhatIf:
@@ -30,8 +29,9 @@ class WhatIf:
         self._jobs: list = []
 
     def rows_at_most(self) -> int:
-        changes = (len(self._variants) - 1 if self._variants is not None
-                   else _STANDARD_ROWS_AT_MOST)
+        listed = (self._variants if self._variants is not None
+                  else _variants.standard_variants(_BLOCKS_FOR_EVERY_CHANGE))
+        changes = len(listed) - 1  # less the step as written
         return changes + len(self._smaller_batches())
 
     def _smaller_batches(self) -> list[int]:
