@@ -407,8 +407,6 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
                     except WorkspaceTableError:
                         raise  # the estimator's own data, not the step, is at fault
                     except Exception as error:  # noqa: BLE001 - explained, then re-raised
-                        if target.emulated and type(error).__name__ == "CheckpointError":
-                            raise UntraceableStep(_CHECKPOINT_ON_CPU) from error
                         raise UntraceableStep(_explain(error)) from error
             finally:
                 for h in hooks:
@@ -554,13 +552,6 @@ _WORKAROUNDS = (
      "there; so may a C++ extension): for the estimate give the RNN padded batches, or "
      "leave that operation out"),
 )
-
-# Activation checkpointing recomputes forward inside backward; without a GPU the CPU
-# stand-in's device and attention mapping do not reach that recomputation (PyTorch 2.11).
-_CHECKPOINT_ON_CPU = ("activation checkpointing recomputes the forward pass during "
-                      "backward, which the CPU stand-in (this machine has no GPU) cannot "
-                      "follow; estimate a checkpointed step on a machine with a GPU")
-
 
 # PyTorch's code and vramkit's: frames of neither are the user's (or a model library's).
 _MACHINERY = _folded_prefixes()

@@ -59,7 +59,12 @@ def repeated_blocks(model: torch.nn.Module) -> list[str]:
 def apply_checkpointing(model: torch.nn.Module, names) -> list[str]:
     """Recompute the blocks ``names`` (module names, as :func:`plan_checkpointing` gives)
     in backward instead of keeping their activations: each block's forward runs under
-    ``torch.utils.checkpoint.checkpoint(use_reentrant=False)``. Returns the names done."""
+    ``torch.utils.checkpoint.checkpoint(use_reentrant=False)``. Returns the names done.
+
+    A model with a key-value cache turned on in its configuration (transformers' decoders
+    keep ``config.use_cache`` on by default, in training too) has it turned off, as
+    transformers' own gradient checkpointing does: a checkpointed block recomputed in
+    backward would append its keys and values to the cache a second time."""
     modules = dict(model.named_modules())
     done = []
     for name in names:
@@ -80,6 +85,9 @@ def apply_checkpointing(model: torch.nn.Module, names) -> list[str]:
         module.forward = forward
         module._vramkit_checkpointed = True
         done.append(name)
+    config = getattr(model, "config", None)
+    if done and getattr(config, "use_cache", False) is True:
+        config.use_cache = False
     return done
 
 
