@@ -1,5 +1,6 @@
 """Tests of vramkit.estimate on the objects a step is given or builds besides the model:
-a deep copy made in build() (an EMA or teacher model), memory held in a plain object,
+a deep copy made in build() (an EMA or teacher model), memory held in a plain object
+(copies of the weights counted as parameters, a resumed optimizer's state as its state),
 LR schedulers and gradient scalers passed in (twinned, never changed), an optimizer
 wrapper as accelerate makes, DistributedDataParallel (refused, saying what to do), a step
 that asks whether CUDA is available (told of it), a torch.compile'd model (run eagerly,
@@ -131,6 +132,39 @@ def test_memory_held_in_a_plain_object_from_build_is_counted():
     copy_bytes = in_dict.peak_allocated - alone.peak_allocated
     assert copy_bytes == alone.breakdown["parameters"] > 0
     assert in_object.peak_allocated == in_dict.peak_allocated
+
+
+def test_weights_copied_in_build_are_parameters_and_a_resumed_state_is_optimizer_state():
+    """Tensors held outside any module were all put down as the batch ("inputs"): an EMA
+    copy of the weights kept in a list, and the state of an optimizer that stepped in
+    build() (as one resumed from a checkpoint has it). The copy is the model's weights
+    again, made from them; the state is the optimizer's."""
+    from types import SimpleNamespace
+
+    alone = vramkit.estimate(_train, build=_linear_build())
+    copies = {
+        "detached clones in a dict": lambda n: {"ema": [p.detach().clone()
+                                                        for p in n.parameters()]},
+        ".data clones in an object": lambda n: SimpleNamespace(
+            weights=[p.data.clone() for p in n.parameters()]),
+        "copied into new tensors": lambda n: [torch.empty_like(p).copy_(p)
+                                              for p in n.parameters()],
+    }
+    for how, holder in copies.items():
+        parts = vramkit.estimate(_train, build=_linear_build(holder)).breakdown
+        assert parts["parameters"] == 2 * alone.breakdown["parameters"], how
+        assert parts["inputs"] == alone.breakdown["inputs"] > 0, how
+
+    def resumed():  # the state as load_state_dict() leaves it
+        net, opt, x = _linear_build()()
+        for p in net.parameters():
+            opt.state[p] = {"step": torch.tensor(1.0, device="cpu"),
+                            "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
+        return net, opt, x
+
+    parts = vramkit.estimate(_train, build=resumed).breakdown
+    assert parts["inputs"] == alone.breakdown["inputs"]
+    assert parts["optimizer state"] == alone.breakdown["optimizer state"] > 0
 
 
 class _WrappingOptimizer(torch.optim.Optimizer):

@@ -229,21 +229,38 @@ def in_words(block: "Block") -> str:
 class CreationSites(TorchDispatchMode):
     """While build() runs: the call site that made each storage (the user's line that
     constructs the model or moves it to the GPU), for the blocks the recorder takes
-    from the built objects when the step starts."""
+    from the built objects when the step starts; and which storages hold weights or
+    were made from them (an EMA copy of the weights kept in a list is the model's
+    weights again, not the batch)."""
 
     def __init__(self):
         super().__init__()
         self.sites = WeakIdKeyDictionary()  # storage -> call site ("" for none)
+        self._weights = WeakIdKeyDictionary()  # storage -> True: a parameter's, or from one
         self._folded = _folded_prefixes()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        from_weights = False
+        for a in tree_leaves((args, kwargs)):
+            if isinstance(a, torch.Tensor):
+                storage = storage_of(a)
+                if isinstance(a, torch.nn.Parameter) and storage is not None:
+                    self._weights[storage] = True
+                from_weights = from_weights or (storage is not None and storage in self._weights)
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 storage = storage_of(t)
                 if storage is not None and storage not in self.sites:
                     self.sites[storage] = caller_site(self._folded, 1)
+                    if from_weights:
+                        self._weights[storage] = True
         return out
+
+    def made_from_weights(self, t: torch.Tensor) -> bool:
+        """Whether ``t``'s storage is a parameter's or was computed from one in build()."""
+        storage = storage_of(t)
+        return storage is not None and storage in self._weights
 
 
 class StorageRecorder(TorchDispatchMode):

@@ -341,6 +341,7 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
         # What exists before the step is recorded from the objects themselves below, as
         # the real program holds it before its first step (building leaves nothing else).
         twins = _Twins(mode, target)
+        sites = None
         if build is not None:
             sites = _creation_sites(build)
             recorder.creation_sites = sites.sites if sites is not None else None
@@ -378,8 +379,12 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
         # runs in between); the walk after the steps finds gradients on what is held then.
         unwalked: list = []
         modules, tensors = _held(values, torch.nn.Module), _held(values, torch.Tensor, unwalked)
+        held_optimizers = _held(values, torch.optim.Optimizer)
+        states = _optimizer_state_ids(held_optimizers)
         known.forget(p for m in modules for p in m.parameters())
-        known.forget(tensors)
+        # An optimizer's state made in build() (a resumed one's) keeps its values: its step
+        # count is what the optimizer's arithmetic reads, and build() said what it is.
+        known.forget(t for t in tensors if id(t) not in states)
         recorder.values = known  # run inside the recorder's dispatch, not as a mode
         graphs = _graphs_compiled()
         with mode, recorder, _autocast_cache_cleared_in_order(recorder), \
@@ -393,8 +398,8 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
             for t in tensors:
                 if recorder.block_of(t) is None or not recorder.recording.blocks[
                         recorder.block_of(t)].role:
-                    recorder.set_role(t, "inputs")
-            optimizers = _stepping(_held(values, torch.optim.Optimizer))
+                    recorder.set_role(t, _held_role(t, states, sites))
+            optimizers = _stepping(held_optimizers)
             for opt in optimizers:
                 _as_on_the_gpu(opt)
             hooks = _phase_hooks(recorder, optimizers)
@@ -448,6 +453,29 @@ def _autocast_cache_cleared_in_order(recorder: StorageRecorder):
         yield
     finally:
         torch.clear_autocast_cache = clear
+
+
+def _held_role(t: torch.Tensor, optimizer_states: set, sites: CreationSites | None) -> str:
+    """The role of a tensor the step's objects hold that no module holds as a parameter
+    or buffer: an optimizer's state (made before the step: a resumed optimizer's), a copy
+    of the weights build() made (an EMA kept in a list or a plain object), else what the
+    step is given to work on."""
+    if id(t) in optimizer_states:
+        return "optimizer state"
+    if sites is not None and sites.made_from_weights(t):
+        return "parameters"
+    return "inputs"
+
+
+def _optimizer_state_ids(optimizers: list) -> set:
+    """The ids of the tensors in the optimizers' per-parameter state."""
+    found = set()
+    for opt in optimizers:
+        state = getattr(opt, "state", None)
+        for per_param in (state.values() if isinstance(state, dict) else ()):
+            if isinstance(per_param, dict):
+                found.update(id(v) for v in per_param.values() if isinstance(v, torch.Tensor))
+    return found
 
 
 def _creation_sites(build) -> CreationSites | None:
