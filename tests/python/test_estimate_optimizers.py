@@ -2,7 +2,8 @@
 ``foreach`` left unset, torch.optim's Adam, AdamW and SGD take the multi-tensor path for
 CUDA tensors (temporaries the size of all the parameters at once) and Adafactor takes
 its per-tensor loop (one parameter's temporaries at a time), so an estimate with the
-default equals the estimate with that path named.
+default equals the estimate with that path named. And an optimizer resumed from a
+checkpoint in build(): its loaded step counts have no value the estimate can read.
 """
 
 from __future__ import annotations
@@ -64,3 +65,33 @@ def test_a_subclass_that_overrides_step_keeps_its_base_path():
 
     assert _peak(lambda p: Logged(p)) == _peak(lambda p: torch.optim.Adafactor(p))
     assert _peak(lambda p: LoggedAdamW(p)) == _peak(lambda p: torch.optim.AdamW(p))
+
+
+@pytest.mark.parametrize("optimizer", [torch.optim.AdamW, torch.optim.Adafactor])
+def test_an_optimizer_resumed_from_a_checkpoint_is_estimated(tmp_path, optimizer):
+    """build() loads the optimizer's state with torch.load: under fake tensors its step
+    counts have no values, were read as 0, and the update divided by zero (AdamW's bias
+    correction 1 - beta ** step, Adafactor's step ** decay)."""
+    real = torch.nn.Linear(64, 64)
+    real_opt = optimizer(real.parameters())
+    _step(real, real_opt, torch.randn(2, 64))
+    path = tmp_path / "checkpoint.pt"
+    torch.save({"model": real.state_dict(), "optimizer": real_opt.state_dict()}, path)
+
+    def build(resume: bool):
+        def made():
+            model = torch.nn.Linear(64, 64).cuda()
+            opt = optimizer(model.parameters())
+            if resume:
+                saved = torch.load(path)
+                model.load_state_dict(saved["model"])
+                opt.load_state_dict(saved["optimizer"])
+            return model, opt, torch.randn(2, 64, device="cuda")
+        return made
+
+    fresh = estimator.estimate(_step, build=build(False))
+    resumed = estimator.estimate(_step, build=build(True))
+    assert resumed.breakdown["parameters"] == fresh.breakdown["parameters"]
+    assert resumed.breakdown["optimizer state"] >= fresh.breakdown["optimizer state"] > 0
+    assert any("2 step counts" in note for note in resumed.notes), resumed.notes
+    assert not any("step counts" in note for note in fresh.notes)

@@ -451,6 +451,11 @@ def _notes(recording, target, models_) -> list[str]:
                      f"weights or gradients (Adafactor's step size, the gradient scaler's "
                      f"check for infinities): taken as zero, which changes what the update "
                      f"computes, not what it allocates")
+    if recording.step_counts_assumed:
+        notes.append(f"the optimizer's state came with {recording.step_counts_assumed} "
+                     f"step counts whose values the estimate cannot read (loaded from a "
+                     f"file): taken as one step done, which changes what the update "
+                     f"computes, not what it allocates")
     if recording.finite_checks:
         notes.append(f"{recording.finite_checks} checks of whether values computed from "
                      f"the weights or the batch are finite (isnan, isinf, isfinite) were "

@@ -158,6 +158,7 @@ class Recording:
     # The step's torch.cuda calls the CPU stand-in answered, by name (_cuda_calls).
     cuda_calls_answered: dict = field(default_factory=dict)
     optimizer_reads: int = 0       # values an optimizer's step read, taken as zero
+    step_counts_assumed: int = 0   # step counts of a loaded optimizer state, taken as 1
     finite_checks: int = 0         # finiteness checks of unknown values, taken as finite
     raise_only_checks: int = 0     # tests in checks that only raise, taken as passed
     first_raise_only_check: str = ""  # where the first of them was ("file:line")

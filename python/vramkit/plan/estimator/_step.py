@@ -385,6 +385,13 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
         # An optimizer's state made in build() (a resumed one's) keeps its values: its step
         # count is what the optimizer's arithmetic reads, and build() said what it is.
         known.forget(t for t in tensors if id(t) not in states)
+        # A step count loaded with the state (torch.load under the fake mode) has no value
+        # the estimate knows; read as 0, the update's bias corrections (1 - beta ** step)
+        # divide by zero. Taken as one step done, as in any resumed run.
+        counts = [t for t in _step_counts(held_optimizers) if t not in known.real]
+        for t in counts:
+            known.assume(t, 1)
+        recorder.recording.step_counts_assumed = len(counts)
         recorder.values = known  # run inside the recorder's dispatch, not as a mode
         graphs = _graphs_compiled()
         with mode, recorder, _autocast_cache_cleared_in_order(recorder), \
@@ -469,13 +476,26 @@ def _held_role(t: torch.Tensor, optimizer_states: set, sites: CreationSites | No
 
 def _optimizer_state_ids(optimizers: list) -> set:
     """The ids of the tensors in the optimizers' per-parameter state."""
-    found = set()
+    return {id(v) for per_param in _per_param_states(optimizers) for v in per_param.values()
+            if isinstance(v, torch.Tensor)}
+
+
+def _step_counts(optimizers: list) -> list:
+    """The optimizers' per-parameter step counts held as tensors, each once."""
+    found = {}
+    for per_param in _per_param_states(optimizers):
+        count = per_param.get("step")
+        if isinstance(count, torch.Tensor):
+            found[id(count)] = count
+    return list(found.values())
+
+
+def _per_param_states(optimizers: list):
     for opt in optimizers:
         state = getattr(opt, "state", None)
         for per_param in (state.values() if isinstance(state, dict) else ()):
             if isinstance(per_param, dict):
-                found.update(id(v) for v in per_param.values() if isinstance(v, torch.Tensor))
-    return found
+                yield per_param
 
 
 def _creation_sites(build) -> CreationSites | None:

@@ -313,6 +313,11 @@ class KnownValues(TorchDispatchMode):
         for t in tensors:
             self.real.pop(t, None)
 
+    def assume(self, t, value) -> None:
+        """Answer reads of ``t`` as if every element were ``value``."""
+        with _disable_current_modes():
+            self.real[t] = torch.full(tuple(t.shape), value, dtype=t.dtype)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is _DEVICE_OF:  # ``t.device``: asked thousands of times, no value in it
