@@ -11,10 +11,11 @@ recorded step has none of these blocks; on an H200 (PyTorch 2.11) ViT-B/16's ste
 148 MiB in one layer norm backward, and its predicted peaks were 1% to 3% low without them.
 
 The model is the one of cuDNN's convolution workspaces (workspaces.py): each call of an op
-of :data:`SCRATCH_OPS` gets its scratch: the blocks a measurement on the device saw, each
-where the op made it among its outputs (_transients.py), or, where only bytes are known,
-one allocation of that size right after its outputs and at once its free. The size is found by the call's signature (:class:`OpCall`: the op's
-overload, each tensor argument's dtype, shape, strides and alignment, the other arguments
+of :data:`SCRATCH_OPS` gets its scratch: the blocks a measurement on the device saw,
+each where the op made it among its outputs (_transients.py), or, where only bytes are
+known, one allocation of that size right after its outputs and at once its free. The
+size is found by the call's signature (:class:`OpCall`: the op's overload, each tensor
+argument's dtype, shape, strides and alignment, the other arguments
 that choose the kernel), in this order:
 
 1. on a machine with the GPU: measured there, once per signature, by running the op on

@@ -9,8 +9,8 @@ module names the user hands to :func:`apply_checkpointing` on the real model.
 
 The compute each variant adds is counted, not timed: the floating-point operations of
 the step by PyTorch's FLOP formulas (``torch.utils.flop_counter``), counted in the same
-recording as its memory, against the step as written. Recomputing checkpointed blocks shows there; what autocast gains in speed
-depends on the card and is not claimed.
+recording as its memory, against the step as written. Recomputing checkpointed blocks
+shows there; what autocast gains in speed depends on the card and is not claimed.
 """
 
 from __future__ import annotations

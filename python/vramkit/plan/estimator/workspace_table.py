@@ -17,8 +17,8 @@ import statistics
 import sys
 from collections import Counter
 
-from .workspaces import (PARTS, PROBE_FORMAT, TABLE_PATH, ConvSignature, Table, WorkspaceTableError,
-                         empty_table, fit_rule)
+from .workspaces import (PARTS, PROBE_FORMAT, TABLE_PATH, ConvSignature, Table,
+                         WorkspaceTableError, empty_table, fit_rule)
 
 def _read_json(path: str, what: str):
     try:

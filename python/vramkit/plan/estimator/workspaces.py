@@ -7,9 +7,10 @@ transient blocks raise the peak where they sit and split PyTorch's cached segmen
 H200, PyTorch 2.11, ResNet-50's peak reserved was predicted 6.6% to 9% low without them).
 
 Each convolution op of the recorded step gets, per part it computes (forward; backward
-input, weight, bias), the blocks a measurement saw, each where the part made it beside its
-output, or the table's bytes as one block after the op's outputs, freed at once. A part's size is found by its
-signature (:class:`ConvSignature`: the part, shapes, stride, padding, dilation, groups,
+input, weight, bias), the blocks a measurement saw, each where the part made it beside
+its output, or the table's bytes as one block after the op's outputs, freed at once. A
+part's size is found by its signature (:class:`ConvSignature`: the part, shapes, stride,
+padding, dilation, groups,
 dtype, memory layout and cuDNN flags), in this order:
 
 1. on a machine with the GPU: measured there, once per signature, by running that part on
