@@ -67,11 +67,14 @@ def test_a_subclass_that_overrides_step_keeps_its_base_path():
     assert _peak(lambda p: LoggedAdamW(p)) == _peak(lambda p: torch.optim.AdamW(p))
 
 
+@pytest.mark.parametrize("map_location", [None, "cpu", "cuda"])
 @pytest.mark.parametrize("optimizer", [torch.optim.AdamW, torch.optim.Adafactor])
-def test_an_optimizer_resumed_from_a_checkpoint_is_estimated(tmp_path, optimizer):
+def test_an_optimizer_resumed_from_a_checkpoint_is_estimated(tmp_path, optimizer,
+                                                             map_location):
     """build() loads the optimizer's state with torch.load: under fake tensors its step
     counts have no values, were read as 0, and the update divided by zero (AdamW's bias
-    correction 1 - beta ** step, Adafactor's step ** decay)."""
+    correction 1 - beta ** step, Adafactor's step ** decay). Loaded to "cuda" without a
+    GPU, the step counts were CUDA tensors beside the CPU stand-in's parameters."""
     real = torch.nn.Linear(64, 64)
     real_opt = optimizer(real.parameters())
     _step(real, real_opt, torch.randn(2, 64))
@@ -83,7 +86,7 @@ def test_an_optimizer_resumed_from_a_checkpoint_is_estimated(tmp_path, optimizer
             model = torch.nn.Linear(64, 64).cuda()
             opt = optimizer(model.parameters())
             if resume:
-                saved = torch.load(path)
+                saved = torch.load(path, map_location=map_location)
                 model.load_state_dict(saved["model"])
                 opt.load_state_dict(saved["optimizer"])
             return model, opt, torch.randn(2, 64, device="cuda")
