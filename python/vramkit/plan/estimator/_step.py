@@ -388,10 +388,8 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
         # A step count loaded with the state (torch.load under the fake mode) has no value
         # the estimate knows; read as 0, the update's bias corrections (1 - beta ** step)
         # divide by zero. Taken as one step done, as in any resumed run.
-        counts = [t for t in _step_counts(held_optimizers) if t not in known.real]
-        for t in counts:
-            known.assume(t, 1)
-        recorder.recording.step_counts_assumed = len(counts)
+        recorder.recording.step_counts_assumed = known.assume_where_unknown(
+            _step_counts(held_optimizers), 1)
         recorder.values = known  # run inside the recorder's dispatch, not as a mode
         graphs = _graphs_compiled()
         with mode, recorder, _autocast_cache_cleared_in_order(recorder), \

@@ -313,10 +313,14 @@ class KnownValues(TorchDispatchMode):
         for t in tensors:
             self.real.pop(t, None)
 
-    def assume(self, t, value) -> None:
-        """Answer reads of ``t`` as if every element were ``value``."""
+    def assume_where_unknown(self, tensors, value) -> int:
+        """Answer reads of each of ``tensors`` whose values are unknown as if every
+        element were ``value``; returns how many that was."""
+        unknown = [t for t in tensors if t not in self.real]
         with _disable_current_modes():
-            self.real[t] = torch.full(tuple(t.shape), value, dtype=t.dtype)
+            for t in unknown:
+                self.real[t] = torch.full(tuple(t.shape), value, dtype=t.dtype)
+        return len(unknown)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
