@@ -38,8 +38,11 @@ def test_adafactor_left_unset_runs_its_per_tensor_loop():
     loop = _peak(lambda p: torch.optim.Adafactor(p, foreach=False))
     multi = _peak(lambda p: torch.optim.Adafactor(p, foreach=True))
     assert unset == loop
-    # The multi-tensor path holds every layer's update at once, the loop one layer's.
-    assert multi > loop + WIDTH * WIDTH * 4
+    # The multi-tensor path holds every layer's update at once, the loop one layer's; the
+    # loop's own peak may be outside the optimizer (in backward, where a GPU's cuBLAS
+    # workspaces add to it), so the two can differ by less than the other layers'
+    # updates, and by less than one on a GPU: half of one is the bound.
+    assert multi > loop + WIDTH * WIDTH * 2
 
 
 @pytest.mark.parametrize("make", [

@@ -21,7 +21,6 @@ step on fake *CPU* tensors and makes the CPU behave, for memory, as the GPU woul
   fp32 under the CPU's autocast too, and the one CPU autocast runs in fp32 that CUDA's
   leaves to its parts (cross entropy: CUDA keeps its log-softmax in the lower precision
   and an fp32 copy for the loss) meets autocast part by part, as on CUDA;
-- ``torch.load`` with a location naming CUDA loads onto the CPU;
 - an optimizer made with ``capturable=True`` (its step counters on the device, for CUDA
   graphs) takes the stand-in's CPU tensors as it takes CUDA's; a scalar made by
   ``torch.tensor()`` with no device (any other optimizer's step counter) is host memory on
@@ -358,33 +357,9 @@ def capturable_optimizers_on_cpu():
 
 
 @contextlib.contextmanager
-def checkpoints_loaded_on_cpu():
-    """``torch.load(..., map_location="cuda")`` restores each storage with the storage's
-    own ``.cuda()``, which no device argument of a torch function names: the loaded
-    tensors would be fake CUDA tensors beside the stand-in's CPU ones (an optimizer's step
-    counts, which load_state_dict() leaves where they were loaded). A location naming
-    CUDA names the CPU instead; the others are left as given."""
-    original = torch.load
-
-    def load(f, map_location=None, *args, **kwargs):
-        if isinstance(map_location, dict):
-            map_location = {k: "cpu" if _is_cuda(v) else v for k, v in map_location.items()}
-        elif _is_cuda(map_location):
-            map_location = "cpu"
-        return original(f, map_location, *args, **kwargs)
-
-    torch.load = load
-    try:
-        yield
-    finally:
-        torch.load = original
-
-
-@contextlib.contextmanager
 def emulated_cuda():
     """Everything above, for the length of one estimate; yields the Counter of the
     step's torch.cuda calls answered (_cuda_calls)."""
     with cuda_autocast_on_cpu(), cuda_autocast_lists_on_cpu(), capturable_optimizers_on_cpu(), \
-            checkpoints_loaded_on_cpu(), _cuda_calls.answered_on_cpu() as answered, \
-            CudaOnCpu():
+            _cuda_calls.answered_on_cpu() as answered, CudaOnCpu():
         yield answered

@@ -20,6 +20,13 @@ into a fake tensor's (PyTorch 2.11 refuses storages of two devices). While a ste
 estimated a fake leaf tensor is deep-copied as PyTorch copies a tensor with no storage of
 its own: a clone of it (a block of its size, as the real copy takes), with its
 ``requires_grad``, its gradient and its own attributes copied.
+
+``torch.load(..., map_location="cuda")`` in ``build()`` (a resumed optimizer's state, a
+checkpoint's weights) restores each storage with the storage's own ``.cuda()``, which
+the fake mode does not reach: the checkpoint would be put on the GPU for real (on a
+machine without one, as fake CUDA tensors beside the CPU stand-in's). While a step is
+estimated a location naming CUDA names the CPU; ``load_state_dict()`` then copies the
+weights and the optimizer's moments onto the fake device, as the real program's copy does.
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ import weakref
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
+
+from ._emulate import _is_cuda
 
 
 def _swap_fake(original, t1, t2) -> None:
@@ -89,3 +98,23 @@ def fake_module_copies():
         yield
     finally:
         torch.Tensor.__deepcopy__ = original
+
+
+@contextlib.contextmanager
+def checkpoints_loaded_on_cpu():
+    """``torch.load`` with a location naming CUDA loads onto the CPU (see above); other
+    locations are left as given."""
+    original = torch.load
+
+    def load(f, map_location=None, *args, **kwargs):
+        if isinstance(map_location, dict):
+            map_location = {k: "cpu" if _is_cuda(v) else v for k, v in map_location.items()}
+        elif _is_cuda(map_location):
+            map_location = "cpu"
+        return original(f, map_location, *args, **kwargs)
+
+    torch.load = load
+    try:
+        yield
+    finally:
+        torch.load = original

@@ -30,7 +30,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from . import _emulate
-from ._moves import fake_module_copies, fake_module_moves
+from ._moves import checkpoints_loaded_on_cpu, fake_module_copies, fake_module_moves
 from ._record import (_MODELS_FILE, BUILDING, HOST_STORAGES, CreationSites, Recording,
                       StorageRecorder, _folded_prefixes, classify)
 from ._values import _DECIDING_OPTIMIZERS, KnownValues
@@ -508,13 +508,14 @@ def _creation_sites(build) -> CreationSites | None:
 @contextlib.contextmanager
 def on_target(target: Target, recorder: StorageRecorder):
     """What a step and its build() run under besides the fake mode: the CPU standing in
-    for CUDA where there is no GPU (with the recorder's storages of host memory), and
-    moves of fake modules (.to("cuda"), .half()). Yields the torch.cuda calls the
-    stand-in answered, by name (none on a GPU)."""
+    for CUDA where there is no GPU (with the recorder's storages of host memory), moves
+    of fake modules (.to("cuda"), .half()) and checkpoints loaded onto the CPU. Yields
+    the torch.cuda calls the stand-in answered, by name (none on a GPU)."""
     emulation = _emulate.emulated_cuda() if target.emulated else contextlib.nullcontext({})
     host = HOST_STORAGES.set(recorder.host_storages if target.emulated else None)
     try:
-        with emulation as answered, fake_module_moves(), fake_module_copies():
+        with emulation as answered, fake_module_moves(), fake_module_copies(), \
+                checkpoints_loaded_on_cpu():
             yield answered
     finally:
         HOST_STORAGES.reset(host)
