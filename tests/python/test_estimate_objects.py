@@ -154,6 +154,11 @@ def test_weights_copied_in_build_are_parameters_and_a_resumed_state_is_optimizer
         parts = vramkit.estimate(_train, build=_linear_build(holder)).breakdown
         assert parts["parameters"] == 2 * alone.breakdown["parameters"], how
         assert parts["inputs"] == alone.breakdown["inputs"] > 0, how
+    # Computed from the weights, not a copy of them: a teacher's outputs kept as targets.
+    targets = vramkit.estimate(_train, build=_linear_build(
+        lambda n: {"targets": n(torch.randn(8, 256, device="cuda")).detach()})).breakdown
+    assert targets["parameters"] == alone.breakdown["parameters"]
+    assert targets["inputs"] == 2 * alone.breakdown["inputs"]
 
     def resumed():  # the state as load_state_dict() leaves it
         net, opt, x = _linear_build()()

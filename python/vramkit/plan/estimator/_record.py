@@ -231,35 +231,39 @@ class CreationSites(TorchDispatchMode):
     """While build() runs: the call site that made each storage (the user's line that
     constructs the model or moves it to the GPU), for the blocks the recorder takes
     from the built objects when the step starts; and which storages hold weights or
-    were made from them (an EMA copy of the weights kept in a list is the model's
-    weights again, not the batch)."""
+    copies of them (an EMA copy of the weights kept in a list is the model's weights
+    again, not the batch)."""
 
     def __init__(self):
         super().__init__()
         self.sites = WeakIdKeyDictionary()  # storage -> call site ("" for none)
-        self._weights = WeakIdKeyDictionary()  # storage -> True: a parameter's, or from one
+        self._weights = WeakIdKeyDictionary()  # storage -> True: a parameter's, or a copy
         self._folded = _folded_prefixes()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        from_weights = False
+        # The shapes of the weights the op reads: an output of one of them is a copy of a
+        # weight (clone, .to(), empty_like), not something computed from the weights
+        # (a teacher's logits kept as targets).
+        weight_shapes = set()
         for a in tree_leaves((args, kwargs)):
             if isinstance(a, torch.Tensor):
                 storage = storage_of(a)
                 if isinstance(a, torch.nn.Parameter) and storage is not None:
                     self._weights[storage] = True
-                from_weights = from_weights or (storage is not None and storage in self._weights)
+                if storage is not None and storage in self._weights:
+                    weight_shapes.add(tuple(a.shape))
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 storage = storage_of(t)
                 if storage is not None and storage not in self.sites:
                     self.sites[storage] = caller_site(self._folded, 1)
-                    if from_weights:
+                    if tuple(t.shape) in weight_shapes:
                         self._weights[storage] = True
         return out
 
     def made_from_weights(self, t: torch.Tensor) -> bool:
-        """Whether ``t``'s storage is a parameter's or was computed from one in build()."""
+        """Whether ``t``'s storage is a parameter's or a copy of one made in build()."""
         storage = storage_of(t)
         return storage is not None and storage in self._weights
 
