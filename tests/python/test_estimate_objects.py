@@ -342,3 +342,20 @@ def test_a_sparse_tensor_build_keeps_on_the_host_is_estimated():
 
     e = vramkit.estimate(step, build=build, model_workspaces=False)
     assert e.breakdown["parameters"] == 64 * 8 * 4 + 512  # weight, and the bias's block
+
+
+def test_a_batch_loaded_with_torch_load_onto_cuda_is_the_device_s(tmp_path):
+    """torch.load(map_location="cuda") restores storages with their own .cuda(), out of
+    the fake mode's reach: the loaded batch must be a fake device tensor, as one made on
+    the device is (on a GPU host it was a real one, put on the card by the estimate)."""
+    path = tmp_path / "batch.pt"
+    torch.save(torch.randn(8, 256), path)
+
+    def loaded():
+        net, opt, _ = _linear_build()()
+        return net, opt, torch.load(path, map_location="cuda")
+
+    made = vramkit.estimate(_train, build=_linear_build())
+    from_file = vramkit.estimate(_train, build=loaded)
+    assert from_file.peak_allocated == made.peak_allocated
+    assert from_file.breakdown["inputs"] == made.breakdown["inputs"] > 0

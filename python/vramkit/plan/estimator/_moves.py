@@ -22,11 +22,12 @@ its own: a clone of it (a block of its size, as the real copy takes), with its
 ``requires_grad``, its gradient and its own attributes copied.
 
 ``torch.load(..., map_location="cuda")`` in ``build()`` (a resumed optimizer's state, a
-checkpoint's weights) restores each storage with the storage's own ``.cuda()``, which
-the fake mode does not reach: the checkpoint would be put on the GPU for real (on a
-machine without one, as fake CUDA tensors beside the CPU stand-in's). While a step is
-estimated a location naming CUDA names the CPU; ``load_state_dict()`` then copies the
-weights and the optimizer's moments onto the fake device, as the real program's copy does.
+checkpoint's weights, a saved batch) restores each storage with the storage's own
+``.cuda()``, which the fake mode does not reach: the checkpoint would be put on the GPU
+for real, as tensors the fake mode takes in only later (on a machine without a GPU, as
+fake CUDA tensors beside the CPU stand-in's). While a step is estimated such a load reads
+onto the CPU and then moves each tensor it loaded to the device it named, under the fake
+mode: a device copy, as the real program's load makes.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import weakref
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._pytree import tree_map_only
 
 from ._emulate import _is_cuda
 
@@ -102,16 +104,15 @@ def fake_module_copies():
 
 @contextlib.contextmanager
 def checkpoints_loaded_on_cpu():
-    """``torch.load`` with a location naming CUDA loads onto the CPU (see above); other
-    locations are left as given."""
+    """``torch.load`` with a location naming a CUDA device loads onto the CPU and moves
+    what it loaded there (see above); other locations are left as given."""
     original = torch.load
 
     def load(f, map_location=None, *args, **kwargs):
-        if isinstance(map_location, dict):
-            map_location = {k: "cpu" if _is_cuda(v) else v for k, v in map_location.items()}
-        elif _is_cuda(map_location):
-            map_location = "cpu"
-        return original(f, map_location, *args, **kwargs)
+        if not _is_cuda(map_location):
+            return original(f, map_location, *args, **kwargs)
+        loaded = original(f, "cpu", *args, **kwargs)
+        return tree_map_only(torch.Tensor, lambda t: t.to(map_location), loaded)
 
     torch.load = load
     try:
