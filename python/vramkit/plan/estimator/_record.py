@@ -262,7 +262,7 @@ class CreationSites(TorchDispatchMode):
                         self._weights[storage] = True
         return out
 
-    def made_from_weights(self, t: torch.Tensor) -> bool:
+    def holds_weights(self, t: torch.Tensor) -> bool:
         """Whether ``t``'s storage is a parameter's or a copy of one made in build()."""
         storage = storage_of(t)
         return storage is not None and storage in self._weights

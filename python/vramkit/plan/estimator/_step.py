@@ -380,11 +380,11 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
         unwalked: list = []
         modules, tensors = _held(values, torch.nn.Module), _held(values, torch.Tensor, unwalked)
         held_optimizers = _held(values, torch.optim.Optimizer)
-        states = _optimizer_state_ids(held_optimizers)
+        state_ids = _optimizer_state_ids(held_optimizers)
         known.forget(p for m in modules for p in m.parameters())
         # An optimizer's state made in build() (a resumed one's) keeps its values: its step
         # count is what the optimizer's arithmetic reads, and build() said what it is.
-        known.forget(t for t in tensors if id(t) not in states)
+        known.forget(t for t in tensors if id(t) not in state_ids)
         # A step count loaded with the state (torch.load under the fake mode) has no value
         # the estimate knows; read as 0, the update's bias corrections (1 - beta ** step)
         # divide by zero. Taken as one step done, as in any resumed run.
@@ -403,7 +403,7 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
             for t in tensors:
                 if recorder.block_of(t) is None or not recorder.recording.blocks[
                         recorder.block_of(t)].role:
-                    recorder.set_role(t, _held_role(t, states, sites))
+                    recorder.set_role(t, _held_role(t, state_ids, sites))
             optimizers = _stepping(held_optimizers)
             for opt in optimizers:
                 _as_on_the_gpu(opt)
@@ -467,7 +467,7 @@ def _held_role(t: torch.Tensor, optimizer_states: set, sites: CreationSites | No
     step is given to work on."""
     if id(t) in optimizer_states:
         return "optimizer state"
-    if sites is not None and sites.made_from_weights(t):
+    if sites is not None and sites.holds_weights(t):
         return "parameters"
     return "inputs"
 
@@ -509,8 +509,9 @@ def _creation_sites(build) -> CreationSites | None:
 def on_target(target: Target, recorder: StorageRecorder):
     """What a step and its build() run under besides the fake mode: the CPU standing in
     for CUDA where there is no GPU (with the recorder's storages of host memory), moves
-    of fake modules (.to("cuda"), .half()) and checkpoints loaded onto the CPU. Yields
-    the torch.cuda calls the stand-in answered, by name (none on a GPU)."""
+    of fake modules (.to("cuda"), .half()) and loads of checkpoints onto CUDA (read on
+    the CPU, moved under the fake mode). Yields the torch.cuda calls the stand-in
+    answered, by name (none on a GPU)."""
     emulation = _emulate.emulated_cuda() if target.emulated else contextlib.nullcontext({})
     host = HOST_STORAGES.set(recorder.host_storages if target.emulated else None)
     try:
