@@ -69,8 +69,8 @@ def _train(net, opt, ids):
 
 
 def test_the_what_if_checkpointing_row_is_the_step_checkpointed_as_transformers_does():
-    """The row held every block's keys and values in the cache through the forward pass:
-    about a sixth more than the same step checkpointed with transformers' own switch."""
+    """The row held every block's keys and values in the cache through the forward pass,
+    more than the same step checkpointed with transformers' own switch holds."""
     own = vramkit.estimate(_train, build=_build(True, 256))
     rows = {r.variant: r for r in vramkit.advise(_train, build=_build(False, 256),
                                                  processes=1).rows}
