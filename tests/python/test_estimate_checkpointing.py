@@ -6,15 +6,15 @@ is recomputed in backward appends its keys and values to that cache a second tim
 token, torch.utils.checkpoint refuses the recomputation outright). transformers' own
 gradient checkpointing turns the cache off; apply_checkpointing does the same, so that the
 what-if table's checkpointing rows are the step a user gets by checkpointing the blocks.
+A block that recomputes differently for a reason of its own is the step's error.
 """
 
 import pytest
-import torch
 
-import vramkit
-from vramkit.estimator.variants import apply_checkpointing, repeated_blocks
-
+torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+import vramkit  # noqa: E402
+from vramkit.estimator.variants import apply_checkpointing, repeated_blocks  # noqa: E402
 
 VOCAB = 100
 
