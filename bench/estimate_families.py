@@ -8,7 +8,9 @@ families (Qwen2, GPT-NeoX, OPT, a mixture of experts of Qwen3's), encoders (RoBE
 DeBERTa-v2, DistilBERT), an encoder-decoder (BART), torchvision's and timm's convnets
 and vision transformers (Swin, EfficientNet, DenseNet, MobileNetV3, RegNet, ConvNeXt-V2,
 a ViT with timm's own checkpointing), a segmentation model, gradient accumulation over
-micro-batches, inference under ``torch.no_grad()`` and KV-cache generation. Each runs
+micro-batches, inference under ``torch.no_grad()`` and KV-cache generation; and steps
+that select by values the estimate cannot know (a loss over the tokens that are not
+padding, over the pixels that are not "ignore"; detectors matching boxes to anchors). Each runs
 under PyTorch's allocator, expandable segments and vramkit, each allocator in its own
 process, and is estimated on the same machine; the table is estimate_check.py's.
 
@@ -51,10 +53,18 @@ FAMILIES = {
     "fcn-resnet50 bf16-amp b8 512px sgd": ("fcn", "bf16-amp", 8, 512),
     "qwen2-0.5b bf16 inference b16x1024": ("qwen2_infer", "bf16", 16, 1024),
     "pythia-410m fp16 generate b8 512+64": ("neox_generate", "fp16", 8, 512),
+    # Selections by values the estimate cannot know, taken at their largest: a loss over
+    # the tokens that are not padding (a quarter is), over the pixels that are not
+    # "ignore" (a tenth is), and detectors that match boxes to anchors.
+    "bert-base token-classes fp32 b32x512 adamw masked-loss": ("tokens", "fp32", 32, 512),
+    "fcn-resnet50 fp32 b8 512px sgd masked-pixels": ("fcn_masked", "fp32", 8, 512),
+    "ssdlite320 fp32 b32 sgd": ("ssdlite", "fp32", 32, 320),
+    "maskrcnn-resnet50 fp32 b2 512px sgd": ("maskrcnn", "fp32", 2, 512),
 }
 
 _DECODERS = {"qwen2", "neox", "opt", "moe", "qwen2_infer", "neox_generate"}
-_ENCODERS = {"roberta", "deberta", "distilbert"}
+_ENCODERS = {"roberta", "deberta", "distilbert", "tokens"}
+_DETECTORS = {"ssdlite", "maskrcnn"}
 
 
 def _text(kind: str, small: bool):
@@ -90,6 +100,9 @@ def _text(kind: str, small: bool):
         shape = tiny if small else dict(hidden_size=768, intermediate_size=3072,
                                         num_hidden_layers=12, num_attention_heads=12)
         return t.DebertaV2ForMaskedLM(t.DebertaV2Config(**shape))
+    if kind == "tokens":  # bert-base with a head of 9 token classes
+        return t.BertForTokenClassification(t.BertConfig(num_labels=9,
+                                                         **(tiny if small else {})))
     if kind == "distilbert":
         shape = (dict(dim=64, hidden_dim=128, n_layers=2, n_heads=4, vocab_size=1000)
                  if small else {})
@@ -122,7 +135,28 @@ def _vision(kind: str, small: bool):
         net = timm.create_model("vit_small_patch16_224")
         net.set_grad_checkpointing(True)
         return net
+    if kind == "ssdlite":
+        return tv.detection.ssdlite320_mobilenet_v3_large(weights=None, weights_backbone=None,
+                                                          num_classes=5)
+    if kind == "maskrcnn":
+        return tv.detection.maskrcnn_resnet50_fpn(weights=None, weights_backbone=None,
+                                                  num_classes=5, min_size=512, max_size=512)
     return tv.segmentation.fcn_resnet50(weights=None, weights_backbone=None, num_classes=21)
+
+
+def _detection_targets(batch: int, size: int, masks: bool):
+    """Two boxes per image, of class 1 and 2 (with their masks for Mask R-CNN)."""
+    import torch
+    boxes = torch.tensor([[0.1, 0.1, 0.4, 0.5], [0.3, 0.2, 0.9, 0.8]], device="cuda") * size
+    targets = []
+    for _ in range(batch):
+        t = {"boxes": boxes.clone(), "labels": torch.tensor([1, 2], device="cuda")}
+        if masks:
+            t["masks"] = torch.zeros(2, size, size, dtype=torch.uint8, device="cuda")
+            for i, (x0, y0, x1, y1) in enumerate(boxes.long().tolist()):
+                t["masks"][i, y0:y1, x0:x1] = 1
+        targets.append(t)
+    return targets
 
 
 def work_of(name: str, small: bool = False):
@@ -153,24 +187,47 @@ def work_of(name: str, small: bool = False):
             opt = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9)
         else:
             opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
-        if text:
+        if kind == "tokens":  # the last quarter of each sequence is padding
+            ids = torch.randint(0, net.config.vocab_size, (batch, size), device="cuda")
+            attention = torch.ones(batch, size, dtype=torch.long, device="cuda")
+            attention[:, size * 3 // 4:] = 0
+            data = (ids, attention, torch.randint(0, 9, (batch, size), device="cuda"))
+        elif text:
             vocab = net.config.vocab_size
             data = torch.randint(0, vocab, (batch, size), device="cuda")
+        elif kind in _DETECTORS:
+            data = ([torch.rand(3, size, size, device="cuda") for _ in range(batch)],
+                    _detection_targets(batch, size, masks=kind == "maskrcnn"))
         else:
             data = (torch.randn(batch, 3, size, size, device="cuda"),
-                    torch.randint(0, 10 if small else 21 if kind == "fcn" else 1000,
+                    torch.randint(0, 10 if small else 21 if "fcn" in kind else 1000,
                                   (batch,), device="cuda"))
         return net, opt, data
 
     def loss_of(net, data):
+        if kind == "tokens":  # the loss over the tokens that are not padding
+            ids, attention, labels = data
+            logits = net(input_ids=ids, attention_mask=attention).logits
+            active = attention.view(-1) == 1
+            return torch.nn.functional.cross_entropy(
+                logits.view(-1, logits.shape[-1])[active], labels.view(-1)[active])
         if text:
             return net(input_ids=data, labels=data).loss
+        if kind in _DETECTORS:
+            return sum(net(*data).values())
         images, labels = data
         out = net(images)
-        if kind == "fcn":  # per-pixel classes: each image's label everywhere
+        if kind in ("fcn", "fcn_masked"):  # per-pixel classes: each image's label everywhere
             out = out["out"]
+            per_pixel = labels[:, None, None].expand(-1, *out.shape[2:])
+            if kind == "fcn_masked":  # a tenth of the pixels, a band at the top, "ignore"
+                per_pixel = per_pixel.clone()
+                per_pixel[:, :out.shape[2] // 10] = 255
+                valid = per_pixel != 255
+                return torch.nn.functional.cross_entropy(
+                    out.float().permute(0, 2, 3, 1)[valid], per_pixel[valid])
             return torch.nn.functional.cross_entropy(
-                out.float(), labels[:, None, None].expand(-1, *out.shape[2:]))
+                out.float(), per_pixel)
         return torch.nn.functional.cross_entropy(out.float(), labels)
 
     def step(net, opt, data):

@@ -419,8 +419,8 @@ def test_values_computed_from_known_values_alone_are_read():
 
 def test_values_of_weights_or_the_batch_are_still_refused():
     """However small the model, a value computed from its weights (a loss read with
-    .item()) or from the batch (a boolean mask on it) is not guessed: the estimate is
-    refused, naming the operation and the user's line."""
+    .item()) or from the batch (a count per label, whose length is the largest label) is
+    not guessed: the estimate is refused, naming the operation and the user's line."""
     import inspect
 
     def reads_the_loss(net, opt, x):
@@ -428,14 +428,15 @@ def test_values_of_weights_or_the_batch_are_still_refused():
         if loss.item() > 0:
             loss.backward()
 
-    def masks_the_batch(net, opt, x):
-        net(x[x[:, 0] > 0]).sum().backward()
+    def counts_the_labels(net, opt, x):
+        per_label = torch.bincount(x[:, 0].long().abs())
+        (net(x).sum() * per_label.sum()).backward()
 
-    for step, op in ((reads_the_loss, "_local_scalar_dense"), (masks_the_batch, "nonzero")):
+    for step, op in ((reads_the_loss, "_local_scalar_dense"), (counts_the_labels, "bincount")):
         with pytest.raises(vramkit.estimator.UntraceableStep) as info:
             vramkit.estimate(step, build=_convnext_like_build, model_workspaces=False)
         text = str(info.value)
-        line = inspect.getsourcelines(step)[1] + (2 if op != "nonzero" else 1)
+        line = inspect.getsourcelines(step)[1] + (2 if op != "bincount" else 1)
         assert op in text and f"{__file__}:{line} in {step.__name__}" in text, text
 
 

@@ -471,6 +471,13 @@ def _notes(recording, target, models_) -> list[str]:
                      f"{recording.first_logged_read}, a loss logged with .item(), say): "
                      f"they print as 0.0; the step decided nothing on them (a decision "
                      f"would have stopped the estimate)")
+    if recording.selections_at_largest:
+        notes.append(f"{recording.selections_at_largest} selections whose size depends on "
+                     f"values the estimate cannot know (the first at "
+                     f"{recording.first_selection_at_largest}: a boolean mask, nonzero(), "
+                     f"masked_select(), unique()) were taken at their largest, every "
+                     f"element kept or distinct: the estimate is the most the step can "
+                     f"take; a mask that keeps fewer takes less")
     return notes
 
 

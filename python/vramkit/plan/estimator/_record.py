@@ -164,6 +164,8 @@ class Recording:
     first_raise_only_check: str = ""  # where the first of them was ("file:line")
     logged_reads: int = 0          # floating scalars the user's code read (UnknownValue)
     first_logged_read: str = ""    # where the first of them was read ("file:line")
+    selections_at_largest: int = 0  # value-dependent selections taken at their largest
+    first_selection_at_largest: str = ""  # where the first of them was ("file:line")
     flops: int = 0                 # floating-point operations of the last step recorded
     compiled_ran_eager: bool = False  # a torch.compile'd step or module, Dynamo compiled none
     objects_left_unwalked: bool = False  # plain objects held more than _held looks into

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-from . import _emulate
+from . import _emulate, _selections
 from ._moves import checkpoints_loaded_on_cpu, fake_module_copies, fake_module_moves
 from ._record import (_MODELS_FILE, BUILDING, HOST_STORAGES, CreationSites, Recording,
                       StorageRecorder, _folded_prefixes, classify)
@@ -437,6 +437,8 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
     recorder.recording.first_raise_only_check = known.first_raise_only_check
     recorder.recording.logged_reads = known.logged_reads
     recorder.recording.first_logged_read = known.first_logged_read
+    recorder.recording.selections_at_largest = known.selections_at_largest
+    recorder.recording.first_selection_at_largest = known.first_selection_at_largest
     recorder.recording.flops = recorder.step_flops[-1] if recorder.step_flops else 0
     classify(recorder.recording, recorder)
     return recorder.recording, recorder
@@ -578,17 +580,19 @@ def _phase_hooks(recorder: StorageRecorder, optimizers) -> list:
 # What fake tensors cannot do, as PyTorch says it, and what to do instead.
 _WORKAROUNDS = (
     ("datadependent", "the step reads a tensor's values (.item(), .tolist(), a Python "
-     "if on a tensor, nonzero() or a boolean mask): compute that value outside the step, "
+     "if on a tensor): compute that value outside the step, "
      "or give the step a fixed value for the estimate"),
     ("local_scalar_dense", "the step reads a tensor's value (.item(), float(t), a Python "
      "if on a tensor): pass the value in instead, or give the step a fixed value"),
     ("data-dependent", "the step reads a tensor's values (.item(), .tolist(), a Python "
-     "if on a tensor, nonzero() or a boolean mask): compute that value outside the step, "
+     "if on a tensor): compute that value outside the step, "
      "or give the step a fixed value for the estimate"),
     ("dynamicoutputshape", "the size of what the operation makes depends on values the "
-     "estimate cannot know (nonzero(), a boolean mask, unique() on weights or on the "
-     "batch): give the step a fixed size for the estimate, e.g. an index of the count "
-     "you expect"),
+     "estimate cannot know and has no bound it could take instead (bincount(), "
+     "repeat_interleave() by counts, unique() of more than "
+     f"{_selections.UNIQUE_AT_MOST:,} elements; a boolean mask, nonzero() and a smaller "
+     "unique() are taken at their largest): give the step a fixed size for the estimate, "
+     "e.g. an index of the count you expect"),
     ("item()", "the step reads a tensor's values with .item(): pass the value in instead"),
     ("no fake impl", "an operation has no fake (meta) kernel, e.g. a custom CUDA "
      "extension: register one with torch.library.register_fake, or estimate the rest of "

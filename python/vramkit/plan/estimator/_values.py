@@ -52,7 +52,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from torch.utils.weak import WeakIdKeyDictionary
 
-from . import _checks
+from . import _checks, _selections
 
 # The most elements an output may have for its values to be computed: drop-path rates,
 # masks per sample and index lists, never activations or weights.
@@ -241,6 +241,11 @@ class KnownValues(TorchDispatchMode):
         self.first_raise_only_check = ""  # where the first was ("file:line")
         self.logged_reads = 0  # floating scalars the user's code read: UnknownValue
         self.first_logged_read = ""  # where the first of them was read ("file:line")
+        # Selections by unknown values taken at their largest (_selections), and where
+        # the first was made ("file:line").
+        self.selections_at_largest = 0
+        self.first_selection_at_largest = ""
+        self.nonzero_bounds = _selections.NonzeroBounds()
         # Set by python_reads_answered's Tensor.item around its read; the site of the read
         # it answered with a stand-in, for the UnknownValue it returns.
         self.reading_for_python = False
@@ -353,10 +358,23 @@ class KnownValues(TorchDispatchMode):
             out = func(*args, **kwargs)
         except (DynamicOutputShapeException, DataDependentOutputException):
             real = self._run_real(func, args, kwargs)
-            if real is None:
+            if real is not None:
+                return tree_map(lambda r: self._fake_of(r, args), real)
+            selected = _selections.at_their_largest(func, args, kwargs, self.real,
+                                                    self.nonzero_bounds)
+            if selected is None:
                 raise
-            return tree_map(lambda r: self._fake_of(r, args), real)
+            out, at_largest = selected
+            if not at_largest:
+                return out
+            self.selections_at_largest += 1
+            if not self.first_selection_at_largest:
+                frame = _innermost_outside()
+                self.first_selection_at_largest = "" if frame is None else \
+                    f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+            return out
         self._follow(func, args, kwargs, out)
+        self.nonzero_bounds.follow(func, args, kwargs, out)
         return out
 
     def _reals(self, args, kwargs):

@@ -1,0 +1,273 @@
+"""Selections whose size depends on values the estimate cannot know, taken at their largest.
+
+A boolean mask over the batch or the loss (``logits[labels != -100]``, ``x[keep]``,
+``torch.where(mask)``, ``masked_select``) or ``unique()`` of the labels makes a tensor
+whose length depends on values: fake tensors refuse it (``DynamicOutputShapeException``).
+Each of these ops keeps at most every element of what it selects from, so its output has
+a largest shape, known from the shapes alone: every element kept (``nonzero``,
+``masked_select``, a boolean index, the boxes non-maximum suppression keeps), every
+element distinct (``unique``) or, for CTC's alphas, the longest target its targets can
+hold. The estimate takes that shape, the most memory the op and what follows it can take,
+and its notes say so; an answer with no bound (``bincount``, whose length is the largest
+label; ``repeat_interleave`` by counts) stays refused, and so does ``unique()`` of more
+than :data:`UNIQUE_AT_MOST` elements.
+
+A mask made from zeros by writing at known counts of positions keeps at most that many
+(:class:`NonzeroBounds`): a sampler that marks 128 positives and 384 negatives of 2,000
+proposals in two masks and selects by their union selects at most 512, not 2,000.
+
+A boolean index is given to ``aten.index`` as it is on a GPU: each mask becomes the
+positions it keeps, one long index per masked dimension (CUDA computes them with
+``nonzero`` inside the op), here as many as the mask has elements.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils.weak import WeakIdKeyDictionary
+
+_aten = torch.ops.aten
+_MASK_DTYPES = (torch.bool, torch.uint8)
+
+_UNIQUE = (_aten._unique2.default, _aten.unique_consecutive.default, _aten.unique_dim.default,
+           _aten.unique_dim_consecutive.default)
+# The most elements whose distinct values are taken as all distinct. Code loops over
+# distinct values (a loss per class, batched non-maximum suppression per level), and
+# each pass runs on fake tensors: labels and box levels stay well below this, while the
+# distinct values of a segmentation map's pixels would make a loop that never ends.
+UNIQUE_AT_MOST = 1 << 16
+
+
+def _numel(shape) -> int:
+    n = 1
+    for size in shape:
+        n *= size
+    return n
+
+
+def _distinct_at_most(t: torch.Tensor) -> int:
+    """How many distinct values ``t`` can hold: its elements, or two for booleans."""
+    return min(t.numel(), 2) if t.dtype == torch.bool else t.numel()
+
+
+def _unique_flat(t, return_inverse, return_counts):
+    """Shapes of ``_unique2`` and ``unique_consecutive`` without ``dim``: the values, the
+    inverse (the input's shape, or empty if not asked for), the counts (or empty)."""
+    n = _distinct_at_most(t)
+    return (((n,), t.dtype), (tuple(t.shape) if return_inverse else (0,), torch.int64),
+            ((n,) if return_counts else (0,), torch.int64))
+
+
+def _unique_along(t, dim):
+    """Shapes of ``unique_dim`` and ``unique_dim_consecutive``: every slice along ``dim``
+    distinct; PyTorch makes the inverse and the counts whether asked for or not."""
+    length = t.shape[dim]
+    return ((tuple(t.shape), t.dtype), ((length,), torch.int64), ((length,), torch.int64))
+
+
+_ZEROS = {_aten.zeros.default, _aten.zeros_like.default, _aten.new_zeros.default}
+_FILLED = {_aten.full.default: 1, _aten.full_like.default: 1, _aten.new_full.default: 2}
+_ZEROED_IN_PLACE = {_aten.zero_.default, _aten.fill_.Scalar}
+_WRITTEN_AT = {_aten.index_put_.default, _aten.index_put.default,
+               _aten._index_put_impl_.default}
+_UNION = {_aten.bitwise_or.Tensor, _aten.logical_or.default}
+_INTERSECTION = {_aten.bitwise_and.Tensor, _aten.logical_and.default}
+_COPIES = {_aten._to_copy.default, _aten.clone.default}
+_FOLLOWED = _ZEROS | set(_FILLED) | _ZEROED_IN_PLACE | _WRITTEN_AT | _UNION | \
+    _INTERSECTION | _COPIES
+
+
+def _version(t):
+    try:
+        return t._version
+    except RuntimeError:  # an inference-mode tensor keeps no version
+        return None
+
+
+class NonzeroBounds:
+    """At most how many elements of a tensor are nonzero, where the ops that made it say
+    so: zeros, then writes at a known count of positions (``mask[idx] = 1``), unions and
+    intersections of such masks and their copies.
+
+    A bound is kept with the tensor's version counter, which every in-place write bumps
+    (through any view of the storage): a tensor written by anything this does not follow
+    has a version its bound no longer matches, and counts as unbounded. PyTorch bumps the
+    counter after the op returns, so an in-place op's bound is kept for the version it
+    will have."""
+
+    def __init__(self):
+        self._most = WeakIdKeyDictionary()  # fake tensor -> (most nonzero, its version)
+
+    def most(self, t) -> int:
+        """At most how many elements of ``t`` are nonzero: its bound, or all of them."""
+        kept = self._most.get(t)
+        if kept is not None and kept[1] == _version(t):
+            return min(kept[0], t.numel())
+        return t.numel()
+
+    def _keep(self, t, most: int, in_place: bool) -> None:
+        version = _version(t)
+        if isinstance(t, FakeTensor) and version is not None and most < t.numel():
+            self._most[t] = (most, version + 1 if in_place else version)
+
+    def follow(self, func, args, kwargs, out) -> None:
+        """Note the bound of what ``func`` made or wrote, if it makes one."""
+        if func not in _FOLLOWED:
+            return
+        if func in _ZEROS:
+            self._keep(out, 0, False)
+        elif func in _FILLED:
+            fill = args[_FILLED[func]] if len(args) > _FILLED[func] else None
+            if fill == 0:
+                self._keep(out, 0, False)
+        elif func in _ZEROED_IN_PLACE:
+            if func is _aten.zero_.default or args[1] == 0:
+                self._keep(args[0], 0, True)
+        elif func in _WRITTEN_AT:
+            target = args[0]
+            written = _positions_written(target, args[1])
+            if written is not None:
+                self._keep(out, self.most(target) + written, func is not _aten.index_put.default)
+        elif func in _UNION:
+            self._keep(out, self.most(args[0]) + self.most(args[1]), False)
+        elif func in _INTERSECTION:
+            self._keep(out, min(self.most(args[0]), self.most(args[1])), False)
+        elif func in _COPIES and isinstance(out, torch.Tensor) and out.shape == args[0].shape:
+            self._keep(out, self.most(args[0]), False)
+
+
+def _positions_written(target, indices):
+    """How many elements of ``target`` an ``index_put`` by ``indices`` writes at most:
+    the broadcast count of its long indices times the dimensions they leave whole; None
+    for a boolean index (whose count is a selection's) or indices it cannot read."""
+    shapes, whole = [], 1
+    for dim, size in enumerate(target.shape):
+        index = indices[dim] if dim < len(indices) else None
+        if index is None:
+            whole *= size
+        elif not isinstance(index, torch.Tensor) or index.dtype in _MASK_DTYPES:
+            return None
+        else:
+            shapes.append(index.shape)
+    if not shapes:
+        return None
+    return _numel(torch.broadcast_shapes(*shapes)) * whole
+
+
+def _largest_shapes(func, args, kwargs, known, bounds):
+    """The (shape, dtype) of each output of ``func`` at its largest, or None if ``func``
+    is not a selection with a bound. A mask whose values are ``known`` selects what it
+    selects; one with ``bounds`` at most what they say."""
+    def arg(i, name, default=None):
+        return args[i] if len(args) > i else kwargs.get(name, default)
+
+    t = args[0] if args else kwargs.get("self")
+    if not isinstance(t, torch.Tensor):
+        return None
+    if func is _aten.nonzero.default:
+        return (((bounds.most(t), t.dim()), torch.int64),)
+    if func is _aten.masked_select.default:
+        mask = arg(1, "mask")
+        shape = torch.broadcast_shapes(t.shape, mask.shape)
+        real = known.get(mask)
+        if real is not None:
+            with _disable_current_modes():
+                return (((int(real.expand(shape).count_nonzero()),), t.dtype),)
+        spread = _numel(shape) // mask.numel() if mask.numel() else 0
+        return (((bounds.most(mask) * spread,), t.dtype),)
+    if func in _UNIQUE and t.numel() > UNIQUE_AT_MOST:
+        return None
+    if func is _aten._unique2.default:
+        return _unique_flat(t, arg(2, "return_inverse", False), arg(3, "return_counts", False))
+    if func is _aten.unique_consecutive.default:
+        dim = arg(3, "dim")
+        if dim is not None:
+            return _unique_along(t, dim)
+        return _unique_flat(t, arg(1, "return_inverse", False), arg(2, "return_counts", False))
+    if func in (_aten.unique_dim.default, _aten.unique_dim_consecutive.default):
+        return _unique_along(t, arg(1, "dim"))
+    if func is _aten._ctc_loss.Tensor and t.dim() == 3:
+        return _ctc_shapes(t, arg(1, "targets"))
+    if str(func) == "torchvision.nms.default":  # the boxes kept: at most all of them
+        return (((t.shape[0],), torch.int64),)
+    return None
+
+
+def _ctc_shapes(log_probs, targets):
+    """CTC's loss per sequence and its alphas, batch x time x (2 x longest target + 1):
+    the longest target is at most a row of padded targets, or all of concatenated ones
+    (transformers' CTC heads select the labels that are not padding)."""
+    time, batch = log_probs.shape[0], log_probs.shape[1]
+    longest = targets.shape[1] if targets.dim() == 2 else targets.numel()
+    return (((batch,), log_probs.dtype), ((batch, time, 2 * longest + 1), log_probs.dtype))
+
+
+def _fake(like: FakeTensor, shape, dtype) -> FakeTensor:
+    """A fake tensor of ``shape`` and ``dtype`` in ``like``'s mode and on its device."""
+    with _disable_current_modes():
+        meta = torch.empty(shape, dtype=dtype, device="meta")
+    mode = like.fake_mode
+    return mode.fake_tensor_converter.from_meta_and_device(mode, meta, like.device)
+
+
+def _positions(mask: FakeTensor, known, bounds) -> tuple[list, bool]:
+    """The long indices ``mask`` stands for, one per dimension it covers, and whether
+    they were taken at their largest: a mask whose values are ``known`` gives the
+    positions it keeps, with their values (added to ``known``); another, as many
+    positions as its ``bounds`` allow."""
+    real = known.get(mask)
+    if real is None:
+        rows = bounds.most(mask)
+        return [_fake(mask, (rows,), torch.int64) for _ in range(mask.dim())], True
+    with _disable_current_modes():
+        reals = real.nonzero().unbind(1)
+    fakes = [_fake(mask, tuple(r.shape), torch.int64) for r in reals]
+    for fake, r in zip(fakes, reals):
+        known[fake] = r
+    return fakes, False
+
+
+def _index_by_positions(func, args, kwargs, known, bounds):
+    """``aten.index`` with each boolean mask among its indices replaced by the positions
+    it keeps, and whether any was taken at its largest; None if it has no such mask (or
+    only a 0-dim one, which keeps no dimension's positions)."""
+    t = args[0]
+    indices = args[1] if len(args) > 1 else kwargs.get("indices")
+    if indices is None:
+        return None
+    replaced, masked, largest = [], False, False
+    for index in indices:
+        if isinstance(index, FakeTensor) and index.dtype in _MASK_DTYPES:
+            if index.dim() == 0:
+                return None
+            positions, at_largest = _positions(index, known, bounds)
+            replaced.extend(positions)
+            masked, largest = True, largest or at_largest
+        else:
+            replaced.append(index)
+    if not masked:
+        return None
+    return func(t, replaced), largest
+
+
+def at_their_largest(func, args, kwargs, known, bounds):
+    """What ``func`` makes when its selection keeps every element it can, and whether a
+    value the estimate cannot know was taken so: fake tensors of the largest shapes, on
+    the device of its first fake argument; None if ``func`` is not a selection with a
+    bound on its size (the caller then refuses it as before). ``known`` maps fake tensors
+    to their real twins (:class:`._values.KnownValues`): a mask among them selects what
+    it selects; ``bounds`` (:class:`NonzeroBounds`) says how much others can keep."""
+    if func is _aten.index.Tensor:
+        return _index_by_positions(func, args, kwargs, known, bounds)
+    shapes = _largest_shapes(func, args, kwargs, known, bounds)
+    if shapes is None:
+        return None
+    first = next((a for a in args if isinstance(a, FakeTensor)), None)
+    if first is None:
+        return None
+    outs = tuple(_fake(first, shape, dtype) for shape, dtype in shapes)
+    mask = args[1] if len(args) > 1 else kwargs.get("mask")
+    exact = func is _aten.masked_select.default and mask in known
+    return (outs[0] if len(outs) == 1 else outs), not exact
