@@ -653,46 +653,66 @@ def test_grouped_query_attention_is_counted_per_query_head():
 
 
 class _LearnedBiasAttention(torch.nn.Module):
-    """Attention over a learned bias added to the scores, as T5's relative positions are;
-    `learned=False` passes the bias detached (a mask that needs no gradient)."""
+    """Attention over a learned bias added to the scores; `learned=False` passes the bias
+    detached (a mask that needs no gradient); `permuted=True` keeps the bias as keys x
+    heads last, as an embedding lookup makes T5's relative positions, and permutes it into
+    place, so that its last dimension is not contiguous."""
 
-    def __init__(self, heads: int, rows: int, width: int, learned: bool):
+    def __init__(self, heads: int, rows: int, width: int, learned: bool,
+                 permuted: bool = False):
         super().__init__()
         self.proj = torch.nn.Linear(width, width)
-        self.bias = torch.nn.Parameter(torch.zeros(1, heads, rows, rows))
-        self.learned = learned
+        shape = (rows, rows, heads) if permuted else (1, heads, rows, rows)
+        self.bias = torch.nn.Parameter(torch.zeros(shape))
+        self.learned, self.permuted = learned, permuted
 
     def forward(self, x):
         q = self.proj(x)
         mask = self.bias if self.learned else self.bias.detach()
+        if self.permuted:
+            mask = mask.permute(2, 0, 1).unsqueeze(0)
         return torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask,
                                                                 dropout_p=0.1)
 
 
 _BATCH, _HEADS, _ROWS, _WIDTH = 4, 4, 256, 32
+_SCORES = _BATCH * _HEADS * _ROWS * _ROWS
 
 
-def _attention_build(learned: bool):
+def _attention_build(learned: bool, permuted: bool = False):
     def make():
-        net = _LearnedBiasAttention(_HEADS, _ROWS, _WIDTH, learned).to("cuda")
+        net = _LearnedBiasAttention(_HEADS, _ROWS, _WIDTH, learned, permuted).to("cuda")
         return net, torch.optim.SGD(net.parameters(), lr=0.1), \
             torch.randn(_BATCH, _HEADS, _ROWS, _WIDTH, device="cuda")
     return make
 
 
-def test_attention_with_a_learned_mask_keeps_what_cuda_keeps():
-    """PyTorch's fused attention kernels refuse a mask that requires grad, so CUDA runs its
-    composite attention, which keeps the fp32 softmax of the scores, dropout's one-byte
-    mask and the dropped weights for backward; the CPU stand-in keeps them too, where a
-    mask without a gradient leaves the fused kernel's output and row statistics alone."""
+def test_attention_with_a_learned_mask_takes_the_fused_kernel():
+    """A mask that requires grad, its last dimension contiguous, goes to CUDA's
+    memory-efficient kernel, which makes the mask's gradient at the scores' full shape
+    (fp32 here): that is all the step holds beyond the same step with the mask detached.
+    (PyTorch 2.11 on an H200 chose that kernel, and the real steps differed by the same
+    bytes.)"""
     learned = vramkit.estimate(_plain_step, build=_attention_build(True),
                                model_workspaces=False)
     detached = vramkit.estimate(_plain_step, build=_attention_build(False),
                                 model_workspaces=False)
-    scores = _BATCH * _HEADS * _ROWS * _ROWS
+    assert learned.peak_allocated - detached.peak_allocated == _SCORES * 4
+
+
+def test_attention_with_a_mask_not_contiguous_keeps_what_cuda_keeps():
+    """PyTorch's fused attention kernels refuse a mask whose last dimension is not
+    contiguous, so CUDA runs its composite attention, which keeps the fp32 softmax of the
+    scores, dropout's one-byte mask and the dropped weights for backward; the CPU stand-in
+    keeps them too, where a contiguous mask leaves the fused kernel's output and row
+    statistics alone."""
+    permuted = vramkit.estimate(_plain_step, build=_attention_build(False, permuted=True),
+                                model_workspaces=False)
+    contiguous = vramkit.estimate(_plain_step, build=_attention_build(False),
+                                  model_workspaces=False)
     # Kept for backward, a score each: the softmax (fp32), dropout's mask (one byte) and
     # the dropped weights the product with the values needs (fp32).
-    assert learned.peak_allocated - detached.peak_allocated >= scores * (4 + 1 + 4)
+    assert permuted.peak_allocated - contiguous.peak_allocated >= _SCORES * (4 + 1 + 4)
 
 
 def _cross_entropy_step(w, x, labels):
@@ -730,10 +750,11 @@ def test_a_dtype_given_to_log_softmax_under_autocast_stands():
         assert torch.softmax(x, -1, dtype=torch.float16).dtype == torch.float16
 
 
-def test_attention_with_a_learned_mask_under_autocast_computes_in_fp32():
-    """The composite attention CUDA runs for a learned mask converts 16-bit query, keys
-    and values to fp32 and computes there, outside autocast: under bf16 autocast it keeps
-    an fp32 softmax and fp32 dropped weights for backward, as in fp32, not bf16 ones."""
+def test_attention_with_a_mask_not_contiguous_under_autocast_computes_in_fp32():
+    """The composite attention CUDA runs for a mask whose last dimension is not contiguous
+    converts 16-bit query, keys and values to fp32 and computes there, outside autocast:
+    under bf16 autocast it keeps an fp32 softmax and fp32 dropped weights for backward,
+    as in fp32, not bf16 ones."""
     def step(net, opt, x):
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = net(x).float().pow(2).mean()
@@ -741,11 +762,12 @@ def test_attention_with_a_learned_mask_under_autocast_computes_in_fp32():
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    learned = vramkit.estimate(step, build=_attention_build(True), model_workspaces=False)
-    detached = vramkit.estimate(step, build=_attention_build(False), model_workspaces=False)
-    scores = _BATCH * _HEADS * _ROWS * _ROWS
+    permuted = vramkit.estimate(step, build=_attention_build(False, permuted=True),
+                                model_workspaces=False)
+    contiguous = vramkit.estimate(step, build=_attention_build(False),
+                                  model_workspaces=False)
     # At the backward of the product with the values, a score each: the softmax and the
     # dropped weights it keeps (fp32), dropout's mask (one byte) and the gradient of the
     # dropped weights (fp32). Computed in bf16, the weights and their gradient were 2.
-    assert learned.peak_allocated - detached.peak_allocated >= scores * (4 + 1 + 4 + 4)
+    assert permuted.peak_allocated - contiguous.peak_allocated >= _SCORES * (4 + 1 + 4 + 4)
 

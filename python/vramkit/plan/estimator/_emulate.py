@@ -12,11 +12,11 @@ step on fake *CPU* tensors and makes the CPU behave, for memory, as the GPU woul
 - ``torch.autocast("cuda", ...)`` becomes CPU autocast with the same dtype;
 - ``scaled_dot_product_attention`` allocates what the GPU's fused kernels allocate (flash
   or memory-efficient attention: an output and a log-sum-exp per row, never the
-  sequence-by-sequence score matrix that the CPU's fallback materialises), or, where the
-  GPU too takes no fused kernel (a mask that requires grad, as T5's learned relative
-  positions do), what CUDA's composite attention keeps (in fp32, as it computes for
-  16-bit inputs); dropout keeps the GPU's one-byte mask rather than the CPU's noise
-  tensor;
+  sequence-by-sequence score matrix that the CPU's fallback materialises; a learned
+  mask's gradient at the scores' shape), or, where the GPU too takes no fused kernel (a
+  mask whose last dimension is not contiguous), what CUDA's composite attention keeps
+  (in fp32, as it computes for 16-bit inputs); dropout keeps the GPU's one-byte mask
+  rather than the CPU's noise tensor;
 - the operations CUDA autocast runs in fp32 (layer norm, softmax, exp, log...) run in
   fp32 under the CPU's autocast too, and the one CPU autocast runs in fp32 that CUDA's
   leaves to its parts (cross entropy: CUDA keeps its log-softmax in the lower precision
@@ -154,11 +154,19 @@ def _fused_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
         return None
     if attn_mask is not None and attn_mask.dtype == torch.bool and attn_mask.dim() != 4:
         return None
-    if attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled():
-        # A learned bias added to the scores (T5's relative positions): PyTorch's fused
-        # kernels refuse a mask that requires grad, and CUDA runs its composite attention.
+    if attn_mask is not None and attn_mask.stride(-1) != 1:
+        # PyTorch's fused kernels need the mask's last dimension contiguous (a learned
+        # bias permuted from an embedding lookup, as T5's relative positions are in some
+        # versions of transformers, is not): CUDA runs its composite attention.
         return _composite_attention(query, key, value, attn_mask, dropout_p, scale,
                                     enable_gqa)
+    if attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled():
+        # The kernel takes the mask expanded to the scores' shape, and autograd sums its
+        # gradient back through the expansion, after the kernel's backward has let go.
+        scores = query.shape[:-1] + key.shape[-2:-1]
+        if torch.is_autocast_enabled("cpu") and attn_mask.is_floating_point():
+            attn_mask = attn_mask.to(torch.get_autocast_dtype("cpu"))  # as CUDA casts it
+        return _FusedAttention.apply(query, key, value, attn_mask.expand(scores))
     return _FusedAttention.apply(query, key, value)
 
 
@@ -200,11 +208,13 @@ class _FusedAttention(torch.autograd.Function):
     gradients, an fp32 row sum of output times its gradient, and for flash attention an
     fp32 accumulator the size of the query. Keys and values with fewer heads (grouped
     queries) are handled by the kernels without repeating them; their gradients are
-    computed for every query head and then summed. The values are fake, so only the
-    shapes and dtypes of what is made matter."""
+    computed for every query head and then summed. A mask that requires grad (a learned
+    bias: the memory-efficient kernel takes it, expanded to the scores' shape) gets its
+    gradient at that full shape, batch x heads x rows x keys. The
+    values are fake, so only the shapes and dtypes of what is made matter."""
 
     @staticmethod
-    def forward(ctx, query, key, value):
+    def forward(ctx, query, key, value, learned_mask=None):
         batch, heads, rows, _ = query.shape
         padded = rows if query.dtype != torch.float32 else -(-rows // 32) * 32
         # The kernels write the output as (batch, rows, heads, dim) and return it
@@ -214,6 +224,7 @@ class _FusedAttention(torch.autograd.Function):
         logsumexp = torch.empty(batch, heads, padded, dtype=torch.float32,
                                 device=query.device)
         ctx.save_for_backward(query, key, value, out, logsumexp)
+        ctx.mask_dtype = None if learned_mask is None else learned_mask.dtype
         add_flops(flop_counter.sdpa_flop_count(*per_query_head(query, key, value)))
         return out
 
@@ -238,7 +249,12 @@ class _FusedAttention(torch.autograd.Function):
         else:
             grad_key = torch.empty_like(key)
             grad_value = torch.empty_like(value)
-        return grad_query, grad_key, grad_value
+        grad_mask = None
+        if ctx.mask_dtype is not None:  # rows of keys padded to 16 elements, as it pads
+            keys = key.size(-2)
+            grad_mask = torch.empty(query.shape[:-1] + (-(-keys // 16) * 16,),
+                                    dtype=ctx.mask_dtype, device=query.device)[..., :keys]
+        return grad_query, grad_key, grad_value, grad_mask
 
 
 @contextlib.contextmanager
