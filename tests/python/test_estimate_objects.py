@@ -359,3 +359,25 @@ def test_a_batch_loaded_with_torch_load_onto_cuda_is_the_device_s(tmp_path):
     from_file = vramkit.estimate(_train, build=loaded)
     assert from_file.peak_allocated == made.peak_allocated
     assert from_file.breakdown["inputs"] == made.breakdown["inputs"] > 0
+
+
+def test_a_checkpoint_saved_from_cuda_loads_back_onto_the_device(tmp_path, monkeypatch):
+    """torch.load with no map_location puts each tensor back where it was saved from:
+    a batch saved from CUDA (tagged so here, where there is no GPU) is the device's, as
+    one made there is; one saved from the CPU stays on the host, uncounted."""
+    path = tmp_path / "batches.pt"
+    with monkeypatch.context() as saving:
+        tags = iter(["cuda:0", "cpu"])
+        saving.setattr(torch.serialization, "location_tag", lambda storage: next(tags))
+        torch.save({"device": torch.randn(8, 256), "host": torch.randn(8, 256)}, path)
+
+    def loaded():
+        net, opt, _ = _linear_build()()
+        saved = torch.load(path)
+        assert saved["host"].device.type == "cpu"
+        return net, opt, saved["device"]
+
+    made = vramkit.estimate(_train, build=_linear_build())
+    from_file = vramkit.estimate(_train, build=loaded)
+    assert from_file.peak_allocated == made.peak_allocated
+    assert from_file.breakdown["inputs"] == made.breakdown["inputs"] > 0

@@ -27,7 +27,9 @@ checkpoint's weights, a saved batch) restores each storage with the storage's ow
 for real, as tensors the fake mode takes in only later (on a machine without a GPU, as
 fake CUDA tensors beside the CPU stand-in's). While a step is estimated such a load reads
 onto the CPU and then moves each tensor it loaded to the device it named, under the fake
-mode: a device copy, as the real program's load makes.
+mode: a device copy, as the real program's load makes. A load with no location puts
+each tensor back on the device it was saved from: those saved from CUDA are read onto
+the CPU and moved the same way.
 """
 
 from __future__ import annotations
@@ -102,17 +104,45 @@ def fake_module_copies():
         torch.Tensor.__deepcopy__ = original
 
 
+class _CudaOnMeta(dict):
+    """A ``map_location`` that reads what was saved from a CUDA device onto the meta
+    device (under the fake mode, no data is read either way) and remembers which
+    device that was, so that the tensors can then be moved there under the fake mode; a
+    dict, since PyTorch refuses a function as the location of a load under fake tensors."""
+
+    def __init__(self):
+        super().__init__()
+        self.devices = set()
+
+    def get(self, location, default=None):
+        if _is_cuda(location):
+            self.devices.add(location)
+            return "meta"
+        return location if default is None else default
+
+    def back_on_the_device(self, t: torch.Tensor) -> torch.Tensor:
+        if t.device.type != "meta":
+            return t
+        device = next(iter(self.devices)) if len(self.devices) == 1 else "cuda"
+        return t.to(device)
+
+
 @contextlib.contextmanager
 def checkpoints_loaded_on_cpu():
-    """``torch.load`` with a location naming a CUDA device loads onto the CPU and moves
-    what it loaded there (see above); other locations are left as given."""
+    """``torch.load`` with a location naming a CUDA device, or none with tensors saved
+    from one, loads onto the CPU and moves them to that device (see above); other
+    locations are left as given."""
     original = torch.load
 
     def load(f, map_location=None, *args, **kwargs):
-        if not _is_cuda(map_location):
+        if _is_cuda(map_location):
+            loaded = original(f, "cpu", *args, **kwargs)
+            return tree_map_only(torch.Tensor, lambda t: t.to(map_location), loaded)
+        if map_location is not None:
             return original(f, map_location, *args, **kwargs)
-        loaded = original(f, "cpu", *args, **kwargs)
-        return tree_map_only(torch.Tensor, lambda t: t.to(map_location), loaded)
+        saved_from_cuda = _CudaOnMeta()
+        loaded = original(f, saved_from_cuda, *args, **kwargs)
+        return tree_map_only(torch.Tensor, saved_from_cuda.back_on_the_device, loaded)
 
     torch.load = load
     try:
