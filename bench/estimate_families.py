@@ -57,9 +57,9 @@ FAMILIES = {
     # the tokens that are not padding (a quarter is), over the pixels that are not
     # "ignore" (a tenth is), and detectors that match boxes to anchors.
     "bert-base token-classes fp32 b32x512 adamw masked-loss": ("tokens", "fp32", 32, 512),
-    "fcn-resnet50 fp32 b8 512px sgd masked-pixels": ("fcn_masked", "fp32", 8, 512),
+    "fcn-resnet50 masked-pixels fp32 b8 512px sgd": ("fcn_masked", "fp32", 8, 512),
     "ssdlite320 fp32 b32 sgd": ("ssdlite", "fp32", 32, 320),
-    "maskrcnn-resnet50 fp32 b2 512px sgd": ("maskrcnn", "fp32", 2, 512),
+    "maskrcnn-resnet50-fpn fp32 b2 512px sgd": ("maskrcnn", "fp32", 2, 512),
 }
 
 _DECODERS = {"qwen2", "neox", "opt", "moe", "qwen2_infer", "neox_generate"}
