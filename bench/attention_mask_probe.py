@@ -1,0 +1,77 @@
+"""Which attention kernel CUDA takes for a mask added to the scores, and what the step
+holds, against vramkit's estimate: a learned (or detached) bias of 1 or 4 x 4 heads x
+256 x 256, in fp32 and under bf16 autocast.
+
+    python3 bench/attention_mask_probe.py     # on a GPU: the kernel, real and estimated
+                                              # without one: the CPU stand-in's estimates
+
+The estimates leave out the CUDA context and cuBLAS's workspaces (model_workspaces=False)
+and the real peaks include them: compare a learned mask with a detached one, not a real
+peak with an estimate.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import vramkit
+
+BATCH, HEADS, ROWS, WIDTH = 4, 4, 256, 32
+
+
+class BiasedAttention(torch.nn.Module):
+    def __init__(self, mask_batch: int, learned: bool):
+        super().__init__()
+        self.proj = torch.nn.Linear(WIDTH, WIDTH)
+        self.bias = torch.nn.Parameter(torch.zeros(mask_batch, HEADS, ROWS, ROWS))
+        self.learned = learned
+
+    def forward(self, x):
+        q = self.proj(x)
+        mask = self.bias if self.learned else self.bias.detach()
+        return torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask,
+                                                                dropout_p=0.1)
+
+
+def main() -> None:
+    gpu = torch.cuda.is_available()
+    for mask_batch in (1, BATCH):
+        for learned in (True, False):
+            for amp in (False, True):
+                def build():
+                    net = BiasedAttention(mask_batch, learned).to("cuda")
+                    return net, torch.optim.SGD(net.parameters(), lr=0.1), \
+                        torch.randn(BATCH, HEADS, ROWS, WIDTH, device="cuda")
+
+                def step(net, opt, x, amp=amp):
+                    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+                        loss = net(x).float().pow(2).mean()
+                    loss.backward()
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+
+                name = (f"mask batch {mask_batch} {'learned' if learned else 'detached'} "
+                        f"{'bf16-amp' if amp else 'fp32'}")
+                estimate = vramkit.estimate(step, build=build, model_workspaces=False)
+                if not gpu:
+                    print(f"{name}: stand-in estimate {estimate.peak_allocated:,}")
+                    continue
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats()
+                net, opt, x = build()
+                q = net.proj(x)
+                mask = net.bias if learned else net.bias.detach()
+                if amp:
+                    q, mask = q.bfloat16(), mask.bfloat16()
+                kernel = torch._fused_sdp_choice(q, q, q, mask, 0.1)
+                del q, mask
+                for _ in range(2):
+                    step(net, opt, x)
+                torch.cuda.synchronize()
+                print(f"{name}: kernel {kernel}, real {torch.cuda.max_memory_allocated():,}, "
+                      f"estimate {estimate.peak_allocated:,}")
+                del net, opt, x
+
+
+if __name__ == "__main__":
+    main()
