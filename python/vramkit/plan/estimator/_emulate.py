@@ -210,8 +210,8 @@ class _FusedAttention(torch.autograd.Function):
     queries) are handled by the kernels without repeating them; their gradients are
     computed for every query head and then summed. A mask that requires grad (a learned
     bias: the memory-efficient kernel takes it, expanded to the scores' shape) gets its
-    gradient at that full shape, batch x heads x rows x keys. The
-    values are fake, so only the shapes and dtypes of what is made matter."""
+    gradient at that full shape, batch x heads x rows x keys. The values are fake, so
+    only the shapes and dtypes of what is made matter."""
 
     @staticmethod
     def forward(ctx, query, key, value, learned_mask=None):

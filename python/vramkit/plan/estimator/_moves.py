@@ -28,8 +28,8 @@ for real, as tensors the fake mode takes in only later (on a machine without a G
 fake CUDA tensors beside the CPU stand-in's). While a step is estimated such a load reads
 onto the CPU and then moves each tensor it loaded to the device it named, under the fake
 mode: a device copy, as the real program's load makes. A load with no location puts
-each tensor back on the device it was saved from: those saved from CUDA are read onto
-the CPU and moved the same way.
+each tensor back on the device it was saved from: those saved from CUDA are read onto the
+meta device (the fake mode reads no data) and moved to the device the same way.
 """
 
 from __future__ import annotations
