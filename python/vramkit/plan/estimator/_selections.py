@@ -157,9 +157,10 @@ def _positions_written(target, indices):
 
 
 def _largest_shapes(func, args, kwargs, known, bounds):
-    """The (shape, dtype) of each output of ``func`` at its largest, or None if ``func``
-    is not a selection with a bound. A mask whose values are ``known`` selects what it
-    selects; one with ``bounds`` at most what they say."""
+    """The (shape, dtype) of each output of ``func`` at its largest and whether that is a
+    bound (True) or what it selects (False: a mask whose values are ``known``), or None
+    if ``func`` is not a selection with a bound. A mask with ``bounds`` keeps at most
+    what they say."""
     def arg(i, name, default=None):
         return args[i] if len(args) > i else kwargs.get(name, default)
 
@@ -167,31 +168,33 @@ def _largest_shapes(func, args, kwargs, known, bounds):
     if not isinstance(t, torch.Tensor):
         return None
     if func is _aten.nonzero.default:
-        return (((bounds.most(t), t.dim()), torch.int64),)
+        return (((bounds.most(t), t.dim()), torch.int64),), True
     if func is _aten.masked_select.default:
         mask = arg(1, "mask")
         shape = torch.broadcast_shapes(t.shape, mask.shape)
         real = known.get(mask)
         if real is not None:
             with _disable_current_modes():
-                return (((int(real.expand(shape).count_nonzero()),), t.dtype),)
+                return (((int(real.expand(shape).count_nonzero()),), t.dtype),), False
         spread = _numel(shape) // mask.numel() if mask.numel() else 0
-        return (((bounds.most(mask) * spread,), t.dtype),)
+        return (((bounds.most(mask) * spread,), t.dtype),), True
     if func in _UNIQUE and t.numel() > UNIQUE_AT_MOST:
         return None
     if func is _aten._unique2.default:
-        return _unique_flat(t, arg(2, "return_inverse", False), arg(3, "return_counts", False))
+        flat = _unique_flat(t, arg(2, "return_inverse", False), arg(3, "return_counts", False))
+        return flat, True
     if func is _aten.unique_consecutive.default:
         dim = arg(3, "dim")
         if dim is not None:
-            return _unique_along(t, dim)
-        return _unique_flat(t, arg(1, "return_inverse", False), arg(2, "return_counts", False))
+            return _unique_along(t, dim), True
+        flat = _unique_flat(t, arg(1, "return_inverse", False), arg(2, "return_counts", False))
+        return flat, True
     if func in (_aten.unique_dim.default, _aten.unique_dim_consecutive.default):
-        return _unique_along(t, arg(1, "dim"))
+        return _unique_along(t, arg(1, "dim")), True
     if func is _aten._ctc_loss.Tensor and t.dim() == 3:
-        return _ctc_shapes(t, arg(1, "targets"))
+        return _ctc_shapes(t, arg(1, "targets")), True
     if str(func) == "torchvision.nms.default":  # the boxes kept: at most all of them
-        return (((t.shape[0],), torch.int64),)
+        return (((t.shape[0],), torch.int64),), True
     return None
 
 
@@ -204,10 +207,12 @@ def _ctc_shapes(log_probs, targets):
     return (((batch,), log_probs.dtype), ((batch, time, 2 * longest + 1), log_probs.dtype))
 
 
-def _fake(like: FakeTensor, shape, dtype) -> FakeTensor:
-    """A fake tensor of ``shape`` and ``dtype`` in ``like``'s mode and on its device."""
+def fake_like(like: FakeTensor, shape, dtype, stride=None) -> FakeTensor:
+    """A fake tensor of ``shape``, ``dtype`` (and ``stride``) in ``like``'s mode and on its
+    device, made without an op the estimate would record."""
     with _disable_current_modes():
-        meta = torch.empty(shape, dtype=dtype, device="meta")
+        meta = (torch.empty(shape, dtype=dtype, device="meta") if stride is None else
+                torch.empty_strided(shape, stride, dtype=dtype, device="meta"))
     mode = like.fake_mode
     return mode.fake_tensor_converter.from_meta_and_device(mode, meta, like.device)
 
@@ -220,10 +225,10 @@ def _positions(mask: FakeTensor, known, bounds) -> tuple[list, bool]:
     real = known.get(mask)
     if real is None:
         rows = bounds.most(mask)
-        return [_fake(mask, (rows,), torch.int64) for _ in range(mask.dim())], True
+        return [fake_like(mask, (rows,), torch.int64) for _ in range(mask.dim())], True
     with _disable_current_modes():
         reals = real.nonzero().unbind(1)
-    fakes = [_fake(mask, tuple(r.shape), torch.int64) for r in reals]
+    fakes = [fake_like(mask, tuple(r.shape), torch.int64) for r in reals]
     for fake, r in zip(fakes, reals):
         known[fake] = r
     return fakes, False
@@ -261,13 +266,10 @@ def at_their_largest(func, args, kwargs, known, bounds):
     it selects; ``bounds`` (:class:`NonzeroBounds`) says how much others can keep."""
     if func is _aten.index.Tensor:
         return _index_by_positions(func, args, kwargs, known, bounds)
-    shapes = _largest_shapes(func, args, kwargs, known, bounds)
-    if shapes is None:
-        return None
+    largest = _largest_shapes(func, args, kwargs, known, bounds)
     first = next((a for a in args if isinstance(a, FakeTensor)), None)
-    if first is None:
+    if largest is None or first is None:
         return None
-    outs = tuple(_fake(first, shape, dtype) for shape, dtype in shapes)
-    mask = args[1] if len(args) > 1 else kwargs.get("mask")
-    exact = func is _aten.masked_select.default and mask in known
-    return (outs[0] if len(outs) == 1 else outs), not exact
+    shapes, at_largest = largest
+    outs = tuple(fake_like(first, shape, dtype) for shape, dtype in shapes)
+    return (outs[0] if len(outs) == 1 else outs), at_largest

@@ -146,6 +146,12 @@ def _raise_only_check():
     return outside, _checks.passing_answer(outside)
 
 
+def _site(frame) -> str:
+    """A frame's "file:line" (the file's name alone); "" for none."""
+    return "" if frame is None else \
+        f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+
 def _users_own_code() -> str:
     """Where the code that asked is the user's own (not an installed package's), its
     "file:line"; "" otherwise."""
@@ -157,7 +163,7 @@ def _users_own_code() -> str:
         return f"{path}:{frame.f_lineno}"
     if any(part in path for part in _INSTALLED):
         return ""
-    return f"{os.path.basename(path)}:{frame.f_lineno}"
+    return _site(frame)
 
 
 class ValueDecided(RuntimeError):
@@ -343,8 +349,7 @@ class KnownValues(TorchDispatchMode):
             frame, answer = _raise_only_check()
             if answer is not None:
                 self.raise_only_checks += 1
-                self.first_raise_only_check = self.first_raise_only_check or \
-                    f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+                self.first_raise_only_check = self.first_raise_only_check or _site(frame)
                 return answer
         if func is _aten._local_scalar_dense.default and self.reading_for_python \
                 and args[0].dtype.is_floating_point:
@@ -368,10 +373,8 @@ class KnownValues(TorchDispatchMode):
             if not at_largest:
                 return out
             self.selections_at_largest += 1
-            if not self.first_selection_at_largest:
-                frame = _innermost_outside()
-                self.first_selection_at_largest = "" if frame is None else \
-                    f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+            self.first_selection_at_largest = self.first_selection_at_largest or \
+                _site(_innermost_outside())
             return out
         self._follow(func, args, kwargs, out)
         self.nonzero_bounds.follow(func, args, kwargs, out)
@@ -475,10 +478,6 @@ class KnownValues(TorchDispatchMode):
         if not isinstance(real, torch.Tensor):
             return real
         first = next(a for a in tree_flatten(args)[0] if isinstance(a, FakeTensor))
-        mode = first.fake_mode
-        with _disable_current_modes():
-            meta = torch.empty_strided(real.shape, real.stride(), dtype=real.dtype,
-                                       device="meta")
-        fake = mode.fake_tensor_converter.from_meta_and_device(mode, meta, first.device)
+        fake = _selections.fake_like(first, real.shape, real.dtype, real.stride())
         self.real[fake] = real
         return fake
