@@ -476,8 +476,9 @@ def _notes(recording, target, models_) -> list[str]:
                      f"values the estimate cannot know (the first at "
                      f"{recording.first_selection_at_largest}: a boolean mask, nonzero(), "
                      f"masked_select(), unique()) were taken at their largest, every "
-                     f"element kept or distinct: the estimate is the most the step can "
-                     f"take; a mask that keeps fewer takes less")
+                     f"element kept or distinct, or as many as a mask built from zeros "
+                     f"had marked: the estimate is the most the step can take; a mask "
+                     f"that keeps fewer takes less")
     return notes
 
 

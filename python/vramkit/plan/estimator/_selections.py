@@ -18,10 +18,13 @@ proposals in two masks and selects by their union selects at most 512, not 2,000
 
 A boolean index is given to ``aten.index`` as it is on a GPU: each mask becomes the
 positions it keeps, one long index per masked dimension (CUDA computes them with
-``nonzero`` inside the op), here as many as the mask has elements.
+``nonzero`` inside the op), here as many as the mask's bound allows: its elements, or
+what was marked in it.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
@@ -38,13 +41,6 @@ _UNIQUE = (_aten._unique2.default, _aten.unique_consecutive.default, _aten.uniqu
 # each pass runs on fake tensors: labels and box levels stay well below this, while the
 # distinct values of a segmentation map's pixels would make a loop that never ends.
 UNIQUE_AT_MOST = 1 << 16
-
-
-def _numel(shape) -> int:
-    n = 1
-    for size in shape:
-        n *= size
-    return n
 
 
 def _distinct_at_most(t: torch.Tensor) -> int:
@@ -153,7 +149,7 @@ def _positions_written(target, indices):
             shapes.append(index.shape)
     if not shapes:
         return None
-    return _numel(torch.broadcast_shapes(*shapes)) * whole
+    return math.prod(torch.broadcast_shapes(*shapes)) * whole
 
 
 def _largest_shapes(func, args, kwargs, known, bounds):
@@ -176,7 +172,7 @@ def _largest_shapes(func, args, kwargs, known, bounds):
         if real is not None:
             with _disable_current_modes():
                 return (((int(real.expand(shape).count_nonzero()),), t.dtype),), False
-        spread = _numel(shape) // mask.numel() if mask.numel() else 0
+        spread = math.prod(shape) // mask.numel() if mask.numel() else 0
         return (((bounds.most(mask) * spread,), t.dtype),), True
     if func in _UNIQUE and t.numel() > UNIQUE_AT_MOST:
         return None
