@@ -577,29 +577,27 @@ def _phase_hooks(recorder: StorageRecorder, optimizers) -> list:
     return handles
 
 
-# What fake tensors cannot do, as PyTorch says it, and what to do instead.
+# What fake tensors cannot do, as PyTorch says it (in each of its spellings), and what to do
+# instead.
 _WORKAROUNDS = (
-    ("datadependent", "the step reads a tensor's values (.item(), .tolist(), a Python "
-     "if on a tensor): compute that value outside the step, "
+    (("datadependent", "data-dependent"), "the step reads a tensor's values (.item(), "
+     ".tolist(), a Python if on a tensor): compute that value outside the step, "
      "or give the step a fixed value for the estimate"),
-    ("local_scalar_dense", "the step reads a tensor's value (.item(), float(t), a Python "
+    (("local_scalar_dense",), "the step reads a tensor's value (.item(), float(t), a Python "
      "if on a tensor): pass the value in instead, or give the step a fixed value"),
-    ("data-dependent", "the step reads a tensor's values (.item(), .tolist(), a Python "
-     "if on a tensor): compute that value outside the step, "
-     "or give the step a fixed value for the estimate"),
-    ("dynamicoutputshape", "the size of what the operation makes depends on values the "
+    (("dynamicoutputshape",), "the size of what the operation makes depends on values the "
      "estimate cannot know and has no bound it could take instead (bincount(), "
      "repeat_interleave() by counts, unique() of more than "
      f"{_selections.UNIQUE_AT_MOST:,} elements; a boolean mask, nonzero() and a smaller "
      "unique() are taken at their largest): give the step a fixed size for the estimate, "
      "e.g. an index of the count you expect"),
-    ("item()", "the step reads a tensor's values with .item(): pass the value in instead"),
-    ("no fake impl", "an operation has no fake (meta) kernel, e.g. a custom CUDA "
+    (("item()",), "the step reads a tensor's values with .item(): pass the value in instead"),
+    (("no fake impl",), "an operation has no fake (meta) kernel, e.g. a custom CUDA "
      "extension: register one with torch.library.register_fake, or estimate the rest of "
      "the step without it"),
-    ("meta kernel", "an operation has no meta kernel: register one with "
+    (("meta kernel",), "an operation has no meta kernel: register one with "
      "torch.library.register_fake, or leave it out of the estimated step"),
-    ("data is not allocated yet", "an operation reads a tensor's memory on the host, which "
+    (("data is not allocated yet",), "an operation reads a tensor's memory on the host, which "
      "a fake tensor does not have (an RNN over a PackedSequence reads its batch sizes "
      "there; so may a C++ extension): for the estimate give the RNN padded batches, or "
      "leave that operation out"),
@@ -677,8 +675,8 @@ def _explain(error: Exception) -> str:
     first = _words(f"{type(error).__name__}: {message.strip()}" if message
                    else type(error).__name__) + _where(error)
     text = f"{type(error).__name__}: {error}"
-    for needle, advice in _WORKAROUNDS:
-        if needle in text.lower() and _raised_by_fake_tensors(error):
+    for needles, advice in _WORKAROUNDS:
+        if any(n in text.lower() for n in needles) and _raised_by_fake_tensors(error):
             return (f"the step could not run on fake tensors ({first}); {advice}. "
                     f"No estimate is given rather than one that leaves this out.")
     if isinstance(error, ImportError):
