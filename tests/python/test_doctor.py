@@ -15,7 +15,6 @@ import os
 import pickle
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -509,8 +508,15 @@ def _oom_snapshot():
     (lambda s: s["device_traces"].append([{"action": "oom", "size": 1, "time_us": "late"}]),
      "device_traces[1][0].time_us is 'late'"),
     (lambda s: s["device_traces"][0][0].update(time_us=float("nan")), "time_us is nan"),
+    # Missing, not summed as zero:
+    (lambda s: s["segments"][0].pop("total_size"), "segments[0] has no 'total_size'"),
+    (lambda s: s["segments"][0]["blocks"][0].pop("size"),
+     "segments[0].blocks[0] has no 'size'"),
+    (lambda s: [s["segments"][0]["blocks"][0].pop(k) for k in ("size", "state")],
+     "segments[0].blocks[0] has no 'size' and no 'state'"),
 ])
-def test_a_snapshot_with_a_value_of_the_wrong_kind_exits_2_naming_it(tmp_path, change, says):
+def test_a_snapshot_with_a_value_of_the_wrong_kind_or_none_exits_2_naming_it(tmp_path, change,
+                                                                             says):
     snap = _oom_snapshot()
     change(snap)
     path = tmp_path / "odd.pickle"
@@ -527,10 +533,10 @@ def test_a_pickle_that_repeats_objects_by_reference_is_refused_at_once(tmp_path)
     seg = {"device": 0, "address": 0, "total_size": 200, "blocks": [block] * 200}
     path = tmp_path / "amplified.pickle"
     path.write_bytes(pickle.dumps({"segments": [seg] * 200, "device_traces": []}))
-    start = time.monotonic()
-    with pytest.raises(DoctorInputError, match="appears earlier"):
+    # Refused by the shape check's one pass over distinct objects, before any reader
+    # walks the 200 x 200 blocks it names.
+    with pytest.raises(DoctorInputError, match=r"blocks\[1\] is an object that appears"):
         diagnose(path)
-    assert time.monotonic() - start < 2  # walking it takes seconds to minutes
 
 
 def test_a_trace_list_repeated_by_reference_is_refused_at_once(tmp_path):
@@ -539,11 +545,9 @@ def test_a_trace_list_repeated_by_reference_is_refused_at_once(tmp_path):
     path = tmp_path / "amplified.pickle"
     path.write_bytes(pickle.dumps({"segments": [], "device_traces": [entries] * 3000}))
     assert path.stat().st_size < 20_000
-    start = time.monotonic()
     with pytest.raises(DoctorInputError, match=r"device_traces\[1\] is an object that appears "
                                                r"earlier"):
         diagnose(path)
-    assert time.monotonic() - start < 1  # nine million entries walked: seconds
 
 
 def test_a_file_name_that_is_not_utf8(tmp_path):

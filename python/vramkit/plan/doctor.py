@@ -453,16 +453,27 @@ def _device_blocks(snap, device: int, origin: str):
     framed = expandable = False
     for i, seg in enumerate(snap["segments"]):
         if not isinstance(seg, dict) or not isinstance(seg.get("blocks", []), list):
-            raise DoctorInputError(f"{origin}: segment {i} is not a segment with a block list")
+            raise DoctorInputError(f"{origin}: segments[{i}] is not a segment with a block list")
         if seg.get("device", 0) != device:
             continue
-        reserved += seg.get("total_size", 0)
+        # A figure summed over a segment or block that lacks its size (or a block its
+        # state) would be printed as if complete: every snapshot PyTorch or vramkit
+        # writes has them, so one without them is refused, not read as zero.
+        if "total_size" not in seg:
+            raise DoctorInputError(f"{origin}: segments[{i}] has no 'total_size': its "
+                                   f"reserved bytes are unknown")
+        reserved += seg["total_size"]
         expandable = expandable or bool(seg.get("is_expandable"))
-        for block in seg.get("blocks", []):
+        for j, block in enumerate(seg.get("blocks", [])):
             if not isinstance(block, dict):
-                raise DoctorInputError(f"{origin}: a block of segment {i} is not a dict")
-            size = block.get("size", 0)
-            state = block.get("state")
+                raise DoctorInputError(f"{origin}: segments[{i}].blocks[{j}] is not a dict")
+            missing = [key for key in ("size", "state") if key not in block]
+            if missing:
+                raise DoctorInputError(f"{origin}: segments[{i}].blocks[{j}] has no "
+                                       f"{' and no '.join(repr(k) for k in missing)}: "
+                                       f"what it holds is unknown")
+            size = block["size"]
+            state = block["state"]
             if state == "inactive":
                 cached += size
                 largest = max(largest, size)
