@@ -1,6 +1,9 @@
 """Which attention kernel CUDA takes for a mask added to the scores, and what the step
 holds, against vramkit's estimate: a learned (or detached) bias of 1 or 4 x 4 heads x
-256 x 256, in fp32 and under bf16 autocast.
+256 x 256, in fp32 and under bf16 autocast; and a bias of one batch kept as keys x heads
+last and permuted into place (its last dimension not contiguous, as T5's relative
+positions arrive in some versions of transformers), for which CUDA runs its composite
+attention.
 
     python3 bench/attention_mask_probe.py     # on a GPU: the kernel, real and estimated
                                               # without one: the CPU stand-in's estimates
@@ -20,26 +23,29 @@ BATCH, HEADS, ROWS, WIDTH = 4, 4, 256, 32
 
 
 class BiasedAttention(torch.nn.Module):
-    def __init__(self, mask_batch: int, learned: bool):
+    def __init__(self, mask_batch: int, learned: bool, permuted: bool):
         super().__init__()
         self.proj = torch.nn.Linear(WIDTH, WIDTH)
-        self.bias = torch.nn.Parameter(torch.zeros(mask_batch, HEADS, ROWS, ROWS))
-        self.learned = learned
+        shape = (ROWS, ROWS, HEADS) if permuted else (mask_batch, HEADS, ROWS, ROWS)
+        self.bias = torch.nn.Parameter(torch.zeros(shape))
+        self.learned, self.permuted = learned, permuted
 
     def forward(self, x):
         q = self.proj(x)
         mask = self.bias if self.learned else self.bias.detach()
+        if self.permuted:
+            mask = mask.permute(2, 0, 1).unsqueeze(0)
         return torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask,
                                                                 dropout_p=0.1)
 
 
 def main() -> None:
     gpu = torch.cuda.is_available()
-    for mask_batch in (1, BATCH):
+    for mask_batch, permuted in ((1, False), (BATCH, False), (1, True)):
         for learned in (True, False):
             for amp in (False, True):
                 def build():
-                    net = BiasedAttention(mask_batch, learned).to("cuda")
+                    net = BiasedAttention(mask_batch, learned, permuted).to("cuda")
                     return net, torch.optim.SGD(net.parameters(), lr=0.1), \
                         torch.randn(BATCH, HEADS, ROWS, WIDTH, device="cuda")
 
@@ -50,7 +56,8 @@ def main() -> None:
                     opt.step()
                     opt.zero_grad(set_to_none=True)
 
-                name = (f"mask batch {mask_batch} {'learned' if learned else 'detached'} "
+                name = (f"mask batch {mask_batch}{' permuted' if permuted else ''} "
+                        f"{'learned' if learned else 'detached'} "
                         f"{'bf16-amp' if amp else 'fp32'}")
                 estimate = vramkit.estimate(step, build=build, model_workspaces=False)
                 if not gpu:
@@ -61,6 +68,8 @@ def main() -> None:
                 net, opt, x = build()
                 q = net.proj(x)
                 mask = net.bias if learned else net.bias.detach()
+                if permuted:
+                    mask = mask.permute(2, 0, 1).unsqueeze(0)
                 if amp:
                     q, mask = q.bfloat16(), mask.bfloat16()
                 kernel = torch._fused_sdp_choice(q, q, q, mask, 0.1)

@@ -764,10 +764,9 @@ def test_attention_with_a_mask_not_contiguous_under_autocast_computes_in_fp32():
 
     permuted = vramkit.estimate(step, build=_attention_build(False, permuted=True),
                                 model_workspaces=False)
-    contiguous = vramkit.estimate(step, build=_attention_build(False),
-                                  model_workspaces=False)
     # At the backward of the product with the values, a score each: the softmax and the
     # dropped weights it keeps (fp32), dropout's mask (one byte) and the gradient of the
-    # dropped weights (fp32). Computed in bf16, the weights and their gradient were 2.
-    assert permuted.peak_allocated - contiguous.peak_allocated >= _SCORES * (4 + 1 + 4 + 4)
+    # dropped weights (fp32), all at once. Computed in bf16, each but the mask were 2 bytes,
+    # and the step's peak below this.
+    assert permuted.peak_allocated >= _SCORES * (4 + 4 + 1 + 4)
 
