@@ -172,12 +172,16 @@ def _fused_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
 
 def _composite_attention(query, key, value, attn_mask, dropout_p, scale, enable_gqa):
     """What CUDA's composite attention (``_scaled_dot_product_attention_math``) allocates
-    and keeps. Under autocast its inputs are first cast to the autocast dtype, as the
-    attention's autocast policy casts them; the kernel then runs outside autocast,
-    computing in fp32 where its inputs are 16-bit (PyTorch's default: query, keys and
-    values converted to fp32), with query and keys each scaled by the root of the scale,
-    the scores, the mask added in place, their softmax, the GPU's dropout (a one-byte
-    mask), and the product with the values cast back to the inputs' dtype."""
+    and keeps, in its order. Under autocast its inputs are first cast to the autocast
+    dtype, as the attention's autocast policy casts them; the kernel then runs outside
+    autocast, computing in fp32 where its inputs are 16-bit (PyTorch's default: query,
+    keys and values converted to fp32), with query and keys each scaled by the root of the
+    scale, the scores, the mask added out of place, their softmax (the "safe" one, which
+    gives rows masked whole zeros), the GPU's dropout (a one-byte mask), then the weights
+    copied to the inputs' dtype (returned beside the output, which its caller drops) and
+    the product with the values cast back to that dtype. Each intermediate is given up as
+    soon as the next is made, as the C++ reassigns one variable; Python's names would keep
+    them to the end."""
     if torch.is_autocast_enabled("cpu"):  # CUDA autocast, as the stand-in runs it
         dtype = torch.get_autocast_dtype("cpu")
         query, key, value, attn_mask = (
@@ -192,11 +196,13 @@ def _composite_attention(query, key, value, attn_mask, dropout_p, scale, enable_
             key = key.repeat_interleave(groups, dim=-3)
             value = value.repeat_interleave(groups, dim=-3)
         factor = math.sqrt(scale if scale is not None else 1.0 / math.sqrt(query.size(-1)))
-        scores = (query * factor) @ (key.transpose(-2, -1) * factor)
-        scores.add_(attn_mask)
-        weights = torch.softmax(scores, dim=-1)
+        weights = (query * factor) @ (key.transpose(-2, -1) * factor)
+        if attn_mask is not None:
+            weights = weights + attn_mask
+        weights = torch.ops.aten._safe_softmax(weights, -1)
         if dropout_p > 0.0:
             weights = torch.ops.aten.native_dropout(weights, dropout_p, True)[0]
+        returned_weights = weights.to(origin)  # noqa: F841 - made, then dropped by the caller
         return (weights @ value).to(origin)
 
 

@@ -1,0 +1,211 @@
+"""The CPU stand-in keeps what CUDA's kernels keep (issue 38): attention over a mask (the
+fused kernels, and the composite one CUDA runs for a mask whose last dimension is not
+contiguous), grouped-query attention's FLOPs, cross entropy and log_softmax under
+autocast. Sizes are checked against hand counts, or against PyTorch's own composite run
+where the stand-in stands in for it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import vramkit  # noqa: E402
+
+
+def _plain_step(net, opt, x):
+    net(x).float().pow(2).mean().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def test_grouped_query_attention_is_counted_per_query_head():
+    """A fused attention op whose keys have fewer heads than its queries (Llama's
+    grouped-query attention, as on a GPU): PyTorch's FLOP formula refuses the shapes, and
+    the recorder counts it per query head instead of failing the estimate."""
+    from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, \
+        sdpa_flop_count
+    from vramkit.plan.estimator._record import grouped_attention_flops
+    aten = torch.ops.aten
+    q = torch.empty(2, 8, 16, 32)
+    kv = torch.empty(2, 2, 16, 32)
+    wide = (2, 8, 16, 32)
+    forward = aten._scaled_dot_product_efficient_attention.default
+    with pytest.raises(AssertionError):
+        flop_registry[forward._overloadpacket](q, kv, kv, out_val=None)
+    assert grouped_attention_flops(forward, (q, kv, kv)) == sdpa_flop_count(wide, wide, wide)
+    backward = aten._scaled_dot_product_flash_attention_backward.default
+    assert grouped_attention_flops(backward, (torch.empty(wide), q, kv, kv)) == \
+        sdpa_backward_flop_count(wide, wide, wide, wide)
+    assert grouped_attention_flops(aten.mm.default, (q, kv)) == 0
+
+
+class _LearnedBiasAttention(torch.nn.Module):
+    """Attention over a learned bias added to the scores; `learned=False` passes the bias
+    detached (a mask that needs no gradient); `permuted=True` keeps the bias as keys x
+    heads last, as an embedding lookup makes T5's relative positions, and permutes it into
+    place, so that its last dimension is not contiguous."""
+
+    def __init__(self, heads: int, rows: int, width: int, learned: bool,
+                 permuted: bool = False, dropout_p: float = 0.1):
+        super().__init__()
+        self.dropout_p = dropout_p
+        self.proj = torch.nn.Linear(width, width)
+        shape = (rows, rows, heads) if permuted else (1, heads, rows, rows)
+        self.bias = torch.nn.Parameter(torch.zeros(shape))
+        self.learned, self.permuted = learned, permuted
+
+    def forward(self, x):
+        q = self.proj(x)
+        mask = self.bias if self.learned else self.bias.detach()
+        if self.permuted:
+            mask = mask.permute(2, 0, 1).unsqueeze(0)
+        return torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask,
+                                                                dropout_p=self.dropout_p)
+
+
+_BATCH, _HEADS, _ROWS, _WIDTH = 4, 4, 256, 32
+_SCORES = _BATCH * _HEADS * _ROWS * _ROWS
+
+
+def _attention_build(learned: bool, permuted: bool = False):
+    def make():
+        net = _LearnedBiasAttention(_HEADS, _ROWS, _WIDTH, learned, permuted).to("cuda")
+        return net, torch.optim.SGD(net.parameters(), lr=0.1), \
+            torch.randn(_BATCH, _HEADS, _ROWS, _WIDTH, device="cuda")
+    return make
+
+
+def test_attention_with_a_learned_mask_takes_the_fused_kernel():
+    """A mask that requires grad, its last dimension contiguous, goes to CUDA's
+    memory-efficient kernel, which makes the mask's gradient at the scores' full shape
+    (fp32 here): that is all the step holds beyond the same step with the mask detached.
+    (PyTorch 2.11 on an H200 chose that kernel, and the real steps differed by the same
+    bytes.)"""
+    learned = vramkit.estimate(_plain_step, build=_attention_build(True),
+                               model_workspaces=False)
+    detached = vramkit.estimate(_plain_step, build=_attention_build(False),
+                                model_workspaces=False)
+    assert learned.peak_allocated - detached.peak_allocated == _SCORES * 4
+
+
+def test_attention_with_a_mask_not_contiguous_keeps_what_cuda_keeps():
+    """PyTorch's fused attention kernels refuse a mask whose last dimension is not
+    contiguous, so CUDA runs its composite attention, which keeps the fp32 softmax of the
+    scores, dropout's one-byte mask and the dropped weights for backward; the CPU stand-in
+    keeps them too, where a contiguous mask leaves the fused kernel's output and row
+    statistics alone."""
+    permuted = vramkit.estimate(_plain_step, build=_attention_build(False, permuted=True),
+                                model_workspaces=False)
+    contiguous = vramkit.estimate(_plain_step, build=_attention_build(False),
+                                  model_workspaces=False)
+    # Kept for backward, a score each: the softmax (fp32), dropout's mask (one byte) and
+    # the dropped weights the product with the values needs (fp32).
+    assert permuted.peak_allocated - contiguous.peak_allocated >= _SCORES * (4 + 1 + 4)
+
+
+def _cross_entropy_step(w, x, labels):
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = torch.nn.functional.cross_entropy(x @ w, labels)
+    loss.backward()
+
+
+def test_cross_entropy_under_autocast_keeps_what_cuda_keeps():
+    """CUDA autocast does not cast cross entropy to fp32 as a whole, as CPU autocast does:
+    its log-softmax keeps the logits' bf16 and its nll_loss an fp32 copy of that. At the
+    backward of the loss a step of N x C logits then holds the bf16 log-softmax (2 bytes
+    a logit), the fp32 copy (4) and nll_loss's fp32 gradient (4): 10 bytes a logit, where
+    one fp32 cast of the logits would hold 12."""
+    rows, classes, width = 1024, 4096, 16
+
+    def build():
+        return (torch.randn(width, classes, device="cuda", requires_grad=True),
+                torch.randn(rows, width, device="cuda", requires_grad=True),
+                torch.randint(0, classes, (rows,), device="cuda"))
+
+    e = vramkit.estimate(_cross_entropy_step, build=build, steps=1, model_workspaces=False)
+    logits = rows * classes
+    assert 10 * logits <= e.peak_allocated < 10.5 * logits, e.peak_allocated / logits
+
+
+def test_a_dtype_given_to_log_softmax_under_autocast_stands():
+    """log_softmax(x, dim, dtype) with the dtype by position: CUDA autocast keeps it, and
+    the CPU stand-in did not run such a call at all."""
+    from vramkit.plan.estimator import _emulate
+    x = torch.randn(8, 32).bfloat16()
+    with _emulate.emulated_cuda(), torch.autocast("cuda", dtype=torch.bfloat16):
+        assert torch.log_softmax(x, 1, torch.bfloat16).dtype == torch.bfloat16
+        assert torch.log_softmax(x, 1).dtype == torch.float32
+        assert torch.softmax(x, -1, dtype=torch.float16).dtype == torch.float16
+
+
+def test_attention_with_a_mask_not_contiguous_under_autocast_computes_in_fp32():
+    """The composite attention CUDA runs for a mask whose last dimension is not contiguous
+    converts 16-bit query, keys and values to fp32 and computes there, outside autocast:
+    under bf16 autocast it keeps an fp32 softmax and fp32 dropped weights for backward,
+    as in fp32, not bf16 ones."""
+    def step(net, opt, x):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = net(x).float().pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    permuted = vramkit.estimate(step, build=_attention_build(False, permuted=True),
+                                model_workspaces=False)
+    # At the backward of the product with the values, a score each: the softmax and the
+    # dropped weights it keeps (fp32), dropout's mask (one byte) and the gradient of the
+    # dropped weights (fp32), all at once. Computed in bf16, each but the mask were 2 bytes,
+    # and the step's peak below this.
+    assert permuted.peak_allocated >= _SCORES * (4 + 4 + 1 + 4)
+
+
+
+class _MathAttention(torch.nn.Module):
+    """The same attention as _LearnedBiasAttention(permuted=True) without dropout, written
+    as CUDA runs it for that mask: the attention's autocast casts query, keys, values and
+    mask to the autocast dtype, then PyTorch's composite runs with autocast off. Called on
+    the CPU stand-in, the composite's C++ makes and frees what it does on CUDA."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = _LearnedBiasAttention(_HEADS, _ROWS, _WIDTH, False, permuted=True)
+
+    def forward(self, x):
+        q = self.inner.proj(x)
+        mask = self.inner.bias.detach().permute(2, 0, 1).unsqueeze(0)
+        if torch.is_autocast_enabled("cuda"):
+            dtype = torch.get_autocast_dtype("cuda")
+            q, mask = q.to(dtype), mask.to(dtype)
+        with torch.autocast("cuda", enabled=False):
+            return torch.ops.aten._scaled_dot_product_attention_math(q, q, q, mask)[0]
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_the_composite_attention_holds_what_pytorch_s_composite_holds(autocast):
+    """The stand-in's composite attention makes and gives up its intermediates where
+    PyTorch's does (the scores before the mask and before the softmax freed as the next is
+    made, the mask added out of place, the weights copied to the inputs' dtype beside the
+    output): the step's peaks equal those of the step calling PyTorch's composite itself."""
+    def step(net, opt, x):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            loss = net(x).float().pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    def build(module):
+        def make():
+            net = module().to("cuda")
+            return net, torch.optim.SGD(net.parameters(), lr=0.1), \
+                torch.randn(_BATCH, _HEADS, _ROWS, _WIDTH, device="cuda")
+        return make
+
+    class _NoDropout(_LearnedBiasAttention):
+        def __init__(self):
+            super().__init__(_HEADS, _ROWS, _WIDTH, False, permuted=True, dropout_p=0.0)
+
+    stand_in = vramkit.estimate(step, build=build(_NoDropout), model_workspaces=False)
+    composite = vramkit.estimate(step, build=build(_MathAttention), model_workspaces=False)
+    assert stand_in.peak_allocated == composite.peak_allocated
+    assert stand_in.peak_reserved == composite.peak_reserved
