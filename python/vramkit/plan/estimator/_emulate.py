@@ -53,6 +53,10 @@ from ._record import (BUILDING, HOST_STORAGES, MAKING_HOST_TENSOR, add_flops, pe
 _TENSOR_MOVES = {torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.type}
 _LOWER = (torch.float16, torch.bfloat16)
 
+# The softmax PyTorch's composite attention takes since 2.5 (rows masked whole give
+# zeros); before, the plain one.
+_SAFE_SOFTMAX = getattr(torch.ops.aten, "_safe_softmax", None)
+
 
 def _device_type(device) -> str | None:
     """The type a device argument names ("cuda", "cpu"), None for anything else."""
@@ -199,7 +203,7 @@ def _composite_attention(query, key, value, attn_mask, dropout_p, scale, enable_
         weights = (query * factor) @ (key.transpose(-2, -1) * factor)
         if attn_mask is not None:
             weights = weights + attn_mask
-        weights = torch.ops.aten._safe_softmax(weights, -1)
+        weights = _SAFE_SOFTMAX(weights, -1) if _SAFE_SOFTMAX else torch.softmax(weights, -1)
         if dropout_p > 0.0:
             weights = torch.ops.aten.native_dropout(weights, dropout_p, True)[0]
         returned_weights = weights.to(origin)  # noqa: F841 - made, then dropped by the caller
