@@ -514,6 +514,13 @@ def _oom_snapshot():
      "segments[0].blocks[0] has no 'size'"),
     (lambda s: [s["segments"][0]["blocks"][0].pop(k) for k in ("size", "state")],
      "segments[0].blocks[0] has no 'size' and no 'state'"),
+    (lambda s: s["device_traces"][0][0].pop("size"),
+     "the out-of-memory entry of device_traces[0] has no 'size'"),
+    (lambda s: s["device_traces"][0][0].pop("device_free"),
+     "the out-of-memory entry of device_traces[0] has no 'device_free'"),
+    # Figures that cannot all be true: more allocated in a segment than it holds.
+    (lambda s: s["segments"][0]["blocks"].append(dict(s["segments"][0]["blocks"][0])),
+     "segments[0]'s blocks hold more than its total_size of 4,194,304 bytes"),
 ])
 def test_a_snapshot_with_a_value_of_the_wrong_kind_or_none_exits_2_naming_it(tmp_path, change,
                                                                              says):

@@ -464,6 +464,7 @@ def _device_blocks(snap, device: int, origin: str):
                                    f"reserved bytes are unknown")
         reserved += seg["total_size"]
         expandable = expandable or bool(seg.get("is_expandable"))
+        held = 0
         for j, block in enumerate(seg.get("blocks", [])):
             if not isinstance(block, dict):
                 raise DoctorInputError(f"{origin}: segments[{i}].blocks[{j}] is not a dict")
@@ -474,6 +475,11 @@ def _device_blocks(snap, device: int, origin: str):
                                        f"what it holds is unknown")
             size = block["size"]
             state = block["state"]
+            held += size
+            if held > seg["total_size"]:
+                raise DoctorInputError(f"{origin}: segments[{i}]'s blocks hold more than its "
+                                       f"total_size of {seg['total_size']:,} bytes: its "
+                                       f"figures contradict each other")
             if state == "inactive":
                 cached += size
                 largest = max(largest, size)
@@ -490,6 +496,11 @@ def _device_blocks(snap, device: int, origin: str):
 
 def _from_snapshot(snap, capacity: int | None, estimate_fn, origin: str) -> Diagnosis:
     oom = _last_oom(snap)
+    missing = [key for key in ("size", "device_free") if oom and key not in oom[1]]
+    if missing:  # as a segment without its size: a cause read from zeros would be false
+        raise DoctorInputError(f"{origin}: the out-of-memory entry of device_traces[{oom[0]}] "
+                               f"has no {' and no '.join(repr(k) for k in missing)}: what "
+                               f"was asked and what was free are unknown")
     devices = {s.get("device", 0) for s in snap["segments"] if isinstance(s, dict)}
     device = oom[0] if oom else (min(devices) if devices else 0)
     reserved, allocated, cached, largest, sites, framed, expandable = \
@@ -505,8 +516,7 @@ def _from_snapshot(snap, capacity: int | None, estimate_fn, origin: str) -> Diag
     if not framed and allocated:
         notes.append("the blocks have no frames: record_memory_history() before the run "
                      "names the call sites")
-    free_at_oom = oom[1].get("device_free", 0) if oom else 0
-    free_at_oom = free_at_oom if isinstance(free_at_oom, int) else 0
+    free_at_oom = oom[1]["device_free"] if oom else 0
     if capacity is not None and capacity < reserved + free_at_oom:
         # A report that set the two side by side would print figures that cannot both be.
         held = f"reserved {_size(reserved)}" + (
@@ -519,7 +529,7 @@ def _from_snapshot(snap, capacity: int | None, estimate_fn, origin: str) -> Diag
         return Diagnosis(None, "no out-of-memory in the snapshot: these are its figures",
                          f"snapshot of device {device}", numbers, [], call_sites, [], notes)
     entry = oom[1]
-    requested, device_free = entry.get("size", 0), entry.get("device_free", 0)
+    requested, device_free = entry["size"], entry["device_free"]
     numbers.update(requested=requested, device_free=device_free)
     if _changed_after(snap, oom[0], entry):
         notes.append("memory was allocated or freed after the OOM: the blocks are those of "
