@@ -442,6 +442,13 @@ def _notes(recording, target, models_) -> list[str]:
                      "estimate (Dynamo compiled no graph on its fake tensors): the figures "
                      "are the eager step's; Inductor's fused kernels may keep fewer "
                      "intermediates, so the compiled step may hold less")
+    if recording.dense_attention_scores:
+        notes.append(f"FlexAttention was counted as the fused kernel torch.compile makes "
+                     f"of it (its output and fp32 statistics of each query row); called "
+                     f"without torch.compile, PyTorch computes it densely, and each call "
+                     f"holds at least its fp32 scores, up to "
+                     f"{recording.dense_attention_scores / (1 << 20):,.1f} MiB here, while "
+                     f"it runs")
     if recording.generation_stand_ins:
         notes.append("a generation loop's checks of which sequences drew an end-of-"
                      "sequence token (or hold padding) were taken as none: the estimate "

@@ -383,9 +383,30 @@ def capturable_optimizers_on_cpu():
 
 
 @contextlib.contextmanager
+def flex_attention_backward_on_cpu():
+    """FlexAttention refuses inputs that require grad on the CPU (it has no CPU backward
+    kernel); the stand-in's CPU tensors stand for CUDA's, where it has one, and under the
+    estimate the fake kernels answer for both."""
+    try:  # the step may import it only when it runs (a millisecond, with torch loaded)
+        import torch.nn.attention.flex_attention as module
+    except ImportError:  # a PyTorch before FlexAttention
+        module = None
+    original = getattr(module, "_validate_device", None)
+    if original is None:
+        yield
+        return
+    module._validate_device = lambda query, key, value: None
+    try:
+        yield
+    finally:
+        module._validate_device = original
+
+
+@contextlib.contextmanager
 def emulated_cuda():
     """Everything above, for the length of one estimate; yields the Counter of the
     step's torch.cuda calls answered (_cuda_calls)."""
     with cuda_autocast_on_cpu(), cuda_autocast_lists_on_cpu(), capturable_optimizers_on_cpu(), \
-            _cuda_calls.answered_on_cpu() as answered, CudaOnCpu():
+            flex_attention_backward_on_cpu(), _cuda_calls.answered_on_cpu() as answered, \
+            CudaOnCpu():
         yield answered

@@ -47,6 +47,7 @@ import weakref
 from dataclasses import dataclass, field
 
 import torch
+from torch._ops import HigherOrderOperator
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
@@ -168,6 +169,8 @@ class Recording:
     first_selection_at_largest: str = ""  # where the first of them was ("file:line")
     flops: int = 0                 # floating-point operations of the last step recorded
     compiled_ran_eager: bool = False  # a torch.compile'd step or module, Dynamo compiled none
+    higher_order_ops: set = field(default_factory=set)  # the names of those the step ran
+    dense_attention_scores: int = 0  # the most fp32 scores one FlexAttention call would hold
     objects_left_unwalked: bool = False  # plain objects held more than _held looks into
 
     def events(self):
@@ -235,6 +238,8 @@ class CreationSites(TorchDispatchMode):
     from the built objects when the step starts; and which storages hold weights or
     copies of them (an EMA copy of the weights kept in a list is the model's weights
     again, not the batch)."""
+
+    supports_higher_order_operators = True  # its hook is the same for them
 
     def __init__(self):
         super().__init__()
@@ -330,7 +335,13 @@ class StorageRecorder(TorchDispatchMode):
 
     # -- the dispatch hook ------------------------------------------------------------
 
+    # Higher-order operators (FlexAttention's forward and backward) come here too, whole:
+    # their fake kernels make what the compiled kernel makes.
+    supports_higher_order_operators = True
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if isinstance(func, HigherOrderOperator):
+            return self._higher_order(func, args, kwargs)
         if func is _DEVICE_OF:
             # ``t.device``, asked of fake tensors more often than every other op together:
             # it allocates nothing, computes nothing and has no value to follow. A fake
@@ -393,6 +404,37 @@ class StorageRecorder(TorchDispatchMode):
             self.workspace_hook(self, name, args, threading.get_ident())
         if self.after_outputs_hook is not None:
             self.after_outputs_hook(self, func, args, kwargs or {}, out)
+        return out
+
+    def _higher_order(self, func, args, kwargs):
+        """A higher-order operator: its outputs are the step's allocations, as an op's;
+        it has no schema, library workspace or measured scratch, and its outputs' values
+        are unknown. FlexAttention's FLOPs are counted as dense attention's (PyTorch has
+        no formula for it; a block mask skips some)."""
+        out = func(*args, **(kwargs or {}))
+        phase = self.phase
+        if phase != "setup" and torch._C._current_graph_task_id() != -1:
+            phase = "backward"
+        self.op_phase = phase
+        self.recording.fake_ops += 1
+        name = func.name()
+        self.recording.higher_order_ops.add(name)
+        if name == "flex_attention":
+            query, key, value = args[:3]
+            batch, heads, queries, _ = query.shape
+            self.recording.dense_attention_scores = max(
+                self.recording.dense_attention_scores,
+                batch * heads * queries * key.shape[-2] * 4)
+            if self.step_flops:
+                self.step_flops[-1] += flop_counter.sdpa_flop_count(
+                    query.shape, key.shape, value.shape)
+        elif name == "flex_attention_backward" and self.step_flops:
+            query, key, value, _out, _logsumexp, grad_out = args[:6]
+            self.step_flops[-1] += flop_counter.sdpa_backward_flop_count(
+                grad_out.shape, query.shape, key.shape, value.shape)
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.track(t, phase, func.name())
         return out
 
     def _role_of(self, t: torch.Tensor) -> str:
