@@ -212,29 +212,33 @@ def test_the_composite_attention_holds_what_pytorch_s_composite_holds(autocast):
 
 
 class _FlexOrFused(torch.nn.Module):
-    """Causal attention of 4 heads over 256 positions, by FlexAttention with a block mask
-    or by scaled_dot_product_attention."""
+    """Causal attention of 4 query heads over 256 positions, grouped over 2 key and value
+    heads, by FlexAttention with a block mask or by scaled_dot_product_attention."""
 
     def __init__(self, flex: bool):
         super().__init__()
-        self.proj = torch.nn.Linear(64, 3 * 64)
+        self.proj = torch.nn.Linear(64, 64 + 2 * 32)
         self.flex = flex
 
     def forward(self, x):
         batch, rows, _ = x.shape
-        q, k, v = self.proj(x).view(batch, rows, 3, 4, 16).permute(2, 0, 3, 1, 4)
+        q, kv = self.proj(x).split([64, 64], dim=-1)
+        q = q.view(batch, rows, 4, 16).transpose(1, 2)
+        k, v = kv.view(batch, rows, 2, 2, 16).permute(2, 0, 3, 1, 4)
         if not self.flex:
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                    enable_gqa=True)
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
         mask = create_block_mask(lambda b, h, i, j: i >= j, None, None, rows, rows,
                                  device=x.device)
-        return flex_attention(q, k, v, block_mask=mask)
+        return flex_attention(q, k, v, block_mask=mask, enable_gqa=True)
 
 
 def test_flex_attention_is_estimated_as_its_fused_kernel():
     """FlexAttention is a higher-order operator, which the recorder takes whole: the step
-    is estimated (it was refused, on the stand-in by FlexAttention's own CPU check and
-    everywhere by the recorder), holding what the fused kernel keeps, like the step over
+    (with grouped-query attention, as transformers' Llama calls it) is estimated (it was
+    refused, on the stand-in by FlexAttention's own CPU check and everywhere by the
+    recorder), holding what the fused kernel keeps, like the step over
     scaled_dot_product_attention and nowhere near the dense scores, which a note names."""
     pytest.importorskip("torch.nn.attention.flex_attention")
     batch, heads, rows = 2, 4, 256
@@ -251,6 +255,7 @@ def test_flex_attention_is_estimated_as_its_fused_kernel():
     # The difference is row statistics (a few fp32 values per query row) and the block
     # mask's small index tensors, where the dense scores would be 2 MiB.
     assert abs(flex.peak_allocated - fused.peak_allocated) < scores // 8
+    assert flex.flops == fused.flops  # dense attention's, per query head (PyTorch has none)
     note = next(n for n in flex.notes if n.startswith("FlexAttention"))
     assert f"up to {scores / (1 << 20):,.1f} MiB" in note
     assert not any(n.startswith("FlexAttention") for n in fused.notes)

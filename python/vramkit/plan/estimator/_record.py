@@ -127,6 +127,15 @@ def per_query_head(query, key, value) -> tuple:
     return (tuple(query.shape), (*heads, *key.shape[2:]), (*heads, *value.shape[2:]))
 
 
+def _counted(formula, *shapes) -> int:
+    """A FLOP formula's count, 0 where it refuses the shapes: a FLOP count must never fail
+    the memory estimate it rides along with."""
+    try:
+        return formula(*shapes)
+    except AssertionError:
+        return 0
+
+
 def rounded(nbytes: int) -> int:
     """The block size PyTorch's allocator gives a request of ``nbytes``."""
     return max(BLOCK_ROUNDING, -(-nbytes // BLOCK_ROUNDING) * BLOCK_ROUNDING)
@@ -426,12 +435,13 @@ class StorageRecorder(TorchDispatchMode):
                 self.recording.dense_attention_scores,
                 batch * heads * queries * key.shape[-2] * 4)
             if self.step_flops:
-                self.step_flops[-1] += flop_counter.sdpa_flop_count(
-                    query.shape, key.shape, value.shape)
+                self.step_flops[-1] += _counted(flop_counter.sdpa_flop_count,
+                                                *per_query_head(query, key, value))
         elif name == "flex_attention_backward" and self.step_flops:
             query, key, value, _out, _logsumexp, grad_out = args[:6]
-            self.step_flops[-1] += flop_counter.sdpa_backward_flop_count(
-                grad_out.shape, query.shape, key.shape, value.shape)
+            self.step_flops[-1] += _counted(flop_counter.sdpa_backward_flop_count,
+                                            tuple(grad_out.shape),
+                                            *per_query_head(query, key, value))
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 self.track(t, phase, func.name())
