@@ -178,8 +178,7 @@ class Recording:
     first_selection_at_largest: str = ""  # where the first of them was ("file:line")
     flops: int = 0                 # floating-point operations of the last step recorded
     compiled_ran_eager: bool = False  # a torch.compile'd step or module, Dynamo compiled none
-    higher_order_ops: set = field(default_factory=set)  # the names of those the step ran
-    dense_attention_scores: int = 0  # the most fp32 scores one FlexAttention call would hold
+    dense_attention_scores: int = 0  # bytes: the most fp32 scores one FlexAttention call holds
     objects_left_unwalked: bool = False  # plain objects held more than _held looks into
 
     def events(self):
@@ -374,15 +373,7 @@ class StorageRecorder(TorchDispatchMode):
         if out is None:
             out = (self.values.__torch_dispatch__(func, types, args, kwargs)
                    if self.values is not None else func(*args, **(kwargs or {})))
-        phase = self.phase
-        in_backward = phase != "setup" and torch._C._current_graph_task_id() != -1
-        if in_backward:
-            phase = "backward"
-            if not self._in_backward:
-                self.backward_starts.append(len(self.recording.ops))
-        self._in_backward = in_backward
-        self.op_phase = phase
-        self.recording.fake_ops += 1
+        phase = self._dispatched()
         if self.step_flops:
             formula = self._flop_formulas.get(getattr(func, "_overloadpacket", None))
             if formula is not None:
@@ -407,7 +398,7 @@ class StorageRecorder(TorchDispatchMode):
                 self.track(t, phase, name, cast_of_weight)
         self._outputs = _OpOutputs(first_output, len(self.recording.ops), first_output,
                                    allocated_before, peak)
-        if func is _ADD and in_backward:
+        if func is _ADD and self._in_backward:
             self._sum_of_gradients = self._summed_gradients(args, kwargs, out, peak)
         if self.workspace_hook is not None:
             self.workspace_hook(self, name, args, threading.get_ident())
@@ -415,19 +406,29 @@ class StorageRecorder(TorchDispatchMode):
             self.after_outputs_hook(self, func, args, kwargs or {}, out)
         return out
 
+    def _dispatched(self) -> str:
+        """Counts the op just run and returns its phase: backward inside a backward graph
+        task (noting the op where each backward pass begins), else the caller's."""
+        phase = self.phase
+        in_backward = phase != "setup" and torch._C._current_graph_task_id() != -1
+        if in_backward:
+            phase = "backward"
+            if not self._in_backward:
+                self.backward_starts.append(len(self.recording.ops))
+        self._in_backward = in_backward
+        self.op_phase = phase
+        self.recording.fake_ops += 1
+        return phase
+
     def _higher_order(self, func, args, kwargs):
         """A higher-order operator: its outputs are the step's allocations, as an op's;
         it has no schema, library workspace or measured scratch, and its outputs' values
         are unknown. FlexAttention's FLOPs are counted as dense attention's (PyTorch has
         no formula for it; a block mask skips some)."""
+        self._sum_of_gradients = None
         out = func(*args, **(kwargs or {}))
-        phase = self.phase
-        if phase != "setup" and torch._C._current_graph_task_id() != -1:
-            phase = "backward"
-        self.op_phase = phase
-        self.recording.fake_ops += 1
+        phase = self._dispatched()
         name = func.name()
-        self.recording.higher_order_ops.add(name)
         if name == "flex_attention":
             query, key, value = args[:3]
             batch, heads, queries, _ = query.shape
