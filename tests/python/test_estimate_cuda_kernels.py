@@ -160,7 +160,6 @@ def test_attention_with_a_mask_not_contiguous_under_autocast_computes_in_fp32():
     assert permuted.peak_allocated >= _SCORES * (4 + 4 + 1 + 4)
 
 
-
 class _MathAttention(torch.nn.Module):
     """The same attention as _LearnedBiasAttention(permuted=True) without dropout, written
     as CUDA runs it for that mask: the attention's autocast casts query, keys, values and
