@@ -15,28 +15,18 @@ peak with an estimate.
 
 from __future__ import annotations
 
+import os
+import sys
+
 import torch
 
 import vramkit
 
-BATCH, HEADS, ROWS, WIDTH = 4, 4, 256, 32
-
-
-class BiasedAttention(torch.nn.Module):
-    def __init__(self, mask_batch: int, learned: bool, permuted: bool):
-        super().__init__()
-        self.proj = torch.nn.Linear(WIDTH, WIDTH)
-        shape = (ROWS, ROWS, HEADS) if permuted else (mask_batch, HEADS, ROWS, ROWS)
-        self.bias = torch.nn.Parameter(torch.zeros(shape))
-        self.learned, self.permuted = learned, permuted
-
-    def forward(self, x):
-        q = self.proj(x)
-        mask = self.bias if self.learned else self.bias.detach()
-        if self.permuted:
-            mask = mask.permute(2, 0, 1).unsqueeze(0)
-        return torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask,
-                                                                dropout_p=0.1)
+# The module the estimator's tests hold to the same figures on the CPU stand-in.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
+                                "python"))
+from test_estimate_cuda_kernels import (  # noqa: E402
+    _BATCH as BATCH, _HEADS as HEADS, _LearnedBiasAttention, _ROWS as ROWS, _WIDTH as WIDTH)
 
 
 def main() -> None:
@@ -45,7 +35,8 @@ def main() -> None:
         for learned in (True, False):
             for amp in (False, True):
                 def build():
-                    net = BiasedAttention(mask_batch, learned, permuted).to("cuda")
+                    net = _LearnedBiasAttention(HEADS, ROWS, WIDTH, learned, permuted,
+                                                mask_batch=mask_batch).to("cuda")
                     return net, torch.optim.SGD(net.parameters(), lr=0.1), \
                         torch.randn(BATCH, HEADS, ROWS, WIDTH, device="cuda")
 

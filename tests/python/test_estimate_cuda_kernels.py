@@ -44,14 +44,15 @@ class _LearnedBiasAttention(torch.nn.Module):
     """Attention over a learned bias added to the scores; `learned=False` passes the bias
     detached (a mask that needs no gradient); `permuted=True` keeps the bias as keys x
     heads last, as an embedding lookup makes T5's relative positions, and permutes it into
-    place, so that its last dimension is not contiguous."""
+    place, so that its last dimension is not contiguous; `mask_batch` gives a contiguous
+    bias a batch of its own. (bench/attention_mask_probe.py runs it on a GPU too.)"""
 
     def __init__(self, heads: int, rows: int, width: int, learned: bool,
-                 permuted: bool = False, dropout_p: float = 0.1):
+                 permuted: bool = False, dropout_p: float = 0.1, mask_batch: int = 1):
         super().__init__()
         self.dropout_p = dropout_p
         self.proj = torch.nn.Linear(width, width)
-        shape = (rows, rows, heads) if permuted else (1, heads, rows, rows)
+        shape = (rows, rows, heads) if permuted else (mask_batch, heads, rows, rows)
         self.bias = torch.nn.Parameter(torch.zeros(shape))
         self.learned, self.permuted = learned, permuted
 
