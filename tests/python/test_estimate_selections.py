@@ -152,7 +152,7 @@ def test_selections_with_no_bound_are_refused():
         net(x).sum().backward(torch.bincount(y).sum().to(x.dtype))
 
     def distinct_of_many(net, opt, x, y):
-        torch.unique(y.repeat(many // _ROWS + 1))
+        torch.unique(net(x.repeat(many // _ROWS + 1, 1)))
 
     for step, op in ((counts, "aten.bincount"), (distinct_of_many, "aten._unique2")):
         with pytest.raises(vramkit.estimator.UntraceableStep) as info:
@@ -162,6 +162,14 @@ def test_selections_with_no_bound_are_refused():
         assert "no bound" in str(info.value)
 
 
+def _scorer_build(boxes: int):
+    """A build() of a box scorer and ``boxes`` boxes of four coordinates."""
+    def build():
+        net = torch.nn.Linear(4, 1).cuda()
+        return net, torch.randn(boxes, 4, device="cuda")
+    return build
+
+
 def test_a_sampler_selects_at_most_what_it_marked():
     """A detector's sampler: two masks made from zeros, 128 positives and 384 negatives
     marked at positions drawn from a selection, and the union selected: at most 512 of
@@ -169,10 +177,6 @@ def test_a_sampler_selects_at_most_what_it_marked():
     written by an op the bounds do not follow (through a view) is unbounded again."""
     proposals, positives, negatives = 2000, 128, 384
     seen = {}
-
-    def build():
-        net = torch.nn.Linear(4, 1).cuda()
-        return net, torch.randn(proposals, 4, device="cuda")
 
     def step(net, boxes):
         scores = net(boxes).squeeze(1)
@@ -188,8 +192,41 @@ def test_a_sampler_selects_at_most_what_it_marked():
         seen["after a write through a view"] = torch.where(pos)[0].shape[0]
         scores[torch.where(neg)[0]].sum().backward()
 
-    e = vramkit.estimate(step, build=build, model_workspaces=False)
+    e = vramkit.estimate(step, build=_scorer_build(proposals), model_workspaces=False)
     assert seen == {"union": positives + negatives, "bool copy": positives,
                     "intersection": positives + negatives,
                     "after a write through a view": proposals}
+    assert _note(e)
+
+
+def test_unique_finds_at_most_the_values_a_tensor_was_drawn_from():
+    """A detector's levels: filled with one level per feature map, joined, then picked by
+    the scores' top-k; unique() of them finds at most the four levels, and a loop over
+    them (batched non-maximum suppression's) runs four times, not once per box. So do
+    levels too large to have their values computed, and a choice between two of them. A
+    tensor written since by values the estimate cannot know holds any of its elements."""
+    boxes, kept, large = 64, 40, 70_000
+    seen = {}
+
+    def step(net, x):
+        scores = net(x).squeeze(1)
+        top = scores.topk(kept).indices
+        levels = torch.cat([torch.full((boxes // 4,), i, device="cuda") for i in range(4)])
+        picked = levels[top]
+        passes = 0
+        for level in torch.unique(picked):
+            passes += 1
+            scores[torch.where(picked == level)[0]].sum()
+        seen["passes"] = passes
+        many = torch.cat([torch.full((large,), i, device="cuda") for i in range(3)])
+        seen["large"] = torch.unique(many[top].flip(0)).shape[0]
+        chosen = torch.where(scores[top] > 0, picked, many[top])
+        seen["chosen"] = torch.unique(chosen).shape[0]
+        written = picked.clone()
+        written[0] = scores.argmax()
+        seen["written"] = torch.unique(written).shape[0]
+        scores.sum().backward()
+
+    e = vramkit.estimate(step, build=_scorer_build(boxes), model_workspaces=False)
+    assert seen == {"passes": 4, "large": 3, "chosen": 4 + 3, "written": kept}
     assert _note(e)

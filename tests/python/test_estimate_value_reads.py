@@ -271,7 +271,8 @@ def test_refusals_name_what_to_do():
     """An RNN over a PackedSequence reads the packed batch sizes in host memory, which a
     fake tensor does not have: the refusal says so and what to give instead, not "the
     step's own error". A missing package's message that announces its install command on
-    the next line (transformers') keeps the command."""
+    the next line (transformers') keeps the command. A tensor handed to NumPy (a DETR
+    matcher's SciPy call) is named as that, not as the step's own error either."""
     from torch.nn.utils.rnn import pack_sequence
 
     def build():
@@ -296,6 +297,14 @@ def test_refusals_name_what_to_do():
     with pytest.raises(UntraceableStep) as info:
         vramkit.estimate(needs_scipy, build=_mlp_build())
     assert "You can install it with pip: `pip install scipy`" in str(info.value)
+
+    def to_numpy(net, opt, x):
+        net(x).detach().cpu().numpy()
+
+    with pytest.raises(UntraceableStep) as info:
+        vramkit.estimate(to_numpy, build=_mlp_build())
+    text = str(info.value)
+    assert "hands a tensor's values to NumPy" in text and "the step's own error" not in text
 
 
 def test_lbfgs_is_refused_with_why():

@@ -16,6 +16,12 @@ A mask made from zeros by writing at known counts of positions keeps at most tha
 (:class:`NonzeroBounds`): a sampler that marks 128 positives and 384 negatives of 2,000
 proposals in two masks and selects by their union selects at most 512, not 2,000.
 
+A tensor whose values were drawn from few values holds at most that many distinct ones
+(:class:`DistinctBounds`): a detector's level of each proposal, filled with one level per
+feature map and then picked by the scores' top-k, has at most as many distinct values as
+there are levels, and batched non-maximum suppression loops over them: five passes, not
+one per box.
+
 A boolean index is given to ``aten.index`` as it is on a GPU: each mask becomes the
 positions it keeps, one long index per masked dimension (CUDA computes them with
 ``nonzero`` inside the op), here as many as the mask's bound allows: its elements, or
@@ -43,15 +49,10 @@ _UNIQUE = (_aten._unique2.default, _aten.unique_consecutive.default, _aten.uniqu
 UNIQUE_AT_MOST = 1 << 16
 
 
-def _distinct_at_most(t: torch.Tensor) -> int:
-    """How many distinct values ``t`` can hold: its elements, or two for booleans."""
-    return min(t.numel(), 2) if t.dtype == torch.bool else t.numel()
-
-
-def _unique_flat(t, return_inverse, return_counts):
+def _unique_flat(t, return_inverse, return_counts, distinct):
     """Shapes of ``_unique2`` and ``unique_consecutive`` without ``dim``: the values, the
     inverse (the input's shape, or empty if not asked for), the counts (or empty)."""
-    n = _distinct_at_most(t)
+    n = distinct.most(t)
     return (((n,), t.dtype), (tuple(t.shape) if return_inverse else (0,), torch.int64),
             ((n,) if return_counts else (0,), torch.int64))
 
@@ -152,11 +153,95 @@ def _positions_written(target, indices):
     return math.prod(torch.broadcast_shapes(*shapes)) * whole
 
 
-def _largest_shapes(func, args, kwargs, known, bounds):
+# Ops each of whose outputs holds only values of their first argument (views, copies,
+# selections by position, reorderings), and those that join several (cat and stack: the
+# values of each of their tensors; where: of its two choices).
+_KEEPS_VALUES = {
+    _aten.index.Tensor, _aten.index_select.default, _aten.gather.default, _aten.take.default,
+    _aten.masked_select.default, _aten.expand.default, _aten.view.default,
+    _aten._unsafe_view.default, _aten.reshape.default, _aten._reshape_alias.default,
+    _aten.clone.default, _aten._to_copy.default, _aten.alias.default, _aten.detach.default,
+    _aten.lift_fresh.default, _aten.lift_fresh_copy.default, _aten.slice.Tensor,
+    _aten.select.int, _aten.permute.default, _aten.t.default, _aten.transpose.int,
+    _aten.squeeze.default, _aten.squeeze.dim, _aten.squeeze.dims, _aten.unsqueeze.default,
+    _aten.flatten.using_ints, _aten.narrow.default, _aten.repeat.default, _aten.flip.default,
+    _aten.roll.default, _aten.unbind.int, _aten.split.Tensor, _aten.split_with_sizes.default,
+    _aten.sort.default, _aten.sort.stable, _aten.topk.default, _aten.max.dim, _aten.min.dim,
+    _aten._unique2.default, _aten.unique_consecutive.default}
+_JOINS_VALUES = {_aten.cat.default, _aten.stack.default}
+_SPLITS = {_aten.unbind.int, _aten.split.Tensor, _aten.split_with_sizes.default}
+_ONE_VALUE = {_aten.full.default, _aten.full_like.default, _aten.new_full.default,
+              _aten.zeros.default, _aten.zeros_like.default, _aten.new_zeros.default,
+              _aten.ones.default, _aten.ones_like.default, _aten.new_ones.default}
+
+
+class DistinctBounds:
+    """At most how many distinct values a tensor holds, where the ops that made it say
+    so: a tensor of known values holds what its real twin holds, a filled one one value,
+    and views, copies, selections by position and reorderings of it no more than it;
+    cat, stack and where join their inputs' counts. Kept with the tensor's version
+    counter, as :class:`NonzeroBounds` keeps its bounds: a tensor written in place since
+    holds values this did not follow."""
+
+    def __init__(self, known):
+        self._known = known  # fake tensor -> real twin (KnownValues.real)
+        self._most = WeakIdKeyDictionary()  # fake tensor -> (most distinct, its version)
+
+    def most(self, t) -> int:
+        """At most how many distinct values ``t`` holds: its bound, or its elements (two
+        at most for booleans)."""
+        most = min(t.numel(), 2) if t.dtype == torch.bool else t.numel()
+        kept = self._most.get(t)
+        if kept is not None and kept[1] == _version(t):
+            return min(kept[0], most)
+        real = self._known.get(t)
+        if real is not None and most > 1:
+            with _disable_current_modes():
+                return int(torch.unique(real).numel())
+        return most
+
+    def _of(self, value) -> int | None:
+        """The bound of one of an op's value arguments: a scalar is one value; None for
+        what is neither a tensor nor a number."""
+        if isinstance(value, torch.Tensor):
+            return self.most(value)
+        return 1 if isinstance(value, (bool, int, float)) else None
+
+    def follow(self, func, args, kwargs, out) -> None:
+        """Note the bound of what ``func`` made, if it makes one smaller than its size."""
+        if func in _KEEPS_VALUES:
+            pass
+        elif func not in _JOINS_VALUES and func is not _aten.where.self \
+                and func not in _ONE_VALUE:
+            return
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        if func not in _SPLITS:
+            outs = outs[:1]
+        # A tensor with a real twin has its count from the twin.
+        outs = [o for o in outs if isinstance(o, FakeTensor) and o.numel() > 1 and
+                o not in self._known and _version(o) is not None]
+        if not outs:
+            return
+        if func in _KEEPS_VALUES:
+            source = args[0] if args else kwargs.get("self")
+            most = self.most(source) if isinstance(source, torch.Tensor) else None
+        elif func in _JOINS_VALUES:
+            most = sum(self.most(t) for t in args[0])
+        elif func is _aten.where.self:
+            choices = [self._of(v) for v in args[1:3]]
+            most = None if None in choices else sum(choices)
+        else:
+            most = 1
+        for o in outs:
+            if most is not None and most < o.numel():
+                self._most[o] = (most, _version(o))
+
+
+def _largest_shapes(func, args, kwargs, known, bounds, distinct):
     """The (shape, dtype) of each output of ``func`` at its largest and whether that is a
     bound (True) or what it selects (False: a mask whose values are ``known``), or None
     if ``func`` is not a selection with a bound. A mask with ``bounds`` keeps at most
-    what they say."""
+    what they say; ``unique`` keeps at most the ``distinct`` values its input holds."""
     def arg(i, name, default=None):
         return args[i] if len(args) > i else kwargs.get(name, default)
 
@@ -174,17 +259,17 @@ def _largest_shapes(func, args, kwargs, known, bounds):
                 return (((int(real.expand(shape).count_nonzero()),), t.dtype),), False
         spread = math.prod(shape) // mask.numel() if mask.numel() else 0
         return (((bounds.most(mask) * spread,), t.dtype),), True
-    if func in _UNIQUE and t.numel() > UNIQUE_AT_MOST:
+    if func in _UNIQUE and distinct.most(t) > UNIQUE_AT_MOST:
         return None
     if func is _aten._unique2.default:
-        flat = _unique_flat(t, arg(2, "return_inverse", False), arg(3, "return_counts", False))
-        return flat, True
+        return _unique_flat(t, arg(2, "return_inverse", False), arg(3, "return_counts", False),
+                            distinct), True
     if func is _aten.unique_consecutive.default:
         dim = arg(3, "dim")
         if dim is not None:
             return _unique_along(t, dim), True
-        flat = _unique_flat(t, arg(1, "return_inverse", False), arg(2, "return_counts", False))
-        return flat, True
+        return _unique_flat(t, arg(1, "return_inverse", False), arg(2, "return_counts", False),
+                            distinct), True
     if func in (_aten.unique_dim.default, _aten.unique_dim_consecutive.default):
         return _unique_along(t, arg(1, "dim")), True
     if func is _aten._ctc_loss.Tensor and t.dim() == 3:
@@ -253,16 +338,17 @@ def _index_by_positions(func, args, kwargs, known, bounds):
     return func(t, replaced), largest
 
 
-def at_their_largest(func, args, kwargs, known, bounds):
+def at_their_largest(func, args, kwargs, known, bounds, distinct):
     """What ``func`` makes when its selection keeps every element it can, and whether a
     value the estimate cannot know was taken so: fake tensors of the largest shapes, on
     the device of its first fake argument; None if ``func`` is not a selection with a
     bound on its size (the caller then refuses it as before). ``known`` maps fake tensors
     to their real twins (:class:`._values.KnownValues`): a mask among them selects what
-    it selects; ``bounds`` (:class:`NonzeroBounds`) says how much others can keep."""
+    it selects; ``bounds`` (:class:`NonzeroBounds`) says how much others can keep, and
+    ``distinct`` (:class:`DistinctBounds`) how many values ``unique`` can find."""
     if func is _aten.index.Tensor:
         return _index_by_positions(func, args, kwargs, known, bounds)
-    largest = _largest_shapes(func, args, kwargs, known, bounds)
+    largest = _largest_shapes(func, args, kwargs, known, bounds, distinct)
     first = next((a for a in args if isinstance(a, FakeTensor)), None)
     if largest is None or first is None:
         return None

@@ -601,7 +601,17 @@ _WORKAROUNDS = (
      "a fake tensor does not have (an RNN over a PackedSequence reads its batch sizes "
      "there; so may a C++ extension): for the estimate give the RNN padded batches, or "
      "leave that operation out"),
+    (("numpy() is not supported for tensor subclasses",), "the step hands a tensor's values "
+     "to NumPy (.numpy(), np.asarray(), or a library that does: SciPy's "
+     "linear_sum_assignment in a DETR-style matcher), values the estimate does not have: "
+     "compute them outside the step, or give the step fixed values for the estimate (a "
+     "matching takes the memory of its size, whichever pairs it matches)"),
 )
+
+# PyTorch's words for what it refuses a tensor subclass (a fake tensor) alone: raised from
+# the C++ of a method such as Tensor.numpy(), they name one of fake tensors' limits
+# whichever frame is innermost.
+_SUBCLASSES_ONLY = ("not supported for tensor subclasses",)
 
 # PyTorch's code and vramkit's: frames of neither are the user's (or a model library's).
 _MACHINERY = _folded_prefixes()
@@ -676,7 +686,8 @@ def _explain(error: Exception) -> str:
                    else type(error).__name__) + _where(error)
     text = f"{type(error).__name__}: {error}"
     for needles, advice in _WORKAROUNDS:
-        if any(n in text.lower() for n in needles) and _raised_by_fake_tensors(error):
+        if any(n in text.lower() for n in needles) and (
+                _raised_by_fake_tensors(error) or any(w in text for w in _SUBCLASSES_ONLY)):
             return (f"the step could not run on fake tensors ({first}); {advice}. "
                     f"No estimate is given rather than one that leaves this out.")
     if isinstance(error, ImportError):

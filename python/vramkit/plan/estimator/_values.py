@@ -252,6 +252,7 @@ class KnownValues(TorchDispatchMode):
         self.selections_at_largest = 0
         self.first_selection_at_largest = ""
         self.nonzero_bounds = _selections.NonzeroBounds()
+        self.distinct_bounds = _selections.DistinctBounds(self.real)
         # Set by python_reads_answered's Tensor.item around its read; the site of the read
         # it answered with a stand-in, for the UnknownValue it returns.
         self.reading_for_python = False
@@ -366,10 +367,11 @@ class KnownValues(TorchDispatchMode):
             if real is not None:
                 return tree_map(lambda r: self._fake_of(r, args), real)
             selected = _selections.at_their_largest(func, args, kwargs, self.real,
-                                                    self.nonzero_bounds)
+                                                    self.nonzero_bounds, self.distinct_bounds)
             if selected is None:
                 raise
             out, at_largest = selected
+            self.distinct_bounds.follow(func, args, kwargs, out)
             if not at_largest:
                 return out
             self.selections_at_largest += 1
@@ -378,6 +380,7 @@ class KnownValues(TorchDispatchMode):
             return out
         self._follow(func, args, kwargs, out)
         self.nonzero_bounds.follow(func, args, kwargs, out)
+        self.distinct_bounds.follow(func, args, kwargs, out)
         return out
 
     def _reals(self, args, kwargs):
