@@ -168,7 +168,7 @@ def test_a_logged_loss_and_finiteness_checks_are_estimated():
     assert abs(e.peak_allocated - plain.peak_allocated) <= 4096  # the checks' bool scalars
     assert logged == ["0.000 0.0 0.00"] * 2  # what arithmetic makes of them is unknown too
     notes = " ".join(e.notes)
-    assert "are finite" in notes and "read 6 floating-point values" in notes
+    assert "are finite" in notes and "read 6 values" in notes
 
 
 def test_a_loss_logged_in_typed_code_is_the_users_too():
@@ -188,10 +188,39 @@ def test_a_loss_logged_in_typed_code_is_the_users_too():
         assert any(f"{name}:5" in n for n in e.notes), e.notes
 
 
+def test_correct_predictions_counted_with_item_are_estimated():
+    """A step that counts its correct predictions with an integer .item(), as accuracy is
+    logged, is estimated as the same step that does not read the count; it prints as 0.0
+    (a float: an int could size or index unnoticed)."""
+    counted = []
+
+    def step(net, opt, x):
+        out = net(x)
+        correct = 0
+        correct += (out.argmax(1) == 0).sum().item()
+        counted.append(f"{correct / x.shape[0]:.2f}")
+        out.pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    def unread(net, opt, x):
+        out = net(x)
+        (out.argmax(1) == 0).sum()
+        out.pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    e = vramkit.estimate(step, build=_mlp_build())
+    base = vramkit.estimate(unread, build=_mlp_build())
+    assert e.peak_allocated == base.peak_allocated
+    assert counted == ["0.00"] * 2
+    assert any("read 2 values" in n for n in e.notes), e.notes
+
+
 def test_a_decision_on_a_logged_value_is_refused_at_its_line():
     """A value read with .item() may be printed or summed, never decided on: a comparison
-    after arithmetic, an int made of it, a test of the tensor itself or float(t) each
-    refuse the estimate, naming the line that decided."""
+    after arithmetic, an int made of it, a test of the tensor itself, float(t) or a
+    slice by a count each refuse the estimate, naming the line that decided."""
 
     def compares(net, opt, x):
         scaled = net(x).sum().item() * 2
@@ -210,7 +239,11 @@ def test_a_decision_on_a_logged_value_is_refused_at_its_line():
         if float(net(x).sum()) > 1:
             pass
 
-    for step in (compares, sizes, tests_the_tensor, floats_it):
+    def slices_by_a_count(net, opt, x):
+        n = (net(x) > 0).sum().item()
+        x[:n]
+
+    for step in (compares, sizes, tests_the_tensor, floats_it, slices_by_a_count):
         with pytest.raises(UntraceableStep) as info:
             vramkit.estimate(step, build=_mlp_build())
         text = str(info.value)

@@ -473,11 +473,11 @@ def _notes(recording, target, models_) -> list[str]:
                      f"the vocabulary, an index out of range) were taken as passed, the "
                      f"path of a valid step")
     if recording.logged_reads:
-        notes.append(f"the step's own code read {recording.logged_reads} floating-point "
-                     f"values computed from the weights or the batch (the first at "
-                     f"{recording.first_logged_read}, a loss logged with .item(), say): "
-                     f"they print as 0.0; the step decided nothing on them (a decision "
-                     f"would have stopped the estimate)")
+        notes.append(f"the step's own code read {recording.logged_reads} values computed "
+                     f"from the weights or the batch (the first at "
+                     f"{recording.first_logged_read}, a loss logged with .item() or a count "
+                     f"of correct predictions, say): they print as 0.0; the step decided "
+                     f"nothing on them (a decision would have stopped the estimate)")
     if recording.selections_at_largest:
         notes.append(f"{recording.selections_at_largest} selections whose size depends on "
                      f"values the estimate cannot know (the first at "

@@ -28,13 +28,15 @@ training step makes them without their deciding what it allocates:
 - the test of a check that can only raise (an ``if`` whose block ends by raising, an
   ``assert``: a label past the vocabulary, an index out of range), answered as passed
   (:mod:`._checks`);
-- a floating-point scalar read with ``.item()`` by the user's own code
-  (outside PyTorch, vramkit and installed packages), as a loss is read to be logged: it
+- a number read with ``.item()`` by the user's own code (outside PyTorch, vramkit and
+  installed packages), as a loss is read to be logged or correct predictions counted: it
   reads as an :class:`UnknownValue`, a float of 0.0 that can be printed, summed and
   stored, but that refuses to be compared, tested or made an int: a step that decides
-  on the value (``if loss.item() > 10``) is refused as before, naming its line. Integer
-  reads, yes/no tests of a tensor (``if loss:``) and ``float(t)`` (which Python turns
-  into a plain float, losing what the value is) are refused at once.
+  on the value (``if loss.item() > 10``) or sizes or indexes with it (``x[:n]``) is
+  refused as before, naming its line. An integer read gives a float too, so that no
+  size, index or count can take it unnoticed (Python takes an int, or a subclass of one,
+  as a size without asking). Yes/no tests of a tensor (``if loss:``) and ``float(t)``
+  (which Python turns into a plain float, losing what the value is) are refused at once.
 """
 
 from __future__ import annotations
@@ -171,10 +173,10 @@ class ValueDecided(RuntimeError):
 
 
 class UnknownValue(float):
-    """A floating-point value the user's code read from the weights or the batch, which
-    the estimate cannot know: 0.0 to print, sum or store, and what arithmetic makes of it
-    stays unknown; comparing it, testing it or making an int of it raises ValueDecided,
-    since that could decide what the step allocates."""
+    """A number (a float or an int) the user's code read from the weights or the batch,
+    which the estimate cannot know: 0.0 to print, sum or store, and what arithmetic makes
+    of it stays unknown; comparing it, testing it or making an int of it raises
+    ValueDecided, since that could decide what the step allocates."""
 
     def __new__(cls, site: str):
         value = super().__new__(cls, 0.0)
@@ -245,7 +247,7 @@ class KnownValues(TorchDispatchMode):
         # Tests of unknown values in checks that only raise (_checks), taken as passed.
         self.raise_only_checks = 0
         self.first_raise_only_check = ""  # where the first was ("file:line")
-        self.logged_reads = 0  # floating scalars the user's code read: UnknownValue
+        self.logged_reads = 0  # numbers the user's code read: UnknownValue
         self.first_logged_read = ""  # where the first of them was read ("file:line")
         # Selections by unknown values taken at their largest (_selections), and where
         # the first was made ("file:line").
@@ -353,7 +355,7 @@ class KnownValues(TorchDispatchMode):
                 self.first_raise_only_check = self.first_raise_only_check or _site(frame)
                 return answer
         if func is _aten._local_scalar_dense.default and self.reading_for_python \
-                and args[0].dtype.is_floating_point:
+                and args[0].dtype != torch.bool and not args[0].dtype.is_complex:
             site = _users_own_code()
             if site:
                 self.logged_reads += 1
