@@ -190,8 +190,8 @@ def test_a_loss_logged_in_typed_code_is_the_users_too():
 
 def test_correct_predictions_counted_with_item_are_estimated():
     """A step that counts its correct predictions with an integer .item(), as accuracy is
-    logged, is estimated as the same step that does not read the count; it prints as 0.0
-    (a float: an int could size or index unnoticed)."""
+    logged, is estimated as the same step that does not read the count; it prints as nan
+    (a float that is no number: an int, or 0.0, could size something unnoticed)."""
     counted = []
 
     def step(net, opt, x):
@@ -213,14 +213,15 @@ def test_correct_predictions_counted_with_item_are_estimated():
     e = vramkit.estimate(step, build=_mlp_build())
     base = vramkit.estimate(unread, build=_mlp_build())
     assert e.peak_allocated == base.peak_allocated
-    assert counted == ["0.00"] * 2
+    assert counted == ["nan"] * 2
     assert any("read 2 values" in n for n in e.notes), e.notes
 
 
 def test_a_decision_on_a_logged_value_is_refused_at_its_line():
     """A value read with .item() may be printed or summed, never decided on: a comparison
     after arithmetic, an int made of it, a test of the tensor itself, float(t) or a
-    slice by a count each refuse the estimate, naming the line that decided."""
+    slice by a count each refuse the estimate, naming the line that decided; a range over
+    a count, the line that read it."""
 
     def compares(net, opt, x):
         scaled = net(x).sum().item() * 2
@@ -243,6 +244,10 @@ def test_a_decision_on_a_logged_value_is_refused_at_its_line():
         n = (net(x) > 0).sum().item()
         x[:n]
 
+    def ranges_over_a_count(net, opt, x):
+        n = (net(x) > 0).sum().item()
+        torch.arange(n * 2, device=x.device)
+
     for step in (compares, sizes, tests_the_tensor, floats_it, slices_by_a_count):
         with pytest.raises(UntraceableStep) as info:
             vramkit.estimate(step, build=_mlp_build())
@@ -250,6 +255,13 @@ def test_a_decision_on_a_logged_value_is_refused_at_its_line():
         line = inspect.getsourcelines(step)[1] + (1 if step in (tests_the_tensor, floats_it)
                                                   else 2)
         assert "_local_scalar_dense" in text and f":{line} in {step.__name__}" in text, text
+
+    # torch.arange takes a float, and would make nothing of 0.0: the count is nan, and
+    # the refusal names where it was read.
+    with pytest.raises(UntraceableStep) as info:
+        vramkit.estimate(ranges_over_a_count, build=_mlp_build())
+    read = inspect.getsourcelines(ranges_over_a_count)[1] + 1
+    assert f":{read}" in str(info.value) and "stands in as nan" in str(info.value)
 
 
 def test_an_unknown_value_is_a_float_until_decided_on():
@@ -260,6 +272,8 @@ def test_an_unknown_value_is_a_float_until_decided_on():
     assert f"{value:.2f}" == "0.00" and json.dumps([value]) == "[0.0]"
     assert isinstance(round(value, 4), UnknownValue)  # a log's rounding, still a float
     assert {value: 1}[value] == 1  # hashable: a dict key (found by identity)
+    count = UnknownValue("train.py:9", math.nan)  # an integer read
+    assert all(math.isnan(v) for v in (count * 2 + value, value + count, round(count, 2)))
     for decide in (bool, int, round, lambda v: v > 0, lambda v: v == 0.0, math.floor):
         with pytest.raises(ValueDecided, match="train.py:12"):
             decide(derived)

@@ -417,7 +417,8 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
                     except WorkspaceTableError:
                         raise  # the estimator's own data, not the step, is at fault
                     except Exception as error:  # noqa: BLE001 - explained, then re-raised
-                        raise UntraceableStep(_explain(error)) from error
+                        raise UntraceableStep(_explain(error, known.first_count_read)) \
+                            from error
             finally:
                 for h in hooks:
                     h.remove()
@@ -672,7 +673,9 @@ _DDP_ADVICE = ("DistributedDataParallel reads the parameters' memory when it wra
                "gradient_as_bucket_view=True)")
 
 
-def _explain(error: Exception) -> str:
+def _explain(error: Exception, count_read_at: str = "") -> str:
+    """Why the step could not be estimated, and what to do; ``count_read_at`` is where the
+    step's own code read an integer from the weights or the batch, if it did."""
     files = [os.path.abspath(frame.filename)
              for frame in traceback.extract_tb(error.__traceback__)]
     for advice, found in ((_LBFGS_ADVICE, any(f.startswith(_DECIDING_OPTIMIZERS) for f in files)),
@@ -695,7 +698,11 @@ def _explain(error: Exception) -> str:
                 f"it, or leave out what needs it. No estimate is given.")
     # Not one of fake tensors' known limits: the step's own error (shapes, settings) raises
     # the same way on a GPU, and the estimate cannot tell the two apart for certain.
+    counted = (f" The step read an integer from the weights or the batch at {count_read_at} "
+               f"(.item()), which the estimate does not have: it stands in as nan, so a size "
+               f"or an index made from it fails; give the step a fixed value for the "
+               f"estimate." if count_read_at else "")
     return (f"the step raised an error under the estimate's fake tensors ({first}). If it "
             f"runs as written on a GPU, the operation named there needs a real device or "
             f"real values; if not, it is the step's own error: its shapes, settings or "
-            f"inputs. No estimate is given rather than one that leaves it out.")
+            f"inputs.{counted} No estimate is given rather than one that leaves it out.")

@@ -33,9 +33,10 @@ training step makes them without their deciding what it allocates:
   reads as an :class:`UnknownValue`, a float of 0.0 that can be printed, summed and
   stored, but that refuses to be compared, tested or made an int: a step that decides
   on the value (``if loss.item() > 10``) or sizes or indexes with it (``x[:n]``) is
-  refused as before, naming its line. An integer read gives a float too, so that no
-  size, index or count can take it unnoticed (Python takes an int, or a subclass of one,
-  as a size without asking). Yes/no tests of a tensor (``if loss:``) and ``float(t)``
+  refused as before, naming its line. An integer read gives a float too, and one that is
+  not a number, so that no size, index or count can take it unnoticed (Python takes an
+  int, or a subclass of one, as a size without asking; ``torch.arange(0.0)`` is empty,
+  ``torch.arange(nan)`` an error). Yes/no tests of a tensor (``if loss:``) and ``float(t)``
   (which Python turns into a plain float, losing what the value is) are refused at once.
 """
 
@@ -174,12 +175,13 @@ class ValueDecided(RuntimeError):
 
 class UnknownValue(float):
     """A number (a float or an int) the user's code read from the weights or the batch,
-    which the estimate cannot know: 0.0 to print, sum or store, and what arithmetic makes
-    of it stays unknown; comparing it, testing it or making an int of it raises
-    ValueDecided, since that could decide what the step allocates."""
+    which the estimate cannot know: 0.0 to print, sum or store (nan for an int: a count
+    must fail where it would size something), and what arithmetic makes of it stays
+    unknown; comparing it, testing it or making an int of it raises ValueDecided, since
+    that could decide what the step allocates."""
 
-    def __new__(cls, site: str):
-        value = super().__new__(cls, 0.0)
+    def __new__(cls, site: str, stand_in: float = 0.0):
+        value = super().__new__(cls, stand_in)
         value.site = site
         return value
 
@@ -195,10 +197,12 @@ class UnknownValue(float):
 
     def __round__(self, ndigits=None):
         # round(loss, 4) for a log stays a float; round(loss) is an int.
-        return self._decided() if ndigits is None else UnknownValue(self.site)
+        return self._decided() if ndigits is None else self._unknown()
 
-    def _unknown(self, *_args):
-        return UnknownValue(self.site)
+    def _unknown(self, *args):
+        # A count's nan goes into what is computed from it.
+        counted = math.isnan(self) or any(isinstance(a, float) and math.isnan(a) for a in args)
+        return UnknownValue(self.site, math.nan if counted else 0.0)
 
     __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _unknown
     __truediv__ = __rtruediv__ = __floordiv__ = __rfloordiv__ = __mod__ = _unknown
@@ -249,6 +253,7 @@ class KnownValues(TorchDispatchMode):
         self.first_raise_only_check = ""  # where the first was ("file:line")
         self.logged_reads = 0  # numbers the user's code read: UnknownValue
         self.first_logged_read = ""  # where the first of them was read ("file:line")
+        self.first_count_read = ""  # where the first integer of them was read
         # Selections by unknown values taken at their largest (_selections), and where
         # the first was made ("file:line").
         self.selections_at_largest = 0
@@ -275,7 +280,7 @@ class KnownValues(TorchDispatchMode):
                 self.reading_for_python = False
             if self.stood_in_at:
                 site, self.stood_in_at = self.stood_in_at, ""
-                return UnknownValue(site)
+                return UnknownValue(site, 0.0 if t.dtype.is_floating_point else math.nan)
             return value
 
         # A real 0-dim tensor formats as its value (f"{loss:.3f}"); a fake one, a subclass,
@@ -360,6 +365,8 @@ class KnownValues(TorchDispatchMode):
             if site:
                 self.logged_reads += 1
                 self.first_logged_read = self.first_logged_read or site
+                if not args[0].dtype.is_floating_point:
+                    self.first_count_read = self.first_count_read or site
                 self.stood_in_at = site
                 return 0.0
         try:
