@@ -25,12 +25,13 @@ DEBIAN_PACKAGES := build-essential cmake pkg-config clang libcmocka-dev zlib1g-d
 # prometheus_client, whose parser checks `vramkit export`'s text (the `prometheus` extra),
 # and PyTorch (the version the GPU machine runs) with transformers, torchvision (its
 # release for that PyTorch) and timm, whose models the estimator's tests build and train
-# under fake tensors (the `estimate` extra), and
+# under fake tensors (the `estimate` extra), scipy, whose assignment the DETR-style
+# matchers of transformers call on the host (the estimator answers it under fake tensors),
 # atheris, libFuzzer's engine for Python, under which the snapshot readers' fuzz target runs,
 # and dask with distributed, whose local cluster of worker processes runs vramkit.dask's tests.
 PYTHON_PACKAGES := scikit-build-core:scikit_build_core pytest:pytest numpy:numpy \
                    torch==2.11.0:torch torchvision==0.26.0:torchvision \
-                   transformers:transformers timm:timm \
+                   transformers:transformers timm:timm scipy:scipy \
                    matplotlib:matplotlib prometheus_client:prometheus_client atheris:atheris \
                    dask:dask distributed:distributed
 

@@ -377,3 +377,48 @@ def test_lbfgs_is_refused_with_why():
     with pytest.raises(UntraceableStep) as info:
         vramkit.estimate(step, build=build)
     assert "LBFGS" in str(info.value) and "history pair" in str(info.value)
+
+
+def test_a_detr_matching_is_answered_by_its_size(monkeypatch):
+    """transformers' DETR matches its queries to the boxes with SciPy's
+    linear_sum_assignment on the cost matrix moved to the host, values the estimate does
+    not have (refused before: ".numpy() is not supported for tensor subclasses"). It is
+    answered by size, the first queries to the first boxes: the estimate equals that of
+    the same step whose matcher returns such a matching itself, and a note names it."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("scipy.optimize")
+    from transformers.loss import loss_for_object_detection as detr_loss
+    boxes_per_image = (3, 1)
+
+    def build():
+        backbone = transformers.ResNetConfig(depths=[1, 1, 1, 1], embedding_size=16,
+                                             hidden_sizes=[16, 32, 64, 128],
+                                             out_features=["stage4"])
+        config = transformers.DetrConfig(
+            use_timm_backbone=False, use_pretrained_backbone=False, backbone_config=backbone,
+            d_model=32, encoder_layers=1, decoder_layers=1, num_queries=10,
+            encoder_ffn_dim=64, decoder_ffn_dim=64, encoder_attention_heads=2,
+            decoder_attention_heads=2)
+        model = transformers.DetrForObjectDetection(config).to("cuda")
+        return model, torch.optim.AdamW(model.parameters()), \
+            torch.randn(len(boxes_per_image), 3, 64, 64, device="cuda")
+
+    def step(model, opt, pixels):
+        labels = [{"class_labels": torch.ones(n, dtype=torch.long, device="cuda"),
+                   "boxes": torch.full((n, 4), 0.25, device="cuda")} for n in boxes_per_image]
+        model(pixel_values=pixels, labels=labels).loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+    answered = vramkit.estimate(step, build=build, model_workspaces=False)
+    assert any("linear_sum_assignment" in n and "loss_for_object_detection.py" in n
+               for n in answered.notes), answered.notes
+
+    def first_to_first(self, outputs, targets):
+        return [(torch.arange(len(t["boxes"])), torch.arange(len(t["boxes"])))
+                for t in targets]
+
+    monkeypatch.setattr(detr_loss.HungarianMatcher, "forward", first_to_first)
+    fixed = vramkit.estimate(step, build=build, model_workspaces=False)
+    assert answered.peak_allocated == fixed.peak_allocated
+    assert not any("linear_sum_assignment" in n for n in fixed.notes)

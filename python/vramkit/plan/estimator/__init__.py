@@ -478,6 +478,13 @@ def _notes(recording, target, models_) -> list[str]:
                      f"{recording.first_logged_read}, a loss logged with .item() or a count "
                      f"of correct predictions, say): they print as 0.0; the step decided "
                      f"nothing on them (a decision would have stopped the estimate)")
+    if recording.assignments:
+        notes.append(f"{recording.assignments} assignments of cost matrices computed from the "
+                     f"weights and the batch (SciPy's linear_sum_assignment, the first at "
+                     f"{recording.first_assignment}: a Hungarian matcher) were answered as "
+                     f"the first rows to the first columns: an assignment pairs as many as "
+                     f"the matrix's smaller side whichever pairs it picks, and what follows "
+                     f"takes the same memory")
     if recording.selections_at_largest:
         notes.append(f"{recording.selections_at_largest} selections whose size depends on "
                      f"values the estimate cannot know (the first at "

@@ -394,7 +394,7 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
         graphs = _graphs_compiled()
         with mode, recorder, _autocast_cache_cleared_in_order(recorder), \
                 known.python_reads_answered(), known.known_values_not_traced(), \
-                (around_step or contextlib.nullcontext()):
+                known.assignments_answered(), (around_step or contextlib.nullcontext()):
             for m in modules:
                 for p in m.parameters():
                     recorder.set_role(p, "parameters")
@@ -439,6 +439,8 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
     recorder.recording.logged_reads = known.logged_reads
     recorder.recording.first_logged_read = known.first_logged_read
     recorder.recording.selections_at_largest = known.selections_at_largest
+    recorder.recording.assignments = known.assignments
+    recorder.recording.first_assignment = known.first_assignment
     recorder.recording.first_selection_at_largest = known.first_selection_at_largest
     recorder.recording.flops = recorder.step_flops[-1] if recorder.step_flops else 0
     classify(recorder.recording, recorder)
@@ -603,10 +605,9 @@ _WORKAROUNDS = (
      "there; so may a C++ extension): for the estimate give the RNN padded batches, or "
      "leave that operation out"),
     (("numpy() is not supported for tensor subclasses",), "the step hands a tensor's values "
-     "to NumPy (.numpy(), np.asarray(), or a library that does: SciPy's "
-     "linear_sum_assignment in a DETR-style matcher), values the estimate does not have: "
-     "compute them outside the step, or give the step fixed values for the estimate (a "
-     "matching takes the memory of its size, whichever pairs it matches)"),
+     "to NumPy (.numpy(), np.asarray(), or a library that does), values the estimate does "
+     "not have: compute them outside the step, or give the step fixed values for the "
+     "estimate"),
 )
 
 # PyTorch's words for what it refuses a tensor subclass (a fake tensor) alone: raised from

@@ -38,6 +38,12 @@ training step makes them without their deciding what it allocates:
   int, or a subclass of one, as a size without asking; ``torch.arange(0.0)`` is empty,
   ``torch.arange(nan)`` an error). Yes/no tests of a tensor (``if loss:``) and ``float(t)``
   (which Python turns into a plain float, losing what the value is) are refused at once.
+
+One more is answered where a library asks it: an assignment of a cost matrix computed from
+the weights and the batch (SciPy's ``linear_sum_assignment``, which DETR-style detectors'
+Hungarian matchers call on the matrix moved to the host) pairs as many rows and columns as
+the matrix's smaller side, whichever they are; it is answered as the first rows to the first
+columns, and what follows takes the memory it takes for any pairing.
 """
 
 from __future__ import annotations
@@ -254,6 +260,8 @@ class KnownValues(TorchDispatchMode):
         self.logged_reads = 0  # numbers the user's code read: UnknownValue
         self.first_logged_read = ""  # where the first of them was read ("file:line")
         self.first_count_read = ""  # where the first integer of them was read
+        self.assignments = 0  # cost matrices "assigned" (assignments_answered)
+        self.first_assignment = ""  # where the first was asked for ("file:line")
         # Selections by unknown values taken at their largest (_selections), and where
         # the first was made ("file:line").
         self.selections_at_largest = 0
@@ -297,6 +305,39 @@ class KnownValues(TorchDispatchMode):
             yield
         finally:
             torch.Tensor.item, torch.Tensor.__format__ = original, original_format
+
+    @contextlib.contextmanager
+    def assignments_answered(self):
+        """In its length SciPy's ``linear_sum_assignment`` of a fake cost matrix answers as
+        the module's note says, wherever a module loaded before bound it by name (``from
+        scipy.optimize import linear_sum_assignment``); a real matrix gets SciPy's own
+        answer. Nothing is done where SciPy is not loaded."""
+        optimize = sys.modules.get("scipy.optimize")
+        original = getattr(optimize, "linear_sum_assignment", None)
+        if original is None:
+            yield
+            return
+        import numpy
+
+        def linear_sum_assignment(cost_matrix, maximize=False):
+            if not (isinstance(cost_matrix, FakeTensor) and cost_matrix.dim() == 2):
+                return original(cost_matrix, maximize)
+            self.assignments += 1
+            self.first_assignment = self.first_assignment or _site(_innermost_outside())
+            pairs = min(cost_matrix.shape)
+            return numpy.arange(pairs), numpy.arange(pairs)
+
+        # Each module's own dictionary, not getattr: a lazy module (transformers') would
+        # import on a getattr.
+        bound = [m for m in list(sys.modules.values())
+                 if getattr(m, "__dict__", {}).get("linear_sum_assignment") is original]
+        for module in bound:
+            module.linear_sum_assignment = linear_sum_assignment
+        try:
+            yield
+        finally:
+            for module in bound:
+                module.linear_sum_assignment = original
 
     @contextlib.contextmanager
     def known_values_not_traced(self):
