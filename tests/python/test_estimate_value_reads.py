@@ -422,3 +422,64 @@ def test_a_detr_matching_is_answered_by_its_size(monkeypatch):
     fixed = vramkit.estimate(step, build=build, model_workspaces=False)
     assert answered.peak_allocated == fixed.peak_allocated
     assert not any("linear_sum_assignment" in n for n in fixed.notes)
+
+
+def test_max_of_a_number_and_an_unknown_count_is_the_count():
+    """A loss divided by max(1, its count of matched boxes), as detectors write it, with
+    the count a tensor or read with .item(): max() and min() of numbers and one value the
+    estimate cannot know give that value, which stays unknown (a later decision on it is
+    still refused); of numbers alone, or of two unknown values, they are Python's own."""
+    seen = {}
+
+    def step(net, opt, x):
+        out = net(x)
+        count = (out > 0).sum()
+        seen["tensor"] = max(1, count) is count and min(count, 5.0) is count
+        seen["read"] = math.isnan(max(1, (out > 1).sum().item()))
+        seen["numbers"] = (max(2, 3), min(2, 3), max([4, 1]))
+        (out.sum() / max(1, count)).backward()
+        opt.step()
+
+    def decides(net, opt, x):
+        out = net(x)
+        if max(1, (out > 0).sum()) > 3:
+            pass
+
+    def two_unknowns(net, opt, x):
+        out = net(x)
+        max((out > 0).sum(), (out > 1).sum())
+
+    e = vramkit.estimate(step, build=_mlp_build())
+    assert seen == {"tensor": True, "read": True, "numbers": (3, 2, 4)}
+    line = inspect.getsourcelines(step)[1] + 3
+    assert any("max() or min()" in n and f"test_estimate_value_reads.py:{line}" in n
+               for n in e.notes), e.notes
+    for refused in (decides, two_unknowns):
+        with pytest.raises(UntraceableStep):
+            vramkit.estimate(refused, build=_mlp_build())
+
+
+def test_torchvision_s_one_stage_detectors_are_estimated():
+    """RetinaNet divides its loss by max(1, matched anchors), FCOS counts them with
+    .item() in torchvision's code first: both were refused; both are estimated now."""
+    detection = pytest.importorskip("torchvision.models.detection")
+
+    for make in (detection.retinanet_resnet50_fpn, detection.fcos_resnet50_fpn):
+        def build(make=make):
+            model = make(weights=None, weights_backbone=None, num_classes=3, min_size=128,
+                         max_size=128).to("cuda")
+            # The batch's boxes, values the estimate does not know (a step's own
+            # constants would be known, and so would the matching).
+            targets = [{"boxes": torch.tensor([[8.0, 16.0, 64.0, 96.0]], device="cuda"),
+                        "labels": torch.tensor([1], device="cuda")} for _ in range(2)]
+            return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), \
+                [torch.rand(3, 128, 128, device="cuda") for _ in range(2)], targets
+
+        def step(model, opt, images, targets):
+            sum(model(images, targets).values()).backward()
+            opt.step()
+            opt.zero_grad()
+
+        e = vramkit.estimate(step, build=build, model_workspaces=False)
+        assert e.breakdown["parameters"] > 0 and e.peak_allocated > e.breakdown["parameters"]
+        assert any("max() or min()" in n for n in e.notes), e.notes

@@ -473,11 +473,16 @@ def _notes(recording, target, models_) -> list[str]:
                      f"the vocabulary, an index out of range) were taken as passed, the "
                      f"path of a valid step")
     if recording.logged_reads:
-        notes.append(f"the step's own code read {recording.logged_reads} values computed "
-                     f"from the weights or the batch (the first at "
-                     f"{recording.first_logged_read}, a loss logged with .item() or a count "
-                     f"of correct predictions, say): they print as 0.0; the step decided "
-                     f"nothing on them (a decision would have stopped the estimate)")
+        notes.append(f"the step read {recording.logged_reads} values computed from the "
+                     f"weights or the batch (the first at {recording.first_logged_read}, a "
+                     f"loss logged with .item() or a count of correct predictions, say): "
+                     f"they print as 0.0 (counts as nan); the step decided nothing on them "
+                     f"and sized nothing by them (either would have stopped the estimate)")
+    if recording.extremes_left:
+        notes.append(f"{recording.extremes_left} max() or min() of numbers and a value the "
+                     f"estimate cannot know (the first at {recording.first_extreme_left}: "
+                     f"a loss divided by max(1, a count), say) gave that value, left "
+                     f"unknown rather than deciding which is larger")
     if recording.assignments:
         notes.append(f"{recording.assignments} assignments of cost matrices computed from the "
                      f"weights and the batch (SciPy's linear_sum_assignment, the first at "

@@ -178,6 +178,8 @@ class Recording:
     first_selection_at_largest: str = ""  # where the first of them was ("file:line")
     assignments: int = 0  # cost matrices assigned first rows to first columns (_values)
     first_assignment: str = ""  # where the first was asked for ("file:line")
+    extremes_left: int = 0  # max()/min() of numbers and an unknown value: the unknown
+    first_extreme_left: str = ""  # where the first was ("file:line")
     flops: int = 0                 # floating-point operations of the last step recorded
     compiled_ran_eager: bool = False  # a torch.compile'd step or module, Dynamo compiled none
     dense_attention_scores: int = 0  # bytes: the most fp32 scores one FlexAttention call holds

@@ -394,7 +394,8 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
         graphs = _graphs_compiled()
         with mode, recorder, _autocast_cache_cleared_in_order(recorder), \
                 known.python_reads_answered(), known.known_values_not_traced(), \
-                known.assignments_answered(), (around_step or contextlib.nullcontext()):
+                known.assignments_answered(), known.extremes_left_unknown(), \
+                (around_step or contextlib.nullcontext()):
             for m in modules:
                 for p in m.parameters():
                     recorder.set_role(p, "parameters")
@@ -441,6 +442,8 @@ def record_step(step_fn, args, kwargs, *, target: Target, steps: int = 2,
     recorder.recording.selections_at_largest = known.selections_at_largest
     recorder.recording.assignments = known.assignments
     recorder.recording.first_assignment = known.first_assignment
+    recorder.recording.extremes_left = known.extremes_left
+    recorder.recording.first_extreme_left = known.first_extreme_left
     recorder.recording.first_selection_at_largest = known.first_selection_at_largest
     recorder.recording.flops = recorder.step_flops[-1] if recorder.step_flops else 0
     classify(recorder.recording, recorder)

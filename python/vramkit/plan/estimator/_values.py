@@ -36,8 +36,13 @@ training step makes them without their deciding what it allocates:
   refused as before, naming its line. An integer read gives a float too, and one that is
   not a number, so that no size, index or count can take it unnoticed (Python takes an
   int, or a subclass of one, as a size without asking; ``torch.arange(0.0)`` is empty,
-  ``torch.arange(nan)`` an error). Yes/no tests of a tensor (``if loss:``) and ``float(t)``
-  (which Python turns into a plain float, losing what the value is) are refused at once.
+  ``torch.arange(nan)`` an error). An installed package's integer read is answered so
+  too (torchvision's FCOS counts its matched anchors with ``.item()`` to divide its loss
+  by); its floating-point reads stay refused. Yes/no tests of a tensor (``if loss:``) and
+  ``float(t)`` (which Python turns into a plain float, losing what the value is) are
+  refused at once. ``max()`` and ``min()`` of numbers and one such unknown value (a
+  count, or a tensor of one: ``max(1, num_foreground)``) give the unknown value: which of
+  them is larger is not decided, and what is made of it stays unknown.
 
 One more is answered where a library asks it: an assignment of a cost matrix computed from
 the weights and the batch (SciPy's ``linear_sum_assignment``, which DETR-style detectors'
@@ -261,6 +266,8 @@ class KnownValues(TorchDispatchMode):
         self.first_logged_read = ""  # where the first of them was read ("file:line")
         self.first_count_read = ""  # where the first integer of them was read
         self.assignments = 0  # cost matrices "assigned" (assignments_answered)
+        self.extremes_left = 0  # max()/min() left unknown (extremes_left_unknown)
+        self.first_extreme_left = ""  # where the first was ("file:line")
         self.first_assignment = ""  # where the first was asked for ("file:line")
         # Selections by unknown values taken at their largest (_selections), and where
         # the first was made ("file:line").
@@ -305,6 +312,42 @@ class KnownValues(TorchDispatchMode):
             yield
         finally:
             torch.Tensor.item, torch.Tensor.__format__ = original, original_format
+
+    @contextlib.contextmanager
+    def extremes_left_unknown(self):
+        """In its length ``max()`` and ``min()`` of plain numbers and one value the
+        estimate cannot know (an :class:`UnknownValue`, or a fake tensor of one element
+        with no real twin) return that value, as the module's note says; any other call
+        is Python's own."""
+        import builtins
+        original_max, original_min = builtins.max, builtins.min
+        real = self.real
+
+        def unknown_among(values):
+            unknown = [v for v in values if isinstance(v, UnknownValue) or (
+                isinstance(v, FakeTensor) and v.numel() == 1 and v not in real)]
+            plain = all(isinstance(v, (int, float)) or v is unknown[0] for v in values) \
+                if len(unknown) == 1 else False
+            return unknown[0] if plain else None
+
+        def extreme(original):
+            def pick(*values, **options):
+                if len(values) > 1 and not options:
+                    unknown = unknown_among(values)
+                    if unknown is not None:
+                        self.extremes_left += 1
+                        if not self.first_extreme_left:
+                            frame = _innermost_outside()
+                            self.first_extreme_left = _site(frame) if frame else ""
+                        return unknown
+                return original(*values, **options)
+            return pick
+
+        builtins.max, builtins.min = extreme(original_max), extreme(original_min)
+        try:
+            yield
+        finally:
+            builtins.max, builtins.min = original_max, original_min
 
     @contextlib.contextmanager
     def assignments_answered(self):
@@ -403,6 +446,9 @@ class KnownValues(TorchDispatchMode):
         if func is _aten._local_scalar_dense.default and self.reading_for_python \
                 and args[0].dtype != torch.bool and not args[0].dtype.is_complex:
             site = _users_own_code()
+            if not site and not args[0].dtype.is_floating_point:
+                frame = _innermost_outside()
+                site = _site(frame) if frame is not None else ""
             if site:
                 self.logged_reads += 1
                 self.first_logged_read = self.first_logged_read or site
