@@ -172,7 +172,7 @@ class Recording:
     finite_checks: int = 0         # finiteness checks of unknown values, taken as finite
     raise_only_checks: int = 0     # tests in checks that only raise, taken as passed
     first_raise_only_check: str = ""  # where the first of them was ("file:line")
-    logged_reads: int = 0          # numbers the user's code read (UnknownValue)
+    logged_reads: int = 0          # numbers read with .item(), answered (UnknownValue)
     first_logged_read: str = ""    # where the first of them was read ("file:line")
     selections_at_largest: int = 0  # value-dependent selections taken at their largest
     first_selection_at_largest: str = ""  # where the first of them was ("file:line")

@@ -185,8 +185,8 @@ class ValueDecided(RuntimeError):
 
 
 class UnknownValue(float):
-    """A number (a float or an int) the user's code read from the weights or the batch,
-    which the estimate cannot know: 0.0 to print, sum or store (nan for an int: a count
+    """A number (a float or an int) the step read from the weights or the batch, which
+    the estimate cannot know: 0.0 to print, sum or store (nan for an int: a count
     must fail where it would size something), and what arithmetic makes of it stays
     unknown; comparing it, testing it or making an int of it raises ValueDecided, since
     that could decide what the step allocates."""
@@ -262,13 +262,13 @@ class KnownValues(TorchDispatchMode):
         # Tests of unknown values in checks that only raise (_checks), taken as passed.
         self.raise_only_checks = 0
         self.first_raise_only_check = ""  # where the first was ("file:line")
-        self.logged_reads = 0  # numbers the user's code read: UnknownValue
+        self.logged_reads = 0  # numbers read with .item(), answered: UnknownValue
         self.first_logged_read = ""  # where the first of them was read ("file:line")
         self.first_count_read = ""  # where the first integer of them was read
         self.assignments = 0  # cost matrices "assigned" (assignments_answered)
+        self.first_assignment = ""  # where the first was asked for ("file:line")
         self.extremes_left = 0  # max()/min() left unknown (extremes_left_unknown)
         self.first_extreme_left = ""  # where the first was ("file:line")
-        self.first_assignment = ""  # where the first was asked for ("file:line")
         # Selections by unknown values taken at their largest (_selections), and where
         # the first was made ("file:line").
         self.selections_at_largest = 0
@@ -338,7 +338,7 @@ class KnownValues(TorchDispatchMode):
                         self.extremes_left += 1
                         if not self.first_extreme_left:
                             frame = _innermost_outside()
-                            self.first_extreme_left = _site(frame) if frame else ""
+                            self.first_extreme_left = _site(frame) if frame is not None else ""
                         return unknown
                 return original(*values, **options)
             return pick
@@ -366,7 +366,9 @@ class KnownValues(TorchDispatchMode):
             if not (isinstance(cost_matrix, FakeTensor) and cost_matrix.dim() == 2):
                 return original(cost_matrix, maximize)
             self.assignments += 1
-            self.first_assignment = self.first_assignment or _site(_innermost_outside())
+            if not self.first_assignment:
+                frame = _innermost_outside()
+                self.first_assignment = _site(frame) if frame is not None else ""
             pairs = min(cost_matrix.shape)
             return numpy.arange(pairs), numpy.arange(pairs)
 
