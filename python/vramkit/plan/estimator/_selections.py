@@ -210,7 +210,11 @@ class DistinctBounds:
     def follow(self, func, args, kwargs, out) -> None:
         """Note the bound of what ``func`` made, if it makes one smaller than its size."""
         if func in _KEEPS_VALUES:
-            pass
+            source = args[0] if args else kwargs.get("self")
+            # Most sources are activations, of no bound: done in two lookups.
+            if not isinstance(source, torch.Tensor) or (
+                    source not in self._most and source not in self._known):
+                return
         elif func not in _JOINS_VALUES and func is not _aten.where.self \
                 and func not in _ONE_VALUE:
             return
@@ -223,8 +227,7 @@ class DistinctBounds:
         if not outs:
             return
         if func in _KEEPS_VALUES:
-            source = args[0] if args else kwargs.get("self")
-            most = self.most(source) if isinstance(source, torch.Tensor) else None
+            most = self.most(source)
         elif func in _JOINS_VALUES:
             most = sum(self.most(t) for t in args[0])
         elif func is _aten.where.self:
