@@ -679,7 +679,8 @@ _DDP_ADVICE = ("DistributedDataParallel reads the parameters' memory when it wra
 
 def _explain(error: Exception, count_read_at: str = "") -> str:
     """Why the step could not be estimated, and what to do; ``count_read_at`` is where the
-    step's own code read an integer from the weights or the batch, if it did."""
+    step (its code or a library's) read an integer from the weights or the batch, if it
+    did."""
     files = [os.path.abspath(frame.filename)
              for frame in traceback.extract_tb(error.__traceback__)]
     for advice, found in ((_LBFGS_ADVICE, any(f.startswith(_DECIDING_OPTIMIZERS) for f in files)),
