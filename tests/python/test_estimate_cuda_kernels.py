@@ -12,6 +12,8 @@ import pytest
 torch = pytest.importorskip("torch")
 import vramkit  # noqa: E402
 
+F = torch.nn.functional
+
 
 def _plain_step(net, opt, x):
     net(x).float().pow(2).mean().backward()
@@ -211,50 +213,71 @@ def test_the_composite_attention_holds_what_pytorch_s_composite_holds(autocast):
     assert stand_in.peak_reserved == composite.peak_reserved
 
 
-class _FlexOrFused(torch.nn.Module):
+class _CausalAttention(torch.nn.Module):
     """Causal attention of 4 query heads over 256 positions, grouped over 2 key and value
-    heads, by FlexAttention with a block mask or by scaled_dot_product_attention."""
+    heads, by FlexAttention with a block mask ("flex"), by scaled_dot_product_attention
+    ("sdpa"), by PyTorch's composite attention called itself ("math"), or by
+    scaled_dot_product_attention over keys and values repeated for every query head
+    ("repeated")."""
 
-    def __init__(self, flex: bool):
+    def __init__(self, kind: str):
         super().__init__()
         self.proj = torch.nn.Linear(64, 64 + 2 * 32)
-        self.flex = flex
+        self.kind = kind
 
     def forward(self, x):
         batch, rows, _ = x.shape
         q, kv = self.proj(x).split([64, 64], dim=-1)
         q = q.view(batch, rows, 4, 16).transpose(1, 2)
         k, v = kv.view(batch, rows, 2, 2, 16).permute(2, 0, 3, 1, 4)
-        if not self.flex:
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                                                    enable_gqa=True)
+        if self.kind == "sdpa":
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        if self.kind == "math":
+            return torch.ops.aten._scaled_dot_product_attention_math(
+                q, k, v, is_causal=True, enable_gqa=True)[0]
+        if self.kind == "repeated":
+            k, v = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
         mask = create_block_mask(lambda b, h, i, j: i >= j, None, None, rows, rows,
                                  device=x.device)
         return flex_attention(q, k, v, block_mask=mask, enable_gqa=True)
 
 
+def _causal_estimate(kind: str, batch: int = 2, rows: int = 256):
+    def build():
+        net = _CausalAttention(kind).to("cuda")
+        return net, torch.optim.SGD(net.parameters(), lr=0.1), \
+            torch.randn(batch, rows, 64, device="cuda")
+    return vramkit.estimate(_plain_step, build=build, model_workspaces=False)
+
+
+def test_grouped_queries_in_fp32_run_the_composite_attention():
+    """fp32's fused kernel (the memory-efficient one) takes no grouped queries, so CUDA
+    runs its composite attention for them, as for transformers' decoders in fp32 with no
+    padding mask: the scaled_dot_product_attention step holds what the step calling
+    PyTorch's composite itself holds (the causal mask, the keys and values repeated, the
+    scores and their softmax). The stand-in took the fused kernel: far less."""
+    sdpa, composite = _causal_estimate("sdpa"), _causal_estimate("math")
+    assert sdpa.peak_allocated == composite.peak_allocated
+    assert sdpa.peak_reserved == composite.peak_reserved
+
+
 def test_flex_attention_is_estimated_as_its_fused_kernel():
     """FlexAttention is a higher-order operator, which the recorder takes whole: the step
     (with grouped-query attention, as transformers' Llama calls it) is estimated (it was
     refused, on the stand-in by FlexAttention's own CPU check and everywhere by the
-    recorder), holding what the fused kernel keeps, like the step over
-    scaled_dot_product_attention and nowhere near the dense scores, which a note names."""
+    recorder), holding what a fused kernel keeps, like scaled_dot_product_attention's
+    fused kernel over the keys and values repeated for each query head, and nowhere near
+    the dense scores, which a note names."""
     pytest.importorskip("torch.nn.attention.flex_attention")
     batch, heads, rows = 2, 4, 256
-
-    def estimate(flex):
-        def build():
-            net = _FlexOrFused(flex).to("cuda")
-            return net, torch.optim.SGD(net.parameters(), lr=0.1), \
-                torch.randn(batch, rows, 64, device="cuda")
-        return vramkit.estimate(_plain_step, build=build, model_workspaces=False)
-
-    flex, fused = estimate(True), estimate(False)
+    flex, fused = _causal_estimate("flex"), _causal_estimate("repeated")
     scores = batch * heads * rows * rows * 4
-    # The difference is row statistics (a few fp32 values per query row) and the block
-    # mask's small index tensors, where the dense scores would be 2 MiB.
-    assert abs(flex.peak_allocated - fused.peak_allocated) < scores // 8
+    # The difference is the repeated keys and values (and their gradients), row
+    # statistics and the block mask's small index tensors, where the dense scores would
+    # be 2 MiB.
+    assert abs(flex.peak_allocated - fused.peak_allocated) < scores // 4
     assert flex.flops == fused.flops  # dense attention's, per query head (PyTorch has none)
     note = next(n for n in flex.notes if n.startswith("FlexAttention"))
     assert f"up to {scores / (1 << 20):,.1f} MiB" in note

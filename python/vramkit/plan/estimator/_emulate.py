@@ -162,8 +162,14 @@ def _fused_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
         # PyTorch's fused kernels need the mask's last dimension contiguous (a learned
         # bias permuted from an embedding lookup, as T5's relative positions are in some
         # versions of transformers, is not): CUDA runs its composite attention.
-        return _composite_attention(query, key, value, attn_mask, dropout_p, scale,
-                                    enable_gqa)
+        return _composite_attention(query, key, value, attn_mask, dropout_p, is_causal,
+                                    scale, enable_gqa)
+    if query.dtype == torch.float32 and enable_gqa and key.size(-3) != query.size(-3):
+        # fp32's fused kernel, the memory-efficient one, takes no grouped queries (flash
+        # takes them, in 16 bits only): CUDA runs its composite attention, as it does for
+        # transformers' decoders in fp32 with no padding mask (they pass enable_gqa then).
+        return _composite_attention(query, key, value, attn_mask, dropout_p, is_causal,
+                                    scale, enable_gqa)
     if attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled():
         # The kernel takes the mask expanded to the scores' shape, and autograd sums its
         # gradient back through the expansion, after the kernel's backward has let go.
@@ -174,18 +180,21 @@ def _fused_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
     return _FusedAttention.apply(query, key, value)
 
 
-def _composite_attention(query, key, value, attn_mask, dropout_p, scale, enable_gqa):
+def _composite_attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                         enable_gqa):
     """What CUDA's composite attention (``_scaled_dot_product_attention_math``) allocates
     and keeps, in its order. Under autocast its inputs are first cast to the autocast
     dtype, as the attention's autocast policy casts them; the kernel then runs outside
     autocast, computing in fp32 where its inputs are 16-bit (PyTorch's default: query,
-    keys and values converted to fp32), with query and keys each scaled by the root of the
-    scale, the scores, the mask added out of place, their softmax (the "safe" one, which
-    gives rows masked whole zeros), the GPU's dropout (a one-byte mask), then the weights
-    copied to the inputs' dtype (returned beside the output, which its caller drops) and
-    the product with the values cast back to that dtype. Each intermediate is given up as
-    soon as the next is made, as the C++ reassigns one variable; Python's names would keep
-    them to the end."""
+    keys and values converted to fp32), with the query scaled by the root of the scale, a
+    causal mask made as an additive one of the query's dtype (from a lower triangle of
+    booleans), keys and values repeated for grouped queries, the keys scaled too, the
+    scores, the mask added out of place, their softmax (the "safe" one, which gives rows
+    masked whole zeros), the GPU's dropout (a one-byte mask), then the weights copied to
+    the inputs' dtype (returned beside the output, which its caller drops) and the product
+    with the values cast back to that dtype. Each intermediate is given up as soon as the
+    next is made, as the C++ reassigns one variable; Python's names would keep them to the
+    end."""
     if torch.is_autocast_enabled("cpu"):  # CUDA autocast, as the stand-in runs it
         dtype = torch.get_autocast_dtype("cpu")
         query, key, value, attn_mask = (
@@ -195,12 +204,19 @@ def _composite_attention(query, key, value, attn_mask, dropout_p, scale, enable_
         origin = query.dtype
         if origin in _LOWER:
             query, key, value = query.float(), key.float(), value.float()
+        factor = math.sqrt(scale if scale is not None else 1.0 / math.sqrt(query.size(-1)))
+        query = query * factor
+        if is_causal:
+            lower = torch.ones(query.size(-2), key.size(-2), dtype=torch.bool,
+                               device=query.device).tril()
+            attn_mask = torch.where(lower.logical_not(), -math.inf,
+                                    torch.zeros((), dtype=query.dtype, device=query.device))
+            del lower
         if enable_gqa and key.size(-3) != query.size(-3):
             groups = query.size(-3) // key.size(-3)
             key = key.repeat_interleave(groups, dim=-3)
             value = value.repeat_interleave(groups, dim=-3)
-        factor = math.sqrt(scale if scale is not None else 1.0 / math.sqrt(query.size(-1)))
-        weights = (query * factor) @ (key.transpose(-2, -1) * factor)
+        weights = query @ (key.transpose(-2, -1) * factor)
         if attn_mask is not None:
             weights = weights + attn_mask
         weights = _SAFE_SOFTMAX(weights, -1) if _SAFE_SOFTMAX else torch.softmax(weights, -1)
