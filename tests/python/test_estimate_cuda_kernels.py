@@ -230,7 +230,9 @@ class _CausalAttention(torch.nn.Module):
         q, kv = self.proj(x).split([64, 64], dim=-1)
         q = q.view(batch, rows, 4, 16).transpose(1, 2)
         k, v = kv.view(batch, rows, 2, 2, 16).permute(2, 0, 3, 1, 4)
-        if self.kind == "sdpa":
+        if self.kind in ("sdpa", "sdpa of fp32"):
+            if self.kind == "sdpa of fp32":  # as rotary embeddings computed in fp32 leave them
+                q, k, v = q.float(), k.float(), v.float()
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         if self.kind == "math":
             return torch.ops.aten._scaled_dot_product_attention_math(
@@ -244,12 +246,16 @@ class _CausalAttention(torch.nn.Module):
         return flex_attention(q, k, v, block_mask=mask, enable_gqa=True)
 
 
-def _causal_estimate(kind: str, batch: int = 2, rows: int = 256):
+def _causal_estimate(kind: str, batch: int = 2, rows: int = 256, autocast: bool = False):
     def build():
         net = _CausalAttention(kind).to("cuda")
         return net, torch.optim.SGD(net.parameters(), lr=0.1), \
             torch.randn(batch, rows, 64, device="cuda")
-    return vramkit.estimate(_plain_step, build=build, model_workspaces=False)
+
+    def step(net, opt, x):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            _plain_step(net, opt, x)
+    return vramkit.estimate(step, build=build, model_workspaces=False)
 
 
 def test_grouped_queries_in_fp32_run_the_composite_attention():
@@ -261,6 +267,13 @@ def test_grouped_queries_in_fp32_run_the_composite_attention():
     sdpa, composite = _causal_estimate("sdpa"), _causal_estimate("math")
     assert sdpa.peak_allocated == composite.peak_allocated
     assert sdpa.peak_reserved == composite.peak_reserved
+    # Under bf16 autocast the inputs are cast before the kernel is chosen: fp32 inputs
+    # take the fused kernel as bf16 ones do, nowhere near the composite's scores.
+    cast, fused = _causal_estimate("sdpa of fp32", autocast=True), \
+        _causal_estimate("sdpa", autocast=True)
+    scores = 2 * 4 * 256 * 256 * 4
+    assert abs(cast.peak_allocated - fused.peak_allocated) < scores // 4
+    assert cast.peak_allocated + scores < _causal_estimate("math", autocast=True).peak_allocated
 
 
 def test_flex_attention_is_estimated_as_its_fused_kernel():

@@ -164,7 +164,10 @@ def _fused_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
         # versions of transformers, is not): CUDA runs its composite attention.
         return _composite_attention(query, key, value, attn_mask, dropout_p, is_causal,
                                     scale, enable_gqa)
-    if query.dtype == torch.float32 and enable_gqa and key.size(-3) != query.size(-3):
+    # Under autocast the kernel is chosen for the inputs cast to the autocast dtype.
+    computed_in = (torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu")
+                   else query.dtype)
+    if computed_in == torch.float32 and enable_gqa and key.size(-3) != query.size(-3):
         # fp32's fused kernel, the memory-efficient one, takes no grouped queries (flash
         # takes them, in 16 bits only): CUDA runs its composite attention, as it does for
         # transformers' decoders in fp32 with no padding mask (they pass enable_gqa then).
