@@ -179,8 +179,15 @@ def _fused_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
         scores = query.shape[:-1] + key.shape[-2:-1]
         if torch.is_autocast_enabled("cpu") and attn_mask.is_floating_point():
             attn_mask = attn_mask.to(torch.get_autocast_dtype("cpu"))  # as CUDA casts it
-        return _FusedAttention.apply(query, key, value, attn_mask.expand(scores))
-    return _FusedAttention.apply(query, key, value)
+        return _FusedAttention.apply(*_cast(query, key, value, computed_in),
+                                     attn_mask.expand(scores))
+    return _FusedAttention.apply(*_cast(query, key, value, computed_in))
+
+
+def _cast(query, key, value, dtype):
+    """The inputs as CUDA's autocast gives them to the kernel: copies in ``dtype`` (no copy
+    where they are in it already)."""
+    return tuple(t.to(dtype) if t.is_floating_point() else t for t in (query, key, value))
 
 
 def _composite_attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
