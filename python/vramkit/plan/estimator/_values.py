@@ -336,9 +336,8 @@ class KnownValues(TorchDispatchMode):
                     unknown = unknown_among(values)
                     if unknown is not None:
                         self.extremes_left += 1
-                        if not self.first_extreme_left:
-                            frame = _innermost_outside()
-                            self.first_extreme_left = _site(frame) if frame is not None else ""
+                        self.first_extreme_left = self.first_extreme_left or \
+                            _site(_innermost_outside())
                         return unknown
                 return original(*values, **options)
             return pick
@@ -366,9 +365,7 @@ class KnownValues(TorchDispatchMode):
             if not (isinstance(cost_matrix, FakeTensor) and cost_matrix.dim() == 2):
                 return original(cost_matrix, maximize)
             self.assignments += 1
-            if not self.first_assignment:
-                frame = _innermost_outside()
-                self.first_assignment = _site(frame) if frame is not None else ""
+            self.first_assignment = self.first_assignment or _site(_innermost_outside())
             pairs = min(cost_matrix.shape)
             return numpy.arange(pairs), numpy.arange(pairs)
 
@@ -449,8 +446,7 @@ class KnownValues(TorchDispatchMode):
                 and args[0].dtype != torch.bool and not args[0].dtype.is_complex:
             site = _users_own_code()
             if not site and not args[0].dtype.is_floating_point:
-                frame = _innermost_outside()
-                site = _site(frame) if frame is not None else ""
+                site = _site(_innermost_outside())
             if site:
                 self.logged_reads += 1
                 self.first_logged_read = self.first_logged_read or site
