@@ -318,8 +318,8 @@ def test_refusals_name_what_to_do():
     """An RNN over a PackedSequence reads the packed batch sizes in host memory, which a
     fake tensor does not have: the refusal says so and what to give instead, not "the
     step's own error". A missing package's message that announces its install command on
-    the next line (transformers') keeps the command. A tensor handed to NumPy (a DETR
-    matcher's SciPy call) is named as that, not as the step's own error either."""
+    the next line (transformers') keeps the command. A tensor handed to NumPy
+    (``.numpy()``) is named as that, not as the step's own error either."""
     from torch.nn.utils.rnn import pack_sequence
 
     def build():
