@@ -178,7 +178,7 @@ def _fused_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
         # gradient back through the expansion, after the kernel's backward has let go.
         scores = query.shape[:-1] + key.shape[-2:-1]
         if torch.is_autocast_enabled("cpu") and attn_mask.is_floating_point():
-            attn_mask = attn_mask.to(torch.get_autocast_dtype("cpu"))  # as CUDA casts it
+            attn_mask = attn_mask.to(computed_in)  # as CUDA casts it
         return _FusedAttention.apply(*_cast(query, key, value, computed_in),
                                      attn_mask.expand(scores))
     return _FusedAttention.apply(*_cast(query, key, value, computed_in))

@@ -449,7 +449,7 @@ class StorageRecorder(TorchDispatchMode):
                                             *per_query_head(query, key, value))
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
-                self.track(t, phase, func.name())
+                self.track(t, phase, name)
         return out
 
     def _role_of(self, t: torch.Tensor) -> str:
