@@ -11,6 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import vramkit  # noqa: E402
+from vramkit.estimator import UntraceableStep  # noqa: E402
 
 F = torch.nn.functional
 
@@ -218,7 +219,8 @@ class _CausalAttention(torch.nn.Module):
     heads, by FlexAttention with a block mask ("flex"), by scaled_dot_product_attention
     ("sdpa"), by PyTorch's composite attention called itself ("math"), or by
     scaled_dot_product_attention over keys and values repeated for every query head
-    ("repeated")."""
+    ("repeated"; "repeated, math" by the composite called itself; "repeated, math only"
+    and "repeated, flash only" under ``sdpa_kernel`` leaving that one kernel enabled)."""
 
     def __init__(self, kind: str):
         super().__init__()
@@ -237,9 +239,18 @@ class _CausalAttention(torch.nn.Module):
         if self.kind == "math":
             return torch.ops.aten._scaled_dot_product_attention_math(
                 q, k, v, is_causal=True, enable_gqa=True)[0]
-        if self.kind == "repeated":
+        if self.kind.startswith("repeated"):
             k, v = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            if self.kind == "repeated":
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            if self.kind == "repeated, math":
+                return torch.ops.aten._scaled_dot_product_attention_math(
+                    q, k, v, is_causal=True)[0]
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+            backend = {"repeated, math only": SDPBackend.MATH,
+                       "repeated, flash only": SDPBackend.FLASH_ATTENTION}[self.kind]
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
         mask = create_block_mask(lambda b, h, i, j: i >= j, None, None, rows, rows,
                                  device=x.device)
@@ -295,3 +306,17 @@ def test_flex_attention_is_estimated_as_its_fused_kernel():
     note = next(n for n in flex.notes if n.startswith("FlexAttention"))
     assert f"up to {scores / (1 << 20):,.1f} MiB" in note
     assert not any(n.startswith("FlexAttention") for n in fused.notes)
+
+
+def test_attention_kernels_the_program_turned_off_are_not_taken():
+    """``sdpa_kernel`` (and ``torch.backends.cuda.enable_*_sdp``) choose which kernels
+    CUDA may take. With the composite alone enabled the step holds what the step calling
+    the composite itself holds, the scores among it; with flash attention alone, fp32
+    inputs have no kernel on CUDA and PyTorch raises, as the estimate then does. The
+    stand-in took its fused kernel whatever the program asked."""
+    math_only = _causal_estimate("repeated, math only")
+    assert math_only.peak_allocated == _causal_estimate("repeated, math").peak_allocated
+    scores = 2 * 4 * 256 * 256 * 4
+    assert math_only.peak_allocated > _causal_estimate("repeated").peak_allocated + scores
+    with pytest.raises(UntraceableStep, match="No available kernel"):
+        _causal_estimate("repeated, flash only")

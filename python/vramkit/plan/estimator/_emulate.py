@@ -14,9 +14,10 @@ step on fake *CPU* tensors and makes the CPU behave, for memory, as the GPU woul
   or memory-efficient attention: an output and a log-sum-exp per row, never the
   sequence-by-sequence score matrix that the CPU's fallback materialises; a learned
   mask's gradient at the scores' shape), or, where the GPU too takes no fused kernel (a
-  mask whose last dimension is not contiguous), what CUDA's composite attention keeps
-  (in fp32, as it computes for 16-bit inputs); dropout keeps the GPU's one-byte mask
-  rather than the CPU's noise tensor;
+  mask whose last dimension is not contiguous, grouped queries in fp32, kernels the
+  program turned off with ``sdpa_kernel``), what CUDA's composite attention keeps (in
+  fp32, as it computes for 16-bit inputs); dropout keeps the GPU's one-byte mask rather
+  than the CPU's noise tensor;
 - the operations CUDA autocast runs in fp32 (layer norm, softmax, exp, log...) run in
   fp32 under the CPU's autocast too, and the one CPU autocast runs in fp32 that CUDA's
   leaves to its parts (cross entropy: CUDA keeps its log-softmax in the lower precision
@@ -152,36 +153,60 @@ def _training_dropout(input, p=0.5, training=True, inplace=False):
 
 def _fused_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                      scale=None, enable_gqa=False):
-    """What the GPU's fused attention allocates, None where the GPU too would fall back
-    to the unfused kernel (an explicit mask with a batch of heads the kernels refuse)."""
+    """What the GPU's attention allocates: a fused kernel's, or CUDA's composite where the
+    GPU takes no fused kernel; None where the CPU's own call stands (an explicit mask with
+    a batch of heads the kernels refuse)."""
     if query.dim() != 4 or query.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         return None
     if attn_mask is not None and attn_mask.dtype == torch.bool and attn_mask.dim() != 4:
         return None
-    if attn_mask is not None and attn_mask.stride(-1) != 1:
-        # PyTorch's fused kernels need the mask's last dimension contiguous (a learned
-        # bias permuted from an embedding lookup, as T5's relative positions are in some
-        # versions of transformers, is not): CUDA runs its composite attention.
-        return _composite_attention(query, key, value, attn_mask, dropout_p, is_causal,
-                                    scale, enable_gqa)
     # Under autocast the kernel is chosen for the inputs cast to the autocast dtype.
     computed_in = (torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu")
                    else query.dtype)
-    if computed_in == torch.float32 and enable_gqa and key.size(-3) != query.size(-3):
-        # fp32's fused kernel, the memory-efficient one, takes no grouped queries (flash
-        # takes them, in 16 bits only): CUDA runs its composite attention, as it does for
-        # transformers' decoders in fp32 with no padding mask (they pass enable_gqa then).
+    learned = attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled()
+    kernel = _cuda_attention_kernel(computed_in, attn_mask, learned,
+                                    enable_gqa and key.size(-3) != query.size(-3))
+    if kernel == "composite":
         return _composite_attention(query, key, value, attn_mask, dropout_p, is_causal,
                                     scale, enable_gqa)
-    if attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled():
+    if learned:
         # The kernel takes the mask expanded to the scores' shape, and autograd sums its
         # gradient back through the expansion, after the kernel's backward has let go.
         scores = query.shape[:-1] + key.shape[-2:-1]
         if torch.is_autocast_enabled("cpu") and attn_mask.is_floating_point():
             attn_mask = attn_mask.to(computed_in)  # as CUDA casts it
-        return _FusedAttention.apply(*_cast(query, key, value, computed_in),
+        return _FusedAttention.apply(*_cast(query, key, value, computed_in), kernel,
                                      attn_mask.expand(scores))
-    return _FusedAttention.apply(*_cast(query, key, value, computed_in))
+    return _FusedAttention.apply(*_cast(query, key, value, computed_in), kernel)
+
+
+def _cuda_attention_kernel(computed_in, attn_mask, learned: bool, grouped: bool) -> str:
+    """The kernel CUDA's scaled_dot_product_attention takes, in PyTorch's order on the
+    cards it is estimated for, among those the program left enabled
+    (``torch.nn.attention.sdpa_kernel``, ``torch.backends.cuda.enable_*_sdp``): "cudnn",
+    "flash", "efficient" or "composite". Raises as PyTorch does where none of the enabled
+    ones takes the call."""
+    cuda = torch.backends.cuda
+    if attn_mask is None or attn_mask.stride(-1) == 1:
+        # Fused kernels need the mask's last dimension contiguous (a learned bias permuted
+        # from an embedding lookup, as T5's relative positions are in some versions of
+        # transformers, is not). cuDNN's kernel and flash attention take 16-bit inputs
+        # only, cuDNN's no mask that needs a gradient, flash's no mask at all; the
+        # memory-efficient kernel takes any dtype and mask but no grouped queries: fp32
+        # with grouped queries, as transformers' decoders call it in fp32 with no padding
+        # mask, takes none.
+        sixteen = computed_in in _LOWER
+        if sixteen and cuda.cudnn_sdp_enabled() and not learned:
+            return "cudnn"
+        if sixteen and cuda.flash_sdp_enabled() and attn_mask is None:
+            return "flash"
+        if cuda.mem_efficient_sdp_enabled() and not grouped:
+            return "efficient"
+    if cuda.math_sdp_enabled():
+        return "composite"
+    raise RuntimeError("scaled_dot_product_attention: No available kernel. Aborting "
+                       "execution. (None of the attention kernels the program left "
+                       "enabled takes these inputs on CUDA.)")
 
 
 def _cast(query, key, value, dtype):
@@ -237,12 +262,12 @@ def _composite_attention(query, key, value, attn_mask, dropout_p, is_causal, sca
 
 
 class _FusedAttention(torch.autograd.Function):
-    """A memory model of CUDA's fused attention kernels (flash attention for 16-bit
-    inputs, memory-efficient attention for fp32), as PyTorch 2.11 calls them. Forward
-    makes the output and one fp32 log-sum-exp per query row (rounded up to 32 rows for
-    the memory-efficient kernel) and keeps both with the inputs; backward makes the three
-    gradients, an fp32 row sum of output times its gradient, and for flash attention an
-    fp32 accumulator the size of the query. Keys and values with fewer heads (grouped
+    """A memory model of CUDA's fused attention kernels (`kernel`: flash attention,
+    whose memory stands for cuDNN's too, or the memory-efficient one), as PyTorch 2.11
+    calls them. Forward makes the output and one fp32 log-sum-exp per query row (rounded
+    up to 32 rows for the memory-efficient kernel) and keeps both with the inputs;
+    backward makes the three gradients, an fp32 row sum of output times its gradient,
+    and for flash attention an fp32 accumulator the size of the query. Keys and values with fewer heads (grouped
     queries) are handled by the kernels without repeating them; their gradients are
     computed for every query head and then summed. A mask that requires grad (a learned
     bias: the memory-efficient kernel takes it, expanded to the scores' shape) gets its
@@ -250,9 +275,9 @@ class _FusedAttention(torch.autograd.Function):
     only the shapes and dtypes of what is made matter."""
 
     @staticmethod
-    def forward(ctx, query, key, value, learned_mask=None):
+    def forward(ctx, query, key, value, kernel, learned_mask=None):
         batch, heads, rows, _ = query.shape
-        padded = rows if query.dtype != torch.float32 else -(-rows // 32) * 32
+        padded = -(-rows // 32) * 32 if kernel == "efficient" else rows
         # The kernels write the output as (batch, rows, heads, dim) and return it
         # transposed, so merging the heads afterwards is a view, not a copy.
         out = torch.empty(batch, rows, heads, value.shape[-1], dtype=query.dtype,
@@ -261,6 +286,7 @@ class _FusedAttention(torch.autograd.Function):
                                 device=query.device)
         ctx.save_for_backward(query, key, value, out, logsumexp)
         ctx.mask_dtype = None if learned_mask is None else learned_mask.dtype
+        ctx.accumulates = kernel != "efficient"
         add_flops(flop_counter.sdpa_flop_count(*per_query_head(query, key, value)))
         return out
 
@@ -270,7 +296,7 @@ class _FusedAttention(torch.autograd.Function):
         add_flops(flop_counter.sdpa_backward_flop_count(
             grad_out.shape, *per_query_head(query, key, value)))
         row_sums = torch.empty_like(logsumexp)  # noqa: F841 - allocated as the kernel does
-        if query.dtype != torch.float32:
+        if ctx.accumulates:
             accumulator = torch.empty(query.shape, dtype=torch.float32,  # noqa: F841
                                       device=query.device)
         grad_query = torch.empty_like(query)
@@ -290,7 +316,7 @@ class _FusedAttention(torch.autograd.Function):
             keys = key.size(-2)
             grad_mask = torch.empty(query.shape[:-1] + (-(-keys // 16) * 16,),
                                     dtype=ctx.mask_dtype, device=query.device)[..., :keys]
-        return grad_query, grad_key, grad_value, grad_mask
+        return grad_query, grad_key, grad_value, None, grad_mask
 
 
 @contextlib.contextmanager
