@@ -267,7 +267,8 @@ class _FusedAttention(torch.autograd.Function):
     calls them. Forward makes the output and one fp32 log-sum-exp per query row (rounded
     up to 32 rows for the memory-efficient kernel) and keeps both with the inputs;
     backward makes the three gradients, an fp32 row sum of output times its gradient,
-    and for flash attention an fp32 accumulator the size of the query. Keys and values with fewer heads (grouped
+    and for 16-bit inputs an fp32 accumulator the size of the query (the GPU host's
+    estimates of both kernels make it). Keys and values with fewer heads (grouped
     queries) are handled by the kernels without repeating them; their gradients are
     computed for every query head and then summed. A mask that requires grad (a learned
     bias: the memory-efficient kernel takes it, expanded to the scores' shape) gets its
@@ -286,7 +287,6 @@ class _FusedAttention(torch.autograd.Function):
                                 device=query.device)
         ctx.save_for_backward(query, key, value, out, logsumexp)
         ctx.mask_dtype = None if learned_mask is None else learned_mask.dtype
-        ctx.accumulates = kernel != "efficient"
         add_flops(flop_counter.sdpa_flop_count(*per_query_head(query, key, value)))
         return out
 
@@ -296,7 +296,7 @@ class _FusedAttention(torch.autograd.Function):
         add_flops(flop_counter.sdpa_backward_flop_count(
             grad_out.shape, *per_query_head(query, key, value)))
         row_sums = torch.empty_like(logsumexp)  # noqa: F841 - allocated as the kernel does
-        if ctx.accumulates:
+        if query.dtype != torch.float32:
             accumulator = torch.empty(query.shape, dtype=torch.float32,  # noqa: F841
                                       device=query.device)
         grad_query = torch.empty_like(query)
