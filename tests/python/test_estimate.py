@@ -102,6 +102,16 @@ def test_fit_under_a_limit_is_decided_by_a_capped_replay():
     assert "fits" in str(card) and "peak allocated" in str(card)
 
 
+def test_a_card_the_cuda_context_fills_fits_nothing():
+    """A card no larger than the CUDA context leaves the allocator nothing: no step fits
+    it under any allocator (it was answered as no cap at all, "fits")."""
+    from vramkit.estimator import CUDA_CONTEXT_BYTES
+    for card in ("100M", CUDA_CONTEXT_BYTES):
+        e = vramkit.estimate(_step, build=_mlp_build(), device_memory=card)
+        assert (e.fits, e.torch_fits, e.torch_expandable_fits) == (False, False, False)
+        assert "does not fit" in str(e)
+
+
 def test_real_objects_are_left_untouched():
     """The step runs on fake twins: the user's model keeps its weights, the optimizer no
     state, and no gradient appears."""

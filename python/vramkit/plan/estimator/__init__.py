@@ -390,6 +390,8 @@ def _fits(events, trace_path: str, source: str, usable: int | None) -> tuple:
     from . import _replay
     if usable is None:
         return None, None, None
+    if usable <= 0:  # a card the CUDA context fills: a replay capped at 0 has no cap
+        return False, False, False
     capped = _replay.vramkit_replay(trace_path, source, usable)
     return (capped.get("ooms", 1) == 0,
             _replay.torch_replay(events, False, usable)["ooms"] == 0,
