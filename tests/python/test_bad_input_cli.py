@@ -173,6 +173,15 @@ def test_export_shows_an_address_and_an_nvml_path_escaped(tmp_path):
      "its time 1e+308 is too far from the first's"),
     (['{"time": 0, "step": 0, "allocated": 5, "reserved": 10, "device": [1]}'],
      "log.jsonl:1: 'device' is not a device number: [1]"),
+    (['{"time": 0, "step": 0, "allocated": 5, "reserved": 10, "device": %d}' % 2**70],
+     f"log.jsonl:1: 'device' is not a device number: {2**70}"),
+    (['{"time": 0, "step": 0, "allocated": 5, "reserved": 10, "x": %s%s}'
+      % ("[" * 100_000, "]" * 100_000)],
+     "log.jsonl:1: not a JSON record: nested deeper than a record ever is"),
+    (["time,step,allocated,reserved", "0,0,5\x00,10"],
+     "log.jsonl:2: 'allocated' is not a number: '5\\x00'"),
+    (["time,step,allocated,reserved", "0,0,%s,10" % ("9" * 5000)],
+     "log.jsonl:2: 'allocated' is not a number: '%s'" % ("9" * 40)),
 ])
 def test_a_log_with_values_it_cannot_draw_is_refused(records, expected, tmp_path):
     path = tmp_path / "log.jsonl"
@@ -180,6 +189,35 @@ def test_a_log_with_values_it_cannot_draw_is_refused(records, expected, tmp_path
     done = run("plot", path, "-o", tmp_path / "out.html")
     assert_one_clear_line(done, EXIT_BAD_INPUT, expected)
     assert not (tmp_path / "out.html").exists()
+
+
+def test_gzip_with_bytes_after_its_end_reads_alike_everywhere(tmp_path):
+    """zlib's gzread, the trace reader's, reads gzip members one after another and
+    ignores bytes after the last that begin no member, as `gzip -d` does; plot and doctor
+    read a file's head with Python's gzip, which refused them: a trace replay took was
+    refused by plot as corrupt, its message escaping Python's repr a second time."""
+    import gzip
+
+    path = tmp_path / "tail.trace.gz"
+    path.write_bytes(gzip.compress(TRACE[:30].encode()) + gzip.compress(TRACE[30:].encode())
+                     + b";\x1e and then some")
+    for args in (["replay", "--repeat", "1", path], ["plot", path, "-o", tmp_path / "o.html"],
+                 ["doctor", path]):
+        done = run(*args)
+        assert done.returncode == 0, (args, done.stderr)
+    assert "4 " in run("replay", "--repeat", "1", path).stdout.splitlines()[1]
+    cut = tmp_path / "cut.trace.gz"
+    cut.write_bytes(path.read_bytes()[:25])
+    assert_one_clear_line(run("plot", cut, "-o", tmp_path / "o.html"), EXIT_BAD_INPUT,
+                          "cut.trace.gz: cannot decompress (corrupt or truncated gzip)")
+
+
+def test_a_count_of_ops_past_what_replay_takes_is_a_usage_error(trace, tmp_path):
+    done = run("plot", trace, "-o", tmp_path / "o.html", "--max-ops", str(1 << 63))
+    assert_one_clear_line(done, EXIT_USAGE, "--max-ops: expected a number of ops")
+    from vramkit.plot import _read
+    with pytest.raises(ValueError, match="max_ops must be an int"):
+        _read.parse_trace(str(trace), 1 << 63)
 
 
 def test_top_with_a_folder_that_is_not_there_says_so(tmp_path):

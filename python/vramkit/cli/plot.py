@@ -37,7 +37,9 @@ def _device(text: str) -> int:
 
 
 def _max_ops(text: str) -> int:
-    if not (text.isascii() and text.isdigit()):
+    from ..plot._read import MOST_MAX_OPS
+
+    if not (text.isascii() and text.isdigit()) or int(text) > MOST_MAX_OPS:
         raise ValueError(text)
     return int(text)
 

@@ -23,6 +23,8 @@ from ._read import PlotInputError
 # one (step first); a snapshot in JSON starts with other keys.
 _JSON_HEAD = re.compile(rb'^\s*\{\s*"(?:time|step)"\s*:')
 _REQUIRED = ("time", "step", "allocated", "reserved")
+# The largest device number a record may name: CUDA's ordinals are C ints.
+_MOST_DEVICE = (1 << 31) - 1
 
 
 def is_log(raw: bytes) -> bool:
@@ -34,10 +36,17 @@ def is_log(raw: bytes) -> bool:
     return columns[:2] == ["time", "step"] and "allocated" in columns and "reserved" in columns
 
 
+def _clipped(value) -> str:
+    """A value of the file for a message: its first 40 characters, a string quoted. Not
+    repr(): the command line escapes what it prints, and would escape repr's escapes."""
+    text = str(value)[:40]
+    return f"'{text}'" if isinstance(value, str) else text
+
+
 def _number(path, where, name, value):
     if isinstance(value, bool) or not isinstance(value, (int, float)) or \
             (isinstance(value, float) and not math.isfinite(value)):
-        raise PlotInputError(f"{path}:{where}: '{name}' is not a number: {value!r:.40}")
+        raise PlotInputError(f"{path}:{where}: '{name}' is not a number: {_clipped(value)}")
     return value
 
 
@@ -58,6 +67,9 @@ def parse_log(path: str, raw: bytes) -> tuple[list[dict], list[str]]:
                 continue
             try:
                 record = json.loads(line)
+            except RecursionError:
+                raise PlotInputError(f"{path}:{number}: not a JSON record: nested deeper "
+                                     f"than a record ever is") from None
             except ValueError as error:
                 if number - 1 == last and records:
                     notes.append(f"the last line ({number}) is incomplete (the run stopped "
@@ -79,9 +91,11 @@ def parse_log(path: str, raw: bytes) -> tuple[list[dict], list[str]]:
                     record[name] = int(value)
                 except ValueError:
                     try:
-                        record[name] = float(value)
+                        parsed = float(value)
                     except ValueError:
-                        record[name] = value
+                        parsed = math.nan
+                    # past a float's range the text stays, to be named as it is written
+                    record[name] = parsed if math.isfinite(parsed) else value
             records.append((number, record))
     out = []
     for number, record in records:
@@ -95,9 +109,9 @@ def parse_log(path: str, raw: bytes) -> tuple[list[dict], list[str]]:
             raise PlotInputError(f"{path}:{number}: negative memory figures")
         device = record.get("device")
         if device is not None and (isinstance(device, bool) or not isinstance(device, int)
-                                   or device < 0):
+                                   or not 0 <= device <= _MOST_DEVICE):
             raise PlotInputError(f"{path}:{number}: 'device' is not a device number: "
-                                 f"{device!r:.40}")
+                                 f"{_clipped(device)}")
         out.append(record)
     return out, notes
 
@@ -122,8 +136,8 @@ def from_log(path: str, records: list[dict], notes: list[str]) -> History:
         t = (r["time"] - t0) * 1e6   # seconds in the log; the page's axis is in µs
         if not math.isfinite(t):
             raise PlotInputError(f"{path}: the record of step {r['step']}: its time "
-                                 f"{r['time']!r:.40} is too far from the first's "
-                                 f"({t0!r:.40}) to draw")
+                                 f"{_clipped(r['time'])} is too far from the first's "
+                                 f"({_clipped(t0)}) to draw")
         if t < previous:
             backwards += 1
             t = previous             # a clock set back: keep the order of the records

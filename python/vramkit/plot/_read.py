@@ -12,7 +12,6 @@ names the file and what is wrong with it; nothing below raises anything else on 
 
 from __future__ import annotations
 
-import gzip
 import io
 import json
 import pickle
@@ -46,6 +45,35 @@ GZIP_MAX_RATIO = 64
 GZIP_MIN_LIMIT = 64 << 20
 
 
+def gunzip(f, limit: int) -> bytes:
+    """The gzip data of the binary file ``f`` decompressed, as zlib's gzread (the trace
+    reader's) reads it: members one after another; bytes after the last member that do not
+    begin another are ignored, as gzread and ``gzip -d`` ignore them. At most ``limit + 1``
+    bytes come out: more than ``limit`` says there is more. A corrupt stream raises
+    zlib.error, one cut short EOFError."""
+    out = bytearray()
+    member = zlib.decompressobj(31)
+    data = b""
+    while len(out) <= limit:
+        if not data:
+            data = f.read(1 << 16)
+            if not data:
+                raise EOFError("the gzip data ends before its end (truncated)")
+        out += member.decompress(data, limit + 1 - len(out))
+        data = member.unconsumed_tail
+        if member.eof:
+            rest = member.unused_data
+            while len(rest) < 2:
+                more = f.read(1 << 16)
+                if not more:
+                    break
+                rest += more
+            if rest[:2] != b"\x1f\x8b":
+                break
+            member, data = zlib.decompressobj(31), rest
+    return bytes(out)
+
+
 def read_bytes(path: str) -> bytes:
     """The file's content, decompressed when it is gzip (up to the bound above)."""
     try:
@@ -56,9 +84,8 @@ def read_bytes(path: str) -> bytes:
     if raw[:2] == b"\x1f\x8b":
         limit = max(GZIP_MIN_LIMIT, GZIP_MAX_RATIO * len(raw))
         try:
-            with gzip.GzipFile(fileobj=io.BytesIO(raw)) as unzipped:
-                raw = unzipped.read(limit + 1)
-        except (OSError, EOFError, zlib.error) as error:
+            raw = gunzip(io.BytesIO(raw), limit)
+        except (EOFError, zlib.error) as error:
             raise PlotInputError(f"{path}: cannot decompress (corrupt or truncated gzip): "
                                  f"{error}") from None
         if len(raw) > limit:
@@ -130,12 +157,18 @@ def read_head(path: str) -> bytes:
         raise PlotInputError(f"{path}: cannot read: {error.strerror}") from None
     if raw[:2] == b"\x1f\x8b":
         try:
-            with gzip.open(path, "rb") as unzipped:
-                raw = unzipped.read(HEAD_BYTES)
-        except (OSError, EOFError, zlib.error) as error:
+            with open(path, "rb") as f:
+                raw = gunzip(f, HEAD_BYTES)[:HEAD_BYTES]
+        except OSError as error:
+            raise PlotInputError(f"{path}: cannot read: {error.strerror}") from None
+        except (EOFError, zlib.error) as error:
             raise PlotInputError(f"{path}: cannot decompress (corrupt or truncated gzip): "
                                  f"{error}") from None
     return raw
+
+
+# The largest --max-ops, as `vramkit replay` takes it (a signed 64-bit count).
+MOST_MAX_OPS = (1 << 63) - 1
 
 
 def parse_trace(path: str, max_ops: int = DEFAULT_MAX_OPS):
@@ -147,6 +180,10 @@ def parse_trace(path: str, max_ops: int = DEFAULT_MAX_OPS):
     from .. import _core
     from .._shown import trace_message
 
+    if isinstance(max_ops, bool) or not isinstance(max_ops, int) or \
+            not 0 <= max_ops <= MOST_MAX_OPS:
+        raise ValueError(f"max_ops must be an int from 0 (no limit) to {MOST_MAX_OPS}, "
+                         f"not {max_ops!r}")
     try:
         return _core.trace_read(path, max_ops)
     except _core.VramError as error:
