@@ -387,7 +387,22 @@ def test_a_model_configuration_that_cannot_be_read_exits_2(tmp_path):
     unbuildable = tmp_path / "heads.json"  # read, but no model has 5 heads over 768 wide
     unbuildable.write_text('{"model_type": "gpt2", "n_head": 5}')
     readme = Path(__file__).resolve().parents[2] / "README.md"
+    # Counts no model has: the build made blocks for hours, or failed in transformers
+    # (exit 4) or in PyTorch's C++ (its source path in the message).
+    endless = tmp_path / "endless.json"
+    endless.write_text('{"model_type": "gpt2", "n_layer": 99999999999}')
+    negative = tmp_path / "negative.json"
+    negative.write_text('{"model_type": "gpt2", "n_layer": -1}')
+    vast = tmp_path / "vast.json"
+    vast.write_text('{"model_type": "gpt2", "n_embd": %d}' % 10**23)
     for model, says in ((readme, "README.md: not a usable model configuration"),
+                        (endless, "endless.json: not a usable model configuration: n_layer "
+                                  "is 99999999999: a count of blocks from 0 to 10,000"),
+                        (negative, "negative.json: not a usable model configuration: "
+                                   "n_layer is -1"),
+                        (vast, f"vast.json: not a usable model configuration: n_embd is "
+                               f"{10**23}, past a 64-bit integer"),
+                        (tmp_path / "typo.json", "typo.json: no such file"),
                         (unbuildable, "heads.json: not a usable model configuration: "
                                       "ValueError: `embed_dim` must be divisible"),
                         (invalid, "invalid.json: not a usable model configuration"),
@@ -399,6 +414,11 @@ def test_a_model_configuration_that_cannot_be_read_exits_2(tmp_path):
         assert done.returncode == 2, (model, done.stderr)
         assert done.stderr.startswith("vramkit estimate: ") and says in done.stderr, done.stderr
         assert "Traceback" not in done.stderr
+    for option in ("--batch", "--seq"):
+        done = subprocess.run([sys.executable, "-m", "vramkit", "estimate", "--model", "gpt2",
+                               option, str(10**20)], capture_output=True, text=True)
+        assert done.returncode == 3, done.stderr
+        assert "--batch and --seq must be from 1 to 2147483647" in done.stderr
 
 
 def test_autocast_frees_its_cached_weights_in_the_order_they_were_made(tmp_path):

@@ -171,12 +171,16 @@ def _allocator_bytes(args) -> int:
     return cap if cap is not None else max(card - CUDA_CONTEXT_BYTES, 0)
 
 
+# The largest --batch and --seq: a dimension of a tensor PyTorch indexes with a C int.
+_MOST_TOKENS = (1 << 31) - 1
+
+
 def _refused_command_line(args) -> str | None:
     """Why the options, which parsed, do not make one question; None when they do."""
     if args.model is None:
         return "--model is needed: which model's step to estimate"
-    if args.batch < 1 or args.seq < 1:
-        return "--batch and --seq must be at least 1"
+    if not (1 <= args.batch <= _MOST_TOKENS and 1 <= args.seq <= _MOST_TOKENS):
+        return f"--batch and --seq must be from 1 to {_MOST_TOKENS}"
     if (args.max_batch or args.plan_checkpointing) and not (args.device_memory or args.cap):
         return "--max-batch and --plan-checkpointing need --device-memory or --cap"
     if args.max_batch + args.what_if + args.plan_checkpointing > 1:

@@ -78,6 +78,9 @@ def config_for(model: str):
         return transformers.AutoConfig.for_model(family, **overrides)
     if os.path.exists(model):
         return _config_file(transformers, model)
+    if model.endswith(".json") or model.startswith(("/", "./", "../", "~")):
+        from ..._shown import shown
+        raise BadConfig(f"{shown(model)}: no such file")
     try:
         return transformers.AutoConfig.for_model(model)
     except ValueError:
@@ -99,7 +102,7 @@ def _config_file(transformers, model: str):
     if not os.path.isfile(path):
         raise BadConfig(f"{shown(model)}: a folder without a config.json")
     try:
-        return transformers.AutoConfig.from_pretrained(path)
+        config = transformers.AutoConfig.from_pretrained(path)
     except ImportError:
         raise
     except Exception as error:  # noqa: BLE001
@@ -107,7 +110,34 @@ def _config_file(transformers, model: str):
         # check the kinds of the fields with exceptions of huggingface_hub's own: whatever
         # it raises on reading this file is the file's fault.
         why = " ".join(str(error).split())[:300] or type(error).__name__
+    else:
+        why = _out_of_range(config)
+        if why is None:
+            return config
     raise BadConfig(f"{shown(path)}: not a usable model configuration: {why}")
+
+
+# Fields that count modules the model builds one by one (blocks, experts): the estimate
+# makes each as a Python object, so a count no model has would run for hours.
+_MODULE_COUNTS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers",
+                  "encoder_layers", "decoder_layers", "num_encoder_layers",
+                  "num_decoder_layers", "num_local_experts", "num_experts",
+                  "n_routed_experts")
+MOST_MODULES = 10_000
+
+
+def _out_of_range(config) -> str | None:
+    """Why a configuration's numbers cannot describe a model, None if they can: a count of
+    blocks or experts below 0 or above MOST_MODULES, an integer past 64 bits."""
+    fields = config.to_dict()
+    for name, value in fields.items():
+        if isinstance(value, bool) or not isinstance(value, int):
+            continue
+        if name in _MODULE_COUNTS and not 0 <= value <= MOST_MODULES:
+            return f"{name} is {value}: a count of blocks from 0 to {MOST_MODULES:,}"
+        if not -(1 << 63) <= value < (1 << 63):
+            return f"{name} is {value}, past a 64-bit integer"
+    return None
 
 
 def workload(model: str, batch: int, seq: int = 1024, precision: str = "fp32",
