@@ -220,6 +220,14 @@ def test_a_count_of_ops_past_what_replay_takes_is_a_usage_error(trace, tmp_path)
         _read.parse_trace(str(trace), 1 << 63)
 
 
+def test_a_capacity_past_the_largest_device_modelled_is_a_usage_error(trace):
+    """It was refused as a bad input file (2), in the host model's words."""
+    done = run("doctor", trace, "--capacity", "300T")
+    assert_one_clear_line(done, EXIT_USAGE, "--capacity: 329,853,488,332,800 bytes is more "
+                          "than the largest device vramkit models (256 TiB)")
+    assert run("doctor", trace, "--capacity", "256T").returncode == 0
+
+
 def test_top_with_a_folder_that_is_not_there_says_so(tmp_path):
     """'no vramkit process to show' would not be true of a folder mistyped: it is unread."""
     for folder, why in ((tmp_path / "typo", "no such folder"), (Path(__file__), "not a folder")):

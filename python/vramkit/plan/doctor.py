@@ -631,13 +631,16 @@ def diagnose(source, *, capacity: int | str | None = None,
     the saving each predicts. model: a torch.nn.Module whose parameters are counted.
     Raises DoctorInputError for what cannot be read, ValueError for a capacity that is not
     a positive size or that a snapshot shows cannot be its device's."""
-    if isinstance(capacity, str):
-        from .. import _core
+    from .. import _core
 
+    if isinstance(capacity, str):
         capacity = _core.parse_size(capacity, False)[0]
     if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int)
                                  or capacity <= 0):
         raise ValueError(f"capacity must be a positive number of bytes, got {capacity!r}")
+    if capacity is not None and capacity > _core.SIM_MAX_CAPACITY:
+        raise ValueError(f"{capacity:,} bytes is more than the largest device vramkit "
+                         f"models ({_core.SIM_MAX_CAPACITY >> 40} TiB)")
     if isinstance(source, BaseException):
         result = _from_info(_info_of_exception(source), estimate_fn, type(source).__name__)
         _add_live_call_sites(result)
