@@ -228,6 +228,22 @@ def test_a_capacity_past_the_largest_device_modelled_is_a_usage_error(trace):
     assert run("doctor", trace, "--capacity", "256T").returncode == 0
 
 
+def test_after_a_double_dash_every_argument_is_a_file(tmp_path):
+    """As for the C command, and as POSIX utilities read it: a file named like an option
+    is given after '--' (it was 'unknown option'), and an option's name there is a file."""
+    dashed = tmp_path / "-x.trace"
+    dashed.write_text(TRACE)
+    done = subprocess.run([str(installed_script()), "doctor", "--", dashed.name],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "trace -x (4 ops)" in done.stdout, done.stderr
+    done = subprocess.run([str(installed_script()), "plot", "-o", "o.html", "--", dashed.name],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and (tmp_path / "o.html").exists(), done.stderr
+    assert_one_clear_line(run("doctor", "--", "--json"), EXIT_BAD_INPUT,
+                          "--json: cannot read: No such file or directory")
+    assert_one_clear_line(run("top", "--", "x"), EXIT_USAGE, "unexpected argument 'x'")
+
+
 def test_top_with_a_folder_that_is_not_there_says_so(tmp_path):
     """'no vramkit process to show' would not be true of a folder mistyped: it is unread."""
     for folder, why in ((tmp_path / "typo", "no such folder"), (Path(__file__), "not a folder")):

@@ -97,9 +97,19 @@ def checked(read: Callable[[str], object], expected: str) -> Callable[[str], obj
 
 def parse(parser: CommandParser, args: list[str]) -> argparse.Namespace | int:
     """The parsed arguments, or the exit status of a command line that is done: 0 after
-    --help, 3 after the usage message. Options and operands may come in any order."""
+    --help, 3 after the usage message. Options and operands may come in any order; after
+    ``--`` everything is an operand (a file named '-x.trace'), as for the C command
+    (Python 3.11's intermixed parsing takes what follows ``--`` for options)."""
+    head, operands = (args[:args.index("--")], args[args.index("--") + 1:]) \
+        if "--" in args else (args, [])
     try:
-        return parser.parse_intermixed_args(args)
+        parsed = parser.parse_intermixed_args(head)
+        if operands:
+            listed = [a.dest for a in parser._actions if not a.option_strings and a.nargs == "*"]
+            if not listed:
+                raise UsageError(f"unexpected argument '{operands[0]}'")
+            getattr(parsed, listed[0]).extend(operands)
+        return parsed
     except UsageError as error:
         return usage_error(parser.command, str(error))
     except _Finished as finished:
