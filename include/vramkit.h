@@ -741,7 +741,7 @@ VRAM_API void vram_replay_options_init(vram_replay_options *opts, const vram_opt
 typedef struct vram_replay_result {
   char name[256];                  /* the file name less its directory and ".trace.gz" */
   vram_source_kind source;         /* the source the pool ran on */
-  uint64_t ops, skipped_frees;     /* ops replayed; frees of IDs the trace never allocated */
+  uint64_t ops, skipped_frees;     /* ops replayed; frees of IDs not live then */
   uint64_t peak_live_bytes;        /* from the trace alone; UINT64_MAX when saturated */
   uint64_t peak_reserved_bytes, ooms, device_calls;    /* of the first cold pass */
   uint64_t device_calls_after, device_calls_warm;

@@ -151,14 +151,19 @@ elseif(CASE STREQUAL "sizes_and_environment")
   unset(ENV{VRAMKIT_LIMT})
 
 elseif(CASE STREQUAL "skipped_frees")
-  # Two frees of IDs that were never allocated: blocks from before the recording began.
+  # Two frees of IDs not live then: blocks from before the recording began.
   write_trace(partial.trace "${HEADER}" "f 7 0 0" "a 1 4096 0 1" "f 8 0 2" "f 1 0 3")
   run(STATUS 0 ARGS replay --json --repeat 1 ${partial.trace_path}
       STDOUT "\"skipped_frees\": 2[,}]" "\"ops\": 2,"
-      STDERR "partial\\.trace: skipped 2 frees of IDs the trace never allocated")
+      STDERR "partial\\.trace: skipped 2 frees of IDs not live then")
   write_trace(whole.trace "${HEADER}" "a 1 4096 0 1" "f 1 0 3")
   run(STATUS 0 ARGS replay --json --repeat 1 ${whole.trace_path}
       STDOUT "\"skipped_frees\": 0[,}]" NOT_STDERR "skipped")
+  # A block freed twice: its ID was allocated, so "never allocated" would not be true.
+  write_trace(twice.trace "${HEADER}" "a 1 4096 0 1" "f 1 0 2" "f 1 0 3")
+  run(STATUS 0 ARGS replay --repeat 1 ${twice.trace_path}
+      STDERR "twice\\.trace: skipped 1 free of IDs not live then \\(blocks from "
+             "before the recording began, or freed twice\\)")
 
 elseif(CASE STREQUAL "calls_after")
   # The second allocation reuses the first one's cached segment: one source call, made

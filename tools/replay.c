@@ -24,8 +24,9 @@ static const char replay_usage[] =
     "Replay allocation traces (format v1: gzip text, a first line '# vramkit-trace v1',\n"
     "then 'a ID SIZE STREAM T_US' and 'f ID STREAM T_US' lines) through a vramkit pool,\n"
     "and report peak live bytes, peak reserved bytes, their ratio, and the time per op of\n"
-    "the replay loop alone. A free of an ID the trace never allocated (a block from before\n"
-    "the recording) is skipped; stderr and the JSON key skipped_frees say how many.\n"
+    "the replay loop alone. A free of an ID not live then (a block from before the\n"
+    "recording, or one freed twice) is skipped; stderr and the JSON key skipped_frees say\n"
+    "how many.\n"
     "\n"
     "options:\n"
     "  --source S      sim (= sim:cuda), sim:vmm, cuda, vmm, managed or auto. Default: auto\n"
@@ -390,8 +391,8 @@ static int load_traces(const char **paths, size_t path_count, long max_ops,
               cli_shown(paths[*loaded]), (unsigned long long)UINT64_MAX);
     if ((size_t)trace->skipped_frees)
       fprintf(stderr,
-              "vramkit replay: %s: skipped %zu free%s of IDs the trace never allocated "
-              "(blocks from before the recording began)\n",
+              "vramkit replay: %s: skipped %zu free%s of IDs not live then (blocks from "
+              "before the recording began, or freed twice)\n",
               cli_shown(paths[*loaded]), (size_t)trace->skipped_frees,
               trace->skipped_frees == 1 ? "" : "s");
   }

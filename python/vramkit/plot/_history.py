@@ -90,9 +90,10 @@ def from_trace(path, ops, unmatched):
             block.end = t
         events.append((t, block, is_alloc))
     if unmatched:
-        h.notes.append(f"{unmatched} free lines of blocks allocated before the trace began "
-                       f"were skipped (a trace gives no size for them): memory below "
-                       f"may be undercounted by those blocks")
+        h.notes.append(f"{unmatched} free lines of IDs not live then were skipped (blocks "
+                       f"allocated before the trace began, or freed twice; a trace gives "
+                       f"no size for them): memory below may be undercounted by such "
+                       f"blocks")
     h.segments_note = "a trace records no segments: this view needs a snapshot"
     return h
 
