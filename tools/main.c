@@ -63,7 +63,13 @@ static int dispatch(int argc, char **argv) {
   const char *command = argv[1];
   if (cli_is_help(command) || strcmp(command, "help") == 0) {
     /* "vramkit help replay" reads naturally; send it to the command's own --help. */
-    if (argc > 2 && strcmp(command, "help") == 0) {
+    if (argc > 3 && strcmp(command, "help") == 0) {
+      fprintf(stderr, "vramkit help: one command at a time, not %d words (see vramkit "
+                      "--help)\n", argc - 2);
+      return CLI_EXIT_USAGE;
+    }
+    if (argc > 2 && strcmp(command, "help") == 0 && !cli_is_help(argv[2]) &&
+        strcmp(argv[2], "help") != 0) {
       char help_flag[] = "--help";
       char *help_argv[] = {argv[2], help_flag, NULL};
       if (strcmp(argv[2], "replay") == 0) return cmd_replay(2, help_argv);

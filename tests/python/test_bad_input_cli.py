@@ -71,6 +71,20 @@ def test_help_for_an_unknown_command_is_a_usage_error():
     assert done.stdout == ""
 
 
+def test_help_takes_one_command_and_knows_itself():
+    """'help plot extra' said "unknown command 'plot'" and 'help replay extra' dropped the
+    extra word; 'help help' said "unknown command 'help'"."""
+    for command in ("plot", "replay"):
+        done = run("help", command, "extra")
+        assert_one_clear_line(done, EXIT_USAGE, "vramkit help: one command at a time, "
+                                                "not 2 words")
+        assert done.stdout == ""
+    for words in (["help"], ["help", "help"], ["help", "--help"]):
+        done = run(*words)
+        assert done.returncode == 0 and done.stdout.startswith("usage: vramkit COMMAND")
+        assert "estimate" in done.stdout  # the Python subcommands are listed too
+
+
 @pytest.mark.parametrize("command", ["plot", "doctor"])
 def test_a_trace_error_names_the_file_escaped_once(command, tmp_path):
     """The engine's message quotes the refused byte as an escape already; the file's name is

@@ -198,6 +198,7 @@ def _dispatch(args: list[str]) -> int:
         return COMMANDS[args[0]].run(args[1:])
     if len(args) == 2 and args[0] == "help" and args[1] in COMMANDS:
         return COMMANDS[args[1]].run(["--help"])
-    if not args or (len(args) == 1 and args[0] in ("-h", "--help", "help")):
-        return _help(args)
+    if not args or args in (["-h"], ["--help"]) or args[0] == "help" and (
+            len(args) == 1 or args[1] in ("-h", "--help", "help")):
+        return _help(args[:1])
     return _exec_binary(args)
