@@ -533,6 +533,11 @@ typedef struct vram_event {
  * torch.cuda.memory._record_memory_history() call changes what is recorded from then on. */
 #define VRAM_HISTORY_KEEP 4u
 
+/* The ring kept where a caller asks for every event (PyTorch's default max_entries,
+ * sys.maxsize, for a trace that grows as it goes): the newest this many. A ring is reserved
+ * whole at the start (its pages touched only as it fills), so none is unbounded. */
+#define VRAM_HISTORY_EVERY_EVENT ((size_t)1 << 22)
+
 /* Start recording this pool's events into a ring of max_entries (0 = 100,000; the oldest
  * entries are overwritten, and counted). Starting again clears the ring, unless
  * VRAM_HISTORY_KEEP finds it recording into a ring of that size. */

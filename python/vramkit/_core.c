@@ -144,6 +144,14 @@ int limit_fits(core_state *st, const size_arg *limit) {
 PyObject *pool_set_limit(core_state *st, vram_pool_t *pool, int device, size_t bytes,
                          double fraction) {
   int rc;
+  if (!(fraction >= 0.0 && fraction <= 1.0)) { /* NaN too */
+    PyObject *given = PyFloat_FromDouble(fraction);
+    if (given == NULL) return NULL;
+    PyObject *message = PyUnicode_FromFormat("set_limit(): the fraction must be from 0 to 1 "
+                                             "(0: none), not %R", given);
+    Py_DECREF(given);
+    return raise_message(st, VRAM_EINVAL, message, NULL);
+  }
   /* Lowering a limit may release cached segments through the driver. */
   Py_BEGIN_ALLOW_THREADS
   rc = vram_set_limit(pool, bytes, fraction);
@@ -617,6 +625,9 @@ static int core_exec(PyObject *module) {
   added = sim_default ? PyModule_AddObjectRef(module, "SIM_DEFAULT_CAPACITY", sim_default) : -1;
   Py_XDECREF(sim_default);
   if (added < 0) return -1;
+  /* The ring kept where every event of a history is asked for (vramkit.h). */
+  if (PyModule_AddIntConstant(module, "HISTORY_EVERY_EVENT", VRAM_HISTORY_EVERY_EVENT) < 0)
+    return -1;
   /* The status codes, by name, for callers that test .status. */
 #define X_CODE(name, value, text)                                                          \
   if (PyModule_AddIntConstant(module, #name, value) < 0) return -1;

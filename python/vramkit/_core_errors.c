@@ -372,6 +372,12 @@ int stream_converter(PyObject *obj, void *out) {
     }
   }
   *stream = PyLong_AsVoidPtr(handle);
+  if (PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_OverflowError)) {
+    /* A handle is a pointer: say so, not that a C type overflowed. */
+    PyErr_Clear();
+    PyErr_Format(PyExc_OverflowError, "stream handle %R is not a pointer (0 to 2**64 - 1)",
+                 handle);
+  }
   Py_DECREF(handle);
   return !PyErr_Occurred();
 }

@@ -171,7 +171,7 @@ class Pool(_core.Pool):
                 self.history_stop()
                 self._recording.on = False
             return
-        ring = 1 if enabled == "state" else min(max_entries, sys.maxsize)
+        ring = history.ring_size(enabled, max_entries)
         self.history_start(ring, stacks is not None)
         # As the default pools' recordings: the blocks live at the start, which marks the
         # start in the history with a snapshot event.

@@ -220,6 +220,26 @@ def test_overflow_is_reported(run):
     assert after["trace_alloc_overflowed"] is False  # a new start clears the ring
 
 
+def test_pytorch_s_default_of_every_event_records(run):
+    """PyTorch's _record_memory_history asks for every event with max_entries=sys.maxsize;
+    vramkit's own calls refused it as out of host memory (the engine reserves its ring
+    whole). They keep the newest HISTORY_EVERY_EVENT, as the PyTorch backend does."""
+    out = run("""
+        import sys, vramkit
+        from vramkit import _core
+        vramkit.record_memory_history(max_entries=sys.maxsize)
+        vramkit.empty(512).free()
+        pool = vramkit.Pool(source="sim")
+        pool.record_memory_history(max_entries=sys.maxsize)
+        pool.allocate(512).free()
+        print(repr((len(vramkit.snapshot()["device_traces"][0]),
+                    len(pool.snapshot()["device_traces"][0]), _core.HISTORY_EVERY_EVENT)))
+    """)
+    default_events, pool_events, every = eval(out.stdout)
+    assert default_events >= 2 and pool_events >= 2
+    assert every == 1 << 22
+
+
 def test_state_keeps_stacks_but_no_events(run):
     out = run("""
         import vramkit

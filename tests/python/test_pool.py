@@ -37,6 +37,21 @@ def test_two_private_pools_keep_their_own_stats_and_limits():
     del kept, one
 
 
+def test_a_fraction_outside_0_to_1_is_named_and_changes_nothing():
+    """It was refused as "device 0: invalid argument", naming nothing."""
+    pool = sim_pool(limit="1G")
+    held = pool.allocate(MiB)
+    for fraction in (-1.0, 2.0, float("nan"), float("inf")):
+        with pytest.raises(vramkit.InvalidArgumentError, match="the fraction must be from 0 to 1"):
+            pool.set_limit(0, fraction)
+    assert pool.stats()["limit_bytes"] == GiB and held.nbytes == MiB
+    pool.allocate(MiB).free()
+    with pytest.raises(OverflowError, match="stream handle 18446744073709551616 is not a "
+                                            "pointer"):
+        pool.allocate(MiB, stream=1 << 64)  # it said a C unsigned long overflowed
+    assert pool.stats()["allocation"][0] == 1
+
+
 def test_oom_in_one_pool_leaves_the_other_untouched():
     small, big = sim_pool(limit="64M"), sim_pool()
     held = big.allocate(100 * MiB)

@@ -136,6 +136,14 @@ def check_recording_args(enabled, stacks, max_entries) -> None:
         raise _invalid(f"max_entries must be > 0, got {max_entries}")
 
 
+def ring_size(enabled: str, max_entries: int) -> int:
+    """The engine's ring for a recording: one entry for "state" (it needs no events, only
+    the stacks the engine keeps on live blocks), else max_entries, at most the newest
+    HISTORY_EVERY_EVENT: PyTorch's default asks for every event (sys.maxsize), and the
+    engine reserves its ring whole at the start, as the PyTorch backend's recordings do."""
+    return 1 if enabled == "state" else min(max_entries, _core.HISTORY_EVERY_EVENT)
+
+
 def record_memory_history(enabled: str | None = "all", stacks: str | None = "python",
                           max_entries: int = DEFAULT_MAX_ENTRIES, device=None) -> None:
     """Start recording the pools' memory history, as torch.cuda.memory._record_memory_history.
@@ -144,8 +152,8 @@ def record_memory_history(enabled: str | None = "all", stacks: str | None = "pyt
     only what a snapshot needs (the stack of each live block), as PyTorch's does; None stops
     recording (what was recorded stays readable until the next start). stacks: "python"
     attaches the Python stack of each allocation; None records none (cheaper). max_entries:
-    the size of the ring of events; the oldest are overwritten beyond it, and snapshot()
-    says so (``trace_alloc_overflowed``). device: one device, or None for every device in
+    the size of the ring of events, at most HISTORY_EVERY_EVENT (ring_size()); the oldest
+    are overwritten beyond it, and snapshot() says so (``trace_alloc_overflowed``). device: one device, or None for every device in
     use (device 0 at least). Starting again clears what was recorded.
     """
     check_recording_args(enabled, stacks, max_entries)
@@ -161,9 +169,7 @@ def record_memory_history(enabled: str | None = "all", stacks: str | None = "pyt
                     _core.history_stop(d)
                     rec.on = False
                 continue
-            # "state" needs no events, only the stacks the engine keeps on live blocks: a
-            # ring of one entry costs nothing to fill.
-            ring = 1 if enabled == "state" else min(max_entries, sys.maxsize)
+            ring = ring_size(enabled, max_entries)
             _core.history_start(d, ring, stacks is not None)
             # The blocks live now, so that a trace of this history replays from the true
             # starting state. The engine marks this snapshot in the ring (a snapshot event):

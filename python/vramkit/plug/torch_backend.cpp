@@ -85,7 +85,7 @@ constexpr int kMaxDevices = 64;
 constexpr size_t kAlign = 512;  // the engine's block unit
 constexpr size_t kMessageCap = 8192;
 // The events a recording keeps when PyTorch asks for all of them (its default).
-constexpr size_t kHistoryAll = size_t{1} << 22;
+constexpr size_t kHistoryAll = VRAM_HISTORY_EVERY_EVENT;
 constexpr size_t kOneExaByte = size_t{1} << 60;
 
 // The last failure inside a deleter, which cannot throw: read by vramkit.torch.
