@@ -301,6 +301,12 @@ def test_cublas_workspaces_come_where_pytorch_makes_them():
         CUBLAS_WORKSPACE_BYTES, CUBLASLT_WORKSPACE_BYTES]
     assert names.count("cuBLASLt workspace") == 1
     assert not any(b.freed for b in made if b.role == "workspaces")
+    # Backward runs on autograd's thread for the device, its products on a handle of
+    # their own: a second cuBLAS workspace at its first product, on the CPU stand-in too
+    # (where backward runs on the caller's thread, and there was none).
+    cublas = [i for i, b in enumerate(made) if b.op == "cuBLAS workspace"]
+    first_backward = next(i for i, b in enumerate(made) if b.phase == "backward")
+    assert len(cublas) == 2 and cublas[0] < first_backward < cublas[1]
 
 
 def test_the_switch_chooses_the_libraries(table_file):

@@ -171,10 +171,10 @@ def _workspace_model(enabled: bool):
     the product's output, where PyTorch allocates them."""
     if not enabled:
         return None
-    cublas_threads: set[int] = set()
-    lt_threads: set[int] = set()
+    cublas_threads: set = set()
+    lt_threads: set = set()
 
-    def hook(recorder, op_name: str, args, thread: int) -> None:
+    def hook(recorder, op_name: str, args, thread) -> None:
         # Called for every op: once a thread has its cuBLAS workspace, only a product with
         # a bias can add anything, which one prefix test tells.
         if thread in lt_threads:

@@ -77,6 +77,8 @@ def storage_of(t: torch.Tensor):
         return None
 
 _ADD = torch.ops.aten.add.Tensor
+# The thread a CUDA step's backward runs on, as the cuBLAS workspaces model names threads.
+_BACKWARD_THREAD = "autograd's device thread"
 
 
 def _in_place_foreach_ops() -> frozenset:
@@ -405,7 +407,11 @@ class StorageRecorder(TorchDispatchMode):
         if func is _ADD and self._in_backward:
             self._sum_of_gradients = self._summed_gradients(args, kwargs, out, peak)
         if self.workspace_hook is not None:
-            self.workspace_hook(self, name, args, threading.get_ident())
+            # A CUDA step's backward runs on autograd's thread for the device, and with it
+            # its products on a cuBLAS handle (and workspace) of their own; the CPU
+            # stand-in's backward runs on the caller's thread: named apart either way.
+            self.workspace_hook(self, name, args,
+                                _BACKWARD_THREAD if self._in_backward else threading.get_ident())
         if self.after_outputs_hook is not None:
             self.after_outputs_hook(self, func, args, kwargs or {}, out)
         return out
