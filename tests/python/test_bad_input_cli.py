@@ -258,6 +258,17 @@ def test_after_a_double_dash_every_argument_is_a_file(tmp_path):
     assert_one_clear_line(run("top", "--", "x"), EXIT_USAGE, "unexpected argument 'x'")
 
 
+def test_a_file_of_no_kind_it_reads_is_told_what_it_reads(tmp_path):
+    """A pickle of protocol 0 was told it was not "a pickle or JSON"."""
+    import pickle
+
+    path = tmp_path / "old.pickle"
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": []}, protocol=0))
+    done = run("doctor", path)
+    assert_one_clear_line(done, EXIT_BAD_INPUT, "old.pickle: not a vramkit trace",
+                          "a pickle of protocol 2 or later")
+
+
 def test_top_with_a_folder_that_is_not_there_says_so(tmp_path):
     """'no vramkit process to show' would not be true of a folder mistyped: it is unread."""
     for folder, why in ((tmp_path / "typo", "no such folder"), (Path(__file__), "not a folder")):

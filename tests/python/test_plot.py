@@ -402,7 +402,7 @@ def bad(tmp_path, name, content):
     ("v2.trace", b"# vramkit-trace v2\na 0 1 0 1\n", "another format version"),
     ("badline.trace", b"# vramkit-trace v1\na 0 1 0 1\nx 1 2\n", "badline.trace:3: unknown"),
     ("notnumber.trace", b"# vramkit-trace v1\na 0 -1 0 1\n", "notnumber.trace:2"),
-    ("random.bin", b"\x00\x01binary", "neither a vramkit trace"),
+    ("random.bin", b"\x00\x01binary", "not a vramkit trace"),
     ("empty", b"", "empty"),
 ])
 def test_bad_input_is_a_clear_error_naming_the_file(tmp_path, name, content, says):

@@ -113,8 +113,9 @@ def kind_of(path: str, raw: bytes) -> str:
                              f"('{first}'); this vramkit reads v1")
     if not raw:
         raise PlotInputError(f"{path}: the file is empty")
-    raise PlotInputError(f"{path}: neither a vramkit trace (first line "
-                         f"'{TRACE_MAGIC.decode()}') nor a memory snapshot (a pickle or JSON)")
+    raise PlotInputError(f"{path}: not a vramkit trace (first line "
+                         f"'{TRACE_MAGIC.decode()}'), a memory snapshot (JSON, or a pickle of "
+                         f"protocol 2 or later, as PyTorch writes them) or a memory log")
 
 
 def load_snapshot_object(path: str, raw: bytes, kind: str):
