@@ -130,6 +130,7 @@ def test_a_small_gzip_that_decompresses_to_much_more_is_refused(command, tmp_pat
     (["doctor", "{trace}", "--capacity", "-1G"], "--capacity: expected a size above 0"),
     (["top", "--interval", "-1e3"], "--interval: expected seconds"),
     (["plot", "{trace}", "-o", "x.html", "--max-ops", "-5K"], "--max-ops: expected a number"),
+    (["plot", "{trace}", "-o", "x.html", "--device", "-1"], "--device: expected a device"),
 ])
 def test_a_negative_value_is_refused_as_a_value_not_missing(args, expected, trace):
     """'-1G' is a value given, not an option: 'needs a value' would not be true."""
@@ -256,6 +257,13 @@ def test_after_a_double_dash_every_argument_is_a_file(tmp_path):
     assert_one_clear_line(run("doctor", "--", "--json"), EXIT_BAD_INPUT,
                           "--json: cannot read: No such file or directory")
     assert_one_clear_line(run("top", "--", "x"), EXIT_USAGE, "unexpected argument 'x'")
+
+
+@pytest.mark.parametrize("device", ["\u0661", str(1 << 31)])
+def test_a_device_number_is_ascii_digits_of_a_c_int(device, trace, tmp_path):
+    """An Arabic-Indic one was taken as device 1; 2**31 or more was taken, then not found."""
+    done = run("plot", trace, "-o", tmp_path / "x.html", "--device", device)
+    assert_one_clear_line(done, EXIT_USAGE, "--device: expected a device number")
 
 
 def test_a_file_of_no_kind_it_reads_is_told_what_it_reads(tmp_path):

@@ -31,7 +31,8 @@ arguments, 4 the output cannot be written, 5 matplotlib missing"""
 
 
 def _device(text: str) -> int:
-    if not text.isdigit():
+    # ASCII digits only: int() takes other scripts' digits, which no one types for a device
+    if not (text.isascii() and text.isdigit()) or int(text) > (1 << 31) - 1:
         raise ValueError(text)
     return int(text)
 
