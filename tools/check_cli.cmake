@@ -149,6 +149,11 @@ elseif(CASE STREQUAL "sizes_and_environment")
   run(STATUS 0 ARGS replay --repeat 1 ${one.trace_path}
       STDERR "VRAMKIT_LIMT is not a vramkit variable and is ignored; did you mean VRAMKIT_LIMIT\\?")
   unset(ENV{VRAMKIT_LIMT})
+  # A group limit a private sim cannot apply (no device others share) is said, not ignored.
+  set(ENV{VRAMKIT_GROUP_LIMIT} 1G)
+  run(STATUS 0 ARGS replay --repeat 1 --source sim ${one.trace_path}
+      STDERR "the group and soft limits apply to a device other processes share.*: ignored")
+  unset(ENV{VRAMKIT_GROUP_LIMIT})
 
 elseif(CASE STREQUAL "skipped_frees")
   # Two frees of IDs not live then: blocks from before the recording began.

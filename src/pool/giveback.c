@@ -228,6 +228,12 @@ int _vram_giveback_join(vram_pool_t *pool) {
   int rc = read_settings(pool, gb);
   char name[VRAM_GROUP_NAME_MAX + 1];
   device_name(pool, name, sizeof name);
+  static atomic_bool said;
+  if (!rc && !name[0] && (gb->group_limit || gb->soft_limit) && !atomic_exchange(&said, true))
+    /* Said once, not left silent: a limit the user set that nothing can apply. */
+    fprintf(stderr, "vramkit: the group and soft limits apply to a device other processes "
+                    "share (a GPU, or a sim named by VRAMKIT_SIM_SHARED); this pool's %s "
+                    "source has none: ignored\n", vram_source_name(pool->opts.source));
   if (rc || !name[0]) {
     free(gb);
     return rc;
