@@ -266,6 +266,21 @@ def test_a_device_number_is_ascii_digits_of_a_c_int(device, trace, tmp_path):
     assert_one_clear_line(done, EXIT_USAGE, "--device: expected a device number")
 
 
+def test_a_block_in_a_state_pytorch_never_writes_is_refused_by_the_doctor(tmp_path):
+    """It counted neither as allocated nor as free: a diagnosis of figures that do not add
+    up, given without a word."""
+    snapshot = {"segments": [{"device": 0, "address": 0, "total_size": 2 << 20,
+                              "allocated_size": 0, "active_size": 0, "stream": 0,
+                              "segment_type": "large",
+                              "blocks": [{"size": 2 << 20, "state": "x\x1b"}]}],
+                "device_traces": [[]]}
+    path = tmp_path / "odd.json"
+    path.write_text(json.dumps(snapshot))
+    done = run("doctor", path)
+    assert_one_clear_line(done, EXIT_BAD_INPUT, "odd.json: segments[0].blocks[0] is in state "
+                          "'x\\x1b', none PyTorch writes")
+
+
 def test_a_file_of_no_kind_it_reads_is_told_what_it_reads(tmp_path):
     """A pickle of protocol 0 was told it was not "a pickle or JSON"."""
     import pickle

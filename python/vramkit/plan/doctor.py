@@ -441,6 +441,10 @@ def _changed_after(snap: dict, device: int, oom: dict) -> bool:
                                                            "segment_free") for e in later)
 
 
+# The states of a snapshot's blocks, as PyTorch's snapshot writes them.
+_BLOCK_STATES = ("active_allocated", "active_pending_free", "inactive")
+
+
 def _device_blocks(snap, device: int, origin: str):
     """The device's figures in a checked snapshot: reserved, allocated, cached free, the
     largest free block, bytes by live call site, whether any block had frames, and whether
@@ -475,6 +479,11 @@ def _device_blocks(snap, device: int, origin: str):
                                        f"what it holds is unknown")
             size = block["size"]
             state = block["state"]
+            if state not in _BLOCK_STATES:
+                raise DoctorInputError(f"{origin}: segments[{i}].blocks[{j}] is in state "
+                                       f"'{str(state)[:40]}', none PyTorch writes "
+                                       f"({', '.join(_BLOCK_STATES)}): what it holds is "
+                                       f"unknown")
             held += size
             if held > seg["total_size"]:
                 raise DoctorInputError(f"{origin}: segments[{i}]'s blocks hold more than its "
