@@ -12,6 +12,7 @@ from typing import Any, Final, NoReturn, Protocol, SupportsIndex, TypedDict, fin
 VERSION: Final[str]
 SIM_MAX_CAPACITY: Final[int]  # VRAM_SIM_MAX_CAPACITY: the largest device the sim source models
 SIM_DEFAULT_CAPACITY: Final[int]  # VRAM_SIM_DEFAULT_CAPACITY: its device when none is given
+HISTORY_EVERY_EVENT: Final[int]  # VRAM_HISTORY_EVERY_EVENT: the ring where all events are asked
 
 # Status codes of the C library (include/vramkit.h), as .status of every vramkit error.
 VRAM_OK: Final[int]
