@@ -20,6 +20,7 @@ import difflib
 import sys
 
 from . import _core
+from ._shown import shown
 
 # Option names that differ from their variable's: the sim device's capacity is the option a
 # private sim pool is most often made for.
@@ -59,6 +60,9 @@ def _option_text(name: str, value, percentages: bool, switch: bool) -> str:
     float given for a size that takes percentages is a fraction of the device (0.5: "50%"),
     as in set_limit(); a bool is an on/off switch's value (give_back=False)."""
     if isinstance(value, str):
+        if "\x00" in value:  # the engine reads C strings: the rest would be dropped unseen
+            raise _config_error(f"Pool(): {name} holds a NUL character: "
+                                f"'{shown(value[:60])}'")
         return value
     if isinstance(value, bool):
         if switch:
@@ -66,6 +70,11 @@ def _option_text(name: str, value, percentages: bool, switch: bool) -> str:
         raise TypeError(f"{name} must be a str, int or float, not bool")
     if isinstance(value, float) and percentages and 0.0 < value <= 1.0:
         return f"{value * 100:.10g}%"
+    if isinstance(value, float) and percentages and value > 1.0:
+        # A float is a fraction of the device; 2.0 was two bytes.
+        raise _config_error(f"Pool(): {name} as a float is a fraction of the device, from "
+                            f"0 to 1, not {value!r}: give bytes as an int or a size such "
+                            f"as '2G'")
     if isinstance(value, (int, float)):
         return repr(value)
     raise TypeError(f"{name} must be a str, int or float, not {type(value).__name__}")
@@ -84,6 +93,9 @@ def _overrides(options: dict) -> dict:
             hint = f" (did you mean {near[0]!r}?)" if near else ""
             raise _config_error(f"Pool(): unknown option {name!r}{hint}; the options are "
                                 f"{', '.join(sorted(known))}")
+        if variable in out:
+            raise _config_error(f"Pool(): {out[variable][0]} and {name} are one option "
+                                f"({variable}): give one")
         out[variable] = (name, _option_text(name, value, variable in percentages,
                                             variable in switches))
     return out

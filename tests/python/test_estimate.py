@@ -130,12 +130,29 @@ def test_real_objects_are_left_untouched():
     (dict(device_memory=-5), ValueError), (dict(device_memory=1.5), TypeError),
     (dict(source="nope"), ValueError), (dict(device_memory="8G", memory_limit="-4G"), ValueError),
     (dict(device="cpu"), ValueError),
+    # Past the largest device modelled: an int past 64 bits wrapped to a small cap ("does
+    # not fit"), and "300T" failed after the step ran, in the host model's words.
+    (dict(memory_limit=2**64 + 1000), ValueError), (dict(device_memory="300T"), ValueError),
 ])
 def test_bad_arguments_are_refused_before_anything_runs(kwargs, error):
+    def build():
+        raise AssertionError("build() ran")
+
     with pytest.raises(error):
-        vramkit.estimate(_step, build=_mlp_build(), **kwargs)
+        vramkit.estimate(_step, build=build, **kwargs)
     with pytest.raises(TypeError):
         vramkit.estimate("not callable")
+
+
+def test_a_step_whose_call_runs_nothing_is_refused():
+    """A generator or async function's call runs none of its body: it was estimated as a
+    step holding only its model and batch."""
+    async def asynchronous(net, opt, x):
+        _step(net, opt, x)
+
+    for step in (lambda net, opt, x: (yield _step(net, opt, x)), asynchronous):
+        with pytest.raises(TypeError, match="generator or async function"):
+            vramkit.estimate(step, build=_mlp_build())
 
 
 def test_estimate_follows_the_placement_settings(monkeypatch):
@@ -415,6 +432,12 @@ def test_a_model_configuration_that_cannot_be_read_exits_2(tmp_path):
         assert done.returncode == 2, (model, done.stderr)
         assert done.stderr.startswith("vramkit estimate: ") and says in done.stderr, done.stderr
         assert "Traceback" not in done.stderr
+    # A plan for a step that checkpoints every block already always "fit without
+    # checkpointing", whatever the cap.
+    done = subprocess.run([sys.executable, "-m", "vramkit", "estimate", "--model", "gpt2",
+                           "--plan-checkpointing", "--cap", "10G", "--checkpointing"],
+                          capture_output=True, text=True)
+    assert done.returncode == 3 and "leave out --checkpointing" in done.stderr, done.stderr
     for option in ("--batch", "--seq"):
         done = subprocess.run([sys.executable, "-m", "vramkit", "estimate", "--model", "gpt2",
                                option, str(10**20)], capture_output=True, text=True)

@@ -324,6 +324,24 @@ def test_hf_callback_logs_steps(run, tmp_path):
     assert "during step 3" in proc.stderr
 
 
+def test_hf_callback_gives_each_rank_its_own_log_for_a_path_object(run, tmp_path):
+    """A pathlib.Path was taken for an open file: every rank wrote the one log."""
+    pytest.importorskip("transformers")
+    run(f"""
+        import pathlib
+        from types import SimpleNamespace
+        from vramkit.integrations.hf import MemoryCallback
+        cb = MemoryCallback(pathlib.Path({str(tmp_path / "hf.jsonl")!r}))
+        args = SimpleNamespace(device=SimpleNamespace(type="cpu"), process_index=1,
+                               world_size=2)
+        state = SimpleNamespace(global_step=1, epoch=0.0)
+        cb.on_train_begin(args, state, None)
+        cb.on_step_end(args, state, None)
+        cb.on_train_end(args, state, None)
+    """, env={"VRAMKIT_PUBLISH_DIR": str(tmp_path)})
+    assert (tmp_path / "hf.rank1.jsonl").exists() and not (tmp_path / "hf.jsonl").exists()
+
+
 def test_lightning_callback_logs_batches(run, tmp_path):
     try:
         import lightning.pytorch  # noqa: F401

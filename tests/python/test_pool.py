@@ -52,6 +52,21 @@ def test_a_fraction_outside_0_to_1_is_named_and_changes_nothing():
     assert pool.stats()["allocation"][0] == 1
 
 
+@pytest.mark.parametrize("options, says", [
+    (dict(capacity="8G\x00junk"), "capacity holds a NUL character: '8G\\x00junk'"),
+    (dict(capacity="8G", limit="1G\x00x"), "limit holds a NUL character"),
+    (dict(sim_capacity="4G", capacity="8G"), "are one option (VRAMKIT_SIM_CAPACITY)"),
+    (dict(capacity="8G", limit=2.0), "limit as a float is a fraction of the device"),
+    (dict(capacity="8G", preallocate=2.0), "preallocate as a float is a fraction"),
+])
+def test_options_the_engine_would_misread_are_refused(options, says):
+    """The engine reads C strings (the text after a NUL was dropped unseen), two names of
+    one option kept one silently, and a float above 1 became that many bytes."""
+    with pytest.raises(vramkit.ConfigError) as refused:
+        vramkit.Pool(source="sim", **options)
+    assert says in str(refused.value)
+
+
 def test_oom_in_one_pool_leaves_the_other_untouched():
     small, big = sim_pool(limit="64M"), sim_pool()
     held = big.allocate(100 * MiB)

@@ -185,6 +185,10 @@ def _refused_command_line(args) -> str | None:
         return "--max-batch and --plan-checkpointing need --device-memory or --cap"
     if args.max_batch + args.what_if + args.plan_checkpointing > 1:
         return "--max-batch, --what-if and --plan-checkpointing are separate questions: ask one"
+    if args.plan_checkpointing and args.checkpointing:
+        # The plan is of which blocks to checkpoint in the step as written; one that
+        # checkpoints every block already would always "fit without checkpointing".
+        return "--plan-checkpointing plans the step's checkpointing: leave out --checkpointing"
     return None
 
 

@@ -16,6 +16,7 @@ the most there. The trace is kept for ``vramkit replay`` and ``vramkit plot``.
 from __future__ import annotations
 
 import collections
+import inspect
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -224,10 +225,16 @@ def _size(value, what: str) -> int | None:
     if isinstance(value, int):
         if value <= 0:
             raise ValueError(f"estimate(): {what} must be positive, not {value}")
-        return value
-    nbytes, fraction = _core.parse_size(value)
-    if fraction or nbytes <= 0:
-        raise ValueError(f"estimate(): {what} must be a size like '24G', not {value!r}")
+        nbytes = value
+    else:
+        nbytes, fraction = _core.parse_size(value)
+        if fraction or nbytes <= 0:
+            raise ValueError(f"estimate(): {what} must be a size like '24G', not {value!r}")
+    if nbytes > _core.SIM_MAX_CAPACITY:
+        # Checked before the step runs: past it the replay cannot model the device (and an
+        # int past 64 bits would wrap to a small cap on its way to the engine).
+        raise ValueError(f"estimate(): {what} of {nbytes:,} bytes is more than the largest "
+                         f"device vramkit models ({_core.SIM_MAX_CAPACITY >> 40} TiB)")
     return nbytes
 
 
@@ -292,6 +299,11 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
 
     if not callable(step_fn):
         raise TypeError("estimate(): step_fn must be callable")
+    if inspect.isgeneratorfunction(step_fn) or inspect.iscoroutinefunction(step_fn) or \
+            inspect.isasyncgenfunction(step_fn):
+        # Calling one runs none of its body: the estimate would be of a step doing nothing.
+        raise TypeError("estimate(): step_fn is a generator or async function, whose call "
+                        "runs nothing: give a function that runs the step when called")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"estimate(): steps must be a positive int, not {steps!r}")
     bound, card, limit = tighter_bound(device_memory, memory_limit)

@@ -12,6 +12,8 @@ Importing this module imports transformers.
 
 from __future__ import annotations
 
+import os
+
 from transformers import TrainerCallback
 
 from ...observe.logger import MemoryLogger
@@ -37,8 +39,8 @@ class MemoryCallback(TrainerCallback):
         if device is None:
             device = args.device if getattr(args.device, "type", None) == "cuda" else 0
         target = self.target
-        if isinstance(target, str):
-            target = log_path(target, args.process_index, args.world_size)
+        if isinstance(target, (str, os.PathLike)):  # a path, not an open file: one per rank
+            target = log_path(os.fspath(target), args.process_index, args.world_size)
         self.logger = MemoryLogger(target, every=self.every, device=device, **self.options)
 
     def on_step_end(self, args, state, control, **kwargs):

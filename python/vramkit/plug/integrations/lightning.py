@@ -12,6 +12,8 @@ own file. Importing this module imports Lightning.
 
 from __future__ import annotations
 
+import os
+
 try:
     from lightning.pytorch import Callback
 except ImportError:
@@ -45,8 +47,8 @@ class MemoryCallback(Callback):
         if device is None:
             device = pl_module.device if pl_module.device.type == "cuda" else 0
         target = self.target
-        if isinstance(target, str):
-            target = log_path(target, trainer.global_rank, trainer.world_size)
+        if isinstance(target, (str, os.PathLike)):  # a path, not an open file: one per rank
+            target = log_path(os.fspath(target), trainer.global_rank, trainer.world_size)
         self.logger = MemoryLogger(target, every=self.every, device=device, **self.options)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
