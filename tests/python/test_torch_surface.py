@@ -128,6 +128,11 @@ def test_allocator_settings_split_as_pytorch_splits_them():
     ("graph_capture_record_stream_reuse:1", "True or False"),
     ("roundup_power2_divisions:[256:1,512:2,expandable_segments:True", "without its ']'"),
     ("roundup_power2_divisions:256:1],expandable_segments:True", r"without its '\['"),
+    # Keys with no equivalent were only warned about, whatever their value.
+    ("max_split_size_mb:banana", "expected a size in MiB"),
+    ("max_split_size_mb:-5", "expected a size in MiB"),
+    ("garbage_collection_threshold:1.5", "strictly between 0 and 1"),
+    ("release_lock_on_cudamalloc:yes", "True or False"),
 ])
 def test_allocator_settings_refuse_values_pytorch_refuses(conf, why):
     from vramkit.plug import torch_settings

@@ -79,6 +79,24 @@ def _refuse(where: str, key: str, value: str, why: str) -> SettingsError:
     return SettingsError(f"{where}: {shown(key)}:{shown(value)}: {why}")
 
 
+def _check_no_equivalent(where: str, key: str, value: str) -> None:
+    """Refuse a value PyTorch would refuse for a key vramkit only warns about: a size in
+    MiB (ASCII digits), a threshold strictly between 0 and 1, a True or False switch.
+    roundup_power2_divisions, with its list forms, is left to the warning."""
+    if key in ("max_split_size_mb", "max_non_split_rounding_mb"):
+        if not (value.isascii() and value.isdigit()):
+            raise _refuse(where, key, value, "expected a size in MiB, as 512")
+    elif key == "garbage_collection_threshold":
+        try:
+            threshold = float(value) if value.isascii() else float("nan")
+        except ValueError:
+            threshold = float("nan")
+        if not 0.0 < threshold < 1.0:  # NaN fails both
+            raise _refuse(where, key, value, "expected a share strictly between 0 and 1")
+    elif key == "release_lock_on_cudamalloc" and value not in ("True", "False"):
+        raise _refuse(where, key, value, "expected True or False")
+
+
 def _fraction(where: str, value: str) -> float:
     """per_process_memory_fraction's value: a share of the device from 0 to 1, as PyTorch
     takes it (0: nothing may be allocated). Refused in PyTorch's words otherwise."""
@@ -126,6 +144,7 @@ def map_settings(conf: str, where: str = "PYTORCH_CUDA_ALLOC_CONF") -> dict:
         elif key in _HOST_KEYS:
             continue  # PyTorch's host allocator serves it, as without vramkit
         elif key in _NO_EQUIVALENT:
+            _check_no_equivalent(where, key, value)
             _warn(f"{where}: {key}:{shown(value)} has no effect under vramkit: "
                   f"{_NO_EQUIVALENT[key]}")
         else:
