@@ -100,8 +100,8 @@ def parse(parser: CommandParser, args: list[str]) -> argparse.Namespace | int:
     --help, 3 after the usage message. Options and operands may come in any order; after
     ``--`` everything is an operand (a file named '-x.trace'), as for the C command
     (Python 3.11's intermixed parsing takes what follows ``--`` for options)."""
-    head, operands = (args[:args.index("--")], args[args.index("--") + 1:]) \
-        if "--" in args else (args, [])
+    split = args.index("--") if "--" in args else len(args)
+    head, operands = args[:split], args[split + 1:]
     try:
         parsed = parser.parse_intermixed_args(head)
         if operands:
