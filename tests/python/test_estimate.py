@@ -133,6 +133,7 @@ def test_real_objects_are_left_untouched():
     # Past the largest device modelled: an int past 64 bits wrapped to a small cap ("does
     # not fit"), and "300T" failed after the step ran, in the host model's words.
     (dict(memory_limit=2**64 + 1000), ValueError), (dict(device_memory="300T"), ValueError),
+    (dict(variant="bf16"), TypeError),  # an AttributeError from inside the recorder before
 ])
 def test_bad_arguments_are_refused_before_anything_runs(kwargs, error):
     def build():

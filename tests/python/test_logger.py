@@ -213,6 +213,9 @@ def test_bad_arguments(tmp_path):
         MemoryLogger(lambda r: None, every=0)
     with pytest.raises(OSError):
         MemoryLogger(tmp_path / "no" / "such" / "folder.jsonl")
+    for summary in (True, "stderr"):  # refused at close(), at the end of a run, before
+        with pytest.raises(TypeError, match="summary must be a file object"):
+            MemoryLogger(lambda r: None, summary=summary)
     log = MemoryLogger(lambda r: None, summary=False)
     with pytest.raises(ValueError, match="would replace"):
         log.step(0, allocated=1)

@@ -163,6 +163,11 @@ class MemoryLogger:
         self.every = every
         self.device = _device_index(device)
         self.reset_peaks = bool(reset_peaks)
+        if summary is not None and summary is not False and not callable(
+                getattr(summary, "write", None)):
+            # Checked here, not when close() prints to it at the end of a run.
+            raise TypeError(f"summary must be a file object, None (stderr) or False, not "
+                            f"{type(summary).__name__}")
         self._summary_to = summary
         self._callback: Callable[[dict], Any] | None = None
         self._file: io.TextIOBase | None = None

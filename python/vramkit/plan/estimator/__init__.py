@@ -306,6 +306,11 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
                         "runs nothing: give a function that runs the step when called")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"estimate(): steps must be a positive int, not {steps!r}")
+    if variant is not None:
+        from .variants import Variant
+        if not isinstance(variant, Variant):
+            raise TypeError(f"estimate(): variant must be a vramkit.estimator.variants."
+                            f"Variant, not {type(variant).__name__}")
     bound, card, limit = tighter_bound(device_memory, memory_limit)
     source = _checked_source(source)
     libraries = _workspace_libraries(model_workspaces)
