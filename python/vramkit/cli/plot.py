@@ -31,8 +31,10 @@ arguments, 4 the output cannot be written, 5 matplotlib missing"""
 
 
 def _device(text: str) -> int:
+    from ..plot._log import MOST_DEVICE
+
     # ASCII digits only: int() takes other scripts' digits, which no one types for a device
-    if not (text.isascii() and text.isdigit()) or int(text) > (1 << 31) - 1:
+    if not (text.isascii() and text.isdigit()) or int(text) > MOST_DEVICE:
         raise ValueError(text)
     return int(text)
 

@@ -153,8 +153,9 @@ def record_memory_history(enabled: str | None = "all", stacks: str | None = "pyt
     recording (what was recorded stays readable until the next start). stacks: "python"
     attaches the Python stack of each allocation; None records none (cheaper). max_entries:
     the size of the ring of events, at most HISTORY_EVERY_EVENT (ring_size()); the oldest
-    are overwritten beyond it, and snapshot() says so (``trace_alloc_overflowed``). device: one device, or None for every device in
-    use (device 0 at least). Starting again clears what was recorded.
+    are overwritten beyond it, and snapshot() says so (``trace_alloc_overflowed``).
+    device: one device, or None for every device in use (device 0 at least). Starting
+    again clears what was recorded.
     """
     check_recording_args(enabled, stacks, max_entries)
     if device is None:

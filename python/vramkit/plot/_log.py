@@ -24,7 +24,7 @@ from ._read import PlotInputError
 _JSON_HEAD = re.compile(rb'^\s*\{\s*"(?:time|step)"\s*:')
 _REQUIRED = ("time", "step", "allocated", "reserved")
 # The largest device number a record may name: CUDA's ordinals are C ints.
-_MOST_DEVICE = (1 << 31) - 1
+MOST_DEVICE = (1 << 31) - 1
 
 
 def is_log(raw: bytes) -> bool:
@@ -109,7 +109,7 @@ def parse_log(path: str, raw: bytes) -> tuple[list[dict], list[str]]:
             raise PlotInputError(f"{path}:{number}: negative memory figures")
         device = record.get("device")
         if device is not None and (isinstance(device, bool) or not isinstance(device, int)
-                                   or not 0 <= device <= _MOST_DEVICE):
+                                   or not 0 <= device <= MOST_DEVICE):
             raise PlotInputError(f"{path}:{number}: 'device' is not a device number: "
                                  f"{_clipped(device)}")
         out.append(record)
