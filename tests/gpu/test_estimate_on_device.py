@@ -76,3 +76,27 @@ def test_a_step_with_summed_gradients_is_estimated_as_it_runs(gpu_run):
                 for out in (estimated, real))
     assert abs(est["allocated"] - got["allocated"]) <= 0.005 * got["allocated"], (est, got)
     assert abs(est["reserved"] - got["reserved"]) <= 0.03 * got["reserved"], (est, got)
+
+
+def test_derived_softmax_scratch_is_what_the_kernel_allocates(gpu_run):
+    """A machine without a GPU derives softmax backward's scratch from the call alone
+    (scratch.DERIVED_OPS); here the kernel itself is measured on the same layouts: a 4-D
+    fp32 attention score, a bf16 one whose rows are no power of two, and the fp16 input
+    whose softmax was taken in fp32."""
+    out = gpu_run("""
+        import json, torch
+        from vramkit.estimator import scratch as sc
+        rows = []
+        for shape, dtype, input_dtype in (((4, 8, 256, 256), torch.float32, torch.float32),
+                                          ((2, 4, 128, 1000), torch.bfloat16, torch.bfloat16),
+                                          ((3, 77, 77), torch.float32, torch.float16)):
+            grad = torch.zeros(shape, dtype=dtype, device="cuda")
+            call = sc.call_of(torch.ops.aten._softmax_backward_data.default,
+                              (grad, grad.clone(), -1, input_dtype), {})
+            measured = sc.measure_op(call, torch.device("cuda"), blocks=True)
+            rows.append([list(sc.derived_size(call)), list(measured)])
+        print(json.dumps(rows))
+    """)
+    rows = json.loads(next(line for line in out.splitlines() if line.startswith("[")))
+    for derived, measured in rows:
+        assert derived == measured, rows

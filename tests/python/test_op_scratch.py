@@ -296,6 +296,40 @@ def test_without_a_device_one_note_says_how_many_signatures_were_left_out():
     assert e.breakdown["workspaces"] == 2 * CUBLAS_WORKSPACE_BYTES + CUBLASLT_WORKSPACE_BYTES
 
 
+def test_without_a_device_softmax_backward_takes_the_product_it_makes():
+    """Softmax's CUDA backward multiplies the gradient by the output into a new tensor
+    before its kernel runs: a machine without a GPU derives that block from the shapes, in
+    the product's dtype, and puts it after the gradient it returns, on the peak here."""
+    shape = (16, 256, 300)
+
+    def build():
+        return torch.zeros(shape, requires_grad=True)
+
+    def step(x):
+        x.softmax(-1).backward(torch.ones(shape))
+
+    with_scratch = vramkit.estimate(step, build=build, model_workspaces="scratch")
+    without = vramkit.estimate(step, build=build, model_workspaces=False)
+    product = _rounded(16 * 256 * 300 * 4)
+    assert with_scratch.peak_allocated == without.peak_allocated + product
+    assert (sc.LABEL, product, 1) in with_scratch.top_sites
+    derived = [n for n in with_scratch.notes if "derived" in n]
+    assert derived == ["the scratch buffers of 1 op signatures (_softmax_backward_data) "
+                       "follow from ATen's CUDA kernels and were derived from their shapes"]
+    (left,) = [n for n in with_scratch.notes if "not modelled" in n]
+    assert "_softmax_backward_data" not in left and "_softmax 1" in left
+    # The product's dtype: a 16-bit softmax's own, and fp32 where the softmax of a 16-bit
+    # input was taken in fp32 (the gradient and output fp32, the input's dtype fp16).
+    backward = torch.ops.aten._softmax_backward_data.default
+    for dtype, input_dtype, itemsize in ((torch.bfloat16, torch.bfloat16, 2),
+                                         (torch.float32, torch.float16, 4)):
+        grad = torch.zeros(shape, dtype=dtype)
+        call = sc.call_of(backward, (grad, grad.clone(), -1, input_dtype), {})
+        assert sc.derived_size(call) == (0, 16 * 256 * 300 * itemsize, -1)
+    assert sc.derived_size(sc.call_of(backward, (torch.zeros(0, 5),) * 2 + (-1, torch.float32),
+                                      {})) == 0
+
+
 def test_the_switch_turns_op_scratch_on_and_off(stand_in, monkeypatch):
     class OnTheCpu(sc.OpScratchModel):
         """The model as on a GPU: the CPU stands for the device, the stand-in measures."""

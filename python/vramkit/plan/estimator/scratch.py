@@ -23,7 +23,10 @@ that choose the kernel), in this order:
    always in range), with :func:`vramkit.estimator.workspaces.measure_transient`, the
    convolutions' measuring path; kept for the process and on disk (``op-scratch/`` beside
    the convolutions' cache, per device name, PyTorch version and cuDNN version);
-2. else 0, and the estimate's notes say, in one note, for how many of the step's op
+2. else, for the ops whose scratch follows from ATen's source alone (:data:`DERIVED_OPS`),
+   derived from the call's shapes and dtypes: on a machine without a GPU, and for the
+   CPU stand-in;
+3. else 0, and the estimate's notes say, in one note, for how many of the step's op
    signatures scratch buffers were not modelled. There is no table for a machine without
    a GPU yet: bench/cudnn_workspace_probe.py records these ops' sizes in real steps and
    in isolation, from which one could be fitted.
@@ -39,7 +42,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from . import workspaces as _ws
-from ._transients import as_transient, is_transient
+from ._transients import OUTPUT, as_transient, is_transient
 
 LABEL = "op scratch"
 CACHE_FORMAT = "vramkit-op-scratch/1"
@@ -390,6 +393,44 @@ def call_of(func, args, kwargs, device_type: str | None = None) -> OpCall | None
 
 
 # ---------------------------------------------------------------------------------------
+# Scratch that follows from the kernel's source, for machines without the GPU.
+# ---------------------------------------------------------------------------------------
+
+def _argument(call: OpCall, position: int, name: str):
+    return call.args[position] if len(call.args) > position else call.kwargs.get(name)
+
+
+def _softmax_backward_product(call: OpCall):
+    """Softmax's CUDA backward (ATen/native/cuda/SoftMax.cu) multiplies the output's
+    gradient by the output into a new tensor before its kernel runs, and frees it on
+    return: one block of the gradient's elements in the product's dtype, made after the
+    op's output. (Log-softmax's backward has no such product.)"""
+    import torch
+    grad = _argument(call, 0, "grad_output")
+    output = _argument(call, 1, "output")
+    if not isinstance(grad, TensorSpec) or not isinstance(output, TensorSpec):
+        return 0
+    elements = 1
+    for size in grad.shape:
+        elements *= size
+    if not elements:
+        return 0
+    itemsize = torch.promote_types(grad.dtype, output.dtype).itemsize
+    return (OUTPUT, elements * itemsize, -1)
+
+
+# The ops whose scratch on a CUDA device is derived from the call alone, by what derives it.
+DERIVED_OPS = {"_softmax_backward_data.default": _softmax_backward_product}
+
+
+def derived_size(call: OpCall):
+    """The call's transient on a CUDA device where DERIVED_OPS knows it, else 0 (the CPU
+    stand-in's tensors stand for CUDA tensors: their device is not asked)."""
+    derive = DERIVED_OPS.get(call.op)
+    return derive(call) if derive is not None else 0
+
+
+# ---------------------------------------------------------------------------------------
 # Measuring on the device.
 # ---------------------------------------------------------------------------------------
 
@@ -483,7 +524,8 @@ class OpScratchModel(_ws.DeviceMeasuredSizes):
         if size is not None:
             return size
         if self.device is None:
-            size, how = 0, "none"
+            size = derived_size(call)
+            how = "derived" if size else "none"
         else:
             size, how = self._from_device(call, out)
         self._size[call.key], self._how[call.key] = size, how
@@ -525,9 +567,10 @@ class OpScratchModel(_ws.DeviceMeasuredSizes):
         self._measured_new = True
         return size, "measured"
 
-    def by_op(self) -> Counter:
-        """How many of the step's signatures each op has."""
-        return Counter(key.split(" ", 1)[0] for key in self._how)
+    def by_op(self, how: str | None = None) -> Counter:
+        """How many of the step's signatures each op has (those sized ``how``, if given)."""
+        return Counter(key.split(" ", 1)[0] for key, way in self._how.items()
+                       if how is None or way == how)
 
     def notes(self) -> list:
         if not self._how:
@@ -546,9 +589,14 @@ class OpScratchModel(_ws.DeviceMeasuredSizes):
         if counts["budget"]:
             notes.append(f"measuring op scratch buffers took over {self.time_budget_s:g} s: "
                          f"{counts['budget']} op signatures left unmeasured count 0")
+        if counts["derived"]:
+            ops = ", ".join(sorted(op.split(".")[0] for op in self.by_op("derived")))
+            notes.append(f"the scratch buffers of {counts['derived']} op signatures ({ops}) "
+                         f"follow from ATen's CUDA kernels and were derived from their shapes")
         if counts["none"]:
             ops = ", ".join(f"{op.split('.')[0]} {n}" for op, n in
-                            sorted(self.by_op().items(), key=lambda kv: (-kv[1], kv[0])))
+                            sorted(self.by_op("none").items(),
+                                   key=lambda kv: (-kv[1], kv[0])))
             notes.append(f"scratch buffers that ops allocate and free inside themselves "
                          f"were not modelled for {counts['none']} of the step's {total} op "
                          f"signatures ({ops}): they are measured on a GPU, and there is "
