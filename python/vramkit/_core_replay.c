@@ -137,10 +137,20 @@ PyObject *core_replay(PyObject *module, PyObject *args, PyObject *kwargs) {
   rc = vram_replay_run(&opts, PyBytes_AS_STRING(path_obj), limit, result);
   Py_END_ALLOW_THREADS
   Py_DECREF(path_obj);
-  PyObject *out = rc == VRAM_OK ? result_dict(result, &opts)
-                                : raise_message(st, rc, PyUnicode_DecodeUTF8(
-                                    result->error, (Py_ssize_t)strlen(result->error),
-                                    "replace"), NULL);
+  PyObject *out = NULL;
+  if (rc == VRAM_OK) {
+    out = result_dict(result, &opts);
+  } else {
+    PyObject *message = PyUnicode_DecodeUTF8(result->error, (Py_ssize_t)strlen(result->error),
+                                             "replace");
+    if (rc == VRAM_EIO && message != NULL) {
+      /* A file that cannot be opened or decompressed: what reading it in Python raises. */
+      PyErr_SetObject(PyExc_OSError, message);
+      Py_DECREF(message);
+    } else {
+      raise_message(st, rc, message, NULL);
+    }
+  }
   free(result);
   return out;
 }

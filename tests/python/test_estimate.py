@@ -145,6 +145,47 @@ def test_bad_arguments_are_refused_before_anything_runs(kwargs, error):
         vramkit.estimate("not callable")
 
 
+@pytest.mark.parametrize("call, error, words", [
+    # A build that is not a function failed inside the recorder, as "the step raised".
+    (lambda f: vramkit.estimate(_step, build=5), TypeError, "build must be a function"),
+    (lambda f: vramkit.estimator.advise(_step, build=f, make_batch=f, batch=-4),
+     ValueError, "batch must be a positive int, not -4"),
+    (lambda f: vramkit.estimator.advise(_step, build=f, make_batch="n", batch=8),
+     TypeError, "make_batch must be a function"),
+    (lambda f: vramkit.estimator.find_max_batch(_step, f, "24G", most=0),
+     ValueError, "most must be a positive int, not 0"),
+    (lambda f: vramkit.estimator.find_max_batch(_step, f, "24G", start=9, most=8),
+     ValueError, r"start \(9\) is above most \(8\)"),
+    (lambda f: vramkit.estimator.find_max_batch(_step, None, "24G"),
+     TypeError, "make_batch must be a function"),
+])
+def test_bad_arguments_of_the_planners_are_refused_before_any_estimate(call, error, words):
+    def never(*args):
+        raise AssertionError("the step was built")
+
+    with pytest.raises(error, match=words):
+        call(never)
+
+
+def test_the_tokens_a_learned_position_table_holds(tmp_path):
+    """The families whose positions are a table of learned embeddings, and how many tokens
+    it holds (RoBERTa numbers them from its padding index + 1); rotary ones have none."""
+    import transformers as t
+    from vramkit.estimator import models
+
+    assert models.position_limit(t.GPT2Config(n_positions=64)) == (64, "n_positions")
+    assert models.position_limit(t.BertConfig())[0] == 512
+    assert models.position_limit(t.RobertaConfig(max_position_embeddings=514))[0] == 512
+    assert models.position_limit(t.RobertaConfig(max_position_embeddings=514,
+                                                 pad_token_id=0))[0] == 513
+    assert models.position_limit(t.OPTConfig(max_position_embeddings=2048))[0] == 2048
+    assert models.position_limit(t.LlamaConfig()) is None
+    t.GPT2Config(n_positions=64).save_pretrained(tmp_path)
+    with pytest.raises(models.PastPositions, match="seq 65 is past the 64 positions"):
+        models.workload(str(tmp_path), 1, seq=65)
+    assert models.workload(str(tmp_path), 1, seq=64).name.endswith(" batch 1x64 fp32")
+
+
 def test_a_step_whose_call_runs_nothing_is_refused():
     """A generator or async function's call runs none of its body: it was estimated as a
     step holding only its model and batch."""
@@ -439,6 +480,20 @@ def test_a_model_configuration_that_cannot_be_read_exits_2(tmp_path):
                            "--plan-checkpointing", "--cap", "10G", "--checkpointing"],
                           capture_output=True, text=True)
     assert done.returncode == 3 and "leave out --checkpointing" in done.stderr, done.stderr
+    # --trace keeps a plain estimate's one step; the other questions record many, and kept
+    # none, silently.
+    for question in ("--what-if", "--max-batch", "--plan-checkpointing"):
+        done = subprocess.run([sys.executable, "-m", "vramkit", "estimate", "--model", "gpt2",
+                               question, "--cap", "10G", "--trace",
+                               str(tmp_path / "kept.trace")], capture_output=True, text=True)
+        assert done.returncode == 3 and "--trace keeps the one step" in done.stderr, question
+    # Past a learned position table the real step fails; fake tensors check no index.
+    done = subprocess.run([sys.executable, "-m", "vramkit", "estimate", "--model", "gpt2",
+                           "--seq", "1025"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 3, done.stderr
+    assert done.stderr == ("vramkit estimate: seq 1025 is past the 1024 positions of gpt2's "
+                           "learned position table (n_positions): the real step fails "
+                           "indexing it (see vramkit estimate --help)\n"), done.stderr
     for option in ("--batch", "--seq"):
         done = subprocess.run([sys.executable, "-m", "vramkit", "estimate", "--model", "gpt2",
                                option, str(10**20)], capture_output=True, text=True)
@@ -801,7 +856,7 @@ def test_the_command_line_s_failures_are_one_escaped_line_with_their_status(tmp_
         "No such file or directory"]
     # A batch no storage can hold: fake tensors log the meta kernel's exception with its
     # traceback; the estimate explains it in one line instead.
-    huge = run("--model", "gpt2", "--batch", str(2**31 - 1), "--seq", str(2**31 - 1))
+    huge = run("--model", "llama-1b", "--batch", str(2**31 - 1), "--seq", str(2**31 - 1))
     assert huge.returncode == 4, huge.stderr
     assert len(huge.stderr.splitlines()) == 1 and "overflowed" in huge.stderr, huge.stderr
     # A name with a terminal control in it is shown escaped, once.

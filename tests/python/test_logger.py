@@ -216,6 +216,15 @@ def test_bad_arguments(tmp_path):
     for summary in (True, "stderr"):  # refused at close(), at the end of a run, before
         with pytest.raises(TypeError, match="summary must be a file object"):
             MemoryLogger(lambda r: None, summary=summary)
+    # A device the source does not have: refused before the file is made, where it logged
+    # "the pool was never used" at every record of a run.
+    import vramkit
+    count = vramkit.device_count()
+    with pytest.raises(vramkit.InvalidDeviceError, match=f"device {count}: invalid device "
+                                                         f"ordinal \\(this machine has {count}"):
+        MemoryLogger(tmp_path / "absent.jsonl", device=count)
+    assert not (tmp_path / "absent.jsonl").exists()
+    MemoryLogger(lambda r: None, device=count - 1, summary=False).close()
     log = MemoryLogger(lambda r: None, summary=False)
     with pytest.raises(ValueError, match="would replace"):
         log.step(0, allocated=1)

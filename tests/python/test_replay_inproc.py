@@ -2,6 +2,7 @@
 the estimator, the doctor and the plots using it with no child process (issue 36)."""
 
 import glob
+import gzip
 import json
 import subprocess
 
@@ -49,8 +50,26 @@ def test_the_environment_does_not_reach_the_replay(tmp_path, monkeypatch):
     assert vramkit.replay(path, settings={"VRAMKIT_LIMIT": "1M"})["ooms"] == 1
     with pytest.raises(vramkit.ConfigError):
         vramkit.replay(path, settings={"VRAMKIT_LIMIT": "lots"})
-    with pytest.raises(vramkit.VramError):
+
+
+def test_a_file_that_cannot_be_read_raises_what_python_raises(tmp_path):
+    """A missing path, a folder, a damaged gzip: the errors of Python's own readers (not a
+    driver's error, for no driver was called); a malformed record stays the engine's."""
+    with pytest.raises(FileNotFoundError):
         vramkit.replay(tmp_path / "missing.trace")
+    with pytest.raises(IsADirectoryError):
+        vramkit.replay(tmp_path)
+    damaged = tmp_path / "damaged.trace.gz"
+    records = "".join(f"a {n} {512 * n} 0 {n}\n" for n in range(1, 2000))
+    whole = gzip.compress(("# vramkit-trace v1\n" + records).encode())
+    damaged.write_bytes(whole[:len(whole) // 2] + b"\xff" * 64 + whole[len(whole) // 2:])
+    with pytest.raises(OSError) as raised:
+        vramkit.replay(damaged)
+    assert not isinstance(raised.value, vramkit.VramError)
+    malformed = tmp_path / "malformed.trace"
+    malformed.write_text("# vramkit-trace v1\na 1 lots 0 1\n")
+    with pytest.raises(vramkit.InvalidArgumentError):
+        vramkit.replay(malformed)
 
 
 def test_no_child_process(tmp_path, monkeypatch):

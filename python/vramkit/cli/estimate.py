@@ -133,6 +133,8 @@ def _refused(error: Exception, model: str) -> int:
         return EXIT_MISSING_DEPENDENCY
     if isinstance(error, models.BadConfig):
         return input_error("estimate", error)
+    if isinstance(error, models.PastPositions):
+        return usage_error("estimate", str(error))
     from_file = os.path.isfile(model) or os.path.isdir(model)
     if from_file and isinstance(error, ValueError) and not isinstance(error, models.UnknownModel):
         # transformers refused a value of the user's configuration when building it.
@@ -185,6 +187,10 @@ def _refused_command_line(args) -> str | None:
         return "--max-batch and --plan-checkpointing need --device-memory or --cap"
     if args.max_batch + args.what_if + args.plan_checkpointing > 1:
         return "--max-batch, --what-if and --plan-checkpointing are separate questions: ask one"
+    if args.trace and (args.max_batch or args.what_if or args.plan_checkpointing):
+        # Those questions record many steps (a batch, a change, a plan each), not one.
+        return ("--trace keeps the one step a plain estimate records: leave it out with "
+                "--max-batch, --what-if and --plan-checkpointing")
     if args.plan_checkpointing and args.checkpointing:
         # The plan is of which blocks to checkpoint in the step as written; one that
         # checkpoints every block already would always "fit without checkpointing".

@@ -64,9 +64,20 @@ _JSON_SUFFIXES = (".jsonl", ".ndjson", ".json")
 
 
 def _device_index(device) -> int:
-    from .. import _device
+    """The ordinal of ``device``, refused (InvalidDeviceError) past the devices the source
+    has: a log of a device that is not there would record zeros for the whole run."""
+    from .. import _core as core, _device, _error
 
-    return _device(device)
+    index = _device(device)
+    try:
+        count = core.device_count()
+    except core.VramError:
+        return index  # no driver to count with: the first record says so
+    if index >= count:
+        raise _error(core.VRAM_EDEVICE, f"device {index}: invalid device ordinal (this "
+                                        f"machine has {count} on the "
+                                        f"{core.source(0)} source)")
+    return index
 
 
 def _pool_in_use(device: int) -> bool:

@@ -13,7 +13,9 @@ the question a replay asks.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 
 from .. import _core
 
@@ -41,13 +43,20 @@ def replay(path, source: str = "sim", capacity: int | None = None,
     min_capacity_over_live and min_capacity_source with min_capacity) and
     first_oom_report, the pool's report of the first out-of-memory, and first_oom, its
     figures and cause as ``_core.oom_info`` gives them (each None without one).
-    Out-of-memory is a figure, not an error; an unreadable trace or a bad setting raises
-    vramkit.VramError (ConfigError for a bad value). See the module's note for ``settings``.
+    Out-of-memory is a figure, not an error. A path that names no file raises
+    FileNotFoundError, a folder IsADirectoryError, a file that cannot be read or
+    decompressed OSError; a malformed record or a bad setting raises vramkit.VramError
+    (ConfigError for a bad value). See the module's note for ``settings``.
     ``host_model=True`` replays on the engine's host model of ``source`` (sim for cuda and
     managed, sim:vmm for vmm: what a machine without a GPU can measure of them).
     """
+    path = os.fspath(path)
+    # What Python's own readers raise for a path that names no file or a folder (os.stat,
+    # not open(): a named pipe would wait for its writer, and the engine opens it itself).
+    if stat.S_ISDIR(os.stat(path).st_mode):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
     pairs = tuple((str(k), str(v)) for k, v in (settings or {}).items())
-    return _core.replay(os.fspath(path), source=source, capacity=capacity or 0,
+    return _core.replay(path, source=source, capacity=capacity or 0,
                         min_capacity=bool(min_capacity), repeat=int(repeat), settings=pairs,
                         max_ops=-1 if max_ops is None else int(max_ops),
                         host_model=bool(host_model))

@@ -216,6 +216,13 @@ def _after_outputs(models_: list):
     return hook
 
 
+def _count(caller: str, name: str, value) -> int:
+    """``value`` if it is an int of at least 1, else the ValueError that names it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{caller}(): {name} must be a positive int, not {value!r}")
+    return value
+
+
 def _size(value, what: str) -> int | None:
     if value is None:
         return None
@@ -293,7 +300,8 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
     estimate runs with one (which resets its peak memory statistics), else taken from
     the table of H200 measurements (vramkit.estimator.workspaces); the scratch buffers
     of other ops (layer norm, reductions, softmax, losses; not fused attention's:
-    vramkit.estimator.scratch) are measured on the GPU too, and without one count 0.
+    vramkit.estimator.scratch) are measured on the GPU too; without one, those that
+    follow from ATen's source alone (softmax backward's) are derived, the rest count 0.
     The notes say which, and what was not modelled."""
     from . import _replay, _step
 
@@ -304,8 +312,10 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
         # Calling one runs none of its body: the estimate would be of a step doing nothing.
         raise TypeError("estimate(): step_fn is a generator or async function, whose call "
                         "runs nothing: give a function that runs the step when called")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"estimate(): steps must be a positive int, not {steps!r}")
+    if build is not None and not callable(build):
+        raise TypeError(f"estimate(): build must be a function that returns the step's "
+                        f"first arguments, not {type(build).__name__}")
+    _count("estimate", "steps", steps)
     if variant is not None:
         from .variants import Variant
         if not isinstance(variant, Variant):
@@ -551,6 +561,11 @@ def advise(step_fn, *args, build=None, device_memory=None, memory_limit=None,
 
     if variants is not None and not variants:
         raise ValueError("advise(): variants is empty: give the step as written first")
+    if batch is not None:
+        _count("advise", "batch", batch)
+    if make_batch is not None and not callable(make_batch):
+        raise TypeError(f"advise(): make_batch must be a function of the batch size, not "
+                        f"{type(make_batch).__name__}")
     # An estimate's own options (WhatIf takes device and emulate); the rest are the step's.
     common = dict(device_memory=device_memory, memory_limit=memory_limit, source=source,
                   model_workspaces=kwargs.pop("model_workspaces", True))
@@ -684,6 +699,11 @@ def find_max_batch(step_fn, make_batch, device_memory=None, mode: str = "predict
                          f"not {allocator!r}")
     if device_memory is None and memory_limit is None:
         raise ValueError("find_max_batch(): give device_memory or memory_limit")
+    if not callable(make_batch):
+        raise TypeError(f"find_max_batch(): make_batch must be a function of the batch "
+                        f"size, not {type(make_batch).__name__}")
+    if _count("find_max_batch", "start", start) > _count("find_max_batch", "most", most):
+        raise ValueError(f"find_max_batch(): start ({start}) is above most ({most})")
 
     cache: dict[int, Estimate] = {}
 

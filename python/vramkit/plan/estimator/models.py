@@ -53,6 +53,11 @@ class BadConfig(ValueError):
     JSON, or with values of the wrong kind. The message names the file."""
 
 
+class PastPositions(ValueError):
+    """A sequence longer than the model's table of learned positions: the real step fails
+    indexing it, where fake tensors, which check no index, would give an estimate."""
+
+
 class MissingPackage(ImportError):
     """transformers (or PyTorch) is not installed; the message says what to install."""
 
@@ -140,6 +145,24 @@ def _out_of_range(config) -> str | None:
     return None
 
 
+def position_limit(config) -> tuple[int, str] | None:
+    """(the most tokens, the setting that says so) of a family whose positions are a
+    learned table (absolute position embeddings), else None: rotary and relative
+    positions have no table to run past."""
+    family = config.model_type
+    if family == "gpt2":
+        return int(config.n_positions), "n_positions"
+    absolute = getattr(config, "position_embedding_type", "absolute") == "absolute"
+    if family in ("bert", "opt") and absolute:
+        return int(config.max_position_embeddings), "max_position_embeddings"
+    if family == "roberta" and absolute:
+        # RoBERTa numbers positions from its padding index + 1.
+        pad = getattr(config, "pad_token_id", None)
+        first = (1 if pad is None else int(pad)) + 1
+        return int(config.max_position_embeddings) - first, "max_position_embeddings"
+    return None
+
+
 def workload(model: str, batch: int, seq: int = 1024, precision: str = "fp32",
              optimizer: str = "adamw", checkpointing: bool = False,
              image_size: int | None = None) -> Workload:
@@ -170,6 +193,11 @@ def workload(model: str, batch: int, seq: int = 1024, precision: str = "fp32",
             return (torch.randn(batch, 3, size, size, dtype=weights_dtype),
                     torch.randint(0, labels, (batch,)))
     elif family in _LANGUAGE or hasattr(config, "vocab_size"):
+        positions = position_limit(config)
+        if positions is not None and seq > positions[0]:
+            raise PastPositions(f"seq {seq} is past the {positions[0]} positions of "
+                                f"{model}'s learned position table ({positions[1]}): the "
+                                f"real step fails indexing it")
         cls = (transformers.AutoModelForCausalLM if family not in ("bert", "roberta")
                else transformers.AutoModelForMaskedLM)
         vocab = config.vocab_size
