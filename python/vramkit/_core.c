@@ -260,12 +260,15 @@ int apply_override(core_state *st, vram_options_t *opts, PyObject *key, PyObject
   const char *why = NULL;
   int rc = vram_options_set(opts, name, text, &why);
   if (rc == VRAM_OK) return 0;
-  /* The engine's message quotes the value: blame the argument, or keep the variable. */
+  /* The engine's message quotes the value: blame the argument, or keep the variable. The
+   * value is the caller's text, shown escaped as every foreign text is. */
+  const char *message = why ? (argument != NULL ? reason_of(why, name) : why) : vram_strerror(rc);
+  char shown[2048];
+  vram_escape_text(shown, sizeof shown, message, strlen(message));
   if (argument != NULL)
-    raise_message(st, argument_status,
-                  PyUnicode_FromFormat("%S: %s", argument, reason_of(why, name)), NULL);
+    raise_message(st, argument_status, PyUnicode_FromFormat("%S: %s", argument, shown), NULL);
   else
-    raise_message(st, rc, PyUnicode_FromString(why ? why : vram_strerror(rc)), NULL);
+    raise_message(st, rc, PyUnicode_FromString(shown), NULL);
   return -1;
 }
 

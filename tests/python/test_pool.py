@@ -58,6 +58,8 @@ def test_a_fraction_outside_0_to_1_is_named_and_changes_nothing():
     (dict(sim_capacity="4G", capacity="8G"), "are one option (VRAMKIT_SIM_CAPACITY)"),
     (dict(capacity="8G", limit=2.0), "limit as a float is a fraction of the device"),
     (dict(capacity="8G", preallocate=2.0), "preallocate as a float is a fraction"),
+    # The value is the caller's text: a terminal control in it is shown escaped, once.
+    (dict(capacity="8G", limit="1\x1b[31mG"), "limit: '1\\x1b[31mG' is not a limit"),
 ])
 def test_options_the_engine_would_misread_are_refused(options, says):
     """The engine reads C strings (the text after a NUL was dropped unseen), two names of
