@@ -8,6 +8,7 @@
 #include "replay/replay.h"
 
 #include "prim/hashtab.h"
+#include "source/source.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -185,7 +186,10 @@ int _vram_replay_once(const trace_t *trace, const vram_options_t *options,
                       _vram_replay_pass *pass, _vram_replay_run *run,
                       vram_replay_result *result) {
   memset(run, 0, sizeof *run);
-  run->source = options->source; /* what was asked, should the pool not come to be */
+  /* What was asked, should the pool not come to be: AUTO resolved as the pool would have
+   * resolved it, so the row names a source that exists. */
+  if (_vram_resolve_source(options->source, &run->source) != VRAM_OK)
+    run->source = options->source;
   pass->failed_at = SIZE_MAX;
   vram_pool_t *pool = NULL;
   int status = vram_pool_create(&pool, options);

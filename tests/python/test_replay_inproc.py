@@ -110,3 +110,18 @@ def test_the_source_names_are_the_engines():
                                             "vmm", "managed")
     with pytest.raises(vramkit.InvalidArgumentError, match="source must be one of auto, sim"):
         vramkit.configure(0, source="gpu")
+
+
+def test_a_pool_that_could_not_be_made_names_the_source_it_was_asked_on(tmp_path):
+    """A preallocation past the capacity: no pool, one out-of-memory, and the row names the
+    source auto stood for (the GPU's where a driver sees one, else sim), not "auto"."""
+    path = tmp_path / "t.trace"
+    path.write_text("# vramkit-trace v1\na 1 8388608 0 1\nf 1 0 2\n")
+    result = vramkit.replay(path, source="auto", capacity=64 << 20,
+                            settings={"VRAMKIT_PREALLOCATE": "128M"})
+    assert result["ooms"] == 1 and result["peak_reserved_bytes"] == 0
+    try:
+        gpus = vramkit.device_count("cuda")
+    except vramkit.NoDriverError:
+        gpus = 0
+    assert result["source"] == ("cuda" if gpus else "sim")
