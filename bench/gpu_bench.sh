@@ -337,7 +337,7 @@ if { wants gpu_check || wants gpu_tests; } && [ -f "$ROOT/tests/python/gpu_check
   step install_python.txt 120 bash -c "$(declare -f install_python_package); ROOT='$ROOT'; install_python_package"
   # Run from outside the tree so that the installed package, not python/vramkit, is found.
   wants gpu_check && step gpu_check.txt 150 bash -c "cd /tmp && python3 '$ROOT/tests/python/gpu_check.py'"
-  # The suite takes most of a device call by itself (nine to ten minutes on one H100):
+  # The suite takes most of a device call by itself (docs/performance.md has its time):
   # GPU_BENCH_STEPS=gpu_tests with a budget of its own runs it whole.
   wants gpu_tests && step gpu_tests.txt 590 bash -c \
     "cd /tmp && python3 -m pytest -v -rs -p no:cacheprovider '$ROOT/tests/gpu'"
