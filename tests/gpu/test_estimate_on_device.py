@@ -79,24 +79,29 @@ def test_a_step_with_summed_gradients_is_estimated_as_it_runs(gpu_run):
 
 
 def test_derived_softmax_scratch_is_what_the_kernel_allocates(gpu_run):
-    """A machine without a GPU derives softmax backward's scratch from the call alone
-    (scratch.DERIVED_OPS); here the kernel itself is measured on the same layouts: a 4-D
-    fp32 attention score, a bf16 one whose rows are no power of two, and the fp16 input
-    whose softmax was taken in fp32."""
+    """A machine without a GPU derives the scratch of softmax's backward and of the
+    composite attention's softmax from the call alone (scratch.DERIVED_OPS); here the
+    kernels themselves are measured on the same layouts: a 4-D fp32 attention score, a
+    bf16 one whose rows are no power of two, an fp16 input whose softmax is taken in
+    fp32."""
     out = gpu_run("""
         import json, torch
         from vramkit.estimator import scratch as sc
+        aten = torch.ops.aten
         rows = []
         for shape, dtype, input_dtype in (((4, 8, 256, 256), torch.float32, torch.float32),
                                           ((2, 4, 128, 1000), torch.bfloat16, torch.bfloat16),
                                           ((3, 77, 77), torch.float32, torch.float16)):
             grad = torch.zeros(shape, dtype=dtype, device="cuda")
-            call = sc.call_of(torch.ops.aten._softmax_backward_data.default,
-                              (grad, grad.clone(), -1, input_dtype), {})
-            measured = sc.measure_op(call, torch.device("cuda"), blocks=True)
-            rows.append([list(sc.derived_size(call)), list(measured)])
+            scores = torch.zeros(shape, dtype=input_dtype, device="cuda")
+            for op, args in ((aten._softmax_backward_data.default,
+                              (grad, grad.clone(), -1, input_dtype)),
+                             (aten._safe_softmax.default, (scores, -1, dtype))):
+                call = sc.call_of(op, args, {})
+                measured = sc.measure_op(call, torch.device("cuda"), blocks=True)
+                rows.append([call.key, list(sc.derived_size(call)), list(measured)])
         print(json.dumps(rows))
     """)
     rows = json.loads(next(line for line in out.splitlines() if line.startswith("[")))
-    for derived, measured in rows:
-        assert derived == measured, rows
+    for key, derived, measured in rows:
+        assert derived == measured, (key, rows)

@@ -330,6 +330,30 @@ def test_without_a_device_softmax_backward_takes_the_product_it_makes():
                                       {})) == 0
 
 
+def test_without_a_device_the_composite_attention_softmax_takes_its_masks():
+    """The composite attention's softmax makes its output, then a bool a score (which are
+    -inf), a bool a row (which are so whole) and a zero of the output's dtype, and frees
+    them: on a machine without a GPU, derived from the shapes; the estimate has them."""
+    safe = torch.ops.aten._safe_softmax.default
+    scores = torch.zeros(4, 8, 128, 300, dtype=torch.bfloat16)
+    call = sc.call_of(safe, (scores, -1), {})
+    assert sc.derived_size(call) == (0, 4 * 8 * 128 * 300, 4 * 8 * 128, 2, -3, -2, -1)
+    in_fp32 = sc.call_of(safe, (scores, -1, torch.float32), {})
+    assert sc.derived_size(in_fp32)[3] == 4
+    assert sc.derived_size(sc.call_of(safe, (torch.zeros(0, 7), -1), {})) == 0
+
+    def build():
+        return torch.zeros(4, 8, 128, 300)
+
+    def step(x):
+        return safe(x, -1)
+
+    with_scratch = vramkit.estimate(step, build=build, model_workspaces="scratch")
+    without = vramkit.estimate(step, build=build, model_workspaces=False)
+    masks = _rounded(4 * 8 * 128 * 300) + _rounded(4 * 8 * 128) + _rounded(4)
+    assert with_scratch.peak_allocated == without.peak_allocated + masks
+
+
 def test_the_switch_turns_op_scratch_on_and_off(stand_in, monkeypatch):
     class OnTheCpu(sc.OpScratchModel):
         """The model as on a GPU: the CPU stands for the device, the stand-in measures."""

@@ -127,6 +127,9 @@ SCRATCH_OPS = {
     # put the user's process at risk, so their scratch is left out and named in the notes.
     # Softmax and the parts of cross entropy: contiguous copies, and the losses' reductions.
     "_softmax.default": "softmax or loss",
+    # The softmax of PyTorch's composite attention: the mask of -inf scores and the rows
+    # masked whole, after its output (a compiled-in function, not the decomposition).
+    "_safe_softmax.default": "softmax or loss",
     "_log_softmax.default": "softmax or loss",
     "_softmax_backward_data.default": "softmax or loss",
     "_log_softmax_backward_data.default": "softmax or loss",
@@ -419,8 +422,29 @@ def _softmax_backward_product(call: OpCall):
     return (OUTPUT, elements * itemsize, -1)
 
 
+def _safe_softmax_masks(call: OpCall):
+    """The composite attention's softmax (ATen/native/SoftMax.cpp) makes its output, then
+    which scores are -inf (one bool a score), which rows are so whole (one bool a row) and
+    a zero of the output's dtype to fill them with, and frees those three on return."""
+    import torch
+    scores = _argument(call, 0, "self")
+    dim = _argument(call, 1, "dim")
+    dtype = _argument(call, 2, "dtype")
+    if not isinstance(scores, TensorSpec) or not isinstance(dim, int) or not scores.shape:
+        return 0
+    elements = 1
+    for size in scores.shape:
+        elements *= size
+    if not elements:
+        return 0
+    rows = elements // scores.shape[dim]
+    zero = (dtype if isinstance(dtype, torch.dtype) else scores.dtype).itemsize
+    return (OUTPUT, elements, rows, zero, -3, -2, -1)
+
+
 # The ops whose scratch on a CUDA device is derived from the call alone, by what derives it.
-DERIVED_OPS = {"_softmax_backward_data.default": _softmax_backward_product}
+DERIVED_OPS = {"_softmax_backward_data.default": _softmax_backward_product,
+               "_safe_softmax.default": _safe_softmax_masks}
 
 
 def derived_size(call: OpCall):
