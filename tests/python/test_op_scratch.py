@@ -354,6 +354,43 @@ def test_without_a_device_the_composite_attention_softmax_takes_its_masks():
     assert with_scratch.peak_allocated == without.peak_allocated + masks
 
 
+# Staging buffers and semaphores of sums and means measured on an H100 80GB HBM3 with
+# PyTorch 2.11 (bench/op_scratch_grid.py, 2026-12-07): (shape, dims, dtype) -> blocks.
+MEASURED_REDUCTIONS = [
+    ((4096, 64), [0], torch.float32, (0, 524288, 4, -2, -1)),
+    ((16384, 768), [0], torch.bfloat16, (0, 100663296, 24, -2, -1)),
+    ((65536, 768), [0], torch.float32, (0, 138412032, 24, -2, -1)),     # at the cap
+    ((16384, 4096), [0], torch.float16, (0, 138412032, 128, -2, -1)),
+    ((65536, 1000), [0], torch.float32, (0, 135168000, 32, -2, -1)),
+    ((4096, 1000), None, torch.float32, (0, 2000, 4, -2, -1)),           # a whole sum
+    ((65536, 4096), None, torch.bfloat16, (0, 8192, 4, -2, -1)),
+    ((262144, 64), [1], torch.float32, 0),                                # rows: none
+]
+
+
+@pytest.mark.parametrize("shape, dims, dtype, blocks", MEASURED_REDUCTIONS)
+def test_a_reductions_staging_is_derived_as_the_card_made_it(shape, dims, dtype, blocks):
+    """Where several blocks of a sum's launch share an output they meet in a staging
+    buffer with a semaphore per column of blocks: a machine without a GPU follows the
+    launch configuration (_cuda_reduce.py) to the blocks the card made."""
+    x = torch.zeros(shape, dtype=dtype)
+    op, args = ((torch.ops.aten.sum.default, (x,)) if dims is None
+                else (torch.ops.aten.sum.dim_IntList, (x, dims)))
+    assert sc.derived_size(sc.call_of(op, args, {})) == blocks
+    if dims is not None:  # a mean launches the same configuration
+        mean = sc.call_of(torch.ops.aten.mean.dim, (x, dims, True), {})
+        assert sc.derived_size(mean) == blocks
+
+
+def test_a_reduction_past_32_bit_indexing_or_of_integers_is_not_derived():
+    """A launch split for 64-bit indexing and an integer sum are left to the GPU: 0."""
+    huge = torch.empty_strided((1 << 20, 1 << 10), (1 << 10, 1), dtype=torch.float16,
+                               device="meta")
+    assert sc.derived_size(sc.call_of(torch.ops.aten.sum.dim_IntList, (huge, [0]), {})) == 0
+    counts = torch.zeros(65536, 768, dtype=torch.int64)
+    assert sc.derived_size(sc.call_of(torch.ops.aten.sum.dim_IntList, (counts, [0]), {})) == 0
+
+
 def test_the_switch_turns_op_scratch_on_and_off(stand_in, monkeypatch):
     class OnTheCpu(sc.OpScratchModel):
         """The model as on a GPU: the CPU stands for the device, the stand-in measures."""

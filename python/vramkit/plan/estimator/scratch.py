@@ -442,9 +442,43 @@ def _safe_softmax_masks(call: OpCall):
     return (OUTPUT, elements, rows, zero, -3, -2, -1)
 
 
+def _reduction_staging(call: OpCall):
+    """A sum's or a mean's staging buffer and semaphores, where several blocks of its
+    launch share each output (_cuda_reduce.py), made after its output and freed on
+    return; of floating point inputs summed in fp32 or fp64."""
+    import torch
+    from . import _cuda_reduce
+    tensor = _argument(call, 0, "self")
+    if not isinstance(tensor, TensorSpec):
+        return 0
+    whole = call.op.endswith(".default")
+    dims = None if whole else _argument(call, 1, "dim")
+    dtype = _argument(call, 1 if whole else 3, "dtype")
+    accumulator = {torch.float16: 4, torch.bfloat16: 4, torch.float32: 4,
+                   torch.float64: 8}.get(tensor.dtype)
+    if accumulator is None or dtype not in (None, tensor.dtype, torch.float32):
+        return 0
+    if dims is None or (isinstance(dims, (list, tuple)) and not dims):
+        dims = range(len(tensor.shape))
+    elif isinstance(dims, int):
+        dims = [dims]
+    if not all(isinstance(d, int) and -len(tensor.shape) <= d < len(tensor.shape)
+               for d in dims):
+        return 0
+    itemsize = tensor.dtype.itemsize
+    blocks = _cuda_reduce.staging_blocks(tensor.shape, tensor.stride, tensor.offset, dims,
+                                         itemsize, accumulator, 1 if itemsize == 2 else 4)
+    if not blocks or not blocks[0]:
+        return 0
+    staging, semaphores = blocks
+    return (OUTPUT, staging, semaphores, -2, -1)
+
+
 # The ops whose scratch on a CUDA device is derived from the call alone, by what derives it.
 DERIVED_OPS = {"_softmax_backward_data.default": _softmax_backward_product,
-               "_safe_softmax.default": _safe_softmax_masks}
+               "_safe_softmax.default": _safe_softmax_masks,
+               "sum.dim_IntList": _reduction_staging, "sum.default": _reduction_staging,
+               "mean.dim": _reduction_staging, "mean.default": _reduction_staging}
 
 
 def derived_size(call: OpCall):

@@ -1,0 +1,99 @@
+"""bench/op_scratch_grid.py - the scratch blocks of normalization and reduction ops over a
+grid of shapes, measured on the card (one JSON line per op and shape).
+
+Each op runs on real tensors of the shape through vramkit.estimator.scratch's own
+measuring path (the blocks it allocates and frees inside itself, read from PyTorch's
+memory history), so the rows are what the estimator would measure on this card. Each row
+also carries what a machine without a GPU derives for the call (scratch.derived_size, 0
+where no rule applies), so that the rules are checked against the card in one run.
+
+    python3 bench/op_scratch_grid.py OUT.jsonl        (on the GPU machine)
+"""
+
+import itertools
+import json
+import sys
+
+import torch
+from vramkit.estimator import scratch as sc
+
+ATEN = torch.ops.aten
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def measure(out, device, tag, op, args) -> None:
+    try:
+        call = sc.call_of(op, args, {})
+        measured = sc.measure_op(call, device, blocks=True)
+        derived = sc.derived_size(call)
+        row = {"tag": tag, "key": call.key,
+               "blocks": measured if isinstance(measured, int) else list(measured),
+               "derived": derived if isinstance(derived, int) else list(derived)}
+    except Exception as error:  # noqa: BLE001 - a row that says why, and the grid goes on
+        row = {"tag": tag, "error": f"{type(error).__name__}: {str(error)[:200]}"}
+    out.write(json.dumps(row) + "\n")
+    out.flush()
+
+
+def layer_norms(out, device) -> None:
+    for rows, width, dtype in itertools.product((100, 128, 1000, 4096, 25216, 65536, 131072),
+                                                (64, 256, 768, 1000, 1024, 4096), DTYPES):
+        x = torch.randn(rows, width, device=device, dtype=dtype)
+        w = torch.ones(width, device=device, dtype=dtype)
+        b = torch.zeros(width, device=device, dtype=dtype)
+        y, mean, rstd = ATEN.native_layer_norm(x, [width], w, b, 1e-5)
+        measure(out, device, ("ln_bwd", rows, width, str(dtype)),
+                ATEN.native_layer_norm_backward.default,
+                (y, x, [width], mean, rstd, w, b, [True, True, True]))
+
+
+def group_norms(out, device) -> None:
+    for batch, channels, side, dtype in itertools.product((1, 8, 32), (64, 128, 256, 512),
+                                                          (8, 32, 64), DTYPES):
+        x = torch.randn(batch, channels, side, side, device=device, dtype=dtype)
+        w = torch.ones(channels, device=device, dtype=dtype)
+        b = torch.zeros(channels, device=device, dtype=dtype)
+        hw = side * side
+        y, mean, rstd = ATEN.native_group_norm(x, w, b, batch, channels, hw, 32, 1e-5)
+        measure(out, device, ("gn_fwd", batch, channels, side, str(dtype)),
+                ATEN.native_group_norm.default, (x, w, b, batch, channels, hw, 32, 1e-5))
+        measure(out, device, ("gn_bwd", batch, channels, side, str(dtype)),
+                ATEN.native_group_norm_backward.default,
+                (y, x, mean, rstd, w, batch, channels, hw, 32, [True, True, True]))
+
+
+def reductions(out, device) -> None:
+    for rows, width, dtype in itertools.product((128, 4096, 16384, 65536, 262144),
+                                                (64, 768, 1000, 4096), DTYPES):
+        x = torch.randn(rows, width, device=device, dtype=dtype)
+        measure(out, device, ("sum0", rows, width, str(dtype)), ATEN.sum.dim_IntList, (x, [0]))
+        measure(out, device, ("sum1", rows, width, str(dtype)), ATEN.sum.dim_IntList, (x, [1]))
+        measure(out, device, ("sumall", rows, width, str(dtype)), ATEN.sum.default, (x,))
+        measure(out, device, ("mean0", rows, width, str(dtype)), ATEN.mean.dim, (x, [0]))
+    # Bias gradients of a sequence model, and a convolution's per-channel sums and means.
+    for shape, dims, dtype in itertools.product(
+            ((16, 1024, 768), (8, 2048, 4096), (4, 197, 768)), ([0, 1],), DTYPES):
+        x = torch.randn(shape, device=device, dtype=dtype)
+        measure(out, device, ("sum_seq", *shape, str(dtype)), ATEN.sum.dim_IntList, (x, dims))
+    for shape, dtype in itertools.product(((8, 64, 56, 56), (64, 256, 14, 14), (2, 128, 7, 7)),
+                                          DTYPES):
+        x = torch.randn(shape, device=device, dtype=dtype)
+        measure(out, device, ("sum_nchw", *shape, str(dtype)), ATEN.sum.dim_IntList,
+                (x, [0, 2, 3]))
+        measure(out, device, ("mean_nchw", *shape, str(dtype)), ATEN.mean.dim,
+                (x, [0, 2, 3], True))
+        last = x.to(memory_format=torch.channels_last)
+        measure(out, device, ("sum_nhwc", *shape, str(dtype)), ATEN.sum.dim_IntList,
+                (last, [0, 2, 3]))
+
+
+def main() -> int:
+    device = torch.device("cuda")
+    with open(sys.argv[1], "w") as out:
+        for part in (layer_norms, group_norms, reductions):
+            part(out, device)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

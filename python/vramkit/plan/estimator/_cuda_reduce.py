@@ -1,0 +1,157 @@
+"""The blocks a CUDA reduction (sum, mean) allocates inside itself, from its launch.
+
+ATen's reductions (ATen/native/cuda/Reduce.cuh) choose a launch configuration from the
+shapes and strides alone: which dimension the threads of a block run along, how many
+blocks share one output. When several blocks share an output they meet in global memory:
+a staging buffer of partial results and one semaphore per column of blocks, allocated
+through the caching allocator after the op's output and freed when it returns. A column
+sum of a large activation (a bias's gradient) takes up to about 132 MiB of staging this
+way. A machine without the GPU cannot measure it; this module follows the configuration
+step by step, as the kernel's host code does, so that scratch.py can derive the blocks.
+
+What it follows: the iterator's order of dimensions (reduced ones first, each group
+fastest first) and their coalescing, the choice between reducing along the fastest
+dimension and vectorizing along the outputs, the block's width and height, the split of
+the input across warps and across blocks, and the sizes of the staging buffer and the
+semaphores. The number of multiprocessors is the H100's and H200's (the cards the
+estimator's tables come from). Left out, counted 0: iterators that need 64-bit indexing
+(split into several launches) and reductions other than sum and mean of floating point.
+"""
+
+from __future__ import annotations
+
+# The cards modelled: H100 and H200 SXM, 132 multiprocessors of 2048 threads.
+MULTIPROCESSORS = 132
+THREADS_PER_MULTIPROCESSOR = 2048
+
+_MAX_THREADS = 512          # ReduceConfig's threads per block
+_WARP = 32
+_MIN_VALUES_PER_THREAD = 16
+_MAX_VALUES_PER_THREAD = 256
+_SEMAPHORE_BYTES = 4        # one int per column of blocks
+
+
+def _div_up(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _last_pow2(n: int) -> int:
+    """The largest power of two not above n (1 for n < 1)."""
+    return 1 << (n.bit_length() - 1) if n >= 1 else 1
+
+
+def _iterator_dims(shape, strides, reduced):
+    """The iterator's dimensions as (size, input stride, reduced) tuples, innermost first:
+    size-1 dimensions dropped, reduced ones moved to the front, each group ordered by the
+    stride that decides it (the input's for reduced dimensions, the new contiguous
+    output's for kept ones), then neighbours that step through memory as one merged."""
+    output_stride, step = {}, 1
+    for d in reversed(range(len(shape))):
+        if d not in reduced:
+            output_stride[d] = step
+            step *= shape[d]
+    dims = [d for d in range(len(shape)) if shape[d] != 1]
+    dims.sort(key=lambda d: (d not in reduced,
+                             strides[d] if d in reduced else output_stride[d], -d))
+    merged = []
+    for d in dims:
+        size, stride, is_reduced = shape[d], strides[d], d in reduced
+        if merged:
+            last_size, last_stride, last_reduced, last_out = merged[-1]
+            out = 0 if is_reduced else output_stride[d]
+            if last_reduced == is_reduced and stride == last_stride * last_size and \
+                    out == last_out * last_size:
+                merged[-1] = (last_size * size, last_stride, is_reduced, last_out)
+                continue
+        merged.append((size, stride, is_reduced, 0 if is_reduced else output_stride[d]))
+    return [(size, stride, is_reduced) for size, stride, is_reduced, _ in merged]
+
+
+def _output_vector_size(dims, num_reduce_dims: int, offset: int) -> int:
+    """How many outputs a thread loads at once when it runs along the outputs: 4, halved
+    until the view's start, the first kept dimension's size and every other dimension's
+    stride divide by it."""
+    vector = 4
+    values = [offset, dims[num_reduce_dims][0]]
+    values += [stride for i, (_, stride, _) in enumerate(dims) if i != num_reduce_dims]
+    for value in values:
+        while value % vector:
+            vector //= 2
+    return vector
+
+
+def staging_blocks(shape, strides, offset: int, reduced_dims, itemsize: int,
+                   accumulator_bytes: int, input_vector: int):
+    """(staging bytes, semaphore bytes) of one reduction of a tensor of ``shape`` and
+    ``strides`` (in elements; ``offset``: where the view starts, in elements, modulo the
+    alignment) over ``reduced_dims``; ``accumulator_bytes``: the size of the type it sums
+    in; ``input_vector``: how many inputs a thread loads at once along a reduced
+    contiguous dimension, 1 where the kernel does not (16-bit sums and means load one at
+    a time there: their vector is wider than their unrolling). (0, 0) when the blocks of one
+    output never meet in global memory; None where the model does not apply (64-bit
+    indexing)."""
+    elements = 1
+    for size in shape:
+        elements *= size
+    reduced = {d % len(shape) for d in reduced_dims} if shape else set()
+    if elements == 0:
+        return 0, 0
+    span = sum((size - 1) * abs(stride) for size, stride in zip(shape, strides)) + 1
+    if (span + offset) * itemsize > (1 << 31) - 1:
+        return None
+    dims = _iterator_dims(shape, strides, reduced)
+    num_reduce_dims = sum(1 for _, _, r in dims if r)
+    outputs = 1
+    for size, _, r in dims:
+        if not r:
+            outputs *= size
+    inputs_per_output = elements // outputs
+    if inputs_per_output <= 1 or not dims:
+        return 0, 0
+    along_fastest = num_reduce_dims == len(dims) or dims[0][1] < dims[num_reduce_dims][1]
+    if along_fastest:
+        dim0, dim1, fastest_stride = inputs_per_output, outputs, dims[0][1]
+    else:
+        dim0, dim1, fastest_stride = outputs, inputs_per_output, dims[num_reduce_dims][1]
+    output_vector = 1
+    if fastest_stride == 1:
+        if along_fastest and dim0 > 128 and num_reduce_dims == 1 and input_vector > 1:
+            dim0 //= input_vector
+        elif not along_fastest:
+            output_vector = _output_vector_size(dims, num_reduce_dims, offset)
+            dim0 //= output_vector
+
+    most = _MAX_THREADS // output_vector
+    dim0_pow2 = _last_pow2(dim0) if dim0 < most else most
+    dim1_pow2 = _last_pow2(dim1) if dim1 < most else most
+    width = min(dim0_pow2, _WARP)
+    height = min(dim1_pow2, most // width)
+    width = min(dim0_pow2, most // height)
+    threads = width * height
+
+    step_input, step_output = 1, 1
+    if along_fastest:
+        step_input *= width         # threads of a warp share an output
+    else:
+        step_output *= width        # each thread of a warp has its outputs
+    split_across_warps = _div_up(inputs_per_output, step_input) >= min(
+        height * 16, _MAX_VALUES_PER_THREAD)
+    if split_across_warps:
+        step_input *= height
+    else:
+        step_output *= height
+    values_per_thread = _div_up(inputs_per_output, step_input)
+    target_grid = MULTIPROCESSORS * (THREADS_PER_MULTIPROCESSOR // threads)
+    grid = _div_up(outputs // output_vector, step_output)
+    if not (split_across_warps and values_per_thread >= _MAX_VALUES_PER_THREAD
+            and grid <= target_grid):
+        return 0, 0
+    blocks_per_output = max(min(_div_up(target_grid, grid),
+                                _div_up(values_per_thread, _MIN_VALUES_PER_THREAD)),
+                            _div_up(values_per_thread, _MAX_VALUES_PER_THREAD))
+    if blocks_per_output <= 1:
+        return 0, 0
+    staging = accumulator_bytes * outputs * blocks_per_output
+    if not along_fastest:
+        staging *= width * output_vector
+    return staging, _SEMAPHORE_BYTES * grid
