@@ -83,7 +83,8 @@ def test_derived_softmax_scratch_is_what_the_kernel_allocates(gpu_run):
     composite attention's softmax and of sums and means from the call alone
     (scratch.DERIVED_OPS); here the kernels themselves are measured on the same layouts:
     attention scores (4-D fp32, bf16 rows that are no power of two, an fp16 input whose
-    softmax is taken in fp32), and reductions with and without a staging buffer."""
+    softmax is taken in fp32), reductions with and without a staging buffer, and a group
+    norm."""
     out = gpu_run("""
         import json, torch
         from vramkit.estimator import scratch as sc
@@ -122,6 +123,15 @@ def test_derived_softmax_scratch_is_what_the_kernel_allocates(gpu_run):
             rows.append(measured_and_derived(aten.mean.dim, (x, dims, True)))
         x = torch.zeros(8, 64, 56, 56, device="cuda").to(memory_format=torch.channels_last)
         rows.append(measured_and_derived(aten.sum.dim_IntList, (x, [0, 2, 3])))
+        # Group norm's coefficients, forward and backward (a UNet's 32 groups).
+        x = torch.zeros(4, 256, 32, 32, dtype=torch.float16, device="cuda")
+        w = torch.ones(256, dtype=torch.float16, device="cuda")
+        y, mean, rstd = aten.native_group_norm(x, w, w, 4, 256, 1024, 32, 1e-5)
+        rows.append(measured_and_derived(aten.native_group_norm.default,
+                                         (x, w, w, 4, 256, 1024, 32, 1e-5)))
+        rows.append(measured_and_derived(aten.native_group_norm_backward.default,
+                                         (y, x, mean, rstd, w, 4, 256, 1024, 32,
+                                          [True, True, True])))
         print(json.dumps(rows))
     """)
     rows = json.loads(next(line for line in out.splitlines() if line.startswith("[")))

@@ -199,9 +199,10 @@ def test_a_step_whose_call_runs_nothing_is_refused():
 
 def test_estimate_follows_the_placement_settings(monkeypatch):
     """The replay keeps the user's VRAMKIT_LARGE_BLOCKS and VRAMKIT_VIRTUAL_THRESHOLD: under
-    400 MiB the MLP at batch 4096 (352 MiB live) fits with large blocks in virtual memory
-    (the default), not on fixed segments alone."""
-    limit = 400 << 20
+    432 MiB the MLP at batch 4096 (401 MiB at its peak, the staging of a bias gradient's
+    column sum included) fits with large blocks in virtual memory (the default), not on
+    fixed segments alone."""
+    limit = 432 << 20
     monkeypatch.delenv("VRAMKIT_VIRTUAL_THRESHOLD", raising=False)
     monkeypatch.delenv("VRAMKIT_LARGE_BLOCKS", raising=False)
     default = vramkit.estimate(_step, build=_mlp_build(batch=4096), memory_limit=limit)

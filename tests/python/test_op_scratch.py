@@ -382,6 +382,24 @@ def test_a_reductions_staging_is_derived_as_the_card_made_it(shape, dims, dtype,
         assert sc.derived_size(mean) == blocks
 
 
+def test_group_norms_coefficients_are_derived_as_the_card_made_them():
+    """Group norm keeps per-sample, per-channel (and in backward per-group) coefficients
+    after its outputs; on an H100 (bench/op_scratch_grid.py, 2026-12-07) every dtype and
+    spatial size gave these sequences."""
+    aten = torch.ops.aten
+    x = torch.zeros(32, 512, 8, 8, dtype=torch.bfloat16)
+    w, b = torch.ones(512, dtype=torch.bfloat16), torch.zeros(512, dtype=torch.bfloat16)
+    y, mean, rstd = aten.native_group_norm(x, w, b, 32, 512, 64, 32, 1e-5)
+    forward = sc.call_of(aten.native_group_norm.default, (x, w, b, 32, 512, 64, 32, 1e-5), {})
+    assert sc.derived_size(forward) == (0, 0, 0, 65536, 65536, -2, -1)
+    backward = aten.native_group_norm_backward.default
+    both = (y, x, mean, rstd, w, 32, 512, 64, 32)
+    assert sc.derived_size(sc.call_of(backward, both + ([True, True, True],), {})) == (
+        0, 0, 0, 65536, 65536, 4096, 4096, 65536, -4, -3, -5, -2, -1)
+    # Without the weight's gradient the kernel's sequence is another: not derived.
+    assert sc.derived_size(sc.call_of(backward, both + ([True, False, False],), {})) == 0
+
+
 def test_a_reduction_past_32_bit_indexing_or_of_integers_is_not_derived():
     """A launch split for 64-bit indexing and an integer sum are left to the GPU: 0."""
     huge = torch.empty_strided((1 << 20, 1 << 10), (1 << 10, 1), dtype=torch.float16,

@@ -474,11 +474,41 @@ def _reduction_staging(call: OpCall):
     return (OUTPUT, staging, semaphores, -2, -1)
 
 
+def _group_norm_coefficients(call: OpCall):
+    """Group norm's CUDA kernels (ATen/native/cuda/group_norm_kernel.cu) keep per-sample,
+    per-channel coefficients in the accumulation type, after the op's three outputs:
+    forward two of batch x channels; backward two of those, two of batch x groups and one
+    more of batch x channels, freed on return (in the order bench/op_scratch_grid.py
+    measured). A backward that leaves out an output has another sequence: not derived."""
+    import torch
+    x = _argument(call, 0 if call.op.startswith("native_group_norm.") else 1, "input")
+    backward = "backward" in call.op
+    first = 5 if backward else 3   # N, C, HxW, group follow the tensors
+    numbers = [_argument(call, first + i, name)
+               for i, name in enumerate(("N", "C", "HxW", "group"))]
+    if not isinstance(x, TensorSpec) or not all(isinstance(n, int) for n in numbers):
+        return 0
+    batch, channels, _, groups = numbers
+    accumulator = 8 if x.dtype == torch.float64 else 4
+    per_channel, per_group = batch * channels * accumulator, batch * groups * accumulator
+    if not per_channel:
+        return 0
+    if not backward:
+        return (OUTPUT, OUTPUT, OUTPUT, per_channel, per_channel, -2, -1)
+    mask = _argument(call, 9, "output_mask")
+    if list(mask or ()) != [True, True, True]:
+        return 0
+    return (OUTPUT, OUTPUT, OUTPUT, per_channel, per_channel, per_group, per_group,
+            per_channel, -4, -3, -5, -2, -1)
+
+
 # The ops whose scratch on a CUDA device is derived from the call alone, by what derives it.
 DERIVED_OPS = {"_softmax_backward_data.default": _softmax_backward_product,
                "_safe_softmax.default": _safe_softmax_masks,
                "sum.dim_IntList": _reduction_staging, "sum.default": _reduction_staging,
-               "mean.dim": _reduction_staging, "mean.default": _reduction_staging}
+               "mean.dim": _reduction_staging, "mean.default": _reduction_staging,
+               "native_group_norm.default": _group_norm_coefficients,
+               "native_group_norm_backward.default": _group_norm_coefficients}
 
 
 def derived_size(call: OpCall):
