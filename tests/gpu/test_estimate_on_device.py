@@ -81,10 +81,10 @@ def test_a_step_with_summed_gradients_is_estimated_as_it_runs(gpu_run):
 def test_derived_softmax_scratch_is_what_the_kernel_allocates(gpu_run):
     """A machine without a GPU derives the scratch of softmax's backward, of the
     composite attention's softmax and of sums and means from the call alone
-    (scratch.DERIVED_OPS); here the kernels themselves are measured on the same layouts:
+    (_derived_scratch.DERIVED_OPS); here the kernels themselves are measured on the same layouts:
     attention scores (4-D fp32, bf16 rows that are no power of two, an fp16 input whose
-    softmax is taken in fp32), reductions with and without a staging buffer, and a group
-    norm."""
+    softmax is taken in fp32), reductions with and without a staging buffer, a layer
+    norm's backward over many rows and a group norm."""
     out = gpu_run("""
         import json, torch
         from vramkit.estimator import scratch as sc
@@ -123,6 +123,17 @@ def test_derived_softmax_scratch_is_what_the_kernel_allocates(gpu_run):
             rows.append(measured_and_derived(aten.mean.dim, (x, dims, True)))
         x = torch.zeros(8, 64, 56, 56, device="cuda").to(memory_format=torch.channels_last)
         rows.append(measured_and_derived(aten.sum.dim_IntList, (x, [0, 2, 3])))
+        # Layer norm's two-pass weight gradients (many rows of few columns), and a
+        # backward of fewer rows that makes no block.
+        for height, columns, dtype in ((131072, 768, torch.bfloat16),
+                                       (70000, 1000, torch.float32),
+                                       (65536, 768, torch.float32)):
+            x = torch.zeros(height, columns, dtype=dtype, device="cuda")
+            w = torch.ones(columns, dtype=dtype, device="cuda")
+            y, mean, rstd = aten.native_layer_norm(x, [columns], w, w, 1e-5)
+            rows.append(measured_and_derived(aten.native_layer_norm_backward.default,
+                                             (y, x, [columns], mean, rstd, w, w,
+                                              [True, True, True])))
         # Group norm's coefficients, forward and backward (a UNet's 32 groups).
         x = torch.zeros(4, 256, 32, 32, dtype=torch.float16, device="cuda")
         w = torch.ones(256, dtype=torch.float16, device="cuda")

@@ -400,6 +400,35 @@ def test_group_norms_coefficients_are_derived_as_the_card_made_them():
     assert sc.derived_size(sc.call_of(backward, both + ([True, False, False],), {})) == 0
 
 
+def _layer_norm_backward_call(rows, columns, dtype, mask=(True, True, True)):
+    """A layer norm backward's call on meta tensors (no memory: the rows are many)."""
+    meta = dict(device="meta")
+    x = torch.empty(rows, columns, dtype=dtype, **meta)
+    stats = torch.empty(rows, 1, **meta)
+    weight = torch.empty(columns, dtype=dtype, **meta)
+    return sc.call_of(torch.ops.aten.native_layer_norm_backward.default,
+                      (torch.empty_like(x), x, [columns], stats, stats, weight, weight,
+                       list(mask)), {})
+
+
+def test_layer_norms_two_pass_weight_gradients_are_derived_as_the_card_made_them():
+    """Past 64 Ki rows of few columns, layer norm's backward sums its weight's and bias's
+    gradients in partial buffers and then a column sum of each, whose results replace the
+    gradients made first; the sequences an H100 made (bench/op_scratch_grid.py,
+    2026-12-07). Fewer rows, or columns enough to fill the card, make no block."""
+    assert sc.derived_size(_layer_norm_backward_call(131072, 64, torch.float32)) == (
+        0, 256, 256, 1048576, 1048576, 0, 524288, 4, -6, -5, -1,
+        0, 524288, 4, -8, -7, -2, -4, -3)
+    assert sc.derived_size(_layer_norm_backward_call(131072, 768, torch.bfloat16)) == (
+        0, 1536, 1536, 2096640, 2096640, 0, 8650752, 24, -6, -5, -1,
+        0, 8650752, 24, -8, -7, -2, -4, -3)
+    for rows, columns in ((65536, 768), (131072, 4096), (25216, 768)):
+        assert sc.derived_size(_layer_norm_backward_call(rows, columns, torch.float16)) == 0
+    # No weight (an elementwise_affine=False norm): nothing to sum, nothing made.
+    no_affine = _layer_norm_backward_call(131072, 64, torch.float32, (True, False, False))
+    assert sc.derived_size(no_affine) == 0
+
+
 def test_a_reduction_past_32_bit_indexing_or_of_integers_is_not_derived():
     """A launch split for 64-bit indexing and an integer sum are left to the GPU: 0."""
     huge = torch.empty_strided((1 << 20, 1 << 10), (1 << 10, 1), dtype=torch.float16,

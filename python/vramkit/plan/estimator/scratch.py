@@ -23,7 +23,7 @@ that choose the kernel), in this order:
    always in range), with :func:`vramkit.estimator.workspaces.measure_transient`, the
    convolutions' measuring path; kept for the process and on disk (``op-scratch/`` beside
    the convolutions' cache, per device name, PyTorch version and cuDNN version);
-2. else, for the ops whose scratch follows from ATen's source alone (:data:`DERIVED_OPS`),
+2. else, for the ops whose scratch follows from ATen's source alone (_derived_scratch.py),
    derived from the call's shapes and dtypes: on a machine without a GPU, and for the
    CPU stand-in;
 3. else 0, and the estimate's notes say, in one note, for how many of the step's op
@@ -42,7 +42,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from . import workspaces as _ws
-from ._transients import OUTPUT, as_transient, is_transient
+from ._transients import as_transient, is_transient
 
 LABEL = "op scratch"
 CACHE_FORMAT = "vramkit-op-scratch/1"
@@ -399,123 +399,11 @@ def call_of(func, args, kwargs, device_type: str | None = None) -> OpCall | None
 # Scratch that follows from the kernel's source, for machines without the GPU.
 # ---------------------------------------------------------------------------------------
 
-def _argument(call: OpCall, position: int, name: str):
-    return call.args[position] if len(call.args) > position else call.kwargs.get(name)
-
-
-def _softmax_backward_product(call: OpCall):
-    """Softmax's CUDA backward (ATen/native/cuda/SoftMax.cu) multiplies the output's
-    gradient by the output into a new tensor before its kernel runs, and frees it on
-    return: one block of the gradient's elements in the product's dtype, made after the
-    op's output. (Log-softmax's backward has no such product.)"""
-    import torch
-    grad = _argument(call, 0, "grad_output")
-    output = _argument(call, 1, "output")
-    if not isinstance(grad, TensorSpec) or not isinstance(output, TensorSpec):
-        return 0
-    elements = 1
-    for size in grad.shape:
-        elements *= size
-    if not elements:
-        return 0
-    itemsize = torch.promote_types(grad.dtype, output.dtype).itemsize
-    return (OUTPUT, elements * itemsize, -1)
-
-
-def _safe_softmax_masks(call: OpCall):
-    """The composite attention's softmax (ATen/native/SoftMax.cpp) makes its output, then
-    which scores are -inf (one bool a score), which rows are so whole (one bool a row) and
-    a zero of the output's dtype to fill them with, and frees those three on return."""
-    import torch
-    scores = _argument(call, 0, "self")
-    dim = _argument(call, 1, "dim")
-    dtype = _argument(call, 2, "dtype")
-    if not isinstance(scores, TensorSpec) or not isinstance(dim, int) or not scores.shape:
-        return 0
-    elements = 1
-    for size in scores.shape:
-        elements *= size
-    if not elements:
-        return 0
-    rows = elements // scores.shape[dim]
-    zero = (dtype if isinstance(dtype, torch.dtype) else scores.dtype).itemsize
-    return (OUTPUT, elements, rows, zero, -3, -2, -1)
-
-
-def _reduction_staging(call: OpCall):
-    """A sum's or a mean's staging buffer and semaphores, where several blocks of its
-    launch share each output (_cuda_reduce.py), made after its output and freed on
-    return; of floating point inputs summed in fp32 or fp64."""
-    import torch
-    from . import _cuda_reduce
-    tensor = _argument(call, 0, "self")
-    if not isinstance(tensor, TensorSpec):
-        return 0
-    whole = call.op.endswith(".default")
-    dims = None if whole else _argument(call, 1, "dim")
-    dtype = _argument(call, 1 if whole else 3, "dtype")
-    accumulator = {torch.float16: 4, torch.bfloat16: 4, torch.float32: 4,
-                   torch.float64: 8}.get(tensor.dtype)
-    if accumulator is None or dtype not in (None, tensor.dtype, torch.float32):
-        return 0
-    if dims is None or (isinstance(dims, (list, tuple)) and not dims):
-        dims = range(len(tensor.shape))
-    elif isinstance(dims, int):
-        dims = [dims]
-    if not all(isinstance(d, int) and -len(tensor.shape) <= d < len(tensor.shape)
-               for d in dims):
-        return 0
-    itemsize = tensor.dtype.itemsize
-    blocks = _cuda_reduce.staging_blocks(tensor.shape, tensor.stride, tensor.offset, dims,
-                                         itemsize, accumulator, 1 if itemsize == 2 else 4)
-    if not blocks or not blocks[0]:
-        return 0
-    staging, semaphores = blocks
-    return (OUTPUT, staging, semaphores, -2, -1)
-
-
-def _group_norm_coefficients(call: OpCall):
-    """Group norm's CUDA kernels (ATen/native/cuda/group_norm_kernel.cu) keep per-sample,
-    per-channel coefficients in the accumulation type, after the op's three outputs:
-    forward two of batch x channels; backward two of those, two of batch x groups and one
-    more of batch x channels, freed on return (in the order bench/op_scratch_grid.py
-    measured). A backward that leaves out an output has another sequence: not derived."""
-    import torch
-    x = _argument(call, 0 if call.op.startswith("native_group_norm.") else 1, "input")
-    backward = "backward" in call.op
-    first = 5 if backward else 3   # N, C, HxW, group follow the tensors
-    numbers = [_argument(call, first + i, name)
-               for i, name in enumerate(("N", "C", "HxW", "group"))]
-    if not isinstance(x, TensorSpec) or not all(isinstance(n, int) for n in numbers):
-        return 0
-    batch, channels, _, groups = numbers
-    accumulator = 8 if x.dtype == torch.float64 else 4
-    per_channel, per_group = batch * channels * accumulator, batch * groups * accumulator
-    if not per_channel:
-        return 0
-    if not backward:
-        return (OUTPUT, OUTPUT, OUTPUT, per_channel, per_channel, -2, -1)
-    mask = _argument(call, 9, "output_mask")
-    if list(mask or ()) != [True, True, True]:
-        return 0
-    return (OUTPUT, OUTPUT, OUTPUT, per_channel, per_channel, per_group, per_group,
-            per_channel, -4, -3, -5, -2, -1)
-
-
-# The ops whose scratch on a CUDA device is derived from the call alone, by what derives it.
-DERIVED_OPS = {"_softmax_backward_data.default": _softmax_backward_product,
-               "_safe_softmax.default": _safe_softmax_masks,
-               "sum.dim_IntList": _reduction_staging, "sum.default": _reduction_staging,
-               "mean.dim": _reduction_staging, "mean.default": _reduction_staging,
-               "native_group_norm.default": _group_norm_coefficients,
-               "native_group_norm_backward.default": _group_norm_coefficients}
-
-
 def derived_size(call: OpCall):
-    """The call's transient on a CUDA device where DERIVED_OPS knows it, else 0 (the CPU
-    stand-in's tensors stand for CUDA tensors: their device is not asked)."""
-    derive = DERIVED_OPS.get(call.op)
-    return derive(call) if derive is not None else 0
+    """The call's transient on a CUDA device where _derived_scratch.DERIVED_OPS knows it,
+    else 0 (the CPU stand-in's tensors stand for CUDA tensors: their device is not asked)."""
+    from ._derived_scratch import derived_size as derive
+    return derive(call)
 
 
 # ---------------------------------------------------------------------------------------

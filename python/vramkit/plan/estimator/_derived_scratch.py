@@ -1,0 +1,186 @@
+"""Scratch that ATen's CUDA kernels allocate inside themselves, derived from the call alone.
+
+A machine without the GPU cannot measure an op's scratch (scratch.py measures it where
+there is one). For the ops here the blocks follow from ATen's own host code: what it
+allocates, in which dtype and order, from the shapes, strides and dtypes of the call.
+Each rule gives a transient as _transients.py writes it (OUTPUT where the op makes an
+output), or 0 where the call is outside what the rule follows (a layout that needs a
+copy first, an output mask it does not know): such calls count as not modelled. Each
+rule was checked against the blocks the card made (bench/op_scratch_grid.py and
+tests/gpu/test_estimate_on_device.py).
+"""
+
+from __future__ import annotations
+
+from ._transients import OUTPUT
+from .scratch import OpCall, TensorSpec, _contiguous_strides
+
+
+
+def _argument(call: OpCall, position: int, name: str):
+    return call.args[position] if len(call.args) > position else call.kwargs.get(name)
+
+
+def _softmax_backward_product(call: OpCall):
+    """Softmax's CUDA backward (ATen/native/cuda/SoftMax.cu) multiplies the output's
+    gradient by the output into a new tensor before its kernel runs, and frees it on
+    return: one block of the gradient's elements in the product's dtype, made after the
+    op's output. (Log-softmax's backward has no such product.)"""
+    import torch
+    grad = _argument(call, 0, "grad_output")
+    output = _argument(call, 1, "output")
+    if not isinstance(grad, TensorSpec) or not isinstance(output, TensorSpec):
+        return 0
+    elements = 1
+    for size in grad.shape:
+        elements *= size
+    if not elements:
+        return 0
+    itemsize = torch.promote_types(grad.dtype, output.dtype).itemsize
+    return (OUTPUT, elements * itemsize, -1)
+
+
+def _safe_softmax_masks(call: OpCall):
+    """The composite attention's softmax (ATen/native/SoftMax.cpp) makes its output, then
+    which scores are -inf (one bool a score), which rows are so whole (one bool a row) and
+    a zero of the output's dtype to fill them with, and frees those three on return."""
+    import torch
+    scores = _argument(call, 0, "self")
+    dim = _argument(call, 1, "dim")
+    dtype = _argument(call, 2, "dtype")
+    if not isinstance(scores, TensorSpec) or not isinstance(dim, int) or not scores.shape:
+        return 0
+    elements = 1
+    for size in scores.shape:
+        elements *= size
+    if not elements:
+        return 0
+    rows = elements // scores.shape[dim]
+    zero = (dtype if isinstance(dtype, torch.dtype) else scores.dtype).itemsize
+    return (OUTPUT, elements, rows, zero, -3, -2, -1)
+
+
+def _reduction_staging(call: OpCall):
+    """A sum's or a mean's staging buffer and semaphores, where several blocks of its
+    launch share each output (_cuda_reduce.py), made after its output and freed on
+    return; of floating point inputs summed in fp32 or fp64."""
+    import torch
+    from . import _cuda_reduce
+    tensor = _argument(call, 0, "self")
+    if not isinstance(tensor, TensorSpec):
+        return 0
+    whole = call.op.endswith(".default")
+    dims = None if whole else _argument(call, 1, "dim")
+    dtype = _argument(call, 1 if whole else 3, "dtype")
+    accumulator = {torch.float16: 4, torch.bfloat16: 4, torch.float32: 4,
+                   torch.float64: 8}.get(tensor.dtype)
+    if accumulator is None or dtype not in (None, tensor.dtype, torch.float32):
+        return 0
+    if dims is None or (isinstance(dims, (list, tuple)) and not dims):
+        dims = range(len(tensor.shape))
+    elif isinstance(dims, int):
+        dims = [dims]
+    if not all(isinstance(d, int) and -len(tensor.shape) <= d < len(tensor.shape)
+               for d in dims):
+        return 0
+    itemsize = tensor.dtype.itemsize
+    blocks = _cuda_reduce.staging_blocks(tensor.shape, tensor.stride, tensor.offset, dims,
+                                         itemsize, accumulator, 1 if itemsize == 2 else 4)
+    if not blocks or not blocks[0]:
+        return 0
+    staging, semaphores = blocks
+    return (OUTPUT, staging, semaphores, -2, -1)
+
+
+def _group_norm_coefficients(call: OpCall):
+    """Group norm's CUDA kernels (ATen/native/cuda/group_norm_kernel.cu) keep per-sample,
+    per-channel coefficients in the accumulation type, after the op's three outputs:
+    forward two of batch x channels; backward two of those, two of batch x groups and one
+    more of batch x channels, freed on return (in the order bench/op_scratch_grid.py
+    measured). A backward that leaves out an output has another sequence: not derived."""
+    import torch
+    x = _argument(call, 0 if call.op.startswith("native_group_norm.") else 1, "input")
+    backward = "backward" in call.op
+    first = 5 if backward else 3   # N, C, HxW, group follow the tensors
+    numbers = [_argument(call, first + i, name)
+               for i, name in enumerate(("N", "C", "HxW", "group"))]
+    if not isinstance(x, TensorSpec) or not all(isinstance(n, int) for n in numbers):
+        return 0
+    batch, channels, _, groups = numbers
+    accumulator = 8 if x.dtype == torch.float64 else 4
+    per_channel, per_group = batch * channels * accumulator, batch * groups * accumulator
+    if not per_channel:
+        return 0
+    if not backward:
+        return (OUTPUT, OUTPUT, OUTPUT, per_channel, per_channel, -2, -1)
+    mask = _argument(call, 9, "output_mask")
+    if list(mask or ()) != [True, True, True]:
+        return 0
+    return (OUTPUT, OUTPUT, OUTPUT, per_channel, per_channel, per_group, per_group,
+            per_channel, -4, -3, -5, -2, -1)
+
+
+def _layer_norm_partials(call: OpCall):
+    """Layer norm's CUDA backward (ATen/native/cuda/layer_norm_kernel.cu), for many rows
+    of few columns (more than 64 Ki rows, fewer than 32 columns a half-multiprocessor),
+    sums the weight's and the bias's gradients in two passes: partial sums of blocks of
+    rows into two buffers of the input's dtype, then a column sum of each (with its own
+    staging, _cuda_reduce.py), whose result replaces the gradient made before. Else it
+    makes no block of its own. Derived for contiguous inputs whose weight and bias both
+    want gradients, or neither."""
+    import torch
+    from . import _cuda_reduce
+    grad, x = _argument(call, 0, "grad_out"), _argument(call, 1, "input")
+    normalized = _argument(call, 2, "normalized_shape")
+    mask = list(_argument(call, 7, "output_mask") or ())
+    if not isinstance(grad, TensorSpec) or not isinstance(x, TensorSpec) or \
+            not isinstance(normalized, (list, tuple)) or len(mask) != 3:
+        return 0
+    if any(t.stride != _contiguous_strides(t.shape) or t.offset for t in (grad, x)):
+        return 0  # a copy first: left to a measurement
+    if not mask[1] and not mask[2]:
+        return 0
+    if not (mask[1] and mask[2]) or not 0 < len(normalized) <= len(x.shape):
+        return 0
+    columns = rows = 1
+    for size in x.shape[len(x.shape) - len(normalized):]:
+        columns *= size
+    for size in x.shape[:len(x.shape) - len(normalized)]:
+        rows *= size
+    if not (rows > 64 * 1024 and columns // 32 < _cuda_reduce.MULTIPROCESSORS // 2):
+        return 0
+    blocks_x = _div_up(columns, 32)
+    blocks_y = min(32 * 1024 // blocks_x, _div_up(rows, 32))
+    itemsize = x.dtype.itemsize
+    accumulator = 8 if x.dtype == torch.float64 else 4
+    made, partial = columns * itemsize, blocks_y * columns * itemsize
+    staging = _cuda_reduce.staging_blocks((blocks_y, columns), (columns, 1), 0, [0],
+                                          itemsize, accumulator, 1)
+    if staging is None:
+        return 0
+    sum_blocks = tuple(b for b in staging if b)
+    first = (OUTPUT, *sum_blocks, *(-5 - i for i in reversed(range(len(sum_blocks)))), -1)
+    second_base = 5 + len(sum_blocks)
+    second = (OUTPUT, *sum_blocks,
+              *(-second_base - i for i in reversed(range(len(sum_blocks)))), -2)
+    return (OUTPUT, made, made, partial, partial) + first + second + (-4, -3)
+
+
+def _div_up(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# The ops whose scratch on a CUDA device is derived from the call alone, by what derives it.
+DERIVED_OPS = {"_softmax_backward_data.default": _softmax_backward_product,
+               "_safe_softmax.default": _safe_softmax_masks,
+               "sum.dim_IntList": _reduction_staging, "sum.default": _reduction_staging,
+               "mean.dim": _reduction_staging, "mean.default": _reduction_staging,
+               "native_layer_norm_backward.default": _layer_norm_partials,
+               "native_group_norm.default": _group_norm_coefficients,
+               "native_group_norm_backward.default": _group_norm_coefficients}
+
+
+def derived_size(call: OpCall):
+    """The call's transient on a CUDA device where DERIVED_OPS knows it, else 0."""
+    derive = DERIVED_OPS.get(call.op)
+    return derive(call) if derive is not None else 0
