@@ -4,8 +4,9 @@ A machine without the GPU cannot measure an op's scratch (scratch.py measures it
 there is one). For the ops here the blocks follow from ATen's own host code: what it
 allocates, in which dtype and order, from the shapes, strides and dtypes of the call.
 Each rule gives a transient as _transients.py writes it (OUTPUT where the op makes an
-output), or 0 where the call is outside what the rule follows (a layout that needs a
-copy first, an output mask it does not know): such calls count as not modelled. Each
+output; 0 where the kernel makes no block for the call), or None where the call is
+outside what the rule follows (a layout that needs a copy first, an output mask it does
+not know): such calls count as not modelled. Each
 rule was checked against the blocks the card made (bench/op_scratch_grid.py and
 tests/gpu/test_estimate_on_device.py).
 """
@@ -30,7 +31,7 @@ def _softmax_backward_product(call: OpCall):
     grad = _argument(call, 0, "grad_output")
     output = _argument(call, 1, "output")
     if not isinstance(grad, TensorSpec) or not isinstance(output, TensorSpec):
-        return 0
+        return None
     elements = 1
     for size in grad.shape:
         elements *= size
@@ -49,7 +50,7 @@ def _safe_softmax_masks(call: OpCall):
     dim = _argument(call, 1, "dim")
     dtype = _argument(call, 2, "dtype")
     if not isinstance(scores, TensorSpec) or not isinstance(dim, int) or not scores.shape:
-        return 0
+        return None
     elements = 1
     for size in scores.shape:
         elements *= size
@@ -68,27 +69,29 @@ def _reduction_staging(call: OpCall):
     from . import _cuda_reduce
     tensor = _argument(call, 0, "self")
     if not isinstance(tensor, TensorSpec):
-        return 0
+        return None
     whole = call.op.endswith(".default")
     dims = None if whole else _argument(call, 1, "dim")
     dtype = _argument(call, 1 if whole else 3, "dtype")
     accumulator = {torch.float16: 4, torch.bfloat16: 4, torch.float32: 4,
                    torch.float64: 8}.get(tensor.dtype)
     if accumulator is None or dtype not in (None, tensor.dtype, torch.float32):
-        return 0
+        return None
     if dims is None or (isinstance(dims, (list, tuple)) and not dims):
         dims = range(len(tensor.shape))
     elif isinstance(dims, int):
         dims = [dims]
     if not all(isinstance(d, int) and -len(tensor.shape) <= d < len(tensor.shape)
                for d in dims):
-        return 0
+        return None
     itemsize = tensor.dtype.itemsize
     blocks = _cuda_reduce.staging_blocks(tensor.shape, tensor.stride, tensor.offset, dims,
                                          itemsize, accumulator, 1 if itemsize == 2 else 4)
-    if not blocks or not blocks[0]:
-        return 0
+    if blocks is None:
+        return None
     staging, semaphores = blocks
+    if not staging:
+        return 0
     return (OUTPUT, staging, semaphores, -2, -1)
 
 
@@ -105,7 +108,7 @@ def _group_norm_coefficients(call: OpCall):
     numbers = [_argument(call, first + i, name)
                for i, name in enumerate(("N", "C", "HxW", "group"))]
     if not isinstance(x, TensorSpec) or not all(isinstance(n, int) for n in numbers):
-        return 0
+        return None
     batch, channels, _, groups = numbers
     accumulator = 8 if x.dtype == torch.float64 else 4
     per_channel, per_group = batch * channels * accumulator, batch * groups * accumulator
@@ -115,7 +118,7 @@ def _group_norm_coefficients(call: OpCall):
         return (OUTPUT, OUTPUT, OUTPUT, per_channel, per_channel, -2, -1)
     mask = _argument(call, 9, "output_mask")
     if list(mask or ()) != [True, True, True]:
-        return 0
+        return None
     return (OUTPUT, OUTPUT, OUTPUT, per_channel, per_channel, per_group, per_group,
             per_channel, -4, -3, -5, -2, -1)
 
@@ -135,13 +138,13 @@ def _layer_norm_partials(call: OpCall):
     mask = list(_argument(call, 7, "output_mask") or ())
     if not isinstance(grad, TensorSpec) or not isinstance(x, TensorSpec) or \
             not isinstance(normalized, (list, tuple)) or len(mask) != 3:
-        return 0
+        return None
     if any(t.stride != _contiguous_strides(t.shape) or t.offset for t in (grad, x)):
-        return 0  # a copy first: left to a measurement
+        return None  # a copy first: left to a measurement
     if not mask[1] and not mask[2]:
         return 0
     if not (mask[1] and mask[2]) or not 0 < len(normalized) <= len(x.shape):
-        return 0
+        return None
     columns = rows = 1
     for size in x.shape[len(x.shape) - len(normalized):]:
         columns *= size
@@ -157,7 +160,7 @@ def _layer_norm_partials(call: OpCall):
     staging = _cuda_reduce.staging_blocks((blocks_y, columns), (columns, 1), 0, [0],
                                           itemsize, accumulator, 1)
     if staging is None:
-        return 0
+        return None
     sum_blocks = tuple(b for b in staging if b)
     first = (OUTPUT, *sum_blocks, *(-5 - i for i in reversed(range(len(sum_blocks)))), -1)
     second_base = 5 + len(sum_blocks)
@@ -181,6 +184,7 @@ DERIVED_OPS = {"_softmax_backward_data.default": _softmax_backward_product,
 
 
 def derived_size(call: OpCall):
-    """The call's transient on a CUDA device where DERIVED_OPS knows it, else 0."""
+    """The call's transient on a CUDA device where DERIVED_OPS knows it (0: the kernel
+    makes no block for it), else None: not derived, left to a measurement."""
     derive = DERIVED_OPS.get(call.op)
-    return derive(call) if derive is not None else 0
+    return derive(call) if derive is not None else None

@@ -400,8 +400,9 @@ def call_of(func, args, kwargs, device_type: str | None = None) -> OpCall | None
 # ---------------------------------------------------------------------------------------
 
 def derived_size(call: OpCall):
-    """The call's transient on a CUDA device where _derived_scratch.DERIVED_OPS knows it,
-    else 0 (the CPU stand-in's tensors stand for CUDA tensors: their device is not asked)."""
+    """The call's transient on a CUDA device where _derived_scratch.DERIVED_OPS knows it
+    (0: no block), else None (the CPU stand-in's tensors stand for CUDA tensors: their
+    device is not asked)."""
     from ._derived_scratch import derived_size as derive
     return derive(call)
 
@@ -501,7 +502,8 @@ class OpScratchModel(_ws.DeviceMeasuredSizes):
             return size
         if self.device is None:
             size = derived_size(call)
-            how = "derived" if size else "none"
+            how = "none" if size is None else "derived"
+            size = size or 0
         else:
             size, how = self._from_device(call, out)
         self._size[call.key], self._how[call.key] = size, how
