@@ -221,7 +221,8 @@ def test_bad_arguments(tmp_path):
     import vramkit
     count = vramkit.device_count()
     with pytest.raises(vramkit.InvalidDeviceError, match=f"device {count}: invalid device "
-                                                         f"ordinal \\(this machine has {count}"):
+                                                         f"ordinal \\(devices 0 to {count - 1} "
+                                                         f"are there\\)"):
         MemoryLogger(tmp_path / "absent.jsonl", device=count)
     assert not (tmp_path / "absent.jsonl").exists()
     MemoryLogger(lambda r: None, device=count - 1, summary=False).close()

@@ -74,9 +74,8 @@ def _device_index(device) -> int:
     except core.VramError:
         return index  # no driver to count with: the first record says so
     if index >= count:
-        raise _error(core.VRAM_EDEVICE, f"device {index}: invalid device ordinal (this "
-                                        f"machine has {count} on the "
-                                        f"{core.source(0)} source)")
+        there = f"devices 0 to {count - 1} are there" if count else "no device is there"
+        raise _error(core.VRAM_EDEVICE, f"device {index}: invalid device ordinal ({there})")
     return index
 
 

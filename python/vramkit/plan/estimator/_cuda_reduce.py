@@ -20,6 +20,8 @@ estimator's tables come from). Left out, counted 0: iterators that need 64-bit i
 
 from __future__ import annotations
 
+import math
+
 # The cards modelled: H100 and H200 SXM, 132 multiprocessors of 2048 threads.
 MULTIPROCESSORS = 132
 THREADS_PER_MULTIPROCESSOR = 2048
@@ -31,7 +33,7 @@ _MAX_VALUES_PER_THREAD = 256
 _SEMAPHORE_BYTES = 4        # one int per column of blocks
 
 
-def _div_up(a: int, b: int) -> int:
+def div_up(a: int, b: int) -> int:
     return -(-a // b)
 
 
@@ -90,9 +92,7 @@ def staging_blocks(shape, strides, offset: int, reduced_dims, itemsize: int,
     a time there: their vector is wider than their unrolling). (0, 0) when the blocks of one
     output never meet in global memory; None where the model does not apply (64-bit
     indexing)."""
-    elements = 1
-    for size in shape:
-        elements *= size
+    elements = math.prod(shape)
     reduced = {d % len(shape) for d in reduced_dims} if shape else set()
     if elements == 0:
         return 0, 0
@@ -101,10 +101,7 @@ def staging_blocks(shape, strides, offset: int, reduced_dims, itemsize: int,
         return None
     dims = _iterator_dims(shape, strides, reduced)
     num_reduce_dims = sum(1 for _, _, r in dims if r)
-    outputs = 1
-    for size, _, r in dims:
-        if not r:
-            outputs *= size
+    outputs = math.prod(size for size, _, r in dims if not r)
     inputs_per_output = elements // outputs
     if inputs_per_output <= 1 or not dims:
         return 0, 0
@@ -134,21 +131,21 @@ def staging_blocks(shape, strides, offset: int, reduced_dims, itemsize: int,
         step_input *= width         # threads of a warp share an output
     else:
         step_output *= width        # each thread of a warp has its outputs
-    split_across_warps = _div_up(inputs_per_output, step_input) >= min(
+    split_across_warps = div_up(inputs_per_output, step_input) >= min(
         height * 16, _MAX_VALUES_PER_THREAD)
     if split_across_warps:
         step_input *= height
     else:
         step_output *= height
-    values_per_thread = _div_up(inputs_per_output, step_input)
+    values_per_thread = div_up(inputs_per_output, step_input)
     target_grid = MULTIPROCESSORS * (THREADS_PER_MULTIPROCESSOR // threads)
-    grid = _div_up(outputs // output_vector, step_output)
+    grid = div_up(outputs // output_vector, step_output)
     if not (split_across_warps and values_per_thread >= _MAX_VALUES_PER_THREAD
             and grid <= target_grid):
         return 0, 0
-    blocks_per_output = max(min(_div_up(target_grid, grid),
-                                _div_up(values_per_thread, _MIN_VALUES_PER_THREAD)),
-                            _div_up(values_per_thread, _MAX_VALUES_PER_THREAD))
+    blocks_per_output = max(min(div_up(target_grid, grid),
+                                div_up(values_per_thread, _MIN_VALUES_PER_THREAD)),
+                            div_up(values_per_thread, _MAX_VALUES_PER_THREAD))
     if blocks_per_output <= 1:
         return 0, 0
     staging = accumulator_bytes * outputs * blocks_per_output

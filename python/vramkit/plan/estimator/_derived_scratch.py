@@ -13,6 +13,8 @@ tests/gpu/test_estimate_on_device.py).
 
 from __future__ import annotations
 
+import math
+
 from ._transients import OUTPUT
 from .scratch import OpCall, TensorSpec, _contiguous_strides
 
@@ -32,9 +34,7 @@ def _softmax_backward_product(call: OpCall):
     output = _argument(call, 1, "output")
     if not isinstance(grad, TensorSpec) or not isinstance(output, TensorSpec):
         return None
-    elements = 1
-    for size in grad.shape:
-        elements *= size
+    elements = math.prod(grad.shape)
     if not elements:
         return 0
     itemsize = torch.promote_types(grad.dtype, output.dtype).itemsize
@@ -51,9 +51,7 @@ def _safe_softmax_masks(call: OpCall):
     dtype = _argument(call, 2, "dtype")
     if not isinstance(scores, TensorSpec) or not isinstance(dim, int) or not scores.shape:
         return None
-    elements = 1
-    for size in scores.shape:
-        elements *= size
+    elements = math.prod(scores.shape)
     if not elements:
         return 0
     rows = elements // scores.shape[dim]
@@ -145,15 +143,12 @@ def _layer_norm_partials(call: OpCall):
         return 0
     if not (mask[1] and mask[2]) or not 0 < len(normalized) <= len(x.shape):
         return None
-    columns = rows = 1
-    for size in x.shape[len(x.shape) - len(normalized):]:
-        columns *= size
-    for size in x.shape[:len(x.shape) - len(normalized)]:
-        rows *= size
+    split = len(x.shape) - len(normalized)
+    rows, columns = math.prod(x.shape[:split]), math.prod(x.shape[split:])
     if not (rows > 64 * 1024 and columns // 32 < _cuda_reduce.MULTIPROCESSORS // 2):
         return 0
-    blocks_x = _div_up(columns, 32)
-    blocks_y = min(32 * 1024 // blocks_x, _div_up(rows, 32))
+    blocks_x = _cuda_reduce.div_up(columns, 32)
+    blocks_y = min(32 * 1024 // blocks_x, _cuda_reduce.div_up(rows, 32))
     itemsize = x.dtype.itemsize
     accumulator = 8 if x.dtype == torch.float64 else 4
     made, partial = columns * itemsize, blocks_y * columns * itemsize
@@ -167,10 +162,6 @@ def _layer_norm_partials(call: OpCall):
     second = (OUTPUT, *sum_blocks,
               *(-second_base - i for i in reversed(range(len(sum_blocks)))), -2)
     return (OUTPUT, made, made, partial, partial) + first + second + (-4, -3)
-
-
-def _div_up(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 # The ops whose scratch on a CUDA device is derived from the call alone, by what derives it.
