@@ -5,17 +5,19 @@ shapes and strides alone: which dimension the threads of a block run along, how 
 blocks share one output. When several blocks share an output they meet in global memory:
 a staging buffer of partial results and one semaphore per column of blocks, allocated
 through the caching allocator after the op's output and freed when it returns. A column
-sum of a large activation (a bias's gradient) takes up to about 132 MiB of staging this
-way. A machine without the GPU cannot measure it; this module follows the configuration
-step by step, as the kernel's host code does, so that scratch.py can derive the blocks.
+sum of a large activation (a bias's gradient) stages one partial result per block and
+output, far more than the output it makes. A machine without the GPU cannot measure it;
+this module follows the configuration step by step, as the kernel's host code does, so
+that _derived_scratch.py can derive the blocks.
 
 What it follows: the iterator's order of dimensions (reduced ones first, each group
 fastest first) and their coalescing, the choice between reducing along the fastest
 dimension and vectorizing along the outputs, the block's width and height, the split of
 the input across warps and across blocks, and the sizes of the staging buffer and the
 semaphores. The number of multiprocessors is the H100's and H200's (the cards the
-estimator's tables come from). Left out, counted 0: iterators that need 64-bit indexing
-(split into several launches) and reductions other than sum and mean of floating point.
+estimator's tables come from). Left out (not derived): iterators that need 64-bit
+indexing (split into several launches); the caller takes only sums and means of floating
+point.
 """
 
 from __future__ import annotations

@@ -123,8 +123,8 @@ def _group_norm_coefficients(call: OpCall):
 
 def _layer_norm_partials(call: OpCall):
     """Layer norm's CUDA backward (ATen/native/cuda/layer_norm_kernel.cu), for many rows
-    of few columns (more than 64 Ki rows, fewer than 32 columns a half-multiprocessor),
-    sums the weight's and the bias's gradients in two passes: partial sums of blocks of
+    of few columns (more than 64 Ki rows, and fewer column blocks of 32 than half the
+    multiprocessors), sums the weight's and the bias's gradients in two passes: partial sums of blocks of
     rows into two buffers of the input's dtype, then a column sum of each (with its own
     staging, _cuda_reduce.py), whose result replaces the gradient made before. Else it
     makes no block of its own. Derived for contiguous inputs whose weight and bias both
