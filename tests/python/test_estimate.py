@@ -456,11 +456,15 @@ def test_a_model_configuration_that_cannot_be_read_exits_2(tmp_path):
     negative.write_text('{"model_type": "gpt2", "n_layer": -1}')
     vast = tmp_path / "vast.json"
     vast.write_text('{"model_type": "gpt2", "n_embd": %d}' % 10**23)
+    nowhere = tmp_path / "nowhere.json"
+    nowhere.write_text('{"model_type": "gpt2", "n_positions": -5}')
     for model, says in ((readme, "README.md: not a usable model configuration"),
                         (endless, "endless.json: not a usable model configuration: n_layer "
                                   "is 99999999999: a count of blocks from 0 to 10,000"),
                         (negative, "negative.json: not a usable model configuration: "
                                    "n_layer is -1"),
+                        (nowhere, "nowhere.json: not a usable model configuration: "
+                                  "n_positions is -5: a number of positions, 1 or more"),
                         (vast, f"vast.json: not a usable model configuration: n_embd is "
                                f"{10**23}, past a 64-bit integer"),
                         (tmp_path / "typo.json", "typo.json: no such file"),

@@ -129,17 +129,22 @@ _MODULE_COUNTS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers",
                   "num_decoder_layers", "num_local_experts", "num_experts",
                   "n_routed_experts")
 MOST_MODULES = 10_000
+# The sizes of a table of positions (learned, or the rotary cache's length): 1 or more.
+_POSITION_COUNTS = ("n_positions", "max_position_embeddings", "n_ctx")
 
 
 def _out_of_range(config) -> str | None:
     """Why a configuration's numbers cannot describe a model, None if they can: a count of
-    blocks or experts below 0 or above MOST_MODULES, an integer past 64 bits."""
+    blocks or experts below 0 or above MOST_MODULES, a table of fewer than one position,
+    an integer past 64 bits."""
     fields = config.to_dict()
     for name, value in fields.items():
         if isinstance(value, bool) or not isinstance(value, int):
             continue
         if name in _MODULE_COUNTS and not 0 <= value <= MOST_MODULES:
             return f"{name} is {value}: a count of blocks from 0 to {MOST_MODULES:,}"
+        if name in _POSITION_COUNTS and value < 1:
+            return f"{name} is {value}: a number of positions, 1 or more"
         if not -(1 << 63) <= value < (1 << 63):
             return f"{name} is {value}, past a 64-bit integer"
     return None
