@@ -445,6 +445,22 @@ def test_a_reduction_past_32_bit_indexing_or_of_integers_is_not_derived():
     assert sc.derived_size(sums) is None
 
 
+def test_the_notes_name_each_op_once_whatever_its_overloads():
+    """sum.dim_IntList and sum.default are one op to a reader: "sum 2", not "sum 1, sum 1";
+    integer sums are left to a GPU, float sums derived."""
+    def build():
+        return torch.zeros(64, 32), torch.zeros(64, 32, dtype=torch.int64)
+
+    def step(x, counts):
+        return x.sum(0) + x.sum(), counts.sum(0) + counts.sum()
+
+    notes = vramkit.estimate(step, build=build, model_workspaces="scratch").notes
+    assert ("the scratch buffers of 2 op signatures (sum) follow from ATen's CUDA kernels "
+            "and were derived from their shapes") in notes
+    (left,) = [n for n in notes if "not modelled" in n]
+    assert "op signatures (sum 2): " in left
+
+
 def test_the_switch_turns_op_scratch_on_and_off(stand_in, monkeypatch):
     class OnTheCpu(sc.OpScratchModel):
         """The model as on a GPU: the CPU stands for the device, the stand-in measures."""

@@ -463,6 +463,15 @@ def _read_cache(path: str) -> dict:
         return {}
 
 
+def _by_name(by_overload: Counter) -> Counter:
+    """Counts by overload ("sum.dim_IntList", "sum.default") as counts by op ("sum"), as
+    the notes name them."""
+    named = Counter()
+    for op, n in by_overload.items():
+        named[op.split(".")[0]] += n
+    return named
+
+
 # ---------------------------------------------------------------------------------------
 # The model the recorder calls.
 # ---------------------------------------------------------------------------------------
@@ -568,12 +577,12 @@ class OpScratchModel(_ws.DeviceMeasuredSizes):
             notes.append(f"measuring op scratch buffers took over {self.time_budget_s:g} s: "
                          f"{counts['budget']} op signatures left unmeasured count 0")
         if counts["derived"]:
-            ops = ", ".join(sorted(op.split(".")[0] for op in self.by_op("derived")))
+            ops = ", ".join(sorted(_by_name(self.by_op("derived"))))
             notes.append(f"the scratch buffers of {counts['derived']} op signatures ({ops}) "
                          f"follow from ATen's CUDA kernels and were derived from their shapes")
         if counts["none"]:
-            ops = ", ".join(f"{op.split('.')[0]} {n}" for op, n in
-                            sorted(self.by_op("none").items(),
+            ops = ", ".join(f"{name} {n}" for name, n in
+                            sorted(_by_name(self.by_op("none")).items(),
                                    key=lambda kv: (-kv[1], kv[0])))
             notes.append(f"scratch buffers that ops allocate and free inside themselves "
                          f"were not modelled for {counts['none']} of the step's {total} op "
