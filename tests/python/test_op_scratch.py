@@ -435,11 +435,14 @@ def test_layer_norms_two_pass_weight_gradients_are_derived_as_the_card_made_them
 
 
 def test_a_reduction_past_32_bit_indexing_or_of_integers_is_not_derived():
-    """A launch split for 64-bit indexing and an integer sum are left to the GPU: None,
+    """A launch split for 64-bit indexing, a broadcast input (which the iterator orders by
+    rules the model does not follow) and an integer sum are left to the GPU: None,
     where a sum whose launch needs no staging is derived as 0 (MEASURED_REDUCTIONS)."""
     huge = torch.empty_strided((1 << 20, 1 << 10), (1 << 10, 1), dtype=torch.float16,
                                device="meta")
     assert sc.derived_size(sc.call_of(torch.ops.aten.sum.dim_IntList, (huge, [0]), {})) is None
+    ones = torch.ones(()).expand(65536, 768)   # a gradient of .sum(): one value, broadcast
+    assert sc.derived_size(sc.call_of(torch.ops.aten.sum.dim_IntList, (ones, [0]), {})) is None
     counts = torch.zeros(65536, 768, dtype=torch.int64)
     sums = sc.call_of(torch.ops.aten.sum.dim_IntList, (counts, [0]), {})
     assert sc.derived_size(sums) is None

@@ -93,12 +93,14 @@ def staging_blocks(shape, strides, offset: int, reduced_dims, itemsize: int,
     contiguous dimension, 1 where the kernel does not (16-bit sums and means load one at
     a time there: their vector is wider than their unrolling). (0, 0) when the blocks of one
     output never meet in global memory; None where the model does not apply (64-bit
-    indexing)."""
+    indexing, a broadcast dimension)."""
     elements = math.prod(shape)
     reduced = {d % len(shape) for d in reduced_dims} if shape else set()
     if elements == 0:
         return 0, 0
-    span = sum((size - 1) * abs(stride) for size, stride in zip(shape, strides)) + 1
+    if any(size > 1 and stride <= 0 for size, stride in zip(shape, strides)):
+        return None  # a broadcast (or reversed) input: the iterator orders it otherwise
+    span = sum((size - 1) * stride for size, stride in zip(shape, strides)) + 1
     if (span + offset) * itemsize > (1 << 31) - 1:
         return None
     dims = _iterator_dims(shape, strides, reduced)
