@@ -85,13 +85,15 @@ def _output_vector_size(dims, num_reduce_dims: int, offset: int) -> int:
 
 
 def staging_blocks(shape, strides, offset: int, reduced_dims, itemsize: int,
-                   accumulator_bytes: int, input_vector: int):
+                   accumulator_bytes: int, input_vector: int,
+                   multiprocessors: int = MULTIPROCESSORS):
     """(staging bytes, semaphore bytes) of one reduction of a tensor of ``shape`` and
     ``strides`` (in elements; ``offset``: where the view starts, in elements, modulo the
     alignment) over ``reduced_dims``; ``accumulator_bytes``: the size of the type it sums
     in; ``input_vector``: how many inputs a thread loads at once along a reduced
     contiguous dimension, 1 where the kernel does not (16-bit sums and means load one at
-    a time there: their vector is wider than their unrolling). (0, 0) when the blocks of one
+    a time there: their vector is wider than their unrolling); ``multiprocessors``: the
+    card's (the grid is sized to fill it). (0, 0) when the blocks of one
     output never meet in global memory; None where the model does not apply (64-bit
     indexing, a broadcast dimension)."""
     elements = math.prod(shape)
@@ -142,7 +144,7 @@ def staging_blocks(shape, strides, offset: int, reduced_dims, itemsize: int,
     else:
         step_output *= height
     values_per_thread = div_up(inputs_per_output, step_input)
-    target_grid = MULTIPROCESSORS * (THREADS_PER_MULTIPROCESSOR // threads)
+    target_grid = multiprocessors * (THREADS_PER_MULTIPROCESSOR // threads)
     grid = div_up(outputs // output_vector, step_output)
     if not (split_across_warps and values_per_thread >= _MAX_VALUES_PER_THREAD
             and grid <= target_grid):

@@ -24,7 +24,7 @@ def _argument(call: OpCall, position: int, name: str):
     return call.args[position] if len(call.args) > position else call.kwargs.get(name)
 
 
-def _softmax_backward_product(call: OpCall):
+def _softmax_backward_product(call: OpCall, multiprocessors: int):
     """Softmax's CUDA backward (ATen/native/cuda/SoftMax.cu) multiplies the output's
     gradient by the output into a new tensor before its kernel runs, and frees it on
     return: one block of the gradient's elements in the product's dtype, made after the
@@ -41,7 +41,7 @@ def _softmax_backward_product(call: OpCall):
     return (OUTPUT, elements * itemsize, -1)
 
 
-def _safe_softmax_masks(call: OpCall):
+def _safe_softmax_masks(call: OpCall, multiprocessors: int):
     """The composite attention's softmax (ATen/native/SoftMax.cpp) makes its output, then
     which scores are -inf (one bool a score), which rows are so whole (one bool a row) and
     a zero of the output's dtype to fill them with, and frees those three on return."""
@@ -59,7 +59,7 @@ def _safe_softmax_masks(call: OpCall):
     return (OUTPUT, elements, rows, zero, -3, -2, -1)
 
 
-def _reduction_staging(call: OpCall):
+def _reduction_staging(call: OpCall, multiprocessors: int):
     """A sum's or a mean's staging buffer and semaphores, where several blocks of its
     launch share each output (_cuda_reduce.py), made after its output and freed on
     return; of floating point inputs summed in fp32 or fp64."""
@@ -84,7 +84,8 @@ def _reduction_staging(call: OpCall):
         return None
     itemsize = tensor.dtype.itemsize
     blocks = _cuda_reduce.staging_blocks(tensor.shape, tensor.stride, tensor.offset, dims,
-                                         itemsize, accumulator, 1 if itemsize == 2 else 4)
+                                         itemsize, accumulator, 1 if itemsize == 2 else 4,
+                                         multiprocessors)
     if blocks is None:
         return None
     staging, semaphores = blocks
@@ -93,7 +94,7 @@ def _reduction_staging(call: OpCall):
     return (OUTPUT, staging, semaphores, -2, -1)
 
 
-def _group_norm_coefficients(call: OpCall):
+def _group_norm_coefficients(call: OpCall, multiprocessors: int):
     """Group norm's CUDA kernels (ATen/native/cuda/group_norm_kernel.cu) keep per-sample,
     per-channel coefficients in the accumulation type, after the op's three outputs:
     forward two of batch x channels; backward two of those, two of batch x groups and one
@@ -121,7 +122,7 @@ def _group_norm_coefficients(call: OpCall):
             per_channel, -4, -3, -5, -2, -1)
 
 
-def _layer_norm_partials(call: OpCall):
+def _layer_norm_partials(call: OpCall, multiprocessors: int):
     """Layer norm's CUDA backward (ATen/native/cuda/layer_norm_kernel.cu), for many rows
     of few columns (more than 64 Ki rows, and fewer column blocks of 32 than half the
     multiprocessors), sums the weight's and the bias's gradients in two passes: partial sums of blocks of
@@ -145,7 +146,7 @@ def _layer_norm_partials(call: OpCall):
         return None
     split = len(x.shape) - len(normalized)
     rows, columns = math.prod(x.shape[:split]), math.prod(x.shape[split:])
-    if not (rows > 64 * 1024 and columns // 32 < _cuda_reduce.MULTIPROCESSORS // 2):
+    if not (rows > 64 * 1024 and columns // 32 < multiprocessors // 2):
         return 0
     blocks_x = _cuda_reduce.div_up(columns, 32)
     blocks_y = min(32 * 1024 // blocks_x, _cuda_reduce.div_up(rows, 32))
@@ -153,7 +154,7 @@ def _layer_norm_partials(call: OpCall):
     accumulator = 8 if x.dtype == torch.float64 else 4
     made, partial = columns * itemsize, blocks_y * columns * itemsize
     staging = _cuda_reduce.staging_blocks((blocks_y, columns), (columns, 1), 0, [0],
-                                          itemsize, accumulator, 1)
+                                          itemsize, accumulator, 1, multiprocessors)
     if staging is None:
         return None
     sum_blocks = tuple(b for b in staging if b)
@@ -174,8 +175,12 @@ DERIVED_OPS = {"_softmax_backward_data.default": _softmax_backward_product,
                "native_group_norm_backward.default": _group_norm_coefficients}
 
 
-def derived_size(call: OpCall):
-    """The call's transient on a CUDA device where DERIVED_OPS knows it (0: the kernel
-    makes no block for it), else None: not derived, left to a measurement."""
+def derived_size(call: OpCall, multiprocessors: int | None = None):
+    """The call's transient on a CUDA device of ``multiprocessors`` (default: the H100's
+    and H200's) where DERIVED_OPS knows it (0: the kernel makes no block for it), else
+    None: not derived, left to a measurement."""
+    from . import _cuda_reduce
     derive = DERIVED_OPS.get(call.op)
-    return derive(call) if derive is not None else None
+    if derive is None:
+        return None
+    return derive(call, multiprocessors or _cuda_reduce.MULTIPROCESSORS)

@@ -24,8 +24,9 @@ that choose the kernel), in this order:
    convolutions' measuring path; kept for the process and on disk (``op-scratch/`` beside
    the convolutions' cache, per device name, PyTorch version and cuDNN version);
 2. else, for the ops whose scratch follows from ATen's source alone (_derived_scratch.py),
-   derived from the call's shapes and dtypes: on a machine without a GPU, and for the
-   CPU stand-in;
+   derived from the call's shapes and dtypes: on a machine without a GPU, for the CPU
+   stand-in, and on a GPU for a call it could not measure (no memory to spare, a refusal
+   in isolation, the time budget spent), with that card's multiprocessors;
 3. else 0, and the estimate's notes say, in one note, for how many of the step's op
    signatures scratch buffers were not modelled. There is no table for a machine without
    a GPU yet: bench/cudnn_workspace_probe.py records these ops' sizes in real steps and
@@ -399,12 +400,12 @@ def call_of(func, args, kwargs, device_type: str | None = None) -> OpCall | None
 # Scratch that follows from the kernel's source, for machines without the GPU.
 # ---------------------------------------------------------------------------------------
 
-def derived_size(call: OpCall):
-    """The call's transient on a CUDA device where _derived_scratch.DERIVED_OPS knows it
-    (0: no block), else None (the CPU stand-in's tensors stand for CUDA tensors: their
-    device is not asked)."""
+def derived_size(call: OpCall, multiprocessors: int | None = None):
+    """The call's transient on a CUDA device (of ``multiprocessors``; default the H100's
+    and H200's) where _derived_scratch.DERIVED_OPS knows it (0: no block), else None (the
+    CPU stand-in's tensors stand for CUDA tensors: their device is not asked)."""
     from ._derived_scratch import derived_size as derive
-    return derive(call)
+    return derive(call, multiprocessors)
 
 
 # ---------------------------------------------------------------------------------------
@@ -515,8 +516,24 @@ class OpScratchModel(_ws.DeviceMeasuredSizes):
             size = size or 0
         else:
             size, how = self._from_device(call, out)
+            if how in ("budget", "no_memory", "failed"):
+                # Not measured here: what ATen's host code says, on this card, beats 0.
+                derived = derived_size(call, self._multiprocessors())
+                if derived is not None:
+                    size, how = derived, "derived"
+                    self._failed.pop(call.key, None)
         self._size[call.key], self._how[call.key] = size, how
         return size
+
+    def _multiprocessors(self) -> int | None:
+        """The measuring card's multiprocessors (None: not a CUDA device)."""
+        import torch
+        if getattr(self.device, "type", self.device) != "cuda":
+            return None
+        try:
+            return torch.cuda.get_device_properties(self.device).multi_processor_count
+        except (RuntimeError, AssertionError, ValueError):
+            return None
 
     def _read_kept(self, path: str) -> dict:
         return _read_cache(path)
