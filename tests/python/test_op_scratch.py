@@ -302,10 +302,9 @@ def test_without_a_device_one_note_says_how_many_signatures_were_left_out():
     assert e.breakdown["workspaces"] == 2 * CUBLAS_WORKSPACE_BYTES + CUBLASLT_WORKSPACE_BYTES
 
 
-def test_without_a_device_softmax_backward_takes_the_product_it_makes():
-    """Softmax's CUDA backward multiplies the gradient by the output into a new tensor
-    before its kernel runs: a machine without a GPU derives that block from the shapes, in
-    the product's dtype, and puts it after the gradient it returns, on the peak here."""
+def _softmax_step_estimates():
+    """A softmax's step estimated with op scratch and without, and the product block its
+    backward makes: (with, without, the block's bytes), on the peak of the step."""
     shape = (16, 256, 300)
 
     def build():
@@ -316,7 +315,14 @@ def test_without_a_device_softmax_backward_takes_the_product_it_makes():
 
     with_scratch = vramkit.estimate(step, build=build, model_workspaces="scratch")
     without = vramkit.estimate(step, build=build, model_workspaces=False)
-    product = _rounded(16 * 256 * 300 * 4)
+    return with_scratch, without, _rounded(16 * 256 * 300 * 4)
+
+
+def test_without_a_device_softmax_backward_takes_the_product_it_makes():
+    """Softmax's CUDA backward multiplies the gradient by the output into a new tensor
+    before its kernel runs: a machine without a GPU derives that block from the shapes, in
+    the product's dtype, and puts it after the gradient it returns, on the peak here."""
+    with_scratch, without, product = _softmax_step_estimates()
     assert with_scratch.peak_allocated == without.peak_allocated + product
     assert (sc.LABEL, product, 1) in with_scratch.top_sites
     derived = [n for n in with_scratch.notes if "derived" in n]
@@ -329,7 +335,7 @@ def test_without_a_device_softmax_backward_takes_the_product_it_makes():
     backward = torch.ops.aten._softmax_backward_data.default
     for dtype, input_dtype, itemsize in ((torch.bfloat16, torch.bfloat16, 2),
                                          (torch.float32, torch.float16, 4)):
-        grad = torch.zeros(shape, dtype=dtype)
+        grad = torch.zeros(16, 256, 300, dtype=dtype)
         call = sc.call_of(backward, (grad, grad.clone(), -1, input_dtype), {})
         assert sc.derived_size(call) == (0, 16 * 256 * 300 * itemsize, -1)
     assert sc.derived_size(sc.call_of(backward, (torch.zeros(0, 5),) * 2 + (-1, torch.float32),
@@ -481,17 +487,8 @@ def test_a_call_the_device_could_not_measure_is_derived(stand_in, monkeypatch):
 
     monkeypatch.setattr(sc, "OpScratchModel", OnTheCpu)
     monkeypatch.setattr(sc, "measure_op", refused)
-    shape = (16, 256, 300)
-
-    def build():
-        return torch.zeros(shape, requires_grad=True)
-
-    def step(x):
-        x.softmax(-1).backward(torch.ones(shape))
-
-    with_scratch = vramkit.estimate(step, build=build, model_workspaces="scratch")
-    without = vramkit.estimate(step, build=build, model_workspaces=False)
-    assert with_scratch.peak_allocated == without.peak_allocated + _rounded(16 * 256 * 300 * 4)
+    with_scratch, without, product = _softmax_step_estimates()
+    assert with_scratch.peak_allocated == without.peak_allocated + product
     assert any("(_softmax_backward_data)" in n and "derived" in n for n in with_scratch.notes)
     assert not any("could not be measured" in n for n in with_scratch.notes)
 
