@@ -93,9 +93,9 @@ def staging_blocks(shape, strides, offset: int, reduced_dims, itemsize: int,
     in; ``input_vector``: how many inputs a thread loads at once along a reduced
     contiguous dimension, 1 where the kernel does not (16-bit sums and means load one at
     a time there: their vector is wider than their unrolling); ``multiprocessors``: the
-    card's (the grid is sized to fill it). (0, 0) when the blocks of one
-    output never meet in global memory; None where the model does not apply (64-bit
-    indexing, a broadcast dimension)."""
+    card's (the grid is sized to fill it). (0, 0) when the blocks of one output never
+    meet in global memory; None where the model does not apply (64-bit indexing, a
+    broadcast dimension)."""
     elements = math.prod(shape)
     reduced = {d % len(shape) for d in reduced_dims} if shape else set()
     if elements == 0:

@@ -6,18 +6,17 @@ allocates, in which dtype and order, from the shapes, strides and dtypes of the 
 Each rule gives a transient as _transients.py writes it (OUTPUT where the op makes an
 output; 0 where the kernel makes no block for the call), or None where the call is
 outside what the rule follows (a layout that needs a copy first, an output mask it does
-not know): such calls count as not modelled. Each
-rule was checked against the blocks the card made (bench/op_scratch_grid.py and
-tests/gpu/test_estimate_on_device.py).
+not know): such calls count as not modelled. Each rule was checked against the blocks
+the card made (bench/op_scratch_grid.py and tests/gpu/test_estimate_on_device.py).
 """
 
 from __future__ import annotations
 
 import math
 
+from . import _cuda_reduce
 from ._transients import OUTPUT
 from .scratch import OpCall, TensorSpec, _contiguous_strides
-
 
 
 def _argument(call: OpCall, position: int, name: str):
@@ -49,7 +48,8 @@ def _safe_softmax_masks(call: OpCall, multiprocessors: int):
     scores = _argument(call, 0, "self")
     dim = _argument(call, 1, "dim")
     dtype = _argument(call, 2, "dtype")
-    if not isinstance(scores, TensorSpec) or not isinstance(dim, int) or not scores.shape:
+    if not isinstance(scores, TensorSpec) or not isinstance(dim, int) or \
+            not -len(scores.shape) <= dim < len(scores.shape):
         return None
     elements = math.prod(scores.shape)
     if not elements:
@@ -64,7 +64,6 @@ def _reduction_staging(call: OpCall, multiprocessors: int):
     launch share each output (_cuda_reduce.py), made after its output and freed on
     return; of floating point inputs summed in fp32 or fp64."""
     import torch
-    from . import _cuda_reduce
     tensor = _argument(call, 0, "self")
     if not isinstance(tensor, TensorSpec):
         return None
@@ -131,7 +130,6 @@ def _layer_norm_partials(call: OpCall, multiprocessors: int):
     makes no block of its own. Derived for contiguous inputs whose weight and bias both
     want gradients, or neither."""
     import torch
-    from . import _cuda_reduce
     grad, x = _argument(call, 0, "grad_out"), _argument(call, 1, "input")
     normalized = _argument(call, 2, "normalized_shape")
     mask = list(_argument(call, 7, "output_mask") or ())
@@ -179,7 +177,6 @@ def derived_size(call: OpCall, multiprocessors: int | None = None):
     """The call's transient on a CUDA device of ``multiprocessors`` (default: the H100's
     and H200's) where DERIVED_OPS knows it (0: the kernel makes no block for it), else
     None: not derived, left to a measurement."""
-    from . import _cuda_reduce
     derive = DERIVED_OPS.get(call.op)
     if derive is None:
         return None
