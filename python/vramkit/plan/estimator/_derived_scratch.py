@@ -121,6 +121,24 @@ def _group_norm_coefficients(call: OpCall, multiprocessors: int):
             per_channel, -4, -3, -5, -2, -1)
 
 
+def _layer_norm_forward(call: OpCall, multiprocessors: int):
+    """Layer norm's CUDA forward (ATen/native/cuda/layer_norm_kernel.cu) writes its three
+    outputs and allocates nothing else, for contiguous inputs (a strided one is copied
+    first: not derived)."""
+    tensors = [_argument(call, i, name) for i, name in ((0, "input"), (2, "weight"),
+                                                        (3, "bias"))]
+    if not isinstance(tensors[0], TensorSpec):
+        return None
+    if any(isinstance(t, TensorSpec) and not _dense(t) for t in tensors):
+        return None
+    return 0
+
+
+def _dense(t: TensorSpec) -> bool:
+    """Contiguous from its storage's start: what a kernel takes without a copy first."""
+    return t.stride == _contiguous_strides(t.shape) and not t.offset
+
+
 def _layer_norm_partials(call: OpCall, multiprocessors: int):
     """Layer norm's CUDA backward (ATen/native/cuda/layer_norm_kernel.cu), for many rows
     of few columns (more than 64 Ki rows, and fewer column blocks of 32 than half the
@@ -136,7 +154,7 @@ def _layer_norm_partials(call: OpCall, multiprocessors: int):
     if not isinstance(grad, TensorSpec) or not isinstance(x, TensorSpec) or \
             not isinstance(normalized, (list, tuple)) or len(mask) != 3:
         return None
-    if any(t.stride != _contiguous_strides(t.shape) or t.offset for t in (grad, x)):
+    if not (_dense(grad) and _dense(x)):
         return None  # a copy first: left to a measurement
     if not mask[1] and not mask[2]:
         return 0
@@ -168,6 +186,7 @@ DERIVED_OPS = {"_softmax_backward_data.default": _softmax_backward_product,
                "_safe_softmax.default": _safe_softmax_masks,
                "sum.dim_IntList": _reduction_staging, "sum.default": _reduction_staging,
                "mean.dim": _reduction_staging, "mean.default": _reduction_staging,
+               "native_layer_norm.default": _layer_norm_forward,
                "native_layer_norm_backward.default": _layer_norm_partials,
                "native_group_norm.default": _group_norm_coefficients,
                "native_group_norm_backward.default": _group_norm_coefficients}
