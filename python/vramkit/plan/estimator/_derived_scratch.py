@@ -19,18 +19,13 @@ from ._transients import OUTPUT
 from .scratch import OpCall, TensorSpec, _contiguous_strides
 
 
-def _argument(call: OpCall, position: int, name: str):
-    return call.args[position] if len(call.args) > position else call.kwargs.get(name)
-
-
 def _softmax_backward_product(call: OpCall, multiprocessors: int):
     """Softmax's CUDA backward (ATen/native/cuda/SoftMax.cu) multiplies the output's
     gradient by the output into a new tensor before its kernel runs, and frees it on
     return: one block of the gradient's elements in the product's dtype, made after the
     op's output. (Log-softmax's backward has no such product.)"""
     import torch
-    grad = _argument(call, 0, "grad_output")
-    output = _argument(call, 1, "output")
+    grad, output = call.bound.get("grad_output"), call.bound.get("output")
     if not isinstance(grad, TensorSpec) or not isinstance(output, TensorSpec):
         return None
     elements = math.prod(grad.shape)
@@ -45,9 +40,7 @@ def _safe_softmax_masks(call: OpCall, multiprocessors: int):
     which scores are -inf (one bool a score), which rows are so whole (one bool a row) and
     a zero of the output's dtype to fill them with, and frees those three on return."""
     import torch
-    scores = _argument(call, 0, "self")
-    dim = _argument(call, 1, "dim")
-    dtype = _argument(call, 2, "dtype")
+    scores, dim, dtype = (call.bound.get(name) for name in ("self", "dim", "dtype"))
     if not isinstance(scores, TensorSpec) or not isinstance(dim, int) or \
             not -len(scores.shape) <= dim < len(scores.shape):
         return None
@@ -64,12 +57,9 @@ def _reduction_staging(call: OpCall, multiprocessors: int):
     launch share each output (_cuda_reduce.py), made after its output and freed on
     return; of floating point inputs summed in fp32 or fp64."""
     import torch
-    tensor = _argument(call, 0, "self")
+    tensor, dims, dtype = (call.bound.get(name) for name in ("self", "dim", "dtype"))
     if not isinstance(tensor, TensorSpec):
         return None
-    whole = call.op.endswith(".default")
-    dims = None if whole else _argument(call, 1, "dim")
-    dtype = _argument(call, 1 if whole else 3, "dtype")
     accumulator = {torch.float16: 4, torch.bfloat16: 4, torch.float32: 4,
                    torch.float64: 8}.get(tensor.dtype)
     if accumulator is None or dtype not in (None, tensor.dtype, torch.float32):
@@ -100,11 +90,9 @@ def _group_norm_coefficients(call: OpCall, multiprocessors: int):
     more of batch x channels, freed on return (in the order bench/op_scratch_grid.py
     measured). A backward that leaves out an output has another sequence: not derived."""
     import torch
-    x = _argument(call, 0 if call.op.startswith("native_group_norm.") else 1, "input")
+    x = call.bound.get("input")
     backward = "backward" in call.op
-    first = 5 if backward else 3   # N, C, HxW, group follow the tensors
-    numbers = [_argument(call, first + i, name)
-               for i, name in enumerate(("N", "C", "HxW", "group"))]
+    numbers = [call.bound.get(name) for name in ("N", "C", "HxW", "group")]
     if not isinstance(x, TensorSpec) or not all(isinstance(n, int) for n in numbers):
         return None
     batch, channels, _, groups = numbers
@@ -114,7 +102,7 @@ def _group_norm_coefficients(call: OpCall, multiprocessors: int):
         return 0
     if not backward:
         return (OUTPUT, OUTPUT, OUTPUT, per_channel, per_channel, -2, -1)
-    mask = _argument(call, 9, "output_mask")
+    mask = call.bound.get("output_mask")
     if list(mask or ()) != [True, True, True]:
         return None
     return (OUTPUT, OUTPUT, OUTPUT, per_channel, per_channel, per_group, per_group,
@@ -125,8 +113,7 @@ def _layer_norm_forward(call: OpCall, multiprocessors: int):
     """Layer norm's CUDA forward (ATen/native/cuda/layer_norm_kernel.cu) writes its three
     outputs and allocates nothing else, for contiguous inputs (a strided one is copied
     first: not derived)."""
-    tensors = [_argument(call, i, name) for i, name in ((0, "input"), (2, "weight"),
-                                                        (3, "bias"))]
+    tensors = [call.bound.get(name) for name in ("input", "weight", "bias")]
     if not isinstance(tensors[0], TensorSpec):
         return None
     if any(isinstance(t, TensorSpec) and not _dense(t) for t in tensors):
@@ -148,9 +135,9 @@ def _layer_norm_partials(call: OpCall, multiprocessors: int):
     makes no block of its own. Derived for contiguous inputs whose weight and bias both
     want gradients, or neither."""
     import torch
-    grad, x = _argument(call, 0, "grad_out"), _argument(call, 1, "input")
-    normalized = _argument(call, 2, "normalized_shape")
-    mask = list(_argument(call, 7, "output_mask") or ())
+    grad, x = call.bound.get("grad_out"), call.bound.get("input")
+    normalized = call.bound.get("normalized_shape")
+    mask = list(call.bound.get("output_mask") or ())
     if not isinstance(grad, TensorSpec) or not isinstance(x, TensorSpec) or \
             not isinstance(normalized, (list, tuple)) or len(mask) != 3:
         return None

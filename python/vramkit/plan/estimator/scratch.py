@@ -40,7 +40,7 @@ import sys
 import time
 import warnings
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from . import workspaces as _ws
 from ._transients import as_transient, is_transient
@@ -327,6 +327,8 @@ class OpCall:
     kwargs: dict
     key: str
     main_device_type: str    # the op's device: its first tensor not on the CPU, if any
+    bound: dict = field(default_factory=dict)  # the arguments by the schema's names,
+                                               # defaults filled in
 
     def tensors(self):
         for value in (*self.args, *self.kwargs.values()):
@@ -393,7 +395,7 @@ def call_of(func, args, kwargs, device_type: str | None = None) -> OpCall | None
     flags = _flags(op)
     if flags:
         fields.append(flags)
-    return OpCall(op, func, spec_args, spec_kwargs, " ".join(fields), main)
+    return OpCall(op, func, spec_args, spec_kwargs, " ".join(fields), main, bound)
 
 
 # ---------------------------------------------------------------------------------------
