@@ -92,6 +92,16 @@ static double ratio(uint64_t numerator, uint64_t denominator) {
   return denominator ? (double)numerator / (double)denominator : 0.0;
 }
 
+/* A row whose pool was never made (its preallocation did not fit, or the source refused)
+ * ran no op: it has no ratio of reserved to live and no time per op to show. */
+static int pool_never_made(const replay_result_t *r) {
+  return r->failed_creating || (r->ooms && r->first_oom_op < 0);
+}
+
+static int has_ratio(const replay_result_t *r) {
+  return !pool_never_made(r) && r->peak_live_bytes > 0;
+}
+
 static void print_table_header(const replay_settings_t *settings) {
   printf("%-20s %-8s %8s %12s %14s %9s %8s %5s", "trace", "source", "ops", "peak live",
          "peak reserved", "res/live", "ns/op", "ooms");
@@ -112,8 +122,15 @@ static void print_result_row(const replay_settings_t *settings, const replay_res
   printf("%-20s %-8s %8zu", cli_shown(r->name), vram_source_name(r->source), (size_t)r->ops);
   print_mib(r->peak_live_bytes, 12);
   print_mib(r->peak_reserved_bytes, 14);
-  printf(" %9.3f %8.1f %5llu", ratio(r->peak_reserved_bytes, r->peak_live_bytes), r->ns_per_op,
-         (unsigned long long)r->ooms);
+  if (has_ratio(r))
+    printf(" %9.3f", ratio(r->peak_reserved_bytes, r->peak_live_bytes));
+  else
+    printf(" %9s", "-");
+  if (r->ns_per_op > 0)
+    printf(" %8.1f", r->ns_per_op);
+  else
+    printf(" %8s", "-");
+  printf(" %5llu", (unsigned long long)r->ooms);
   if (settings->min_capacity) {
     if (r->have_min_capacity > 0) {
       print_mib(r->min_capacity_bytes, 12);
@@ -125,13 +142,33 @@ static void print_result_row(const replay_settings_t *settings, const replay_res
       printf(" %12s %9s", "-", "-");
     }
   }
-  if (settings->warm) printf(" %10.1f", r->ns_per_op_warm);
-  if (settings->baseline)
-    printf(" %11.1f %10.2f", r->baseline_ns_per_op,
-           r->baseline_ns_per_op > 0 ? r->ns_per_op / r->baseline_ns_per_op : 0.0);
+  if (settings->warm) {
+    if (r->ns_per_op_warm > 0)
+      printf(" %10.1f", r->ns_per_op_warm);
+    else
+      printf(" %10s", "-");
+  }
+  if (settings->baseline) {
+    if (r->baseline_ns_per_op > 0)
+      printf(" %11.1f", r->baseline_ns_per_op);
+    else
+      printf(" %11s", "-");
+    if (r->baseline_ns_per_op > 0 && r->ns_per_op > 0)
+      printf(" %10.2f", r->ns_per_op / r->baseline_ns_per_op);
+    else
+      printf(" %10s", "-");
+  }
   if (settings->calls_after >= 0) printf(" %11llu", (unsigned long long)r->device_calls_after);
   printf("\n");
   fflush(stdout);
+}
+
+/* A time, or null where nothing was timed (a time is never zero). */
+static void json_time(const char *format, double value, const char *key) {
+  if (value > 0)
+    printf(format, value);
+  else
+    printf(", \"%s\": null", key);
 }
 
 static void print_result_json(const replay_settings_t *settings, const replay_result_t *r) {
@@ -139,10 +176,15 @@ static void print_result_json(const replay_settings_t *settings, const replay_re
   cli_json_string(stdout, r->name);
   printf(", \"source\": ");
   cli_json_string(stdout, vram_source_name(r->source));
-  printf(", \"ops\": %zu, \"peak_live_bytes\": %llu, \"peak_reserved_bytes\": %llu, "
-         "\"reserved_over_live\": %.3f, \"ns_per_op\": %.1f, \"ooms\": %llu",
-         (size_t)r->ops, (unsigned long long)r->peak_live_bytes, (unsigned long long)r->peak_reserved_bytes,
-         ratio(r->peak_reserved_bytes, r->peak_live_bytes), r->ns_per_op, (unsigned long long)r->ooms);
+  printf(", \"ops\": %zu, \"peak_live_bytes\": %llu, \"peak_reserved_bytes\": %llu",
+         (size_t)r->ops, (unsigned long long)r->peak_live_bytes,
+         (unsigned long long)r->peak_reserved_bytes);
+  if (has_ratio(r))
+    printf(", \"reserved_over_live\": %.3f", ratio(r->peak_reserved_bytes, r->peak_live_bytes));
+  else
+    printf(", \"reserved_over_live\": null");
+  json_time(", \"ns_per_op\": %.1f", r->ns_per_op, "ns_per_op");
+  printf(", \"ooms\": %llu", (unsigned long long)r->ooms);
   printf(", \"skipped_frees\": %zu", (size_t)r->skipped_frees);
   if (settings->have_capacity)
     printf(", \"capacity_bytes\": %llu", (unsigned long long)settings->capacity);
@@ -160,14 +202,20 @@ static void print_result_json(const replay_settings_t *settings, const replay_re
   if (settings->calls_after >= 0)
     printf(", \"calls_after_op\": %ld, \"device_calls_after\": %llu", settings->calls_after,
            (unsigned long long)r->device_calls_after);
-  if (settings->warm)
-    printf(", \"ns_per_op_warm\": %.1f, \"device_calls_warm\": %llu", r->ns_per_op_warm,
-           (unsigned long long)r->device_calls_warm);
+  if (settings->warm) {
+    json_time(", \"ns_per_op_warm\": %.1f", r->ns_per_op_warm, "ns_per_op_warm");
+    printf(", \"device_calls_warm\": %llu", (unsigned long long)r->device_calls_warm);
+  }
   if (settings->baseline) {
-    printf(", \"baseline_ns_per_op\": %.2f, \"ns_over_baseline\": %.2f", r->baseline_ns_per_op,
-           r->baseline_ns_per_op > 0 ? r->ns_per_op / r->baseline_ns_per_op : 0.0);
+    int timed = r->baseline_ns_per_op > 0;
+    json_time(", \"baseline_ns_per_op\": %.2f", r->baseline_ns_per_op, "baseline_ns_per_op");
+    json_time(", \"ns_over_baseline\": %.2f",
+              timed && r->ns_per_op > 0 ? r->ns_per_op / r->baseline_ns_per_op : 0.0,
+              "ns_over_baseline");
     if (settings->warm)
-      printf(", \"warm_over_baseline\": %.2f", r->baseline_ns_per_op > 0 ? r->ns_per_op_warm / r->baseline_ns_per_op : 0.0);
+      json_time(", \"warm_over_baseline\": %.2f",
+                timed && r->ns_per_op_warm > 0 ? r->ns_per_op_warm / r->baseline_ns_per_op : 0.0,
+                "warm_over_baseline");
   }
   printf("}\n");
   fflush(stdout);

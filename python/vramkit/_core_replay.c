@@ -61,6 +61,9 @@ static double ratio(uint64_t numerator, uint64_t denominator) {
 static PyObject *result_dict(const vram_replay_result *r, const vram_replay_options *opts) {
   PyObject *d = PyDict_New();
   if (d == NULL) return NULL;
+  /* A pool that was never made (its preallocation did not fit) ran no op: no ratio of
+   * reserved to live and no time per op, as the command's JSON says with null. */
+  int ran = !r->failed_creating && !(r->ooms && r->first_oom_op < 0);
   /* As the command's JSON writes it: a byte that starts no UTF-8 sequence reads U+FFFD. */
   int bad = set_item(d, "trace", PyUnicode_DecodeUTF8(r->name, (Py_ssize_t)strlen(r->name),
                                                       "replace")) ||
@@ -69,9 +72,14 @@ static PyObject *result_dict(const vram_replay_result *r, const vram_replay_opti
             set_item(d, "peak_live_bytes", PyLong_FromUnsignedLongLong(r->peak_live_bytes)) ||
             set_item(d, "peak_reserved_bytes",
                      PyLong_FromUnsignedLongLong(r->peak_reserved_bytes)) ||
-            set_item(d, "reserved_over_live", PyFloat_FromDouble(rounded(
-                         ratio(r->peak_reserved_bytes, r->peak_live_bytes), 1000))) ||
-            set_item(d, "ns_per_op", PyFloat_FromDouble(rounded(r->ns_per_op, 10))) ||
+            set_item(d, "reserved_over_live",
+                     ran && r->peak_live_bytes
+                         ? PyFloat_FromDouble(rounded(
+                               ratio(r->peak_reserved_bytes, r->peak_live_bytes), 1000))
+                         : Py_NewRef(Py_None)) ||
+            set_item(d, "ns_per_op", r->ns_per_op > 0
+                                         ? PyFloat_FromDouble(rounded(r->ns_per_op, 10))
+                                         : Py_NewRef(Py_None)) ||
             set_item(d, "ooms", PyLong_FromUnsignedLongLong(r->ooms)) ||
             set_item(d, "skipped_frees", PyLong_FromUnsignedLongLong(r->skipped_frees)) ||
             set_item(d, "repeat", PyLong_FromLong(opts->repeat)) ||

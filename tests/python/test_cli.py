@@ -210,6 +210,33 @@ def test_replay_json_escapes_a_name_that_is_not_utf8(script, tmp_path):
     assert result["trace"] == "caf\ufffd \ufffd\ufffd\u0001"
 
 
+def test_a_replay_whose_pool_was_never_made_shows_no_time_or_ratio(script, tmp_path):
+    """A preallocation past the capacity: the pool never exists and no op runs, so the row
+    has no time per op and no reserved-over-live (null, "-"), not a measured-looking 0."""
+    path = tmp_path / "t.trace"
+    path.write_text("# vramkit-trace v1\na 1 8388608 0 1\nf 1 0 2\n")
+    env = {**os.environ, "VRAMKIT_SOURCE": "sim", "VRAMKIT_PREALLOCATE": "128M"}
+    args = [str(script), "replay", "--capacity", "64M", "--warm", "--baseline"]
+    done = subprocess.run([*args, "--json", str(path)], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.returncode == 1, done.stderr
+    row = json.loads(done.stdout)
+    assert (row["ooms"], row["peak_reserved_bytes"]) == (1, 0)
+    for key in ("reserved_over_live", "ns_per_op", "ns_per_op_warm", "ns_over_baseline",
+                "warm_over_baseline"):
+        assert row[key] is None, key
+    table = subprocess.run([*args, str(path)], capture_output=True, text=True, env=env,
+                           timeout=120)
+    # trace source ops peak-live MiB peak-reserved MiB res/live ns/op ooms warm-ns/op
+    # baseline-ns x-baseline (the baseline's own time is measured: it needs no pool)
+    cells = table.stdout.splitlines()[1].split()
+    assert cells[7:10] + cells[10:11] + cells[12:] == ["-", "-", "1", "-", "-"], cells
+    timed = subprocess.run([*args, "--json", str(path)], capture_output=True, text=True,
+                           env={**env, "VRAMKIT_PREALLOCATE": "16M"}, timeout=120)
+    row = json.loads(timed.stdout)
+    assert row["ooms"] == 0 and row["ns_per_op"] > 0 and row["reserved_over_live"] == 2.0
+
+
 def test_names_in_messages_are_shown_escaped():
     assert vramkit.cli.shown(b"/tmp/caf\xe9\n\x1b[2J.trace") == "/tmp/caf\\xe9\\x0a\\x1b[2J.trace"
     assert vramkit.cli.shown("plain/é name") == "plain/é name"

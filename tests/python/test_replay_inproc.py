@@ -120,6 +120,8 @@ def test_a_pool_that_could_not_be_made_names_the_source_it_was_asked_on(tmp_path
     result = vramkit.replay(path, source="auto", capacity=64 << 20,
                             settings={"VRAMKIT_PREALLOCATE": "128M"})
     assert result["ooms"] == 1 and result["peak_reserved_bytes"] == 0
+    # No op ran: nothing was timed and there is no ratio (None, not a made-up 0.0).
+    assert result["ns_per_op"] is None and result["reserved_over_live"] is None
     try:
         gpus = vramkit.device_count("cuda")
     except vramkit.NoDriverError:

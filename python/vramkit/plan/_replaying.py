@@ -43,6 +43,9 @@ def replay(path, source: str = "sim", capacity: int | None = None,
     min_capacity_over_live and min_capacity_source with min_capacity) and
     first_oom_report, the pool's report of the first out-of-memory, and first_oom, its
     figures and cause as ``_core.oom_info`` gives them (each None without one).
+    ns_per_op and reserved_over_live are None where no op ran (a pool whose
+    preallocation did not fit the capacity is never made: one out-of-memory, nothing
+    timed).
     Out-of-memory is a figure, not an error. A path that names no file raises
     FileNotFoundError, a folder IsADirectoryError, a file that cannot be read or
     decompressed OSError; a malformed record or a bad setting raises vramkit.VramError
