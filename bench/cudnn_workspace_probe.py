@@ -280,6 +280,62 @@ def measure_part(fields, part, device, reader, history, source):
     return record, window
 
 
+# The wider sweep ("layers" in --only): the kinds of layer of diffusion UNets (3x3 over
+# 32 to 1280 channels at 8 to 128 pixels, the up path's concatenated inputs, 1x1 skips,
+# strided downsampling) and of ConvNeXt-style nets (4x4 patchify stem, depthwise 7x7, 2x2
+# strided downsampling), in every layout, for the table's nearest-layer lookup.
+_UNET_WIDTHS = (32, 64, 128, 256, 320, 512, 640, 1280)
+WIDE_LAYERS = (
+    [(c, c, size, 3, 1, 1, 1) for c in _UNET_WIDTHS for size in (8, 16, 32, 64, 128)]
+    + [(2 * c, c, size, 3, 1, 1, 1) for c in (64, 128, 256, 320, 640, 1280)
+       for size in (16, 64)]
+    + [(3 * c // 2, c, 32, 3, 1, 1, 1) for c in (128, 320, 640)]
+    + [(2 * c, c, size, 1, 1, 0, 1) for c in (64, 128, 320, 640) for size in (16, 64)]
+    + [(c, c, size, 3, 2, 1, 1) for c in (64, 128, 320, 640) for size in (16, 64)]
+    + [(3, c, 128, 3, 1, 1, 1) for c in (32, 128, 320)]
+    + [(3, c, 224, 4, 4, 0, 1) for c in (64, 96, 128)]
+    + [(c, c, size, 7, 1, 3, c) for c in (64, 96, 128, 192, 384, 768)
+       for size in (7, 14, 28, 56)]
+    + [(c, 2 * c, size, 2, 2, 0, 1) for c in (96, 192, 384) for size in (14, 28, 56)])
+WIDE_BATCHES = (8, 32)
+# (dtype, layout): the wider sweep covers fp32 in channels-last too.
+WIDE_KINDS = (("float32", "contiguous"), ("float32", "channels_last"),
+              ("float16", "contiguous"), ("float16", "channels_last"),
+              ("bfloat16", "contiguous"), ("bfloat16", "channels_last"))
+
+
+def wide_configs(dry_run=False):
+    """The wider sweep's (fields, parts, source), in order: every layer at the smaller
+    batch first, so that a budget that runs out leaves whole batches out, not layers."""
+    layers = DRY_LAYERS if dry_run else WIDE_LAYERS
+    batches = (2,) if dry_run else WIDE_BATCHES
+    defaults = cudnn_flags()
+    for batch in batches:
+        for dtype, layout in WIDE_KINDS:
+            for cin, cout, size, k, s, p, g in layers:
+                fields = {"batch": batch, "input": [cin, size, size],
+                          "weight": [cout, cin // g, k, k], "stride": [s, s],
+                          "padding": [p, p], "dilation": [1, 1], "transposed": False,
+                          "output_padding": [0, 0], "groups": g, "dtype": dtype,
+                          "layout": layout, **defaults}
+                yield fields, ["forward", "backward_input", "backward_weight"], "layers"
+
+
+def listed_configs(path):
+    """(fields, parts, source) for each table key listed in the JSON file at ``path`` (a
+    list of keys, or a mapping whose keys are table keys), grouped by layer."""
+    from vramkit.estimator.workspaces import ConvSignature
+    with open(path) as f:
+        keys = list(json.load(f))
+    grouped: dict = {}
+    for key in keys:
+        fields = ConvSignature.from_key(key).fields()
+        part = fields.pop("part")
+        grouped.setdefault(json.dumps(fields, sort_keys=True), (fields, []))[1].append(part)
+    for fields, parts in grouped.values():
+        yield fields, parts, "listed"
+
+
 # --dry-run's sweep: two small layers a CPU runs at once.
 DRY_LAYERS = [(8, 16, 16, 3, 1, 1, 1), (16, 16, 8, 1, 2, 0, 1)]
 
@@ -519,7 +575,10 @@ def parse_args(argv=None):
                    help="the most PyTorch's allocator may take (default 30G)")
     p.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
     p.add_argument("--only", default="resnet50,vit_b16,sweep",
-                   help="comma list of resnet50, vit_b16, sweep (default all)")
+                   help="comma list of resnet50, vit_b16, sweep, layers (the wider sweep "
+                        "of UNet and ConvNeXt layers) (default resnet50,vit_b16,sweep)")
+    p.add_argument("--signatures", default=None, metavar="JSON",
+                   help="also measure each table key this file lists (first)")
     p.add_argument("--benchmark", action="store_true",
                    help="run everything with torch.backends.cudnn.benchmark = True")
     p.add_argument("--no-history", action="store_true",
@@ -692,6 +751,21 @@ def main(argv=None) -> int:
         write()
     if history.error:
         result["errors"].append({"where": "memory history", "error": history.error})
+    if args.signatures:
+        isolated, skipped = run_isolated(list(listed_configs(args.signatures)), device,
+                                         reader, history, log, deadline)
+        result["isolated"].extend(isolated)
+        result["skipped"] += skipped
+        log(f"  listed: {len(isolated)} parts measured or tried, {skipped} left out")
+        write()
+    if "layers" in only:
+        isolated, skipped = run_isolated(list(wide_configs(args.dry_run)), device, reader,
+                                         history, log, deadline)
+        result["isolated"].extend(isolated)
+        result["skipped"] += skipped
+        log(f"  layers: {len(isolated)} parts measured or tried, {skipped} left out "
+            f"by the time budget")
+        write()
     if "sweep" in only:
         configs = list(sweep_configs(args.quick, args.dry_run))
         isolated, skipped = run_isolated(configs, device, reader, history, log, deadline)

@@ -137,6 +137,30 @@ def _layer(part="forward", batch=32, dtype="float32", channels=64):
         layout="contiguous"))
 
 
+def test_the_nearest_layer_is_of_the_same_kind_and_closest_in_channels_and_pixels():
+    small, wide = _layer(channels=64, batch=8), _layer(channels=512, batch=8)
+    depthwise = ws.ConvSignature.from_fields(dict(_layer(channels=256, batch=8).fields(),
+                                                  weight=[256, 1, 3, 3], groups=256))
+    last = ws.ConvSignature.from_fields(dict(_layer(channels=256, batch=8).fields(),
+                                             layout="channels_last"))
+    table = ws.Table({small.key(): 1 * MiB, wide.key(): 64 * MiB, depthwise.key(): 0,
+                      last.key(): 0})
+    assert depthwise.kind() != _layer(channels=256).kind() != last.kind()
+    # 384 channels are nearer 512 than 64 on a log scale; a depthwise layer or a
+    # channels-last one of 256 channels is never taken for a contiguous dense 3x3.
+    query = _layer(channels=384, batch=8)
+    assert table.lookup(query) == (round(64 * MiB * query.activation_bytes()
+                                         / wide.activation_bytes()), "nearest")
+    query = _layer(channels=96, batch=8)
+    assert table.lookup(query) == (round(1 * MiB * query.activation_bytes()
+                                         / small.activation_bytes()), "nearest")
+    # Larger pixels count as distance too: 64 channels at 224x224 is still nearest the
+    # 64-channel layer (at 56x56), 4x the pixels away, not the 512 one.
+    far = ws.ConvSignature.from_fields(dict(_layer(channels=64, batch=8).fields(),
+                                            input=[64, 224, 224]))
+    assert table.lookup(far) == (16 * MiB, "nearest")
+
+
 def test_lookup_exact_then_scaled_by_batch_then_by_the_size_rule():
     at32, at128 = _layer(batch=32), _layer(batch=128)
     other = _layer(channels=128, batch=16)
@@ -149,9 +173,18 @@ def test_lookup_exact_then_scaled_by_batch_then_by_the_size_rule():
     # Beyond them: the nearest measured batch, times (batch ratio) ** fitted exponent.
     assert table.lookup(_layer(batch=512)) == (round(4 * MiB * 4 ** 0.5), "batch")
     assert table.lookup(_layer(batch=8)) == (round(1 * MiB * 0.25 ** 0.5), "batch")
-    # An unmeasured layer: workspace per byte of input and output, times its bytes.
-    assert table.lookup(other) == (round(0.25 * other.activation_bytes()), "size")
+    # An unmeasured layer of a measured kind (a 3x3 of other channels): the nearest
+    # layer's workspace at its batch nearest this one's (32, not 128), times the ratio
+    # of their bytes of input and output.
     assert other.activation_bytes() == 16 * 2 * 128 * 56 * 56 * 4
+    assert table.lookup(other) == (round(1 * MiB * other.activation_bytes()
+                                         / at32.activation_bytes()), "nearest")
+    # Of a kind the table never measured (a 1x1): workspace per byte of input and
+    # output, times its bytes.
+    pointwise = ws.ConvSignature.from_fields(dict(other.fields(), weight=[128, 128, 1, 1],
+                                                  padding=[0, 0]))
+    assert pointwise.size_group() == at32.size_group()
+    assert table.lookup(pointwise) == (round(0.25 * pointwise.activation_bytes()), "size")
     # Another dtype has no ratio in the rule: nothing to say.
     assert table.lookup(_layer(channels=128, dtype="float16")) == (None, None)
     # A zero at one end: linear between them, never a power law through zero.
@@ -497,6 +530,26 @@ def test_the_probe_windows_split_the_memory_history():
 def _run(*args, **kw):
     return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True,
                           timeout=300, **kw)
+
+
+def test_the_probe_measures_the_listed_signatures_and_the_wider_sweep(tmp_path):
+    """--signatures measures each listed key's part once (a layer's parts together);
+    "layers" in --only runs the wider sweep, in every dtype and layout."""
+    wanted = [_layer(part=part, batch=2, channels=8).key()
+              for part in ("forward", "backward_weight")]
+    listed = tmp_path / "keys.json"
+    listed.write_text(json.dumps(wanted))
+    out = tmp_path / "probe.json"
+    ran = _run(PROBE, "--dry-run", "--only", "layers", "--signatures", listed, "--out", out)
+    assert ran.returncode == 0, ran.stderr
+    records = json.loads(out.read_text())["isolated"]
+    keys = [ws.ConvSignature.from_fields(r["signature"]).key() for r in records
+            if r["source"] == "listed"]
+    assert keys == wanted
+    wide = [ws.ConvSignature.from_fields(r["signature"]) for r in records
+            if r["source"] == "layers"]
+    assert {(s.dtype, s.layout) for s in wide} == set(_probe_module().WIDE_KINDS)
+    assert all("workspace" in r for r in records if r["source"] in ("listed", "layers"))
 
 
 def test_the_probe_dry_run_fills_a_table_the_estimator_matches_exactly(tmp_path,

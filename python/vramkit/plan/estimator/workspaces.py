@@ -37,8 +37,9 @@ import os
 import statistics
 import warnings
 from collections import Counter, defaultdict
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 
+from ._conv_signature import PARTS, ConvSignature
 from ._device import allocator_reader, cache_path, device_identity, write_json_atomic
 from ._transients import as_transient, is_transient, transient_bytes
 
@@ -47,192 +48,15 @@ PROBE_FORMAT = "vramkit-cudnn-workspace-probe/1"
 TABLE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data",
                           "cudnn_workspaces.json")
 LABEL = "cuDNN workspace"
-PARTS = ("forward", "backward_input", "backward_weight", "backward_bias")
-LAYOUTS = ("contiguous", "channels_last", "channels_last_3d", "strided")
 
 # How a workspace grows with the batch where the table has one batch size of a layer and
 # no layer measured at two to fit the exponent from: in proportion, as the workspaces of
 # cuDNN's layout transforms and GEMM-based algorithms, which cover the whole batch, do.
 ASSUMED_BATCH_EXPONENT = 1.0
 
-_ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
-             "float8_e4m3fn": 1, "float8_e5m2": 1}
-# The key's short names for the signature's fields.
-_KEY_NAMES = {"n": "batch", "in": "input", "w": "weight", "stride": "stride",
-              "pad": "padding", "dil": "dilation", "groups": "groups",
-              "transposed": "transposed", "out_pad": "output_padding", "dtype": "dtype",
-              "layout": "layout", "benchmark": "benchmark",
-              "deterministic": "deterministic", "tf32": "tf32", "cudnn": "cudnn"}
-_SHAPES = ("input", "weight", "stride", "padding", "dilation", "output_padding")
-_FLAGS = ("transposed", "benchmark", "deterministic", "tf32", "cudnn")
-
 
 class WorkspaceTableError(ValueError):
     """A workspace table, or a probe's output to import, that cannot be read as one."""
-
-
-# ---------------------------------------------------------------------------------------
-# Signatures.
-# ---------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class ConvSignature:
-    """What decides one convolution part's workspace: cuDNN picks its algorithm, and with
-    it the workspace, from these alone (and from the memory free, in benchmark mode)."""
-
-    part: str                    # one of PARTS
-    batch: int
-    input: tuple                 # one sample: channels, then the spatial sizes
-    weight: tuple                # out channels, in channels / groups, kernel sizes
-    stride: tuple
-    padding: tuple
-    dilation: tuple
-    transposed: bool
-    output_padding: tuple        # zeros unless transposed
-    groups: int
-    dtype: str                   # "float32", "float16", "bfloat16"...
-    layout: str                  # one of LAYOUTS
-    benchmark: bool = False      # torch.backends.cudnn.benchmark
-    deterministic: bool = False  # cudnn.deterministic or use_deterministic_algorithms
-    tf32: bool = True            # cudnn.allow_tf32 (True for other dtypes than fp32)
-    cudnn: bool = True           # torch.backends.cudnn.enabled
-
-    def key(self) -> str:
-        """The table's key: every field, in a fixed order, readable."""
-        def dims(values):
-            return "x".join(str(v) for v in values)
-
-        def flag(value):
-            return "1" if value else "0"
-
-        return (f"{self.part} n={self.batch} in={dims(self.input)} w={dims(self.weight)} "
-                f"stride={dims(self.stride)} pad={dims(self.padding)} "
-                f"dil={dims(self.dilation)} groups={self.groups} "
-                f"transposed={flag(self.transposed)} out_pad={dims(self.output_padding)} "
-                f"dtype={self.dtype} layout={self.layout} "
-                f"benchmark={flag(self.benchmark)} deterministic={flag(self.deterministic)} "
-                f"tf32={flag(self.tf32)} cudnn={flag(self.cudnn)}")
-
-    @classmethod
-    def from_key(cls, key: str) -> "ConvSignature":
-        tokens = key.split()
-        if not tokens:
-            raise ValueError("an empty key")
-        fields: dict = {"part": tokens[0]}
-        for token in tokens[1:]:
-            name, sep, value = token.partition("=")
-            if not sep or name not in _KEY_NAMES:
-                raise ValueError(f"{token!r} is not a field of a signature")
-            field = _KEY_NAMES[name]
-            if field in _SHAPES:
-                fields[field] = [int(v) for v in value.split("x")] if value else []
-            elif field in _FLAGS:
-                if value not in ("0", "1"):
-                    raise ValueError(f"{token!r}: a flag is 0 or 1")
-                fields[field] = value == "1"
-            elif field in ("batch", "groups"):
-                fields[field] = int(value)
-            else:
-                fields[field] = value
-        signature = cls.from_fields(fields)
-        if signature.key() != key:
-            raise ValueError(f"not in the canonical form {signature.key()!r}")
-        return signature
-
-    @classmethod
-    def from_fields(cls, fields: dict) -> "ConvSignature":
-        """A signature from a mapping of its fields (a probe's record), checked and put in
-        the canonical form (tf32 is True for dtypes it does not apply to)."""
-        missing = [f for f in ("part", "batch", "input", "weight", "stride", "padding",
-                               "dilation", "groups", "dtype", "layout") if f not in fields]
-        if missing:
-            raise ValueError(f"missing {', '.join(missing)}")
-        part = fields["part"]
-        if part not in PARTS:
-            raise ValueError(f"part {part!r} is not one of {', '.join(PARTS)}")
-        shapes = {}
-        for name in _SHAPES:
-            value = fields.get(name, [])
-            if isinstance(value, (str, bytes)) or not all(
-                    isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
-                raise ValueError(f"{name} must be a list of non-negative ints, not {value!r}")
-            shapes[name] = tuple(value)
-        spatial = len(shapes["weight"]) - 2
-        if spatial < 1 or len(shapes["input"]) != spatial + 1:
-            raise ValueError(f"input {list(shapes['input'])} and weight "
-                             f"{list(shapes['weight'])} do not make a convolution")
-        if not all(shapes["input"]) or not all(shapes["weight"]):
-            raise ValueError("input and weight sizes must be positive")
-        transposed = fields.get("transposed", False)
-        if transposed not in (0, 1):
-            raise ValueError(f"transposed must be a bool, not {transposed!r}")
-        transposed = bool(transposed)
-        if not transposed:
-            shapes["output_padding"] = (0,) * spatial
-        for name in ("stride", "padding", "dilation", "output_padding"):
-            if len(shapes[name]) != spatial:
-                raise ValueError(f"{name} {list(shapes[name])} has not {spatial} dims")
-        if not all(shapes["stride"]) or not all(shapes["dilation"]):
-            raise ValueError("stride and dilation must be positive")
-        for name in ("batch", "groups"):
-            value = fields[name]
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive int, not {value!r}")
-        dtype = fields["dtype"]
-        if not isinstance(dtype, str) or not dtype.isidentifier():
-            raise ValueError(f"dtype must be a name like 'float32', not {dtype!r}")
-        if fields["layout"] not in LAYOUTS:
-            raise ValueError(f"layout {fields['layout']!r} is not one of {', '.join(LAYOUTS)}")
-        flags = {}
-        for name, default in (("benchmark", False), ("deterministic", False),
-                              ("tf32", True), ("cudnn", True)):
-            value = fields.get(name, default)
-            if value not in (0, 1):  # True, False, 0 and 1
-                raise ValueError(f"{name} must be a bool, not {value!r}")
-            flags[name] = bool(value)
-        if dtype != "float32":
-            flags["tf32"] = True  # TF32 applies to fp32 only: one key for either setting
-        signature = cls(part=part, batch=fields["batch"], transposed=transposed,
-                        groups=fields["groups"], dtype=dtype, layout=fields["layout"],
-                        **shapes, **flags)
-        if signature.activation_bytes() <= 0:
-            raise ValueError("the convolution has an empty output")
-        return signature
-
-    def fields(self) -> dict:
-        """The signature as a JSON-ready mapping (what a probe's record holds)."""
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
-
-    def layer(self) -> "ConvSignature":
-        """The same signature at no particular batch size."""
-        return replace(self, batch=0)
-
-    def size_group(self) -> str:
-        """The signatures the size rule gives one ratio: same part, dtype, layout, flags."""
-        key = self.key()
-        return f"{self.part} " + key[key.index(" dtype=") + 1:]
-
-    def output(self) -> tuple:
-        """One sample's output: channels, then the spatial sizes."""
-        kernel = self.weight[2:]
-        spatial = []
-        for i, size in enumerate(self.input[1:]):
-            s, p, d, k = self.stride[i], self.padding[i], self.dilation[i], kernel[i]
-            if self.transposed:
-                spatial.append((size - 1) * s - 2 * p + d * (k - 1)
-                               + self.output_padding[i] + 1)
-            else:
-                spatial.append((size + 2 * p - d * (k - 1) - 1) // s + 1)
-        channels = self.weight[1] * self.groups if self.transposed else self.weight[0]
-        return (channels, *spatial)
-
-    def activation_bytes(self) -> int:
-        """Bytes of the batch's input and output: what the size rule scales."""
-        out = self.output()
-        if min(out) <= 0:
-            return 0
-        return self.batch * (math.prod(self.input) + math.prod(out)) * \
-            _ITEMSIZE.get(self.dtype, 4)
 
 
 _CONV_OPS = None
@@ -361,6 +185,10 @@ class Table:
             self._layers[signature.layer()].append((signature.batch, transient_bytes(size)))
         for points in self._layers.values():
             points.sort()
+        # The measured layers by kind (Table._nearest), each with where it sits.
+        self._kinds: dict = defaultdict(list)
+        for layer in self._layers:
+            self._kinds[layer.kind()].append((layer.position(), layer))
 
     @classmethod
     def load(cls, path: str) -> "Table":
@@ -437,19 +265,43 @@ class Table:
         """(bytes, how) for a signature: how is "exact" (measured), "batch" (the layer
         measured at other batch sizes: interpolated between the nearest two along the
         power law through them, or beyond them scaled by batch ** the table's fitted
-        exponent), "size" (the size rule: the median, over the table's signatures of
-        the same part, dtype, layout and flags, of workspace bytes per byte of input and
-        output, times this one's) or (None, None) when none of these applies."""
+        exponent), "nearest" (the nearest measured layer of the same kind, scaled by
+        bytes of input and output: :meth:`_nearest`), "size" (the size rule: the median,
+        over the table's signatures of the same part, dtype, layout and flags, of
+        workspace bytes per byte of input and output, times this one's) or (None, None)
+        when none of these applies."""
         key = signature.key()
         if key in self.entries:
             return self.entries[key], "exact"
         points = self._layers.get(signature.layer())
         if points:
             return self._scaled(signature, points), "batch"
+        nearest = self._nearest(signature)
+        if nearest is not None:
+            return nearest, "nearest"
         ratio = self.rule.get("workspace_per_activation_byte", {}).get(signature.size_group())
         if ratio is not None:
             return int(round(ratio * signature.activation_bytes())), "size"
         return None, None
+
+    def _nearest(self, signature: ConvSignature) -> int | None:
+        """The workspace of the measured layer of the same kind (part, dtype, layout,
+        flags, kernel, stride, dilation, grouping) nearest in channels and pixels (on a
+        log scale), at its batch nearest this one's, times this signature's bytes of
+        input and output over that one's. cuDNN picks among few algorithms for one kind
+        of layer, and their workspaces follow the tensors they transform or tile; across
+        kinds (a 1x1 against a 3x3, channels-last against contiguous) they do not, so
+        no other kind stands in. None where the table has no layer of this kind."""
+        candidates = self._kinds.get(signature.kind())
+        if not candidates:
+            return None
+        here = signature.position()
+        _, layer = min(candidates, key=lambda c: (
+            sum(abs(a - b) for a, b in zip(c[0], here)), c[1].key()))
+        batch, size = min(self._layers[layer], key=lambda p: (
+            abs(math.log(p[0] / signature.batch)), p[0]))
+        measured = replace(layer, batch=batch)
+        return int(round(size * signature.activation_bytes() / measured.activation_bytes()))
 
     def _scaled(self, signature: ConvSignature, points: list) -> int:
         n = signature.batch
@@ -783,12 +635,13 @@ class ConvWorkspaceModel(DeviceMeasuredSizes):
                          f"signatures could not be measured on this GPU (the first: "
                          f"{next(iter(self._failed.values()))}): the table's sizes were "
                          f"used for them where it has some")
-        from_table = counts["exact"] + counts["batch"] + counts["size"]
+        from_table = counts["exact"] + counts["batch"] + counts["nearest"] + counts["size"]
         if from_table:
             notes.append(f"cuDNN workspaces from the table measured on "
                          f"{self.table().describe_source()}: {counts['exact']} of the "
                          f"step's {total} convolution signatures measured as they are, "
                          f"{counts['batch']} scaled from other batch sizes, "
+                         f"{counts['nearest']} from the nearest layer of their kind, "
                          f"{counts['size']} by the table's size rule (rough)")
         if counts["none"]:
             notes.append(f"convolution workspaces were not modelled for {counts['none']} "
