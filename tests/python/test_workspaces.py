@@ -218,6 +218,15 @@ def test_the_rule_is_fitted_from_the_entries():
     errors = rule_errors(ws.Table(entries, rule))["batch"]
     assert errors["count"] == 5 and errors["median"] == 0
     assert errors["p90"] == pytest.approx(2 ** (2 / 3) - 1)
+    # Each forward entry from the other forward layer (never its own), at that layer's
+    # batch nearest its own (the smaller of a tie), times the ratio of their bytes: the
+    # 64-channel layer at 32 and 128 from the 128-channel one at 32 and 64 (2 MiB x 1/2,
+    # exact; 2 MiB x 1 against 4: half); the 128-channel layer at 32, 64 and 256 from the
+    # 64-channel one at 32, 32 and 128 (1 MiB x 2, exact; 1 MiB x 4 against 2 and 4 MiB
+    # x 4 against 8: twice). The backward entry's only kind-mate is itself: none.
+    nearest = rule_errors(ws.Table(entries, rule))["nearest"]
+    assert nearest["count"] == 5 and nearest["median"] == pytest.approx(0.5)
+    assert nearest["p90"] == pytest.approx(1.0)
 
 
 # ---------------------------------------------------------------------------------------

@@ -85,9 +85,10 @@ def import_probe(probe_path: str, table_path: str = TABLE_PATH, *, replace: bool
 def rule_errors(table: Table) -> dict:
     """How well the table's rules predict its own entries: each entry measured at another
     batch of its layer too, predicted by the batch rule from those other batches; each
-    entry predicted by the size rule. Per rule: the count and the median and 90th
-    percentile of |predicted - measured| / measured (entries above 0 bytes)."""
-    batch, size = [], []
+    entry predicted from the nearest other layer of its kind; each entry predicted by the
+    size rule. Per rule: the count and the median and 90th percentile of |predicted -
+    measured| / measured (entries above 0 bytes)."""
+    batch, nearest, size = [], [], []
     ratios = table.rule.get("workspace_per_activation_byte", {})
     for key, measured in table.entries.items():
         if measured <= 0:
@@ -96,6 +97,9 @@ def rule_errors(table: Table) -> dict:
         others = [p for p in table._layers[signature.layer()] if p[0] != signature.batch]
         if others:
             batch.append(abs(table._scaled(signature, others) - measured) / measured)
+        predicted = table._nearest(signature, excluding=signature.layer())
+        if predicted is not None:
+            nearest.append(abs(predicted - measured) / measured)
         ratio = ratios.get(signature.size_group())
         if ratio is not None:
             size.append(abs(ratio * signature.activation_bytes() - measured) / measured)
@@ -107,7 +111,7 @@ def rule_errors(table: Table) -> dict:
         return {"count": len(errors), "median": statistics.median(errors),
                 "p90": errors[min(len(errors) - 1, int(0.9 * len(errors)))]}
 
-    return {"batch": summary(batch), "size": summary(size)}
+    return {"batch": summary(batch), "nearest": summary(nearest), "size": summary(size)}
 
 
 def _bytes(n: int) -> str:

@@ -284,15 +284,17 @@ class Table:
             return int(round(ratio * signature.activation_bytes())), "size"
         return None, None
 
-    def _nearest(self, signature: ConvSignature) -> int | None:
+    def _nearest(self, signature: ConvSignature, excluding=None) -> int | None:
         """The workspace of the measured layer of the same kind (part, dtype, layout,
-        flags, kernel, stride, dilation, grouping) nearest in channels and pixels (on a
+        flags, kernel, stride, padding, dilation, grouping) nearest in channels and
+        pixels (on a
         log scale), at its batch nearest this one's, times this signature's bytes of
         input and output over that one's. cuDNN picks among few algorithms for one kind
         of layer, and their workspaces follow the tensors they transform or tile; across
         kinds (a 1x1 against a 3x3, channels-last against contiguous) they do not, so
-        no other kind stands in. None where the table has no layer of this kind."""
-        candidates = self._kinds.get(signature.kind())
+        no other kind stands in. None where the table has no layer of this kind
+        (``excluding``: a layer left out, to check the lookup on the table itself)."""
+        candidates = [c for c in self._kinds.get(signature.kind(), ()) if c[1] != excluding]
         if not candidates:
             return None
         here = signature.position()
