@@ -139,6 +139,21 @@ def test_a_negative_value_is_refused_as_a_value_not_missing(args, expected, trac
     assert "needs a value" not in done.stderr
 
 
+@pytest.mark.parametrize("option, value, expected", [
+    ("--cap", "0", "--cap must be a size above 0 like '24G', not '0'"),
+    ("--device-memory", "0", "--device-memory must be a size above 0"),
+    ("--cap", "1X", "--cap: '1X' is not a size: unknown unit"),
+    ("--device-memory", "100000T", "--device-memory of 109,951,162,777,600,000 bytes is more "
+                                   "than the largest device vramkit models"),
+])
+def test_estimate_names_the_size_option_it_refuses(option, value, expected):
+    """Named by the option the user typed, not by estimate()'s keyword, before any model
+    is built."""
+    done = run("estimate", "--model", "gpt2", option, value)
+    assert_one_clear_line(done, EXIT_USAGE, expected)
+    assert "estimate()" not in done.stderr and "memory_limit" not in done.stderr
+
+
 @pytest.mark.parametrize("args, expected", [
     (["bo\x1b[2Jgus"], "unknown command 'bo\\x1b[2Jgus'"),
     (["help", "x\u202ey"], "unknown command 'x\\xe2\\x80\\xaey'"),

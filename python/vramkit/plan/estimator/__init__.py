@@ -223,26 +223,39 @@ def _count(caller: str, name: str, value) -> int:
     return value
 
 
-def _size(value, what: str) -> int | None:
+def checked_size(value, what: str) -> int | None:
+    """A card's memory or a cap as bytes (None stays None): an int above 0 or a string
+    like '24G', up to the largest device vramkit models. TypeError or ValueError that
+    names ``what`` otherwise (the command line passes its option's name)."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise TypeError(f"estimate(): {what} must be a size in bytes or a string like "
-                        f"'24G', not {type(value).__name__}")
+        raise TypeError(f"{what} must be a size in bytes or a string like '24G', not "
+                        f"{type(value).__name__}")
     if isinstance(value, int):
         if value <= 0:
-            raise ValueError(f"estimate(): {what} must be positive, not {value}")
+            raise ValueError(f"{what} must be positive, not {value}")
         nbytes = value
     else:
-        nbytes, fraction = _core.parse_size(value)
+        try:
+            nbytes, fraction = _core.parse_size(value)
+        except ValueError as error:
+            raise ValueError(f"{what}: {error}") from None
         if fraction or nbytes <= 0:
-            raise ValueError(f"estimate(): {what} must be a size like '24G', not {value!r}")
+            raise ValueError(f"{what} must be a size above 0 like '24G', not {value!r}")
     if nbytes > _core.SIM_MAX_CAPACITY:
         # Checked before the step runs: past it the replay cannot model the device (and an
         # int past 64 bits would wrap to a small cap on its way to the engine).
-        raise ValueError(f"estimate(): {what} of {nbytes:,} bytes is more than the largest "
-                         f"device vramkit models ({_core.SIM_MAX_CAPACITY >> 40} TiB)")
+        raise ValueError(f"{what} of {nbytes:,} bytes is more than the largest device "
+                         f"vramkit models ({_core.SIM_MAX_CAPACITY >> 40} TiB)")
     return nbytes
+
+
+def _size(value, what: str) -> int | None:
+    try:
+        return checked_size(value, what)
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"estimate(): {error}") from None
 
 
 def tighter_bound(device_memory=None, memory_limit=None):
