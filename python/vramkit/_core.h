@@ -74,6 +74,7 @@ VRAMKIT_PY_INTERNAL PyObject *pool_text(vram_pool_t *pool, text_fn fn, int *stat
 VRAMKIT_PY_INTERNAL PyObject *status_type(core_state *st, int status);
 VRAMKIT_PY_INTERNAL PyObject *new_error(core_state *st, int status, PyObject *message, PyObject *report);
 VRAMKIT_PY_INTERNAL PyObject *raise_message(core_state *st, int status, PyObject *message, PyObject *report);
+VRAMKIT_PY_INTERNAL PyObject *raise_io_error(const char *text);
 VRAMKIT_PY_INTERNAL const char *reason_of(const char *why, const char *variable);
 VRAMKIT_PY_INTERNAL PyObject *raise_bad_device(core_state *st, int device, vram_source_kind kind);
 VRAMKIT_PY_INTERNAL PyObject *raise_sim_capacity(core_state *st, int device, size_t capacity);

@@ -66,6 +66,43 @@ PyObject *new_error(core_state *st, int status, PyObject *message, PyObject *rep
 }
 
 /* Raise `status` with a message (a new reference, consumed; NULL passes an error on). */
+/* An engine message of VRAM_EIO (a file that could not be opened, read or written) ends
+ * with strerror() of the call that failed: raise the OSError subclass Python's own open()
+ * raises for that errno (FileNotFoundError, PermissionError, IsADirectoryError...), with
+ * the whole message. One without (a damaged gzip stream) is a plain OSError. Bytes that
+ * are not UTF-8 (a path's) are shown as \xNN escapes. */
+PyObject *raise_io_error(const char *text) {
+  size_t length = strlen(text);
+  PyObject *message = PyUnicode_DecodeUTF8(text, (Py_ssize_t)length, "backslashreplace");
+  if (message == NULL) return NULL;
+  int number = 0;
+  for (int candidate = 1; candidate < 256 && number == 0; candidate++) {
+    const char *words = strerror(candidate);
+    size_t n = strlen(words);
+    if (n + 2 <= length && memcmp(text + length - n - 2, ": ", 2) == 0 &&
+        strcmp(text + length - n, words) == 0)
+      number = candidate;
+  }
+  if (number == 0) {
+    PyErr_SetObject(PyExc_OSError, message);
+    Py_DECREF(message);
+    return NULL;
+  }
+  /* OSError(errno, text) picks the subclass, whose str() would read "[Errno N] text".
+   * The engine's message already says what failed and why, so the exception is that
+   * subclass made from the message alone, with .errno set beside it. */
+  PyObject *probe = PyObject_CallFunction(PyExc_OSError, "iO", number, message);
+  PyObject *exc = probe ? PyObject_CallOneArg((PyObject *)Py_TYPE(probe), message) : NULL;
+  PyObject *code = exc ? PyLong_FromLong(number) : NULL;
+  Py_XDECREF(probe);
+  Py_DECREF(message);
+  if (code != NULL && PyObject_SetAttrString(exc, "errno", code) == 0)
+    PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+  Py_XDECREF(code);
+  Py_XDECREF(exc);
+  return NULL;
+}
+
 PyObject *raise_message(core_state *st, int status, PyObject *message, PyObject *report) {
   if (message == NULL) return NULL;
   PyObject *exc = new_error(st, status, message, report);

@@ -149,14 +149,14 @@ PyObject *core_replay(PyObject *module, PyObject *args, PyObject *kwargs) {
   if (rc == VRAM_OK) {
     out = result_dict(result, &opts);
   } else {
-    PyObject *message = PyUnicode_DecodeUTF8(result->error, (Py_ssize_t)strlen(result->error),
-                                             "replace");
-    if (rc == VRAM_EIO && message != NULL) {
+    if (rc == VRAM_EIO) {
       /* A file that cannot be opened or decompressed: what reading it in Python raises. */
-      PyErr_SetObject(PyExc_OSError, message);
-      Py_DECREF(message);
+      raise_io_error(result->error);
     } else {
-      raise_message(st, rc, message, NULL);
+      raise_message(st, rc,
+                    PyUnicode_DecodeUTF8(result->error, (Py_ssize_t)strlen(result->error),
+                                         "replace"),
+                    NULL);
     }
   }
   free(result);

@@ -186,13 +186,7 @@ PyObject *core_trace_write(PyObject *module, PyObject *args) {
     rc = vram_trace_writer_close(writer, error, sizeof error);
     Py_END_ALLOW_THREADS
   }
-  if (rc == VRAM_EIO) { /* a file that cannot be written: what open() would raise */
-    PyObject *message = PyUnicode_DecodeUTF8(error, (Py_ssize_t)strlen(error),
-                                             "backslashreplace");
-    if (message != NULL) PyErr_SetObject(PyExc_OSError, message);
-    Py_XDECREF(message);
-    return NULL;
-  }
+  if (rc == VRAM_EIO) return raise_io_error(error); /* what open() would raise */
   if (rc != VRAM_OK) return raise_trace_error(st, rc, error);
   return PyLong_FromUnsignedLongLong(written);
 }

@@ -3,6 +3,7 @@ vram_trace_writer_*): what save_trace and write_trace write, the library's reade
 in-process replay read back op for op; an op the reader would refuse is refused with the
 package's own error, and no file is left behind."""
 
+import errno
 import gzip
 import json
 import os
@@ -123,11 +124,23 @@ def test_an_error_while_iterating_removes_the_file(tmp_path):
     assert not path.exists()
 
 
-def test_unwritable_paths_are_os_errors(tmp_path):
-    with pytest.raises(OSError, match="cannot open for writing"):
-        write_trace(tmp_path / "no" / "such" / "dir.trace.gz", [], "x")
+def test_unwritable_paths_are_the_os_errors_open_raises(tmp_path):
+    """The subclass and errno Python's own open() gives for the path, with the engine's
+    message alone as the text (no "[Errno N]" before it)."""
+    missing = tmp_path / "no" / "such" / "dir.trace.gz"
+    with pytest.raises(FileNotFoundError) as raised:
+        write_trace(missing, [], "x")
+    assert raised.value.errno == errno.ENOENT
+    assert str(raised.value) == f"{missing}: cannot open for writing: No such file or directory"
+    with pytest.raises(IsADirectoryError) as raised:
+        write_trace(tmp_path, [], "x")
+    assert raised.value.errno == errno.EISDIR
+    (tmp_path / "f").write_text("")
+    with pytest.raises(NotADirectoryError):
+        write_trace(tmp_path / "f" / "t.trace.gz", [], "x")
     if os.path.exists("/dev/full"):
         many = (("a", i, 4096 + i, 0, i * 7919) for i in range(300000))
-        with pytest.raises(OSError, match="/dev/full: cannot write"):
+        with pytest.raises(OSError, match="/dev/full: cannot write") as raised:
             write_trace("/dev/full", many, "full")
+        assert raised.value.errno == errno.ENOSPC
 
