@@ -7,7 +7,9 @@ memory history), so the rows are what the estimator would measure on this card. 
 also carries what a machine without a GPU derives for the call (scratch.derived_size, 0
 where no rule applies), so that the rules are checked against the card in one run.
 
-    python3 bench/op_scratch_grid.py OUT.jsonl        (on the GPU machine)
+    python3 bench/op_scratch_grid.py OUT.jsonl [PART,...]   (on the GPU machine; parts:
+                                                            layer_norms, group_norms,
+                                                            reductions; default all)
 """
 
 import itertools
@@ -73,6 +75,10 @@ def reductions(out, device) -> None:
         measure(out, device, ("sum1", rows, width, str(dtype)), ATEN.sum.dim_IntList, (x, [1]))
         measure(out, device, ("sumall", rows, width, str(dtype)), ATEN.sum.default, (x,))
         measure(out, device, ("mean0", rows, width, str(dtype)), ATEN.mean.dim, (x, [0]))
+        norm = ATEN.linalg_vector_norm.default
+        measure(out, device, ("norm0", rows, width, str(dtype)), norm, (x, 2, [0]))
+        measure(out, device, ("norm1", rows, width, str(dtype)), norm, (x, 2, [1]))
+        measure(out, device, ("normall", rows, width, str(dtype)), norm, (x,))
     # Bias gradients of a sequence model, and a convolution's per-channel sums and means.
     for shape, dims, dtype in itertools.product(
             ((16, 1024, 768), (8, 2048, 4096), (4, 197, 768)), ([0, 1],), DTYPES):
@@ -90,11 +96,15 @@ def reductions(out, device) -> None:
                 (last, [0, 2, 3]))
 
 
+PARTS = {"layer_norms": layer_norms, "group_norms": group_norms, "reductions": reductions}
+
+
 def main() -> int:
     device = torch.device("cuda")
+    wanted = sys.argv[2].split(",") if len(sys.argv) > 2 else list(PARTS)
     with open(sys.argv[1], "w") as out:
-        for part in (layer_norms, group_norms, reductions):
-            part(out, device)
+        for name in wanted:
+            PARTS[name](out, device)
     return 0
 
 

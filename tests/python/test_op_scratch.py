@@ -394,6 +394,28 @@ def test_a_reductions_staging_is_derived_as_the_card_made_it(shape, dims, dtype,
         assert sc.derived_size(mean) == blocks
 
 
+# linalg_vector_norm's blocks on the same card (bench/op_scratch_grid.py, 2026-12-07 12:14
+# UTC): every order runs the reduction launch a sum does.
+MEASURED_NORMS = [
+    ((4096, 64), [0], torch.float16, (0, 524288, 4, -2, -1)),
+    ((4096, 1000), [0], torch.bfloat16, (0, 32768000, 32, -2, -1)),
+    ((65536, 768), [0], torch.float32, (0, 138412032, 24, -2, -1)),
+    ((4096, 768), None, torch.float16, (0, 1536, 4, -2, -1)),             # a whole norm
+    ((65536, 4096), None, torch.bfloat16, (0, 8192, 4, -2, -1)),
+    ((65536, 4096), [1], torch.float32, 0),                               # rows: none
+]
+
+
+@pytest.mark.parametrize("shape, dims, dtype, blocks", MEASURED_NORMS)
+def test_a_vector_norms_staging_is_derived_as_the_card_made_it(shape, dims, dtype, blocks):
+    """Adafactor's norms: the staging buffer and semaphores of the launch configuration,
+    as for a sum; an H100 made these (171 calls of the grid, every one as derived)."""
+    x = torch.empty(shape, dtype=dtype, device="meta")
+    args = (x,) if dims is None else (x, 2, dims)
+    call = sc.call_of(torch.ops.aten.linalg_vector_norm.default, args, {})
+    assert sc.derived_size(call) == blocks
+
+
 def test_group_norms_coefficients_are_derived_as_the_card_made_them():
     """Group norm keeps per-sample, per-channel (and in backward per-group) coefficients
     after its outputs; on an H100 (bench/op_scratch_grid.py, 2026-12-07) every dtype and

@@ -314,8 +314,8 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
     the table of H200 measurements (vramkit.estimator.workspaces); the scratch buffers
     of other ops (layer norm, reductions, softmax, losses; not fused attention's:
     vramkit.estimator.scratch) are measured on the GPU too; without one, those that
-    follow from ATen's source alone (softmaxes, sums and means, group and layer norms:
-    vramkit.estimator._derived_scratch) are derived, the rest count 0.
+    follow from ATen's source alone (softmaxes, sums, means and vector norms, group and
+    layer norms: vramkit.estimator._derived_scratch) are derived, the rest count 0.
     The notes say which, and what was not modelled."""
     from . import _replay, _step
 

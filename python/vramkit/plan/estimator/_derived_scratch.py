@@ -55,7 +55,19 @@ def _safe_softmax_masks(call: OpCall, multiprocessors: int):
 def _reduction_staging(call: OpCall, multiprocessors: int):
     """A sum's or a mean's staging buffer and semaphores, where several blocks of its
     launch share each output (_cuda_reduce.py), made after its output and freed on
-    return; of floating point inputs summed in fp32 or fp64."""
+    return; of floating point inputs summed in fp32 or fp64. Half-precision sums load
+    one input at a time (ReduceSumProdKernel.cu), the others four."""
+    return _staging_of_reduction(call, multiprocessors, input_vector_of_half=1)
+
+
+def _vector_norm_staging(call: OpCall, multiprocessors: int):
+    """linalg_vector_norm's staging buffer and semaphores: every order's kernel
+    (ReduceNormKernel.cu) is a gpu_reduce_kernel of the default vector width, four
+    inputs a load whatever the dtype, accumulating in fp32 (fp64 for fp64)."""
+    return _staging_of_reduction(call, multiprocessors, input_vector_of_half=4)
+
+
+def _staging_of_reduction(call: OpCall, multiprocessors: int, input_vector_of_half: int):
     import torch
     tensor, dims, dtype = (call.bound.get(name) for name in ("self", "dim", "dtype"))
     if not isinstance(tensor, TensorSpec):
@@ -73,7 +85,8 @@ def _reduction_staging(call: OpCall, multiprocessors: int):
         return None
     itemsize = tensor.dtype.itemsize
     blocks = _cuda_reduce.staging_blocks(tensor.shape, tensor.stride, tensor.offset, dims,
-                                         itemsize, accumulator, 1 if itemsize == 2 else 4,
+                                         itemsize, accumulator,
+                                         input_vector_of_half if itemsize == 2 else 4,
                                          multiprocessors)
     if blocks is None:
         return None
@@ -173,6 +186,7 @@ DERIVED_OPS = {"_softmax_backward_data.default": _softmax_backward_product,
                "_safe_softmax.default": _safe_softmax_masks,
                "sum.dim_IntList": _reduction_staging, "sum.default": _reduction_staging,
                "mean.dim": _reduction_staging, "mean.default": _reduction_staging,
+               "linalg_vector_norm.default": _vector_norm_staging,
                "native_layer_norm.default": _layer_norm_forward,
                "native_layer_norm_backward.default": _layer_norm_partials,
                "native_group_norm.default": _group_norm_coefficients,
