@@ -628,6 +628,33 @@ def test_the_probe_dry_run_fills_a_table_the_estimator_matches_exactly(tmp_path,
     assert _run(*cli, "import", other, "--table", table, "--allow-dry-run",
                 "--replace").returncode == 0
     assert ws.Table.load(str(table)).measured_on["device"] == "Another GPU"
+    # A device of the same architecture fills what the table lacks (never replacing an
+    # entry), only the sources asked for, and the table names both devices.
+    before = ws.Table.load(str(table))
+    data["environment"]["device"] = "A Third GPU"
+    for record in data["isolated"]:
+        if "workspace" in record:
+            record["workspace"] += 4096
+    wider = [r for r in data["isolated"] if r["source"] == "sweep"]
+    wider[0]["signature"]["batch"] = 3  # a signature the table lacks
+    fresh = ws.ConvSignature.from_fields(wider[0]["signature"]).key()
+    of_a_step = [r for r in data["isolated"] if r["source"] == "tiny fp32 b4"]
+    of_a_step[0]["signature"]["batch"] = 5  # lacking too, but not of the sources asked
+    left_out = ws.ConvSignature.from_fields(of_a_step[0]["signature"]).key()
+    other.write_text(json.dumps(data))
+    added = _run(*cli, "import", other, "--table", table, "--allow-dry-run",
+                 "--other-device", "--sources", "sweep,listed")
+    assert added.returncode == 0, added.stderr
+    assert "imported 1 signatures" in added.stdout
+    after = ws.Table.load(str(table))
+    assert after.entries == dict(before.entries, **{fresh: wider[0]["workspace"]})
+    assert left_out not in after.entries
+    assert after.describe_source().startswith("Another GPU (PyTorch ")
+    assert " and A Third GPU (PyTorch " in after.describe_source()
+    assert (table.stat().st_mode & 0o777) == 0o600  # a new file: the owner's
+    table.chmod(0o644)
+    _run(*cli, "import", other, "--table", table, "--allow-dry-run", "--other-device")
+    assert (table.stat().st_mode & 0o777) == 0o644  # written over: as it was
     data["isolated"][0]["signature"]["layout"] = "diagonal"
     other.write_text(json.dumps(data))
     bad = _run(*cli, "import", other, "--table", table, "--allow-dry-run")

@@ -4,9 +4,9 @@
 records every storage the step creates and frees, in order (parameters, gradients,
 optimizer state, autocast copies, activations, temporaries), adds what fake tensors
 cannot see (cuBLAS workspaces, modelled from measurement on an H200; cuDNN's convolution
-workspaces, measured on the GPU where there is one, else taken from a table of H200
-measurements: workspaces.py; other ops' scratch buffers, measured on the GPU where there
-is one: scratch.py), and replays the result on a simulated device under
+workspaces, measured on the GPU where there is one, else taken from a table of H200 and
+H100 measurements: workspaces.py; other ops' scratch buffers, measured on the GPU where
+there is one: scratch.py), and replays the result on a simulated device under
 vramkit's placement policy and under a model of PyTorch's caching allocator. The answer:
 peak allocated, peak reserved under each allocator, whether it fits a given card, the
 smallest card it fits, a breakdown by category at the peak and the call sites that hold
@@ -311,8 +311,8 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
     default) all of them, False none, or "cublas", "cudnn" or "scratch" (or several in a
     tuple) only those. cuDNN's convolution workspaces are measured on the GPU where the
     estimate runs with one (which resets its peak memory statistics), else taken from
-    the table of H200 measurements (vramkit.estimator.workspaces); the scratch buffers
-    of other ops (layer norm, reductions, softmax, losses; not fused attention's:
+    the table of H200 and H100 measurements (vramkit.estimator.workspaces); the scratch
+    buffers of other ops (layer norm, reductions, softmax, losses; not fused attention's:
     vramkit.estimator.scratch) are measured on the GPU too; without one, those that
     follow from ATen's source alone (softmaxes, sums, means and vector norms, group and
     layer norms: vramkit.estimator._derived_scratch) are derived, the rest count 0.

@@ -142,11 +142,11 @@ def _dense(t: TensorSpec) -> bool:
 def _layer_norm_partials(call: OpCall, multiprocessors: int):
     """Layer norm's CUDA backward (ATen/native/cuda/layer_norm_kernel.cu), for many rows
     of few columns (more than 64 Ki rows, and fewer column blocks of 32 than half the
-    multiprocessors), sums the weight's and the bias's gradients in two passes: partial sums of blocks of
-    rows into two buffers of the input's dtype, then a column sum of each (with its own
-    staging, _cuda_reduce.py), whose result replaces the gradient made before. Else it
-    makes no block of its own. Derived for contiguous inputs whose weight and bias both
-    want gradients, or neither."""
+    multiprocessors), sums the weight's and the bias's gradients in two passes: partial
+    sums of blocks of rows into two buffers of the input's dtype, then a column sum of
+    each (with its own staging, _cuda_reduce.py), whose result replaces the gradient made
+    before. Else it makes no block of its own. Derived for contiguous inputs whose weight
+    and bias both want gradients, or neither."""
     import torch
     grad, x = call.bound.get("grad_out"), call.bound.get("input")
     normalized = call.bound.get("normalized_shape")

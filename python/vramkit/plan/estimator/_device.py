@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import sys
 import tempfile
 
@@ -118,7 +119,8 @@ def cache_path(identity: dict, folder: str = "cudnn-workspaces") -> str:
 def write_json_atomic(path: str, data) -> None:
     """Write ``data`` as JSON to ``path`` in one step: a scratch file in the same folder,
     then renamed over it, so that a reader (another estimate, at the same time) never
-    sees half a file."""
+    sees half a file. A file written over keeps its permissions (a table others read
+    stays readable); a new one is the owner's alone, as a cache is."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, scratch = tempfile.mkstemp(prefix=".workspaces-", suffix=".json", dir=folder)
@@ -126,6 +128,10 @@ def write_json_atomic(path: str, data) -> None:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(data, f, indent=1)
             f.write("\n")
+        try:
+            os.chmod(scratch, stat.S_IMODE(os.stat(path).st_mode))
+        except FileNotFoundError:
+            pass
         os.replace(scratch, path)
     except BaseException:
         if os.path.exists(scratch):

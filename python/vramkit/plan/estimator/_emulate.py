@@ -29,10 +29,10 @@ step on fake *CPU* tensors and makes the CPU behave, for memory, as the GPU woul
   (a dataset held on the host), which a move to CUDA copies, as on a GPU.
 
 What stays different: kernels that choose their own workspaces (cuDNN's convolutions,
-whose workspaces come from the table of H200 measurements instead: workspaces.py), and
-any other operation whose CPU kernel keeps different tensors than its CUDA one. The
-estimate says in its notes that it ran this way. On a machine with a GPU none of this is
-used: the step runs on fake CUDA tensors with the GPU's own kernels.
+whose workspaces come from the table of H200 and H100 measurements instead:
+workspaces.py), and any other operation whose CPU kernel keeps different tensors than
+its CUDA one. The estimate says in its notes that it ran this way. On a machine with a
+GPU none of this is used: the step runs on fake CUDA tensors with the GPU's own kernels.
 """
 
 from __future__ import annotations

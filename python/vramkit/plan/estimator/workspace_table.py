@@ -2,6 +2,7 @@
 the output of ``bench/cudnn_workspace_probe.py`` and shown, as a command.
 
     python -m vramkit.estimator.workspace_table import PROBE.json [--table PATH] [--replace]
+                                                [--sources LIST] [--other-device]
     python -m vramkit.estimator.workspace_table show [--table PATH]
 
 The model that reads the table, and the table's format, are :mod:`.workspaces`'; this
@@ -30,10 +31,11 @@ def _read_json(path: str, what: str):
         raise WorkspaceTableError(f"{path}: the {what} is not JSON: {error}") from None
 
 
-def measurements_of_probe(data, path: str = "<probe>") -> tuple:
+def measurements_of_probe(data, path: str = "<probe>", sources=None) -> tuple:
     """({key: bytes}, measured_on) from a probe's output: its isolated measurements (one
     part on its own, as measure_on_device does it), the largest where one signature was
-    measured more than once."""
+    measured more than once; ``sources``: only records whose source (the probe's "sweep",
+    "layers", "listed" or a workload's name) is one of them."""
     if not isinstance(data, dict) or data.get("format") != PROBE_FORMAT:
         raise WorkspaceTableError(f"{path}: not the output of bench/cudnn_workspace_probe.py "
                                   f"(format {PROBE_FORMAT!r} expected)")
@@ -44,6 +46,8 @@ def measurements_of_probe(data, path: str = "<probe>") -> tuple:
     for index, record in enumerate(records):
         if not isinstance(record, dict) or "workspace" not in record:
             continue  # a part that could not be measured: the record says why
+        if sources is not None and record.get("source") not in sources:
+            continue
         size = record["workspace"]
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
             raise WorkspaceTableError(f"{path}: isolated record {index}: workspace "
@@ -60,23 +64,41 @@ def measurements_of_probe(data, path: str = "<probe>") -> tuple:
 
 
 def import_probe(probe_path: str, table_path: str = TABLE_PATH, *, replace: bool = False,
-                 allow_dry_run: bool = False) -> tuple:
+                 allow_dry_run: bool = False, sources=None,
+                 other_device: bool = False) -> tuple:
     """Add a probe's measurements to the table at table_path (created if missing) and fit
-    its rule again over all its entries. Returns (table, signatures imported)."""
+    its rule again over all its entries. Returns (table, signatures imported).
+    ``sources``: only the probe's records of these sources. ``other_device``: the probe
+    ran on another device than the table's (of the same architecture, whose cuDNN picks
+    the same algorithms: check that on signatures both measured first); its measurements
+    fill signatures the table lacks, never replace one, and the table names both
+    devices."""
     data = _read_json(probe_path, "probe output")
     if isinstance(data, dict) and data.get("dry_run") and not allow_dry_run:
         raise WorkspaceTableError(f"{probe_path}: the output of a --dry-run, whose sizes "
                                   f"are made up; not imported")
-    measured, measured_on = measurements_of_probe(data, probe_path)
+    measured, measured_on = measurements_of_probe(data, probe_path, sources)
     existing = Table.load(table_path) if os.path.exists(table_path) else empty_table()
-    if not replace and existing.entries and (existing.measured_on or {}).get("device") \
-            != measured_on.get("device"):
+    primary = existing.measured_on or {}
+    other = not replace and bool(existing.entries) and \
+        primary.get("device") != measured_on.get("device")
+    if other and not other_device:
         raise WorkspaceTableError(
             f"{table_path} holds measurements on {existing.describe_source()}, and "
             f"{probe_path} ran on {measured_on.get('device')!r}: a table is one device's; "
-            f"--replace starts it again from this probe")
+            f"--replace starts it again from this probe, --other-device adds what it lacks")
     entries = {} if replace else dict(existing.entries)
+    if other:
+        added = {k: v for k, v in measured.items() if k not in entries}
+        entries.update(added)
+        also = [dict(a) for a in primary.get("also", [])]
+        also.append(dict(measured_on, signatures=len(added)))
+        table = Table(entries, fit_rule(entries), dict(primary, also=also), table_path)
+        table.save(table_path)
+        return table, len(added)
     entries.update(measured)
+    if not replace and primary.get("also"):
+        measured_on = dict(measured_on, also=primary["also"])
     table = Table(entries, fit_rule(entries), measured_on, table_path)
     table.save(table_path)
     return table, len(measured)
@@ -160,6 +182,12 @@ def main(argv=None) -> int:
                      help="start the table again from this probe, dropping its entries")
     add.add_argument("--allow-dry-run", action="store_true",
                      help="import a --dry-run's made-up sizes (for tests)")
+    add.add_argument("--sources", default=None,
+                     help="only the probe's records of these sources (comma-separated: "
+                          "sweep, layers, listed, or a workload's name)")
+    add.add_argument("--other-device", action="store_true",
+                     help="the probe ran on another device of the same architecture: "
+                          "add the signatures the table lacks, and name both devices")
     show = commands.add_parser("show", help="what a table holds")
     show.add_argument("--table", default=TABLE_PATH)
     try:
@@ -168,8 +196,10 @@ def main(argv=None) -> int:
         return 3 if done.code else 0
     try:
         if args.command == "import":
-            table, count = import_probe(args.probe, args.table, replace=args.replace,
-                                        allow_dry_run=args.allow_dry_run)
+            table, count = import_probe(
+                args.probe, args.table, replace=args.replace,
+                allow_dry_run=args.allow_dry_run, other_device=args.other_device,
+                sources=set(args.sources.split(",")) if args.sources else None)
             print(f"imported {count} signatures from {args.probe}")
         else:
             table = Table.load(args.table)

@@ -20,8 +20,9 @@ dtype, memory layout and cuDNN flags), in this order:
    name, PyTorch version and cuDNN version);
 2. without one, or where the device lacks the memory to run the part: the table shipped
    with the package (``data/cudnn_workspaces.json``, the measurements of
-   ``bench/cudnn_workspace_probe.py`` on an H200), by :meth:`Table.lookup`: the exact
-   signature, else the same layer measured at other batch sizes, scaled to this batch,
+   ``bench/cudnn_workspace_probe.py`` on an H200, and on an H100 where the H200 measured
+   none), by :meth:`Table.lookup`: the exact signature, else the same layer measured at
+   other batch sizes, scaled to this batch, else the nearest layer of its kind,
    else the table's size rule, fitted to all its measurements;
 3. else 0, and the estimate's notes say convolution workspaces were not modelled.
 
@@ -255,8 +256,9 @@ class Table:
         on = self.measured_on or {}
         if not on.get("device"):
             return "an unnamed device"
-        return (f"{on['device']} (PyTorch {on.get('torch', '?')}, "
-                f"cuDNN {on.get('cudnn', '?')})")
+        devices = [on] + [a for a in on.get("also", ()) if isinstance(a, dict)]
+        return " and ".join(f"{d.get('device', '?')} (PyTorch {d.get('torch', '?')}, "
+                            f"cuDNN {d.get('cudnn', '?')})" for d in devices)
 
     def batch_exponent(self, part: str) -> float:
         return float(self.rule.get("batch_exponent", {}).get(part, ASSUMED_BATCH_EXPONENT))
