@@ -143,6 +143,53 @@ def test_a_dtype_given_to_log_softmax_under_autocast_stands():
         assert torch.softmax(x, -1, dtype=torch.float16).dtype == torch.float16
 
 
+def test_cuda_autocast_s_fp32_ops_are_fp32_on_the_stand_in_too():
+    """CUDA autocast runs upsampling (and layer norm's native op, pow of a scalar base, the
+    matrix norms) in fp32, where CPU autocast leaves them in the lower precision; and gives
+    linalg_vector_norm an fp32 output. A UNet's upsampled features are fp32 on the card,
+    and so the skip connection concatenated to them."""
+    from vramkit.plan.estimator import _emulate
+    x = torch.randn(2, 4, 8, 8).half()
+    with _emulate.emulated_cuda(), torch.autocast("cuda", dtype=torch.float16):
+        up = F.interpolate(x, scale_factor=2.0, mode="nearest")
+        assert up.dtype == torch.float32
+        assert torch.cat([up, F.interpolate(x, scale_factor=2.0)], 1).dtype == torch.float32
+        assert F.interpolate(x, scale_factor=2.0, mode="bilinear").dtype == torch.float32
+        assert torch.pow(2.0, x).dtype == torch.float32
+        assert torch.linalg.vector_norm(x).dtype == torch.float32
+        assert torch.ops.aten.native_layer_norm(x, [8], None, None, 1e-5)[0].dtype == \
+            torch.float32
+        assert (x @ x).dtype == torch.float16  # a lower-precision op stays so
+
+
+def test_attention_over_heads_permuted_out_of_channels_runs_the_composite():
+    """Every fused attention kernel needs the inputs' last dimension contiguous; a UNet's
+    attention permutes its heads out of a convolution's channels, whose last dimension
+    has the pixels' stride, and CUDA runs the composite attention for it (on an H100 the
+    estimate saw its softmax, batched products and scaling). The stand-in took the fused
+    kernel: no scores at all."""
+    batch, heads, pixels, width = 2, 4, 256, 32
+
+    def build():
+        return (torch.randn(batch, 3 * heads * width, pixels, device="cuda",
+                            requires_grad=True),)
+
+    def step(qkv):
+        q, k, v = qkv.reshape(batch, 3, heads, width, pixels).permute(1, 0, 2, 4, 3)
+        assert q.stride(-1) != 1
+        F.scaled_dot_product_attention(q, k, v).float().sum().backward()
+
+    def contiguous_step(qkv):
+        q, k, v = qkv.reshape(batch, 3, heads, width, pixels).permute(1, 0, 2, 4, 3)
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        F.scaled_dot_product_attention(q, k, v).float().sum().backward()
+
+    strided = vramkit.estimate(step, build=build, steps=1, model_workspaces=False)
+    fused = vramkit.estimate(contiguous_step, build=build, steps=1, model_workspaces=False)
+    scores = batch * heads * pixels * pixels * 4
+    assert strided.peak_allocated >= fused.peak_allocated + scores
+
+
 def test_attention_with_a_mask_not_contiguous_under_autocast_computes_in_fp32():
     """The composite attention CUDA runs for a mask whose last dimension is not contiguous
     converts 16-bit query, keys and values to fp32 and computes there, outside autocast:

@@ -14,10 +14,10 @@ step on fake *CPU* tensors and makes the CPU behave, for memory, as the GPU woul
   or memory-efficient attention: an output and a log-sum-exp per row, never the
   sequence-by-sequence score matrix that the CPU's fallback materialises; a learned
   mask's gradient at the scores' shape), or, where the GPU too takes no fused kernel (a
-  mask whose last dimension is not contiguous, grouped queries in fp32, kernels the
-  program turned off with ``sdpa_kernel``), what CUDA's composite attention keeps (in
-  fp32, as it computes for 16-bit inputs); dropout keeps the GPU's one-byte mask rather
-  than the CPU's noise tensor;
+  mask or an input whose last dimension is not contiguous, grouped queries in fp32,
+  kernels the program turned off with ``sdpa_kernel``), what CUDA's composite attention
+  keeps (in fp32, as it computes for 16-bit inputs); dropout keeps the GPU's one-byte
+  mask rather than the CPU's noise tensor;
 - the operations CUDA autocast runs in fp32 (layer norm, softmax, exp, log...) run in
   fp32 under the CPU's autocast too, and the one CPU autocast runs in fp32 that CUDA's
   leaves to its parts (cross entropy: CUDA keeps its log-softmax in the lower precision
@@ -164,8 +164,11 @@ def _fused_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
     computed_in = (torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu")
                    else query.dtype)
     learned = attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled()
+    # Every fused kernel needs each input's last dimension contiguous: heads permuted out
+    # of a convolution's channels (a UNet's attention) take the composite one.
+    strided = any(t.stride(-1) != 1 and t.size(-1) != 1 for t in (query, key, value))
     kernel = _cuda_attention_kernel(computed_in, attn_mask, learned,
-                                    enable_gqa and key.size(-3) != query.size(-3))
+                                    enable_gqa and key.size(-3) != query.size(-3), strided)
     if kernel == "composite":
         return _composite_attention(query, key, value, attn_mask, dropout_p, is_causal,
                                     scale, enable_gqa)
@@ -180,14 +183,16 @@ def _fused_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
     return _FusedAttention.apply(*_cast(query, key, value, computed_in), kernel)
 
 
-def _cuda_attention_kernel(computed_in, attn_mask, learned: bool, grouped: bool) -> str:
+def _cuda_attention_kernel(computed_in, attn_mask, learned: bool, grouped: bool,
+                           strided: bool = False) -> str:
     """The kernel CUDA's scaled_dot_product_attention takes, in PyTorch's order on the
     cards it is estimated for, among those the program left enabled
     (``torch.nn.attention.sdpa_kernel``, ``torch.backends.cuda.enable_*_sdp``): "cudnn",
-    "flash", "efficient" or "composite". Raises as PyTorch does where none of the enabled
-    ones takes the call."""
+    "flash", "efficient" or "composite". ``strided``: an input's last dimension is not
+    contiguous, which no fused kernel takes. Raises as PyTorch does where none of the
+    enabled ones takes the call."""
     cuda = torch.backends.cuda
-    if attn_mask is None or attn_mask.stride(-1) == 1:
+    if not strided and (attn_mask is None or attn_mask.stride(-1) == 1):
         # Fused kernels need the mask's last dimension contiguous (a learned bias permuted
         # from an embedding lookup, as T5's relative positions are in some versions of
         # transformers, is not). cuDNN's kernel and flash attention take 16-bit inputs
@@ -335,18 +340,28 @@ def cuda_autocast_on_cpu():
         autocast.__init__ = original
 
 
-# What CUDA autocast runs in fp32 that CPU autocast leaves in the lower precision (as
-# documented for CUDA autocast's "float32" ops): the input is cast to fp32, so the output,
-# and what backward keeps of it, is fp32.
+# What CUDA autocast runs in fp32 that CPU autocast leaves in the lower precision (ATen's
+# autocast_mode.h, its fp32 list; the losses and cdist of that list CPU autocast runs in
+# fp32 too): the input is cast to fp32, so the output, and what backward keeps of it, is
+# fp32. An upsampling's fp32 output makes the skip connection a UNet concatenates to it
+# fp32 too, and the group norm and the additions after it.
 _CUDA_FP32_OPS = (
-    "layer_norm", "group_norm", "exp", "expm1", "log", "log10", "log2", "log1p",
-    "reciprocal", "rsqrt", "pow.Tensor_Scalar", "pow.Tensor_Tensor", "acos", "asin",
-    "cosh", "sinh", "tan", "erfinv", "softplus", "logsumexp", "renorm", "dist", "pdist",
-    "cosine_similarity",
+    "layer_norm", "native_layer_norm", "group_norm", "exp", "expm1", "log", "log10",
+    "log2", "log1p", "reciprocal", "rsqrt", "pow.Tensor_Scalar", "pow.Tensor_Tensor",
+    "pow.Scalar", "acos", "asin", "cosh", "sinh", "tan", "erfinv", "softplus", "logsumexp",
+    "renorm", "dist", "pdist", "cosine_similarity", "frobenius_norm.dim", "nuclear_norm",
+    "nuclear_norm.dim", "upsample_nearest1d", "_upsample_nearest_exact1d",
+    "upsample_nearest2d", "_upsample_nearest_exact2d", "upsample_nearest3d",
+    "_upsample_nearest_exact3d", "upsample_linear1d", "upsample_bilinear2d",
+    "_upsample_bilinear2d_aa", "upsample_trilinear3d", "upsample_bicubic2d",
+    "_upsample_bicubic2d_aa",
 )
 # ... and the ones it runs with an fp32 output dtype instead of casting the input.
-_CUDA_FP32_OUTPUT_OPS = ("softmax.int", "log_softmax.int", "cumsum", "cumprod",
-                         "sum", "sum.dim_IntList", "prod")
+_CUDA_FP32_OUTPUT_OPS = ("softmax.int", "softmax.Dimname", "log_softmax.int",
+                         "log_softmax.Dimname", "cumsum", "cumsum.dimname", "cumprod",
+                         "cumprod.dimname", "sum", "sum.dim_IntList", "sum.dim_DimnameList",
+                         "prod", "linalg_vector_norm", "linalg_matrix_norm",
+                         "linalg_matrix_norm.str_ord")
 # ... and what CPU autocast runs in fp32 but CUDA autocast does not list: there each part
 # meets autocast on its own (cross entropy's log-softmax keeps the input's dtype, its
 # nll_loss casts to fp32), which keeps other tensors for backward than one fp32 cast.
