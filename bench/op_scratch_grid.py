@@ -23,14 +23,19 @@ ATEN = torch.ops.aten
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+def _listed(blocks):
+    """A transient as JSON: bytes, a list of blocks, or None (the card had not the memory
+    to measure it; the rule does not derive it)."""
+    return blocks if blocks is None or isinstance(blocks, int) else list(blocks)
+
+
 def measure(out, device, tag, op, args) -> None:
     try:
         call = sc.call_of(op, args, {})
         measured = sc.measure_op(call, device, blocks=True)
         derived = sc.derived_size(call)
         row = {"tag": tag, "key": call.key,
-               "blocks": measured if isinstance(measured, int) else list(measured),
-               "derived": derived if isinstance(derived, int) else list(derived)}
+               "blocks": _listed(measured), "derived": _listed(derived)}
     except Exception as error:  # noqa: BLE001 - a row that says why, and the grid goes on
         row = {"tag": tag, "error": f"{type(error).__name__}: {str(error)[:200]}"}
     out.write(json.dumps(row) + "\n")
