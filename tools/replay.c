@@ -92,14 +92,9 @@ static double ratio(uint64_t numerator, uint64_t denominator) {
   return denominator ? (double)numerator / (double)denominator : 0.0;
 }
 
-/* A row whose pool was never made (its preallocation did not fit, or the source refused)
- * ran no op: it has no ratio of reserved to live and no time per op to show. */
-static int pool_never_made(const replay_result_t *r) {
-  return r->failed_creating || (r->ooms && r->first_oom_op < 0);
-}
-
+/* A row whose pool was never made ran no op: it has no ratio of reserved to live. */
 static int has_ratio(const replay_result_t *r) {
-  return !pool_never_made(r) && r->peak_live_bytes > 0;
+  return vram_replay_pool_made(r) && r->peak_live_bytes > 0;
 }
 
 static void print_table_header(const replay_settings_t *settings) {

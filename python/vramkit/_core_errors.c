@@ -65,7 +65,6 @@ PyObject *new_error(core_state *st, int status, PyObject *message, PyObject *rep
   return exc;
 }
 
-/* Raise `status` with a message (a new reference, consumed; NULL passes an error on). */
 /* An engine message of VRAM_EIO (a file that could not be opened, read or written) ends
  * with strerror() of the call that failed: raise the OSError subclass Python's own open()
  * raises for that errno (FileNotFoundError, PermissionError, IsADirectoryError...), with
@@ -103,6 +102,7 @@ PyObject *raise_io_error(const char *text) {
   return NULL;
 }
 
+/* Raise `status` with a message (a new reference, consumed; NULL passes an error on). */
 PyObject *raise_message(core_state *st, int status, PyObject *message, PyObject *report) {
   if (message == NULL) return NULL;
   PyObject *exc = new_error(st, status, message, report);

@@ -61,9 +61,9 @@ static double ratio(uint64_t numerator, uint64_t denominator) {
 static PyObject *result_dict(const vram_replay_result *r, const vram_replay_options *opts) {
   PyObject *d = PyDict_New();
   if (d == NULL) return NULL;
-  /* A pool that was never made (its preallocation did not fit) ran no op: no ratio of
-   * reserved to live and no time per op, as the command's JSON says with null. */
-  int ran = !r->failed_creating && !(r->ooms && r->first_oom_op < 0);
+  /* A pool that was never made ran no op: no ratio of reserved to live and no time per
+   * op, as the command's JSON says with null. */
+  int ran = vram_replay_pool_made(r);
   /* As the command's JSON writes it: a byte that starts no UTF-8 sequence reads U+FFFD. */
   int bad = set_item(d, "trace", PyUnicode_DecodeUTF8(r->name, (Py_ssize_t)strlen(r->name),
                                                       "replace")) ||

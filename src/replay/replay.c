@@ -140,6 +140,11 @@ static size_t run_ops(vram_pool_t *pool, const trace_t *trace, _vram_replay_pass
   return done;
 }
 
+int vram_replay_pool_made(const vram_replay_result *result) {
+  /* The pool's creation is the first OOM's op -1 (create_failed below). */
+  return !result->failed_creating && !(result->ooms && result->first_oom_op < 0);
+}
+
 /* A pool that could not be made: a capacity below a preallocation counts as one OOM
  * (nothing fits at all), anything else fails the replay. */
 static int create_failed(int status, const trace_t *trace, const vram_options_t *options,

@@ -76,6 +76,13 @@ static void t_oom_counted_with_its_report(void **state) {
   assert_int_equal(r.first_oom_op, 1);
   assert_int_equal(r.first_oom_size, 8u << 20);
   assert_non_null(strstr(r.first_oom_report, "out of memory"));
+  assert_true(vram_replay_pool_made(&r)); /* out of memory mid-way: the pool ran */
+  /* A preallocation past the capacity: the pool is never made, one OOM at its creation. */
+  opts.pool.preallocate_bytes = 64u << 20;
+  assert_int_equal(vram_replay_run(&opts, path, 0, &r), VRAM_OK);
+  assert_int_equal(r.ooms, 1);
+  assert_int_equal(r.first_oom_op, -1);
+  assert_false(vram_replay_pool_made(&r));
   unlink(path);
 }
 
@@ -95,6 +102,7 @@ static void t_errors_are_statuses(void **state) {
   opts.capacity = (uint64_t)VRAM_SIM_MAX_CAPACITY * 2;
   assert_int_equal(vram_replay_run(&opts, path, 0, &r), VRAM_ESIMCAPACITY);
   assert_true(r.failed_creating);
+  assert_false(vram_replay_pool_made(&r));
   unlink(path);
 }
 
