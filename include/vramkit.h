@@ -772,9 +772,8 @@ VRAM_API int vram_replay_load(const char *path, uint64_t max_ops, vram_replay_tr
                               char *error, size_t cap);
 /* What the trace alone says: name, ops, skipped_frees, peak_live_bytes (the rest zeroed). */
 VRAM_API void vram_replay_describe(const vram_replay_trace_t *trace, vram_replay_result *result);
-/* 1 when the result's pool was made and ran the trace; 0 when it never was (its
- * preallocation did not fit the capacity, or the source refused): then the result has no
- * time per op and no ratio of reserved to live to show. */
+/* 0 when the result's pool was never made (its preallocation did not fit, or the source
+ * refused): no op ran, so it has no time per op and no reserved-over-live; else 1. */
 VRAM_API int vram_replay_pool_made(const vram_replay_result *result);
 /* Replay a loaded trace as opts ask; VRAM_OK even with out-of-memory (result->ooms). */
 VRAM_API int vram_replay_trace(const vram_replay_trace_t *trace, const vram_replay_options *opts,
