@@ -92,9 +92,32 @@ static double ratio(uint64_t numerator, uint64_t denominator) {
   return denominator ? (double)numerator / (double)denominator : 0.0;
 }
 
-/* A row whose pool was never made ran no op: it has no ratio of reserved to live. */
-static int has_ratio(const replay_result_t *r) {
-  return vram_replay_pool_made(r) && r->peak_live_bytes > 0;
+/* A time over the baseline's (0 where either was not timed). */
+static double times_baseline(double ns, const replay_result_t *r) {
+  return r->baseline_ns_per_op > 0 ? ns / r->baseline_ns_per_op : 0.0;
+}
+
+/* Peak reserved over peak live, or 0 for a row whose pool was never made (it ran no op)
+ * or that had nothing live: no ratio to show. */
+static double reserved_over_live(const replay_result_t *r) {
+  if (!vram_replay_pool_made(r) || r->peak_live_bytes == 0) return 0.0;
+  return ratio(r->peak_reserved_bytes, r->peak_live_bytes);
+}
+
+/* A figure of the table, or "-" where there is none: a time or a ratio is never 0. */
+static void print_figure(double value, int width, int precision) {
+  if (value > 0)
+    printf(" %*.*f", width, precision, value);
+  else
+    printf(" %*s", width, "-");
+}
+
+/* The same in the JSON line: the key's number, or null. */
+static void json_figure(const char *key, double value, int precision) {
+  if (value > 0)
+    printf(", \"%s\": %.*f", key, precision, value);
+  else
+    printf(", \"%s\": null", key);
 }
 
 static void print_table_header(const replay_settings_t *settings) {
@@ -117,14 +140,8 @@ static void print_result_row(const replay_settings_t *settings, const replay_res
   printf("%-20s %-8s %8zu", cli_shown(r->name), vram_source_name(r->source), (size_t)r->ops);
   print_mib(r->peak_live_bytes, 12);
   print_mib(r->peak_reserved_bytes, 14);
-  if (has_ratio(r))
-    printf(" %9.3f", ratio(r->peak_reserved_bytes, r->peak_live_bytes));
-  else
-    printf(" %9s", "-");
-  if (r->ns_per_op > 0)
-    printf(" %8.1f", r->ns_per_op);
-  else
-    printf(" %8s", "-");
+  print_figure(reserved_over_live(r), 9, 3);
+  print_figure(r->ns_per_op, 8, 1);
   printf(" %5llu", (unsigned long long)r->ooms);
   if (settings->min_capacity) {
     if (r->have_min_capacity > 0) {
@@ -137,33 +154,14 @@ static void print_result_row(const replay_settings_t *settings, const replay_res
       printf(" %12s %9s", "-", "-");
     }
   }
-  if (settings->warm) {
-    if (r->ns_per_op_warm > 0)
-      printf(" %10.1f", r->ns_per_op_warm);
-    else
-      printf(" %10s", "-");
-  }
+  if (settings->warm) print_figure(r->ns_per_op_warm, 10, 1);
   if (settings->baseline) {
-    if (r->baseline_ns_per_op > 0)
-      printf(" %11.1f", r->baseline_ns_per_op);
-    else
-      printf(" %11s", "-");
-    if (r->baseline_ns_per_op > 0 && r->ns_per_op > 0)
-      printf(" %10.2f", r->ns_per_op / r->baseline_ns_per_op);
-    else
-      printf(" %10s", "-");
+    print_figure(r->baseline_ns_per_op, 11, 1);
+    print_figure(times_baseline(r->ns_per_op, r), 10, 2);
   }
   if (settings->calls_after >= 0) printf(" %11llu", (unsigned long long)r->device_calls_after);
   printf("\n");
   fflush(stdout);
-}
-
-/* A time, or null where nothing was timed (a time is never zero). */
-static void json_time(const char *format, double value, const char *key) {
-  if (value > 0)
-    printf(format, value);
-  else
-    printf(", \"%s\": null", key);
 }
 
 static void print_result_json(const replay_settings_t *settings, const replay_result_t *r) {
@@ -174,11 +172,8 @@ static void print_result_json(const replay_settings_t *settings, const replay_re
   printf(", \"ops\": %zu, \"peak_live_bytes\": %llu, \"peak_reserved_bytes\": %llu",
          (size_t)r->ops, (unsigned long long)r->peak_live_bytes,
          (unsigned long long)r->peak_reserved_bytes);
-  if (has_ratio(r))
-    printf(", \"reserved_over_live\": %.3f", ratio(r->peak_reserved_bytes, r->peak_live_bytes));
-  else
-    printf(", \"reserved_over_live\": null");
-  json_time(", \"ns_per_op\": %.1f", r->ns_per_op, "ns_per_op");
+  json_figure("reserved_over_live", reserved_over_live(r), 3);
+  json_figure("ns_per_op", r->ns_per_op, 1);
   printf(", \"ooms\": %llu", (unsigned long long)r->ooms);
   printf(", \"skipped_frees\": %zu", (size_t)r->skipped_frees);
   if (settings->have_capacity)
@@ -198,19 +193,14 @@ static void print_result_json(const replay_settings_t *settings, const replay_re
     printf(", \"calls_after_op\": %ld, \"device_calls_after\": %llu", settings->calls_after,
            (unsigned long long)r->device_calls_after);
   if (settings->warm) {
-    json_time(", \"ns_per_op_warm\": %.1f", r->ns_per_op_warm, "ns_per_op_warm");
+    json_figure("ns_per_op_warm", r->ns_per_op_warm, 1);
     printf(", \"device_calls_warm\": %llu", (unsigned long long)r->device_calls_warm);
   }
   if (settings->baseline) {
-    int timed = r->baseline_ns_per_op > 0;
-    json_time(", \"baseline_ns_per_op\": %.2f", r->baseline_ns_per_op, "baseline_ns_per_op");
-    json_time(", \"ns_over_baseline\": %.2f",
-              timed && r->ns_per_op > 0 ? r->ns_per_op / r->baseline_ns_per_op : 0.0,
-              "ns_over_baseline");
+    json_figure("baseline_ns_per_op", r->baseline_ns_per_op, 2);
+    json_figure("ns_over_baseline", times_baseline(r->ns_per_op, r), 2);
     if (settings->warm)
-      json_time(", \"warm_over_baseline\": %.2f",
-                timed && r->ns_per_op_warm > 0 ? r->ns_per_op_warm / r->baseline_ns_per_op : 0.0,
-                "warm_over_baseline");
+      json_figure("warm_over_baseline", times_baseline(r->ns_per_op_warm, r), 2);
   }
   printf("}\n");
   fflush(stdout);
