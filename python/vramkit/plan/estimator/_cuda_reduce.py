@@ -1,4 +1,5 @@
-"""The blocks a CUDA reduction (sum, mean) allocates inside itself, from its launch.
+"""The blocks a CUDA reduction (sum, mean, vector norm) allocates inside itself, from its
+launch.
 
 ATen's reductions (ATen/native/cuda/Reduce.cuh) choose a launch configuration from the
 shapes and strides alone: which dimension the threads of a block run along, how many
@@ -16,8 +17,8 @@ dimension and vectorizing along the outputs, the block's width and height, the s
 the input across warps and across blocks, and the sizes of the staging buffer and the
 semaphores. The number of multiprocessors is the H100's and H200's (the cards the
 estimator's tables come from). Left out (not derived): iterators that need 64-bit
-indexing (split into several launches); the caller takes only sums and means of floating
-point.
+indexing (split into several launches); the caller takes only sums, means and vector
+norms of floating point.
 """
 
 from __future__ import annotations

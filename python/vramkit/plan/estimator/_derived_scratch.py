@@ -16,7 +16,7 @@ import math
 
 from . import _cuda_reduce
 from ._transients import OUTPUT
-from .scratch import OpCall, TensorSpec, _contiguous_strides
+from .scratch import OpCall, TensorSpec
 
 
 def _softmax_backward_product(call: OpCall, multiprocessors: int):
@@ -129,14 +129,9 @@ def _layer_norm_forward(call: OpCall, multiprocessors: int):
     tensors = [call.bound.get(name) for name in ("input", "weight", "bias")]
     if not isinstance(tensors[0], TensorSpec):
         return None
-    if any(isinstance(t, TensorSpec) and not _dense(t) for t in tensors):
+    if any(isinstance(t, TensorSpec) and not t.dense() for t in tensors):
         return None
     return 0
-
-
-def _dense(t: TensorSpec) -> bool:
-    """Contiguous from its storage's start: what a kernel takes without a copy first."""
-    return t.stride == _contiguous_strides(t.shape) and not t.offset
 
 
 def _layer_norm_partials(call: OpCall, multiprocessors: int):
@@ -154,7 +149,7 @@ def _layer_norm_partials(call: OpCall, multiprocessors: int):
     if not isinstance(grad, TensorSpec) or not isinstance(x, TensorSpec) or \
             not isinstance(normalized, (list, tuple)) or len(mask) != 3:
         return None
-    if not (_dense(grad) and _dense(x)):
+    if not (grad.dense() and x.dense()):
         return None  # a copy first: left to a measurement
     if not mask[1] and not mask[2]:
         return 0

@@ -221,6 +221,10 @@ class TensorSpec:
     def nbytes(self) -> int:
         return self.elements() * self.dtype.itemsize
 
+    def dense(self) -> bool:
+        """Contiguous from its storage's start: what a kernel takes without a copy."""
+        return self.stride == _contiguous_strides(self.shape) and not self.offset
+
     def text(self, main_device_type: str) -> str:
         """dtype[shape], then @strides if not contiguous, +offset if not 0, /device if
         not the op's (a CPU scalar beside CUDA tensors, say)."""
