@@ -304,6 +304,16 @@ WIDE_KINDS = (("float32", "contiguous"), ("float32", "channels_last"),
               ("bfloat16", "contiguous"), ("bfloat16", "channels_last"))
 
 
+def layer_fields(layer, batch, dtype, layout, flags):
+    """A probe record's signature fields for a square layer of the sweeps' form (in
+    channels, out channels, size, kernel, stride, padding, groups)."""
+    cin, cout, size, k, s, p, g = layer
+    return {"batch": batch, "input": [cin, size, size], "weight": [cout, cin // g, k, k],
+            "stride": [s, s], "padding": [p, p], "dilation": [1, 1], "transposed": False,
+            "output_padding": [0, 0], "groups": g, "dtype": dtype, "layout": layout,
+            **flags}
+
+
 def wide_configs(dry_run=False):
     """The wider sweep's (fields, parts, source), in order: every layer at the smaller
     batch first, so that a budget that runs out leaves whole batches out, not layers."""
@@ -312,13 +322,9 @@ def wide_configs(dry_run=False):
     defaults = cudnn_flags()
     for batch in batches:
         for dtype, layout in WIDE_KINDS:
-            for cin, cout, size, k, s, p, g in layers:
-                fields = {"batch": batch, "input": [cin, size, size],
-                          "weight": [cout, cin // g, k, k], "stride": [s, s],
-                          "padding": [p, p], "dilation": [1, 1], "transposed": False,
-                          "output_padding": [0, 0], "groups": g, "dtype": dtype,
-                          "layout": layout, **defaults}
-                yield fields, ["forward", "backward_input", "backward_weight"], "layers"
+            for layer in layers:
+                yield layer_fields(layer, batch, dtype, layout, defaults), \
+                    ["forward", "backward_input", "backward_weight"], "layers"
 
 
 def listed_configs(path):
@@ -348,8 +354,8 @@ def sweep_configs(quick, dry_run=False):
         else SWEEP_DTYPES
     flag_layers = () if dry_run else FLAG_LAYERS
     defaults = cudnn_flags()
-    for index, (cin, cout, size, k, s, p, g) in enumerate(layers):
-        with_bias = cin == 3 and k == 16  # ViT's patch embedding has a bias
+    for index, layer in enumerate(layers):
+        with_bias = layer[0] == 3 and layer[3] == 16  # ViT's patch embedding has a bias
         parts = ["forward", "backward_input", "backward_weight"] + (
             ["backward_bias"] if with_bias else [])
         for dtype in dtypes:
@@ -357,22 +363,14 @@ def sweep_configs(quick, dry_run=False):
                 ("contiguous", "channels_last")
             for layout in layouts:
                 for batch in batches:
-                    fields = {"batch": batch, "input": [cin, size, size],
-                              "weight": [cout, cin // g, k, k], "stride": [s, s],
-                              "padding": [p, p], "dilation": [1, 1], "transposed": False,
-                              "output_padding": [0, 0], "groups": g, "dtype": dtype,
-                              "layout": layout, **defaults}
-                    yield fields, parts, "sweep"
+                    yield layer_fields(layer, batch, dtype, layout, defaults), parts, "sweep"
         if index in flag_layers:
             for dtype in ("float32", "float16"):
                 for variant in FLAG_VARIANTS:
                     if "tf32" in variant and dtype != "float32":
                         continue
-                    fields = {"batch": 32, "input": [cin, size, size],
-                              "weight": [cout, cin // g, k, k], "stride": [s, s],
-                              "padding": [p, p], "dilation": [1, 1], "transposed": False,
-                              "output_padding": [0, 0], "groups": g, "dtype": dtype,
-                              "layout": "contiguous", **dict(defaults, **variant)}
+                    fields = layer_fields(layer, 32, dtype, "contiguous",
+                                          dict(defaults, **variant))
                     name = ",".join(f"{k}={v}" for k, v in variant.items())
                     yield fields, ["forward", "backward_input", "backward_weight"], \
                         f"sweep flags {name}"
