@@ -289,9 +289,8 @@ class Table:
     def _nearest(self, signature: ConvSignature, excluding=None) -> int | None:
         """The workspace of the measured layer of the same kind (part, dtype, layout,
         flags, kernel, stride, padding, dilation, grouping) nearest in channels and
-        pixels (on a
-        log scale), at its batch nearest this one's, times this signature's bytes of
-        input and output over that one's. cuDNN picks among few algorithms for one kind
+        pixels (on a log scale), at its batch nearest this one's, times this signature's
+        bytes of input and output over that one's. cuDNN picks among few algorithms for one kind
         of layer, and their workspaces follow the tensors they transform or tile; across
         kinds (a 1x1 against a 3x3, channels-last against contiguous) they do not, so
         no other kind stands in. None where the table has no layer of this kind
