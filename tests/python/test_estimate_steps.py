@@ -299,6 +299,30 @@ def test_max_batch_for_a_card_and_under_a_cap(tmp_path):
     assert cap_binds["allocator_bytes"] == 1 << 30
 
 
+def test_max_batch_that_fits_at_the_end_of_the_search_is_a_lower_bound(tmp_path):
+    """A model small enough to fit at the largest batch the search tries: the answer is
+    "at least" that batch, never "largest", since larger batches were not tried."""
+    import subprocess
+    import sys
+
+    config = _gpt2_config()
+    config.n_layer, config.n_embd, config.n_head, config.vocab_size = 1, 16, 2, 64
+    config.n_positions = 8
+    config.to_json_file(str(tmp_path / "config.json"))
+    out = subprocess.run([sys.executable, "-m", "vramkit", "estimate", "--model",
+                          str(tmp_path / "config.json"), "--seq", "8", "--max-batch",
+                          "--device-memory", "4G"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "largest batch" not in out.stdout
+    assert "larger batches were not tried: the largest is at least 4096" in out.stdout
+    as_json = subprocess.run([sys.executable, "-m", "vramkit", "estimate", "--model",
+                              str(tmp_path / "config.json"), "--seq", "8", "--max-batch",
+                              "--device-memory", "4G", "--json"],
+                             capture_output=True, text=True)
+    answer = json.loads(as_json.stdout)
+    assert answer["max_batch"] == 4096 and answer["at_least"] is True
+
+
 def test_a_card_and_a_cap_together_decide_by_the_tighter():
     """estimate() and find_max_batch() given both a card and a cap: the fit is decided
     under the one that leaves the allocator less, and the estimate says which."""

@@ -175,6 +175,8 @@ def _allocator_bytes(args) -> int:
 
 # The largest --batch and --seq: a dimension of a tensor PyTorch indexes with a C int.
 _MOST_TOKENS = (1 << 31) - 1
+# --max-batch searches batches up to this; one that fits there is reported as "at least".
+_MAX_BATCH_SEARCHED = 4096
 
 
 def _refused_command_line(args) -> str | None:
@@ -212,7 +214,8 @@ def _answer(args, first, work):
     fit = dict(device_memory=args.device_memory, memory_limit=args.cap, source=args.source)
     with _Progress("estimating"):
         if args.max_batch:
-            return find_max_batch(first.step, lambda n: work(n).build(), **fit)
+            return find_max_batch(first.step, lambda n: work(n).build(),
+                                  most=_MAX_BATCH_SEARCHED, **fit)
         if args.what_if:
             return advise(first.step, build=first.build, **fit,
                           make_batch=lambda n: work(n).build(), batch=args.batch)
@@ -246,11 +249,18 @@ def _report_plan(args, first, plan) -> int:
 
 def _report_max_batch(args, first, best) -> int:
     bound, words = _question(args)
+    # The search stops at _MAX_BATCH_SEARCHED: a batch that fits there is a lower bound,
+    # not the largest.
+    searched_to_end = best >= _MAX_BATCH_SEARCHED
     if args.json:
         print(json.dumps({"model": args.model, "max_batch": best,
+                          "at_least": searched_to_end, "largest_searched": _MAX_BATCH_SEARCHED,
                           "device_memory": args.device_memory, "cap": args.cap,
                           "bound": bound, "answered_for": words,
                           "allocator_bytes": _allocator_bytes(args)}))
+    elif searched_to_end:
+        print(f"batch {best} of {first.name.split(' batch ')[0]} fits {words} under vramkit; "
+              f"larger batches were not tried: the largest is at least {best}")
     else:
         print(f"largest batch of {first.name.split(' batch ')[0]} that fits "
               f"{words} under vramkit: {best}")

@@ -705,7 +705,8 @@ def find_max_batch(step_fn, make_batch, device_memory=None, mode: str = "predict
     ("vramkit", "torch" or "torch-expandable"). ``mode="measure"``: real steps on the GPU,
     starting from the prediction, recovering from each out-of-memory error (as
     accelerate's ``find_executable_batch_size`` and Lightning's batch size finder do), so
-    it needs few real tries. Returns 0 if not even ``start`` fits."""
+    it needs few real tries. Returns 0 if not even ``start`` fits, and ``most`` if it
+    fits (larger batches are not tried)."""
     if mode not in ("predict", "measure"):
         raise ValueError(f"find_max_batch(): mode must be 'predict' or 'measure', not {mode!r}")
     if allocator not in _FIT_OF:
