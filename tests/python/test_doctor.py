@@ -292,6 +292,26 @@ def test_others_from_a_pytorch_snapshot(tmp_path):
     assert json.loads(done.stdout)["cause"] == "others"
 
 
+def test_a_snapshots_request_larger_than_the_device(tmp_path):
+    """A request past the device is no setting's to serve, as the engine's own report of
+    it says: the doctor advises checking how its size was computed, never a smaller batch;
+    an entry asking nothing records no failure and is refused."""
+    snap = _torch_snapshot([(3 * MiB, "active_allocated", MODEL)], 200 * GiB, 8 * GiB)
+    path = tmp_path / "past_the_device.pickle"
+    path.write_bytes(pickle.dumps(snap, protocol=4))
+    d = diagnose(path, capacity="10G")
+    assert d.cause == "live" and d.numbers["max_request"] == 10 * GiB
+    assert "the request alone (200.0 GiB) is more than the device can hold" in d.summary
+    assert [f.text for f in d.fixes] == ["check how the request's size is computed: no "
+                                         "setting serves a request larger than the device"]
+    assert "batch" not in str(d)
+    snap = _torch_snapshot([(3 * MiB, "active_allocated", MODEL)], 0, 8 * GiB)
+    path.write_bytes(pickle.dumps(snap, protocol=4))
+    done = _doctor(path, "--capacity", "10G")
+    assert done.returncode == 2 and "asks 0 bytes" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_fragmentation_of_a_preallocation():
     # The same holes in a preallocation of the whole device: the vmm source and placement
     # settings would not move them (the region is mapped whole on every source), so the fix

@@ -349,6 +349,11 @@ def _setting_fixes(cause: str, n: dict) -> list[Fix]:
                 f"the pool maps whole segments of {_size(g)}", more or None)]
 
 
+# The one fix of a request larger than the device (the engine's max_request).
+_PAST_THE_DEVICE = Fix("check how the request's size is computed: no setting serves a request "
+                       "larger than the device", None)
+
+
 def _from_info(info: dict, estimate_fn, origin: str) -> Diagnosis:
     """The diagnosis of the engine's own figures and cause of an OOM."""
     cause = info.get("cause")
@@ -367,8 +372,7 @@ def _from_info(info: dict, estimate_fn, origin: str) -> Diagnosis:
         fixes = [_limit_fix(numbers["raise_limit_by"] or None, numbers["reserved"],
                             numbers["requested"], numbers["limit"], numbers["device_total"])]
     elif cause == "live" and numbers["max_request"]:
-        fixes = [Fix("check how the request's size is computed: no setting serves a request "
-                     "larger than the device", None)]
+        fixes = [_PAST_THE_DEVICE]
     elif cause == "live":
         fixes = _live_fixes(numbers["shortfall"] or None, estimate_fn, notes)
     elif cause == "others":
@@ -539,6 +543,10 @@ def _from_snapshot(snap, capacity: int | None, estimate_fn, origin: str) -> Diag
                          f"snapshot of device {device}", numbers, [], call_sites, [], notes)
     entry = oom[1]
     requested, device_free = entry["size"], entry["device_free"]
+    if requested <= 0:
+        raise DoctorInputError(f"{origin}: the out-of-memory entry of device_traces[{oom[0]}] "
+                               f"asks {requested} bytes: no allocator fails a request of "
+                               f"nothing, so it records no real failure")
     numbers.update(requested=requested, device_free=device_free)
     if _changed_after(snap, oom[0], entry):
         notes.append("memory was allocated or freed after the OOM: the blocks are those of "
@@ -550,9 +558,13 @@ def _from_snapshot(snap, capacity: int | None, estimate_fn, origin: str) -> Diag
     # have taken a new segment. The rest is the engine's rule (vram_oom_classify).
     from .. import _core
 
-    engine = _core.oom_classify(dict(numbers, capacity=capacity or 0, limit=None))
+    # As the pool's own check has it, the most one request may be is the device: past it,
+    # the engine's cause is live memory with max_request set, which no setting serves.
+    max_request = capacity if capacity is not None and requested > capacity else 0
+    engine = _core.oom_classify(dict(numbers, capacity=capacity or 0, limit=None,
+                                     max_request=max_request))
     numbers.update(others_bytes=engine["others_used"] if capacity else None,
-                   may_reserve=engine["may_reserve"])
+                   may_reserve=engine["may_reserve"], max_request=max_request or None)
     if largest < requested <= cached:
         cause = "fragmentation"
     elif device_free >= _segment_for(requested, expandable, "vramkit_version" not in settings):
@@ -565,6 +577,8 @@ def _from_snapshot(snap, capacity: int | None, estimate_fn, origin: str) -> Diag
         fixes = [_limit_fix(None, reserved, requested, None, capacity)]
     elif cause == "others":
         fixes = _others_fixes([], numbers)
+    elif max_request:
+        fixes = [_PAST_THE_DEVICE]
     else:
         shortfall = engine["shortfall"]
         if capacity is None:
