@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -437,6 +438,58 @@ def test_the_command_line_names_the_user_s_code_and_prints_no_library_warnings()
     assert out.returncode == 0 and out.stderr == "", out.stderr
 
 
+def test_foreign_names_are_shown_escaped_once(tmp_path):
+    """A configuration's path and VRAMKIT_SOURCE are the user's text: printed with their
+    control characters escaped, once (not Python's escapes escaped again), and a bad
+    VRAMKIT_SOURCE is the command line's fault (3), named, not the model file's."""
+    pytest.importorskip("transformers")
+    ansi = "\x1b[31m"
+    folder = tmp_path / f"m{ansi}"
+    folder.mkdir()
+    broken = tmp_path / f"c{ansi}.json"
+    broken.write_text("{bad")
+    good = tmp_path / f"g{ansi}.json"
+    good.write_text('{"model_type": "gpt2", "n_layer": 1, "n_embd": 16, "n_head": 2, '
+                    '"vocab_size": 64, "n_positions": 8}')
+
+    def estimate(model, *more, env=None):
+        return subprocess.run([sys.executable, "-m", "vramkit", "estimate", "--model",
+                               str(model), "--batch", "1", "--seq", "8", *more],
+                              capture_output=True, text=True, timeout=300,
+                              env=dict(os.environ, **(env or {})))
+
+    done = estimate(folder)
+    assert done.returncode == 2 and "m\\x1b[31m: a folder without" in done.stderr
+    done = estimate(broken)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("c\\x1b[31m.json") == 2 and "x5c" not in done.stderr
+    done = estimate(good, env={"VRAMKIT_SOURCE": ansi})
+    assert done.returncode == 3, done.stderr
+    assert done.stderr.startswith("vramkit estimate: VRAMKIT_SOURCE must be one of ")
+    assert "not '\\x1b[31m'" in done.stderr and "x5c" not in done.stderr
+    done = estimate(good, "--trace", str(tmp_path / f"t{ansi}.trace"))
+    assert done.returncode == 0, done.stderr
+    assert ansi not in done.stdout and "\x1b" not in done.stdout
+    assert "g\\x1b[31m.json batch 1x8" in done.stdout and "t\\x1b[31m.trace" in done.stdout
+
+
+def test_a_step_larger_than_any_device_does_not_fit(tmp_path):
+    """A usable configuration whose step holds more than the largest device the engine
+    models fits no card: exit 1 (does not fit), and the advice names the model's size,
+    not only the batch's."""
+    pytest.importorskip("transformers")
+    vast = tmp_path / "vast_vocabulary.json"
+    vast.write_text('{"model_type": "gpt2", "n_layer": 1, "n_embd": 64, "n_head": 2, '
+                    '"n_positions": 8, "vocab_size": 100000000000, "bos_token_id": null, '
+                    '"eos_token_id": null}')
+    done = subprocess.run([sys.executable, "-m", "vramkit", "estimate", "--model", str(vast),
+                           "--batch", "1", "--seq", "8"], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 1, done.stderr
+    assert "it fits no card; a smaller model, batch or sequence might" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_a_model_configuration_that_cannot_be_read_exits_2(tmp_path):
     pytest.importorskip("transformers")
     invalid = tmp_path / "invalid.json"
@@ -458,6 +511,11 @@ def test_a_model_configuration_that_cannot_be_read_exits_2(tmp_path):
     vast.write_text('{"model_type": "gpt2", "n_embd": %d}' % 10**23)
     nowhere = tmp_path / "nowhere.json"
     nowhere.write_text('{"model_type": "gpt2", "n_positions": -5}')
+    no_words = tmp_path / "no_words.json"  # built, then failed in PyTorch with a warning
+    no_words.write_text('{"model_type": "gpt2", "vocab_size": 0, "bos_token_id": null, '
+                        '"eos_token_id": null}')
+    no_patch = tmp_path / "no_patch.json"  # built, then failed in the step (exit 4)
+    no_patch.write_text('{"model_type": "vit", "image_size": 7, "patch_size": 16}')
     for model, says in ((readme, "README.md: not a usable model configuration"),
                         (endless, "endless.json: not a usable model configuration: n_layer "
                                   "is 99999999999: a count of blocks from 0 to 10,000"),
@@ -467,6 +525,10 @@ def test_a_model_configuration_that_cannot_be_read_exits_2(tmp_path):
                                   "n_positions is -5: a number of positions, 1 or more"),
                         (vast, f"vast.json: not a usable model configuration: n_embd is "
                                f"{10**23}, past a 64-bit integer"),
+                        (no_words, "no_words.json: not a usable model configuration: "
+                                   "vocab_size is 0: the size of a table of tokens"),
+                        (no_patch, "no_patch.json: not a usable model configuration: "
+                                   "image_size is 7, smaller than patch_size 16"),
                         (tmp_path / "typo.json", "typo.json: no such file"),
                         (unbuildable, "heads.json: not a usable model configuration: "
                                       "ValueError: `embed_dim` must be divisible"),
@@ -478,7 +540,7 @@ def test_a_model_configuration_that_cannot_be_read_exits_2(tmp_path):
                               capture_output=True, text=True, timeout=300)
         assert done.returncode == 2, (model, done.stderr)
         assert done.stderr.startswith("vramkit estimate: ") and says in done.stderr, done.stderr
-        assert "Traceback" not in done.stderr
+        assert "Traceback" not in done.stderr and "Warning" not in done.stderr
     # A plan for a step that checkpoints every block already always "fit without
     # checkpointing", whatever the cap.
     done = subprocess.run([sys.executable, "-m", "vramkit", "estimate", "--model", "gpt2",

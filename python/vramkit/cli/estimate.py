@@ -138,18 +138,20 @@ def _refused(error: Exception, model: str) -> int:
     from_file = os.path.isfile(model) or os.path.isdir(model)
     if from_file and isinstance(error, ValueError) and not isinstance(error, models.UnknownModel):
         # transformers refused a value of the user's configuration when building it.
-        return input_error("estimate", f"{model}: not a usable model configuration: {error}")
+        return input_error("estimate", models.unusable_config(model, str(error)))
     if isinstance(error, ValueError):
-        return usage_error("estimate", str(error))
+        # The message as raised: one that is shown text already is not escaped again.
+        return usage_error("estimate", error.args[0] if len(error.args) == 1 else str(error))
     if from_file and getattr(error, "in_build", False) and error.__cause__ is not None:
         # The model of the user's configuration could not be made (a head count that does
         # not divide the width): the file's fault too, not a step fake tensors cannot follow.
         cause = error.__cause__
         why = " ".join(f"{type(cause).__name__}: {cause}".split())[:300]
-        return input_error("estimate", f"{model}: not a usable model configuration: {why}")
+        return input_error("estimate", models.unusable_config(model, why))
     # An UntraceableStep, or an OSError: the --trace file or the scratch folder unwritable.
     print(f"vramkit estimate: {shown(str(error))}", file=sys.stderr)
-    return EXIT_FAILURE
+    from ..plan.estimator._step import LargerThanAnyDevice
+    return EXIT_DOES_NOT_FIT if isinstance(error, LargerThanAnyDevice) else EXIT_FAILURE
 
 
 def _question(args) -> tuple[str, str]:
@@ -185,12 +187,16 @@ def _refused_command_line(args) -> str | None:
         return "--model is needed: which model's step to estimate"
     if not (1 <= args.batch <= _MOST_TOKENS and 1 <= args.seq <= _MOST_TOKENS):
         return f"--batch and --seq must be from 1 to {_MOST_TOKENS}"
-    from ..plan.estimator import checked_size
+    from ..plan.estimator import checked_size, checked_source
     for option, value in (("--device-memory", args.device_memory), ("--cap", args.cap)):
         try:
             checked_size(value, option)
         except ValueError as error:
             return str(error)
+    try:  # --source, else VRAMKIT_SOURCE: a bad one is the command line's, not the model's
+        checked_source(args.source)
+    except ValueError as error:
+        return error.args[0]
     if (args.max_batch or args.plan_checkpointing) and not (args.device_memory or args.cap):
         return "--max-batch and --plan-checkpointing need --device-memory or --cap"
     if args.max_batch + args.what_if + args.plan_checkpointing > 1:
@@ -230,7 +236,7 @@ def _report_what_if(args, first, advice) -> int:
                           "rows": [vars(r) for r in advice.rows],
                           "min_device_memory": advice.min_device_memory}))
     else:
-        print(first.name)
+        print(shown(first.name))
         print(advice)
     return EXIT_OK
 
@@ -242,7 +248,7 @@ def _report_plan(args, first, plan) -> int:
                           "fits": plan.fits,
                           "peak_reserved": plan.estimate.peak_reserved}))
     else:
-        print(first.name)
+        print(shown(first.name))
         print(plan)
     return EXIT_OK if plan.fits else EXIT_DOES_NOT_FIT
 
@@ -259,10 +265,10 @@ def _report_max_batch(args, first, best) -> int:
                           "bound": bound, "answered_for": words,
                           "allocator_bytes": _allocator_bytes(args)}))
     elif searched_to_end:
-        print(f"batch {best} of {first.name.split(' batch ')[0]} fits {words} under vramkit; "
-              f"larger batches were not tried: the largest is at least {best}")
+        print(f"batch {best} of {shown(first.name.split(' batch ')[0])} fits {words} under "
+              f"vramkit; larger batches were not tried: the largest is at least {best}")
     else:
-        print(f"largest batch of {first.name.split(' batch ')[0]} that fits "
+        print(f"largest batch of {shown(first.name.split(' batch ')[0])} that fits "
               f"{words} under vramkit: {best}")
     return EXIT_OK if best else EXIT_DOES_NOT_FIT
 
@@ -271,7 +277,7 @@ def _report_estimate(args, first, result) -> int:
     if args.json:
         print(json.dumps({"model": args.model, "workload": first.name, **_as_json(result)}))
     else:
-        print(f"{first.name}")
+        print(shown(first.name))
         print(result)
     return EXIT_DOES_NOT_FIT if result.fits is False else EXIT_OK
 

@@ -22,6 +22,7 @@ import tempfile
 from dataclasses import dataclass, field
 
 from ... import _core
+from ..._shown import shown
 
 # cuBLAS keeps one workspace per handle, and PyTorch gives each thread that runs a matrix
 # product its own handle: the thread that runs forward and autograd's thread that runs
@@ -134,10 +135,10 @@ def format_estimate(e: Estimate) -> str:
     if e.top_sites:
         lines.append("  largest call sites at the peak:")
         for site, nbytes, count in e.top_sites[:5]:
-            lines.append(f"    {_gib(nbytes):>10}  {count:>5} blocks  {site}")
+            lines.append(f"    {_gib(nbytes):>10}  {count:>5} blocks  {shown(site)}")
     for note in e.notes:
         lines.append(f"  note: {note}")
-    lines.append(f"  trace: {e.trace}" + ("" if trace_is_kept(e) else
+    lines.append(f"  trace: {shown(e.trace)}" + ("" if trace_is_kept(e) else
                  " (removed at exit: trace_path, or --trace, keeps it)"))
     return "\n".join(lines)
 
@@ -336,7 +337,7 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
             raise TypeError(f"estimate(): variant must be a vramkit.estimator.variants."
                             f"Variant, not {type(variant).__name__}")
     bound, card, limit = tighter_bound(device_memory, memory_limit)
-    source = _checked_source(source)
+    source = checked_source(source)
     libraries = _workspace_libraries(model_workspaces)
     target = _step.choose_target(device, emulate)
     models_ = _workspace_models(target, libraries)
@@ -383,13 +384,15 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
         flops=recording.flops)
 
 
-def _checked_source(source: str | None) -> str:
+def checked_source(source: str | None) -> str:
     """The vramkit source to model: the argument, else VRAMKIT_SOURCE, else cuda."""
     from . import _replay
 
-    source = source or os.environ.get("VRAMKIT_SOURCE") or "cuda"
+    named = "estimate(): source"
+    if not source:
+        source, named = os.environ.get("VRAMKIT_SOURCE") or "cuda", "VRAMKIT_SOURCE"
     source = "cuda" if source == "auto" else source
-    _replay.check_source(source)
+    _replay.check_source(source, named)
     return source
 
 

@@ -11,17 +11,19 @@ same events go through :mod:`.torch_caching`, a model of PyTorch's caching alloc
 from __future__ import annotations
 
 from ... import _core
+from ..._shown import ShownText, shown
 from .. import _replaying
 from . import torch_caching
 
 
-def check_source(source: str) -> None:
+def check_source(source: str, named: str = "estimate(): source") -> None:
     """A source the estimate can model: any the engine names, but auto (which the caller
-    resolves first)."""
+    resolves first). ``named`` is where the value came from (the argument, or the
+    environment variable), for the message, which shows the value escaped once."""
     names = [name for name in _core.source_names() if name != "auto"]
     if source not in names:
-        raise ValueError(f"estimate(): source must be one of {', '.join(names)}, "
-                         f"not {source!r}")
+        raise ValueError(ShownText(f"{named} must be one of {', '.join(names)}, "
+                                   f"not '{shown(source)}'"))
 
 
 def write_trace(events, path: str, comment: str) -> int:
@@ -54,15 +56,15 @@ def vramkit_replay_uncapped(trace: str, source: str, peak_live: int,
     ``peak_live`` bytes fit it, else on one twice that, doubled until the step runs
     without running out of memory, as on a card large enough for it. A step larger than
     any device the engine models (_core.SIM_MAX_CAPACITY) cannot be estimated."""
-    from ._step import UntraceableStep
+    from ._step import LargerThanAnyDevice
 
     device = None if peak_live <= _core.SIM_DEFAULT_CAPACITY else 2 * peak_live
     while True:
         if device is not None and device > _core.SIM_MAX_CAPACITY:
-            raise UntraceableStep(
+            raise LargerThanAnyDevice(
                 f"estimate(): the step holds {peak_live:,} bytes at its peak, more than the "
-                f"largest device vramkit models ({_core.SIM_MAX_CAPACITY:,} bytes): a "
-                f"smaller batch or sequence")
+                f"largest device vramkit models ({_core.SIM_MAX_CAPACITY:,} bytes): it fits "
+                f"no card; a smaller model, batch or sequence might")
         result = vramkit_replay(trace, source, None, min_capacity, device)
         if not result.get("ooms"):
             return result

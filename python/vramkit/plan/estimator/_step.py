@@ -44,6 +44,11 @@ class UntraceableStep(RuntimeError):
     in_build = False
 
 
+class LargerThanAnyDevice(UntraceableStep):
+    """The step holds more at its peak than the largest device the engine models: it fits
+    no card, and no figures can be given for it."""
+
+
 class _ExplainedHere(logging.Filter):
     """Drops the fake-tensor module's logs of an exception (its ``log.exception`` calls,
     each with a whole traceback on stderr): the exception itself reaches the caller,

@@ -101,11 +101,11 @@ def config_for(model: str):
 
 def _config_file(transformers, model: str):
     """The configuration in a config.json, or in the one of a model folder."""
-    from ..._shown import shown
+    from ..._shown import ShownText, shown
 
     path = os.path.join(model, "config.json") if os.path.isdir(model) else model
     if not os.path.isfile(path):
-        raise BadConfig(f"{shown(model)}: a folder without a config.json")
+        raise BadConfig(ShownText(f"{shown(model)}: a folder without a config.json"))
     try:
         config = transformers.AutoConfig.from_pretrained(path)
     except ImportError:
@@ -119,7 +119,17 @@ def _config_file(transformers, model: str):
         why = _out_of_range(config)
         if why is None:
             return config
-    raise BadConfig(f"{shown(path)}: not a usable model configuration: {why}")
+    raise BadConfig(unusable_config(path, why))
+
+
+def unusable_config(path: str, why: str):
+    """The message of a configuration file that makes no usable model, as shown text: the
+    file named and escaped once. Where the reason quotes the path as Python writes it
+    (with escapes already), it quotes the path as given, so that it is not escaped twice."""
+    from ..._shown import ShownText, shown
+
+    why = why.replace(repr(path), f"'{path}'")
+    return ShownText(f"{shown(path)}: not a usable model configuration: {shown(why)}")
 
 
 # Fields that count modules the model builds one by one (blocks, experts): the estimate
@@ -131,12 +141,14 @@ _MODULE_COUNTS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers",
 MOST_MODULES = 10_000
 # The sizes of a table of positions (learned, or the rotary cache's length): 1 or more.
 _POSITION_COUNTS = ("n_positions", "max_position_embeddings", "n_ctx")
+# Sizes of a table the model looks tokens up in: none can be empty.
+_TABLE_SIZES = ("vocab_size",)
 
 
 def _out_of_range(config) -> str | None:
     """Why a configuration's numbers cannot describe a model, None if they can: a count of
-    blocks or experts below 0 or above MOST_MODULES, a table of fewer than one position,
-    an integer past 64 bits."""
+    blocks or experts below 0 or above MOST_MODULES, a table of fewer than one position or
+    token, an integer past 64 bits, an image smaller than one patch."""
     fields = config.to_dict()
     for name, value in fields.items():
         if isinstance(value, bool) or not isinstance(value, int):
@@ -145,8 +157,13 @@ def _out_of_range(config) -> str | None:
             return f"{name} is {value}: a count of blocks from 0 to {MOST_MODULES:,}"
         if name in _POSITION_COUNTS and value < 1:
             return f"{name} is {value}: a number of positions, 1 or more"
+        if name in _TABLE_SIZES and value < 1:
+            return f"{name} is {value}: the size of a table of tokens, 1 or more"
         if not -(1 << 63) <= value < (1 << 63):
             return f"{name} is {value}, past a 64-bit integer"
+    image, patch = fields.get("image_size"), fields.get("patch_size")
+    if isinstance(image, int) and isinstance(patch, int) and 0 < image < patch:
+        return f"image_size is {image}, smaller than patch_size {patch}: no patch fits"
     return None
 
 
