@@ -752,7 +752,7 @@ typedef struct vram_replay_result {
   uint64_t device_calls_after, device_calls_warm;
   double ns_per_op, ns_per_op_warm, baseline_ns_per_op; /* best of the passes */
   /* 1 found, 0 not asked, -1 none up to the search's top (vram_replay_min_capacity),
-   * -2 peak live past the sim's largest capacity: nothing to search. */
+   * -2 peak live past the sim's largest capacity, -3 nothing live: nothing to search. */
   int have_min_capacity;
   uint64_t min_capacity_bytes;
   vram_source_kind min_capacity_source; /* sim or sim:vmm: the source's host model */

@@ -260,7 +260,8 @@ static void random_print(int json, const random_workload_t *w, const random_meas
   printf("  ns per op            %10.1f\n", m->best_ns);
   printf("  peak live            %10.1f MiB\n", (double)w->peak_live / (double)MIB);
   printf("  peak reserved        %10.1f MiB\n", (double)m->peak_reserved / (double)MIB);
-  const reference_figures_t *pytorch = reference_lookup("random");
+  /* Found only while the sequence is still the one PyTorch was measured on. */
+  const reference_figures_t *pytorch = reference_lookup(w->op_count, w->peak_live);
   if (pytorch)
     printf("  reserved over live   %10.3f   (PyTorch native %.3f, expandable %.3f)\n", over_live,
            pytorch->native, pytorch->expandable);

@@ -129,9 +129,10 @@ void cli_report_pool_error(int status, const vram_options_t *opts) {
   if (status == VRAM_ENODRIVER)
     fprintf(stderr, "vramkit: no CUDA driver here; --source sim replays on the host model\n");
   if (status == VRAM_ENOMEM) cli_print_create_report();
+  /* replay refuses a --capacity past the sim's range itself: only the variable gets here. */
   if (status == VRAM_ESIMCAPACITY)
-    fprintf(stderr, "vramkit: the sim capacity asked is %zu bytes (--capacity or "
-                    "VRAMKIT_SIM_CAPACITY); the sim models 1 to %zu bytes\n",
+    fprintf(stderr, "vramkit: the sim capacity asked is %zu bytes (VRAMKIT_SIM_CAPACITY); "
+                    "the sim models 1 to %zu bytes\n",
             opts->sim_capacity, (size_t)VRAM_SIM_MAX_CAPACITY);
 }
 

@@ -83,6 +83,13 @@ static int dispatch(int argc, char **argv) {
     return CLI_EXIT_OK;
   }
   if (strcmp(command, "--version") == 0 || strcmp(command, "version") == 0) {
+    /* Refused like any argument no command takes: a script that passed more than it meant
+     * learns so, rather than reading the version as a success of what it asked. */
+    if (argc > 2) {
+      fprintf(stderr, "vramkit %s: unknown argument '%s' (see vramkit --help)\n", command,
+              cli_shown(argv[2]));
+      return CLI_EXIT_USAGE;
+    }
     printf("vramkit %s\n", VRAMKIT_VERSION);
     return CLI_EXIT_OK;
   }

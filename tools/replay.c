@@ -17,6 +17,9 @@
 /* VRAM_TRACE_DEFAULT_MAX_OPS as the help text writes it. */
 #define REPLAY_MAX_OPS_HELP "20,000,000"
 _Static_assert(VRAM_TRACE_DEFAULT_MAX_OPS == 20000000ull, "REPLAY_MAX_OPS_HELP is stale");
+/* VRAM_SIM_MAX_CAPACITY, the largest --capacity, as a SIZE the option reads back. */
+#define REPLAY_MAX_CAPACITY_HELP "256T"
+_Static_assert(VRAM_SIM_MAX_CAPACITY == (size_t)256 << 40, "REPLAY_MAX_CAPACITY_HELP is stale");
 
 static const char replay_usage[] =
     "usage: vramkit replay [options] TRACE...\n"
@@ -36,15 +39,17 @@ static const char replay_usage[] =
     "                  command creates no CUDA streams, so a 2-stream trace runs on one GPU\n"
     "                  stream there; per-stream effects are measured on sim.\n"
     "  --capacity SIZE hard limit on reserved memory (and the sim device's capacity), e.g.\n"
-    "                  14G. An op that runs out of memory is counted in 'ooms' and skipped\n"
-    "                  (its later free is ignored), and the exit status is 1. Without it the\n"
-    "                  sim device has " CLI_SIM_CAPACITY_HELP " (VRAMKIT_SIM_CAPACITY changes that).\n"
+    "                  14G, at most " REPLAY_MAX_CAPACITY_HELP ". An op that runs out of memory\n"
+    "                  is counted in 'ooms' and skipped (its later free is ignored), and the\n"
+    "                  exit status is 1. Without it the sim device has " CLI_SIM_CAPACITY_HELP
+    "\n                  (VRAMKIT_SIM_CAPACITY changes that).\n"
     "  --min-capacity  also find the smallest capacity under which the trace replays with no\n"
     "                  out-of-memory, by bisection to 1 MiB between peak live and 4x peak live\n"
     "                  (or the replay's peak reserved, if it had no out-of-memory and that is\n"
-    "                  more), on the host model of the source's family (sim for sim/cuda/managed,\n"
-    "                  sim:vmm for sim:vmm/vmm), whose capacity is at most 256 TiB: the search\n"
-    "                  stops there, and a trace live past it has none.\n"
+    "                  more), on the host model of the source's family (sim for sim, cuda and\n"
+    "                  managed, sim:vmm for sim:vmm and vmm), whose capacity is at most\n"
+    "                  256 TiB: the search stops there, and a trace live past it has none;\n"
+    "                  nor has a trace with nothing live ('-', JSON null).\n"
     "  --baseline      also time one open-addressing hash-table insert or delete per op over\n"
     "                  the same trace, a pass after each cold replay (best of --repeat), and\n"
     "                  report ns_per_op over that bare cost.\n"
@@ -60,7 +65,8 @@ static const char replay_usage[] =
     "                  streams is refused too.\n"
     "  --calls-after N also count the source calls of the cold pass that come after its\n"
     "                  first N ops (device_calls_after): 0 when a recorded training loop\n"
-    "                  has settled by the step that starts at op N.\n"
+    "                  has settled by the step that starts at op N; '-' (JSON null) for a\n"
+    "                  trace of fewer than N ops, which has nothing to count.\n"
     "  --json          one JSON object per trace per line instead of a table; it also gives\n"
     "                  device_calls (and device_calls_warm): the source's allocations and\n"
     "                  releases, i.e. driver calls on a GPU source, of the timed pass.\n"
@@ -104,6 +110,20 @@ static double reserved_over_live(const replay_result_t *r) {
   return ratio(r->peak_reserved_bytes, r->peak_live_bytes);
 }
 
+/* Whether the cold pass reached op N of --calls-after N, so that device_calls_after counts
+ * something: a trace of fewer ops (or a pool never made) has no op N, and its 0 would read
+ * as a loop that had settled. N equal to the op count is reached: nothing comes after. */
+static int calls_after_counted(const replay_settings_t *settings, const replay_result_t *r) {
+  return vram_replay_pool_made(r) && (uint64_t)settings->calls_after <= r->ops;
+}
+
+/* The smallest capacity over peak live, or 0 where the search found none to show (none
+ * asked, none up to its top, or nothing live to search for). */
+static double min_capacity_over_live(const replay_result_t *r) {
+  if (r->have_min_capacity <= 0) return 0.0;
+  return ratio(r->min_capacity_bytes, r->peak_live_bytes);
+}
+
 /* A figure of the table, or "-" where there is none: a time or a ratio is never 0. */
 static void print_figure(double value, int width, int precision) {
   if (value > 0)
@@ -144,12 +164,12 @@ static void print_result_row(const replay_settings_t *settings, const replay_res
   print_figure(r->ns_per_op, 8, 1);
   printf(" %5llu", (unsigned long long)r->ooms);
   if (settings->min_capacity) {
-    if (r->have_min_capacity > 0) {
+    if (min_capacity_over_live(r) > 0) {
       print_mib(r->min_capacity_bytes, 12);
-      printf(" %9.3f", ratio(r->min_capacity_bytes, r->peak_live_bytes));
+      print_figure(min_capacity_over_live(r), 9, 3);
     } else if (r->have_min_capacity == -1) {
-      printf(" %12s %9s", r->peak_live_bytes > VRAM_SIM_MAX_CAPACITY / 4 ? "> sim max" : "> 4x live",
-             "-");
+      printf(" %12s %9s",
+             r->peak_live_bytes > VRAM_SIM_MAX_CAPACITY / 4 ? "> sim max" : "> 4x live", "-");
     } else {
       printf(" %12s %9s", "-", "-");
     }
@@ -159,7 +179,10 @@ static void print_result_row(const replay_settings_t *settings, const replay_res
     print_figure(r->baseline_ns_per_op, 11, 1);
     print_figure(times_baseline(r->ns_per_op, r), 10, 2);
   }
-  if (settings->calls_after >= 0) printf(" %11llu", (unsigned long long)r->device_calls_after);
+  if (settings->calls_after >= 0 && calls_after_counted(settings, r))
+    printf(" %11llu", (unsigned long long)r->device_calls_after);
+  else if (settings->calls_after >= 0)
+    printf(" %11s", "-");
   printf("\n");
   fflush(stdout);
 }
@@ -180,18 +203,22 @@ static void print_result_json(const replay_settings_t *settings, const replay_re
     printf(", \"capacity_bytes\": %llu", (unsigned long long)settings->capacity);
   printf(", \"repeat\": %ld", settings->repeat);
   if (settings->min_capacity) {
-    if (r->have_min_capacity > 0)
+    if (min_capacity_over_live(r) > 0)
       printf(", \"min_capacity_bytes\": %llu, \"min_capacity_over_live\": %.3f",
-             (unsigned long long)r->min_capacity_bytes, ratio(r->min_capacity_bytes, r->peak_live_bytes));
+             (unsigned long long)r->min_capacity_bytes, min_capacity_over_live(r));
     else
       printf(", \"min_capacity_bytes\": null, \"min_capacity_over_live\": null");
     printf(", \"min_capacity_source\": ");
     cli_json_string(stdout, vram_source_name(r->min_capacity_source));
   }
   printf(", \"device_calls\": %llu", (unsigned long long)r->device_calls);
-  if (settings->calls_after >= 0)
-    printf(", \"calls_after_op\": %ld, \"device_calls_after\": %llu", settings->calls_after,
-           (unsigned long long)r->device_calls_after);
+  if (settings->calls_after >= 0) {
+    printf(", \"calls_after_op\": %ld", settings->calls_after);
+    if (calls_after_counted(settings, r))
+      printf(", \"device_calls_after\": %llu", (unsigned long long)r->device_calls_after);
+    else
+      printf(", \"device_calls_after\": null");
+  }
   if (settings->warm) {
     json_figure("ns_per_op_warm", r->ns_per_op_warm, 1);
     printf(", \"device_calls_warm\": %llu", (unsigned long long)r->device_calls_warm);
@@ -206,25 +233,35 @@ static void print_result_json(const replay_settings_t *settings, const replay_re
   fflush(stdout);
 }
 
+/* PyTorch's figures sit beside a row only when its trace is the op sequence they were
+ * measured on (reference_lookup matches op count and peak live bytes, never the name). */
 static void print_fragmentation_table(FILE *out, const replay_result_t *results, size_t count) {
+  int any_quoted = 0;
   fprintf(out, "\nFragmentation: peak reserved over peak live\n");
   fprintf(out, "%-20s %-8s %14s %14s %9s %16s %20s\n", "trace", "source", "peak live",
           "peak reserved", "vramkit", "PyTorch native", "PyTorch expandable");
   for (size_t i = 0; i < count; i++) {
     const replay_result_t *r = &results[i];
-    char live[32], reserved[32], native[16] = "-", expandable[16] = "-";
+    char live[32], reserved[32], ours[16] = "-", native[16] = "-", expandable[16] = "-";
     snprintf(live, sizeof live, "%.1f MiB", (double)r->peak_live_bytes / (double)MIB);
-    snprintf(reserved, sizeof reserved, "%.1f MiB", (double)r->peak_reserved_bytes / (double)MIB);
-    const reference_figures_t *reference = reference_lookup(r->name);
+    snprintf(reserved, sizeof reserved, "%.1f MiB",
+             (double)r->peak_reserved_bytes / (double)MIB);
+    if (reserved_over_live(r) > 0) /* "-" for nothing live, or a pool never made */
+      snprintf(ours, sizeof ours, "%.3f", reserved_over_live(r));
+    const reference_figures_t *reference = reference_lookup(r->ops, r->peak_live_bytes);
     if (reference) {
       snprintf(native, sizeof native, "%.3f", reference->native);
       snprintf(expandable, sizeof expandable, "%.3f", reference->expandable);
+      any_quoted = 1;
     }
-    fprintf(out, "%-20s %-8s %14s %14s %9.3f %16s %20s\n", cli_shown(r->name),
-            vram_source_name(r->source), live, reserved, ratio(r->peak_reserved_bytes, r->peak_live_bytes),
-            native, expandable);
+    fprintf(out, "%-20s %-8s %14s %14s %9s %16s %20s\n", cli_shown(r->name),
+            vram_source_name(r->source), live, reserved, ours, native, expandable);
   }
-  fprintf(out, "PyTorch's figures, for reference: %s.\n", reference_provenance);
+  if (any_quoted)
+    fprintf(out, "PyTorch's figures, for reference: %s.\n", reference_provenance);
+  else
+    fprintf(out, "PyTorch's figures: none were measured on these traces (recognised by op "
+                 "count and peak live bytes).\n");
 }
 
 /* What the library kept of a replay that went wrong, or ran out of memory, on stderr. */
@@ -338,6 +375,14 @@ static int parse_valued(int argc, char **argv, int *i, replay_settings_t *settin
     if (matched < 0 || cli_parse_size("--capacity", value, &settings->capacity) != 0) return -1;
     if (settings->capacity == 0) {
       fprintf(stderr, "vramkit: --capacity must be more than 0\n");
+      return -1;
+    }
+    /* The capacity sizes the sim device too, and no device addresses more: past it the
+     * value is the command line's mistake, refused here rather than by the pool. */
+    if (settings->capacity > VRAM_SIM_MAX_CAPACITY) {
+      fprintf(stderr, "vramkit: --capacity: '%s' is more than the largest capacity accepted, "
+                      "%s (%zu bytes)\n", cli_shown(value), REPLAY_MAX_CAPACITY_HELP,
+              (size_t)VRAM_SIM_MAX_CAPACITY);
       return -1;
     }
     settings->have_capacity = 1;

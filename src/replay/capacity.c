@@ -142,8 +142,12 @@ int vram_replay_min_capacity(const vram_replay_trace_t *handle, const vram_optio
     result->have_min_capacity = -2;
     return VRAM_OK;
   }
+  if (trace->peak_live_bytes == 0) {
+    /* Any capacity holds nothing: a smallest one of 0 bytes, over 0 live, is no figure. */
+    result->have_min_capacity = -3;
+    return VRAM_OK;
+  }
   result->have_min_capacity = 1;
-  if (trace->peak_live_bytes == 0) return VRAM_OK;
   /* Peak live is at most 2^48 here: four times it cannot overflow. */
   uint64_t low = trace->peak_live_bytes / MIB;
   uint64_t high = (4 * trace->peak_live_bytes + MIB - 1) / MIB;

@@ -63,6 +63,16 @@ static void t_smallest_capacity_of_a_trace_smaller_than_a_segment(void **state) 
   assert_int_equal(r.min_capacity_bytes, 2u << 20);
 }
 
+/* Nothing live (zero-byte blocks): any capacity holds it, so the search has nothing to
+ * find, not a smallest capacity of 0 bytes. */
+static void t_no_smallest_capacity_of_nothing_live(void **state) {
+  (void)state;
+  vram_replay_result r;
+  replay_on_sim_with_min_capacity("# vramkit-trace v1\na 1 0 0 1\nf 1 0 2\n", &r);
+  assert_int_equal(r.peak_live_bytes, 0);
+  assert_int_equal(r.have_min_capacity, -3);
+}
+
 static void t_oom_counted_with_its_report(void **state) {
   (void)state;
   char *path = temp_trace(two_then_one);
@@ -110,6 +120,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(t_figures_of_a_pass),
       cmocka_unit_test(t_smallest_capacity_of_a_trace_smaller_than_a_segment),
+      cmocka_unit_test(t_no_smallest_capacity_of_nothing_live),
       cmocka_unit_test(t_oom_counted_with_its_report),
       cmocka_unit_test(t_errors_are_statuses),
   };

@@ -28,6 +28,20 @@ def test_same_figures_as_the_command(source):
     assert {k: ours[k] for k in FIGURES} == {k: command[k] for k in FIGURES}
 
 
+@pytest.mark.parametrize("ops", ["", "a 1 0 0 1\nf 1 0 2\n"])
+def test_nothing_live_has_no_smallest_capacity_here_or_in_the_command(tmp_path, ops):
+    """A trace with nothing live fits any capacity: the search has no figure to give, None
+    in process and null from the command, never a capacity of 0 over 0 live."""
+    path = tmp_path / "nothing.trace"
+    path.write_text("# vramkit-trace v1\n" + ops)
+    ours = vramkit.replay(path, min_capacity=True)
+    assert ours["min_capacity_bytes"] is None and ours["min_capacity_over_live"] is None
+    done = subprocess.run([str(cli.binary_path()), "replay", "--json", "--repeat", "1",
+                           "--min-capacity", str(path)], capture_output=True, text=True, env={})
+    command = json.loads(done.stdout.splitlines()[-1])
+    assert command["min_capacity_bytes"] is None and command["min_capacity_over_live"] is None
+
+
 def test_out_of_memory_is_a_figure_with_its_report(tmp_path):
     path = tmp_path / "t.trace"
     path.write_text("# vramkit-trace v1\na 1 8388608 0 1\na 2 8388608 0 2\n")
