@@ -370,6 +370,15 @@ static PyObject *core_warn_unknown_variables(PyObject *module, PyObject *Py_UNUS
   Py_RETURN_NONE;
 }
 
+/* The engine's reading of the VRAMKIT_* environment, for the Python subcommands, which may
+ * make no pool: None when it takes every variable, else why not (env_problem). */
+static PyObject *core_environment_problem(PyObject *module, PyObject *Py_UNUSED(ignored)) {
+  (void)module;
+  char problem[2200];
+  if (!env_problem(problem, sizeof problem)) Py_RETURN_NONE;
+  return PyUnicode_FromString(problem);
+}
+
 /* The library's table of VRAMKIT_* variables, so that no Python module keeps a list. */
 static PyObject *core_env_variables(PyObject *module, PyObject *Py_UNUSED(ignored)) {
   PyObject *rows = PyList_New(0);
@@ -475,6 +484,9 @@ static PyMethodDef core_methods[] = {
     {"warn_unknown_variables", core_warn_unknown_variables, METH_NOARGS,
      PyDoc_STR("warn_unknown_variables(/)\n--\n\nWarn on stderr, once per process, of each "
                "VRAMKIT_* variable vramkit does not read, naming the nearest it does.")},
+    {"environment_problem", core_environment_problem, METH_NOARGS,
+     PyDoc_STR("environment_problem(/)\n--\n\nNone if the engine takes every VRAMKIT_* "
+               "variable set, else its message naming the variable and quoting the value.")},
     {"env_variables", core_env_variables, METH_NOARGS,
      PyDoc_STR("env_variables(/)\n--\n\n((name, help, pool_option), ...): the VRAMKIT_* "
                "variables vramkit reads, from the library's one table.")},

@@ -75,6 +75,9 @@ VRAMKIT_PY_INTERNAL PyObject *status_type(core_state *st, int status);
 VRAMKIT_PY_INTERNAL PyObject *new_error(core_state *st, int status, PyObject *message, PyObject *report);
 VRAMKIT_PY_INTERNAL PyObject *raise_message(core_state *st, int status, PyObject *message, PyObject *report);
 VRAMKIT_PY_INTERNAL PyObject *raise_io_error(const char *text);
+/* Whether the VRAMKIT_* environment is one the engine refuses: 1 with its message (the
+ * variable named, the value quoted, escaped) in out, 0 when every variable is good. */
+VRAMKIT_PY_INTERNAL int env_problem(char *out, size_t cap);
 VRAMKIT_PY_INTERNAL const char *reason_of(const char *why, const char *variable);
 VRAMKIT_PY_INTERNAL PyObject *raise_bad_device(core_state *st, int device, vram_source_kind kind);
 VRAMKIT_PY_INTERNAL PyObject *raise_sim_capacity(core_state *st, int device, size_t capacity);

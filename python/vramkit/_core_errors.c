@@ -153,20 +153,28 @@ const char *reason_of(const char *why, const char *variable) {
   return why;
 }
 
-/* A bad VRAMKIT_* variable: ask the engine which one; its message names the variable and
- * quotes the value, so the user sees the line to fix. */
-static PyObject *raise_env_error(core_state *st) {
+int env_problem(char *out, size_t cap) {
   vram_options_t probe;
   const char *why = NULL;
   vram_options_init(&probe);
-  vram_options_from_env(&probe, &why);
-  if (why == NULL)
-    return raise_message(st, VRAM_EENV, PyUnicode_FromString(vram_strerror(VRAM_EENV)), NULL);
+  if (vram_options_from_env(&probe, &why) == VRAM_OK) return 0;
+  if (why == NULL) {
+    snprintf(out, cap, "%s", vram_strerror(VRAM_EENV));
+    return 1;
+  }
   /* The value came from the environment: shown escaped, as every foreign text is. */
   char shown[2048];
   vram_escape_text(shown, sizeof shown, why, strlen(why));
-  return raise_message(st, VRAM_EENV, PyUnicode_FromFormat("environment variable %s", shown),
-                       NULL);
+  snprintf(out, cap, "environment variable %s", shown);
+  return 1;
+}
+
+/* A bad VRAMKIT_* variable: the engine's message names the variable and quotes the value,
+ * so the user sees the line to fix. */
+static PyObject *raise_env_error(core_state *st) {
+  char problem[2200];
+  env_problem(problem, sizeof problem);
+  return raise_message(st, VRAM_EENV, PyUnicode_FromString(problem), NULL);
 }
 
 /* Where a device's pool takes its memory when none is configured: the source the
@@ -407,6 +415,17 @@ int stream_converter(PyObject *obj, void *out) {
                    Py_TYPE(obj)->tp_name);
       return 0;
     }
+  }
+  PyObject *zero = PyLong_FromLong(0);
+  int negative = zero ? PyObject_RichCompareBool(handle, zero, Py_LT) : -1;
+  Py_XDECREF(zero);
+  if (negative != 0) {
+    /* PyLong_AsVoidPtr would take -1 as the all-ones pointer: a handle is never below 0. */
+    if (negative > 0)
+      PyErr_Format(PyExc_OverflowError, "stream handle %R is not a pointer (0 to 2**64 - 1)",
+                   handle);
+    Py_DECREF(handle);
+    return 0;
   }
   *stream = PyLong_AsVoidPtr(handle);
   if (PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_OverflowError)) {

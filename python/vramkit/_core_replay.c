@@ -16,7 +16,11 @@ static int pool_options(core_state *st, const char *source, PyObject *settings,
                         vram_options_t *opts) {
   vram_options_init(opts);
   if (vram_source_parse(source, &opts->source) != VRAM_OK) {
-    PyErr_Format(PyExc_ValueError, "replay(): unknown source %R", PyUnicode_FromString(source));
+    PyObject *name = PyUnicode_DecodeFSDefault(source);
+    if (name != NULL) {
+      PyErr_Format(PyExc_ValueError, "replay(): unknown source %R", name);
+      Py_DECREF(name);
+    }
     return -1;
   }
   if (settings == Py_None) return 0;

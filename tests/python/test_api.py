@@ -512,6 +512,12 @@ def test_bools_are_neither_devices_nor_streams():
             call()
     with pytest.raises(OverflowError, match="device 4294967296 is out of range"):
         _core.stats(1 << 32)
+    # A negative handle is no pointer, as one past 64 bits is not: never the all-ones one.
+    for handle in (-1, 2**64):
+        with pytest.raises(OverflowError, match="is not a pointer"):
+            vramkit.empty(512, stream=handle)
+        with pytest.raises(OverflowError, match="is not a pointer"):
+            buf.record_stream(handle)
     buf.free()
 
 

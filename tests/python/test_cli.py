@@ -119,6 +119,30 @@ def test_error_exit_statuses_follow_the_help(script, binary, tmp_path):
         assert message in mine.stderr and mine.stderr == theirs.stderr
 
 
+def test_every_subcommand_refuses_a_bad_variable_as_the_c_command_does(script, tmp_path):
+    """A VRAMKIT_* value the engine refuses is a bad command line (3) in every subcommand,
+    named with its value, as the C command has it, whether or not the run makes a pool;
+    asking for help or the version reads no variable."""
+    trace = TRACES[0]
+    commands = (["doctor", trace], ["plot", trace, "-o", tmp_path / "p.html"],
+                ["top", "--once"], ["export", "--once"],
+                ["estimate", "--model", "gpt2", "--batch", "1", "--seq", "8"],
+                ["replay", "--repeat", "1", trace])
+    for variable, value in (("VRAMKIT_LIMIT", "1X"), ("VRAMKIT_LEAK_REPORT", "maybe")):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("VRAMKIT_")}
+        env[variable] = value
+        for args in commands:
+            done = subprocess.run([str(script), *map(str, args)], env=env,
+                                  capture_output=True, text=True, timeout=300)
+            assert done.returncode == 3, (args, done.stderr)
+            assert f"{variable}: '{value}' is not a" in done.stderr, (args, done.stderr)
+            assert "Traceback" not in done.stderr
+        for args in (["version"], ["doctor", "--help"], ["estimate", "-h"]):
+            done = subprocess.run([str(script), *args], env=env, capture_output=True,
+                                  text=True, timeout=300)
+            assert done.returncode == 0, (args, done.stderr)
+
+
 def test_python_m_vramkit_is_the_same_command(script):
     as_module = run(sys.executable, "-m", "vramkit", "replay", "--capacity")
     as_script = run(script, "replay", "--capacity")

@@ -438,7 +438,7 @@ def test_the_command_line_names_the_user_s_code_and_prints_no_library_warnings()
     assert out.returncode == 0 and out.stderr == "", out.stderr
 
 
-def test_foreign_names_are_shown_escaped_once(tmp_path):
+def test_foreign_names_are_shown_escaped_once(tmp_path, monkeypatch):
     """A configuration's path and VRAMKIT_SOURCE are the user's text: printed with their
     control characters escaped, once (not Python's escapes escaped again), and a bad
     VRAMKIT_SOURCE is the command line's fault (3), named, not the model file's."""
@@ -465,12 +465,18 @@ def test_foreign_names_are_shown_escaped_once(tmp_path):
     assert done.stderr.count("c\\x1b[31m.json") == 2 and "x5c" not in done.stderr
     done = estimate(good, env={"VRAMKIT_SOURCE": ansi})
     assert done.returncode == 3, done.stderr
-    assert done.stderr.startswith("vramkit estimate: VRAMKIT_SOURCE must be one of ")
-    assert "not '\\x1b[31m'" in done.stderr and "x5c" not in done.stderr
+    assert done.stderr.startswith("vramkit estimate: environment variable VRAMKIT_SOURCE: "
+                                  "'\\x1b[31m' is not a source")
+    assert "x5c" not in done.stderr
     done = estimate(good, "--trace", str(tmp_path / f"t{ansi}.trace"))
     assert done.returncode == 0, done.stderr
     assert ansi not in done.stdout and "\x1b" not in done.stdout
     assert "g\\x1b[31m.json batch 1x8" in done.stdout and "t\\x1b[31m.trace" in done.stdout
+    # From Python, the estimate's own check names the variable the same way.
+    from vramkit.plan.estimator import checked_source
+    monkeypatch.setenv("VRAMKIT_SOURCE", ansi)
+    with pytest.raises(ValueError, match=r"VRAMKIT_SOURCE must be one of .*not '\\x1b"):
+        checked_source(None)
 
 
 def test_a_step_larger_than_any_device_does_not_fit(tmp_path):

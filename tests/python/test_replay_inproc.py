@@ -42,6 +42,28 @@ def test_nothing_live_has_no_smallest_capacity_here_or_in_the_command(tmp_path, 
     assert command["min_capacity_bytes"] is None and command["min_capacity_over_live"] is None
 
 
+def test_arguments_are_checked_before_the_engine_sees_them(tmp_path):
+    """What the command's options refuse, the function refuses too, naming the argument:
+    no pass count that runs for hours, no True taken as one byte, no capacity 0 read as
+    no cap, no negative bound; a capacity may be given as the command writes it."""
+    path = tmp_path / "t.trace"
+    path.write_text("# vramkit-trace v1\na 1 8388608 0 1\nf 1 0 2\n")
+    for kwargs, error, says in (
+            (dict(repeat=10**9), ValueError, "repeat must be a whole number from 1 to 1,000"),
+            (dict(repeat=1.5), ValueError, "repeat"), (dict(repeat=True), ValueError, "repeat"),
+            (dict(repeat="3"), ValueError, "repeat"), (dict(max_ops=-1), ValueError, "max_ops"),
+            (dict(max_ops=10**30), ValueError, "max_ops"),
+            (dict(capacity=0), ValueError, "capacity must be positive"),
+            (dict(capacity=-5), ValueError, "capacity must be positive"),
+            (dict(capacity=True), TypeError, "capacity must be a size"),
+            (dict(capacity="1X"), ValueError, "capacity"),
+            (dict(settings="x"), TypeError, "settings must be a mapping")):
+        with pytest.raises(error, match=says):
+            vramkit.replay(path, **kwargs)
+    assert vramkit.replay(path, capacity="16M")["capacity_bytes"] == 16 << 20
+    assert vramkit.replay(path, capacity=16 << 20, repeat=2, max_ops=10)["ooms"] == 0
+
+
 def test_out_of_memory_is_a_figure_with_its_report(tmp_path):
     path = tmp_path / "t.trace"
     path.write_text("# vramkit-trace v1\na 1 8388608 0 1\na 2 8388608 0 2\n")

@@ -192,9 +192,28 @@ def _warn_unknown_variables() -> None:
     _core.warn_unknown_variables()
 
 
+def _refused_environment(command: str, args: list[str]) -> int | None:
+    """EXIT_USAGE, with the engine's message, where a VRAMKIT_* variable holds a value the
+    engine refuses, as the C command refuses it: every tool reads these variables, whether
+    or not this run makes a pool, so a bad one is never ignored. Asking for help, or the
+    version, reads none."""
+    if command == "version" or any(a in ("-h", "--help") for a in args):
+        return None
+    from .. import _core
+
+    problem = _core.environment_problem()
+    if problem is None:
+        return None
+    print(f"vramkit {command}: {problem}", file=sys.stderr)
+    return EXIT_USAGE
+
+
 def _dispatch(args: list[str]) -> int:
     if args and args[0] in COMMANDS:
         _warn_unknown_variables()  # the C subcommands warn for themselves
+        refused = _refused_environment(args[0], args[1:])
+        if refused is not None:
+            return refused
         return COMMANDS[args[0]].run(args[1:])
     if len(args) == 2 and args[0] == "help" and args[1] in COMMANDS:
         return COMMANDS[args[1]].run(["--help"])

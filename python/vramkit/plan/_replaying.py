@@ -16,8 +16,15 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Mapping
 
 from .. import _core
+from ._sizes import checked_size
+
+# The most passes one replay times, as the command's --repeat takes them.
+MOST_REPEATS = 1000
+# The most ops a trace may be allowed: the engine counts them in a signed 64-bit integer.
+_MOST_OPS = (1 << 63) - 1
 
 # The pool settings that change where blocks go, and so what fits, without changing the
 # device or its cap: the ones a replay may take from the user's environment.
@@ -46,6 +53,9 @@ def replay(path, source: str = "sim", capacity: int | None = None,
     ns_per_op and reserved_over_live are None where no op ran (a pool whose
     preallocation did not fit the capacity is never made: one out-of-memory, nothing
     timed).
+    ``capacity`` is None (no cap) or a size above 0 (bytes, or a string such as '24G');
+    ``repeat`` from 1 to MOST_REPEATS; ``max_ops`` None (the engine's default bound) or 1
+    or more; anything else raises ValueError or TypeError naming the argument.
     Out-of-memory is a figure, not an error. A path that names no file raises
     FileNotFoundError, a folder IsADirectoryError, a file that cannot be read or
     decompressed OSError; a malformed record or a bad setting raises vramkit.VramError
@@ -53,6 +63,15 @@ def replay(path, source: str = "sim", capacity: int | None = None,
     ``host_model=True`` replays on the engine's host model of ``source`` (sim for cuda and
     managed, sim:vmm for vmm: what a machine without a GPU can measure of them).
     """
+    capacity = checked_size(capacity, "replay(): capacity")
+    for name, value, most in (("repeat", repeat, MOST_REPEATS),
+                              ("max_ops", 1 if max_ops is None else max_ops, _MOST_OPS)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+            raise ValueError(f"replay(): {name} must be a whole number from 1 to {most:,}, "
+                             f"not {value!r}")
+    if settings is not None and not isinstance(settings, Mapping):
+        raise TypeError(f"replay(): settings must be a mapping of VRAMKIT_* names to values, "
+                        f"not {type(settings).__name__}")
     path = os.fspath(path)
     # What Python's own readers raise for a path that names no file or a folder (os.stat,
     # not open(): a named pipe would wait for its writer, and the engine opens it itself).
@@ -60,6 +79,6 @@ def replay(path, source: str = "sim", capacity: int | None = None,
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
     pairs = tuple((str(k), str(v)) for k, v in (settings or {}).items())
     return _core.replay(path, source=source, capacity=capacity or 0,
-                        min_capacity=bool(min_capacity), repeat=int(repeat), settings=pairs,
-                        max_ops=-1 if max_ops is None else int(max_ops),
+                        min_capacity=bool(min_capacity), repeat=repeat, settings=pairs,
+                        max_ops=-1 if max_ops is None else max_ops,
                         host_model=bool(host_model))

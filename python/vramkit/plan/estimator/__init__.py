@@ -21,8 +21,8 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 
-from ... import _core
 from ..._shown import shown
+from .._sizes import checked_size
 
 # cuBLAS keeps one workspace per handle, and PyTorch gives each thread that runs a matrix
 # product its own handle: the thread that runs forward and autograd's thread that runs
@@ -222,34 +222,6 @@ def _count(caller: str, name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{caller}(): {name} must be a positive int, not {value!r}")
     return value
-
-
-def checked_size(value, what: str) -> int | None:
-    """A card's memory or a cap as bytes (None stays None): an int above 0 or a string
-    like '24G', up to the largest device vramkit models. TypeError or ValueError that
-    names ``what`` otherwise (the command line passes its option's name)."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise TypeError(f"{what} must be a size in bytes or a string like '24G', not "
-                        f"{type(value).__name__}")
-    if isinstance(value, int):
-        if value <= 0:
-            raise ValueError(f"{what} must be positive, not {value}")
-        nbytes = value
-    else:
-        try:
-            nbytes, fraction = _core.parse_size(value)
-        except ValueError as error:
-            raise ValueError(f"{what}: {error}") from None
-        if fraction or nbytes <= 0:
-            raise ValueError(f"{what} must be a size above 0 like '24G', not {value!r}")
-    if nbytes > _core.SIM_MAX_CAPACITY:
-        # Checked before the step runs: past it the replay cannot model the device (and an
-        # int past 64 bits would wrap to a small cap on its way to the engine).
-        raise ValueError(f"{what} of {nbytes:,} bytes is more than the largest device "
-                         f"vramkit models ({_core.SIM_MAX_CAPACITY >> 40} TiB)")
-    return nbytes
 
 
 def _size(value, what: str) -> int | None:
