@@ -381,10 +381,11 @@ elseif(CASE STREQUAL "exit_status_help")
                "4  failure" "5  missing optional package")
   endforeach()
   run(STATUS 3 ARGS no-such-command STDERR "unknown command 'no-such-command'")
-  # --version takes nothing after it: anything there is refused as any other command's
-  # unexpected argument is, not passed over with a success.
+  # --version and --help take nothing after them: anything there is refused as any other
+  # command's unexpected argument is, not passed over with a success.
   run(STATUS 0 ARGS --version STDOUT "^vramkit [0-9]")
-  foreach(command "--version;extra" "--version;--bogus" "version;extra")
+  foreach(command "--version;extra" "--version;--bogus" "version;extra" "--help;extra"
+                  "-h;--bogus")
     list(GET command 0 word)
     list(GET command 1 extra)
     run(STATUS 3 ARGS ${command}

@@ -61,6 +61,12 @@ static int dispatch(int argc, char **argv) {
     return CLI_EXIT_USAGE;
   }
   const char *command = argv[1];
+  if (cli_is_help(command) && argc > 2) {
+    /* "help replay" names a command; after --help a word is one the script did not mean. */
+    fprintf(stderr, "vramkit %s: unknown argument '%s' (see vramkit --help)\n", command,
+            cli_shown(argv[2]));
+    return CLI_EXIT_USAGE;
+  }
   if (cli_is_help(command) || strcmp(command, "help") == 0) {
     /* "vramkit help replay" reads naturally; send it to the command's own --help. */
     if (argc > 3 && strcmp(command, "help") == 0) {

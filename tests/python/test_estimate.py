@@ -130,7 +130,8 @@ def test_real_objects_are_left_untouched():
     (dict(steps=0), ValueError), (dict(device_memory="lots"), ValueError),
     (dict(device_memory=-5), ValueError), (dict(device_memory=1.5), TypeError),
     (dict(source="nope"), ValueError), (dict(device_memory="8G", memory_limit="-4G"), ValueError),
-    (dict(device="cpu"), ValueError),
+    (dict(device="cpu"), ValueError), (dict(device="bogus"), ValueError),
+    (dict(emulate="yes"), TypeError),
     # Past the largest device modelled: an int past 64 bits wrapped to a small cap ("does
     # not fit"), and "300T" failed after the step ran, in the host model's words.
     (dict(memory_limit=2**64 + 1000), ValueError), (dict(device_memory="300T"), ValueError),

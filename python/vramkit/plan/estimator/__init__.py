@@ -294,6 +294,9 @@ def estimate(step_fn, *args, device_memory=None, source: str | None = None,
 
     if not callable(step_fn):
         raise TypeError("estimate(): step_fn must be callable")
+    if emulate is not None and not isinstance(emulate, bool):
+        # "no" would read as true: which target ran must be what was asked.
+        raise TypeError(f"estimate(): emulate must be True, False or None, not {emulate!r}")
     if inspect.isgeneratorfunction(step_fn) or inspect.iscoroutinefunction(step_fn) or \
             inspect.isasyncgenfunction(step_fn):
         # Calling one runs none of its body: the estimate would be of a step doing nothing.

@@ -80,7 +80,11 @@ class Target:
 
 def choose_target(device: str | torch.device = "cuda", emulate: bool | None = None) -> Target:
     """Fake CUDA tensors where a GPU is present, else (or if ``emulate``) a CPU for it."""
-    device = torch.device(device)
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as error:  # PyTorch's words for a name it cannot parse
+        raise ValueError(f"estimate(): device must be a CUDA device such as 'cuda' or "
+                         f"'cuda:1', not {device!r} ({error})") from None
     if device.type != "cuda":
         raise ValueError(f"estimate(): device must be a CUDA device, not {device}")
     if not emulate and torch.cuda.is_available():
