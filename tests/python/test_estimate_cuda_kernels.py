@@ -93,6 +93,37 @@ def test_attention_with_a_learned_mask_takes_the_fused_kernel():
     assert learned.peak_allocated - detached.peak_allocated == _SCORES * 4
 
 
+class _MaskMadeInTheStep(_LearnedBiasAttention):
+    """The additive mask made in the forward pass, as transformers combines a position
+    bias with a padding or causal mask (T5 under transformers 5.25): nothing but the
+    attention kernel holds it afterwards."""
+
+    def forward(self, x):
+        q = self.proj(x)
+        mask = self.bias.detach() * 2
+        return torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+
+
+def test_the_fused_kernel_keeps_its_additive_mask_for_backward():
+    """CUDA's memory-efficient kernel keeps the additive mask it was given until its
+    backward, which reads it again: a mask made in the step lives until then, one batch x
+    heads x rows x keys of fp32 more at the peak than a mask that is a parameter's storage.
+    (The card's per-op log of T5 under transformers 5.25 keeps one such mask per layer;
+    the stand-in dropped them, 1.2% short.)"""
+    def build(module):
+        def make():
+            net = module(_HEADS, _ROWS, _WIDTH, False).to("cuda")
+            return net, torch.optim.SGD(net.parameters(), lr=0.1), \
+                torch.randn(_BATCH, _HEADS, _ROWS, _WIDTH, device="cuda")
+        return make
+
+    made = vramkit.estimate(_plain_step, build=build(_MaskMadeInTheStep),
+                            model_workspaces=False)
+    stored = vramkit.estimate(_plain_step, build=build(_LearnedBiasAttention),
+                              model_workspaces=False)
+    assert made.peak_allocated - stored.peak_allocated == _HEADS * _ROWS * _ROWS * 4
+
+
 def test_attention_with_a_mask_not_contiguous_keeps_what_cuda_keeps():
     """PyTorch's fused attention kernels refuse a mask whose last dimension is not
     contiguous, so CUDA runs its composite attention, which keeps the fp32 softmax of the

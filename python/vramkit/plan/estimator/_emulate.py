@@ -172,14 +172,15 @@ def _fused_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
     if kernel == "composite":
         return _composite_attention(query, key, value, attn_mask, dropout_p, is_causal,
                                     scale, enable_gqa)
-    if learned:
-        # The kernel takes the mask expanded to the scores' shape, and autograd sums its
-        # gradient back through the expansion, after the kernel's backward has let go.
-        scores = query.shape[:-1] + key.shape[-2:-1]
-        if torch.is_autocast_enabled("cpu") and attn_mask.is_floating_point():
+    if attn_mask is not None and attn_mask.is_floating_point():
+        # The kernel takes an additive mask expanded to the scores' shape and keeps it for
+        # its backward, which reads it again; a learned one's gradient autograd sums back
+        # through the expansion, after the kernel's backward has let go.
+        if torch.is_autocast_enabled("cpu"):
             attn_mask = attn_mask.to(computed_in)  # as CUDA casts it
+        scores = query.shape[:-1] + key.shape[-2:-1]
         return _FusedAttention.apply(*_cast(query, key, value, computed_in), kernel,
-                                     attn_mask.expand(scores))
+                                     attn_mask.expand(scores), learned)
     return _FusedAttention.apply(*_cast(query, key, value, computed_in), kernel)
 
 
@@ -275,13 +276,15 @@ class _FusedAttention(torch.autograd.Function):
     and for 16-bit inputs an fp32 accumulator the size of the query (the GPU host's
     estimates of both kernels make it). Keys and values with fewer heads (grouped
     queries) are handled by the kernels without repeating them; their gradients are
-    computed for every query head and then summed. A mask that requires grad (a learned
-    bias: the memory-efficient kernel takes it, expanded to the scores' shape) gets its
-    gradient at that full shape, batch x heads x rows x keys. The values are fake, so
+    computed for every query head and then summed. An additive mask is taken expanded to
+    the scores' shape and kept for backward; one that requires grad (a learned bias: the
+    memory-efficient kernel takes it) gets its gradient at that full shape, batch x heads
+    x rows x keys. (A boolean mask, which PyTorch first turns into an additive one, is not
+    modelled here.) The values are fake, so
     only the shapes and dtypes of what is made matter."""
 
     @staticmethod
-    def forward(ctx, query, key, value, kernel, learned_mask=None):
+    def forward(ctx, query, key, value, kernel, mask=None, learned=False):
         batch, heads, rows, _ = query.shape
         padded = -(-rows // 32) * 32 if kernel == "efficient" else rows
         # The kernels write the output as (batch, rows, heads, dim) and return it
@@ -290,14 +293,15 @@ class _FusedAttention(torch.autograd.Function):
                           device=query.device).transpose(1, 2)
         logsumexp = torch.empty(batch, heads, padded, dtype=torch.float32,
                                 device=query.device)
-        ctx.save_for_backward(query, key, value, out, logsumexp)
-        ctx.mask_dtype = None if learned_mask is None else learned_mask.dtype
+        ctx.save_for_backward(query, key, value, out, logsumexp,
+                              *(() if mask is None else (mask,)))
+        ctx.mask_dtype = mask.dtype if learned else None
         add_flops(flop_counter.sdpa_flop_count(*per_query_head(query, key, value)))
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        query, key, value, out, logsumexp = ctx.saved_tensors
+        query, key, value, out, logsumexp = ctx.saved_tensors[:5]
         add_flops(flop_counter.sdpa_backward_flop_count(
             grad_out.shape, *per_query_head(query, key, value)))
         row_sums = torch.empty_like(logsumexp)  # noqa: F841 - allocated as the kernel does
@@ -321,7 +325,7 @@ class _FusedAttention(torch.autograd.Function):
             keys = key.size(-2)
             grad_mask = torch.empty(query.shape[:-1] + (-(-keys // 16) * 16,),
                                     dtype=ctx.mask_dtype, device=query.device)[..., :keys]
-        return grad_query, grad_key, grad_value, None, grad_mask
+        return grad_query, grad_key, grad_value, None, grad_mask, None
 
 
 @contextlib.contextmanager
