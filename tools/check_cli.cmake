@@ -221,13 +221,24 @@ elseif(CASE STREQUAL "sim_capacity")
   run(STATUS 0 ARGS replay --json --repeat 1 --capacity 256T ${fits.trace_path}
       STDOUT "\"capacity_bytes\": 281474976710656")
   # The same size from the environment is the library's to check (src/pool/options.c takes
-  # it; the sim refuses it when the pool is made): the message names the value and range.
+  # it; the sim refuses it when the pool is made): the message names the value and range,
+  # and the status is the configuration's (3).
   set(ENV{VRAMKIT_SIM_CAPACITY} 512T)
-  run(STATUS 4 ARGS replay --json --repeat 1 ${fits.trace_path}
+  run(STATUS 3 ARGS replay --json --repeat 1 ${fits.trace_path}
       STDERR "VRAM_ESIMCAPACITY" "562949953421312 bytes \\(VRAMKIT_SIM_CAPACITY\\)"
              "256 TiB"
       NOT_STDERR "--capacity")
   unset(ENV{VRAMKIT_SIM_CAPACITY})
+  # Options the library refuses together are the configuration's fault (exit 3), in words
+  # that name them: no_split with a virtual-memory source, or with a preallocation.
+  set(ENV{VRAMKIT_NO_SPLIT} 1)
+  run(STATUS 3 ARGS replay --repeat 1 --source sim:vmm ${fits.trace_path}
+      STDERR "no_split \\(VRAMKIT_NO_SPLIT\\) cannot go with a virtual-memory source")
+  set(ENV{VRAMKIT_PREALLOCATE} 100M)
+  run(STATUS 3 ARGS replay --repeat 1 --source sim ${fits.trace_path}
+      STDERR "cannot go with a preallocation \\(VRAMKIT_PREALLOCATE\\)")
+  unset(ENV{VRAMKIT_PREALLOCATE})
+  unset(ENV{VRAMKIT_NO_SPLIT})
 
 elseif(CASE STREQUAL "size_beyond_any_device")
   # 2^48 + 1 bytes: out of memory (exit 1) naming the size and the device, not an allocator

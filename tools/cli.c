@@ -128,7 +128,10 @@ void cli_report_pool_error(int status, const vram_options_t *opts) {
             cli_shown(pre));
   if (status == VRAM_ENODRIVER)
     fprintf(stderr, "vramkit: no CUDA driver here; --source sim replays on the host model\n");
-  if (status == VRAM_ENOMEM) cli_print_create_report();
+  /* Out of memory creating it (its preallocation), or options refused together: the
+   * library's words for why, which it keeps for the thread that tried. */
+  if (status == VRAM_ENOMEM || status == VRAM_EINVAL || status == VRAM_EUNSUPPORTED)
+    cli_print_create_report();
   /* replay refuses a --capacity past the sim's range itself: only the variable gets here. */
   if (status == VRAM_ESIMCAPACITY)
     fprintf(stderr, "vramkit: the sim capacity asked is %zu bytes (VRAMKIT_SIM_CAPACITY); "
@@ -199,7 +202,14 @@ uint64_t cli_device_calls(vram_pool_t *pool) {
   return stats.num_device_alloc + stats.num_device_free;
 }
 
-/* The report of a pool that could not be made (its preallocation did not fit). */
+int cli_options_refused(int status) {
+  if (status == VRAM_ESIMCAPACITY) return 1; /* VRAMKIT_SIM_CAPACITY past what the sim models */
+  return (status == VRAM_EINVAL || status == VRAM_EUNSUPPORTED) &&
+         vram_pool_create_report(NULL, 0) > 0;
+}
+
+/* The report of a pool that could not be made (its preallocation did not fit, or its
+ * options were refused together); nothing where the library left none. */
 void cli_print_create_report(void) {
   int length = vram_pool_create_report(NULL, 0);
   char *report = length > 0 ? malloc((size_t)length + 1) : NULL;

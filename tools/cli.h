@@ -101,6 +101,10 @@ uint64_t cli_device_calls(vram_pool_t *pool);
 void cli_print_oom_report(vram_pool_t *pool);
 /* Print the OOM report of the pool this thread could not create, if there is one. */
 void cli_print_create_report(void);
+/* Whether a pool's creation just failed with `status` because of its configuration: options
+ * the library refused together (no_split with a preallocation or a virtual-memory source),
+ * or a sim capacity past what the sim models. CLI_EXIT_USAGE then, not the tool's failure. */
+int cli_options_refused(int status);
 
 /* Print vram_summary(pool) to out. */
 void cli_print_summary(vram_pool_t *pool, FILE *out);

@@ -332,6 +332,8 @@ static int replay_trace(const replay_settings_t *settings, const vram_replay_tra
   }
   int status = vram_replay_trace(trace, &options, result);
   print_replay_notes(settings, result, status);
+  if (status != VRAM_OK && result->failed_creating && cli_options_refused(status))
+    return CLI_EXIT_USAGE;
   return status == VRAM_OK ? CLI_EXIT_OK : CLI_EXIT_FAILURE;
 }
 

@@ -256,6 +256,15 @@ PyObject *raise_status(core_state *st, int status, int device, vram_pool_t *pool
       return raise_oom(st, status, report, vram_pool_create_oom_info(&info), &info);
     }
   }
+  if (pool == NULL && (status == VRAM_EINVAL || status == VRAM_EUNSUPPORTED)) {
+    /* Options the library refused together: its words for why, which name them. */
+    char why[512];
+    if (vram_pool_create_report(why, sizeof why) > 0) {
+      if (device == NO_DEVICE) return raise_message(st, status, PyUnicode_FromString(why), NULL);
+      return raise_message(st, status, PyUnicode_FromFormat("device %d: %s", device, why),
+                           NULL);
+    }
+  }
   if (device == NO_DEVICE)
     return raise_message(st, status, PyUnicode_FromString(vram_strerror(status)), NULL);
   return raise_message(st, status,

@@ -105,8 +105,20 @@ static int pool_setup(vram_pool_t *pool) {
 static int check_no_split(const vram_options_t *o, const vram_source_methods *methods,
                           const vram_source_callbacks_t *callbacks) {
   if (!o->no_split) return VRAM_OK;
-  if (o->preallocate_bytes || o->preallocate_fraction) return VRAM_EINVAL;
-  return methods->is_vmm && !callbacks ? VRAM_EUNSUPPORTED : VRAM_OK;
+  if (o->preallocate_bytes || o->preallocate_fraction) {
+    _vram_create_report_refusal(
+        "no_split (VRAMKIT_NO_SPLIT) cannot go with a preallocation (VRAMKIT_PREALLOCATE): "
+        "a preallocated pool is one segment that every request cuts; set one of the two");
+    return VRAM_EINVAL;
+  }
+  if (methods->is_vmm && !callbacks) {
+    _vram_create_report_refusal(
+        "no_split (VRAMKIT_NO_SPLIT) cannot go with a virtual-memory source (vmm, "
+        "sim:vmm), whose ranges are cut by nature: use the cuda source for segments that "
+        "are never split");
+    return VRAM_EUNSUPPORTED;
+  }
+  return VRAM_OK;
 }
 
 static int pool_create(vram_pool_t **out, const vram_options_t *opts,

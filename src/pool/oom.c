@@ -56,6 +56,11 @@ void _vram_create_report_clear(void) {
   create_info.cause = -1;
 }
 
+void _vram_create_report_refusal(const char *why) {
+  snprintf(create_report, sizeof create_report, "%s", why);
+  create_info.cause = -1;
+}
+
 int vram_pool_create_oom_info(vram_oom_info_t *info) {
   if (!info) return VRAM_EINVAL;
   if (create_info.cause < 0) {

@@ -14,5 +14,8 @@ void _vram_note_oom(vram_pool_t *pool, size_t requested, vram_stream_t stream,
 void _vram_note_preallocate_oom(vram_pool_t *pool, size_t bytes);
 /* A creation starts: the thread's creation report no longer applies. */
 void _vram_create_report_clear(void);
+/* A creation refused for its options: why, in words naming them, as the thread's creation
+ * report (no out-of-memory figures go with it). */
+void _vram_create_report_refusal(const char *why);
 
 #endif /* VRAM_OOM_H */

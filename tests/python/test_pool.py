@@ -178,9 +178,11 @@ def test_no_split_gives_each_buffer_a_segment_of_its_own():
     del first, second
     pool.empty_cache()
     assert pool.memory_reserved() == 0
-    with pytest.raises(vramkit.UnsupportedError):
+    with pytest.raises(vramkit.UnsupportedError,
+                       match="no_split .* cannot go with a virtual-memory source"):
         vramkit.Pool(source="sim:vmm", no_split=True)
-    with pytest.raises(vramkit.InvalidArgumentError):
+    with pytest.raises(vramkit.InvalidArgumentError,
+                       match="no_split .* cannot go with a preallocation"):
         sim_pool(no_split=True, preallocate="64M")
     with pytest.raises(vramkit.ConfigError, match="no_split: 'maybe' is not a switch"):
         sim_pool(no_split="maybe")
