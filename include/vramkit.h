@@ -472,10 +472,9 @@ VRAM_API int vram_pool_create_oom_info(vram_oom_info_t *info);
  * snapshot's). */
 VRAM_API void vram_oom_classify(vram_oom_info_t *info);
 
-/* The OOM report of a pool that could not be made: that of the last vram_pool_create (or
- * default pool creation) on this thread, when it failed with VRAM_ENOMEM because the
- * preallocation did not fit; "" when the last creation did not fail so. Written as
- * vram_oom_report writes, since no pool remains to ask. */
+/* Why this thread's last pool creation (or default pool's) failed: the OOM report of a
+ * preallocation that did not fit (VRAM_ENOMEM, as vram_oom_report writes it), or the reason
+ * its options were refused together (VRAM_EINVAL, VRAM_EUNSUPPORTED); "" otherwise. */
 VRAM_API int vram_pool_create_report(char *buf, size_t cap);
 
 /* Called (outside the pool lock) whenever a call on this pool fails, with the status and
@@ -729,6 +728,7 @@ typedef struct vram_replay_options {
   int baseline;            /* also time a hash-table insert or delete per op (a yardstick) */
   int min_capacity;        /* also bisect the smallest capacity with no out-of-memory */
   int64_t calls_after;     /* count the cold pass's source calls after this op; -1: not */
+  int private_pools;       /* host-model pools of their own: no shared sim, record, env */
   /* Called on the last cold pass before its final frees (the command prints a summary). */
   void (*before_drain)(vram_pool_t *pool, void *context);
   void *context;

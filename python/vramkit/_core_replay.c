@@ -137,6 +137,7 @@ PyObject *core_replay(PyObject *module, PyObject *args, PyObject *kwargs) {
   if (host_model) vram_options_host_model(&opts.pool);
   opts.capacity = capacity;
   opts.min_capacity = min_capacity;
+  opts.private_pools = 1; /* vramkit.replay() reads no environment: see _replaying.py */
   opts.repeat = repeat;
   vram_replay_result *result = calloc(1, sizeof *result);
   if (result == NULL) {

@@ -38,12 +38,13 @@ static void pool_free_everything(vram_pool_t *pool) {
 /* The pool's source: its segments from the caller's callbacks when given (the source of
  * the options then serves the rest), wrapped for fault injection when the options ask. */
 static int pool_open_source(vram_pool_t *pool, const vram_source_methods *methods,
-                            const vram_source_callbacks_t *callbacks) {
+                            const vram_source_callbacks_t *callbacks, bool private_pool) {
   const vram_options_t *o = &pool->opts;
   vram_source_config cfg = {.device = o->device,
                             .sim_capacity = o->sim_capacity,
                             .sim_event_delay = o->sim_event_delay,
-                            .managed_prefetch = o->managed_prefetch};
+                            .managed_prefetch = o->managed_prefetch,
+                            .private_device = private_pool};
   void *state = NULL;
   int rc = methods->xOpen(&cfg, &state);
   if (rc) return rc;
@@ -122,7 +123,7 @@ static int check_no_split(const vram_options_t *o, const vram_source_methods *me
 }
 
 static int pool_create(vram_pool_t **out, const vram_options_t *opts,
-                       const vram_source_callbacks_t *callbacks) {
+                       const vram_source_callbacks_t *callbacks, bool private_pool) {
   if (!out) return VRAM_EINVAL;
   *out = NULL;
   _vram_create_report_clear();
@@ -151,16 +152,20 @@ static int pool_create(vram_pool_t **out, const vram_options_t *opts,
   pool->split_stats = o.split_stats != 0;
   pool->no_split = o.no_split != 0;
   if (pool->split_stats) atomic_store(&pool->history_flags, VRAM_REC_KINDS);
-  rc = pool_open_source(pool, methods, callbacks);
+  rc = pool_open_source(pool, methods, callbacks, private_pool);
   if (rc) {
     free(pool);
     return rc;
   }
   rc = pool_setup(pool);
-  if (!rc) rc = _vram_history_attach_env(pool);
+  if (!rc && !private_pool) rc = _vram_history_attach_env(pool);
   if (rc) {
     pool_free_everything(pool);
     return rc;
+  }
+  if (private_pool) {
+    *out = pool;
+    return VRAM_OK;
   }
   _vram_pool_publish_open(pool); /* never fails: publishing turns itself off instead */
   rc = _vram_giveback_join(pool);
@@ -173,7 +178,11 @@ static int pool_create(vram_pool_t **out, const vram_options_t *opts,
 }
 
 int vram_pool_create(vram_pool_t **out, const vram_options_t *opts) {
-  return pool_create(out, opts, NULL);
+  return pool_create(out, opts, NULL, false);
+}
+
+int _vram_pool_create_private(vram_pool_t **out, const vram_options_t *opts) {
+  return pool_create(out, opts, NULL, true);
 }
 
 static bool callbacks_usable(const vram_source_callbacks_t *cb) {
@@ -185,7 +194,7 @@ int vram_pool_create_with_callbacks(vram_pool_t **out, const vram_options_t *opt
   if (!out) return VRAM_EINVAL;
   *out = NULL;
   if (!callbacks_usable(callbacks)) return VRAM_EINVAL;
-  return pool_create(out, opts, callbacks);
+  return pool_create(out, opts, callbacks, false);
 }
 
 static int count_live_locked(vram_pool_t *pool, void *arg) {

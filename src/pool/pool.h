@@ -18,4 +18,10 @@ _Bool _vram_pool_check_locked(vram_pool_t *pool);
 int _vram_pool_limit_from(const vram_pool_t *pool, size_t bytes, double fraction,
                           size_t *out);
 
+/* A pool of the process's own, for a replay on a host model: vram_pool_create, but the
+ * simulated device is never one shared with other processes (VRAMKIT_SIM_SHARED), and the
+ * pool reads no leak-report variable, publishes no record for `vramkit top` and joins no
+ * give-back group, so that a replay's figures depend on its options alone. */
+int _vram_pool_create_private(vram_pool_t **out, const vram_options_t *opts);
+
 #endif /* VRAM_POOL_H */

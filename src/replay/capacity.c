@@ -160,6 +160,7 @@ int vram_replay_min_capacity(const vram_replay_trace_t *handle, const vram_optio
     return VRAM_EHOSTMEM;
   }
   pass.stop_at_oom = 1;
+  pass.private_pools = 1; /* a measurement of the trace alone, never of a shared device */
   int status = bisect(trace, &family, low, high, &pass, result);
   _vram_replay_pass_close(&pass);
   return status;

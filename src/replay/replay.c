@@ -7,6 +7,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "replay/replay.h"
 
+#include "pool/pool.h"
 #include "prim/hashtab.h"
 #include "source/source.h"
 
@@ -197,7 +198,12 @@ int _vram_replay_once(const trace_t *trace, const vram_options_t *options,
     run->source = options->source;
   pass->failed_at = SIZE_MAX;
   vram_pool_t *pool = NULL;
-  int status = vram_pool_create(&pool, options);
+  /* Asked for, a pool on a host model is the process's own (no shared sim device, no
+   * published record, no environment beyond the options): what it holds depends on them
+   * alone. A replay on a GPU is a pool on a card others share, and behaves as one. */
+  bool host_model = run->source == VRAM_SOURCE_SIM || run->source == VRAM_SOURCE_SIM_VMM;
+  int status = host_model && pass->private_pools ? _vram_pool_create_private(&pool, options)
+                                                 : vram_pool_create(&pool, options);
   if (status != VRAM_OK) return create_failed(status, trace, options, pass, run, result);
   run->source = vram_pool_source(pool);
   vram_stats_t stats;
@@ -324,6 +330,7 @@ int vram_replay_trace(const vram_replay_trace_t *handle, const vram_replay_optio
   }
   pass.calls_after = opts->calls_after < 0 ? SIZE_MAX : (size_t)opts->calls_after;
   pass.context = opts->context;
+  pass.private_pools = opts->private_pools;
   hashtab_t table;
   int status = VRAM_OK, have_table = 0;
   if (opts->baseline) {

@@ -26,6 +26,7 @@ typedef struct _vram_replay_pass {
   void *context;
   size_t failed_at;               /* SIZE_MAX unless an op failed other than by OOM */
   int failed_status;
+  int private_pools;              /* host-model pools of their own (_vram_pool_create_private) */
 } _vram_replay_pass;
 
 /* What one pass measured. */

@@ -70,7 +70,7 @@ static int sim_open(const vram_source_config *cfg, void **out) {
   s->event_delay = cfg->sim_event_delay;
   s->next_addr = SIM_BASE + (uintptr_t)cfg->device * SIM_DEVICE_SPAN;
   s->end_addr = s->next_addr + SIM_DEVICE_SPAN;
-  const char *shared_name = getenv("VRAMKIT_SIM_SHARED");
+  const char *shared_name = cfg->private_device ? NULL : getenv("VRAMKIT_SIM_SHARED");
   if (shared_name && *shared_name) {
     int rc = _vram_sim_shared_join(shared_name, cfg->device, s->capacity, &s->shared);
     if (rc) {

@@ -35,6 +35,7 @@ typedef struct vram_source_config {
   size_t sim_capacity;   /* sim: bytes of the simulated device */
   int sim_event_delay;   /* sim: queries before an event completes */
   int managed_prefetch;  /* managed: prefetch new segments to the device */
+  int private_device;    /* sim: never a device shared with other processes */
 } vram_source_config;
 
 typedef struct vram_source_methods {

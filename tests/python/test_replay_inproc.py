@@ -4,6 +4,7 @@ the estimator, the doctor and the plots using it with no child process (issue 36
 import glob
 import gzip
 import json
+import os
 import subprocess
 
 import pytest
@@ -86,6 +87,19 @@ def test_the_environment_does_not_reach_the_replay(tmp_path, monkeypatch):
     assert vramkit.replay(path, settings={"VRAMKIT_LIMIT": "1M"})["ooms"] == 1
     with pytest.raises(vramkit.ConfigError):
         vramkit.replay(path, settings={"VRAMKIT_LIMIT": "lots"})
+
+
+def test_a_replay_pool_is_the_process_s_own(tmp_path, monkeypatch):
+    """The replay's sim device is never one other pools share (VRAMKIT_SIM_SHARED), and a
+    leak-report switch it does not use cannot fail it: its figures are the options'."""
+    path = tmp_path / "t.trace"
+    path.write_text("# vramkit-trace v1\na 1 104857600 0 1\nf 1 0 2\n")
+    monkeypatch.setenv("VRAMKIT_SIM_SHARED", f"vk-test-{os.getpid()}")
+    with vramkit.Pool(source="sim", capacity="64M"):  # the shared device: 64 MiB
+        assert vramkit.replay(path)["ooms"] == 0
+        assert vramkit.replay(path, min_capacity=True)["min_capacity_bytes"] >= 100 << 20
+    monkeypatch.setenv("VRAMKIT_LEAK_REPORT", "maybe")
+    assert vramkit.replay(path)["ooms"] == 0
 
 
 def test_a_file_that_cannot_be_read_raises_what_python_raises(tmp_path):

@@ -8,7 +8,9 @@ defaults on ``source``, with ``capacity`` as both limit and sim capacity, and th
 spells them. A caller that wants the user's own placement to count (what fits depends on
 it) passes :func:`placement_settings`, the user's ``VRAMKIT_*`` placement variables; sizes,
 limits, preallocation and the source are never taken from the environment, since they are
-the question a replay asks.
+the question a replay asks. On a host model its pools are the process's own (the engine's
+``private_pools``): never a sim device other processes share (``VRAMKIT_SIM_SHARED``), no
+leak report, no record published for ``vramkit top``.
 """
 
 from __future__ import annotations
