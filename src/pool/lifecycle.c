@@ -1,7 +1,8 @@
 /* lifecycle.c - a pool's creation and destruction: options checked, the source opened (its
  * segments from the caller's callbacks when the pool is made with them, and wrapped for
  * fault injection when asked), the host tables and the limit set up, the
- * preallocation made, the history and the published record attached; and the way back,
+ * preallocation made, the history and the published record attached (not for a replay's
+ * private pool, which no environment or other process reaches); and the way back,
  * which refuses to free under the user while blocks are live (vram_pool_destroy_force
  * reports them as leaks and frees anyway). */
 #include <stdlib.h>
@@ -158,17 +159,12 @@ static int pool_create(vram_pool_t **out, const vram_options_t *opts,
     return rc;
   }
   rc = pool_setup(pool);
-  if (!rc && !private_pool) rc = _vram_history_attach_env(pool);
-  if (rc) {
-    pool_free_everything(pool);
-    return rc;
+  /* A private pool reads no environment and is seen by no other process. */
+  if (!rc && !private_pool) {
+    rc = _vram_history_attach_env(pool);
+    if (!rc) _vram_pool_publish_open(pool); /* never fails: publishing turns itself off */
+    if (!rc) rc = _vram_giveback_join(pool);
   }
-  if (private_pool) {
-    *out = pool;
-    return VRAM_OK;
-  }
-  _vram_pool_publish_open(pool); /* never fails: publishing turns itself off instead */
-  rc = _vram_giveback_join(pool);
   if (rc) {
     pool_free_everything(pool);
     return rc;
