@@ -187,16 +187,12 @@ def _refused_command_line(args) -> str | None:
         return "--model is needed: which model's step to estimate"
     if not (1 <= args.batch <= _MOST_TOKENS and 1 <= args.seq <= _MOST_TOKENS):
         return f"--batch and --seq must be from 1 to {_MOST_TOKENS}"
-    from ..plan.estimator import checked_size, checked_source
+    from ..plan.estimator import checked_size
     for option, value in (("--device-memory", args.device_memory), ("--cap", args.cap)):
         try:
             checked_size(value, option)
         except ValueError as error:
             return str(error)
-    try:  # --source, else VRAMKIT_SOURCE: a bad one is the command line's, not the model's
-        checked_source(args.source)
-    except ValueError as error:
-        return error.args[0]
     if (args.max_batch or args.plan_checkpointing) and not (args.device_memory or args.cap):
         return "--max-batch and --plan-checkpointing need --device-memory or --cap"
     if args.max_batch + args.what_if + args.plan_checkpointing > 1:

@@ -9,9 +9,9 @@ from .. import _core
 
 
 def checked_size(value, what: str) -> int | None:
-    """A card's memory or a cap as bytes (None stays None): an int above 0 or a string
-    like '24G', up to the largest device vramkit models. TypeError or ValueError that
-    names ``what`` otherwise (the command line passes its option's name)."""
+    """A size as bytes (None stays None): an int above 0 or a string like '24G', up to
+    the largest device vramkit models. TypeError or ValueError that names ``what``
+    otherwise (the command line passes its option's name, a function its argument's)."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, str)):
