@@ -280,8 +280,8 @@ class _FusedAttention(torch.autograd.Function):
     the scores' shape and kept for backward; one that requires grad (a learned bias: the
     memory-efficient kernel takes it) gets its gradient at that full shape, batch x heads
     x rows x keys. (A boolean mask, which PyTorch first turns into an additive one, is not
-    modelled here.) The values are fake, so
-    only the shapes and dtypes of what is made matter."""
+    modelled here.) The values are fake, so only the shapes and dtypes of what is made
+    matter."""
 
     @staticmethod
     def forward(ctx, query, key, value, kernel, mask=None, learned=False):
