@@ -124,6 +124,35 @@ def test_the_fused_kernel_keeps_its_additive_mask_for_backward():
     assert made.peak_allocated - stored.peak_allocated == _HEADS * _ROWS * _ROWS * 4
 
 
+class _BooleanMaskMadeInTheStep(_LearnedBiasAttention):
+    """A boolean mask made in the forward pass (a padding mask, batch x 1 x rows x keys)."""
+
+    def forward(self, x):
+        q = self.proj(x)
+        mask = (x[:, :1, :, :1] > -100).expand(-1, -1, -1, x.size(-2)).contiguous()
+        return torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+
+
+def test_a_boolean_mask_is_kept_as_the_additive_one_pytorch_makes_of_it():
+    """PyTorch turns a boolean mask into an additive one in the query's dtype (its
+    where(mask, 0, -inf)) before any kernel runs, and the fused kernel keeps that one for
+    backward: a step with a boolean padding mask made in it holds batch x rows x keys of
+    fp32 more at the peak than one whose mask is a parameter's storage (one head of it:
+    the mask's own shape, broadcast over the heads)."""
+    def build(module):
+        def make():
+            net = module(_HEADS, _ROWS, _WIDTH, False).to("cuda")
+            return net, torch.optim.SGD(net.parameters(), lr=0.1), \
+                torch.randn(_BATCH, _HEADS, _ROWS, _WIDTH, device="cuda")
+        return make
+
+    boolean = vramkit.estimate(_plain_step, build=build(_BooleanMaskMadeInTheStep),
+                               model_workspaces=False)
+    stored = vramkit.estimate(_plain_step, build=build(_LearnedBiasAttention),
+                              model_workspaces=False)
+    assert boolean.peak_allocated - stored.peak_allocated == _BATCH * _ROWS * _ROWS * 4
+
+
 def test_attention_with_a_mask_not_contiguous_keeps_what_cuda_keeps():
     """PyTorch's fused attention kernels refuse a mask whose last dimension is not
     contiguous, so CUDA runs its composite attention, which keeps the fp32 softmax of the

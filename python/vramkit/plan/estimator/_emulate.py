@@ -163,6 +163,13 @@ def _fused_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
     # Under autocast the kernel is chosen for the inputs cast to the autocast dtype.
     computed_in = (torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu")
                    else query.dtype)
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        # PyTorch's attention first turns a boolean mask into an additive one in the
+        # (autocast) query's dtype, where(mask, 0, -inf) of the mask's shape, which the
+        # kernel then takes and keeps like any other (the dispatch of 2.11's CPU call shows
+        # the same code: two scalars and a where).
+        attn_mask = torch.where(attn_mask, torch.zeros((), dtype=computed_in),
+                                torch.full((), -math.inf, dtype=computed_in))
     learned = attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled()
     # Every fused kernel needs each input's last dimension contiguous: heads permuted out
     # of a convolution's channels (a UNet's attention) take the composite one.
@@ -279,9 +286,8 @@ class _FusedAttention(torch.autograd.Function):
     computed for every query head and then summed. An additive mask is taken expanded to
     the scores' shape and kept for backward; one that requires grad (a learned bias: the
     memory-efficient kernel takes it) gets its gradient at that full shape, batch x heads
-    x rows x keys. (A boolean mask, which PyTorch first turns into an additive one, is not
-    modelled here.) The values are fake, so only the shapes and dtypes of what is made
-    matter."""
+    x rows x keys (a boolean mask reaches it turned into an additive one). The values are
+    fake, so only the shapes and dtypes of what is made matter."""
 
     @staticmethod
     def forward(ctx, query, key, value, kernel, mask=None, learned=False):
