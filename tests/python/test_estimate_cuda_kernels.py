@@ -72,9 +72,10 @@ _BATCH, _HEADS, _ROWS, _WIDTH = 4, 4, 256, 32
 _SCORES = _BATCH * _HEADS * _ROWS * _ROWS
 
 
-def _attention_build(learned: bool, permuted: bool = False):
+def _attention_build(learned: bool, permuted: bool = False, module=None):
     def make():
-        net = _LearnedBiasAttention(_HEADS, _ROWS, _WIDTH, learned, permuted).to("cuda")
+        net = (module or _LearnedBiasAttention)(_HEADS, _ROWS, _WIDTH, learned,
+                                                permuted).to("cuda")
         return net, torch.optim.SGD(net.parameters(), lr=0.1), \
             torch.randn(_BATCH, _HEADS, _ROWS, _WIDTH, device="cuda")
     return make
@@ -110,17 +111,9 @@ def test_the_fused_kernel_keeps_its_additive_mask_for_backward():
     heads x rows x keys of fp32 more at the peak than a mask that is a parameter's storage.
     (The card's per-op log of T5 under transformers 5.25 keeps one such mask per layer;
     the stand-in dropped them, 1.2% short.)"""
-    def build(module):
-        def make():
-            net = module(_HEADS, _ROWS, _WIDTH, False).to("cuda")
-            return net, torch.optim.SGD(net.parameters(), lr=0.1), \
-                torch.randn(_BATCH, _HEADS, _ROWS, _WIDTH, device="cuda")
-        return make
-
-    made = vramkit.estimate(_plain_step, build=build(_MaskMadeInTheStep),
+    made = vramkit.estimate(_plain_step, build=_attention_build(False, module=_MaskMadeInTheStep),
                             model_workspaces=False)
-    stored = vramkit.estimate(_plain_step, build=build(_LearnedBiasAttention),
-                              model_workspaces=False)
+    stored = vramkit.estimate(_plain_step, build=_attention_build(False), model_workspaces=False)
     assert made.peak_allocated - stored.peak_allocated == _HEADS * _ROWS * _ROWS * 4
 
 
@@ -139,17 +132,10 @@ def test_a_boolean_mask_is_kept_as_the_additive_one_pytorch_makes_of_it():
     backward: a step with a boolean padding mask made in it holds batch x rows x keys of
     fp32 more at the peak than one whose mask is a parameter's storage (one head of it:
     the mask's own shape, broadcast over the heads)."""
-    def build(module):
-        def make():
-            net = module(_HEADS, _ROWS, _WIDTH, False).to("cuda")
-            return net, torch.optim.SGD(net.parameters(), lr=0.1), \
-                torch.randn(_BATCH, _HEADS, _ROWS, _WIDTH, device="cuda")
-        return make
-
-    boolean = vramkit.estimate(_plain_step, build=build(_BooleanMaskMadeInTheStep),
-                               model_workspaces=False)
-    stored = vramkit.estimate(_plain_step, build=build(_LearnedBiasAttention),
-                              model_workspaces=False)
+    boolean = vramkit.estimate(
+        _plain_step, build=_attention_build(False, module=_BooleanMaskMadeInTheStep),
+        model_workspaces=False)
+    stored = vramkit.estimate(_plain_step, build=_attention_build(False), model_workspaces=False)
     assert boolean.peak_allocated - stored.peak_allocated == _BATCH * _ROWS * _ROWS * 4
 
 
