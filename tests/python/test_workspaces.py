@@ -195,6 +195,30 @@ def test_lookup_exact_then_scaled_by_batch_then_by_the_size_rule():
     assert single.lookup(_layer(batch=96)) == (3 * MiB, "batch")
 
 
+def test_the_size_rule_fits_depthwise_layers_apart():
+    """cuDNN runs depthwise convolutions (one group per input channel) with kernels of
+    their own, which the table measured taking no workspace forward where dense ones take
+    about a byte per byte of input and output: the size rule fits them apart, so that a
+    depthwise layer of a kind never measured (a 5x5) is not given a dense layer's ratio."""
+    def depthwise(kernel, batch=32, channels=64):
+        return ws.ConvSignature.from_fields(dict(
+            _layer(channels=channels, batch=batch).fields(),
+            weight=[channels, 1, kernel, kernel], groups=channels,
+            padding=[kernel // 2, kernel // 2]))
+
+    dense = _layer(batch=32)
+    assert depthwise(3).size_group() != dense.size_group()
+    assert depthwise(3).size_group() == depthwise(5, batch=8, channels=96).size_group()
+    entries = {dense.key(): 1 * MiB, _layer(batch=32, channels=128).key(): 2 * MiB,
+               depthwise(3).key(): 0, depthwise(3, channels=128).key(): 0}
+    table = ws.Table(entries, ws.fit_rule(entries))
+    unmeasured = depthwise(5, channels=96)
+    assert table.lookup(unmeasured) == (0, "size")
+    pointwise = ws.ConvSignature.from_fields(dict(dense.fields(), weight=[64, 64, 1, 1],
+                                                  padding=[0, 0]))
+    assert table.lookup(pointwise)[1] == "size" and table.lookup(pointwise)[0] > 0
+
+
 def test_the_rule_is_fitted_from_the_entries():
     entries = {_layer(batch=32).key(): 1 * MiB, _layer(batch=128).key(): 4 * MiB,
                _layer(batch=32, channels=128).key(): 2 * MiB,

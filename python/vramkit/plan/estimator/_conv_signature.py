@@ -153,15 +153,18 @@ class ConvSignature:
         """The same signature at no particular batch size."""
         return replace(self, batch=0)
 
+    def depthwise(self) -> bool:
+        """One group per input channel: cuDNN runs these with kernels of their own."""
+        return self.groups > 1 and self.groups == self.input[0]
+
     def kind(self) -> tuple:
         """What a layer shares with the layers the table's nearest-layer lookup may take
-        for it: everything but the batch, the channels and the pixels (a depthwise layer,
-        one group per input channel, is a kind of its own whatever its channels)."""
-        depthwise = self.groups > 1 and self.groups == self.input[0]
+        for it: everything but the batch, the channels and the pixels (a depthwise layer
+        is a kind of its own whatever its channels)."""
         return (self.part, self.dtype, self.layout, self.benchmark, self.deterministic,
                 self.tf32, self.cudnn, self.weight[2:], self.stride, self.padding,
                 self.dilation, self.transposed, self.output_padding,
-                "depthwise" if depthwise else self.groups > 1)
+                "depthwise" if self.depthwise() else self.groups > 1)
 
     def position(self) -> tuple:
         """Where a layer sits among those of its kind: log in channels, out channels and
@@ -170,9 +173,12 @@ class ConvSignature:
                 math.log(math.prod(self.input[1:])))
 
     def size_group(self) -> str:
-        """The signatures the size rule gives one ratio: same part, dtype, layout, flags."""
+        """The signatures the size rule gives one ratio: same part, dtype, layout, flags,
+        and depthwise or not (cuDNN's depthwise kernels mostly take no workspace, where
+        the others take about a byte per byte of input and output)."""
         key = self.key()
-        return f"{self.part} " + key[key.index(" dtype=") + 1:]
+        return (f"{self.part} " + key[key.index(" dtype=") + 1:]
+                + (" depthwise" if self.depthwise() else ""))
 
     def output(self) -> tuple:
         """One sample's output: channels, then the spatial sizes."""

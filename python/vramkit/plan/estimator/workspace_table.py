@@ -165,7 +165,8 @@ def _show(table: Table) -> str:
 
 
 def main(argv=None) -> int:
-    """``import PROBE.json [--table PATH] [--replace]`` and ``show [--table PATH]``.
+    """``import PROBE.json [--table PATH] [--replace]``, ``refit [--table PATH]`` and
+    ``show [--table PATH]``.
     Exit 0, 2 for a file that cannot be read as a probe's output or a table, 3 for a bad
     command line."""
     parser = argparse.ArgumentParser(
@@ -190,6 +191,9 @@ def main(argv=None) -> int:
                           "add the signatures the table lacks, and name both devices")
     show = commands.add_parser("show", help="what a table holds")
     show.add_argument("--table", default=TABLE_PATH)
+    refit = commands.add_parser("refit", help="fit the table's rule again over its entries "
+                                              "(after a change to how the rule groups them)")
+    refit.add_argument("--table", default=TABLE_PATH)
     try:
         args = parser.parse_args(argv)
     except SystemExit as done:
@@ -203,6 +207,10 @@ def main(argv=None) -> int:
             print(f"imported {count} signatures from {args.probe}")
         else:
             table = Table.load(args.table)
+        if args.command == "refit":
+            table = Table(table.entries, fit_rule(table.entries), table.measured_on,
+                          args.table)
+            table.save(args.table)
         print(_show(table))
     except WorkspaceTableError as error:
         print(f"vramkit.estimator.workspace_table: {error}", file=sys.stderr)
