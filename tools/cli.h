@@ -99,7 +99,8 @@ uint64_t cli_device_calls(vram_pool_t *pool);
 
 /* Print the pool's last OOM report to stderr. */
 void cli_print_oom_report(vram_pool_t *pool);
-/* Print the OOM report of the pool this thread could not create, if there is one. */
+/* Print why the pool this thread could not create failed (its preallocation's OOM report,
+ * or the options the library refused together), if the library left a reason. */
 void cli_print_create_report(void);
 /* Whether a pool's creation just failed with `status` because of its configuration: options
  * the library refused together (no_split with a preallocation or a virtual-memory source),

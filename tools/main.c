@@ -61,8 +61,10 @@ static int dispatch(int argc, char **argv) {
     return CLI_EXIT_USAGE;
   }
   const char *command = argv[1];
-  if (cli_is_help(command) && argc > 2) {
-    /* "help replay" names a command; after --help a word is one the script did not mean. */
+  /* "help replay" names a command; after --help or --version a word is one the script did
+   * not mean, refused rather than read as a success of what it asked. */
+  if ((cli_is_help(command) || strcmp(command, "--version") == 0 ||
+       strcmp(command, "version") == 0) && argc > 2) {
     fprintf(stderr, "vramkit %s: unknown argument '%s' (see vramkit --help)\n", command,
             cli_shown(argv[2]));
     return CLI_EXIT_USAGE;
@@ -89,13 +91,6 @@ static int dispatch(int argc, char **argv) {
     return CLI_EXIT_OK;
   }
   if (strcmp(command, "--version") == 0 || strcmp(command, "version") == 0) {
-    /* Refused like any argument no command takes: a script that passed more than it meant
-     * learns so, rather than reading the version as a success of what it asked. */
-    if (argc > 2) {
-      fprintf(stderr, "vramkit %s: unknown argument '%s' (see vramkit --help)\n", command,
-              cli_shown(argv[2]));
-      return CLI_EXIT_USAGE;
-    }
     printf("vramkit %s\n", VRAMKIT_VERSION);
     return CLI_EXIT_OK;
   }
