@@ -305,3 +305,17 @@ def test_a_long_escaped_name_is_never_cut_inside_an_escape(publish, sleepers):
     row = next(line for line in top(publish, "--once").stdout.splitlines()
                if line.lstrip().startswith(str(child.pid)))
     assert " abcdefghijkl " in row, row  # the column ends before the half of an escape
+
+
+def test_a_device_number_is_never_cut_to_another_one(publish, sleepers):
+    # The DEVICE column held 9 characters: "managed:12" (a 16-GPU machine) read "managed:1",
+    # another device's name. The source may be cut; the device number is shown whole.
+    child = sleepers()
+    write_record(publish, child.pid, devices=[
+        {"source": b"managed", "device": 12, "allocated_bytes": 5 * MiB},
+        {"source": b"sim:vmm" + b"x" * 20, "device": 2147483647, "allocated_bytes": 5 * MiB}])
+    rows = [line for line in top(publish, "--once").stdout.splitlines()
+            if line.lstrip().startswith(str(child.pid))]
+    assert len(rows) == 2, rows
+    assert " managed:12 " in rows[0], rows
+    assert ":2147483647 " in rows[1], rows

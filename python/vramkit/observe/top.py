@@ -160,11 +160,13 @@ def format_bytes(value: int | None) -> str:
     return f"{value}B" if value else "0"
 
 
+# The DEVICE column: a source and its device number, "managed:15" and "sim:vmm:12" whole.
+_DEVICE_WIDTH = 10
 # GIVABLE: of the cached memory, what a neighbour's request could get back (whole idle
 # segments); GAVE: what the process gave back to neighbours that asked (issue 39).
-_HEADER = (f"{'PID':>8} {'NAME':<15} {'DEVICE':<9} {'NVML':>7} {'ALLOC':>7} {'RESERVED':>8} "
-           f"{'CACHED':>7} {'GIVABLE':>7} {'LARGEST':>7} {'FRAG':>5} {'PEAK':>7} {'OOMS':>5} "
-           f"{'GAVE':>7}")
+_HEADER = (f"{'PID':>8} {'NAME':<15} {'DEVICE':<{_DEVICE_WIDTH}} {'NVML':>7} {'ALLOC':>7} "
+           f"{'RESERVED':>8} {'CACHED':>7} {'GIVABLE':>7} {'LARGEST':>7} {'FRAG':>5} {'PEAK':>7} "
+           f"{'OOMS':>5} {'GAVE':>7}")
 
 
 def _cut(text: str, width: int) -> str:
@@ -175,13 +177,20 @@ def _cut(text: str, width: int) -> str:
     return cut[:opened] if opened >= 0 and opened + 4 > width else cut
 
 
+def _device_cell(vramkit: dict) -> str:
+    """SOURCE:DEVICE in the column: a long source is cut, never the device number, which
+    cut short would name another device (a record's number is shown whole, however long)."""
+    number = f":{vramkit['device']}"
+    return _cut(shown(vramkit["source"]), max(0, _DEVICE_WIDTH - len(number))) + number
+
+
 def _process_line(entry: dict) -> str:
     vramkit = entry["vramkit"]
     head = f"{entry['pid']:>8} {_cut(shown(entry['name'] or '?'), 15):<15} "
     if vramkit is None:
-        return head + f"{'':<9} {format_bytes(entry['nvml_used_bytes']):>7}"
-    device = _cut(shown(f"{vramkit['source']}:{vramkit['device']}"), 9)
-    head += f"{device:<9} {format_bytes(entry['nvml_used_bytes']):>7} "
+        return head + f"{'':<{_DEVICE_WIDTH}} {format_bytes(entry['nvml_used_bytes']):>7}"
+    head += (f"{_device_cell(vramkit):<{_DEVICE_WIDTH}} "
+             f"{format_bytes(entry['nvml_used_bytes']):>7} ")
     if vramkit["busy"]:
         return head + "busy (being written)"
     return head + (f"{format_bytes(vramkit['allocated_bytes']):>7} "
