@@ -184,6 +184,14 @@ def _invalid(message: str) -> VramError:
     return _error(_core.VRAM_EINVAL, message)
 
 
+def _escaped(text: str) -> str:
+    """A value as messages quote foreign text (vramkit._shown, loaded only for a message:
+    `import vramkit` stays as light as it is)."""
+    from ._shown import shown
+
+    return shown(text)
+
+
 def _device(device) -> int:
     """Device ordinal of 0, "cuda", "cuda:1", "GPU:0", "/device:GPU:0", a torch.device or a
     TensorFlow PhysicalDevice; None means device 0."""
@@ -403,6 +411,11 @@ def source(device=None) -> str:
 
 def device_count(source: str = "auto") -> int:
     """Number of devices the source can see (the sim source models 8)."""
+    if isinstance(source, str) and source not in _SOURCES:
+        # Checked here, where the name can be quoted escaped: a NUL or an escape sequence
+        # would reach the engine's message raw, or stop the engine's reading of it.
+        raise _invalid(f"source: unknown source '{_escaped(source)}'; expected "
+                       f"{', '.join(_SOURCES[:-1])} or {_SOURCES[-1]}")
     return _core.device_count(source)
 
 
@@ -497,6 +510,8 @@ def _size_text(name: str, value, allow_percent: bool) -> str:
             raise _invalid(f"{name} as a fraction must be within (0, 1], got {value}")
         return f"{value * 100:.10g}%"
     if isinstance(value, str):
+        if "\x00" in value:  # the engine reads C strings: the rest would go unseen
+            raise _invalid(f"{name} holds a NUL character: '{_escaped(value[:60])}'")
         try:
             _core.parse_size(value, allow_percent)
         except VramError as exc:

@@ -272,3 +272,32 @@ def test_an_out_of_memory_error_crosses_processes_as_itself():
         assert type(back) is vramkit.OutOfMemoryError, name
         assert back.args == error.args and back.report == error.report, name
         assert back.status == error.status and back.errname == error.errname, name
+
+
+def test_a_nul_in_a_size_or_source_is_refused_by_name(run):
+    # The engine reads C strings: a NUL raised a bare ValueError "embedded null character"
+    # that named neither the option nor the value.
+    run(r"""
+        import vramkit
+        calls = [(lambda: vramkit.set_memory_limit(0, "1G\x00x"), "limit"),
+                 (lambda: vramkit.configure(1, limit="1G\x00x"), "limit"),
+                 (lambda: vramkit.configure(2, sim_capacity="8G\x00x"), "sim_capacity"),
+                 (lambda: vramkit.configure(3, group_limit="8G\x00x"), "group_limit"),
+                 (lambda: vramkit.default_pool(0).set_limit("1G\x00x"), "limit")]
+        for call, name in calls:
+            try:
+                call()
+            except vramkit.InvalidArgumentError as exc:
+                assert str(exc).startswith(f"{name} holds a NUL character: '"), exc
+                assert "\\x00x'" in str(exc), exc
+            else:
+                raise AssertionError(name)
+        assert vramkit.memory_stats(0)["limit_bytes"] == 0  # no limit was set
+        for source, quoted in (("sim\x00x", "'sim\\x00x'"), ("\x1b[2J", "'\\x1b[2J'")):
+            try:
+                vramkit.device_count(source)
+            except vramkit.InvalidArgumentError as exc:
+                assert str(exc).startswith(f"source: unknown source {quoted}"), exc
+            else:
+                raise AssertionError(source)
+    """)
