@@ -298,6 +298,33 @@ def test_plot_log_with_an_oom_and_a_cut_last_line(tmp_path):
     assert done.returncode == 2 and "bad.jsonl:2: not a JSON record" in done.stderr
 
 
+
+HUGE = "1" + "0" * 400  # an int no float holds
+
+
+@pytest.mark.parametrize("name, text, says", [
+    ("time.jsonl", f'{{"time": {HUGE}, "step": 0, "allocated": 5, "reserved": 6}}\n',
+     "bad.log:1: 'time' is not a time in seconds: 1000000000"),
+    ("allocated.jsonl", f'{{"time": 1, "step": 0, "allocated": {HUGE}, "reserved": 6}}\n',
+     "bad.log:1: 'allocated' is not a byte count from 0 to 2**64 - 1: 1000000000"),
+    ("reserved.csv", f"time,step,allocated,reserved\n1,0,5,{HUGE}\n",
+     "bad.log:2: 'reserved' is not a byte count from 0 to 2**64 - 1: 1000000000"),
+    ("float.jsonl", '{"time": 1, "step": 0, "allocated": 1e30, "reserved": 6}\n',
+     "bad.log:1: 'allocated' is not a byte count from 0 to 2**64 - 1: 1e+30"),
+    ("negative.csv", "time,step,allocated,reserved\n1,0,-1,6\n",
+     "bad.log:2: 'allocated' is not a byte count from 0 to 2**64 - 1: -1"),
+])
+def test_plot_refuses_a_log_figure_no_memory_or_clock_holds(tmp_path, name, text, says):
+    # An int past a float's range in a log stopped `vramkit plot` with an OverflowError
+    # traceback (time, allocated, reserved alike); 1e30 bytes was drawn as if it were memory.
+    path = tmp_path / "bad.log"
+    path.write_text(text)
+    done = _plot(path, tmp_path / "out.html")
+    assert done.returncode == 2, done.stderr
+    assert says in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert not (tmp_path / "out.html").exists()
+
+
 # ---- the framework callbacks -------------------------------------------------------------
 
 def test_integrations_import_no_framework(run, tmp_path):

@@ -25,6 +25,11 @@ _JSON_HEAD = re.compile(rb'^\s*\{\s*"(?:time|step)"\s*:')
 _REQUIRED = ("time", "step", "allocated", "reserved")
 # The largest device number a record may name: CUDA's ordinals are C ints.
 MOST_DEVICE = (1 << 31) - 1
+# Memory figures are byte counts as the engine keeps them (64-bit), as in a snapshot; a time
+# or a step past a signed 64-bit count is no clock's or loop's, and past a float's range an
+# int would stop the drawing's arithmetic.
+_BYTES_END = 1 << 64
+_COUNT_END = 1 << 63
 
 
 def is_log(raw: bytes) -> bool:
@@ -105,8 +110,14 @@ def parse_log(path: str, raw: bytes) -> tuple[list[dict], list[str]]:
                                  f"(a MemoryLogger record has time, step, allocated, reserved)")
         for name in _REQUIRED:
             _number(path, number, name, record[name])
-        if record["allocated"] < 0 or record["reserved"] < 0:
-            raise PlotInputError(f"{path}:{number}: negative memory figures")
+        for name in ("allocated", "reserved"):
+            if not 0 <= record[name] < _BYTES_END:
+                raise PlotInputError(f"{path}:{number}: '{name}' is not a byte count from 0 "
+                                     f"to 2**64 - 1: {_clipped(record[name])}")
+        for name, what in (("time", "a time in seconds"), ("step", "a step number")):
+            if not abs(record[name]) < _COUNT_END:
+                raise PlotInputError(f"{path}:{number}: '{name}' is not {what}: "
+                                     f"{_clipped(record[name])}")
         device = record.get("device")
         if device is not None and (isinstance(device, bool) or not isinstance(device, int)
                                    or not 0 <= device <= MOST_DEVICE):
@@ -133,11 +144,9 @@ def from_log(path: str, records: list[dict], notes: list[str]) -> History:
     backwards = 0
     previous = 0.0
     for r in records:
-        t = (r["time"] - t0) * 1e6   # seconds in the log; the page's axis is in µs
-        if not math.isfinite(t):
-            raise PlotInputError(f"{path}: the record of step {r['step']}: its time "
-                                 f"{_clipped(r['time'])} is too far from the first's "
-                                 f"({_clipped(t0)}) to draw")
+        # Seconds in the log; the page's axis is in µs. parse_log bounded the times, so
+        # the difference of two is finite.
+        t = (r["time"] - t0) * 1e6
         if t < previous:
             backwards += 1
             t = previous             # a clock set back: keep the order of the records
