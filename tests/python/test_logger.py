@@ -234,6 +234,34 @@ def test_bad_arguments(tmp_path):
         log.step(1)
 
 
+def test_a_step_the_log_could_not_be_drawn_with_is_refused_at_the_call(tmp_path):
+    # step("epoch 1"), step(float("nan")), step_time="fast" were written as given: the run's
+    # log was then refused by `vramkit plot` ("'step' is not a number"), hours too late.
+    from vramkit import MemoryLogger
+
+    path = tmp_path / "memory.jsonl"
+    log = MemoryLogger(path, summary=False)
+    for bad, error, says in [("epoch 1\x1b[2J", TypeError, "'epoch 1\\x1b[2J'"),
+                             (True, TypeError, "True"), (float("nan"), ValueError, "nan"),
+                             (2 ** 70, ValueError, str(2 ** 70))]:
+        with pytest.raises(error, match="MemoryLogger.step\\(\\): step_number must be") as info:
+            log.step(bad)
+        assert says in str(info.value), info.value
+    for bad, error in [("fast", TypeError), (float("inf"), ValueError), (-1.0, ValueError)]:
+        with pytest.raises(error, match="MemoryLogger.step\\(\\): step_time must be"):
+            log.step(3, step_time=bad)
+    log.step(4, step_time=0.25)
+    log.close()
+    lines = path.read_text().splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["step"] == 4  # nothing refused was kept
+    from vramkit.plot import load
+
+    assert [b.site for b in load(str(path)).blocks] == ["step 4"]
+    # A path given as bytes is a path: it raised "a bytes-like object is required".
+    MemoryLogger(bytes(tmp_path / "bytes.csv"), summary=False).close()
+    assert (tmp_path / "bytes.csv").exists()
+
+
 def test_csv_drops_fields_the_header_lacks_with_a_warning(run, tmp_path):
     log_path = tmp_path / "memory.csv"
     proc = run(f"""

@@ -38,6 +38,7 @@ import atexit
 import csv
 import io
 import json
+import math
 import os
 import sys
 import threading
@@ -47,6 +48,7 @@ import weakref
 from typing import Any, Callable
 
 from .. import _core
+from .._shown import shown
 
 __all__ = ["MemoryLogger", "tqdm_postfix"]
 
@@ -190,7 +192,7 @@ class MemoryLogger:
             self._callback = path_or_callback
             self._format = "callback"
         else:
-            self.path = os.fspath(path_or_callback)
+            self.path = os.fsdecode(path_or_callback)
             lower = self.path.lower()
             if lower.endswith(_JSON_SUFFIXES):
                 self._format = "jsonl"
@@ -260,6 +262,7 @@ class MemoryLogger:
         (loss=..., lr=...) are added to the record as given."""
         if self._closed:
             raise ValueError("MemoryLogger.step() after close()")
+        _check_step(step_number, step_time)
         now = time.perf_counter()
         self._calls += 1
         self._since += 1
@@ -479,6 +482,37 @@ class MemoryLogger:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# A step number past a signed 64-bit count is no loop's; `vramkit plot` refuses it too.
+_STEP_END = 1 << 63
+
+
+def _check_step(step_number, step_time) -> None:
+    """Refuse at the call a step or step time that the log could not be drawn with:
+    `vramkit plot` needs each record's step to be a finite number, and a step time is a
+    duration. numpy and torch scalars are numbers here, as the log writes them."""
+    for name, value, what in (("step_number", step_number, "a finite number (an int)"),
+                              ("step_time", step_time, "a finite number of seconds >= 0")):
+        if value is None:
+            continue
+        number = None
+        if not isinstance(value, (bool, str, bytes)):
+            try:
+                number = float(value)
+            except OverflowError:  # an int past a float's range: a number, out of range
+                number = math.inf
+            except (TypeError, ValueError, RuntimeError):
+                pass
+        if number is None:
+            quoted = f"'{shown(value)}'" if isinstance(value, str) else repr(value) \
+                if isinstance(value, bool) else f"a {type(value).__name__}"
+            raise TypeError(f"MemoryLogger.step(): {name} must be {what}, not {quoted}")
+        if not -_STEP_END < number < _STEP_END or (name == "step_time" and not number >= 0):
+            # NaN fails every comparison: refused too
+            quoted = f"an int of {value.bit_length()} bits" if isinstance(value, int) and \
+                value.bit_length() > 128 else repr(value)  # repr fails past 4300 digits
+            raise ValueError(f"MemoryLogger.step(): {name} must be {what}, not {quoted}")
 
 
 def _plain(value):
