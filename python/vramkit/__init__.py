@@ -169,8 +169,9 @@ def __getattr__(name):
 # ---------------------------------------------------------------------------------------
 # Devices, named the ways the frameworks name them.
 # ---------------------------------------------------------------------------------------
+# ASCII digits only: Python's \d and int() also read other scripts' digits ("cuda:\u0663").
 _DEVICE_RE = _re.compile(
-    r"^(?:/(?:physical_)?device:)?(?:(?:cuda|gpu)(?::(\d+))?)$", _re.IGNORECASE
+    r"^(?:/(?:physical_)?device:)?(?:(?:cuda|gpu)(?::(\d+))?)$", _re.IGNORECASE | _re.ASCII
 )
 
 
@@ -215,7 +216,7 @@ def _device(device) -> int:
                 f"unknown device {device!r}: expected an ordinal, 'cuda:N', 'GPU:N' or "
                 f"'/device:GPU:N'",
             )
-        return int(m.group(1) or 0)
+        return _device(int(m.group(1) or 0))  # held to an ordinal's bounds
     # torch.device: .type == "cuda" and .index (None = current device, taken as 0 here).
     dtype = getattr(device, "type", None)
     if isinstance(dtype, str) and hasattr(device, "index"):

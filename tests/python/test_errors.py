@@ -135,6 +135,20 @@ def test_device_names_and_odd_ordinals():
     assert info.value.status == _core.VRAM_EDEVICE  # raised in Python, same attributes
 
 
+
+def test_a_device_name_is_held_to_the_rules_of_an_ordinal():
+    # "cuda:2147483648" raised a bare OverflowError where the ordinal 2**31 raises
+    # InvalidDeviceError, and "cuda:\u0663" (an Arabic-Indic three) was read as device 3.
+    for name in ("cuda:2147483648", "GPU:99999999999999999999", "/device:GPU:4294967296"):
+        for call in (vramkit.memory_stats, vramkit.empty_cache, vramkit.default_pool,
+                     lambda d: vramkit.set_memory_growth(d, True)):
+            with pytest.raises(vramkit.InvalidDeviceError, match=r"^device \d+: invalid"):
+                call(name)
+    for name in ("cuda:\u0663", "GPU:\uff11"):
+        with pytest.raises(vramkit.InvalidDeviceError, match="^unknown device '"):
+            vramkit.memory_stats(name)
+
+
 def test_missing_device_on_a_configured_source(run):
     run("""
         import vramkit
