@@ -192,9 +192,34 @@ static vram_record_verdict check_process(const vram_process_record *r, char *why
   return VRAM_RECORD_LIVE;
 }
 
+/* Whether a stable copy of a slot holds what every store of a writer leaves together (the
+ * pool's own counters: allocated within active within reserved, the cache their difference,
+ * each peak at or above its figure, a device ordinal). A slot that does not was not written
+ * by a pool: its figures would be shown as a neighbour's claim, or overflow a reader's
+ * arithmetic, so the record is refused, naming the first contradiction. */
+static bool device_plausible(const vram_device_record *d, uint32_t index, char *why, size_t cap) {
+  if (!d->in_use) return true; /* a released slot is zeroed but for what identifies it */
+  const char *broken = d->device < 0                                     ? "a negative device"
+                       : d->allocated_bytes > d->active_bytes            ? "allocated > active"
+                       : d->active_bytes > d->reserved_bytes             ? "active > reserved"
+                       : d->cached_free_bytes != d->reserved_bytes - d->active_bytes
+                           ? "cached != reserved - active"
+                       : d->peak_allocated_bytes < d->allocated_bytes    ? "peak allocated < allocated"
+                       : d->peak_reserved_bytes < d->reserved_bytes      ? "peak reserved < reserved"
+                       : d->givable_bytes > d->reserved_bytes            ? "givable > reserved"
+                       : d->largest_free_block > d->reserved_bytes       ? "largest free > reserved"
+                                                                         : NULL;
+  if (!broken) return true;
+  say(why, cap, "device slot %u's figures contradict each other (%s), which no pool writes",
+      index, broken);
+  return false;
+}
+
 /* Each device slot in use, copied consistently; a slot that never held still is kept with
- * what identifies it, its figures zeroed, and its bit set in *busy. */
-static void read_devices(int fd, vram_process_record *r, uint32_t *busy) {
+ * what identifies it, its figures zeroed, and its bit set in *busy. SKIPPED (with why) when a
+ * stable slot's figures are not a pool's. */
+static vram_record_verdict read_devices(int fd, vram_process_record *r, uint32_t *busy, char *why,
+                                        size_t cap) {
   uint32_t n = r->n_devices < VRAM_RECORD_MAX_DEVICES ? r->n_devices : VRAM_RECORD_MAX_DEVICES;
   r->n_devices = n;
   for (uint32_t i = 0; i < n; i++) {
@@ -203,11 +228,14 @@ static void read_devices(int fd, vram_process_record *r, uint32_t *busy) {
       size_t from = offsetof(vram_device_record, allocated_bytes);
       memset((char *)d + from, 0, sizeof *d - from);
       *busy |= 1u << i;
+    } else if (!device_plausible(d, i, why, cap)) {
+      return VRAM_RECORD_SKIPPED;
     }
     d->source[sizeof d->source - 1] = 0;
     d->uuid[sizeof d->uuid - 1] = 0;
   }
   memset(&r->devices[n], 0, (VRAM_RECORD_MAX_DEVICES - n) * sizeof r->devices[0]);
+  return VRAM_RECORD_LIVE;
 }
 
 vram_record_verdict vram_record_read(int dir_fd, const char *name, vram_process_record *out,
@@ -252,7 +280,7 @@ vram_record_verdict vram_record_read(int dir_fd, const char *name, vram_process_
     out->cmdline[sizeof out->cmdline - 1] = 0;
     if (v == VRAM_RECORD_LIVE) {
       uint32_t ignored = 0;
-      read_devices(fd, out, busy ? busy : &ignored);
+      v = read_devices(fd, out, busy ? busy : &ignored, why, why_cap);
     }
   }
   close(fd);

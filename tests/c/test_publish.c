@@ -404,6 +404,8 @@ static vram_process_record planted(int pid, uint64_t start_ticks, const char *na
   r.devices[0].reserved_bytes = reserved;
   r.devices[0].allocated_bytes = r.devices[0].active_bytes = allocated;
   r.devices[0].cached_free_bytes = reserved - allocated;
+  r.devices[0].peak_reserved_bytes = reserved; /* a pool's peaks: the reader checks them */
+  r.devices[0].peak_allocated_bytes = allocated;
   return r;
 }
 

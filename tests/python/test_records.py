@@ -54,8 +54,23 @@ def record_bytes(pid, uid=None, ticks=None, name=b"trainer", cmdline=b"", device
         source, uuid = device.get("source", b"sim"), device.get("uuid", b"")
         data[at + 16:at + 16 + len(source)] = source
         data[at + 32:at + 32 + len(uuid)] = uuid
-        struct.pack_into(f"<{len(COUNTERS)}Q", data, at + 80, *(device.get(key, 0) for key in COUNTERS))
+        struct.pack_into(f"<{len(COUNTERS)}Q", data, at + 80, *plausible(device).values())
     return data
+
+
+def plausible(device: dict) -> dict:
+    """A slot's counters, those not given made consistent as a pool writes them: active
+    from allocated, reserved from active, the cache their difference, the peaks the
+    figures (the reader refuses a slot whose figures contradict each other)."""
+    counters = {key: device.get(key, 0) for key in COUNTERS}
+    derived = (("active_bytes", "allocated_bytes"), ("reserved_bytes", "active_bytes"),
+               ("peak_allocated_bytes", "allocated_bytes"),
+               ("peak_reserved_bytes", "reserved_bytes"))
+    for key, source in derived:
+        counters[key] = device.get(key, counters[source])
+    counters["cached_free_bytes"] = device.get(
+        "cached_free_bytes", counters["reserved_bytes"] - counters["active_bytes"])
+    return counters
 
 
 def write_record(folder: Path, pid: int, **fields) -> Path:
@@ -77,7 +92,9 @@ def sleeper():
 def test_a_live_process_record_is_read_field_by_field(tmp_path, sleeper):
     device = {"source": b"cuda", "uuid": b"GPU-11111111-2222-3333-4444-555555555555",
               **{key: (i + 1) * MiB for i, key in enumerate(COUNTERS)}}
-    device.update(cached_free_bytes=8 * MiB, largest_free_block=2 * MiB, num_ooms=3)
+    device.update(allocated_bytes=5 * MiB, active_bytes=6 * MiB, reserved_bytes=14 * MiB,
+                  cached_free_bytes=8 * MiB, largest_free_block=2 * MiB, num_ooms=3,
+                  peak_allocated_bytes=7 * MiB, peak_reserved_bytes=15 * MiB)
     write_record(tmp_path, sleeper.pid, devices=[device, {"device": 1, "allocated_bytes": 5}],
                  cmdline=b"python train.py")
     problems = []
@@ -177,6 +194,33 @@ def test_bad_files_are_skipped_with_a_reason_and_kept(tmp_path, sleeper):
     assert len(list(folder.iterdir())) == 10  # nothing removed: none was ours and dead
 
 
+def test_a_slot_whose_figures_no_pool_writes_is_refused(tmp_path, sleeper):
+    # A record of this user for a live process, readable, of the right size and version,
+    # whose figures contradict each other: a pool stores allocated, active and reserved
+    # together, so such a slot is not a pool's claim to show (top printed 2**64 - 1 bytes
+    # allocated as 16777216.0T, and a negative device as given).
+    cases = [({"device": -7, "allocated_bytes": MiB}, "a negative device"),
+             ({"allocated_bytes": 2**64 - 1, "active_bytes": 0}, "allocated > active"),
+             ({"active_bytes": 3 * MiB, "reserved_bytes": MiB, "cached_free_bytes": 0},
+              "active > reserved"),
+             ({"reserved_bytes": 2 * MiB, "cached_free_bytes": 2**63}, "cached != reserved - active"),
+             ({"allocated_bytes": MiB, "peak_allocated_bytes": 0}, "peak allocated < allocated"),
+             ({"reserved_bytes": MiB, "peak_reserved_bytes": 0}, "peak reserved < reserved"),
+             ({"reserved_bytes": MiB, "givable_bytes": 2 * MiB}, "givable > reserved"),
+             ({"reserved_bytes": MiB, "largest_free_block": 2**64 - 1}, "largest free > reserved")]
+    for device, contradiction in cases:
+        write_record(tmp_path, sleeper.pid, devices=[{"allocated_bytes": MiB}, device])
+        problems = []
+        assert read_records(tmp_path, problems) == [], contradiction
+        assert problems == [f"{tmp_path / f'{sleeper.pid}.rec'}: device slot 1's figures "
+                            f"contradict each other ({contradiction}), which no pool writes"]
+    # A slot given back (not in use) is zeroed by its pool but for its device: not refused.
+    write_record(tmp_path, sleeper.pid, devices=[{"allocated_bytes": MiB},
+                                                 {"in_use": 0, "device": -1}])
+    (process,) = read_records(tmp_path)
+    assert [d.allocated_bytes for d in process.devices] == [MiB]
+
+
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root to make a file of another user")
 def test_another_user_s_record_is_not_read(tmp_path, sleeper):
     other = write_record(tmp_path, sleeper.pid, devices=[{}])
@@ -214,7 +258,8 @@ def test_a_device_held_mid_update_is_busy_not_waited_for(tmp_path, sleeper):
 WRITER = """
     import mmap, os, struct, sys
     # The engine's protocol in Python: seq odd, fields, seq even; the fields always satisfy
-    # reserved = 2 * allocated and peak = allocated + 1, so a torn copy breaks the relation.
+    # reserved = 2 * allocated and peak = allocated + 1, so a torn copy breaks the relation
+    # (and active = cached = allocated, peak reserved = reserved + 1, as a pool's would).
     # seq is stored as the engine stores it, one aligned 8-byte word (a memoryview item of
     # format "Q"); struct.pack_into writes it a byte at a time. It writes in bursts with a
     # pause between them, as an engine does (one update per allocation, not a busy loop):
@@ -231,9 +276,8 @@ WRITER = """
         n += 1
         now = seq[0]
         seq[0] = now + 1
-        struct.pack_into("<Q", view, at + 80, n)
-        struct.pack_into("<Q", view, at + 88, 2 * n)
-        struct.pack_into("<Q", view, at + 120, n + 1)
+        struct.pack_into("<QQQQ", view, at + 80, n, 2 * n, n, n)
+        struct.pack_into("<QQ", view, at + 120, n + 1, 2 * n + 1)
         seq[0] = now + 2
         if n % 64 == 0:
             time.sleep(0.0001)

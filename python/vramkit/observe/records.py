@@ -24,7 +24,9 @@ returned marked ``busy`` rather than waited for.
 
 What a record proves: that some process of this user wrote it, and that the pid it names is
 alive, runs as this user and started when the record says. Its figures are what that
-process says of itself; a process of the same user can write any figures.
+process says of itself; a process of the same user can write any figures, and the reader
+only skips a record whose figures contradict each other as no pool's do (allocated above
+reserved, a peak below its figure, a negative device).
 
 Names (``name``, ``cmdline``) are the writers' own text: show them escaped (as ``vramkit
 top`` does, through the commands' ``shown``), never raw.
