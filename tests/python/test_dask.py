@@ -201,3 +201,12 @@ def test_the_benchmark_runs_its_paths_on_the_cpu(tmp_path):
     assert all(row["peak_reserved_bytes"] >= 64 * MiB for row in rows[:4])
     assert rows[4]["past_limit"].startswith("vramkit.OutOfMemoryError: ")
     assert rows[4]["after"] == "same worker allocates"
+
+
+def test_pool_info_takes_a_device_s_name_and_refuses_what_is_none(client):
+    infos = client.run(vramkit.dask.worker_pool_info, "cuda:0")
+    assert [info["device"] for info in infos.values()] == [0, 0]
+    # Not "no plugin ran" (None) for a name that is no device.
+    with pytest.raises(vramkit.InvalidDeviceError, match="unknown device 'x'"):
+        vramkit.dask.worker_pool_info("x")
+    assert vramkit.dask.worker_pool_info("cuda:0") is None  # this process ran none

@@ -226,7 +226,10 @@ def worker_pool_info(device: int | None = None) -> dict | None:
     """What PoolPlugin did in this worker process and the pool's figures now: device,
     options, pid, worker (its address), cupy and numba ("installed", or why not), source,
     reserved, peak_reserved, allocated, limit_bytes. None where no PoolPlugin ran. device:
-    the plugin's device (default: the first one it configured)."""
+    the plugin's device (default: the first one it configured), named as anywhere in
+    vramkit (0, "cuda:0"); a name that is no device is refused, not taken for "no plugin"."""
+    if device is not None:
+        device = vramkit._device(device)
     with _applied_lock:
         if device is None:
             device = min(_applied, default=None)
