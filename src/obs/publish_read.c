@@ -5,9 +5,10 @@
  * Nothing here trusts the directory's contents. The folder must be ours, not a symbolic
  * link, and closed to group and others; a file is opened with O_NOFOLLOW and must be a
  * regular file of this user, closed to others, named after the pid it holds, with the right
- * magic, version and size; its process must be alive, with the start time and the user the record claims (else
- * the pid was reused, or the record speaks for a process it does not belong to). Only a
- * record of this user whose process is gone is deleted.
+ * magic, version and size; its process must be alive, with the start time and the user the
+ * record claims (else the pid was reused, or the record speaks for a process it does not
+ * belong to); its device slots must hold figures that agree as a pool's do. Only a record of
+ * this user whose process is gone is deleted.
  *
  * Records are read with pread into the caller's memory, never mapped: a file can shrink at
  * any moment (another process truncates it), and a load through a mapping past the new end
@@ -199,16 +200,16 @@ static vram_record_verdict check_process(const vram_process_record *r, char *why
  * arithmetic, so the record is refused, naming the first contradiction. */
 static bool device_plausible(const vram_device_record *d, uint32_t index, char *why, size_t cap) {
   if (!d->in_use) return true; /* a released slot is zeroed but for what identifies it */
-  const char *broken = d->device < 0                                     ? "a negative device"
-                       : d->allocated_bytes > d->active_bytes            ? "allocated > active"
-                       : d->active_bytes > d->reserved_bytes             ? "active > reserved"
-                       : d->cached_free_bytes != d->reserved_bytes - d->active_bytes
-                           ? "cached != reserved - active"
-                       : d->peak_allocated_bytes < d->allocated_bytes    ? "peak allocated < allocated"
-                       : d->peak_reserved_bytes < d->reserved_bytes      ? "peak reserved < reserved"
-                       : d->givable_bytes > d->reserved_bytes            ? "givable > reserved"
-                       : d->largest_free_block > d->reserved_bytes       ? "largest free > reserved"
-                                                                         : NULL;
+  const char *broken = NULL;
+  if (d->device < 0) broken = "a negative device";
+  else if (d->allocated_bytes > d->active_bytes) broken = "allocated > active";
+  else if (d->active_bytes > d->reserved_bytes) broken = "active > reserved";
+  else if (d->cached_free_bytes != d->reserved_bytes - d->active_bytes)
+    broken = "cached != reserved - active";
+  else if (d->peak_allocated_bytes < d->allocated_bytes) broken = "peak allocated < allocated";
+  else if (d->peak_reserved_bytes < d->reserved_bytes) broken = "peak reserved < reserved";
+  else if (d->givable_bytes > d->reserved_bytes) broken = "givable > reserved";
+  else if (d->largest_free_block > d->reserved_bytes) broken = "largest free > reserved";
   if (!broken) return true;
   say(why, cap, "device slot %u's figures contradict each other (%s), which no pool writes",
       index, broken);
