@@ -202,3 +202,32 @@ def test_settings_set_later_let_pytorch_refuse_first():
     with pytest.raises(torch_settings.SettingsError, match="is invalid"):
         torch_settings.settings_hook(seen.append)("per_process_memory_fraction:-1")
     assert seen == ["per_process_memory_fraction:-1"]
+
+
+def test_settings_in_the_environment_let_pytorch_refuse_first():
+    """A PYTORCH_CUDA_ALLOC_CONF PyTorch refuses (a key mistyped) fails install() with
+    PyTorch's own error, as PyTorch's allocator fails at its first allocation, not with a
+    warning that the key has no effect; what PyTorch takes goes on to vramkit's mapping."""
+    pytest.importorskip("torch")
+    done = run_python("""
+        import warnings
+        import torch
+        from vramkit.plug import torch_settings
+        parser = torch_settings.pytorch_parser_of(torch)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            try:
+                torch_settings.from_environment(parser)
+            except ValueError as error:
+                print("refused:", error)
+            vramkit_said = [str(w.message) for w in said if "vramkit" in str(w.message)]
+        print("vramkit warned:", vramkit_said)
+    """, env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segment:True"})
+    assert "refused: Unrecognized key 'expandable_segment'" in done.stdout, done.stdout
+    assert "vramkit warned: []" in done.stdout
+    done = run_python("""
+        import torch
+        from vramkit.plug import torch_settings
+        print(torch_settings.from_environment(torch_settings.pytorch_parser_of(torch)))
+    """, env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+    assert "{'large_blocks': 'virtual'}" in done.stdout, done.stdout

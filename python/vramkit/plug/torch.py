@@ -123,7 +123,8 @@ def install(device=None, backend: str | None = None, **options) -> str:
     options are vramkit.configure()'s (source, limit, preallocate, release_threshold,
     tight_threshold, virtual_threshold, large_blocks); they configure the pool of `device` (default:
     every visible device) before first use. Returns the path taken. Raises vramkit.plug._torch_build.BuildError (a
-    RuntimeError), leaving PyTorch's own allocator in place, if no path can be built.
+    RuntimeError), leaving PyTorch's own allocator in place, if no path can be built; a
+    PYTORCH_CUDA_ALLOC_CONF that PyTorch itself refuses raises PyTorch's own error first.
     """
     global _hooks, _allocator, _backend_lib, _path
     choice = _chosen_path(backend)
@@ -137,7 +138,8 @@ def install(device=None, backend: str | None = None, **options) -> str:
     _refuse_if_cuda_in_use()
     # PyTorch's own settings map onto vramkit's options, which those given here override;
     # one vramkit cannot serve at all stops here, before anything changes.
-    options = {**torch_settings.from_environment(), **options}
+    options = {**torch_settings.from_environment(torch_settings.pytorch_parser_of(torch)),
+               **options}
     fraction = options.pop(torch_settings.TORCH_FRACTION, None)
     reuse_in_capture = options.pop(torch_settings.TORCH_CAPTURE_REUSE, None)
     # Built (or found in the cache) before anything changes, so that a failure leaves

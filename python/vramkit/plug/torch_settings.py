@@ -153,13 +153,27 @@ def map_settings(conf: str, where: str = "PYTORCH_CUDA_ALLOC_CONF") -> dict:
     return options
 
 
-def from_environment() -> dict:
-    """map_settings() of the variable PyTorch reads (the CUDA one first, as PyTorch does)."""
+def from_environment(pytorch_parser=None) -> dict:
+    """map_settings() of the variable PyTorch reads (the CUDA one first, as PyTorch does).
+    ``pytorch_parser(conf)``, when given, is PyTorch's own parser of settings: it sees the
+    string first, so that what PyTorch refuses (a key mistyped, "expandable_segment:True")
+    raises PyTorch's own error, as PyTorch's allocator would at its first allocation,
+    rather than a warning of vramkit's that the key has no effect."""
     for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
         conf = os.environ.get(name)
         if conf:
+            if pytorch_parser is not None:
+                pytorch_parser(conf)
             return map_settings(conf, name)
     return {}
+
+
+def pytorch_parser_of(torch):
+    """PyTorch's setter of allocator settings, which parses a settings string as its
+    allocator does (the accelerator's, where this PyTorch has it, without the CUDA one's
+    deprecation warning); None where this PyTorch has neither."""
+    return (getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+            or getattr(torch.cuda.memory, "_set_allocator_settings", None))
 
 
 def settings_hook(original, capture_reuse=None):
