@@ -585,6 +585,40 @@ def test_the_probe_measures_the_listed_signatures_and_the_wider_sweep(tmp_path):
     assert all("workspace" in r for r in records if r["source"] in ("listed", "layers"))
 
 
+def test_the_signatures_of_models_leave_out_the_table_s_layers(tmp_path):
+    """bench/conv_signatures.py: every part of each convolution of the models named, at the
+    batch and dtypes asked, but those of layers the table holds at any batch; the list is
+    what the probe's --signatures reads. A model it cannot build is named and left out."""
+    pytest.importorskip("torchvision")
+    listed, table = tmp_path / "keys.json", tmp_path / "table.json"
+    # resnet18's first convolution (3 -> 64, 7x7, stride 2, no bias), measured at batch 8.
+    first = ws.ConvSignature.from_fields(dict(
+        part="forward", batch=8, input=[3, 224, 224], weight=[64, 3, 7, 7], stride=[2, 2],
+        padding=[3, 3], dilation=[1, 1], groups=1, dtype="float32", layout="contiguous"))
+    ws.Table({first.key(): 0}, {}, {"device": "Test GPU"}).save(str(table))
+    script = ROOT / "bench" / "conv_signatures.py"
+    ran = _run(script, listed, "--models", "tv:resnet18,tv:no_such_model,nonsense",
+               "--batch", "16", "--dtypes", "float32", "--table", table)
+    assert ran.returncode == 0, ran.stderr
+    assert "tv:no_such_model: left out" in ran.stderr and "nonsense: left out" in ran.stderr
+    keys = [ws.ConvSignature.from_key(key) for key in json.loads(listed.read_text())]
+    # resnet18 has eleven distinct convolutions, none with a bias: three parts each, less
+    # the one part the table holds (at another batch: the batch rule serves it).
+    assert len(set(keys)) == len(keys) == 32 and first.layer() not in {k.layer() for k in keys}
+    assert {k.part for k in keys} == {"forward", "backward_input", "backward_weight"}
+    assert replace_part(first, "backward_weight").layer() in {k.layer() for k in keys}
+    assert {(k.batch, k.dtype, k.layout) for k in keys} == {(16, "float32", "contiguous")}
+    probe = tmp_path / "probe.json"
+    ran = _run(PROBE, "--dry-run", "--only", "none", "--signatures", listed, "--out", probe)
+    assert ran.returncode == 0, ran.stderr
+    records = json.loads(probe.read_text())["isolated"]
+    assert len([r for r in records if r["source"] == "listed"]) == 32
+
+
+def replace_part(signature, part):
+    return dataclasses.replace(signature, part=part)
+
+
 def test_the_probe_dry_run_fills_a_table_the_estimator_matches_exactly(tmp_path,
                                                                        monkeypatch):
     out = tmp_path / "probe.json"
