@@ -135,7 +135,6 @@ def test_device_names_and_odd_ordinals():
     assert info.value.status == _core.VRAM_EDEVICE  # raised in Python, same attributes
 
 
-
 def test_a_device_name_is_held_to_the_rules_of_an_ordinal():
     # "cuda:2147483648" raised a bare OverflowError where the ordinal 2**31 raises
     # InvalidDeviceError, and "cuda:\u0663" (an Arabic-Indic three) was read as device 3.

@@ -326,7 +326,6 @@ def test_plot_log_with_an_oom_and_a_cut_last_line(tmp_path):
     assert done.returncode == 2 and "bad.jsonl:2: not a JSON record" in done.stderr
 
 
-
 HUGE = "1" + "0" * 400  # an int no float holds
 
 
