@@ -18,6 +18,7 @@ import re
 
 from ._history import Block, History
 from ._read import PlotInputError
+from ._snapshot import _I64, _U64
 
 # The first line of a JSON lines log as MemoryLogger writes it (time first) or a hand-made
 # one (step first); a snapshot in JSON starts with other keys.
@@ -25,11 +26,9 @@ _JSON_HEAD = re.compile(rb'^\s*\{\s*"(?:time|step)"\s*:')
 _REQUIRED = ("time", "step", "allocated", "reserved")
 # The largest device number a record may name: CUDA's ordinals are C ints.
 MOST_DEVICE = (1 << 31) - 1
-# Memory figures are byte counts as the engine keeps them (64-bit), as in a snapshot; a time
-# or a step past a signed 64-bit count is no clock's or loop's, and past a float's range an
-# int would stop the drawing's arithmetic.
-_BYTES_END = 1 << 64
-_COUNT_END = 1 << 63
+# Memory figures are byte counts as the engine keeps them (64-bit), held to a snapshot's
+# bounds; a time or a step past a signed 64-bit count is no clock's or loop's, and past a
+# float's range an int would stop the drawing's arithmetic.
 
 
 def is_log(raw: bytes) -> bool:
@@ -111,11 +110,11 @@ def parse_log(path: str, raw: bytes) -> tuple[list[dict], list[str]]:
         for name in _REQUIRED:
             _number(path, number, name, record[name])
         for name in ("allocated", "reserved"):
-            if not 0 <= record[name] < _BYTES_END:
+            if not 0 <= record[name] < _U64:
                 raise PlotInputError(f"{path}:{number}: '{name}' is not a byte count from 0 "
                                      f"to 2**64 - 1: {_clipped(record[name])}")
         for name, what in (("time", "a time in seconds"), ("step", "a step number")):
-            if not abs(record[name]) < _COUNT_END:
+            if not abs(record[name]) < _I64:
                 raise PlotInputError(f"{path}:{number}: '{name}' is not {what}: "
                                      f"{_clipped(record[name])}")
         device = record.get("device")
