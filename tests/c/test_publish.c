@@ -514,6 +514,28 @@ static void test_spoofed_record(void **state) {
   if (other != 1) end_child(other);
 }
 
+/* A record whose figures no pool writes (more active than reserved) is a live process's
+ * file, but not a claim the OOM report repeats: skipped with the contradiction, and kept. */
+static void test_contradicting_figures(void **state) {
+  pid_t child = sleeper(-1);
+  plant(pub_dir, child, start_ticks_of(child), "contradicts", 1ull << 30, 3ull << 30);
+  char report[4096], path[400], why[160], name[32];
+  oom_report(report, sizeof report);
+  assert_null(strstr(report, "contradicts"));
+  int dfd = vram_records_open(pub_dir, why, sizeof why);
+  assert_true(dfd >= 0);
+  snprintf(name, sizeof name, "%d.rec", (int)child);
+  vram_process_record r;
+  assert_int_equal(vram_record_read(dfd, name, &r, NULL, why, sizeof why), VRAM_RECORD_SKIPPED);
+  assert_string_equal(why, "device slot 0's figures contradict each other (active > reserved), "
+                           "which no pool writes");
+  close(dfd);
+  record_path(path, sizeof path, pub_dir, child);
+  assert_int_equal(access(path, F_OK), 0); /* its process lives: not ours to delete */
+  unlink(path);
+  end_child(child);
+}
+
 /* Names are the writers' words: a terminal escape or a newline in one is shown escaped,
  * and forges no line of the report. */
 static void test_names_are_escaped(void **state) {
@@ -702,6 +724,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_nvml_neighbours),   cmocka_unit_test(test_planted_neighbour),
         cmocka_unit_test(test_spoofed_record),    cmocka_unit_test(test_names_are_escaped),
+        cmocka_unit_test(test_contradicting_figures),
         cmocka_unit_test(test_corrupt_files),     cmocka_unit_test(test_killed_child),
         cmocka_unit_test(test_truncated_under_the_reader),
     };
