@@ -26,9 +26,6 @@ _JSON_HEAD = re.compile(rb'^\s*\{\s*"(?:time|step)"\s*:')
 _REQUIRED = ("time", "step", "allocated", "reserved")
 # The largest device number a record may name: CUDA's ordinals are C ints.
 MOST_DEVICE = (1 << 31) - 1
-# Memory figures are byte counts as the engine keeps them (64-bit), held to a snapshot's
-# bounds; a time or a step past a signed 64-bit count is no clock's or loop's, and past a
-# float's range an int would stop the drawing's arithmetic.
 
 
 def is_log(raw: bytes) -> bool:
@@ -109,6 +106,9 @@ def parse_log(path: str, raw: bytes) -> tuple[list[dict], list[str]]:
                                  f"(a MemoryLogger record has time, step, allocated, reserved)")
         for name in _REQUIRED:
             _number(path, number, name, record[name])
+        # Memory figures are byte counts as the engine keeps them (64-bit), held to a
+        # snapshot's bounds; a time or a step past a signed 64-bit count is no clock's or
+        # loop's, and past a float's range an int would stop the drawing's arithmetic.
         for name in ("allocated", "reserved"):
             if not 0 <= record[name] < _U64:
                 raise PlotInputError(f"{path}:{number}: '{name}' is not a byte count from 0 "
