@@ -98,9 +98,10 @@ def test_the_builder_gives_zeros_in_the_same_layout_for_every_dtype():
     assert call.input_bytes() == 40 * 4 + 4 * 8  # what goes on the device measured on
 
 
-def _ln_build(batch=64, width=256):
+def _ln_build(batch=64, width=256, bias=True):
     def build():
-        net = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.LayerNorm(width))
+        net = torch.nn.Sequential(torch.nn.Linear(width, width),
+                                  torch.nn.LayerNorm(width, bias=bias))
         return net, torch.optim.SGD(net.parameters(), lr=0.1), torch.randn(batch, width)
     return build
 
@@ -259,10 +260,11 @@ def test_without_the_memory_or_when_the_op_fails_it_counts_zero(tmp_path, monkey
     # The device could give 64 bytes: no op's inputs of the step fit in half of that.
     model = sc.OpScratchModel(torch.device("cpu"), reader=_OpReader(room=64))
     recording, _ = _step.record_step(_ln_train, (), {}, target=_step.choose_target(),
-                                     build=_ln_build(), steps=1,
+                                     build=_ln_build(bias=False), steps=1,
                                      after_outputs_hook=model.hook)
-    # The layer norm's backward (its gradient strided: a copy first) counts 0; the layer
-    # norm's forward, the sums and the mean take their derived blocks (none here).
+    # The layer norm's backward (a weight's gradient without a bias's: a sequence the rules
+    # do not follow) counts 0; the layer norm's forward, the sums and the mean take their
+    # derived blocks (none here).
     assert len(model._how) == 5 and model.counts() == {"no_memory": 1, "derived": 4}
     assert not any(b.site == sc.LABEL for b in recording.blocks.values())
     assert "lacked the memory to measure the scratch buffers of 1 op signatures" in \
@@ -273,7 +275,7 @@ def test_without_the_memory_or_when_the_op_fails_it_counts_zero(tmp_path, monkey
 
     monkeypatch.setattr(ws, "measure_transient", refused)
     model = sc.OpScratchModel(torch.device("cpu"), reader=_OpReader())
-    _step.record_step(_ln_train, (), {}, target=_step.choose_target(), build=_ln_build(),
+    _step.record_step(_ln_train, (), {}, target=_step.choose_target(), build=_ln_build(bias=False),
                       steps=1, after_outputs_hook=model.hook)
     assert model.counts() == {"failed": 1, "derived": 4}
     assert "could not be measured on this GPU (the first: native_layer_norm_backward.default: " \
@@ -281,13 +283,13 @@ def test_without_the_memory_or_when_the_op_fails_it_counts_zero(tmp_path, monkey
 
 
 def test_without_a_device_one_note_says_how_many_signatures_were_left_out():
-    e = vramkit.estimate(_ln_train, build=_ln_build())
+    e = vramkit.estimate(_ln_train, build=_ln_build(bias=False))
     model = sc.OpScratchModel(None)
-    _step.record_step(_ln_train, (), {}, target=_step.choose_target(), build=_ln_build(),
+    _step.record_step(_ln_train, (), {}, target=_step.choose_target(), build=_ln_build(bias=False),
                       steps=2, after_outputs_hook=model.hook)
     count = len(model._how)
     # The sums, the mean and the layer norm's forward derived (no block at these sizes),
-    # its backward (whose gradient comes strided: a copy first) left to a GPU.
+    # its backward (a weight's gradient without a bias's) left to a GPU.
     assert count == 5 and model.counts() == {"derived": 4, "none": 1}
     derived, left = [n for n in e.notes if "scratch buffers" in n]
     assert derived == ("the scratch buffers of 4 op signatures (mean, native_layer_norm, "
@@ -465,15 +467,72 @@ def test_layer_norms_two_pass_weight_gradients_are_derived_as_the_card_made_them
 
 def test_layer_norms_forward_makes_no_block_of_its_own():
     """Layer norm's forward writes its outputs and allocates nothing else: on an H100 no
-    block for 7 row counts x 2 widths x 3 dtypes (bench/op_scratch_grid.py, 2026-12-07);
-    a strided input is copied first, which is left to a GPU."""
+    block for 7 row counts x 2 widths x 3 dtypes (bench/op_scratch_grid.py, 2026-12-07)."""
     forward = torch.ops.aten.native_layer_norm.default
     x = torch.empty(131072, 768, dtype=torch.bfloat16, device="meta")
     w = torch.empty(768, dtype=torch.bfloat16, device="meta")
     assert sc.derived_size(sc.call_of(forward, (x, [768], w, w, 1e-5), {})) == 0
     assert sc.derived_size(sc.call_of(forward, (x, [768], None, None, 1e-5), {})) == 0
-    strided = torch.empty(768, 131072, device="meta").t()
-    assert sc.derived_size(sc.call_of(forward, (strided, [768], None, None, 1e-5), {})) is None
+
+
+def _channels_last_view(batch=128, channels=96, side=56, dtype=torch.float32):
+    """What timm's LayerNorm2d gives layer norm: an NCHW activation permuted to NHWC, a
+    view whose channels are not innermost in memory."""
+    return torch.empty(batch, channels, side, side, dtype=dtype,
+                       device="meta").permute(0, 2, 3, 1)
+
+
+def test_layer_norm_copies_a_strided_input_before_its_outputs():
+    """ATen's CUDA layer norm takes its input with expect_contiguous(): a permuted view is
+    copied before the output and the two statistics are made, and freed on return. The
+    real ConvNeXt step's stem (timm, bf16 autocast, batch 128, on an H100) shows that
+    fp32 copy of 128 x 56 x 56 x 96 between the autocast cast and the output."""
+    forward = torch.ops.aten.native_layer_norm.default
+    view = _channels_last_view()
+    w = torch.empty(96, device="meta")
+    copy = 128 * 56 * 56 * 96 * 4
+    assert sc.derived_size(sc.call_of(forward, (view, [96], w, w, 1e-6), {})) == (
+        copy, 0, 0, 0, -1)
+    # A view contiguous as ATen counts it (a dimension of one element with any stride, a
+    # storage offset) is not copied.
+    rows = torch.empty(4097, 768, device="meta").as_strided((4096, 1, 768), (768, 5, 1), 768)
+    assert sc.derived_size(sc.call_of(forward, (rows, [768], None, None, 1e-5), {})) == 0
+    # A strided weight would be copied too, at a place not followed: not derived.
+    strided_w = torch.empty(2, 96, device="meta")[0, :].as_strided((96,), (2,))
+    assert sc.derived_size(sc.call_of(forward, (view, [96], strided_w, w, 1e-6), {})) is None
+
+
+def test_layer_norm_backward_copies_strided_inputs_where_aten_does():
+    """The backward copies a strided input first (expect_contiguous) and a strided output
+    gradient after its own gradients are made (dY.contiguous(), for the kernels), freeing
+    the gradient's copy when the kernels are done and the input's on return. The input's
+    copy and its place are the real ConvNeXt stem's: a 154 MB block before the input's
+    gradient, freed after the partial sums."""
+    backward = torch.ops.aten.native_layer_norm_backward.default
+    view = _channels_last_view()
+    rows, copy = 128 * 56 * 56, 128 * 56 * 56 * 96 * 4
+    stats = torch.empty(rows, 1, device="meta")
+    w = torch.empty(96, device="meta")
+    dense_grad = torch.empty(128, 56, 56, 96, device="meta")
+    contiguous = sc.derived_size(sc.call_of(
+        backward, (dense_grad, dense_grad, [96], stats, stats, w, w, [True] * 3), {}))
+    strided_input = sc.derived_size(sc.call_of(
+        backward, (dense_grad, view, [96], stats, stats, w, w, [True] * 3), {}))
+    # The same sequence, the copy first and freed last, every other block one on.
+    shifted = tuple(step - 1 if step < 0 else step for step in contiguous)
+    assert strided_input == (copy,) + shifted + (-1,)
+    both = sc.derived_size(sc.call_of(
+        backward, (view, view, [96], stats, stats, w, w, [True] * 3), {}))
+    # ... and the gradient's copy after the two gradients made first, before the partials.
+    assert both[:5] == (copy, 0, 96 * 4, 96 * 4, copy)
+    assert both[-2:] == (-4, -1) and both.count(copy) == 2
+    # Few rows: no partial sums, the copies alone around the three gradients.
+    small = torch.empty(64, 256, device="meta")
+    expanded = torch.empty(64, 1, device="meta").expand(64, 256)
+    small_stats, small_w = torch.empty(64, 1, device="meta"), torch.empty(256, device="meta")
+    assert sc.derived_size(sc.call_of(
+        backward, (expanded, small, [256], small_stats, small_stats, small_w, small_w,
+                   [True] * 3), {})) == (0, 0, 0, 64 * 256 * 4, -1)
 
 
 def test_a_reduction_past_32_bit_indexing_or_of_integers_is_not_derived():

@@ -122,26 +122,80 @@ def _group_norm_coefficients(call: OpCall, multiprocessors: int):
             per_channel, -4, -3, -5, -2, -1)
 
 
+def _is_contiguous(t: TensorSpec) -> bool:
+    """Tensor.is_contiguous() as ATen decides it: a dimension of one element may have any
+    stride, and a tensor of none is contiguous; where the view starts does not matter."""
+    if not math.prod(t.shape):
+        return True
+    expected = 1
+    for size, stride in zip(reversed(t.shape), reversed(t.stride)):
+        if size != 1:
+            if stride != expected:
+                return False
+            expected *= size
+    return True
+
+
+def _copy_bytes(t: TensorSpec) -> int:
+    """What ``t.contiguous()`` (or ``expect_contiguous()``) allocates: nothing for a
+    contiguous tensor, else a contiguous copy of its elements in its dtype."""
+    return 0 if _is_contiguous(t) else math.prod(t.shape) * t.dtype.itemsize
+
+
+class _Steps:
+    """A transient written block by block (_transients.py's sequence): each allocation
+    gets a handle that its free names, so a rule needs no counting of positions."""
+
+    def __init__(self):
+        self.steps: list = []
+        self._made = 0
+
+    def allocate(self, nbytes: int):
+        """A block of ``nbytes`` (0: none, and its handle frees nothing)."""
+        if not nbytes:
+            return None
+        self._made += 1
+        self.steps.append(nbytes)
+        return self._made
+
+    def output(self) -> None:
+        self.steps.append(OUTPUT)
+
+    def free(self, *handles) -> None:
+        self.steps.extend(-h for h in handles if h is not None)
+
+
 def _layer_norm_forward(call: OpCall, multiprocessors: int):
-    """Layer norm's CUDA forward (ATen/native/cuda/layer_norm_kernel.cu) writes its three
-    outputs and allocates nothing else, for contiguous inputs (a strided one is copied
-    first: not derived)."""
+    """Layer norm's CUDA forward (ATen/native/cuda/layer_norm_kernel.cu) takes its input
+    with ``expect_contiguous()``, so a strided input (a channels-last view that a
+    ConvNeXt block permutes, say) is copied before the three outputs are made and freed
+    on return; past that copy the kernel allocates nothing."""
     tensors = [call.bound.get(name) for name in ("input", "weight", "bias")]
     if not isinstance(tensors[0], TensorSpec):
         return None
-    if any(isinstance(t, TensorSpec) and not t.dense() for t in tensors):
-        return None
-    return 0
+    if any(isinstance(t, TensorSpec) and not _is_contiguous(t) for t in tensors[1:]):
+        return None  # a strided weight: copied too, in an order not followed here
+    copy = _copy_bytes(tensors[0])
+    if not copy:
+        return 0
+    steps = _Steps()
+    made = steps.allocate(copy)
+    for _ in range(3):
+        steps.output()
+    steps.free(made)
+    return tuple(steps.steps)
 
 
 def _layer_norm_partials(call: OpCall, multiprocessors: int):
-    """Layer norm's CUDA backward (ATen/native/cuda/layer_norm_kernel.cu), for many rows
-    of few columns (more than 64 Ki rows, and fewer column blocks of 32 than half the
-    multiprocessors), sums the weight's and the bias's gradients in two passes: partial
-    sums of blocks of rows into two buffers of the input's dtype, then a column sum of
-    each (with its own staging, _cuda_reduce.py), whose result replaces the gradient made
-    before. Else it makes no block of its own. Derived for contiguous inputs whose weight
-    and bias both want gradients, or neither."""
+    """Layer norm's CUDA backward (ATen/native/cuda/layer_norm_kernel.cu). A strided
+    input is copied first (``expect_contiguous()``) and freed on return; the gradients
+    are made; a strided output gradient is copied (``dY.contiguous()``) for the kernels
+    and freed when they are done. For many rows of few columns (more than 64 Ki rows, and
+    fewer column blocks of 32 than half the multiprocessors) the weight's and the bias's
+    gradients are summed in two passes: partial sums of blocks of rows into two buffers
+    of the input's dtype, then a column sum of each (with its own staging,
+    _cuda_reduce.py), whose result replaces the gradient made before. Derived where the
+    weight and bias both want gradients, or neither."""
     import torch
     grad, x = call.bound.get("grad_out"), call.bound.get("input")
     normalized = call.bound.get("normalized_shape")
@@ -149,31 +203,40 @@ def _layer_norm_partials(call: OpCall, multiprocessors: int):
     if not isinstance(grad, TensorSpec) or not isinstance(x, TensorSpec) or \
             not isinstance(normalized, (list, tuple)) or len(mask) != 3:
         return None
-    if not (grad.dense() and x.dense()):
-        return None  # a copy first: left to a measurement
-    if not mask[1] and not mask[2]:
-        return 0
-    if not (mask[1] and mask[2]) or not 0 < len(normalized) <= len(x.shape):
+    if mask[1] != mask[2] or not 0 < len(normalized) <= len(x.shape):
         return None
     split = len(x.shape) - len(normalized)
     rows, columns = math.prod(x.shape[:split]), math.prod(x.shape[split:])
-    if not (rows > 64 * 1024 and columns // 32 < multiprocessors // 2):
-        return 0
+    two_pass = mask[1] and rows > 64 * 1024 and columns // 32 < multiprocessors // 2
+    steps = _Steps()
+    x_copy = steps.allocate(_copy_bytes(x))
+    if mask[0]:
+        steps.output()
+    itemsize = x.dtype.itemsize
+    if not two_pass:
+        for wanted in mask[1:]:
+            if wanted:
+                steps.output()
+        steps.free(steps.allocate(_copy_bytes(grad)), x_copy)
+        return tuple(steps.steps) if steps.steps.count(OUTPUT) != len(steps.steps) else 0
+    accumulator = 8 if x.dtype == torch.float64 else 4
     blocks_x = _cuda_reduce.div_up(columns, 32)
     blocks_y = min(32 * 1024 // blocks_x, _cuda_reduce.div_up(rows, 32))
-    itemsize = x.dtype.itemsize
-    accumulator = 8 if x.dtype == torch.float64 else 4
-    made, partial = columns * itemsize, blocks_y * columns * itemsize
     staging = _cuda_reduce.staging_blocks((blocks_y, columns), (columns, 1), 0, [0],
                                           itemsize, accumulator, 1, multiprocessors)
     if staging is None:
         return None
-    sum_blocks = tuple(b for b in staging if b)
-    first = (OUTPUT, *sum_blocks, *(-5 - i for i in reversed(range(len(sum_blocks)))), -1)
-    second_base = 5 + len(sum_blocks)
-    second = (OUTPUT, *sum_blocks,
-              *(-second_base - i for i in reversed(range(len(sum_blocks)))), -2)
-    return (OUTPUT, made, made, partial, partial) + first + second + (-4, -3)
+    made = [steps.allocate(columns * itemsize) for _ in range(2)]
+    grad_copy = steps.allocate(_copy_bytes(grad))
+    partials = [steps.allocate(blocks_y * columns * itemsize) for _ in range(2)]
+    for replaced in made:
+        steps.output()  # the column sum's result, the gradient returned
+        sums = [steps.allocate(b) for b in staging if b]
+        steps.free(*reversed(sums))
+        steps.free(replaced)
+    steps.free(*reversed(partials))
+    steps.free(grad_copy, x_copy)
+    return tuple(steps.steps)
 
 
 # The ops whose scratch on a CUDA device is derived from the call alone, by what derives it.
