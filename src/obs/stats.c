@@ -33,11 +33,14 @@ static const char *const size_units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB",
 
 /* A byte count in the largest binary unit below it, with `decimals` digits after the
  * point (none for plain bytes). Any uint64_t: 2^64 - 1 is "16.0 EiB", never a wrapped
- * negative number. */
+ * negative number. The unit is the one of the figure as printed: a value that rounds up to
+ * 1024 of a unit is shown as 1 of the next ("1.00 GiB", not "1024.00 MiB"). */
 static void size_text(char *buf, size_t cap, uint64_t bytes, int decimals) {
+  double half_digit = 0.5;
+  for (int i = 0; i < decimals; i++) half_digit /= 10;
   double v = (double)bytes;
   int u = 0;
-  while (v >= 1024 && u < 6) {
+  while (u < 6 && v >= (u ? 1024 - half_digit : 1024)) {
     v /= 1024;
     u++;
   }

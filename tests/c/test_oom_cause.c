@@ -339,6 +339,28 @@ static void t_sizes_past_int64(void **state) {
   assert_null(strstr(text, "-9"));
 }
 
+/* A size just under a unit's boundary is printed in the next unit, as the figure rounds:
+ * 1 GiB less 512 bytes is "1.00 GiB" in the summary and "1.0 GiB" in the report's cause,
+ * never "1024.00 MiB". */
+static void t_sizes_at_a_unit_boundary(void **state) {
+  (void)state;
+  const size_t limit = ((size_t)1 << 30) - 512;
+  planted p = {.total = 80 * ((size_t)1 << 30), .device_free = 79 * ((size_t)1 << 30),
+               .limit = limit, .reserved = 1022 * VT_MiB, .allocated = 1022 * VT_MiB};
+  vram_pool_snapshot snap = plant(p);
+  char text[8192];
+  _vram_format_summary(&snap, text, sizeof text);
+  expect_text(text, "| limit                    |       1.00 GiB |");
+  report_of(p, 8 * VT_MiB, 0, text, sizeof text);
+  expect_text(text, "the limit of 1.0 GiB refused it");
+  expect_text(text, "limit 1.00 GiB;");
+  assert_null(strstr(text, "1024.0"));
+  /* Below the rounding point the smaller unit stays. */
+  snap.stats.limit_bytes = ((size_t)1 << 30) - 8 * VT_MiB;
+  _vram_format_summary(&snap, text, sizeof text);
+  expect_text(text, "| limit                    |    1016.00 MiB |");
+}
+
 /* ---- real pools ----------------------------------------------------------------------- */
 
 /* The pool's current report, which must be non-empty. */
@@ -670,6 +692,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(t_planted_above_capacity),
       cmocka_unit_test(t_cause_names),
       cmocka_unit_test(t_short_buffer),          cmocka_unit_test(t_sizes_past_int64),
+      cmocka_unit_test(t_sizes_at_a_unit_boundary),
       cmocka_unit_test(t_sim_fragmentation),     cmocka_unit_test(t_sim_preallocated_fragmentation),
       cmocka_unit_test(t_sim_vmm_holes_inside_granules),
       cmocka_unit_test(t_sim_limit),             cmocka_unit_test(t_sim_live),
