@@ -127,6 +127,19 @@ show(d)
     assert "fraction" in first["text"]
 
 
+
+def test_a_limit_just_under_a_unit_is_shown_in_the_next():
+    # A limit 512 bytes short of 1 GiB: "1.0 GiB" at one decimal, as the engine's report
+    # writes it, never "1024.0 MiB".
+    pool = vramkit.Pool(source="sim", limit=GiB - 512)
+    kept = pool.allocate(GiB - 2 * MiB)
+    with pytest.raises(vramkit.OutOfMemoryError) as caught:
+        pool.allocate(8 * MiB)
+    text = str(diagnose(caught.value))
+    assert "the limit of 1.0 GiB refused it" in text and "limit 1.0 GiB" in text
+    assert "1024.0" not in text
+    del kept
+
 def test_fragmentation_every_other_block_freed():
     # A 60 MiB segment carved into six 10 MiB buffers, every other one freed: 30 MiB free in
     # three pieces, 4 MiB left on the device, 20 MiB asked. Fixed segments only: with large

@@ -57,6 +57,21 @@ def test_leaks_since_a_mark_by_call_site(tmp_path):
     assert f"script.py:{marks['big']}:make_big" in text and "7 block(s)" in text
 
 
+
+def test_a_leak_just_under_a_unit_is_shown_in_the_next(tmp_path):
+    # 512 bytes short of 1 GiB rounds to "1.0 GiB" at one decimal, never "1024.0 MiB".
+    _, _, out = run_script(tmp_path, """
+        import vramkit
+        mark = vramkit.history_mark()
+        kept = vramkit.empty((1 << 30) - 512)
+        report = vramkit.leaks(since=mark)
+        print(report.bytes)
+        print(report)
+    """)
+    nbytes, text = out.split("\n", 1)
+    assert int(nbytes) == (1 << 30) - 512
+    assert "1.0 GiB still live" in text and "1024.0" not in text
+
 def test_leak_check_block(tmp_path):
     _, marks, out = run_script(tmp_path, """
         import vramkit

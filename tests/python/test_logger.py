@@ -204,6 +204,18 @@ def test_tqdm_postfix_is_short_and_current(run, tmp_path):
     assert set(postfix) == {"alloc", "resv", "peak"}
 
 
+
+def test_tqdm_postfix_of_a_size_just_under_a_unit(run, tmp_path):
+    # 512 bytes short of 1 GiB rounds to 1.00 GiB at two decimals: shown so, in the unit
+    # the reserved figure beside it is in, never as "1024.00 MiB".
+    out = run("""
+        import json, vramkit
+        buf = vramkit.empty((1 << 30) - 512)
+        print(json.dumps(vramkit.tqdm_postfix()))
+    """, env={"VRAMKIT_PUBLISH_DIR": str(tmp_path)}).stdout
+    postfix = json.loads(out)
+    assert postfix["alloc"] == "1.00 GiB" and postfix["peak"] == "1.00 GiB"
+
 def test_bad_arguments(tmp_path):
     from vramkit import MemoryLogger
 

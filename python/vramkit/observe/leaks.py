@@ -51,8 +51,9 @@ class LeakSite:
 
 
 def _fmt(n: int) -> str:
+    # The unit of the figure as printed: one that rounds to 1024.0 of a unit is 1.0 of the next.
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
+        if (round(n, 1) if unit != "B" else n) < 1024 or unit == "TiB":
             return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return str(n)

@@ -93,9 +93,10 @@ def _nvml_applies(device: int) -> bool:
 
 
 def _size(n: float) -> str:
-    """Bytes in binary units, short enough for a summary line or a progress bar."""
+    """Bytes in binary units, short enough for a summary line or a progress bar; the unit
+    is the figure's as printed (one that rounds to 1024.00 of a unit is 1.00 of the next)."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
+        if (abs(round(n, 2)) if unit != "B" else abs(n)) < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
         n /= 1024
     return f"{n:.2f} TiB"  # unreachable; keeps type checkers content

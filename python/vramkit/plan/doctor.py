@@ -160,11 +160,12 @@ _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
 
 
 def _size(value) -> str:
-    """Bytes with one decimal, as the C report's headline writes them."""
+    """Bytes with one decimal, as the C report's headline writes them, in the unit of the
+    figure as printed: one that rounds to 1024 of a unit is 1.0 of the next."""
     if value is None:
         return "none"
     v, unit = float(abs(value)), 0
-    while v >= 1024 and unit < len(_UNITS) - 1:
+    while unit < len(_UNITS) - 1 and (round(v, 1) if unit else v) >= 1024:
         v /= 1024
         unit += 1
     sign = "-" if value < 0 else ""
