@@ -140,6 +140,28 @@ def test_a_limit_just_under_a_unit_is_shown_in_the_next():
     assert "1024.0" not in text
     del kept
 
+
+def test_the_limit_and_fraction_to_raise_to_are_enough():
+    # A limit the fix names is one the user sets: rounded to the nearest tenth it could be
+    # below what the request needs (1030 MiB shown "1.0 GiB", a fraction 0.0101 shown
+    # "0.010"), and the same OOM would come back. Each figure printed must be enough.
+    import re
+
+    pool = vramkit.Pool(source="sim", capacity="100G", limit=GiB - 512)
+    kept = pool.allocate(GiB - 2 * MiB)
+    with pytest.raises(vramkit.OutOfMemoryError) as caught:
+        pool.allocate(8 * MiB)
+    d = diagnose(caught.value)
+    needed = d.numbers["reserved"] + d.numbers["requested"]
+    units = {"KiB": 1 << 10, "MiB": MiB, "GiB": GiB}
+    text = d.fixes[0].text
+    by, unit_by, target, unit, fraction = re.search(
+        r"by ([\d.]+) (\wiB) to at least ([\d.]+) (\wiB), .* to ([\d.]+)", text).groups()
+    assert float(by) * units[unit_by] >= needed - d.numbers["limit"], text
+    assert float(target) * units[unit] >= needed, text
+    assert float(fraction) * d.numbers["device_total"] >= needed, text
+    del kept
+
 def test_fragmentation_every_other_block_freed():
     # A 60 MiB segment carved into six 10 MiB buffers, every other one freed: 30 MiB free in
     # three pieces, 4 MiB left on the device, 20 MiB asked. Fixed segments only: with large

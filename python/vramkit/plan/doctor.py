@@ -37,6 +37,7 @@ fact (:func:`main`).
 
 from __future__ import annotations
 
+import math
 import os
 import textwrap
 from dataclasses import dataclass, field
@@ -159,17 +160,20 @@ class Diagnosis:
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
 
 
-def _size(value) -> str:
+def _size(value, up: bool = False) -> str:
     """Bytes with one decimal, as the C report's headline writes them, in the unit of the
-    figure as printed: one that rounds to 1024 of a unit is 1.0 of the next."""
+    figure as printed: one that rounds to 1024 of a unit is 1.0 of the next. up: rounded up
+    instead, for an amount a fix needs (a limit to raise to), which the user sets as read:
+    rounded down it would fall short and the same OOM would come back."""
     if value is None:
         return "none"
+    tenths = (lambda x: math.ceil(x * 10) / 10) if up else (lambda x: round(x, 1))
     v, unit = float(abs(value)), 0
-    while unit < len(_UNITS) - 1 and (round(v, 1) if unit else v) >= 1024:
+    while unit < len(_UNITS) - 1 and (tenths(v) if unit else v) >= 1024:
         v /= 1024
         unit += 1
     sign = "-" if value < 0 else ""
-    return f"{sign}{v:.1f} {_UNITS[unit]}" if unit else f"{sign}{int(v)} B"
+    return f"{sign}{tenths(v):.1f} {_UNITS[unit]}" if unit else f"{sign}{int(v)} B"
 
 
 # ---------------------------------------------------------------------------------------
@@ -199,7 +203,7 @@ def _live_fixes(shortfall: int | None, estimate_fn, notes: list[str]) -> list[Fi
                 except Exception as error:
                     notes.append(f"estimate_fn({name!r}) failed ({type(error).__name__}: "
                                  f"{error})")
-    need = f" (live memory must shrink by {_size(shortfall)})" if shortfall else ""
+    need = f" (live memory must shrink by {_size(shortfall, up=True)})" if shortfall else ""
     fixes = [Fix(text + (need if i == 0 else ""), savings[name])
              for i, (name, text) in enumerate(LIVE_VARIANTS)]
     return _rank(fixes)
@@ -243,12 +247,12 @@ def _limit_fix(raise_by: int | None, reserved: int | None, requested: int | None
         (reserved + requested if reserved is not None and requested is not None else None)
     text = "raise the limit (VRAMKIT_LIMIT, vramkit.set_memory_limit)"
     if raise_by:
-        text += f" by {_size(raise_by)}"
+        text += f" by {_size(raise_by, up=True)}"
     if target:
-        text += f" to at least {_size(target)}"
+        text += f" to at least {_size(target, up=True)}"
         if total:
             text += (f", or the fraction (set_per_process_memory_fraction) to "
-                     f"{min(1.0, target / total):.3f}")
+                     f"{min(1.0, math.ceil(target / total * 1000) / 1000):.3f}")
     return Fix(text, raise_by)
 
 
@@ -334,7 +338,7 @@ def _setting_fixes(cause: str, n: dict) -> list[Fix]:
     if cause == "group_limit":
         over = (n.get("group_reserved") or 0) + n["requested"] - (n.get("group_limit") or 0)
         return [Fix(f"raise the group limit (VRAMKIT_GROUP_LIMIT, or the pool's group_limit) "
-                    f"by {_size(over)}, or let the neighbours on the "
+                    f"by {_size(over, up=True)}, or let the neighbours on the "
                     f"device give their idle cache back (VRAMKIT_GIVE_BACK, on by default)",
                     over or None)]
     if cause == "preallocate":
@@ -346,7 +350,7 @@ def _setting_fixes(cause: str, n: dict) -> list[Fix]:
     mappable = n["may_reserve"] - n["may_reserve"] % g
     missing = max(0, n["requested"] - n["cached_free"] - mappable)
     more = -(-missing // g) * g
-    return [Fix(f"raise the limit (VRAMKIT_LIMIT) or the device's memory by {_size(more)}: "
+    return [Fix(f"raise the limit (VRAMKIT_LIMIT) or the device's memory by {_size(more, up=True)}: "
                 f"the pool maps whole segments of {_size(g)}", more or None)]
 
 
