@@ -494,6 +494,17 @@ def test_the_smallest_capacity_of_a_tiny_trace_and_of_one_no_device_holds(tmp_pa
             in d["summary"] and "none on" not in d["summary"]), d["summary"]
 
 
+
+def test_one_op_and_one_failure_are_counted_in_the_singular(tmp_path):
+    # A trace of one allocation larger than the cap: one op, one allocation failed.
+    one = tmp_path / "one.trace.gz"
+    one.write_bytes(gzip.compress(b"# vramkit-trace v1\na 1 3000000 0 0\n"))
+    d = json.loads(_doctor(one, "--capacity", "2M", "--json").stdout)
+    assert d["origin"] == "trace one (1 op)", d["origin"]
+    assert d["numbers"]["ooms_default"] == 1 and d["numbers"]["ooms_vmm"] == 1
+    assert "(1 allocation failed on the default settings, 1 on vmm)" in d["summary"], \
+        d["summary"]
+
 def test_command_on_a_vramkit_snapshot(tmp_path):
     path = tmp_path / "snapshot.pickle"
     run_python(f"""

@@ -16,6 +16,11 @@ def _mib(value: int | None) -> str:
     return "none" if value is None else f"{value / (1 << 20):.1f} MiB"
 
 
+def _count(n: int, noun: str) -> str:
+    """A count with its noun, singular for one: "1 op", "3 allocations"."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _need(value: int | None, peak_live: int) -> str:
     """A smallest fitting capacity the replay searched for; where it found none, how far
     the search went at least: four times peak live, or the most any device holds where
@@ -84,9 +89,10 @@ def _fragmenting_trace(path: str, capacity: int, default: dict, runs: dict, numb
                         f"ooms_{key}": run["ooms"]})
     numbers["peak_reserved_vmm"] = runs["vmm"]["peak_reserved_bytes"]
     summary = (f"peak live memory {_size(numbers['peak_live'])} fits the capacity "
-               f"{_size(capacity)}, but on the default settings {default['ooms']} allocations "
-               f"failed: the trace needs {_need(need_default, peak_live)} there, the free "
-               f"memory is not in pieces large enough")
+               f"{_size(capacity)}, but on the default settings "
+               f"{_count(default['ooms'], 'allocation')} failed: the trace needs "
+               f"{_need(need_default, peak_live)} there, the free memory is not in pieces "
+               f"large enough")
     fixes = []
     for text, what, key, _, _ in _TRIED:
         run, need = runs[key], runs[key].get("min_capacity_bytes")
@@ -133,7 +139,7 @@ def from_trace(path: str, capacity: int | None, estimate_fn) -> Diagnosis:
                "ooms_default": default["ooms"], "ooms_fixed": fixed["ooms"],
                "ooms_vmm": vmm["ooms"]}
     notes = _first_oom_note(default)
-    where = f"trace {default['trace']} ({default['ops']} ops)"
+    where = f"trace {default['trace']} ({_count(default['ops'], 'op')})"
     if capacity is None:
         summary = (f"no capacity given: the trace needs {_need(need_default, peak_live)} on "
                    f"the default settings, {_need(need_fixed, peak_live)} on fixed segments "
@@ -148,14 +154,15 @@ def from_trace(path: str, capacity: int | None, estimate_fn) -> Diagnosis:
         if fixed["ooms"]:
             summary += (f"; on fixed segments alone (VRAMKIT_LARGE_BLOCKS=fixed "
                         f"VRAMKIT_VIRTUAL_THRESHOLD=1) "
-                        f"{fixed['ooms']} allocations fail: it needs "
+                        f"{_count(fixed['ooms'], 'allocation')} "
+                        f"fail{'s' if fixed['ooms'] == 1 else ''}: it needs "
                         f"{_need(need_fixed, peak_live)} there")
         return Diagnosis(None, summary, where, numbers, [], [], [], notes)
     if peak_live > capacity:
         shortfall = peak_live - capacity
         summary = (f"peak live memory {_size(peak_live)} is more than the capacity "
                    f"{_size(capacity)}: live memory itself is too much, by {_size(shortfall)} "
-                   f"({default['ooms']} allocations failed on the default settings, "
+                   f"({_count(default['ooms'], 'allocation')} failed on the default settings, "
                    f"{vmm['ooms']} on vmm)")
         fixes = _live_fixes(shortfall, estimate_fn, notes)
         return Diagnosis("live", summary, where, numbers, fixes, [], [], notes)
