@@ -350,7 +350,8 @@ def _setting_fixes(cause: str, n: dict) -> list[Fix]:
     mappable = n["may_reserve"] - n["may_reserve"] % g
     missing = max(0, n["requested"] - n["cached_free"] - mappable)
     more = -(-missing // g) * g
-    return [Fix(f"raise the limit (VRAMKIT_LIMIT) or the device's memory by {_size(more, up=True)}: "
+    return [Fix(f"raise the limit (VRAMKIT_LIMIT) or the device's memory by "
+                f"{_size(more, up=True)}: "
                 f"the pool maps whole segments of {_size(g)}", more or None)]
 
 
