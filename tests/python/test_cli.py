@@ -194,7 +194,7 @@ def test_every_python_subcommand_parses_in_one_style(script):
                              ("plot", ["--device", "x"], "--device: expected a device number, "
                                                          "got 'x'"),
                              ("doctor", ["--capacity", "0"], "--capacity: expected a size"),
-                             ("estimate", ["--batch", "x"], "--batch: invalid int value"),
+                             ("estimate", ["--batch", "x"], "--batch: expected a whole number"),
                              ("version", ["extra"], "unexpected argument 'extra'")):
         done = run(script, name, *args)
         assert done.returncode == 3 and done.stderr.count("\n") == 1, (name, done.stderr)

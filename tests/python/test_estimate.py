@@ -285,6 +285,17 @@ def test_the_command_line(tmp_path):
         assert r.returncode == 3 and "vramkit estimate:" in r.stderr, (bad, r.stderr)
 
 
+
+@pytest.mark.parametrize("value", ["\u0661\u0662", "1_0", " 8", "+8"])
+@pytest.mark.parametrize("option", ["--batch", "--seq"])
+def test_batch_and_seq_are_ascii_digits_as_every_number_of_the_command(option, value):
+    # int() takes other scripts' digits, '_', blanks and a sign; the C command and the other
+    # subcommands refuse them, so estimate must not read '\u0661\u0662' as 12.
+    r = subprocess.run([sys.executable, "-m", "vramkit", "estimate", "--model", "gpt2",
+                        option, value], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 3 and f"{option}: expected a whole number" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
 class _Block(torch.nn.Module):
     def __init__(self):
         super().__init__()

@@ -508,6 +508,9 @@ def test_port_in_use_is_exit_4_with_a_message(tmp_path):
     (["--timeout", "0"], "--timeout: expected seconds above 0"),
     (["--timeout=soon"], "--timeout: expected seconds above 0"),
     (["--max-connections", "0"], "--max-connections: expected a whole number"),
+    # Digits of other scripts, which int() takes: port 80 and 1 connection were served.
+    (["--port", "\u0668\u0660"], "--port: expected a port number"),
+    (["--max-connections", "\u0661"], "--max-connections: expected a whole number"),
 ])
 def test_bad_arguments_exit_3(tmp_path, args, words):
     proc = export(_env(tmp_path), *args, check=False)

@@ -95,6 +95,15 @@ def checked(read: Callable[[str], object], expected: str) -> Callable[[str], obj
     return convert
 
 
+def whole_number(text: str) -> int:
+    """A whole number as the C command reads one: ASCII digits alone. int() also takes other
+    scripts' digits ('\u0661\u0662' is 12), '_', blanks and a sign, which no one means for a
+    count or a port; those raise ValueError, for checked() to word."""
+    if not (text.isascii() and text.isdigit()):
+        raise ValueError(text)
+    return int(text)
+
+
 def parse(parser: CommandParser, args: list[str]) -> argparse.Namespace | int:
     """The parsed arguments, or the exit status of a command line that is done: 0 after
     --help, 3 after the usage message. Options and operands may come in any order; after

@@ -24,7 +24,7 @@ import time
 from .._shown import shown
 from ._exit import (EXIT_DOES_NOT_FIT, EXIT_FAILURE, EXIT_MISSING_DEPENDENCY, EXIT_OK,
                     input_error, usage_error)
-from ._parser import CommandParser
+from ._parser import CommandParser, checked, whole_number
 
 EXIT_STATUS = ("exit status (the table of vramkit --help): 0 estimated (and it fits), 1 the "
                "step does not fit the card (or not even batch 1 does), 2 a config.json that "
@@ -44,8 +44,9 @@ def parser() -> CommandParser:
                    help="a family (gpt2, llama, bert, vit, resnet...), a named size "
                         "(gpt2-medium, llama-1b, vit-b16, resnet50), a config.json path, "
                         "or a model id in the local Hugging Face cache")
-    p.add_argument("--batch", type=int, default=8, help="batch size (default 8)")
-    p.add_argument("--seq", type=int, default=1024,
+    number = checked(whole_number, "a whole number")
+    p.add_argument("--batch", type=number, default=8, help="batch size (default 8)")
+    p.add_argument("--seq", type=number, default=1024,
                    help="tokens per sample for language models (default 1024)")
     p.add_argument("--precision", choices=models.PRECISIONS, default="fp32")
     p.add_argument("--optimizer", choices=models.OPTIMIZERS, default="adamw")

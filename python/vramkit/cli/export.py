@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 from ._exit import EXIT_FAILURE, EXIT_OK
-from ._parser import CommandParser, checked
+from ._parser import CommandParser, checked, whole_number
 
 USAGE = """usage: vramkit export [--port PORT] [--address ADDRESS] [--timeout SECONDS]
                       [--max-connections N] [--once]
@@ -32,7 +32,7 @@ in use, bad address)"""
 
 
 def _port(text: str) -> int:
-    if not text.isdigit() or int(text) > 65535:
+    if whole_number(text) > 65535:
         raise ValueError(text)
     return int(text)
 
@@ -51,7 +51,7 @@ def _timeout(text: str) -> float:
 
 
 def _connections(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
+    if whole_number(text) < 1:
         raise ValueError(text)
     return int(text)
 
