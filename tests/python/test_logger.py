@@ -172,6 +172,24 @@ def test_the_summary_names_the_peak_step_between_records(child, tmp_path):
     assert len(log_path.read_text().splitlines()) == 2
 
 
+
+def test_the_summary_counts_one_in_the_singular(run, tmp_path):
+    # One step, one record, one OOM and one retry: "1 step", never "1 steps".
+    out = run("""
+        import vramkit
+        vramkit.configure(0, limit="1G")
+        log = vramkit.MemoryLogger(lambda record: None)
+        buf = vramkit.empty(1 << 20)
+        log.step(0)
+        try:
+            vramkit.empty(2 << 30)
+        except vramkit.OutOfMemoryError:
+            pass
+        print(log.summary())
+    """, env={"VRAMKIT_PUBLISH_DIR": str(tmp_path)}).stdout
+    assert ": 1 step, 1 record ->" in out, out
+    assert "out of memory: 1 OOM, 1 allocation retried after" in out, out
+
 def test_logging_creates_no_pool(run, tmp_path):
     out = run(f"""
         import json, vramkit

@@ -102,6 +102,11 @@ def _size(n: float) -> str:
     return f"{n:.2f} TiB"  # unreachable; keeps type checkers content
 
 
+def _count(n: int, noun: str) -> str:
+    """A count with its noun, singular for one: "1 step", "3 records"."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 class _NvmlView:
     """NVML's figures for one vramkit device ordinal: the GPU's used bytes and this process's.
     The ordinal is mapped to a physical GPU once, by UUID (CUDA_VISIBLE_DEVICES renumbers).
@@ -430,8 +435,8 @@ class MemoryLogger:
     def summary(self) -> str:
         """The one-screen summary close() prints: the peaks, when and at which step."""
         where = self.path or "a callback"
-        lines = [f"vramkit memory log (device {self.device}): {self._calls} steps, "
-                 f"{self._records} records -> {where}"]
+        lines = [f"vramkit memory log (device {self.device}): {_count(self._calls, 'step')}, "
+                 f"{_count(self._records, 'record')} -> {where}"]
         if self._calls == 0:
             lines.append("  no steps were logged")
             return "\n".join(lines)
@@ -452,8 +457,9 @@ class MemoryLogger:
                      f"{_size(raw['reserved_bytes'][0])}, largest free block "
                      f"{_size(raw['largest_free_block'])}, fragmentation "
                      f"{raw['fragmentation']:.2f}")
-        lines.append(f"  out of memory: {raw['num_ooms']} OOMs, {raw['num_alloc_retries']} "
-                     f"allocations retried after emptying the cache")
+        lines.append(f"  out of memory: {_count(raw['num_ooms'], 'OOM')}, "
+                     f"{_count(raw['num_alloc_retries'], 'allocation')} retried after emptying "
+                     f"the cache")
         if self._last_stats and self._last_stats.get("nvml_used") is not None:
             lines.append(f"  NVML at the last record: GPU used "
                          f"{_size(self._last_stats['nvml_used'])}, this process "
