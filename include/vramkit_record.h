@@ -27,7 +27,8 @@ extern "C" {
 #endif
 
 #define VRAM_RECORD_MAGIC 0x314345524d525655ull /* "UVRMREC1" as bytes, little-endian */
-#define VRAM_RECORD_VERSION 2u /* 2: the give-back figures (issue 39) */
+#define VRAM_RECORD_VERSION 3u /* 2: the give-back figures; 3: the cache the largest free
+                                  block was measured in */
 #define VRAM_RECORD_MAX_DEVICES 16
 #define VRAM_RECORD_NAME_MAX 64
 #define VRAM_RECORD_CMDLINE_MAX 512
@@ -56,7 +57,11 @@ typedef struct vram_device_record {
   uint64_t given_back_bytes;    /* given back to neighbours that asked, in all */
   uint64_t given_back_count;    /* times it gave some back */
   uint64_t group_limit_bytes;   /* VRAMKIT_GROUP_LIMIT in force, 0 = none */
-} vram_device_record;           /* 208 bytes */
+  uint64_t largest_of_cached_bytes; /* the cached free bytes largest_free_block was measured
+                                   in (slow path): fragmentation is 1 - largest_free_block /
+                                   this, the two figures of one moment; cached_free_bytes
+                                   moves at every alloc and free, the largest block does not */
+} vram_device_record;           /* 216 bytes */
 
 typedef struct vram_process_record {
   uint64_t magic;               /* VRAM_RECORD_MAGIC */
@@ -70,15 +75,15 @@ typedef struct vram_process_record {
   uint32_t n_devices;           /* highest device with in_use + 1 */
   uint32_t reserved_;
   vram_device_record devices[VRAM_RECORD_MAX_DEVICES];
-} vram_process_record;          /* 3,944 bytes */
+} vram_process_record;          /* 4,072 bytes */
 
 /* The layout is the contract: a compiler or a field change that moves it fails here. */
 #if !defined(__cplusplus)
-_Static_assert(sizeof(vram_device_record) == 208, "vram_device_record must be 208 bytes");
-_Static_assert(sizeof(vram_process_record) == 3944, "vram_process_record must be 3,944 bytes");
+_Static_assert(sizeof(vram_device_record) == 216, "vram_device_record must be 216 bytes");
+_Static_assert(sizeof(vram_process_record) == 4072, "vram_process_record must be 4,072 bytes");
 #else
-static_assert(sizeof(vram_device_record) == 208, "vram_device_record must be 208 bytes");
-static_assert(sizeof(vram_process_record) == 3944, "vram_process_record must be 3,944 bytes");
+static_assert(sizeof(vram_device_record) == 216, "vram_device_record must be 216 bytes");
+static_assert(sizeof(vram_process_record) == 4072, "vram_process_record must be 4,072 bytes");
 #endif
 
 #ifdef __cplusplus

@@ -88,6 +88,7 @@ static int fill_device(PyObject *d, const vram_device_record *s, int busy) {
   COUNTER(active_bytes);
   COUNTER(cached_free_bytes);
   COUNTER(largest_free_block);
+  COUNTER(largest_of_cached_bytes);
   COUNTER(peak_allocated_bytes);
   COUNTER(peak_reserved_bytes);
   COUNTER(num_ooms);

@@ -256,6 +256,7 @@ void _vram_publish_store_slow(vram_device_record *d, const vram_publish_slow *v)
   d->active_bytes = v->active;
   d->cached_free_bytes = v->reserved - v->active;
   d->largest_free_block = v->largest_free;
+  d->largest_of_cached_bytes = v->largest_of_cached;
   d->peak_allocated_bytes = v->peak_allocated;
   d->peak_reserved_bytes = v->peak_reserved;
   d->num_ooms = v->num_ooms;

@@ -21,7 +21,9 @@
  * empty_cache or set_limit. */
 typedef struct vram_publish_slow {
   uint64_t allocated, reserved, active, peak_allocated, peak_reserved;
-  uint64_t largest_free, num_ooms, num_alloc_retries, limit, capacity;
+  uint64_t largest_free, largest_of_cached; /* the largest free block and the cache it is
+                                              measured in, of one walk */
+  uint64_t num_ooms, num_alloc_retries, limit, capacity;
   uint64_t givable, given_back, given_back_count, group_limit;
 } vram_publish_slow;
 

@@ -210,6 +210,8 @@ static bool device_plausible(const vram_device_record *d, uint32_t index, char *
   else if (d->peak_reserved_bytes < d->reserved_bytes) broken = "peak reserved < reserved";
   else if (d->givable_bytes > d->reserved_bytes) broken = "givable > reserved";
   else if (d->largest_free_block > d->reserved_bytes) broken = "largest free > reserved";
+  else if (d->largest_free_block > d->largest_of_cached_bytes)
+    broken = "largest free > the cache it was measured in";
   if (!broken) return true;
   say(why, cap, "device slot %u's figures contradict each other (%s), which no pool writes",
       index, broken);

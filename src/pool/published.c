@@ -46,6 +46,7 @@ void _vram_pool_publish_slow(vram_pool_t *pool) {
       .peak_allocated = (uint64_t)s->allocated_bytes.peak,
       .peak_reserved = (uint64_t)s->reserved_bytes.peak,
       .largest_free = largest < cached ? largest : cached,
+      .largest_of_cached = cached,
       .num_ooms = s->num_ooms,
       .num_alloc_retries = s->num_alloc_retries,
       .limit = pool->limit,

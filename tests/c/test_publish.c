@@ -196,6 +196,9 @@ static void test_record_fields(void **state) {
   d = read_slot(r, 0);
   s = vt_stats(pool);
   assert_int_equal(d.largest_free_block, s.largest_free_block);
+  /* ... with the cache it was measured in, the pair a reader's fragmentation is of. */
+  assert_int_equal(d.largest_of_cached_bytes, d.cached_free_bytes);
+  assert_true(d.largest_free_block <= d.largest_of_cached_bytes);
   assert_int_equal(d.reserved_bytes, (uint64_t)s.reserved_bytes.current);
   assert_true(d.updated_ns > 0);
 

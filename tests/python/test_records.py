@@ -23,13 +23,14 @@ from vramkit import records
 from vramkit.records import read_record, read_records
 
 MAGIC = 0x314345524D525655
-RECORD_SIZE = 3944
-DEVICE_SIZE = 208
+RECORD_SIZE = 4072
+DEVICE_SIZE = 216
 DEVICES_AT = 616
 COUNTERS = ("allocated_bytes", "reserved_bytes", "active_bytes", "cached_free_bytes",
             "largest_free_block", "peak_allocated_bytes", "peak_reserved_bytes", "num_ooms",
             "num_alloc_retries", "limit_bytes", "capacity_bytes", "updated_ns", "givable_bytes",
-            "given_back_bytes", "given_back_count", "group_limit_bytes")
+            "given_back_bytes", "given_back_count", "group_limit_bytes",
+            "largest_of_cached_bytes")
 
 
 def ticks_of(pid: int) -> int:
@@ -38,7 +39,7 @@ def ticks_of(pid: int) -> int:
 
 
 def record_bytes(pid, uid=None, ticks=None, name=b"trainer", cmdline=b"", devices=(),
-                 magic=MAGIC, version=2, size=RECORD_SIZE, n_devices=None) -> bytearray:
+                 magic=MAGIC, version=3, size=RECORD_SIZE, n_devices=None) -> bytearray:
     """A vram_process_record, field by field at the header's offsets."""
     data = bytearray(RECORD_SIZE)
     struct.pack_into("<QII", data, 0, magic, version, size)
@@ -70,6 +71,9 @@ def plausible(device: dict) -> dict:
         counters[key] = device.get(key, counters[source])
     counters["cached_free_bytes"] = device.get(
         "cached_free_bytes", counters["reserved_bytes"] - counters["active_bytes"])
+    counters["largest_of_cached_bytes"] = device.get(
+        "largest_of_cached_bytes", max(counters["cached_free_bytes"],
+                                       counters["largest_free_block"]))
     return counters
 
 
@@ -94,7 +98,8 @@ def test_a_live_process_record_is_read_field_by_field(tmp_path, sleeper):
               **{key: (i + 1) * MiB for i, key in enumerate(COUNTERS)}}
     device.update(allocated_bytes=5 * MiB, active_bytes=6 * MiB, reserved_bytes=14 * MiB,
                   cached_free_bytes=8 * MiB, largest_free_block=2 * MiB, num_ooms=3,
-                  peak_allocated_bytes=7 * MiB, peak_reserved_bytes=15 * MiB)
+                  peak_allocated_bytes=7 * MiB, peak_reserved_bytes=15 * MiB,
+                  largest_of_cached_bytes=8 * MiB)
     write_record(tmp_path, sleeper.pid, devices=[device, {"device": 1, "allocated_bytes": 5}],
                  cmdline=b"python train.py")
     problems = []
@@ -171,7 +176,7 @@ def test_bad_files_are_skipped_with_a_reason_and_kept(tmp_path, sleeper):
     folder.mkdir(mode=0o700)
     (folder / "1.rec").write_bytes(b"not a record")
     (folder / "2.rec").write_bytes(b"\x7fELF" + bytes(4000))
-    (folder / "3.rec").write_bytes(record_bytes(pid, version=3))
+    (folder / "3.rec").write_bytes(record_bytes(pid, version=2))
     (folder / "4.rec").write_bytes(record_bytes(pid, size=4000))
     (folder / "5.rec").write_bytes(record_bytes(pid)[:1000])
     (folder / "6.rec").write_bytes(bytes(RECORD_SIZE))  # created, header not written yet
@@ -182,9 +187,9 @@ def test_bad_files_are_skipped_with_a_reason_and_kept(tmp_path, sleeper):
     text = reasons(folder)
     for number, reason in [(1, "too short for a record (12 bytes"),
                            (2, "not a vramkit record (magic 0x"),
-                           (3, "record version 3; this reader knows version 2"),
-                           (4, "record of 4000 bytes in a file of 3944"),
-                           (5, "record of 3944 bytes in a file of 1000"),
+                           (3, "record version 2; this reader knows version 3"),
+                           (4, "record of 4000 bytes in a file of 4072"),
+                           (5, "record of 4072 bytes in a file of 1000"),
                            (6, "not initialised yet"),
                            (7, f"the record's pid {pid} is not its file's name"),
                            (8, "a symbolic link"),
@@ -208,7 +213,10 @@ def test_a_slot_whose_figures_no_pool_writes_is_refused(tmp_path, sleeper):
              ({"allocated_bytes": MiB, "peak_allocated_bytes": 0}, "peak allocated < allocated"),
              ({"reserved_bytes": MiB, "peak_reserved_bytes": 0}, "peak reserved < reserved"),
              ({"reserved_bytes": MiB, "givable_bytes": 2 * MiB}, "givable > reserved"),
-             ({"reserved_bytes": MiB, "largest_free_block": 2**64 - 1}, "largest free > reserved")]
+             ({"reserved_bytes": MiB, "largest_free_block": 2**64 - 1}, "largest free > reserved"),
+             ({"reserved_bytes": MiB, "largest_free_block": MiB,
+               "largest_of_cached_bytes": MiB // 2},
+              "largest free > the cache it was measured in")]
     for device, contradiction in cases:
         write_record(tmp_path, sleeper.pid, devices=[{"allocated_bytes": MiB}, device])
         problems = []
@@ -268,7 +276,7 @@ WRITER = """
     # between bursts whatever the load of the machine.
     import time
     fd = os.open(sys.argv[1], os.O_RDWR)
-    view = mmap.mmap(fd, 3944)
+    view = mmap.mmap(fd, 4072)
     at = 616
     seq = memoryview(view)[at:at + 8].cast("Q")
     n = 0
@@ -371,6 +379,50 @@ def test_a_real_record_equals_memory_stats(tmp_path):
         child.communicate("\n", timeout=60)
     # Removed at exit.
     assert not (tmp_path / f"{child.pid}.rec").exists()
+
+
+FREED_CHILD = """
+    import json, sys, vramkit
+    pool = vramkit.Pool(source="sim")
+    pieces = [pool.allocate(3 << 20) for _ in range(2)]
+    for piece in pieces:
+        piece.free()  # two frees, no segment change: the hot path alone publishes them
+    print(json.dumps(pool.memory_stats()), flush=True)
+    sys.stdin.readline()
+    pool.reset_peak_stats()  # a slow event: the largest free block is measured again
+    print(json.dumps(pool.memory_stats()), flush=True)
+    sys.stdin.readline()
+"""
+
+
+def test_fragmentation_is_of_figures_of_one_moment(tmp_path):
+    """The largest free block is measured at the pool's slow events, the cached memory at
+    every free: freed blocks that merged into one were shown as 100% fragmentation (the
+    largest block of before the frees, 0, over the cache after them) where the pool's own
+    statistics said 0. The record pairs the largest block with the cache it was measured
+    in, and its fragmentation is of those two."""
+    env = dict(os.environ, **SIM_ENV, VRAMKIT_PUBLISH_DIR=str(tmp_path))
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(FREED_CHILD)], env=env,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        stats = json.loads(child.stdout.readline())
+        (device,) = read_record(tmp_path / f"{child.pid}.rec").devices
+        assert device.cached_free_bytes == stats["reserved_bytes.all.current"] > 0
+        assert stats["fragmentation"] == 0.0
+        assert device.fragmentation < 1.0
+        assert device.fragmentation == (1.0 - device.largest_free_block /
+                                        device.largest_of_cached_bytes
+                                        if device.largest_of_cached_bytes else 0.0)
+        child.stdin.write("\n")
+        child.stdin.flush()
+        stats = json.loads(child.stdout.readline())
+        (device,) = read_record(tmp_path / f"{child.pid}.rec").devices
+        # Measured again: the record's figures are the pool's own.
+        assert device.largest_free_block == stats["largest_free_block"] > 0
+        assert device.largest_of_cached_bytes == device.cached_free_bytes
+        assert device.fragmentation == stats["fragmentation"] == 0.0
+    finally:
+        child.communicate("\n", timeout=60)
 
 
 def test_a_planted_folder_is_not_read_nor_cleaned(tmp_path, sleeper, monkeypatch):

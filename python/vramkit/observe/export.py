@@ -75,8 +75,9 @@ FAMILIES = (
      "stream still uses them)", POOL_LABELS),
     ("vramkit_cached_free_bytes", "gauge", "Bytes reserved but free: what empty_cache could "
      "give back or new allocations reuse", POOL_LABELS),
-    ("vramkit_largest_free_block_bytes", "gauge", "The largest allocation the pool can serve "
-     "without asking the driver", POOL_LABELS),
+    ("vramkit_largest_free_block_bytes", "gauge", "The largest allocation the pool could serve "
+     "without asking the driver, at its last segment change, OOM or empty_cache",
+     POOL_LABELS),
     ("vramkit_peak_allocated_bytes", "gauge", "Peak of allocated bytes since start or the "
      "process's last reset of peaks", POOL_LABELS),
     ("vramkit_peak_reserved_bytes", "gauge", "Peak of reserved bytes since start or the "
@@ -85,7 +86,8 @@ FAMILIES = (
     ("vramkit_capacity_bytes", "gauge", "Memory of the device as the pool's source sees it",
      POOL_LABELS),
     ("vramkit_fragmentation_ratio", "gauge", "Share of cached free memory outside the largest "
-     "free block, 0 to 1", POOL_LABELS),
+     "free block, 0 to 1, at the pool's last segment change, OOM or empty_cache",
+     POOL_LABELS),
     ("vramkit_ooms_total", "counter", "Allocations that failed with out of memory",
      POOL_LABELS),
     ("vramkit_alloc_retries_total", "counter", "Allocations that succeeded only after the "

@@ -53,9 +53,13 @@ class DeviceRecord:
     """One device's pool in a process, in bytes (the counters as the engine published them).
 
     busy is True when the device was being written on every try; its figures are then 0 and
-    not to be shown or exported as values. fragmentation is 1 - largest_free_block /
-    cached_free_bytes: 0 when the cached memory is one block (or there is none), near 1 when
-    it is in many small pieces."""
+    not to be shown or exported as values. The figures move at every allocation and free,
+    but for largest_free_block, which the pool measures at its slow events (a segment
+    change, an OOM, empty_cache, a limit or peak reset) together with the cached memory it
+    lies in, largest_of_cached_bytes. fragmentation is 1 - largest_free_block /
+    largest_of_cached_bytes, the two figures of that one moment: 0 when the cached memory
+    was one block (or there was none), near 1 when it was in many small pieces. (Against
+    cached_free_bytes, a later moment's figure, it would claim pieces the pool never had.)"""
 
     device: int
     source: str
@@ -76,17 +80,15 @@ class DeviceRecord:
     given_back_bytes: int = 0  # given back to neighbours that asked
     given_back_count: int = 0
     group_limit_bytes: int = 0  # VRAMKIT_GROUP_LIMIT in force, 0 = none
+    largest_of_cached_bytes: int = 0  # the cached memory largest_free_block was measured in
     busy: bool = False
     fragmentation: float = field(init=False)
 
     def __post_init__(self) -> None:
-        if self.cached_free_bytes > 0:
-            # largest_free_block is refreshed at slow-path events only, so it can briefly
-            # exceed what is cached now: clamp rather than report negative fragmentation.
-            ratio = min(self.largest_free_block, self.cached_free_bytes) / self.cached_free_bytes
-            self.fragmentation = 1.0 - ratio
-        else:
-            self.fragmentation = 0.0
+        # The engine's reader refuses a slot whose largest block exceeds the cache it was
+        # measured in, so the ratio is within [0, 1].
+        cached = self.largest_of_cached_bytes
+        self.fragmentation = 1.0 - self.largest_free_block / cached if cached else 0.0
 
 
 @dataclass
