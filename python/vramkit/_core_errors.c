@@ -137,7 +137,8 @@ static void format_bytes(char *out, size_t cap, double bytes) {
   static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB",
                                       "YiB"};
   int unit = 0;
-  while (bytes >= 1024.0 && unit < 8) {
+  /* The unit of the figure as printed: one that rounds to 1024.00 is 1.00 of the next. */
+  while (unit < 8 && bytes >= (unit ? 1024.0 - 0.005 : 1024.0)) {
     bytes /= 1024.0;
     unit++;
   }

@@ -236,13 +236,19 @@ def test_others_from_the_engines_figures():
 
 
 def test_a_reports_text_is_not_parsed():
-    # The figures are the engine's: a report's text is refused, saying where they are.
-    text = ("vramkit: out of memory on device 0 (cuda source): tried to allocate 2.00 GiB "
-            "(2147483648 bytes) on the default stream.\n  cause: others: ...")
-    with pytest.raises(DoctorInputError, match=r"oom_info"):
-        diagnose(text)
-    with pytest.raises(DoctorInputError, match=r"oom_info"):
-        diagnose(MemoryError(text))
+    # The figures are the engine's: a report's text is refused, saying where they are. In a
+    # fresh process: an exception carrying the report takes the figures this process's
+    # pool kept at its last OOM, which another test's OOM would have left.
+    run_python("""
+        import pytest
+        from vramkit.doctor import DoctorInputError, diagnose
+        text = ("vramkit: out of memory on device 0 (cuda source): tried to allocate 2.00 GiB "
+                "(2147483648 bytes) on the default stream.\\n  cause: others: ...")
+        with pytest.raises(DoctorInputError, match=r"oom_info"):
+            diagnose(text)
+        with pytest.raises(DoctorInputError, match=r"oom_info"):
+            diagnose(MemoryError(text))
+    """)
 
 
 # The engine's causes (vram_oom_cause_name), spelled out so that none can drop silently.
@@ -656,3 +662,20 @@ def test_exported_lazily():
     assert "doctor" in vramkit.cli.COMMANDS
     done = run_python("import sys, vramkit; print('vramkit.doctor' in sys.modules)")
     assert done.stdout.strip() == "False"
+
+
+def test_a_wrapped_line_keeps_each_figure_with_its_unit():
+    # A note's "0 B" fell at the width: "... 0" ended one line, "B cached free" began the
+    # next. Every figure of a cause, fix or note now keeps its unit on its line.
+    from vramkit.doctor import Diagnosis
+    for lead in range(60, 100):
+        text = "x" * lead + " 0 B cached free, 6.1 MiB asked, 1.0 GiB free"
+        shown = str(Diagnosis("fragmentation", text, "a test", notes=[text],
+                              fixes=[Fix(text, None)]))
+        lines = shown.splitlines()
+        for line, after in zip(lines, lines[1:]):
+            assert not (line[-1:].isdigit() and after.split()[0] in ("B", "MiB", "GiB")), \
+                (lead, line, after)
+        # Nothing lost or changed but where lines break.
+        assert " ".join(shown.split()).count("0 B cached free, 6.1 MiB asked, 1.0 GiB free") \
+            == 3

@@ -12,7 +12,7 @@ import pytest
 
 import vramkit
 from vramkit import _core
-from helpers import GiB, MiB
+from helpers import GiB, MiB, run_python
 
 CAPACITY = 4 * GiB  # helpers.SIM_ENV
 
@@ -56,6 +56,18 @@ def test_a_size_no_device_holds_is_out_of_memory(nbytes):
 def test_a_size_past_64_bits_on_another_device_names_that_device():
     with pytest.raises(vramkit.OutOfMemoryError, match=r"device 2\b.*capacity"):
         vramkit.empty(1 << 70, device="cuda:2")
+
+
+def test_a_capacity_just_under_a_unit_is_named_in_the_next():
+    # A device of 1 GiB less 512 bytes was "a capacity of 1024.00 MiB".
+    proc = run_python("""
+        import vramkit
+        try:
+            vramkit.empty(1 << 70)
+        except vramkit.OutOfMemoryError as error:
+            print(error)
+    """, env={"VRAMKIT_SIM_CAPACITY": str(GiB - 512)})
+    assert f"capacity of 1.00 GiB ({GiB - 512} bytes)" in proc.stdout, proc.stdout
 
 
 @pytest.mark.parametrize("nbytes", [-1, -(1 << 20), -(1 << 70)])

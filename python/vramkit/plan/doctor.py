@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import textwrap
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
@@ -111,8 +112,8 @@ class Diagnosis:
         width = 100
         n = self.numbers
         lines = [f"vramkit doctor: {self.origin}"]
-        lines += textwrap.wrap(f"cause: {self.cause or 'none'}: {self.summary}", width,
-                               subsequent_indent="  ")
+        lines += _wrap(f"cause: {self.cause or 'none'}: {self.summary}", width,
+                       subsequent_indent="  ")
         # Three rows of figures: the pool at the failure, a trace's replays, the device.
         rows = ((("asked", "requested"), ("allocated", "allocated"), ("reserved", "reserved"),
                  ("cached free", "cached_free"), ("largest free block", "largest_free_block")),
@@ -145,13 +146,26 @@ class Diagnosis:
             lines.append("fixes, by predicted effect:")
             for i, fix in enumerate(self.fixes, 1):
                 gain = f" [{_size(fix.effect)}]" if fix.effect is not None else ""
-                lines += textwrap.wrap(f"{i}. {fix.text}{gain}", width, initial_indent="  ",
-                                       subsequent_indent="     ")
+                lines += _wrap(f"{i}. {fix.text}{gain}", width, initial_indent="  ",
+                               subsequent_indent="     ")
         for note in self.notes[:3]:
-            lines += textwrap.wrap(f"note: {note}", width, subsequent_indent="  ")
+            lines += _wrap(f"note: {note}", width, subsequent_indent="  ")
         # File names, call sites and process names come from the file diagnosed: each line
         # as vramkit shows foreign text, so that none garbles a terminal or forges a line.
         return "\n".join(shown(line) for line in lines)
+
+
+# A figure and its unit ("0 B", "6.1 MiB"), which a wrapped line keeps together.
+_FIGURE_AND_UNIT = re.compile(r"(\d) (B|KiB|MiB|GiB|TiB|PiB|EiB)\b")
+
+
+def _wrap(text: str, width: int, **indents) -> list[str]:
+    """textwrap.wrap, never breaking a line between a figure and its unit (a note read
+    "... 0" on one line and "B cached free" on the next)."""
+    if "\u00a0" in text:  # foreign text holding the glue: wrapped as it is
+        return textwrap.wrap(text, width, **indents)
+    glued = _FIGURE_AND_UNIT.sub("\\1\u00a0\\2", text)
+    return [line.replace("\u00a0", " ") for line in textwrap.wrap(glued, width, **indents)]
 
 
 # ---------------------------------------------------------------------------------------
