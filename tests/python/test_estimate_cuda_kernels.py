@@ -208,6 +208,37 @@ def test_cuda_autocast_s_fp32_ops_are_fp32_on_the_stand_in_too():
         assert (x @ x).dtype == torch.float16  # a lower-precision op stays so
 
 
+def test_autocast_promotes_what_cuda_s_lists_promote():
+    """The promote lists differ: CPU autocast casts a concatenation's narrower inputs to
+    the widest dtype first (a copy each), which CUDA autocast leaves to the kernel (the
+    real fp16 UNet step on an H100 makes no such copy for its skip connections); CUDA
+    autocast casts addcmul's, index_put's, scatter_add's ... inputs to the widest, which
+    CPU autocast leaves to the kernel."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from vramkit.plan.estimator import _emulate
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.called.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    wide, narrow = torch.zeros(2, 8, 4, 4), torch.zeros(2, 8, 4, 4).half()
+    calls = {"cat": lambda: torch.cat([wide, narrow], 1),
+             "stack": lambda: torch.stack([wide, narrow]),
+             "addcmul": lambda: torch.addcmul(wide, narrow, narrow),
+             "scatter_add": lambda: wide.flatten().scatter_add(
+                 0, torch.zeros(4, dtype=torch.long), narrow.flatten()[:4])}
+    copies = {}
+    with _emulate.emulated_cuda():
+        for name, call in calls.items():
+            with torch.autocast("cuda", dtype=torch.float16), Ops() as ops:
+                ops.called = []
+                assert call().dtype == torch.float32, name
+            copies[name] = ops.called.count("_to_copy.default")
+    assert copies == {"cat": 0, "stack": 0, "addcmul": 2, "scatter_add": 1}
+
+
 def test_attention_over_heads_permuted_out_of_channels_runs_the_composite():
     """Every fused attention kernel needs the inputs' last dimension contiguous; a UNet's
     attention permutes its heads out of a convolution's channels, whose last dimension

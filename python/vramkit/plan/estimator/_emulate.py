@@ -376,6 +376,15 @@ _CUDA_FP32_OUTPUT_OPS = ("softmax.int", "softmax.Dimname", "log_softmax.int",
 # meets autocast on its own (cross entropy's log-softmax keeps the input's dtype, its
 # nll_loss casts to fp32), which keeps other tensors for backward than one fp32 cast.
 _CUDA_UNLISTED_OPS = ("cross_entropy_loss",)
+# The promote lists differ too (ATen's autocast_mode.cpp): CPU autocast casts the inputs of
+# a concatenation to the widest dtype first, a copy of each narrower one, where CUDA's
+# lists none of these and the kernel promotes as it writes (a UNet's skip connection, a
+# 16-bit activation beside an fp32 upsampling, gets no copy on a GPU)...
+_CPU_ONLY_PROMOTE_OPS = ("cat", "stack", "index_copy", "index_copy.dimname")
+# ... and CUDA autocast casts the inputs of these to the widest floating dtype among them,
+# which CPU autocast leaves to the kernel's own promotion.
+_CUDA_PROMOTE_OPS = ("addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "vdot",
+                     "grid_sampler", "index_put", "tensordot", "scatter_add")
 
 
 def _without_cpu_autocast(op, args, kwargs):
@@ -412,6 +421,33 @@ def _fp32_output(op):
     return kernel
 
 
+def _as_cuda_leaves_it(op):
+    def kernel(*args, **kwargs):
+        return _without_cpu_autocast(op, args, kwargs)
+    return kernel
+
+
+def _promoted(op):
+    """CUDA autocast's promote policy: every floating tensor argument (in lists too) cast
+    to the widest of the autocast dtype and theirs, then the op outside autocast."""
+    def kernel(*args, **kwargs):
+        tensors = [t for a in (*args, *kwargs.values())
+                   for t in (a if isinstance(a, (list, tuple)) else (a,))
+                   if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        widest = torch.get_autocast_dtype("cpu")
+        for t in tensors:
+            widest = torch.promote_types(widest, t.dtype)
+
+        def cast(a):
+            if isinstance(a, (list, tuple)):
+                return type(a)(cast(x) for x in a)
+            if isinstance(a, torch.Tensor) and a.is_floating_point() and a.dtype != widest:
+                return a.to(widest)
+            return a
+        return _without_cpu_autocast(op, cast(args), {k: cast(v) for k, v in kwargs.items()})
+    return kernel
+
+
 def _by_parts(op):
     def kernel(*args, **kwargs):
         return op.decompose(*args, **kwargs)  # its parts dispatch under autocast
@@ -431,6 +467,10 @@ def cuda_autocast_lists_on_cpu():
                 lib.impl(name, _fp32_output(_overload(name)), "AutocastCPU")
             for name in _CUDA_UNLISTED_OPS:
                 lib.impl(name, _by_parts(_overload(name)), "AutocastCPU")
+            for name in _CPU_ONLY_PROMOTE_OPS:
+                lib.impl(name, _as_cuda_leaves_it(_overload(name)), "AutocastCPU")
+            for name in _CUDA_PROMOTE_OPS:
+                lib.impl(name, _promoted(_overload(name)), "AutocastCPU")
         yield
     finally:
         lib._destroy()
