@@ -9,6 +9,7 @@ start at zero) that writes what it saw as JSON; the assertions run here.
 
 import csv
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -329,7 +330,10 @@ def test_plot_draws_a_log(child, tmp_path, suffix):
     last = json.loads(lines[-1]) if suffix == "jsonl" else \
         dict(zip(lines[0].split(","), lines[-1].split(",")))
     assert history.reserved[-1][1] == int(last["reserved"])
-    assert history.peak_allocated == int(last["allocated"])    # held memory only grows here
+    # The step with 200 MiB freed inside it holds the peak, above anything held at a record.
+    peaks = [json.loads(line)["peak_allocated"] for line in lines] if suffix == "jsonl" else \
+        [int(row["peak_allocated"]) for row in csv.DictReader(open(log_path, newline=""))]
+    assert history.peak_allocated == max(peaks) > int(last["allocated"])
     assert [b.site for b in history.blocks][:2] == ["step 0", "step 1"]
     done = _plot(log_path, tmp_path / "memory.html")
     assert done.returncode == 0, done.stderr
@@ -354,6 +358,26 @@ def test_plot_log_with_an_oom_and_a_cut_last_line(tmp_path):
     bad.write_text(json.dumps(records[0]) + "\nnot json\n" + json.dumps(records[1]) + "\n")
     done = _plot(bad, tmp_path / "bad.html")
     assert done.returncode == 2 and "bad.jsonl:2: not a JSON record" in done.stderr
+
+
+def test_plot_states_the_logs_peaks_not_the_highest_record(tmp_path):
+    # A high inside the steps between two records is only in the records' peaks: the page
+    # said "peak allocated 4.00 MiB, peak reserved 64.00 MiB" of a log whose peaks were
+    # 40 MiB and 96 MiB.
+    records = [{"time": 100.0 + i, "step": i, "allocated": (i + 1) * MiB, "reserved": 64 * MiB,
+                "peak_allocated": (40 if i == 1 else i + 1) * MiB,
+                "peak_reserved": (96 if i == 1 else 64) * MiB} for i in range(4)]
+    path = tmp_path / "peaks.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    done = _plot(path, tmp_path / "peaks.html")
+    assert done.returncode == 0, done.stderr
+    page = (tmp_path / "peaks.html").read_text()
+    data = json.loads(re.search(r'id="vk-data">(.*?)</script>', page, re.S).group(1))
+    assert (data["peak"], data["peakReserved"]) == (40 * MiB, 96 * MiB)
+    # A peak field that is no byte count is refused by name, as allocated is.
+    path.write_text(json.dumps(dict(records[0], peak_reserved="lots")) + "\n")
+    done = _plot(path, tmp_path / "bad.html")
+    assert done.returncode == 2 and "'peak_reserved' is not a number" in done.stderr
 
 
 HUGE = "1" + "0" * 400  # an int no float holds

@@ -52,6 +52,10 @@ class History:
         self.segments_note = ""
         self.notes: list[str] = []
         self.peak_allocated = 0
+        # Peaks the input states beside its series (a log's peak_allocated and peak_reserved,
+        # highs reached between two records): the page's peaks are never read below them.
+        self.stated_peak_allocated = 0
+        self.stated_peak_reserved = 0
         self.last_time = 0.0     # the last entry of any kind, so the axis covers it too
 
     def finish(self):
@@ -67,7 +71,7 @@ class History:
             last = max(last, t)
         for t, _ in self.reserved or ():
             last = max(last, t)
-        self.peak_allocated = peak
+        self.peak_allocated = max(peak, self.stated_peak_allocated)
         self.end_time = max(last, self.last_time, 1.0)
         return self
 

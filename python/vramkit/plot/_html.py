@@ -77,7 +77,8 @@ def page_data(history, lay) -> dict:
              "top": [round(v / unit) for v in lay.small_top],
              "count": lay.small_count, "bytes": lay.small_max,
              "drawn": [a - b for a, b in zip(lay.small_top, lay.big_top)]}
-    peak_reserved = max(v for _, v in history.reserved) if history.reserved else None
+    peak_reserved = max(max(v for _, v in history.reserved), history.stated_peak_reserved) \
+        if history.reserved else None
     return {
         "kind": {"trace": "vramkit trace", "log": "memory log"}.get(history.kind,
                                                                     "memory snapshot"),

@@ -4,8 +4,10 @@ so that `vramkit plot memory.jsonl -o memory.html` draws it like a trace.
 A log has no blocks, only what was allocated and reserved at each record. Each record becomes
 one band of its allocated bytes, lasting until the next record (hover names its step), the
 reserved series is the records' reserved bytes, and a rise of num_ooms between two records is
-an out-of-memory point. A log cut short by a crash (its last line incomplete) is drawn up to
-that line, with a note; any other unreadable line is an error naming it.
+an out-of-memory point. The peaks the page states are the log's own (its records'
+peak_allocated and peak_reserved, highs between records), not the highest record drawn. A
+log cut short by a crash (its last line incomplete) is drawn up to that line, with a note;
+any other unreadable line is an error naming it.
 """
 
 from __future__ import annotations
@@ -109,7 +111,11 @@ def parse_log(path: str, raw: bytes) -> tuple[list[dict], list[str]]:
         # Memory figures are byte counts as the engine keeps them (64-bit), held to a
         # snapshot's bounds; a time or a step past a signed 64-bit count is no clock's or
         # loop's, and past a float's range an int would stop the drawing's arithmetic.
-        for name in ("allocated", "reserved"):
+        # The peaks are optional (a hand-made log may lack them) but stated on the page.
+        peaks = [name for name in ("peak_allocated", "peak_reserved") if name in record]
+        for name in peaks:
+            _number(path, number, name, record[name])
+        for name in ("allocated", "reserved", *peaks):
             if not 0 <= record[name] < _U64:
                 raise PlotInputError(f"{path}:{number}: '{name}' is not a byte count from 0 "
                                      f"to 2**64 - 1: {_clipped(record[name])}")
@@ -175,6 +181,10 @@ def from_log(path: str, records: list[dict], notes: list[str]) -> History:
     h.events.sort(key=lambda e: (e[0], e[2]))
     h.blocks = blocks
     h.reserved = [(t, int(r["reserved"])) for r, t in zip(records, times)]
+    # A record's figures are what was held at its step() call; a high inside the steps
+    # between two records is only in its peaks.
+    h.stated_peak_allocated = max(int(r.get("peak_allocated", 0)) for r in records)
+    h.stated_peak_reserved = max(int(r.get("peak_reserved", 0)) for r in records)
     h.segments_note = "a memory log records no segments: this view needs a snapshot"
     h.last_time = times[-1]
     return h.finish()
