@@ -21,6 +21,7 @@ import pytest
 
 import vramkit.cli
 
+MiB = 1 << 20
 TRACES = sorted((Path(__file__).resolve().parents[2] / "data" / "traces").glob("*.trace.gz"))
 
 # The keys every replay --json object has (the replay contract), and skipped_frees.
@@ -259,6 +260,22 @@ def test_a_replay_whose_pool_was_never_made_shows_no_time_or_ratio(script, tmp_p
                            env={**env, "VRAMKIT_PREALLOCATE": "16M"}, timeout=120)
     row = json.loads(timed.stdout)
     assert row["ooms"] == 0 and row["ns_per_op"] > 0 and row["reserved_over_live"] == 2.0
+
+
+def test_bench_scale_json_holds_the_figures_its_text_prints(script):
+    # The text printed each case's live bytes and peak reserved, which --json left out; and
+    # both said "passes of 101 ops" of passes that timed 100 (whole free+alloc steps).
+    args = ["bench", "scale", "--small", "10", "--large", "100", "--ops", "101"]
+    text = run(script, *args)
+    done = run(script, *args, "--json")
+    assert text.returncode == 0 and done.returncode == 0, text.stderr + done.stderr
+    row = json.loads(done.stdout)
+    assert "passes of 100 ops" in text.stdout and row["ops"] == 100, text.stdout
+    cases = re.findall(r"(\d+) live blocks \( *([\d.]+) MiB live, *([\d.]+) MiB peak reserved\)",
+                       text.stdout)
+    assert [(int(n), float(live), float(res)) for n, live, res in cases] == [
+        (row[f"live_{case}"], round(row[f"live_bytes_{case}"] / MiB, 1),
+         round(row[f"peak_reserved_bytes_{case}"] / MiB, 1)) for case in ("small", "large")]
 
 
 def test_names_in_messages_are_shown_escaped():
