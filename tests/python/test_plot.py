@@ -635,3 +635,20 @@ def test_browser_draws_a_trace(small_trace, tmp_path):
     assert report["bands"] == 3 and report["small"] == 1 and report["reserved"] == 1
     assert "size 70.0 MiB" in report["hover"] and "15 µs to 40 µs (25 µs)" in report["hover"]
     assert "call site unknown (a trace records no call sites)" in report["hover"]
+
+
+@needs_chromium
+def test_browser_counts_a_logs_bands_as_records(tmp_path):
+    # A memory log holds records, not allocations: the page said "4 allocations: 4 drawn as
+    # bands" and "each coloured band is one allocation" of a log of 4 records.
+    log = tmp_path / "memory.jsonl"
+    log.write_text("".join(json.dumps({"time": 100.0 + i, "step": i, "allocated": (i + 1) * MiB,
+                                       "reserved": 8 * MiB}) + "\n" for i in range(4)))
+    page = tmp_path / "log.html"
+    plot(str(log), str(page))
+    dom, stderr = browser_chromium.open_page(page)
+    facts = re.search(r'<div class="facts" id="facts">(.*?)</div>', dom, re.S)
+    assert facts is not None, stderr[-3000:]
+    assert "4 records: 4 drawn as bands" in facts.group(1), facts.group(1)
+    assert "allocation" not in facts.group(1)
+    assert "each coloured band is one record of the log" in dom

@@ -40,8 +40,7 @@ _TEMPLATE = """<!DOCTYPE html>
 caveat:</b><ul></ul></div>
 <h2>Timeline: allocated memory by allocation, reserved above it</h2>
 <div class="chart"><svg id="timeline" preserveAspectRatio="none"></svg></div>
-<div class="legend">each coloured band is one allocation (colour: its call site), oldest at
-the bottom; hover for size, call site and lifetime<span style="background:#b8b8b8"></span>small
+<div class="legend">{band_legend}<span style="background:#b8b8b8"></span>small
 or short-lived blocks, merged<span style="background:#1f4fbf;height:2px"></span>reserved
 <span style="background:#d00;width:2px"></span>out of memory</div>
 <h2>Segments at snapshot time</h2>
@@ -51,6 +50,19 @@ or short-lived blocks, merged<span style="background:#1f4fbf;height:2px"></span>
 <script>{js}</script>
 </body></html>
 """
+
+
+# What one band is: an allocation, or in a memory log (which holds no blocks) a record's
+# allocated bytes until the next record.
+_BLOCK_LEGEND = ("each coloured band is one allocation (colour: its call site), oldest at\n"
+                 "the bottom; hover for size, call site and lifetime")
+_LOG_LEGEND = ("each coloured band is one record of the log: the bytes allocated at its step,\n"
+               "until the next record; hover for its step")
+
+
+def blocks_noun(history) -> str:
+    """What the history's blocks are, for the counts the page and the PNG state."""
+    return "records" if history.kind == "log" else "allocations"
 
 
 def _asset(name: str) -> str:
@@ -85,7 +97,8 @@ def page_data(history, lay) -> dict:
         "device": history.device, "timeUnit": history.time_unit,
         "span": round(history.end_time), "width": lay.width, "height": HEIGHT, "unit": unit,
         "peak": history.peak_allocated, "peakReserved": peak_reserved,
-        "blockCount": len(history.blocks), "merged": lay.merged,
+        "blockCount": len(history.blocks), "blocksNoun": blocks_noun(history),
+        "merged": lay.merged,
         "bands": bands, "small": small,
         "reserved": None if lay.reserved is None else [round(v / unit) for v in lay.reserved],
         "reservedNote": history.reserved_note,
@@ -143,6 +156,7 @@ def render(history, lay, output):
     data = data.replace("<", "\\u003c")
     name = html.escape(os.path.basename(history.path))
     page = _TEMPLATE.format(name=name, hook=_ERROR_HOOK, css=_asset("page.css"), data=data,
-                            js=_asset("page.js"))
+                            js=_asset("page.js"),
+                            band_legend=_LOG_LEGEND if history.kind == "log" else _BLOCK_LEGEND)
     with open(output, "w", encoding="utf-8") as f:
         f.write(page)

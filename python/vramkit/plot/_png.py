@@ -57,8 +57,10 @@ def render(history, lay, output):
     axes.set_ylim(0, tallest * 1.05 or 1)
     axes.set_xlabel(f"time ({history.time_unit} from the first event)")
     axes.set_ylabel("GiB")
-    title = f"{os.path.basename(history.path)}: {len(lay.bands)} allocations as bands, " \
-            f"{lay.merged} merged"
+    from ._html import blocks_noun
+
+    title = f"{os.path.basename(history.path)}: {len(lay.bands)} {blocks_noun(history)} as " \
+            f"bands, {lay.merged} merged"
     if lay.reserved is None:
         title += "; reserved unknown"
     if lay.ooms:

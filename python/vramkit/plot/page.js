@@ -43,7 +43,7 @@
     D.kind + (D.device === null ? "" : ", device " + D.device) +
     " · peak allocated " + bytes(D.peak) +
     " · peak reserved " + (D.peakReserved === null ? "unknown" : bytes(D.peakReserved)) +
-    " · " + D.blockCount + " allocations: " + D.bands.length + " drawn as bands, " +
+    " · " + D.blockCount + " " + D.blocksNoun + ": " + D.bands.length + " drawn as bands, " +
     D.merged + " merged into the grey band of small and short-lived blocks" +
     " · " + D.ooms.length + " out-of-memory points";
   const notes = D.notes.slice();
