@@ -131,8 +131,8 @@ run: deps
 	@echo "   under which the trace still runs; ns/op: time per allocation or free."
 	@build/vramkit replay --min-capacity --compare $(TRACES)
 	@echo
-	@echo "2. The memory timeline of the GPT-2 training trace, every block as a band, reserved"
-	@echo "   memory above them:"
+	@echo "2. The memory timeline of the GPT-2 training trace: each large block a band, the small"
+	@echo "   and short-lived ones merged into one grey band, reserved memory above them:"
 	@$(VENV)/bin/vramkit plot data/traces/gpt2_train.trace.gz -o build/timeline.html
 	@echo "   open build/timeline.html in a browser."
 	@echo

@@ -652,3 +652,15 @@ def test_browser_counts_a_logs_bands_as_records(tmp_path):
     assert "4 records: 4 drawn as bands" in facts.group(1), facts.group(1)
     assert "allocation" not in facts.group(1)
     assert "each coloured band is one record of the log" in dom
+
+
+def test_make_runs_words_on_the_timeline_match_what_it_draws(tmp_path):
+    # `make run` said "every block as a band" of a page that draws most of the GPT-2
+    # trace's blocks merged into one grey band.
+    makefile = (TRACE_DIR.parents[1] / "Makefile").read_text()
+    said = " ".join(re.findall(r'@echo "2\. (.*?)"\n\t@echo "(.*?)"', makefile)[0])
+    page = tmp_path / "timeline.html"
+    plot(str(TRACE_DIR / "gpt2_train.trace.gz"), str(page))
+    data = page_json(page)
+    assert data["merged"] > 0
+    assert "every block as a band" not in said and "merged" in said, said
