@@ -1,7 +1,7 @@
 # Makefile - the two commands of the README, on top of CMake.
 #
-#   make run     set up, build, replay the example traces and print the summary and a
-#                fragmentation table
+#   make run     set up, build, replay the example traces beside PyTorch's figures, draw
+#                one's timeline and estimate a GPT-2 step before it runs
 #   make test    set up, build and pass every test: Release, a debug build with the full
 #                invariant check after every operation, an ASan+UBSan build with clang,
 #                and the Python tests in a virtual environment
