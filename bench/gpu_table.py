@@ -146,8 +146,10 @@ def targets_section(results, pair, scale, checks):
 
     def get(allocator, trace, key):
         row = results.get((allocator, trace))
-        if row and key == "reserved_over_live" and row.get("peak_live_bytes"):
-            # From the bytes: the rounded ratios of two tools tie where the bytes are equal.
+        if row and key == "reserved_over_live" and row.get("peak_live_bytes") and \
+                not row.get("ooms"):
+            # From the bytes: the rounded ratios of two tools tie where the bytes are equal
+            # (a replay that ran out of memory has none: it never held the trace's live).
             return row.get("peak_reserved_bytes", 0) / row["peak_live_bytes"] or None
         return row.get(key) if row else None
 

@@ -775,6 +775,10 @@ VRAM_API void vram_replay_describe(const vram_replay_trace_t *trace, vram_replay
 /* 0 when the result's pool was never made (its preallocation did not fit, or the source
  * refused): no op ran, so it has no time per op and no reserved-over-live; else 1. */
 VRAM_API int vram_replay_pool_made(const vram_replay_result *result);
+/* Peak reserved over peak live, or 0 where there is no such ratio: a pool never made, a
+ * trace with nothing live, or a replay that refused ops (out of memory), whose reserved
+ * memory never held what the trace's peak live counts. */
+VRAM_API double vram_replay_reserved_over_live(const vram_replay_result *result);
 /* Replay a loaded trace as opts ask; VRAM_OK even with out-of-memory (result->ooms). */
 VRAM_API int vram_replay_trace(const vram_replay_trace_t *trace, const vram_replay_options *opts,
                                vram_replay_result *result);

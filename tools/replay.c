@@ -26,8 +26,9 @@ static const char replay_usage[] =
     "\n"
     "Replay allocation traces (format v1: gzip text, a first line '# vramkit-trace v1',\n"
     "then 'a ID SIZE STREAM T_US' and 'f ID STREAM T_US' lines) through a vramkit pool,\n"
-    "and report peak live bytes, peak reserved bytes, their ratio, and the time per op of\n"
-    "the replay loop alone. A free of an ID not live then (a block from before the\n"
+    "and report peak live bytes, peak reserved bytes, their ratio (none where ops ran out\n"
+    "of memory: what they asked was never held), and the time per op of the replay loop\n"
+    "alone. A free of an ID not live then (a block from before the\n"
     "recording, or one freed twice) is skipped; stderr and the JSON key skipped_frees say\n"
     "how many.\n"
     "\n"
@@ -103,11 +104,9 @@ static double times_baseline(double ns, const replay_result_t *r) {
   return r->baseline_ns_per_op > 0 ? ns / r->baseline_ns_per_op : 0.0;
 }
 
-/* Peak reserved over peak live, or 0 for a row whose pool was never made (it ran no op)
- * or that had nothing live: no ratio to show. */
+/* Peak reserved over peak live, or 0 where the engine has none to show (vramkit.h). */
 static double reserved_over_live(const replay_result_t *r) {
-  if (!vram_replay_pool_made(r) || r->peak_live_bytes == 0) return 0.0;
-  return ratio(r->peak_reserved_bytes, r->peak_live_bytes);
+  return vram_replay_reserved_over_live(r);
 }
 
 /* Whether the cold pass reached op N of --calls-after N, so that device_calls_after counts
@@ -246,7 +245,7 @@ static void print_fragmentation_table(FILE *out, const replay_result_t *results,
     snprintf(live, sizeof live, "%.1f MiB", (double)r->peak_live_bytes / (double)MIB);
     snprintf(reserved, sizeof reserved, "%.1f MiB",
              (double)r->peak_reserved_bytes / (double)MIB);
-    if (reserved_over_live(r) > 0) /* "-" for nothing live, or a pool never made */
+    if (reserved_over_live(r) > 0) /* "-" for nothing live, ops refused, no pool made */
       snprintf(ours, sizeof ours, "%.3f", reserved_over_live(r));
     const reference_figures_t *reference = reference_lookup(r->ops, r->peak_live_bytes);
     if (reference) {

@@ -65,9 +65,8 @@ static double ratio(uint64_t numerator, uint64_t denominator) {
 static PyObject *result_dict(const vram_replay_result *r, const vram_replay_options *opts) {
   PyObject *d = PyDict_New();
   if (d == NULL) return NULL;
-  /* A pool that was never made ran no op: no ratio of reserved to live and no time per
-   * op, as the command's JSON says with null. */
-  int ran = vram_replay_pool_made(r);
+  /* A figure the replay has none of (no time per op where no pool was made; no reserved
+   * over live there, nor where ops ran out of memory) is null, as in the command's JSON. */
   /* As the command's JSON writes it: a byte that starts no UTF-8 sequence reads U+FFFD. */
   int bad = set_item(d, "trace", PyUnicode_DecodeUTF8(r->name, (Py_ssize_t)strlen(r->name),
                                                       "replace")) ||
@@ -77,9 +76,8 @@ static PyObject *result_dict(const vram_replay_result *r, const vram_replay_opti
             set_item(d, "peak_reserved_bytes",
                      PyLong_FromUnsignedLongLong(r->peak_reserved_bytes)) ||
             set_item(d, "reserved_over_live",
-                     ran && r->peak_live_bytes
-                         ? PyFloat_FromDouble(rounded(
-                               ratio(r->peak_reserved_bytes, r->peak_live_bytes), 1000))
+                     vram_replay_reserved_over_live(r) > 0
+                         ? PyFloat_FromDouble(rounded(vram_replay_reserved_over_live(r), 1000))
                          : Py_NewRef(Py_None)) ||
             set_item(d, "ns_per_op", r->ns_per_op > 0
                                          ? PyFloat_FromDouble(rounded(r->ns_per_op, 10))

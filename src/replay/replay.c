@@ -146,6 +146,11 @@ int vram_replay_pool_made(const vram_replay_result *result) {
   return !result->failed_creating && !(result->ooms && result->first_oom_op < 0);
 }
 
+double vram_replay_reserved_over_live(const vram_replay_result *result) {
+  if (!vram_replay_pool_made(result) || result->ooms || result->peak_live_bytes == 0) return 0.0;
+  return (double)result->peak_reserved_bytes / (double)result->peak_live_bytes;
+}
+
 /* A pool that could not be made: a capacity below a preallocation counts as one OOM
  * (nothing fits at all), anything else fails the replay. */
 static int create_failed(int status, const trace_t *trace, const vram_options_t *options,

@@ -83,6 +83,28 @@ def test_replay_json_on_the_shipped_traces(script):
             result["peak_reserved_bytes"] / result["peak_live_bytes"], abs=1e-3)
 
 
+def test_a_replay_that_ran_out_of_memory_has_no_reserved_over_live(script):
+    # Under a cap the trace's peak live was never held (ops were refused): its ratio to
+    # what was reserved read 0.842 for BERT at 600M, beside PyTorch's 1.929 by --compare,
+    # as if vramkit held less than what was live. The text shows "-", the JSON null, and
+    # vramkit.replay() None, as for a pool never made.
+    bert = [t for t in TRACES if t.name.startswith("bert")][0]
+    done = run(script, "replay", "--json", "--repeat", "1", "--capacity", "600M", str(bert))
+    assert done.returncode == 1, done.stderr  # out of memory
+    result = json.loads(done.stdout)
+    assert result["ooms"] > 0 and result["peak_reserved_bytes"] < result["peak_live_bytes"]
+    assert result["reserved_over_live"] is None
+    text = run(script, "replay", "--repeat", "1", "--capacity", "600M", "--compare",
+               str(bert)).stdout
+    rows = [line.split() for line in text.splitlines() if line.startswith("bert")]
+    assert rows and all("-" in row and "0.842" not in row for row in rows), text
+    in_process = vramkit.replay(str(bert), capacity="600M")
+    assert in_process["ooms"] > 0 and in_process["reserved_over_live"] is None
+    # Without the cap the ratio is there as ever.
+    free = vramkit.replay(str(bert))
+    assert free["ooms"] == 0 and free["reserved_over_live"] > 1
+
+
 def test_help_lists_c_and_python_subcommands(script, binary):
     done = run(script, "--help")
     assert done.returncode == 0, done.stderr

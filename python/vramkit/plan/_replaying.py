@@ -54,7 +54,8 @@ def replay(path, source: str = "sim", capacity: int | None = None,
     figures and cause as ``_core.oom_info`` gives them (each None without one).
     ns_per_op and reserved_over_live are None where no op ran (a pool whose
     preallocation did not fit the capacity is never made: one out-of-memory, nothing
-    timed).
+    timed); reserved_over_live is None too where ops ran out of memory, whose bytes the
+    trace's peak live counts but the pool never held.
     ``capacity`` is None (no cap) or a size above 0 (bytes, or a string such as '24G');
     ``repeat`` from 1 to MOST_REPEATS; ``max_ops`` None (the engine's default bound) or 1
     or more; anything else raises ValueError or TypeError naming the argument.
