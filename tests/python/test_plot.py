@@ -349,6 +349,21 @@ def test_the_page_is_self_contained(small_trace, tmp_path):
     assert data["reservedNote"] == ""
 
 
+def test_a_traces_peak_is_named_for_the_requested_bytes_it_counts(tmp_path, snapshot_file):
+    # A trace holds requested sizes; the engine allocates them rounded up to 512 bytes. The
+    # page said "peak allocated 2 B" of two 1-byte requests the engine holds as 1 KiB.
+    trace = write_trace(tmp_path / "odd.trace.gz", ["a 0 1 0 1", "a 1 1 0 2", "f 0 0 3",
+                                                     "f 1 0 4"])
+    out = tmp_path / "odd.html"
+    plot(str(trace), str(out))
+    data = page_json(out)
+    assert (data["peak"], data["peakLabel"]) == (2, "peak live (requested)")
+    assert "Timeline: requested memory by allocation" in out.read_text(encoding="utf-8")
+    plot(str(snapshot_file), str(out))
+    assert page_json(out)["peakLabel"] == "peak allocated"
+    assert "Timeline: allocated memory by allocation" in out.read_text(encoding="utf-8")
+
+
 def test_a_snapshot_page_carries_reserved_oom_and_segments(snapshot_file, tmp_path):
     out = tmp_path / "s.html"
     notes = plot(str(snapshot_file), str(out))
@@ -635,6 +650,17 @@ def test_browser_draws_a_trace(small_trace, tmp_path):
     assert report["bands"] == 3 and report["small"] == 1 and report["reserved"] == 1
     assert "size 70.0 MiB" in report["hover"] and "15 µs to 40 µs (25 µs)" in report["hover"]
     assert "call site unknown (a trace records no call sites)" in report["hover"]
+
+
+@needs_chromium
+def test_browser_names_a_traces_peak_requested(tmp_path):
+    page = tmp_path / "odd.html"
+    plot(str(write_trace(tmp_path / "odd.trace.gz", ["a 0 1 0 1", "a 1 1 0 2"])), str(page))
+    dom, stderr = browser_chromium.open_page(page)
+    facts = re.search(r'<div class="facts" id="facts">(.*?)</div>', dom, re.S)
+    assert facts is not None, stderr[-3000:]
+    assert "peak live (requested) 2 B" in facts.group(1), facts.group(1)
+    assert "peak allocated" not in facts.group(1)
 
 
 @needs_chromium

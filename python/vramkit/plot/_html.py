@@ -38,7 +38,7 @@ _TEMPLATE = """<!DOCTYPE html>
 <noscript>This page draws with JavaScript; allow it to see the picture.</noscript>
 <div class="notes" id="notes" style="display:none"><b>Not in the picture, or drawn with a
 caveat:</b><ul></ul></div>
-<h2>Timeline: allocated memory by allocation, reserved above it</h2>
+<h2>Timeline: {drawn} memory by allocation, reserved above it</h2>
 <div class="chart"><svg id="timeline" preserveAspectRatio="none"></svg></div>
 <div class="legend">{band_legend}<span style="background:#b8b8b8"></span>small
 or short-lived blocks, merged<span style="background:#1f4fbf;height:2px"></span>reserved
@@ -63,6 +63,12 @@ _LOG_LEGEND = ("each coloured band is one record of the log: the bytes allocated
 def blocks_noun(history) -> str:
     """What the history's blocks are, for the counts the page and the PNG state."""
     return "records" if history.kind == "log" else "allocations"
+
+
+def peak_label(history) -> str:
+    """What the page's peak is. A trace records the sizes asked for, and the engine holds
+    each rounded up (its allocated bytes), so a trace's peak is of the requested bytes."""
+    return "peak live (requested)" if history.kind == "trace" else "peak allocated"
 
 
 def _asset(name: str) -> str:
@@ -96,7 +102,8 @@ def page_data(history, lay) -> dict:
                                                                     "memory snapshot"),
         "device": history.device, "timeUnit": history.time_unit,
         "span": round(history.end_time), "width": lay.width, "height": HEIGHT, "unit": unit,
-        "peak": history.peak_allocated, "peakReserved": peak_reserved,
+        "peak": history.peak_allocated, "peakLabel": peak_label(history),
+        "peakReserved": peak_reserved,
         "blockCount": len(history.blocks), "blocksNoun": blocks_noun(history),
         "merged": lay.merged,
         "bands": bands, "small": small,
@@ -157,6 +164,7 @@ def render(history, lay, output):
     name = html.escape(os.path.basename(history.path))
     page = _TEMPLATE.format(name=name, hook=_ERROR_HOOK, css=_asset("page.css"), data=data,
                             js=_asset("page.js"),
+                            drawn="requested" if history.kind == "trace" else "allocated",
                             band_legend=_LOG_LEGEND if history.kind == "log" else _BLOCK_LEGEND)
     with open(output, "w", encoding="utf-8") as f:
         f.write(page)

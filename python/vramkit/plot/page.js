@@ -41,7 +41,7 @@
   // ---- header and notes ----------------------------------------------------------------
   document.getElementById("facts").textContent =
     D.kind + (D.device === null ? "" : ", device " + D.device) +
-    " · peak allocated " + bytes(D.peak) +
+    " · " + D.peakLabel + " " + bytes(D.peak) +
     " · peak reserved " + (D.peakReserved === null ? "unknown" : bytes(D.peakReserved)) +
     " · " + D.blockCount + " " + D.blocksNoun + ": " + D.bands.length + " drawn as bands, " +
     D.merged + " merged into the grey band of small and short-lived blocks" +
