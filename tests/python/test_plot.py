@@ -596,6 +596,44 @@ def test_png_with_matplotlib(small_trace, tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def _png_legend(monkeypatch, trace, out):
+    """The labels of the PNG's legend as plot draws it."""
+    from matplotlib.axes import Axes
+
+    labels = []
+    legend = Axes.legend
+
+    def keep(self, *args, **kwargs):
+        labels.extend(self.get_legend_handles_labels()[1])
+        return legend(self, *args, **kwargs)
+
+    monkeypatch.setattr(Axes, "legend", keep)
+    plot(str(trace), str(out))
+    return labels
+
+
+def test_png_legend_lists_the_merged_band_only_where_blocks_were_merged(small_trace, tmp_path,
+                                                                       monkeypatch):
+    # The legend listed "small or short-lived blocks, merged" of a picture with no such band.
+    pytest.importorskip("matplotlib")
+    one = write_trace(tmp_path / "one.trace.gz", [f"a 0 {100 * MiB} 0 1000", "f 0 0 1040"])
+    assert _png_legend(monkeypatch, one, tmp_path / "one.png") == ["reserved"]
+    assert _png_legend(monkeypatch, small_trace, tmp_path / "small.png") == [
+        "small or short-lived blocks, merged", "reserved"]
+
+
+def test_a_logs_timeline_heading_names_records(tmp_path):
+    # The heading said "allocated memory by allocation" of a log, which holds records.
+    log = tmp_path / "memory.jsonl"
+    log.write_text("".join(json.dumps({"time": 100.0 + i, "step": i, "allocated": (i + 1) * MiB,
+                                       "reserved": 8 * MiB}) + "\n" for i in range(4)))
+    out = tmp_path / "log.html"
+    plot(str(log), str(out))
+    text = out.read_text(encoding="utf-8")
+    assert "Timeline: allocated memory by record, reserved above it" in text
+    assert "by allocation" not in text
+
+
 def test_png_without_matplotlib_says_how_to_get_it(small_trace, tmp_path):
     # A module set to None in sys.modules fails to import, as if it were not installed.
     code = ("import sys; sys.modules['matplotlib'] = None\n"

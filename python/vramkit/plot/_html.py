@@ -38,7 +38,7 @@ _TEMPLATE = """<!DOCTYPE html>
 <noscript>This page draws with JavaScript; allow it to see the picture.</noscript>
 <div class="notes" id="notes" style="display:none"><b>Not in the picture, or drawn with a
 caveat:</b><ul></ul></div>
-<h2>Timeline: {drawn} memory by allocation, reserved above it</h2>
+<h2>Timeline: {drawn} memory by {band}, reserved above it</h2>
 <div class="chart"><svg id="timeline" preserveAspectRatio="none"></svg></div>
 <div class="legend">{band_legend}<span style="background:#b8b8b8"></span>small
 or short-lived blocks, merged<span style="background:#1f4fbf;height:2px"></span>reserved
@@ -165,6 +165,7 @@ def render(history, lay, output):
     page = _TEMPLATE.format(name=name, hook=_ERROR_HOOK, css=_asset("page.css"), data=data,
                             js=_asset("page.js"),
                             drawn="requested" if history.kind == "trace" else "allocated",
+                            band="record" if history.kind == "log" else "allocation",
                             band_legend=_LOG_LEGEND if history.kind == "log" else _BLOCK_LEGEND)
     with open(output, "w", encoding="utf-8") as f:
         f.write(page)

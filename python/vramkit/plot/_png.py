@@ -43,8 +43,9 @@ def render(history, lay, output):
     xs = [k * to_time for k in range(width + 1)]
     small_bottom = [v / gib for v in lay.big_top]
     small_top = [v / gib for v in lay.small_top]
-    axes.fill_between(xs[:-1], small_bottom, small_top, step="post", color="#b8b8b8",
-                      linewidth=0, label="small or short-lived blocks, merged")
+    if lay.merged:   # else the band is empty, and the legend would name what is not drawn
+        axes.fill_between(xs[:-1], small_bottom, small_top, step="post", color="#b8b8b8",
+                          linewidth=0, label="small or short-lived blocks, merged")
     tallest = max(small_top + [0])
     if lay.reserved is not None:
         reserved = [v / gib for v in lay.reserved]
@@ -66,7 +67,8 @@ def render(history, lay, output):
     if lay.ooms:
         title += f"; {len(lay.ooms)} out of memory (red)"
     axes.set_title(title, fontsize=10)
-    axes.legend(loc="upper left", fontsize=8)
+    if axes.get_legend_handles_labels()[1]:   # an empty legend is a warning and a box
+        axes.legend(loc="upper left", fontsize=8)
     figure.tight_layout()
     figure.savefig(output)
     plt.close(figure)
