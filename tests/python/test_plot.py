@@ -378,6 +378,21 @@ def test_a_snapshot_page_carries_reserved_oom_and_segments(snapshot_file, tmp_pa
     assert data["sites"][seg["b"][0][4]] == f"{TRAIN}:42:forward"
 
 
+@pytest.mark.parametrize("streams", [(1, 2 ** 31 + 1), (2 ** 31 - 1, 2 ** 64 - 1)])
+def test_distinct_trace_streams_stay_distinct_in_the_replay(tmp_path, streams):
+    # The replay kept 31 bits of each stream number: two streams differing above them were
+    # replayed as one, which shares its segment where two streams each grow their own.
+    def reserved(pair):
+        a, b = pair
+        trace = write_trace(tmp_path / "s.trace.gz", [f"a 0 {MiB} {a} 1", f"a 1 {MiB} {b} 2",
+                                                     f"f 1 {b} 3", f"f 0 {a} 4"])
+        out = tmp_path / "s.html"
+        plot(str(trace), str(out))
+        return page_json(out)["peakReserved"]
+
+    assert reserved(streams) == reserved((1, 2)) > reserved((1, 1))
+
+
 def test_no_replay_says_reserved_is_unknown(small_trace, tmp_path):
     out = tmp_path / "p.html"
     notes = plot(str(small_trace), str(out), replay=False)

@@ -31,14 +31,20 @@ class Replay:
                            f"trace was not replayed")
             return
         numbers = {}
+        # A trace's stream is any unsigned 64-bit number and the ops are int64, so each
+        # distinct stream gets the next small number in order of first appearance: the
+        # pool tells streams apart only by equality and makes their arenas in that order
+        # (the sim source ignores the value), so the figures are those of the numbers.
+        streams = {}
         ops = array.array("q")
         for t, block, is_alloc in history.events:
             key = id(block)
+            stream = streams.setdefault(block.stream, len(streams))
             if is_alloc:
                 numbers[key] = len(numbers)
-                ops.extend((block.size, numbers[key], block.stream & 0x7FFFFFFF))
+                ops.extend((block.size, numbers[key], stream))
             else:
-                ops.extend((-1, numbers[key], block.stream & 0x7FFFFFFF))
+                ops.extend((-1, numbers[key], stream))
         capacity = max(80 * GIB, 4 * history.peak_allocated + GIB)
         self._ops, self._capacity, self._blocks = ops.tobytes(), capacity, len(numbers)
 
