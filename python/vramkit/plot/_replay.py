@@ -16,6 +16,19 @@ import array
 GIB = 1 << 30
 
 
+def _stream_numbers(streams) -> dict:
+    """The number each trace stream is replayed as. A trace's stream is any unsigned 64-bit
+    number and the replay's ops are int64: a stream under 2**31 keeps its number (0 is the
+    default stream, as in `vramkit replay`), and each larger one takes the next number no
+    stream of the trace holds, so that distinct streams stay distinct (the pool tells
+    streams apart by equality)."""
+    numbers = {s: s for s in streams if s < 1 << 31}
+    spare = max(numbers, default=-1) + 1
+    for s in sorted(streams - numbers.keys()):
+        numbers[s], spare = spare, spare + 1
+    return numbers
+
+
 class Replay:
     """A trace's reserved bytes; result() gives (steps, note): steps [(time, bytes)], or
     None with a note saying why reserved is unknown."""
@@ -31,15 +44,11 @@ class Replay:
                            f"trace was not replayed")
             return
         numbers = {}
-        # A trace's stream is any unsigned 64-bit number and the ops are int64, so each
-        # distinct stream gets the next small number in order of first appearance: the
-        # pool tells streams apart only by equality and makes their arenas in that order
-        # (the sim source ignores the value), so the figures are those of the numbers.
-        streams = {}
+        streams = _stream_numbers({block.stream for _, block, _ in history.events})
         ops = array.array("q")
         for t, block, is_alloc in history.events:
             key = id(block)
-            stream = streams.setdefault(block.stream, len(streams))
+            stream = streams[block.stream]
             if is_alloc:
                 numbers[key] = len(numbers)
                 ops.extend((block.size, numbers[key], stream))
