@@ -8,8 +8,7 @@
  *  - every call returns a `vram_status`: 0 on success, a negative code on failure;
  *  - the caller owns option structs and fills them with `vram_options_init`;
  *  - a pool is per device and is safe to use from many threads (one lock per pool);
- *  - `vram_pool_destroy` refuses to free under the user: live blocks give VRAM_EBUSY.
- */
+ *  - `vram_pool_destroy` refuses to free under the user: live blocks give VRAM_EBUSY. */
 #ifndef VRAMKIT_H
 #define VRAMKIT_H
 
@@ -773,11 +772,9 @@ VRAM_API int vram_replay_load(const char *path, uint64_t max_ops, vram_replay_tr
 /* What the trace alone says: name, ops, skipped_frees, peak_live_bytes (the rest zeroed). */
 VRAM_API void vram_replay_describe(const vram_replay_trace_t *trace, vram_replay_result *result);
 /* 0 when the result's pool was never made (its preallocation did not fit, or the source
- * refused): no op ran, so it has no time per op and no reserved-over-live; else 1. */
+ * refused): no op ran, so it has no time per op; else 1. */
 VRAM_API int vram_replay_pool_made(const vram_replay_result *result);
-/* Peak reserved over peak live, or 0 where there is no such ratio: a pool never made, a
- * trace with nothing live, or a replay that refused ops (out of memory), whose reserved
- * memory never held what the trace's peak live counts. */
+/* Peak reserved over peak live; 0 where none: no pool made, nothing live, ops refused. */
 VRAM_API double vram_replay_reserved_over_live(const vram_replay_result *result);
 /* Replay a loaded trace as opts ask; VRAM_OK even with out-of-memory (result->ooms). */
 VRAM_API int vram_replay_trace(const vram_replay_trace_t *trace, const vram_replay_options *opts,
@@ -786,8 +783,7 @@ VRAM_API int vram_replay_trace(const vram_replay_trace_t *trace, const vram_repl
  * the host model of `pool`'s source family (sim for sim/cuda/managed, sim:vmm for vmm):
  * fills result's min_capacity fields. The search tops at 4x peak live, or at the peak
  * reserved of a replay already in `result` that had no out-of-memory where that is more
- * (a trace smaller than the pool's first segment), and at most at the sim's largest
- * capacity. */
+ * (a trace smaller than the pool's first segment), and at most the sim's largest capacity. */
 VRAM_API int vram_replay_min_capacity(const vram_replay_trace_t *trace,
                                       const vram_options_t *pool, vram_replay_result *result);
 VRAM_API void vram_replay_unload(vram_replay_trace_t *trace);
