@@ -122,24 +122,10 @@ def _group_norm_coefficients(call: OpCall, multiprocessors: int):
             per_channel, -4, -3, -5, -2, -1)
 
 
-def _is_contiguous(t: TensorSpec) -> bool:
-    """Tensor.is_contiguous() as ATen decides it: a dimension of one element may have any
-    stride, and a tensor of none is contiguous; where the view starts does not matter."""
-    if not math.prod(t.shape):
-        return True
-    expected = 1
-    for size, stride in zip(reversed(t.shape), reversed(t.stride)):
-        if size != 1:
-            if stride != expected:
-                return False
-            expected *= size
-    return True
-
-
 def _copy_bytes(t: TensorSpec) -> int:
     """What ``t.contiguous()`` (or ``expect_contiguous()``) allocates: nothing for a
     contiguous tensor, else a contiguous copy of its elements in its dtype."""
-    return 0 if _is_contiguous(t) else math.prod(t.shape) * t.dtype.itemsize
+    return 0 if t.is_contiguous() else math.prod(t.shape) * t.dtype.itemsize
 
 
 class _Steps:
@@ -173,7 +159,7 @@ def _layer_norm_forward(call: OpCall, multiprocessors: int):
     tensors = [call.bound.get(name) for name in ("input", "weight", "bias")]
     if not isinstance(tensors[0], TensorSpec):
         return None
-    if any(isinstance(t, TensorSpec) and not _is_contiguous(t) for t in tensors[1:]):
+    if any(isinstance(t, TensorSpec) and not t.is_contiguous() for t in tensors[1:]):
         return None  # a strided weight: copied too, in an order not followed here
     copy = _copy_bytes(tensors[0])
     if not copy:
@@ -217,8 +203,11 @@ def _layer_norm_partials(call: OpCall, multiprocessors: int):
         for wanted in mask[1:]:
             if wanted:
                 steps.output()
-        steps.free(steps.allocate(_copy_bytes(grad)), x_copy)
-        return tuple(steps.steps) if steps.steps.count(OUTPUT) != len(steps.steps) else 0
+        grad_copy = steps.allocate(_copy_bytes(grad))
+        if x_copy is None and grad_copy is None:
+            return 0  # the outputs alone: no block of its own
+        steps.free(grad_copy, x_copy)
+        return tuple(steps.steps)
     accumulator = 8 if x.dtype == torch.float64 else 4
     blocks_x = _cuda_reduce.div_up(columns, 32)
     blocks_y = min(32 * 1024 // blocks_x, _cuda_reduce.div_up(rows, 32))

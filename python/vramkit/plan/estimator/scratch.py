@@ -35,6 +35,7 @@ that choose the kernel), in this order:
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -224,6 +225,20 @@ class TensorSpec:
     def dense(self) -> bool:
         """Contiguous from its storage's start: what a kernel takes without a copy."""
         return self.stride == _contiguous_strides(self.shape) and not self.offset
+
+    def is_contiguous(self) -> bool:
+        """Tensor.is_contiguous() as ATen decides it (what ``contiguous()`` copies when
+        false): a dimension of one element may have any stride, a tensor of none is
+        contiguous, and where the view starts does not matter."""
+        if not math.prod(self.shape):
+            return True
+        expected = 1
+        for size, stride in zip(reversed(self.shape), reversed(self.stride)):
+            if size != 1:
+                if stride != expected:
+                    return False
+                expected *= size
+        return True
 
     def text(self, main_device_type: str) -> str:
         """dtype[shape], then @strides if not contiguous, +offset if not 0, /device if
