@@ -104,11 +104,6 @@ static double times_baseline(double ns, const replay_result_t *r) {
   return r->baseline_ns_per_op > 0 ? ns / r->baseline_ns_per_op : 0.0;
 }
 
-/* Peak reserved over peak live, or 0 where the engine has none to show (vramkit.h). */
-static double reserved_over_live(const replay_result_t *r) {
-  return vram_replay_reserved_over_live(r);
-}
-
 /* Whether the cold pass reached op N of --calls-after N, so that device_calls_after counts
  * something: a trace of fewer ops (or a pool never made) has no op N, and its 0 would read
  * as a loop that had settled. N equal to the op count is reached: nothing comes after. */
@@ -159,7 +154,7 @@ static void print_result_row(const replay_settings_t *settings, const replay_res
   printf("%-20s %-8s %8zu", cli_shown(r->name), vram_source_name(r->source), (size_t)r->ops);
   print_mib(r->peak_live_bytes, 12);
   print_mib(r->peak_reserved_bytes, 14);
-  print_figure(reserved_over_live(r), 9, 3);
+  print_figure(vram_replay_reserved_over_live(r), 9, 3);
   print_figure(r->ns_per_op, 8, 1);
   printf(" %5llu", (unsigned long long)r->ooms);
   if (settings->min_capacity) {
@@ -194,7 +189,7 @@ static void print_result_json(const replay_settings_t *settings, const replay_re
   printf(", \"ops\": %zu, \"peak_live_bytes\": %llu, \"peak_reserved_bytes\": %llu",
          (size_t)r->ops, (unsigned long long)r->peak_live_bytes,
          (unsigned long long)r->peak_reserved_bytes);
-  json_figure("reserved_over_live", reserved_over_live(r), 3);
+  json_figure("reserved_over_live", vram_replay_reserved_over_live(r), 3);
   json_figure("ns_per_op", r->ns_per_op, 1);
   printf(", \"ooms\": %llu", (unsigned long long)r->ooms);
   printf(", \"skipped_frees\": %zu", (size_t)r->skipped_frees);
@@ -245,8 +240,8 @@ static void print_fragmentation_table(FILE *out, const replay_result_t *results,
     snprintf(live, sizeof live, "%.1f MiB", (double)r->peak_live_bytes / (double)MIB);
     snprintf(reserved, sizeof reserved, "%.1f MiB",
              (double)r->peak_reserved_bytes / (double)MIB);
-    if (reserved_over_live(r) > 0) /* "-" for nothing live, ops refused, no pool made */
-      snprintf(ours, sizeof ours, "%.3f", reserved_over_live(r));
+    double over_live = vram_replay_reserved_over_live(r); /* 0: "-" (vramkit.h says when) */
+    if (over_live > 0) snprintf(ours, sizeof ours, "%.3f", over_live);
     const reference_figures_t *reference = reference_lookup(r->ops, r->peak_live_bytes);
     if (reference) {
       snprintf(native, sizeof native, "%.3f", reference->native);
