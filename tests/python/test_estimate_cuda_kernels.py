@@ -224,19 +224,22 @@ def test_autocast_promotes_what_cuda_s_lists_promote():
             return func(*args, **(kwargs or {}))
 
     wide, narrow = torch.zeros(2, 8, 4, 4), torch.zeros(2, 8, 4, 4).half()
+    double = wide.double()
     calls = {"cat": lambda: torch.cat([wide, narrow], 1),
              "stack": lambda: torch.stack([wide, narrow]),
              "addcmul": lambda: torch.addcmul(wide, narrow, narrow),
              "scatter_add": lambda: wide.flatten().scatter_add(
-                 0, torch.zeros(4, dtype=torch.long), narrow.flatten()[:4])}
+                 0, torch.zeros(4, dtype=torch.long), narrow.flatten()[:4]),
+             # fp64 is no autocast dtype: not promoted to, nor cast (the kernel promotes).
+             "addcmul fp64": lambda: torch.addcmul(double, narrow, narrow)}
     copies = {}
     with _emulate.emulated_cuda():
         for name, call in calls.items():
             with torch.autocast("cuda", dtype=torch.float16), Ops() as ops:
                 ops.called = []
-                assert call().dtype == torch.float32, name
+                assert call().dtype == (torch.float64 if "fp64" in name else torch.float32)
             copies[name] = ops.called.count("_to_copy.default")
-    assert copies == {"cat": 0, "stack": 0, "addcmul": 2, "scatter_add": 1}
+    assert copies == {"cat": 0, "stack": 0, "addcmul": 2, "scatter_add": 1, "addcmul fp64": 0}
 
 
 def test_attention_over_heads_permuted_out_of_channels_runs_the_composite():

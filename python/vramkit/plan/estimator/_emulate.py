@@ -427,23 +427,25 @@ def _as_cuda_leaves_it(op):
     return kernel
 
 
+def _eligible(t) -> bool:
+    # What autocast casts: a floating tensor, but not fp64 (ATen's is_eligible).
+    return isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
+
+
 def _promoted(op):
-    """CUDA autocast's promote policy: every floating tensor argument (in lists too) cast
+    """CUDA autocast's promote policy: every eligible tensor argument (in lists too) cast
     to the widest of the autocast dtype and theirs, then the op outside autocast."""
     def kernel(*args, **kwargs):
-        tensors = [t for a in (*args, *kwargs.values())
-                   for t in (a if isinstance(a, (list, tuple)) else (a,))
-                   if isinstance(t, torch.Tensor) and t.is_floating_point()]
         widest = torch.get_autocast_dtype("cpu")
-        for t in tensors:
-            widest = torch.promote_types(widest, t.dtype)
+        for a in (*args, *kwargs.values()):
+            for t in (a if isinstance(a, (list, tuple)) else (a,)):
+                if _eligible(t):
+                    widest = torch.promote_types(widest, t.dtype)
 
         def cast(a):
             if isinstance(a, (list, tuple)):
                 return type(a)(cast(x) for x in a)
-            if isinstance(a, torch.Tensor) and a.is_floating_point() and a.dtype != widest:
-                return a.to(widest)
-            return a
+            return a.to(widest) if _eligible(a) and a.dtype != widest else a
         return _without_cpu_autocast(op, cast(args), {k: cast(v) for k, v in kwargs.items()})
     return kernel
 
