@@ -110,6 +110,9 @@ def test_sim_children_show_with_their_memory_stats(publish):
         for child, stats in children:
             line = next(line for line in text.splitlines() if line.split()[:1] == [str(child.pid)])
             assert "sim" in line
+        # LARGEST 0 beside CACHED 6.0M read as one moment's figures: the screen says which
+        # columns are of the pool's last slow event.
+        assert "GIVABLE, LARGEST and FRAG are as of each pool's last segment change" in text
     finally:
         for child, _ in children:
             if child.poll() is None:

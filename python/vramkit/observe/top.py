@@ -169,6 +169,10 @@ _HEADER = (f"{'PID':>8} {'NAME':<15} {'DEVICE':<{_DEVICE_WIDTH}} {'NVML':>7} {'A
            f"{'OOMS':>5} {'GAVE':>7}")
 
 
+_SLOW_COLUMNS = ("GIVABLE, LARGEST and FRAG are as of each pool's last segment change, OOM or "
+                 "empty_cache; the other figures are current")
+
+
 def _cut(text: str, width: int) -> str:
     """Shown text cut to a column's width, never inside a \\xNN escape: half of one would
     read as other characters than the name holds."""
@@ -239,6 +243,10 @@ def render(document: dict) -> list[str]:
         lines += _group_limits(unmatched)
     if not gpus and not unmatched:
         lines += ["", "no GPU and no vramkit process to show"]
+    if count:
+        # A pool measures these three at its slow events only, where the other columns move
+        # at every allocation and free: a row must not read as one moment's figures.
+        lines += ["", _SLOW_COLUMNS]
     if document["notes"]:
         # Notes are shown text already (foreign names escaped where each note is made).
         lines += ["", "notes:"] + [f"  {note}" for note in document["notes"]]
