@@ -42,7 +42,7 @@ typedef struct vram_device_record {
   uint64_t allocated_bytes;     /* current */
   uint64_t reserved_bytes;
   uint64_t active_bytes;
-  uint64_t cached_free_bytes;   /* reserved - allocated */
+  uint64_t cached_free_bytes;   /* reserved - active: blocks waiting on a stream are not free */
   uint64_t largest_free_block;  /* as of the last slow-path event (segment change, OOM, empty_cache) */
   uint64_t peak_allocated_bytes;
   uint64_t peak_reserved_bytes;

@@ -555,6 +555,36 @@ def test_in_process_server_exposes_this_process(tmp_path, run):
     assert got["vramkit_allocated_bytes"][1]["source"] == "sim"
 
 
+def test_in_process_cached_free_leaves_out_blocks_waiting_on_a_stream(tmp_path, run):
+    # A block freed while another stream still uses it is active, not cached: neither
+    # empty_cache nor a new allocation can have it. The in-process collector must say what
+    # the engine and `vramkit export` (the record) say.
+    pytest.importorskip("prometheus_client")
+    out = run("""
+        import json, vramkit, vramkit.prometheus
+        from prometheus_client import CollectorRegistry, generate_latest
+        from prometheus_client.parser import text_string_to_metric_families
+        from vramkit.records import read_records
+        keep = vramkit.empty(2 << 20)
+        busy = vramkit.empty(4 << 20, stream=1)
+        busy.record_stream(2)
+        busy.free()                          # pending until stream 2's event completes
+        registry = CollectorRegistry()
+        vramkit.prometheus.register(registry)
+        text = generate_latest(registry).decode()
+        got = {s.name: s.value for f in text_string_to_metric_families(text)
+               for s in f.samples}
+        (record,) = read_records()
+        print(json.dumps({"got": got, "stats": vramkit.memory_stats(),
+                          "record": record.devices[0].cached_free_bytes}))
+    """, env={"VRAMKIT_PUBLISH_DIR": str(tmp_path)}).stdout
+    result = json.loads(out)
+    stats = result["stats"]
+    cached = stats["reserved_bytes.all.current"] - stats["active_bytes.all.current"]
+    assert stats["active_bytes.all.current"] > stats["allocated_bytes.all.current"]
+    assert result["got"]["vramkit_cached_free_bytes"] == cached == result["record"]
+
+
 def test_grafana_dashboard_queries_only_served_metrics(tmp_path):
     dashboard = json.loads(DASHBOARD.read_text())
     exprs = []

@@ -31,8 +31,10 @@ _METRICS = (
      "driver, in use or cached", lambda s: s["reserved_bytes"][0]),
     ("vramkit_active_bytes", "gauge", "Bytes in active blocks",
      lambda s: s["active_bytes"][0]),
+    # Less active, not allocated: a block freed while a stream still uses it is neither
+    # reusable nor given back yet (the engine's cached free bytes, as the record has them).
     ("vramkit_cached_free_bytes", "gauge", "Bytes reserved but free",
-     lambda s: s["reserved_bytes"][0] - s["allocated_bytes"][0]),
+     lambda s: s["reserved_bytes"][0] - s["active_bytes"][0]),
     ("vramkit_largest_free_block_bytes", "gauge", "The largest allocation the pool can serve "
      "without asking the driver", lambda s: s["largest_free_block"]),
     ("vramkit_peak_allocated_bytes", "gauge", "Peak of allocated bytes since start or the "
