@@ -326,3 +326,40 @@ def test_a_nul_in_a_size_or_source_is_refused_by_name(run):
             else:
                 raise AssertionError(source)
     """)
+
+
+# A stand-in for the few names of CuPy that vramkit.cupy.malloc touches; its
+# OutOfMemoryError keeps CuPy's arguments, (size, total, limit), where CuPy's pool passes as
+# total the bytes it holds from the device (its total_bytes), the figure its limit bounds.
+_FAKE_CUPY = """
+import sys, types
+cupy = types.ModuleType("cupy")
+cuda = cupy.cuda = types.ModuleType("cupy.cuda")
+cuda.memory = types.ModuleType("cupy.cuda.memory")
+cuda.runtime = types.SimpleNamespace(getDevice=lambda: 0)
+cuda.get_current_stream = lambda: types.SimpleNamespace(ptr=0)
+cuda.set_allocator = lambda malloc: None
+class OutOfMemoryError(MemoryError):
+    def __init__(self, size, total, limit=0):
+        self.figures = (size, total, limit)
+        super().__init__(f"Out of memory allocating {size:,} bytes")
+cuda.memory.OutOfMemoryError = OutOfMemoryError
+cupy.get_default_memory_pool = lambda: types.SimpleNamespace(free_all_blocks=lambda: None)
+sys.modules.update({"cupy": cupy, "cupy.cuda": cuda, "cupy.cuda.memory": cuda.memory})
+"""
+
+
+def test_cupy_out_of_memory_carries_cupys_figures(run):
+    proc = run(_FAKE_CUPY + """
+import vramkit, vramkit.cupy
+vramkit.set_memory_limit(0, "64M")
+keep = [vramkit.empty(40 << 20), vramkit.empty(1000)]  # the small one holds a 2 MiB segment
+try:
+    vramkit.cupy.malloc(32 << 20)
+except cupy.cuda.memory.OutOfMemoryError as exc:
+    print(*exc.figures, vramkit.memory_reserved(), vramkit.memory_allocated())
+""")
+    size, total, limit, reserved, allocated = map(int, proc.stdout.split())
+    assert (size, limit) == (32 << 20, 64 << 20)
+    assert reserved > allocated                 # the segment's free part is held, not live
+    assert total == reserved                    # CuPy's "allocated so far": what the pool holds

@@ -34,10 +34,18 @@ def _release_cupy_memory() -> None:
     cupy.get_default_memory_pool().free_all_blocks()
 
 
-def _out_of_memory(nbytes: int, device: int):
+def _out_of_memory(nbytes: int, device: int, exc: vramkit.OutOfMemoryError):
     report = vramkit.last_oom_report(device)
-    limit = vramkit.memory_stats(device).get("limit_bytes", 0)
-    error = cupy.cuda.memory.OutOfMemoryError(nbytes, vramkit.memory_allocated(device), limit)
+    # CuPy's "allocated so far" is its pool's total_bytes, what the pool holds from the
+    # device (the figure its limit bounds), so vramkit's reserved bytes, not its live ones;
+    # both as of the failure itself. CuPy's limit 0 means none, as vramkit's.
+    info = exc.oom_info
+    if info is not None:
+        held, limit = info["reserved"], info["limit"] or 0  # oom_info's limit None: none
+    else:
+        held, limit = vramkit.memory_reserved(device), \
+            vramkit.memory_stats_raw(device)["limit_bytes"]
+    error = cupy.cuda.memory.OutOfMemoryError(nbytes, held, limit)
     message = error.args[0] if error.args else str(error)
     error.args = (f"{message}\n{report}" if report else message,)
     error.report = report
@@ -55,7 +63,7 @@ def malloc(nbytes: int) -> "cupy.cuda.MemoryPointer":
         try:
             buf = vramkit.empty(nbytes, device=device, stream=stream)
         except vramkit.OutOfMemoryError as exc:
-            raise _out_of_memory(nbytes, device) from exc
+            raise _out_of_memory(nbytes, device, exc) from exc
     mem = cupy.cuda.UnownedMemory(buf.ptr, nbytes, buf, device)
     return cupy.cuda.MemoryPointer(mem, 0)
 
