@@ -585,6 +585,33 @@ def test_in_process_cached_free_leaves_out_blocks_waiting_on_a_stream(tmp_path, 
     assert result["got"]["vramkit_cached_free_bytes"] == cached == result["record"]
 
 
+def test_alloc_retries_help_says_a_failed_retry_counts_too(run):
+    # The engine counts the retry of an allocation that then fails with out of memory: one
+    # OOM and nothing else is one retry. A help text of successes alone misreads that.
+    out = run("""
+        import json, vramkit
+        from vramkit.observe import export, prometheus
+        vramkit.set_memory_limit(0, "64M")
+        try:
+            vramkit.empty(128 << 20)
+        except vramkit.OutOfMemoryError:
+            pass
+        stats = vramkit.memory_stats()
+        helps = [text for name, _, text, _ in export.FAMILIES + prometheus._METRICS
+                 if name.startswith("vramkit_alloc_retries")]
+        print(json.dumps({"ooms": stats["num_ooms"], "retries": stats["num_alloc_retries"],
+                          "helps": helps}))
+    """).stdout
+    result = json.loads(out)
+    assert result["ooms"] == result["retries"] == 1
+    assert len(result["helps"]) == 2
+    for text in result["helps"]:
+        assert "succeeded only" not in text and "vramkit_ooms_total" in text, text
+    panel = next(p for p in json.loads(DASHBOARD.read_text())["panels"]
+                 if "retries" in json.dumps(p.get("targets", [])))
+    assert "succeeded only" not in panel["description"]
+
+
 def test_grafana_dashboard_queries_only_served_metrics(tmp_path):
     dashboard = json.loads(DASHBOARD.read_text())
     exprs = []

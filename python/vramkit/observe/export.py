@@ -90,8 +90,11 @@ FAMILIES = (
      POOL_LABELS),
     ("vramkit_ooms_total", "counter", "Allocations that failed with out of memory",
      POOL_LABELS),
-    ("vramkit_alloc_retries_total", "counter", "Allocations that succeeded only after the "
-     "cache was emptied", POOL_LABELS),
+    # The engine counts a retry before it knows the outcome: an allocation that then fails
+    # is in both counters, so the help must not read as successes alone.
+    ("vramkit_alloc_retries_total", "counter", "Allocations that emptied the cache and "
+     "retried, whether the retry succeeded or failed (a failed one is in "
+     "vramkit_ooms_total too)", POOL_LABELS),
     ("vramkit_pool_event_age_seconds", "gauge", "Seconds since the pool's last slow-path "
      "event (a segment reserved or released, an OOM, empty_cache)", POOL_LABELS),
     ("vramkit_nvml_up", "gauge", "1 when NVML answered this scrape, else 0", ("hostname",)),

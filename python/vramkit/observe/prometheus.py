@@ -47,8 +47,9 @@ _METRICS = (
      "free block, 0 to 1", lambda s: s["fragmentation"]),
     ("vramkit_ooms", "counter", "Allocations that failed with out of memory",
      lambda s: s["num_ooms"]),
-    ("vramkit_alloc_retries", "counter", "Allocations that succeeded only after the cache "
-     "was emptied", lambda s: s["num_alloc_retries"]),
+    ("vramkit_alloc_retries", "counter", "Allocations that emptied the cache and retried, "
+     "whether the retry succeeded or failed (a failed one is in vramkit_ooms_total too)",
+     lambda s: s["num_alloc_retries"]),
 )
 
 
