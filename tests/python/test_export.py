@@ -543,11 +543,14 @@ def test_in_process_server_exposes_this_process(tmp_path, run):
             for sample in family.samples:
                 if sample.name.startswith("vramkit_"):
                     got[sample.name] = (sample.value, sample.labels)
-        print(json.dumps({"host": host, "got": got, "stats": vramkit.memory_stats()}))
+        print(json.dumps({"host": host, "got": got, "stats": vramkit.memory_stats(),
+                          "total": vramkit.mem_get_info()[1]}))
     """, env={"VRAMKIT_PUBLISH_DIR": str(tmp_path)}).stdout
     result = json.loads(out)
     assert result["host"] == "127.0.0.1"
     got, stats = result["got"], result["stats"]
+    # The capacity, which `vramkit export` serves from the record, is served here too.
+    assert got["vramkit_capacity_bytes"][0] == result["total"] > 0
     assert got["vramkit_allocated_bytes"][0] == stats["allocated_bytes.all.current"]
     assert got["vramkit_reserved_bytes"][0] == stats["reserved_bytes.all.current"]
     assert got["vramkit_ooms_total"][0] == stats["num_ooms"]

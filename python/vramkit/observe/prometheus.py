@@ -5,7 +5,9 @@ extra ``vramkit[prometheus]``):
     vramkit.prometheus.start_http_server(8000)      # http://127.0.0.1:8000/metrics
 
 The metrics are those of ``vramkit export`` for pools (vramkit_allocated_bytes, ...,
-vramkit_ooms_total), read from the engine at each scrape, so one dashboard serves both; labels
+vramkit_capacity_bytes, vramkit_ooms_total; not the age of the pool's last slow event, which
+only its published record keeps), read from the engine at each scrape, so one dashboard
+serves both; labels
 are gpu (the process's device ordinal), pid, process, hostname and source. Unlike
 prometheus_client's own start_http_server, this one listens on 127.0.0.1 unless addr says
 otherwise. Importing this module needs no prometheus_client; using it does.
@@ -43,6 +45,8 @@ _METRICS = (
      "reset of peaks", lambda s: s["reserved_bytes"][1]),
     ("vramkit_limit_bytes", "gauge", "The pool's memory limit (0: none)",
      lambda s: s["limit_bytes"]),
+    ("vramkit_capacity_bytes", "gauge", "Memory of the device as the pool's source sees it",
+     lambda s: s["capacity_bytes"]),
     ("vramkit_fragmentation_ratio", "gauge", "Share of cached free memory outside the largest "
      "free block, 0 to 1", lambda s: s["fragmentation"]),
     ("vramkit_ooms", "counter", "Allocations that failed with out of memory",
@@ -92,7 +96,9 @@ class VramkitCollector:
         for device in range(_TRACKED_DEVICES):
             if not _pool_in_use(device):
                 continue
-            stats = _core.stats(device)
+            # The capacity is the device's total as the pool's source reports it, as in
+            # the record `vramkit export` reads.
+            stats = dict(_core.stats(device), capacity_bytes=_core.mem_get_info(device)[1])
             labels = [str(device), self._pid, self._name, self._host, _core.source(device)]
             for family, (_, _, _, value) in zip(families, _METRICS):
                 family.add_metric(labels, value(stats))
