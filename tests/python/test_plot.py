@@ -637,11 +637,17 @@ def test_png_legend_lists_the_merged_band_only_where_blocks_were_merged(small_tr
         "small or short-lived blocks, merged", "reserved"]
 
 
-def test_a_logs_timeline_heading_names_records(tmp_path):
-    # The heading said "allocated memory by allocation" of a log, which holds records.
+def _four_record_log(tmp_path):
+    """A MemoryLogger log of four records, 1 to 4 MiB allocated, 8 MiB reserved."""
     log = tmp_path / "memory.jsonl"
     log.write_text("".join(json.dumps({"time": 100.0 + i, "step": i, "allocated": (i + 1) * MiB,
                                        "reserved": 8 * MiB}) + "\n" for i in range(4)))
+    return log
+
+
+def test_a_logs_timeline_heading_names_records(tmp_path):
+    # The heading said "allocated memory by allocation" of a log, which holds records.
+    log = _four_record_log(tmp_path)
     out = tmp_path / "log.html"
     plot(str(log), str(out))
     text = out.read_text(encoding="utf-8")
@@ -720,9 +726,7 @@ def test_browser_names_a_traces_peak_requested(tmp_path):
 def test_browser_counts_a_logs_bands_as_records(tmp_path):
     # A memory log holds records, not allocations: the page said "4 allocations: 4 drawn as
     # bands" and "each coloured band is one allocation" of a log of 4 records.
-    log = tmp_path / "memory.jsonl"
-    log.write_text("".join(json.dumps({"time": 100.0 + i, "step": i, "allocated": (i + 1) * MiB,
-                                       "reserved": 8 * MiB}) + "\n" for i in range(4)))
+    log = _four_record_log(tmp_path)
     page = tmp_path / "log.html"
     plot(str(log), str(page))
     dom, stderr = browser_chromium.open_page(page)
