@@ -720,6 +720,13 @@ def test_browser_names_a_traces_peak_requested(tmp_path):
     assert facts is not None, stderr[-3000:]
     assert "peak live (requested) 2 B" in facts.group(1), facts.group(1)
     assert "peak allocated" not in facts.group(1)
+    # A figure just under a unit is shown in the next, as the engine's reports show it.
+    page = tmp_path / "near.html"
+    plot(str(write_trace(tmp_path / "near.trace.gz", [f"a 0 {1024 * MiB - 1024} 0 1"])),
+         str(page))
+    dom, _ = browser_chromium.open_page(page)
+    facts = re.search(r'<div class="facts" id="facts">(.*?)</div>', dom, re.S).group(1)
+    assert f"peak live (requested) 1.00 GiB ({1024 * MiB - 1024} bytes)" in facts, facts
 
 
 @needs_chromium

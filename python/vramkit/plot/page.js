@@ -21,7 +21,8 @@
     if (n === null || n === undefined) return "?";
     const units = ["B", "KiB", "MiB", "GiB", "TiB"];
     let u = 0, v = n;
-    while (v >= 1024 && u < units.length - 1) { v /= 1024; u++; }
+    // The unit of the figure as printed: one that rounds to 1024.0 is 1.00 of the next.
+    while (u < units.length - 1 && (u ? Number(v.toFixed(1)) : v) >= 1024) { v /= 1024; u++; }
     return (u ? v.toFixed(v < 10 ? 2 : 1) : String(v)) + " " + units[u] +
            (u ? " (" + n + " bytes)" : "");
   }
