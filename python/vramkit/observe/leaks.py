@@ -15,6 +15,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .. import _core
+from .._figures import UNITS, binary_size
 from . import history as _h
 
 UNKNOWN = ("<no stack>", 0, "<recorded without stacks>")
@@ -51,12 +52,7 @@ class LeakSite:
 
 
 def _fmt(n: int) -> str:
-    # The unit of the figure as printed: one that rounds to 1024.0 of a unit is 1.0 of the next.
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if (round(n, 1) if unit != "B" else n) < 1024 or unit == "TiB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
+    return binary_size(n, 1, units=UNITS[:5])
 
 
 class LeakReport:

@@ -48,6 +48,7 @@ import weakref
 from typing import Any, Callable
 
 from .. import _core
+from .._figures import UNITS, binary_size, counted
 from .._shown import shown
 
 __all__ = ["MemoryLogger", "tqdm_postfix"]
@@ -93,18 +94,8 @@ def _nvml_applies(device: int) -> bool:
 
 
 def _size(n: float) -> str:
-    """Bytes in binary units, short enough for a summary line or a progress bar; the unit
-    is the figure's as printed (one that rounds to 1024.00 of a unit is 1.00 of the next)."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if (abs(round(n, 2)) if unit != "B" else abs(n)) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n:.2f} TiB"  # unreachable; keeps type checkers content
-
-
-def _count(n: int, noun: str) -> str:
-    """A count with its noun, singular for one: "1 step", "3 records"."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+    """Bytes in binary units, short enough for a summary line or a progress bar."""
+    return binary_size(n, 2, units=UNITS[:5])
 
 
 class _NvmlView:
@@ -435,8 +426,8 @@ class MemoryLogger:
     def summary(self) -> str:
         """The one-screen summary close() prints: the peaks, when and at which step."""
         where = self.path or "a callback"
-        lines = [f"vramkit memory log (device {self.device}): {_count(self._calls, 'step')}, "
-                 f"{_count(self._records, 'record')} -> {where}"]
+        lines = [f"vramkit memory log (device {self.device}): {counted(self._calls, 'step')}, "
+                 f"{counted(self._records, 'record')} -> {where}"]
         if self._calls == 0:
             lines.append("  no steps were logged")
             return "\n".join(lines)
@@ -457,8 +448,8 @@ class MemoryLogger:
                      f"{_size(raw['reserved_bytes'][0])}, largest free block "
                      f"{_size(raw['largest_free_block'])}, fragmentation "
                      f"{raw['fragmentation']:.2f}")
-        lines.append(f"  out of memory: {_count(raw['num_ooms'], 'OOM')}, "
-                     f"{_count(raw['num_alloc_retries'], 'allocation')} retried after emptying "
+        lines.append(f"  out of memory: {counted(raw['num_ooms'], 'OOM')}, "
+                     f"{counted(raw['num_alloc_retries'], 'allocation')} retried after emptying "
                      f"the cache")
         if self._last_stats and self._last_stats.get("nvml_used") is not None:
             lines.append(f"  NVML at the last record: GPU used "

@@ -7,6 +7,7 @@ one on which the run fits, with what it gains measured rather than guessed.
 from __future__ import annotations
 
 from .. import _core
+from .._figures import counted
 from .doctor import Diagnosis, DoctorInputError, Fix, _live_fixes, _rank, _size
 
 
@@ -14,11 +15,6 @@ def _mib(value: int | None) -> str:
     """A capacity in MiB, the unit the replay's search finds it to (1.5 GiB hides the
     difference between one that fits and one that does not)."""
     return "none" if value is None else f"{value / (1 << 20):.1f} MiB"
-
-
-def _count(n: int, noun: str) -> str:
-    """A count with its noun, singular for one: "1 op", "3 allocations"."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _need(value: int | None, peak_live: int) -> str:
@@ -90,7 +86,7 @@ def _fragmenting_trace(path: str, capacity: int, default: dict, runs: dict, numb
     numbers["peak_reserved_vmm"] = runs["vmm"]["peak_reserved_bytes"]
     summary = (f"peak live memory {_size(numbers['peak_live'])} fits the capacity "
                f"{_size(capacity)}, but on the default settings "
-               f"{_count(default['ooms'], 'allocation')} failed: the trace needs "
+               f"{counted(default['ooms'], 'allocation')} failed: the trace needs "
                f"{_need(need_default, peak_live)} there, the free memory is not in pieces "
                f"large enough")
     fixes = []
@@ -139,7 +135,7 @@ def from_trace(path: str, capacity: int | None, estimate_fn) -> Diagnosis:
                "ooms_default": default["ooms"], "ooms_fixed": fixed["ooms"],
                "ooms_vmm": vmm["ooms"]}
     notes = _first_oom_note(default)
-    where = f"trace {default['trace']} ({_count(default['ops'], 'op')})"
+    where = f"trace {default['trace']} ({counted(default['ops'], 'op')})"
     if capacity is None:
         summary = (f"no capacity given: the trace needs {_need(need_default, peak_live)} on "
                    f"the default settings, {_need(need_fixed, peak_live)} on fixed segments "
@@ -154,7 +150,7 @@ def from_trace(path: str, capacity: int | None, estimate_fn) -> Diagnosis:
         if fixed["ooms"]:
             summary += (f"; on fixed segments alone (VRAMKIT_LARGE_BLOCKS=fixed "
                         f"VRAMKIT_VIRTUAL_THRESHOLD=1) "
-                        f"{_count(fixed['ooms'], 'allocation')} "
+                        f"{counted(fixed['ooms'], 'allocation')} "
                         f"fail{'s' if fixed['ooms'] == 1 else ''}: it needs "
                         f"{_need(need_fixed, peak_live)} there")
         return Diagnosis(None, summary, where, numbers, [], [], [], notes)
@@ -162,7 +158,7 @@ def from_trace(path: str, capacity: int | None, estimate_fn) -> Diagnosis:
         shortfall = peak_live - capacity
         summary = (f"peak live memory {_size(peak_live)} is more than the capacity "
                    f"{_size(capacity)}: live memory itself is too much, by {_size(shortfall)} "
-                   f"({_count(default['ooms'], 'allocation')} failed on the default settings, "
+                   f"({counted(default['ooms'], 'allocation')} failed on the default settings, "
                    f"{vmm['ooms']} on vmm)")
         fixes = _live_fixes(shortfall, estimate_fn, notes)
         return Diagnosis("live", summary, where, numbers, fixes, [], [], notes)

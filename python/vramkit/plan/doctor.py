@@ -44,6 +44,7 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
+from .._figures import binary_size
 from .._shown import shown
 
 __all__ = ["CAUSES", "Diagnosis", "DoctorInputError", "Fix", "LIVE_VARIANTS", "diagnose"]
@@ -171,23 +172,11 @@ def _wrap(text: str, width: int, **indents) -> list[str]:
 # ---------------------------------------------------------------------------------------
 # Sizes.
 # ---------------------------------------------------------------------------------------
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
-
-
 def _size(value, up: bool = False) -> str:
-    """Bytes with one decimal, as the C report's headline writes them, in the unit of the
-    figure as printed: one that rounds to 1024 of a unit is 1.0 of the next. up: rounded up
-    instead, for an amount a fix needs (a limit to raise to), which the user sets as read:
-    rounded down it would fall short and the same OOM would come back."""
-    if value is None:
-        return "none"
-    tenths = (lambda x: math.ceil(x * 10) / 10) if up else (lambda x: round(x, 1))
-    v, unit = float(abs(value)), 0
-    while unit < len(_UNITS) - 1 and (tenths(v) if unit else v) >= 1024:
-        v /= 1024
-        unit += 1
-    sign = "-" if value < 0 else ""
-    return f"{sign}{tenths(v):.1f} {_UNITS[unit]}" if unit else f"{sign}{int(v)} B"
+    """Bytes with one decimal, as the C report's headline writes them. up: rounded up, for
+    an amount a fix needs (a limit to raise to), which the user sets as read: rounded down
+    it would fall short and the same OOM would come back."""
+    return "none" if value is None else binary_size(value, 1, up=up)
 
 
 # ---------------------------------------------------------------------------------------
