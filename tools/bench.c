@@ -128,10 +128,10 @@ static int unknown_option(const char *command, const char *arg) {
 /* Report a failed call inside a benchmark loop and pick the exit status for it: a size
  * that does not fit is the user's to change (exit 1), anything else the allocator's. */
 static int loop_failure(vram_pool_t *pool, const char *what, size_t size, int status) {
-  if (size) fprintf(stderr, "vramkit bench: %s of %zu bytes failed: %s (%s)\n", what, size,
+  if (size) fprintf(stderr, "%s: %s of %zu bytes failed: %s (%s)\n", cli_command(), what, size,
                    vram_strerror(status), vram_errname(status));
-  else fprintf(stderr, "vramkit bench: %s failed: %s (%s)\n", what, vram_strerror(status),
-               vram_errname(status));
+  else fprintf(stderr, "%s: %s failed: %s (%s)\n", cli_command(), what,
+               vram_strerror(status), vram_errname(status));
   if (status == VRAM_ENOMEM) {
     cli_print_oom_report(pool);
     return CLI_EXIT_OOM;
@@ -145,14 +145,14 @@ static int close_pool(vram_pool_t *pool) {
   int status = vram_get_stats(pool, &stats);
   int result = CLI_EXIT_OK;
   if (status == VRAM_OK && (stats.allocated_bytes.current || stats.allocation.current)) {
-    fprintf(stderr, "vramkit bench: bytes not returned: %lld bytes in %lld allocations\n",
+    fprintf(stderr, "%s: bytes not returned: %lld bytes in %lld allocations\n", cli_command(),
             (long long)stats.allocated_bytes.current, (long long)stats.allocation.current);
     result = CLI_EXIT_FAILURE;
   }
   vram_empty_cache(pool);
   status = vram_pool_destroy(pool);
   if (status != VRAM_OK) {
-    fprintf(stderr, "vramkit bench: vram_pool_destroy: %s\n", vram_strerror(status));
+    fprintf(stderr, "%s: vram_pool_destroy: %s\n", cli_command(), vram_strerror(status));
     vram_pool_destroy_force(pool);
     result = CLI_EXIT_FAILURE;
   }
@@ -643,9 +643,18 @@ int cmd_bench(int argc, char **argv) {
     fputs(bench_usage, stdout);
     return CLI_EXIT_OK;
   }
-  if (strcmp(command, "random") == 0) return bench_random(argc - 1, argv + 1);
-  if (strcmp(command, "pair") == 0) return bench_pair(argc - 1, argv + 1);
-  if (strcmp(command, "scale") == 0) return bench_scale(argc - 1, argv + 1);
+  if (strcmp(command, "random") == 0) {
+    cli_set_command("vramkit bench random");
+    return bench_random(argc - 1, argv + 1);
+  }
+  if (strcmp(command, "pair") == 0) {
+    cli_set_command("vramkit bench pair");
+    return bench_pair(argc - 1, argv + 1);
+  }
+  if (strcmp(command, "scale") == 0) {
+    cli_set_command("vramkit bench scale");
+    return bench_scale(argc - 1, argv + 1);
+  }
   fprintf(stderr, "vramkit bench: unknown benchmark '%s' (random, pair or scale)\n",
           cli_shown(command));
   return CLI_EXIT_USAGE;

@@ -114,9 +114,14 @@ elseif(CASE STREQUAL "option_without_value")
                   "bench;random;--source" "bench;pair;--sizes" "bench;pair;--pairs" "bench;scale;--small"
                   "bench;scale;--large" "bench;scale;--ops")
     list(GET command -1 option)
-    run(STATUS 3 ARGS ${command} STDERR "${option} needs a value")
+    # The message names the command that was run, and where its options are described.
+    set(words ${command})
+    list(REMOVE_AT words -1)
+    list(JOIN words " " named)
+    run(STATUS 3 ARGS ${command}
+        STDERR "^vramkit ${named}: ${option} needs a value \\(see vramkit ${named} --help\\)")
     run(STATUS 3 ARGS ${command} --json ${one.trace_path}
-        STDERR "${option} needs a value, and '--json' after it is an option")
+        STDERR "^vramkit ${named}: ${option} needs a value, and '--json' after it is an option")
   endforeach()
 
 elseif(CASE STREQUAL "sizes_and_environment")
@@ -214,7 +219,7 @@ elseif(CASE STREQUAL "sim_capacity")
   # itself is accepted.
   foreach(size 512T 257T 281474976710657)
     run(STATUS 3 ARGS replay --json --repeat 1 --capacity ${size} ${fits.trace_path}
-        STDERR "^vramkit: --capacity: '${size}' is more than the largest capacity accepted, "
+        STDERR "^vramkit replay: --capacity: '${size}' is more than the largest capacity accepted, "
                "256T \\(281474976710656 bytes\\)\n$"
         NOT_STDOUT "ops")
   endforeach()

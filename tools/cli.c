@@ -7,6 +7,14 @@
 #include <string.h>
 #include <time.h>
 
+/* The command whose messages these are ("vramkit replay", "vramkit bench scale"): a
+ * message names what was run, as the commands' own messages do. */
+static const char *command_name = "vramkit";
+
+void cli_set_command(const char *name) { command_name = name; }
+
+const char *cli_command(void) { return command_name; }
+
 double cli_now_ns(void) {
   struct timespec now;
   clock_gettime(CLOCK_MONOTONIC, &now);
@@ -45,7 +53,8 @@ int cli_option_value(int argc, char **argv, int *index, const char *name, const 
   }
   if (arg[name_length] != '\0') return 0;
   if (*index + 1 >= argc) {
-    fprintf(stderr, "vramkit: %s needs a value\n", name);
+    fprintf(stderr, "%s: %s needs a value (see %s --help)\n", command_name, name,
+            command_name);
     return -1;
   }
   const char *next = argv[*index + 1];
@@ -53,8 +62,8 @@ int cli_option_value(int argc, char **argv, int *index, const char *name, const 
    * is the next option, and the value is missing. */
   int number = (next[1] >= '0' && next[1] <= '9') || next[1] == '.';
   if (next[0] == '-' && next[1] != '\0' && !number) {
-    fprintf(stderr, "vramkit: %s needs a value, and '%s' after it is an option\n", name,
-            cli_shown(next));
+    fprintf(stderr, "%s: %s needs a value, and '%s' after it is an option (see %s --help)\n",
+            command_name, name, cli_shown(next), command_name);
     return -1;
   }
   *value = argv[++*index];
@@ -64,9 +73,9 @@ int cli_option_value(int argc, char **argv, int *index, const char *name, const 
 int cli_parse_source(const char *text, vram_source_kind *kind) {
   if (vram_source_parse(text, kind) != VRAM_OK) {
     fprintf(stderr,
-            "vramkit: unknown source '%s' (choose sim, sim:cuda, sim:vmm, cuda, vmm, managed "
+            "%s: unknown source '%s' (choose sim, sim:cuda, sim:vmm, cuda, vmm, managed "
             "or auto)\n",
-            cli_shown(text));
+            command_name, cli_shown(text));
     return -1;
   }
   return 0;
@@ -75,8 +84,8 @@ int cli_parse_source(const char *text, vram_source_kind *kind) {
 int cli_parse_size(const char *option, const char *text, size_t *bytes) {
   const char *why = vram_parse_size_error(text, 0);
   if (why) {
-    fprintf(stderr, "vramkit: %s: '%s' is not a size: %s; expected bytes, or a number with "
-                    "K/M/G/T: 512M, 1.5G\n", option, cli_shown(text), why);
+    fprintf(stderr, "%s: %s: '%s' is not a size: %s; expected bytes, or a number with "
+                    "K/M/G/T: 512M, 1.5G\n", command_name, option, cli_shown(text), why);
     return -1;
   }
   return vram_parse_size(text, 0, bytes, NULL) == VRAM_OK ? 0 : -1;
@@ -87,8 +96,8 @@ int cli_parse_long(const char *option, const char *text, long min, long max, lon
   errno = 0;
   long value = strtol(text, &end, 10);
   if (errno || end == text || *end || value < min || value > max) {
-    fprintf(stderr, "vramkit: %s: expected a whole number from %ld to %ld, got '%s'\n", option,
-            min, max, cli_shown(text));
+    fprintf(stderr, "%s: %s: expected a whole number from %ld to %ld, got '%s'\n",
+            command_name, option, min, max, cli_shown(text));
     return -1;
   }
   *out = value;
@@ -101,7 +110,8 @@ int cli_base_options(vram_options_t *opts, int have_source, vram_source_kind sou
   vram_options_init(opts);
   const char *why = NULL;
   if (vram_options_from_env(opts, &why) != VRAM_OK) {
-    fprintf(stderr, "vramkit: %s\n", why ? cli_shown(why) : "bad VRAMKIT_* environment variable");
+    fprintf(stderr, "%s: %s\n", command_name,
+            why ? cli_shown(why) : "bad VRAMKIT_* environment variable");
     return -1;
   }
   if (have_source) opts->source = source;
@@ -119,24 +129,25 @@ int cli_pool_create(vram_pool_t **pool, const vram_options_t *opts) {
 }
 
 void cli_report_pool_error(int status, const vram_options_t *opts) {
-  fprintf(stderr, "vramkit: cannot create a pool on source %s: %s (%s)\n",
+  fprintf(stderr, "%s: cannot create a pool on source %s: %s (%s)\n", command_name,
           vram_source_name(opts->source), vram_strerror(status), vram_errname(status));
   /* The replay and bench options size no preallocation: only the variable can. */
   const char *pre = getenv("VRAMKIT_PREALLOCATE");
   if (status == VRAM_ENOMEM && pre && (opts->preallocate_bytes || opts->preallocate_fraction))
-    fprintf(stderr, "vramkit: VRAMKIT_PREALLOCATE: '%s' is more than the device holds\n",
-            cli_shown(pre));
+    fprintf(stderr, "%s: VRAMKIT_PREALLOCATE: '%s' is more than the device holds\n",
+            command_name, cli_shown(pre));
   if (status == VRAM_ENODRIVER)
-    fprintf(stderr, "vramkit: no CUDA driver here; --source sim replays on the host model\n");
+    fprintf(stderr, "%s: no CUDA driver here; --source sim replays on the host model\n",
+            command_name);
   /* Out of memory creating it (its preallocation), or options refused together: the
    * library's words for why, which it keeps for the thread that tried. */
   if (status == VRAM_ENOMEM || status == VRAM_EINVAL || status == VRAM_EUNSUPPORTED)
     cli_print_create_report();
   /* replay refuses a --capacity past the sim's range itself: only the variable gets here. */
   if (status == VRAM_ESIMCAPACITY)
-    fprintf(stderr, "vramkit: the sim capacity asked is %zu bytes (VRAMKIT_SIM_CAPACITY); "
+    fprintf(stderr, "%s: the sim capacity asked is %zu bytes (VRAMKIT_SIM_CAPACITY); "
                     "the sim models 1 to %zu bytes\n",
-            opts->sim_capacity, (size_t)VRAM_SIM_MAX_CAPACITY);
+            command_name, opts->sim_capacity, (size_t)VRAM_SIM_MAX_CAPACITY);
 }
 
 /* The length of the well-formed UTF-8 sequence at c (Unicode's table 3-7: no overlong forms,
@@ -228,7 +239,7 @@ void cli_print_oom_report(vram_pool_t *pool) {
 void cli_print_summary(vram_pool_t *pool, FILE *out) {
   char *summary = pool_text(pool, vram_summary);
   if (!summary) {
-    fprintf(stderr, "vramkit: vram_summary failed\n");
+    fprintf(stderr, "%s: vram_summary failed\n", command_name);
     return;
   }
   fputs(summary, out);

@@ -48,6 +48,11 @@ enum {
 int cmd_replay(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 
+/* The command the shared helpers' messages name ("vramkit replay", "vramkit bench
+ * random"; "vramkit" until a command sets it): a static string. */
+void cli_set_command(const char *name);
+const char *cli_command(void);
+
 /* Monotonic clock in nanoseconds. */
 double cli_now_ns(void);
 

@@ -94,8 +94,14 @@ static int dispatch(int argc, char **argv) {
     printf("vramkit %s\n", VRAMKIT_VERSION);
     return CLI_EXIT_OK;
   }
-  if (strcmp(command, "replay") == 0) return cmd_replay(argc - 1, argv + 1);
-  if (strcmp(command, "bench") == 0) return cmd_bench(argc - 1, argv + 1);
+  if (strcmp(command, "replay") == 0) {
+    cli_set_command("vramkit replay");
+    return cmd_replay(argc - 1, argv + 1);
+  }
+  if (strcmp(command, "bench") == 0) {
+    cli_set_command("vramkit bench");
+    return cmd_bench(argc - 1, argv + 1);
+  }
   fprintf(stderr, "vramkit: unknown command '%s' (see vramkit --help)\n", cli_shown(command));
   return CLI_EXIT_USAGE;
 }

@@ -263,12 +263,12 @@ static void print_replay_notes(const replay_settings_t *settings, const replay_r
                                int status) {
   if (r->ooms && r->first_oom_report[0]) {
     if (r->first_oom_op >= 0) {
-      fprintf(stderr, "vramkit: %s: op %lld (allocate %llu bytes) ran out of memory:\n",
+      fprintf(stderr, "vramkit replay: %s: op %lld (allocate %llu bytes) ran out of memory:\n",
               cli_shown(r->name), (long long)r->first_oom_op,
               (unsigned long long)r->first_oom_size);
     } else {
       const char *pre = getenv("VRAMKIT_PREALLOCATE");
-      fprintf(stderr, "vramkit: %s: out of memory creating the pool: its preallocation "
+      fprintf(stderr, "vramkit replay: %s: out of memory creating the pool: its preallocation "
                       "(VRAMKIT_PREALLOCATE='%s') does not fit:\n", cli_shown(r->name),
               cli_shown(pre ? pre : ""));
     }
@@ -285,7 +285,7 @@ static void print_replay_notes(const replay_settings_t *settings, const replay_r
     }
     cli_report_pool_error(status, &options);
   } else if (status != VRAM_OK) {
-    fprintf(stderr, "vramkit: %s\n", r->error[0] ? cli_shown(r->error) : vram_strerror(status));
+    fprintf(stderr, "vramkit replay: %s\n", r->error[0] ? cli_shown(r->error) : vram_strerror(status));
   }
   if (settings->min_capacity && r->have_min_capacity == -2)
     fprintf(stderr,
@@ -370,13 +370,14 @@ static int parse_valued(int argc, char **argv, int *i, replay_settings_t *settin
   if ((matched = cli_option_value(argc, argv, i, "--capacity", &value)) != 0) {
     if (matched < 0 || cli_parse_size("--capacity", value, &settings->capacity) != 0) return -1;
     if (settings->capacity == 0) {
-      fprintf(stderr, "vramkit: --capacity must be more than 0\n");
+      fprintf(stderr, "vramkit replay: --capacity must be more than 0 (see vramkit replay "
+                      "--help)\n");
       return -1;
     }
     /* The capacity sizes the sim device too, and no device addresses more: past it the
      * value is the command line's mistake, refused here rather than by the pool. */
     if (settings->capacity > VRAM_SIM_MAX_CAPACITY) {
-      fprintf(stderr, "vramkit: --capacity: '%s' is more than the largest capacity accepted, "
+      fprintf(stderr, "vramkit replay: --capacity: '%s' is more than the largest capacity accepted, "
                       "%s (%zu bytes)\n", cli_shown(value), REPLAY_MAX_CAPACITY_HELP,
               (size_t)VRAM_SIM_MAX_CAPACITY);
       return -1;
