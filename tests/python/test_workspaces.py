@@ -713,6 +713,15 @@ def test_the_probe_dry_run_fills_a_table_the_estimator_matches_exactly(tmp_path,
     table.chmod(0o644)
     _run(*cli, "import", other, "--table", table, "--allow-dry-run", "--other-device")
     assert (table.stat().st_mode & 0o777) == 0o644  # written over: as it was
+    # A second probe of that device: named once, with both probes' signatures counted.
+    data["isolated"][1]["signature"]["batch"] = 7
+    other.write_text(json.dumps(data))
+    _run(*cli, "import", other, "--table", table, "--allow-dry-run", "--other-device")
+    again = ws.Table.load(str(table))
+    assert again.describe_source().count("A Third GPU") == 1, again.describe_source()
+    third = [a for a in again.measured_on["also"] if a["device"] == "A Third GPU"]
+    assert len(third) == 1 and third[0]["signatures"] == len(again.entries) - len(
+        before.entries)
     data["isolated"][0]["signature"]["layout"] = "diagonal"
     other.write_text(json.dumps(data))
     bad = _run(*cli, "import", other, "--table", table, "--allow-dry-run")

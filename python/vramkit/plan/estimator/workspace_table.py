@@ -92,7 +92,11 @@ def import_probe(probe_path: str, table_path: str = TABLE_PATH, *, replace: bool
         added = {k: v for k, v in measured.items() if k not in entries}
         entries.update(added)
         also = [dict(a) for a in primary.get("also", [])]
-        also.append(dict(measured_on, signatures=len(added)))
+        same = [a for a in also if _same_setup(a, measured_on)]
+        if same:  # a device named already: its count grows, its name is not repeated
+            same[0]["signatures"] = int(same[0].get("signatures") or 0) + len(added)
+        else:
+            also.append(dict(measured_on, signatures=len(added)))
         table = Table(entries, fit_rule(entries), dict(primary, also=also), table_path)
         table.save(table_path)
         return table, len(added)
@@ -102,6 +106,11 @@ def import_probe(probe_path: str, table_path: str = TABLE_PATH, *, replace: bool
     table = Table(entries, fit_rule(entries), measured_on, table_path)
     table.save(table_path)
     return table, len(measured)
+
+
+def _same_setup(a: dict, b: dict) -> bool:
+    """Two measurements' device, PyTorch, cuDNN and CUDA are the same."""
+    return all(a.get(k) == b.get(k) for k in ("device", "torch", "cudnn", "cuda"))
 
 
 def rule_errors(table: Table) -> dict:

@@ -257,8 +257,9 @@ class Table:
         if not on.get("device"):
             return "an unnamed device"
         devices = [on] + [a for a in on.get("also", ()) if isinstance(a, dict)]
-        return " and ".join(f"{d.get('device', '?')} (PyTorch {d.get('torch', '?')}, "
-                            f"cuDNN {d.get('cudnn', '?')})" for d in devices)
+        named = (f"{d.get('device', '?')} (PyTorch {d.get('torch', '?')}, "
+                 f"cuDNN {d.get('cudnn', '?')})" for d in devices)
+        return " and ".join(dict.fromkeys(named))  # each setup once, in the table's order
 
     def batch_exponent(self, part: str) -> float:
         return float(self.rule.get("batch_exponent", {}).get(part, ASSUMED_BATCH_EXPONENT))
