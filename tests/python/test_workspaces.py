@@ -137,28 +137,47 @@ def _layer(part="forward", batch=32, dtype="float32", channels=64):
         layout="contiguous"))
 
 
-def test_the_nearest_layer_is_of_the_same_kind_and_closest_in_channels_and_pixels():
-    small, wide = _layer(channels=64, batch=8), _layer(channels=512, batch=8)
+def test_the_nearest_layers_are_of_the_same_kind_and_closest_in_channels_and_pixels():
+    narrow, small = _layer(channels=32, batch=8), _layer(channels=64, batch=8)
+    wide, widest = _layer(channels=512, batch=8), _layer(channels=1024, batch=8)
     depthwise = ws.ConvSignature.from_fields(dict(_layer(channels=256, batch=8).fields(),
                                                   weight=[256, 1, 3, 3], groups=256))
     last = ws.ConvSignature.from_fields(dict(_layer(channels=256, batch=8).fields(),
                                              layout="channels_last"))
-    table = ws.Table({small.key(): 1 * MiB, wide.key(): 64 * MiB, depthwise.key(): 0,
-                      last.key(): 0})
+    # cuDNN picked an algorithm with a huge workspace for the widest layer alone.
+    table = ws.Table({narrow.key(): MiB // 4, small.key(): 1 * MiB, wide.key(): 64 * MiB,
+                      widest.key(): 10 * 1024 * MiB, depthwise.key(): 0, last.key(): 0})
     assert depthwise.kind() != _layer(channels=256).kind() != last.kind()
-    # 384 channels are nearer 512 than 64 on a log scale; a depthwise layer or a
-    # channels-last one of 256 channels is never taken for a contiguous dense 3x3.
+
+    def scaled(query, layer, size):
+        return size * query.activation_bytes() / layer.activation_bytes()
+
+    # 384 channels: the three nearest on a log scale are 512, 1024 and 64; the median of
+    # their workspaces scaled to this layer's bytes is 512's, and the outlier sets nothing.
+    # A depthwise layer or a channels-last one of 256 channels is never taken for a
+    # contiguous dense 3x3, although nearer.
     query = _layer(channels=384, batch=8)
-    assert table.lookup(query) == (round(64 * MiB * query.activation_bytes()
-                                         / wide.activation_bytes()), "nearest")
+    assert scaled(query, small, MiB) < scaled(query, wide, 64 * MiB) < scaled(
+        query, widest, 10 * 1024 * MiB)
+    assert table.lookup(query) == (round(scaled(query, wide, 64 * MiB)), "nearest")
+    # 768 channels: nearest of all is 1024, whose outlier one neighbour alone would give.
+    query = _layer(channels=768, batch=8)
+    assert table.lookup(query) == (round(scaled(query, wide, 64 * MiB)), "nearest")
+    # 96 channels: 64, 32 and 512 are the nearest three; 64's is their median.
     query = _layer(channels=96, batch=8)
-    assert table.lookup(query) == (round(1 * MiB * query.activation_bytes()
-                                         / small.activation_bytes()), "nearest")
-    # Larger pixels count as distance too: 64 channels at 224x224 is still nearest the
-    # 64-channel layer (at 56x56), 4x the pixels away, not the 512 one.
+    assert scaled(query, narrow, MiB // 4) < scaled(query, small, MiB) < scaled(
+        query, wide, 64 * MiB)
+    assert table.lookup(query) == (round(scaled(query, small, MiB)), "nearest")
+    # With fewer layers of its kind than that, the median of those there are.
+    two = ws.Table({small.key(): 1 * MiB, wide.key(): 64 * MiB})
+    assert two.lookup(query) == (round((scaled(query, small, MiB)
+                                        + scaled(query, wide, 64 * MiB)) / 2), "nearest")
+    one = ws.Table({small.key(): 1 * MiB, depthwise.key(): 0})
+    # Larger pixels count as distance too: 64 channels at 224x224 takes the 64-channel
+    # layer at 56x56, its workspace scaled by 16x the bytes.
     far = ws.ConvSignature.from_fields(dict(_layer(channels=64, batch=8).fields(),
                                             input=[64, 224, 224]))
-    assert table.lookup(far) == (16 * MiB, "nearest")
+    assert one.lookup(far) == (16 * MiB, "nearest")
 
 
 def test_lookup_exact_then_scaled_by_batch_then_by_the_size_rule():

@@ -116,7 +116,7 @@ def _same_setup(a: dict, b: dict) -> bool:
 def rule_errors(table: Table) -> dict:
     """How well the table's rules predict its own entries: each entry measured at another
     batch of its layer too, predicted by the batch rule from those other batches; each
-    entry predicted from the nearest other layer of its kind; each entry predicted by the
+    entry predicted from the nearest other layers of its kind; each entry predicted by the
     size rule. Per rule: the count and the median and 90th percentile of |predicted -
     measured| / measured (entries above 0 bytes)."""
     batch, nearest, size = [], [], []

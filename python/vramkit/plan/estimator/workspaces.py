@@ -22,8 +22,8 @@ dtype, memory layout and cuDNN flags), in this order:
    with the package (``data/cudnn_workspaces.json``, the measurements of
    ``bench/cudnn_workspace_probe.py`` on an H200, and on an H100 where the H200 measured
    none), by :meth:`Table.lookup`: the exact signature, else the same layer measured at
-   other batch sizes, scaled to this batch, else the nearest layer of its kind,
-   else the table's size rule, fitted to all its measurements;
+   other batch sizes, scaled to this batch, else the median of the three nearest
+   layers of its kind, else the table's size rule, fitted to all its measurements;
 3. else 0, and the estimate's notes say convolution workspaces were not modelled.
 
 The table is filled from the probe's output by :mod:`vramkit.estimator.workspace_table`
@@ -54,6 +54,11 @@ LABEL = "cuDNN workspace"
 # no layer measured at two to fit the exponent from: in proportion, as the workspaces of
 # cuDNN's layout transforms and GEMM-based algorithms, which cover the whole batch, do.
 ASSUMED_BATCH_EXPONENT = 1.0
+
+# A layer the table lacks takes the median of its nearest measured layers of its kind:
+# cuDNN's choice moves one layer's workspace by orders of magnitude between neighbours,
+# and one neighbour alone lets a single new measurement swing a step's figure.
+NEAREST_LAYERS = 3
 
 
 class WorkspaceTableError(ValueError):
@@ -268,8 +273,8 @@ class Table:
         """(bytes, how) for a signature: how is "exact" (measured), "batch" (the layer
         measured at other batch sizes: interpolated between the nearest two along the
         power law through them, or beyond them scaled by batch ** the table's fitted
-        exponent), "nearest" (the nearest measured layer of the same kind, scaled by
-        bytes of input and output: :meth:`_nearest`), "size" (the size rule: the median,
+        exponent), "nearest" (the median of the nearest measured layers of the same
+        kind, each scaled by bytes of input and output: :meth:`_nearest`), "size" (the size rule: the median,
         over the table's signatures of the same part, dtype, layout and flags, of
         workspace bytes per byte of input and output, times this one's) or (None, None)
         when none of these applies."""
@@ -288,10 +293,11 @@ class Table:
         return None, None
 
     def _nearest(self, signature: ConvSignature, excluding=None) -> int | None:
-        """The workspace of the measured layer of the same kind (part, dtype, layout,
-        flags, kernel, stride, padding, dilation, grouping) nearest in channels and
-        pixels (on a log scale), at its batch nearest this one's, times this signature's
-        bytes of input and output over that one's. cuDNN picks among few algorithms for one kind
+        """The median, over the NEAREST_LAYERS measured layers of the same kind (part,
+        dtype, layout, flags, kernel, stride, padding, dilation, grouping) nearest in
+        channels and pixels (on a log scale), of each one's workspace at its batch
+        nearest this one's, times this signature's bytes of input and output over that
+        one's. cuDNN picks among few algorithms for one kind
         of layer, and their workspaces follow the tensors they transform or tile; across
         kinds (a 1x1 against a 3x3, channels-last against contiguous) they do not, so
         no other kind stands in. None where the table has no layer of this kind
@@ -300,12 +306,15 @@ class Table:
         if not candidates:
             return None
         here = signature.position()
-        _, layer = min(candidates, key=lambda c: (
-            sum(abs(a - b) for a, b in zip(c[0], here)), c[1].key()))
-        batch, size = min(self._layers[layer], key=lambda p: (
-            abs(math.log(p[0] / signature.batch)), p[0]))
-        measured = replace(layer, batch=batch)
-        return int(round(size * signature.activation_bytes() / measured.activation_bytes()))
+        nearest = sorted(candidates, key=lambda c: (
+            sum(abs(a - b) for a, b in zip(c[0], here)), c[1].key()))[:NEAREST_LAYERS]
+        sizes = []
+        for _, layer in nearest:
+            batch, size = min(self._layers[layer], key=lambda p: (
+                abs(math.log(p[0] / signature.batch)), p[0]))
+            measured = replace(layer, batch=batch)
+            sizes.append(size * signature.activation_bytes() / measured.activation_bytes())
+        return int(round(statistics.median(sizes)))
 
     def _scaled(self, signature: ConvSignature, points: list) -> int:
         n = signature.batch
@@ -645,7 +654,7 @@ class ConvWorkspaceModel(DeviceMeasuredSizes):
                          f"{self.table().describe_source()}: {counts['exact']} of the "
                          f"step's {total} convolution signatures measured as they are, "
                          f"{counts['batch']} scaled from other batch sizes, "
-                         f"{counts['nearest']} from the nearest layer of their kind, "
+                         f"{counts['nearest']} from the nearest layers of their kind, "
                          f"{counts['size']} by the table's size rule (rough)")
         if counts["none"]:
             notes.append(f"convolution workspaces were not modelled for {counts['none']} "
