@@ -128,8 +128,8 @@ static int unknown_option(const char *command, const char *arg) {
 /* Report a failed call inside a benchmark loop and pick the exit status for it: a size
  * that does not fit is the user's to change (exit 1), anything else the allocator's. */
 static int loop_failure(vram_pool_t *pool, const char *what, size_t size, int status) {
-  if (size) fprintf(stderr, "%s: %s of %zu bytes failed: %s (%s)\n", cli_command(), what, size,
-                   vram_strerror(status), vram_errname(status));
+  if (size) fprintf(stderr, "%s: %s of %zu bytes failed: %s (%s)\n", cli_command(), what,
+                   size, vram_strerror(status), vram_errname(status));
   else fprintf(stderr, "%s: %s failed: %s (%s)\n", cli_command(), what,
                vram_strerror(status), vram_errname(status));
   if (status == VRAM_ENOMEM) {

@@ -285,7 +285,8 @@ static void print_replay_notes(const replay_settings_t *settings, const replay_r
     }
     cli_report_pool_error(status, &options);
   } else if (status != VRAM_OK) {
-    fprintf(stderr, "vramkit replay: %s\n", r->error[0] ? cli_shown(r->error) : vram_strerror(status));
+    fprintf(stderr, "vramkit replay: %s\n",
+            r->error[0] ? cli_shown(r->error) : vram_strerror(status));
   }
   if (settings->min_capacity && r->have_min_capacity == -2)
     fprintf(stderr,
@@ -377,8 +378,8 @@ static int parse_valued(int argc, char **argv, int *i, replay_settings_t *settin
     /* The capacity sizes the sim device too, and no device addresses more: past it the
      * value is the command line's mistake, refused here rather than by the pool. */
     if (settings->capacity > VRAM_SIM_MAX_CAPACITY) {
-      fprintf(stderr, "vramkit replay: --capacity: '%s' is more than the largest capacity accepted, "
-                      "%s (%zu bytes)\n", cli_shown(value), REPLAY_MAX_CAPACITY_HELP,
+      fprintf(stderr, "vramkit replay: --capacity: '%s' is more than the largest capacity "
+                      "accepted, %s (%zu bytes)\n", cli_shown(value), REPLAY_MAX_CAPACITY_HELP,
               (size_t)VRAM_SIM_MAX_CAPACITY);
       return -1;
     }

@@ -274,10 +274,10 @@ class Table:
         measured at other batch sizes: interpolated between the nearest two along the
         power law through them, or beyond them scaled by batch ** the table's fitted
         exponent), "nearest" (the median of the nearest measured layers of the same
-        kind, each scaled by bytes of input and output: :meth:`_nearest`), "size" (the size rule: the median,
-        over the table's signatures of the same part, dtype, layout and flags, of
-        workspace bytes per byte of input and output, times this one's) or (None, None)
-        when none of these applies."""
+        kind, each scaled by bytes of input and output: :meth:`_nearest`), "size" (the
+        size rule: the median, over the table's signatures of the same part, dtype,
+        layout and flags, of workspace bytes per byte of input and output, times this
+        one's) or (None, None) when none of these applies."""
         key = signature.key()
         if key in self.entries:
             return self.entries[key], "exact"
@@ -297,10 +297,10 @@ class Table:
         dtype, layout, flags, kernel, stride, padding, dilation, grouping) nearest in
         channels and pixels (on a log scale), of each one's workspace at its batch
         nearest this one's, times this signature's bytes of input and output over that
-        one's. cuDNN picks among few algorithms for one kind
-        of layer, and their workspaces follow the tensors they transform or tile; across
-        kinds (a 1x1 against a 3x3, channels-last against contiguous) they do not, so
-        no other kind stands in. None where the table has no layer of this kind
+        one's. cuDNN picks among few algorithms for one kind of layer, and their
+        workspaces follow the tensors they transform or tile; across kinds (a 1x1
+        against a 3x3, channels-last against contiguous) they do not, so no other kind
+        stands in. None where the table has no layer of this kind
         (``excluding``: a layer left out, to check the lookup on the table itself)."""
         candidates = [c for c in self._kinds.get(signature.kind(), ()) if c[1] != excluding]
         if not candidates:
