@@ -643,17 +643,18 @@ int cmd_bench(int argc, char **argv) {
     fputs(bench_usage, stdout);
     return CLI_EXIT_OK;
   }
-  if (strcmp(command, "random") == 0) {
-    cli_set_command("vramkit bench random");
-    return bench_random(argc - 1, argv + 1);
-  }
-  if (strcmp(command, "pair") == 0) {
-    cli_set_command("vramkit bench pair");
-    return bench_pair(argc - 1, argv + 1);
-  }
-  if (strcmp(command, "scale") == 0) {
-    cli_set_command("vramkit bench scale");
-    return bench_scale(argc - 1, argv + 1);
+  /* Each benchmark, and the name its messages carry. */
+  static const struct {
+    const char *name, *command;
+    int (*run)(int argc, char **argv);
+  } benchmarks[] = {{"random", "vramkit bench random", bench_random},
+                    {"pair", "vramkit bench pair", bench_pair},
+                    {"scale", "vramkit bench scale", bench_scale}};
+  for (size_t i = 0; i < sizeof benchmarks / sizeof benchmarks[0]; i++) {
+    if (strcmp(command, benchmarks[i].name) == 0) {
+      cli_set_command(benchmarks[i].command);
+      return benchmarks[i].run(argc - 1, argv + 1);
+    }
   }
   fprintf(stderr, "vramkit bench: unknown benchmark '%s' (random, pair or scale)\n",
           cli_shown(command));
