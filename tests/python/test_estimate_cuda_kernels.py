@@ -447,3 +447,21 @@ def test_attention_kernels_the_program_turned_off_are_not_taken():
     assert math_only.peak_allocated > _causal_estimate("repeated").peak_allocated + scores
     with pytest.raises(UntraceableStep, match="No available kernel"):
         _causal_estimate("repeated, flash only")
+
+
+def test_dropout_makes_its_mask_before_its_values(tmp_path):
+    """CUDA's dropout kernel makes the one-byte mask first, then the dropped values (as the
+    card's recording of DistilBERT's step shows): the trace has them in that order."""
+    from vramkit.estimator.torch_caching import read_trace
+    net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Dropout(0.1))
+
+    def step(net, x):
+        net(x).sum().backward()  # the sum's 4 bytes come after dropout's two blocks
+
+    path = tmp_path / "dropout.trace.gz"
+    vramkit.estimate(step, net, torch.randn(32, 64), trace_path=str(path), steps=1)
+    sizes = [event[2] for event in read_trace(str(path)) if event[0] == "a"]
+    mask, values = 32 * 64, 32 * 64 * 4
+    made = sizes.index(mask)
+    # The mask, then the dropped values, then the sum (its 4 bytes in a 512-byte block).
+    assert sizes[made:made + 3] == [mask, values, 512], sizes

@@ -19,6 +19,7 @@ import vramkit  # noqa: E402
 from vramkit.estimator import (CUBLAS_WORKSPACE_BYTES, CUBLASLT_WORKSPACE_BYTES,  # noqa: E402
                                _step)
 from vramkit.estimator import scratch as sc  # noqa: E402
+from vramkit.plan.estimator import _cuda_reduce as cr  # noqa: E402
 from vramkit.estimator import workspaces as ws  # noqa: E402
 from helpers import AllocatorFigures, MiB, rounded_block as _rounded  # noqa: E402
 
@@ -535,13 +536,26 @@ def test_layer_norm_backward_copies_strided_inputs_where_aten_does():
                    [True] * 3), {})) == (0, 0, 0, 64 * 256 * 4, -1)
 
 
-def test_a_reduction_past_32_bit_indexing_or_of_integers_is_not_derived():
-    """A launch split for 64-bit indexing, a broadcast input (which the iterator orders by
-    rules the model does not follow) and an integer sum are left to the GPU: None,
-    where a sum whose launch needs no staging is derived as 0 (MEASURED_REDUCTIONS)."""
-    huge = torch.empty_strided((1 << 20, 1 << 10), (1 << 10, 1), dtype=torch.float16,
-                               device="meta")
-    assert sc.derived_size(sc.call_of(torch.ops.aten.sum.dim_IntList, (huge, [0]), {})) is None
+def test_a_reduction_past_32_bit_indexing_stages_each_of_its_launches():
+    """A view past 32-bit offsets is reduced in launches of halves, each with its own
+    staging buffer and semaphores, made and freed in turn: the column sum of DistilBERT's
+    logits' gradient (32,768 rows of a 30,522-word vocabulary, fp32: the vocabulary
+    projection's bias gradient), which the card made as two 62,509,056-byte buffers and
+    two semaphore blocks (H100, 2026-12-07, bench/record_step.py vramkit "distilbert
+    fp32"; the semaphores' 1,908 bytes in a 2,048-byte block)."""
+    logits = torch.empty(32768, 30522, device="meta")
+    call = sc.call_of(torch.ops.aten.sum.dim_IntList, (logits, [0], True), {})
+    assert sc.derived_size(call) == (0, 62509056, 1908, -2, -1, 62509056, 1908, -4, -3)
+    # Halves of halves, first half first, until each launch fits.
+    assert [shape for shape, _ in cr.launches((1 << 22, 1024), (1024, 1), 0, 2)] == \
+        [(1 << 20, 1024)] * 4
+    assert cr.launches((4, 8), (8, 1), 3, 4) == [((4, 8), 3)]
+
+
+def test_a_broadcast_or_integer_reduction_is_not_derived():
+    """A broadcast input (which the iterator orders by rules the model does not follow)
+    and an integer sum are left to the GPU: None, where a sum whose launch needs no
+    staging is derived as 0 (MEASURED_REDUCTIONS)."""
     ones = torch.ones(()).expand(65536, 768)   # a gradient of .sum(): one value, broadcast
     assert sc.derived_size(sc.call_of(torch.ops.aten.sum.dim_IntList, (ones, [0]), {})) is None
     counts = torch.zeros(65536, 768, dtype=torch.int64)

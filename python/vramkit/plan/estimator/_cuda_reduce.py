@@ -16,9 +16,9 @@ fastest first) and their coalescing, the choice between reducing along the faste
 dimension and vectorizing along the outputs, the block's width and height, the split of
 the input across warps and across blocks, and the sizes of the staging buffer and the
 semaphores. The number of multiprocessors is the H100's and H200's (the cards the
-estimator's tables come from). Left out (not derived): iterators that need 64-bit
-indexing (split into several launches); the caller takes only sums, means and vector
-norms of floating point.
+estimator's tables come from). A view too large for 32-bit offsets is reduced in several
+launches, each with its own blocks, as TensorIterator's with_32bit_indexing() splits it
+(:func:`launches`). The caller takes only sums, means and vector norms of floating point.
 """
 
 from __future__ import annotations
@@ -85,6 +85,38 @@ def _output_vector_size(dims, num_reduce_dims: int, offset: int) -> int:
     return vector
 
 
+_INT32_MAX = (1 << 31) - 1
+
+
+def _fits_32bit(shape, strides, itemsize: int) -> bool:
+    """TensorIterator's can_use_32bit_indexing() for the input: its elements, and the
+    farthest byte it reaches from its start, within a signed 32-bit integer."""
+    reach = 1 + sum((size - 1) * abs(stride) * itemsize for size, stride in zip(shape, strides))
+    return math.prod(shape) <= _INT32_MAX and reach <= _INT32_MAX
+
+
+def launches(shape, strides, offset: int, itemsize: int) -> list:
+    """The views (shape, offset) a reduction launches one kernel each for, in order: the
+    whole view where 32-bit offsets address it; else, as with_32bit_indexing() does, the
+    dimension that spans the most bytes halved (the first half, then the rest, each
+    halved again until it fits). The input's span decides the dimension: it spans more
+    bytes than the output of the reductions modelled. Dimensions are the view's own,
+    not the iterator's coalesced ones: an even split of an outer dimension cuts where a
+    split of the merged one does."""
+    shape = list(shape)
+    if _fits_32bit(shape, strides, itemsize):
+        return [(tuple(shape), offset)]
+    dim = max((d for d in range(len(shape)) if shape[d] > 1),
+              key=lambda d: (shape[d] - 1) * abs(strides[d]), default=None)
+    if dim is None:
+        return [(tuple(shape), offset)]
+    first = shape[dim] // 2
+    head = shape[:dim] + [first] + shape[dim + 1:]
+    tail = shape[:dim] + [shape[dim] - first] + shape[dim + 1:]
+    return (launches(head, strides, offset, itemsize)
+            + launches(tail, strides, offset + first * strides[dim], itemsize))
+
+
 def staging_blocks(shape, strides, offset: int, reduced_dims, itemsize: int,
                    accumulator_bytes: int, input_vector: int,
                    multiprocessors: int = MULTIPROCESSORS):
@@ -95,17 +127,16 @@ def staging_blocks(shape, strides, offset: int, reduced_dims, itemsize: int,
     contiguous dimension, 1 where the kernel does not (16-bit sums and means load one at
     a time there: their vector is wider than their unrolling); ``multiprocessors``: the
     card's (the grid is sized to fill it). (0, 0) when the blocks of one output never
-    meet in global memory; None where the model does not apply (64-bit indexing, a
-    broadcast dimension)."""
+    meet in global memory; None where the model does not apply (a view past 32-bit
+    offsets, which launches() divides; a broadcast dimension)."""
     elements = math.prod(shape)
     reduced = {d % len(shape) for d in reduced_dims} if shape else set()
     if elements == 0:
         return 0, 0
     if any(size > 1 and stride <= 0 for size, stride in zip(shape, strides)):
         return None  # a broadcast (or reversed) input: the iterator orders it otherwise
-    span = sum((size - 1) * stride for size, stride in zip(shape, strides)) + 1
-    if (span + offset) * itemsize > (1 << 31) - 1:
-        return None
+    if not _fits_32bit(shape, strides, itemsize):
+        return None  # several launches: launches() divides the view first
     dims = _iterator_dims(shape, strides, reduced)
     num_reduce_dims = sum(1 for _, _, r in dims if r)
     outputs = math.prod(size for size, _, r in dims if not r)

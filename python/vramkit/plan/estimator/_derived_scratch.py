@@ -19,6 +19,35 @@ from ._transients import OUTPUT
 from .scratch import OpCall, TensorSpec
 
 
+def _copy_bytes(t: TensorSpec) -> int:
+    """What ``t.contiguous()`` (or ``expect_contiguous()``) allocates: nothing for a
+    contiguous tensor, else a contiguous copy of its elements in its dtype."""
+    return 0 if t.is_contiguous() else math.prod(t.shape) * t.dtype.itemsize
+
+
+class _Steps:
+    """A transient written block by block (_transients.py's sequence): each allocation
+    gets a handle that its free names, so a rule needs no counting of positions."""
+
+    def __init__(self):
+        self.steps: list = []
+        self._made = 0
+
+    def allocate(self, nbytes: int):
+        """A block of ``nbytes`` (0: none, and its handle frees nothing)."""
+        if not nbytes:
+            return None
+        self._made += 1
+        self.steps.append(nbytes)
+        return self._made
+
+    def output(self) -> None:
+        self.steps.append(OUTPUT)
+
+    def free(self, *handles) -> None:
+        self.steps.extend(-h for h in handles if h is not None)
+
+
 def _softmax_backward_product(call: OpCall, multiprocessors: int):
     """Softmax's CUDA backward (ATen/native/cuda/SoftMax.cu) multiplies the output's
     gradient by the output into a new tensor before its kernel runs, and frees it on
@@ -84,16 +113,22 @@ def _staging_of_reduction(call: OpCall, multiprocessors: int, input_vector_of_ha
                for d in dims):
         return None
     itemsize = tensor.dtype.itemsize
-    blocks = _cuda_reduce.staging_blocks(tensor.shape, tensor.stride, tensor.offset, dims,
-                                         itemsize, accumulator,
-                                         input_vector_of_half if itemsize == 2 else 4,
-                                         multiprocessors)
-    if blocks is None:
-        return None
-    staging, semaphores = blocks
-    if not staging:
-        return 0
-    return (OUTPUT, staging, semaphores, -2, -1)
+    steps = _Steps()
+    steps.output()
+    # A view past 32-bit offsets is reduced in several launches, each staging its own.
+    for shape, offset in _cuda_reduce.launches(tensor.shape, tensor.stride, tensor.offset,
+                                               itemsize):
+        blocks = _cuda_reduce.staging_blocks(shape, tensor.stride, offset, dims, itemsize,
+                                             accumulator,
+                                             input_vector_of_half if itemsize == 2 else 4,
+                                             multiprocessors)
+        if blocks is None:
+            return None
+        staging, semaphores = blocks
+        if staging:
+            made = steps.allocate(staging), steps.allocate(semaphores)
+            steps.free(*reversed(made))
+    return tuple(steps.steps) if len(steps.steps) > 1 else 0
 
 
 def _group_norm_coefficients(call: OpCall, multiprocessors: int):
@@ -120,35 +155,6 @@ def _group_norm_coefficients(call: OpCall, multiprocessors: int):
         return None
     return (OUTPUT, OUTPUT, OUTPUT, per_channel, per_channel, per_group, per_group,
             per_channel, -4, -3, -5, -2, -1)
-
-
-def _copy_bytes(t: TensorSpec) -> int:
-    """What ``t.contiguous()`` (or ``expect_contiguous()``) allocates: nothing for a
-    contiguous tensor, else a contiguous copy of its elements in its dtype."""
-    return 0 if t.is_contiguous() else math.prod(t.shape) * t.dtype.itemsize
-
-
-class _Steps:
-    """A transient written block by block (_transients.py's sequence): each allocation
-    gets a handle that its free names, so a rule needs no counting of positions."""
-
-    def __init__(self):
-        self.steps: list = []
-        self._made = 0
-
-    def allocate(self, nbytes: int):
-        """A block of ``nbytes`` (0: none, and its handle frees nothing)."""
-        if not nbytes:
-            return None
-        self._made += 1
-        self.steps.append(nbytes)
-        return self._made
-
-    def output(self) -> None:
-        self.steps.append(OUTPUT)
-
-    def free(self, *handles) -> None:
-        self.steps.extend(-h for h in handles if h is not None)
 
 
 def _layer_norm_forward(call: OpCall, multiprocessors: int):

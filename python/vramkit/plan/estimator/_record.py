@@ -80,6 +80,12 @@ _ADD = torch.ops.aten.add.Tensor
 # The thread a CUDA step's backward runs on, as the cuBLAS workspaces model names threads.
 _BACKWARD_THREAD = "autograd's device thread"
 
+# Ops whose CUDA kernel makes its outputs in another order than it returns them, by the
+# position of each output in the order made: dropout's kernel (ATen/native/cuda/
+# Dropout.cu) makes the one-byte mask before the dropped values. The order decides where
+# each block lands in the pool.
+_CUDA_OUTPUT_ORDER = {torch.ops.aten.native_dropout.default: (1, 0)}
+
 
 def _in_place_foreach_ops() -> frozenset:
     """The overloads of ATen's in-place multi-tensor ops (``_foreach_add_.Scalar``...):
@@ -399,7 +405,11 @@ class StorageRecorder(TorchDispatchMode):
         first_output = len(self.recording.ops)
         allocated_before = self._allocated
         # Most ops return one tensor: it is tracked without flattening the output.
-        for t in (out,) if isinstance(out, torch.Tensor) else tree_leaves(out):
+        outputs = (out,) if isinstance(out, torch.Tensor) else tree_leaves(out)
+        order = _CUDA_OUTPUT_ORDER.get(func)
+        if order is not None and len(outputs) == len(order):
+            outputs = [outputs[i] for i in order]
+        for t in outputs:
             if isinstance(t, torch.Tensor):
                 self.track(t, phase, name, cast_of_weight)
         self._outputs = _OpOutputs(first_output, len(self.recording.ops), first_output,
