@@ -119,9 +119,9 @@ static int parse_common(int argc, char **argv, int *i, bench_common_t *common) {
   return 0;
 }
 
-static int unknown_option(const char *command, const char *arg) {
-  fprintf(stderr, "vramkit bench %s: unknown argument '%s' (see vramkit bench %s --help)\n",
-          command, cli_shown(arg), command);
+static int unknown_option(const char *arg) {
+  fprintf(stderr, "%s: unknown argument '%s' (see %s --help)\n", cli_command(), cli_shown(arg),
+          cli_command());
   return CLI_EXIT_USAGE;
 }
 
@@ -281,7 +281,7 @@ static int bench_random(int argc, char **argv) {
     }
     int matched = parse_common(argc, argv, &i, &common);
     if (matched < 0) return CLI_EXIT_USAGE;
-    if (!matched) return unknown_option("random", argv[i]);
+    if (!matched) return unknown_option(argv[i]);
   }
   vram_options_t options;
   if (cli_base_options(&options, common.have_source, common.source) != 0) return CLI_EXIT_USAGE;
@@ -397,7 +397,7 @@ static int bench_pair(int argc, char **argv) {
           cli_parse_long("--history-entries", value, 0, 1L << 30, &history_entries) != 0)
         return CLI_EXIT_USAGE;
     } else {
-      return unknown_option("pair", argv[i]);
+      return unknown_option(argv[i]);
     }
   }
   vram_options_t options;
@@ -589,7 +589,7 @@ static int bench_scale(int argc, char **argv) {
       if (matched < 0 || cli_parse_long("--ops", value, 2, 1000000000L, &ops) != 0)
         return CLI_EXIT_USAGE;
     } else {
-      return unknown_option("scale", argv[i]);
+      return unknown_option(argv[i]);
     }
   }
   vram_options_t options;
