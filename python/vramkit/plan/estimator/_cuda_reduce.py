@@ -106,10 +106,9 @@ def launches(shape, strides, offset: int, itemsize: int) -> list:
     shape = list(shape)
     if _fits_32bit(shape, strides, itemsize):
         return [(tuple(shape), offset)]
+    # A view that does not fit has a dimension of more than one element to halve.
     dim = max((d for d in range(len(shape)) if shape[d] > 1),
-              key=lambda d: (shape[d] - 1) * abs(strides[d]), default=None)
-    if dim is None:
-        return [(tuple(shape), offset)]
+              key=lambda d: (shape[d] - 1) * abs(strides[d]))
     first = shape[dim] // 2
     head = shape[:dim] + [first] + shape[dim + 1:]
     tail = shape[:dim] + [shape[dim] - first] + shape[dim + 1:]
