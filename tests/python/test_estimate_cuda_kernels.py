@@ -465,3 +465,42 @@ def test_dropout_makes_its_mask_before_its_values(tmp_path):
     made = sizes.index(mask)
     # The mask, then the dropped values, then the sum (its 4 bytes in a 512-byte block).
     assert sizes[made:made + 3] == [mask, values, 512], sizes
+
+
+
+def _multi_head_trace(tmp_path, need_weights: bool, dropout: float = 0.1) -> list[int]:
+    """The sizes the stand-in allocates over a step of nn.MultiheadAttention (batch 2,
+    8 heads, 192 positions of width 64): its attention and dropout are called inside
+    F.multi_head_attention_forward, a Python function of torch's that function modes see
+    only from outside."""
+    from vramkit.estimator.torch_caching import read_trace
+    attention = torch.nn.MultiheadAttention(64, 8, dropout=dropout, batch_first=True)
+
+    def step(attention, x):
+        out, _ = attention(x, x, x, need_weights=need_weights)
+        out.sum().backward()
+
+    path = tmp_path / f"mha-{need_weights}-{dropout}.trace.gz"
+    vramkit.estimate(step, attention, torch.randn(2, 192, 64), trace_path=str(path), steps=1)
+    return [event[2] for event in read_trace(str(path)) if event[0] == "a"]
+
+
+_MHA_SCORES = 2 * 8 * 192 * 192  # batch x heads x positions x positions
+
+
+def test_multi_head_attention_takes_the_fused_kernel(tmp_path):
+    """nn.MultiheadAttention without weights (how nn.TransformerEncoderLayer calls it) runs
+    CUDA's fused attention: no fp32 block of the scores' size. The stand-in ran the CPU's
+    composite there, which keeps the scores, their softmax and dropout's noise per layer
+    (a six-layer encoder's step at 2.7 times the real one)."""
+    assert _MHA_SCORES * 4 not in _multi_head_trace(tmp_path, need_weights=False)
+
+
+def test_dropout_inside_multi_head_attention_keeps_a_one_byte_mask(tmp_path):
+    """With weights, the attention's dropout is called inside multi_head_attention_forward:
+    it keeps CUDA's one-byte mask, never the CPU's noise of the weights' dtype."""
+    dropped = _multi_head_trace(tmp_path, need_weights=True)
+    kept = _multi_head_trace(tmp_path, need_weights=True, dropout=0.0)
+    assert dropped.count(_MHA_SCORES) == 1 and _MHA_SCORES not in kept
+    # The dropped weights and, in backward, their gradient: nothing else of fp32.
+    assert dropped.count(_MHA_SCORES * 4) == kept.count(_MHA_SCORES * 4) + 2

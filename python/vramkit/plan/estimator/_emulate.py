@@ -17,7 +17,8 @@ step on fake *CPU* tensors and makes the CPU behave, for memory, as the GPU woul
   mask or an input whose last dimension is not contiguous, grouped queries in fp32,
   kernels the program turned off with ``sdpa_kernel``), what CUDA's composite attention
   keeps (in fp32, as it computes for 16-bit inputs); dropout keeps the GPU's one-byte
-  mask rather than the CPU's noise tensor;
+  mask rather than the CPU's noise tensor; both also where torch's own Python functions
+  call them (nn.MultiheadAttention's);
 - the operations CUDA autocast runs in fp32 (layer norm, softmax, exp, log...) run in
   fp32 under the CPU's autocast too, and the one CPU autocast runs in fp32 that CUDA's
   leaves to its parts (cross entropy: CUDA keeps its log-softmax in the lower precision
@@ -130,16 +131,47 @@ class CudaOnCpu(DeviceContext):
             args = (args[0], *(_on_cpu(a) for a in args[1:]))
             moved = func(*args, **kwargs)
             return _on_the_device(moved, host) if to_cuda else moved
-        if func is F.dropout and _training_dropout(*args, **kwargs):
-            # On a GPU dropout is one fused kernel that keeps a one-byte mask for backward;
-            # the CPU's keeps a noise tensor of the input's dtype (four bytes in fp32).
-            x, p = args[0], kwargs.get("p", args[1] if len(args) > 1 else 0.5)
-            return torch.ops.aten.native_dropout(x, p, True)[0]
-        if func is F.scaled_dot_product_attention:
-            fused = _fused_attention(*args, **kwargs)
-            if fused is not None:
-                return fused
+        if func is _DROPOUT:
+            return _cuda_dropout(*args, **kwargs)
+        if func is _ATTENTION:
+            return _cuda_attention(*args, **kwargs)
         return func(*args, **kwargs)
+
+
+# The functions the stand-in replaces, as torch.nn.functional has them. A function mode sees
+# a call only from outside a Python function of torch's that takes part in the protocol:
+# F.multi_head_attention_forward (nn.MultiheadAttention, nn.TransformerEncoderLayer)
+# calls attention and dropout by their module's global names, with the mode set aside.
+# So the stand-in catches them twice over: in the mode, for callers holding the
+# originals, and as torch.nn.functional's names while it runs (functional_on_cuda).
+_DROPOUT = F.dropout
+_ATTENTION = F.scaled_dot_product_attention
+
+
+def _cuda_dropout(input, p=0.5, training=True, inplace=False):
+    """On a GPU dropout is one fused kernel that keeps a one-byte mask for backward; the
+    CPU's keeps a noise tensor of the input's dtype (four bytes in fp32)."""
+    if _training_dropout(input, p, training, inplace):
+        return torch.ops.aten.native_dropout(input, p, True)[0]
+    return _DROPOUT(input, p, training, inplace)
+
+
+def _cuda_attention(*args, **kwargs):
+    fused = _fused_attention(*args, **kwargs)
+    return fused if fused is not None else _ATTENTION(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def functional_on_cuda():
+    """torch.nn.functional's dropout and attention as the GPU's, for the calls the mode
+    cannot see (above)."""
+    replaced = {"dropout": _cuda_dropout, "scaled_dot_product_attention": _cuda_attention}
+    for name, function in replaced.items():
+        setattr(F, name, function)
+    try:
+        yield
+    finally:
+        F.dropout, F.scaled_dot_product_attention = _DROPOUT, _ATTENTION
 
 
 def _scalar(data=None, *args, **kwargs) -> bool:
@@ -526,6 +558,6 @@ def emulated_cuda():
     """Everything above, for the length of one estimate; yields the Counter of the
     step's torch.cuda calls answered (_cuda_calls)."""
     with cuda_autocast_on_cpu(), cuda_autocast_lists_on_cpu(), capturable_optimizers_on_cpu(), \
-            flex_attention_backward_on_cpu(), _cuda_calls.answered_on_cpu() as answered, \
-            CudaOnCpu():
+            flex_attention_backward_on_cpu(), functional_on_cuda(), \
+            _cuda_calls.answered_on_cpu() as answered, CudaOnCpu():
         yield answered
