@@ -315,9 +315,8 @@ def test_torch_distributions_validate_their_arguments_as_a_healthy_step_passes()
 
 
 def test_refusals_name_what_to_do():
-    """An RNN over a PackedSequence reads the packed batch sizes in host memory, which a
-    fake tensor does not have: the refusal says so and what to give instead, not "the
-    step's own error". A missing package's message that announces its install command on
+    """An RNN over a PackedSequence is refused as every cuDNN recurrent layer is, with what
+    to do instead, not as "the step's own error". A missing package's message that announces its install command on
     the next line (transformers') keeps the command. A tensor handed to NumPy
     (``.numpy()``) is named as that, not as the step's own error either."""
     from torch.nn.utils.rnn import pack_sequence
@@ -333,8 +332,7 @@ def test_refusals_name_what_to_do():
     with pytest.raises(UntraceableStep) as info:
         vramkit.estimate(packed, build=build)
     text = str(info.value)
-    assert "PackedSequence" in text and "padded batches" in text, text
-    assert "the step's own error" not in text
+    assert "run through cuDNN" in text and "the step's own error" not in text, text
 
     def needs_scipy(net, opt, x):
         raise ImportError("\nLoss requires the scipy library but it was not found in your "

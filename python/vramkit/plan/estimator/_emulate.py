@@ -131,6 +131,10 @@ class CudaOnCpu(DeviceContext):
             args = (args[0], *(_on_cpu(a) for a in args[1:]))
             moved = func(*args, **kwargs)
             return _on_the_device(moved, host) if to_cuda else moved
+        if func in _CUDNN_RECURRENT:
+            # What cuDNN keeps for these is not modelled, and the CPU's kernels keep other
+            # tensors: the estimate refuses them on both paths (_step._RNN_ADVICE).
+            raise NotImplementedError(f"{func.__name__}: cuDNN's recurrent kernel")
         if func is _DROPOUT:
             return _cuda_dropout(*args, **kwargs)
         if func is _ATTENTION:
@@ -146,6 +150,9 @@ class CudaOnCpu(DeviceContext):
 # originals, and as torch.nn.functional's names while it runs (functional_on_cuda).
 _DROPOUT = F.dropout
 _ATTENTION = F.scaled_dot_product_attention
+# The recurrent layers' whole-sequence functions, which CUDA runs through cuDNN.
+_CUDNN_RECURRENT = frozenset(getattr(torch._VF, name)
+                             for name in ("lstm", "gru", "rnn_tanh", "rnn_relu"))
 
 
 def _cuda_dropout(input, p=0.5, training=True, inplace=False):
@@ -164,14 +171,18 @@ def _cuda_attention(*args, **kwargs):
 @contextlib.contextmanager
 def functional_on_cuda():
     """torch.nn.functional's dropout and attention as the GPU's, for the calls the mode
-    cannot see (above)."""
-    replaced = {"dropout": _cuda_dropout, "scaled_dot_product_attention": _cuda_attention}
-    for name, function in replaced.items():
-        setattr(F, name, function)
+    cannot see (above). A name something else has replaced already (a program's own
+    wrapper) is left to it: the wrapper's call of torch's function meets the mode."""
+    ours = {"dropout": (_DROPOUT, _cuda_dropout),
+            "scaled_dot_product_attention": (_ATTENTION, _cuda_attention)}
+    replaced = [name for name, (original, _) in ours.items() if getattr(F, name) is original]
+    for name in replaced:
+        setattr(F, name, ours[name][1])
     try:
         yield
     finally:
-        F.dropout, F.scaled_dot_product_attention = _DROPOUT, _ATTENTION
+        for name in replaced:
+            setattr(F, name, ours[name][0])
 
 
 def _scalar(data=None, *args, **kwargs) -> bool:

@@ -687,6 +687,18 @@ _DDP_ADVICE = ("DistributedDataParallel reads the parameters' memory when it wra
                "gradient_as_bucket_view=True)")
 
 
+# What to do about nn.LSTM, nn.GRU and nn.RNN, which run a whole sequence through cuDNN on
+# CUDA: the kernel keeps a reserve for the backward, sized by cuDNN, which PyTorch's fake
+# kernel counts as nothing (and fails on weights not in one flat buffer, as fake tensors'
+# are); the CPU stand-in's own kernels keep other tensors altogether.
+_RNN_FILE = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "nn", "modules",
+                         "rnn.py")
+_RNN_ADVICE = ("nn.LSTM, nn.GRU and nn.RNN run through cuDNN on CUDA, whose reserve for the "
+               "backward and workspace the estimate does not model: estimate the step "
+               "without them, and measure one such layer on the GPU "
+               "(torch.cuda.max_memory_allocated() over one step)")
+
+
 def _explain(error: Exception, count_read_at: str = "") -> str:
     """Why the step could not be estimated, and what to do; ``count_read_at`` is where the
     step (its code or a library's) read an integer from the weights or the batch, if it
@@ -694,7 +706,8 @@ def _explain(error: Exception, count_read_at: str = "") -> str:
     files = [os.path.abspath(frame.filename)
              for frame in traceback.extract_tb(error.__traceback__)]
     for advice, found in ((_LBFGS_ADVICE, any(f.startswith(_DECIDING_OPTIMIZERS) for f in files)),
-                          (_DDP_ADVICE, _DDP_FILE in files)):
+                          (_DDP_ADVICE, _DDP_FILE in files),
+                          (_RNN_ADVICE, _RNN_FILE in files)):
         if found:
             return (f"the step could not run on fake tensors ({_words(type(error).__name__)}"
                     f"{_where(error)}); {advice}. No estimate is given rather than a "
