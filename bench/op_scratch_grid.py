@@ -9,7 +9,8 @@ where no rule applies), so that the rules are checked against the card in one ru
 
     python3 bench/op_scratch_grid.py OUT.jsonl [PART,...]   (on the GPU machine; parts:
                                                             layer_norms, group_norms,
-                                                            reductions; default all)
+                                                            reductions, embeddings;
+                                                            default all)
 """
 
 import itertools
@@ -101,7 +102,33 @@ def reductions(out, device) -> None:
                 (last, [0, 2, 3]))
 
 
-PARTS = {"layer_norms": layer_norms, "group_norms": group_norms, "reductions": reductions}
+def embeddings(out, device) -> None:
+    """Embedding backward past the 3,072 indices of its direct kernel: the indices sorted,
+    the segments' offsets and partial sums (EmbeddingBackwardKernel.cu); and an
+    EmbeddingBag's, which shares that kernel."""
+    for count, rows, width, dtype, index in itertools.product(
+            (3073, 8192, 16384, 81920, 131072), (1000, 50257, 1_000_000), (64, 128, 768),
+            DTYPES, (torch.int64, torch.int32)):
+        if index == torch.int32 and (dtype != torch.float32 or width != 128):
+            continue
+        grad = torch.randn(count, width, device=device, dtype=dtype)
+        indices = torch.zeros(count, device=device, dtype=index)
+        measure(out, device, ("emb_bwd", count, rows, width, str(dtype), str(index)),
+                ATEN.embedding_dense_backward.default, (grad, indices, rows, -1, False))
+    for bags, per_bag, rows, width in itertools.product((512, 4096), (1, 20), (50257, 1_000_000),
+                                                        (64, 128)):
+        weight = torch.randn(rows, width, device=device)
+        indices = torch.zeros(bags * per_bag, device=device, dtype=torch.int64)
+        offsets = torch.arange(0, bags * per_bag, per_bag, device=device)
+        output, offset2bag, bag_size, maximum = ATEN._embedding_bag(weight, indices, offsets)
+        measure(out, device, ("bag_bwd", bags, per_bag, rows, width),
+                ATEN._embedding_bag_dense_backward.default,
+                (torch.randn_like(output), indices, offset2bag, bag_size, maximum, rows,
+                 False, 0, None, -1))
+
+
+PARTS = {"layer_norms": layer_norms, "group_norms": group_norms, "reductions": reductions,
+         "embeddings": embeddings}
 
 
 def main() -> int:

@@ -141,6 +141,7 @@ SCRATCH_OPS = {
     "nll_loss2d_backward.default": "softmax or loss",
     # Embedding backward: the indices sorted (CUB), segment offsets and partial sums.
     "embedding_dense_backward.default": "embedding",
+    "_embedding_bag_dense_backward.default": "embedding",  # the same kernel, for bags
 }
 
 # Float arguments that choose the kernel rather than only enter its arithmetic: dropout
