@@ -612,11 +612,9 @@ _WORKAROUNDS = (
      "the step without it"),
     (("meta kernel",), "an operation has no meta kernel: register one with "
      "torch.library.register_fake, or leave it out of the estimated step"),
-    (("data is not allocated yet", "batch_sizes should always be on cpu"), "an operation "
-     "reads a tensor's memory on the host, which "
-     "a fake tensor does not have (an RNN over a PackedSequence reads its batch sizes "
-     "there; so may a C++ extension): for the estimate give the RNN padded batches, or "
-     "leave that operation out"),
+    (("data is not allocated yet",), "an operation reads a tensor's memory on the host, "
+     "which a fake tensor does not have (a C++ extension may): leave that operation out "
+     "of the estimated step"),
     (("numpy() is not supported for tensor subclasses",), "the step hands a tensor's values "
      "to NumPy (.numpy(), np.asarray(), or a library that does), values the estimate does "
      "not have: compute them outside the step, or give the step fixed values for the "
