@@ -316,10 +316,17 @@ static unsigned scan_free_blocks(const vram_tlsf *index, size_t rounded,
   unsigned n = 0;
   int fl, sl;
   _vram_tlsf_mapping(rounded, &fl, &sl);
-  for (int f = fl; f < VRAM_TLSF_FL_COUNT && n < VRAM_MAPPED_SCAN_LIMIT; f++) {
-    if (!((index->fl_bitmap >> f) & 1)) continue;
-    for (int s = f == fl ? sl : 0; s < VRAM_TLSF_SL_COUNT && n < VRAM_MAPPED_SCAN_LIMIT; s++) {
-      if (!((index->sl_bitmap[f] >> s) & 1)) continue;
+  /* The bins that hold blocks, lowest first, found by their bits: the scan runs on the hot
+   * path of a pool that keeps idle mappings, where most of the index's bins are empty. */
+  uint64_t first_levels = fl < 64 ? index->fl_bitmap & (~(uint64_t)0 << fl) : 0;
+  while (first_levels && n < VRAM_MAPPED_SCAN_LIMIT) {
+    int f = __builtin_ctzll(first_levels);
+    first_levels &= first_levels - 1;
+    uint32_t second_levels = index->sl_bitmap[f];
+    if (f == fl) second_levels &= ~(uint32_t)0 << sl;
+    while (second_levels && n < VRAM_MAPPED_SCAN_LIMIT) {
+      int s = __builtin_ctz(second_levels);
+      second_levels &= second_levels - 1;
       for (vram_block *c = index->heads[f][s]; c && n < VRAM_MAPPED_SCAN_LIMIT; c = c->free_next)
         out[n++] = c;
     }
