@@ -518,3 +518,16 @@ def test_a_recurrent_layer_is_refused_with_what_to_do(layer):
 
     with pytest.raises(UntraceableStep, match="cuDNN.*estimate the step without them"):
         vramkit.estimate(step, net, torch.randn(4, 16, 32))
+
+
+def test_a_recurrent_layer_s_shape_mistake_is_the_step_s_own_error():
+    """An input of the wrong width fails in nn.LSTM's own checks, before any kernel: the
+    refusal quotes that error, not cuDNN's reserve."""
+    net = torch.nn.LSTM(8, 16)
+
+    def step(net, x):
+        net(x[..., :4])[0].sum().backward()
+
+    with pytest.raises(UntraceableStep, match="must be equal to input_size") as refused:
+        vramkit.estimate(step, net, torch.randn(5, 2, 8))
+    assert "cuDNN" not in str(refused.value)

@@ -691,6 +691,10 @@ _DDP_ADVICE = ("DistributedDataParallel reads the parameters' memory when it wra
 # are); the CPU stand-in's own kernels keep other tensors altogether.
 _RNN_FILE = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "nn", "modules",
                          "rnn.py")
+# What says it was cuDNN's kernel: the fake kernel's refusal of the weights, a backward with
+# no fake kernel, or the stand-in's refusal (_emulate.CudaOnCpu). nn.LSTMCell and the like,
+# in the same file, run other kernels.
+_RNN_WORDS = ("weight_buf", "_cudnn_rnn", "cuDNN's recurrent kernel")
 _RNN_ADVICE = ("nn.LSTM, nn.GRU and nn.RNN run through cuDNN on CUDA, whose reserve for the "
                "backward and workspace the estimate does not model: estimate the step "
                "without them, and measure one such layer on the GPU "
@@ -705,7 +709,8 @@ def _explain(error: Exception, count_read_at: str = "") -> str:
              for frame in traceback.extract_tb(error.__traceback__)]
     for advice, found in ((_LBFGS_ADVICE, any(f.startswith(_DECIDING_OPTIMIZERS) for f in files)),
                           (_DDP_ADVICE, _DDP_FILE in files),
-                          (_RNN_ADVICE, _RNN_FILE in files)):
+                          (_RNN_ADVICE, _RNN_FILE in files and
+                           any(word in str(error) for word in _RNN_WORDS))):
         if found:
             return (f"the step could not run on fake tensors ({_words(type(error).__name__)}"
                     f"{_where(error)}); {advice}. No estimate is given rather than a "
