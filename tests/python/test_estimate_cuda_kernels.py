@@ -449,10 +449,15 @@ def test_attention_kernels_the_program_turned_off_are_not_taken():
         _causal_estimate("repeated, flash only")
 
 
+def _allocated_sizes(path) -> list[int]:
+    """The sizes of a trace's allocations, in order."""
+    from vramkit.estimator.torch_caching import read_trace
+    return [event[2] for event in read_trace(str(path)) if event[0] == "a"]
+
+
 def test_dropout_makes_its_mask_before_its_values(tmp_path):
     """CUDA's dropout kernel makes the one-byte mask first, then the dropped values (as the
     card's recording of DistilBERT's step shows): the trace has them in that order."""
-    from vramkit.estimator.torch_caching import read_trace
     net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Dropout(0.1))
 
     def step(net, x):
@@ -460,12 +465,11 @@ def test_dropout_makes_its_mask_before_its_values(tmp_path):
 
     path = tmp_path / "dropout.trace.gz"
     vramkit.estimate(step, net, torch.randn(32, 64), trace_path=str(path), steps=1)
-    sizes = [event[2] for event in read_trace(str(path)) if event[0] == "a"]
+    sizes = _allocated_sizes(path)
     mask, values = 32 * 64, 32 * 64 * 4
     made = sizes.index(mask)
     # The mask, then the dropped values, then the sum (its 4 bytes in a 512-byte block).
     assert sizes[made:made + 3] == [mask, values, 512], sizes
-
 
 
 def _multi_head_trace(tmp_path, need_weights: bool, dropout: float = 0.1) -> list[int]:
@@ -473,7 +477,6 @@ def _multi_head_trace(tmp_path, need_weights: bool, dropout: float = 0.1) -> lis
     8 heads, 192 positions of width 64): its attention and dropout are called inside
     F.multi_head_attention_forward, a Python function of torch's that function modes see
     only from outside."""
-    from vramkit.estimator.torch_caching import read_trace
     attention = torch.nn.MultiheadAttention(64, 8, dropout=dropout, batch_first=True)
 
     def step(attention, x):
@@ -482,7 +485,7 @@ def _multi_head_trace(tmp_path, need_weights: bool, dropout: float = 0.1) -> lis
 
     path = tmp_path / f"mha-{need_weights}-{dropout}.trace.gz"
     vramkit.estimate(step, attention, torch.randn(2, 192, 64), trace_path=str(path), steps=1)
-    return [event[2] for event in read_trace(str(path)) if event[0] == "a"]
+    return _allocated_sizes(path)
 
 
 _MHA_SCORES = 2 * 8 * 192 * 192  # batch x heads x positions x positions

@@ -134,7 +134,7 @@ class CudaOnCpu(DeviceContext):
         if func in _CUDNN_RECURRENT:
             # What cuDNN keeps for these is not modelled, and the CPU's kernels keep other
             # tensors: the estimate refuses them on both paths (_step._RNN_ADVICE).
-            raise NotImplementedError(f"{func.__name__}: cuDNN's recurrent kernel")
+            raise NotImplementedError(f"{func.__name__}: {CUDNN_RECURRENT_REFUSAL}")
         if func is _DROPOUT:
             return _cuda_dropout(*args, **kwargs)
         if func is _ATTENTION:
@@ -150,7 +150,9 @@ class CudaOnCpu(DeviceContext):
 # originals, and as torch.nn.functional's names while it runs (functional_on_cuda).
 _DROPOUT = F.dropout
 _ATTENTION = F.scaled_dot_product_attention
-# The recurrent layers' whole-sequence functions, which CUDA runs through cuDNN.
+# The recurrent layers' whole-sequence functions, which CUDA runs through cuDNN, and the
+# words of the stand-in's refusal of them, by which _step knows it.
+CUDNN_RECURRENT_REFUSAL = "cuDNN's recurrent kernel"
 _CUDNN_RECURRENT = frozenset(getattr(torch._VF, name)
                              for name in ("lstm", "gru", "rnn_tanh", "rnn_relu"))
 

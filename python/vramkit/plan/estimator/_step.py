@@ -694,7 +694,7 @@ _RNN_FILE = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "nn",
 # What says it was cuDNN's kernel: the fake kernel's refusal of the weights, a backward with
 # no fake kernel, or the stand-in's refusal (_emulate.CudaOnCpu). nn.LSTMCell and the like,
 # in the same file, run other kernels.
-_RNN_WORDS = ("weight_buf", "_cudnn_rnn", "cuDNN's recurrent kernel")
+_RNN_WORDS = ("weight_buf", "_cudnn_rnn", _emulate.CUDNN_RECURRENT_REFUSAL)
 _RNN_ADVICE = ("nn.LSTM, nn.GRU and nn.RNN run through cuDNN on CUDA, whose reserve for the "
                "backward and workspace the estimate does not model: estimate the step "
                "without them, and measure one such layer on the GPU "
